@@ -1,0 +1,2199 @@
+//! Evaluating a module's blocks in dependency order.
+//!
+//! Each block becomes an item; references between items order the evaluation and become the
+//! dependency edges of the resources. An item is evaluated with a context that holds only the
+//! parts of other items it references, so the cost follows the references, not the config size.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use hcl::eval::{Context, Evaluate};
+use hcl::{Map, Value};
+use hcl_edit::expr::Expression;
+use hcl_edit::structure::{Attribute, Block, Body, Structure};
+use hcl_edit::Span as _;
+use petgraph::graph::{DiGraph, NodeIndex};
+
+use super::model::{Config, Jump, Network, Node, Output, Resource, ResourceKind};
+use super::parse::{read_folder, ModuleFiles};
+use super::refs::{self, Ref, Step};
+use super::schema::{self, BlockSpec, Kind};
+use super::types::{self, Type};
+use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
+use crate::resources;
+
+/// The value of a variable handed to a module (or to the root from the command line).
+#[derive(Debug, Clone)]
+pub struct InputValue {
+    pub value: Value,
+    pub sensitive: bool,
+    pub deps: BTreeSet<String>,
+    /// Where it was set: a module block's attribute or a var file.
+    pub span: Option<Span>,
+    /// How it was set, for messages about command-line values: `-var x=…`.
+    pub origin: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Root {
+    Var,
+    Local,
+    Jump,
+    Node,
+    Network,
+    Container,
+    Probe,
+    Module,
+    Check,
+    Output,
+}
+
+impl Root {
+    fn referable(ident: &str) -> Option<Root> {
+        Some(match ident {
+            "var" => Root::Var,
+            "local" => Root::Local,
+            "jump" => Root::Jump,
+            "node" => Root::Node,
+            "network" => Root::Network,
+            "container" => Root::Container,
+            "probe" => Root::Probe,
+            "module" => Root::Module,
+            _ => return None,
+        })
+    }
+
+    fn ident(self) -> &'static str {
+        match self {
+            Root::Var => "var",
+            Root::Local => "local",
+            Root::Jump => "jump",
+            Root::Node => "node",
+            Root::Network => "network",
+            Root::Container => "container",
+            Root::Probe => "probe",
+            Root::Module => "module",
+            Root::Check => "check",
+            Root::Output => "output",
+        }
+    }
+
+    fn from_block(kind: &str) -> Option<Root> {
+        match kind {
+            "variable" => Some(Root::Var),
+            "check" => Some(Root::Check),
+            "output" => Some(Root::Output),
+            other => Root::referable(other),
+        }
+    }
+}
+
+const REFERABLE: &[&str] = &[
+    "var",
+    "local",
+    "jump",
+    "node",
+    "network",
+    "container",
+    "probe",
+    "module",
+    "each",
+];
+
+/// Which resources a part of a value depends on.
+#[derive(Debug, Clone)]
+enum DepTree {
+    Leaf(BTreeSet<String>),
+    Keyed(BTreeMap<String, DepTree>),
+}
+
+impl DepTree {
+    fn collect_all(&self, out: &mut BTreeSet<String>) {
+        match self {
+            DepTree::Leaf(s) => out.extend(s.iter().cloned()),
+            DepTree::Keyed(m) => m.values().for_each(|t| t.collect_all(out)),
+        }
+    }
+
+    fn resolve(&self, path: &[Step], out: &mut BTreeSet<String>) {
+        match (self, path.first()) {
+            (DepTree::Keyed(m), Some(Step::Key(k))) => match m.get(k) {
+                Some(t) => t.resolve(&path[1..], out),
+                None => self.collect_all(out),
+            },
+            _ => self.collect_all(out),
+        }
+    }
+}
+
+struct Item<'m> {
+    root: Root,
+    name: String,
+    file: Arc<SourceFile>,
+    block: Option<&'m Block>,
+    local: Option<&'m Attribute>,
+    header: Span,
+    /// References that are evaluated.
+    refs: Vec<Ref>,
+    /// `depends_on` and `replace_triggered_by`: edges only.
+    edge_refs: Vec<Ref>,
+    broken: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Evaluated {
+    value: Value,
+    sensitive: bool,
+    /// For modules: which outputs are sensitive.
+    sensitive_keys: HashSet<String>,
+    deps: DepTree,
+    /// For modules: every resource inside, for `depends_on = [module.x]`.
+    all_resources: BTreeSet<String>,
+}
+
+/// What a module instance gives its caller.
+pub struct ModuleResult {
+    pub outputs: Map<String, Value>,
+    pub output_deps: BTreeMap<String, BTreeSet<String>>,
+    pub sensitive_outputs: HashSet<String>,
+    pub all_resources: BTreeSet<String>,
+    pub output_items: Vec<Output>,
+}
+
+pub struct Loader {
+    pub diags: Diagnostics,
+    cache: HashMap<PathBuf, Rc<ModuleFiles>>,
+    stack: Vec<PathBuf>,
+    pub config: Config,
+}
+
+const MAX_MODULE_DEPTH: usize = 16;
+
+impl Loader {
+    pub fn new(dir: &Path) -> Self {
+        Loader {
+            diags: Diagnostics::default(),
+            cache: HashMap::new(),
+            stack: Vec::new(),
+            config: Config {
+                dir: dir.to_path_buf(),
+                jumps: BTreeMap::new(),
+                nodes: BTreeMap::new(),
+                networks: BTreeMap::new(),
+                resources: Vec::new(),
+                outputs: Vec::new(),
+                warnings: Vec::new(),
+            },
+        }
+    }
+
+    pub fn load_folder(&mut self, dir: &Path) -> Option<Rc<ModuleFiles>> {
+        let key = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        if let Some(m) = self.cache.get(&key) {
+            return Some(m.clone());
+        }
+        let files = Rc::new(read_folder(dir, &mut self.diags)?);
+        self.cache.insert(key, files.clone());
+        Some(files)
+    }
+
+    /// The names of the variables a module declares, with their blocks, for checking inputs.
+    pub fn declared_variables(files: &ModuleFiles) -> Vec<(String, Arc<SourceFile>, &Block)> {
+        let mut out = Vec::new();
+        for (file, body) in &files.files {
+            for block in body.blocks() {
+                if block.ident.as_str() == "variable" && block.labels.len() == 1 {
+                    out.push((block.labels[0].as_str().to_string(), file.clone(), block));
+                }
+            }
+        }
+        out
+    }
+
+    pub fn eval_module(
+        &mut self,
+        files: &ModuleFiles,
+        path: &[String],
+        inputs: HashMap<String, InputValue>,
+        extra_deps: &BTreeSet<String>,
+        caller: Option<&Span>,
+    ) -> ModuleResult {
+        let key = files
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| files.dir.clone());
+        self.stack.push(key);
+        let mut scope = Scope {
+            path: path.to_vec(),
+            prefix: path.iter().map(|m| format!("module.{m}.")).collect(),
+            items: Vec::new(),
+            index: HashMap::new(),
+            values: Vec::new(),
+            inputs,
+            extra_deps: extra_deps.clone(),
+            caller: caller.cloned(),
+            dir: files.dir.clone(),
+            all_resources: BTreeSet::new(),
+        };
+        self.collect_items(&mut scope, files);
+        let order = self.order(&mut scope);
+        scope.values = vec![None; scope.items.len()];
+        let mut result = ModuleResult {
+            outputs: Map::new(),
+            output_deps: BTreeMap::new(),
+            sensitive_outputs: HashSet::new(),
+            all_resources: BTreeSet::new(),
+            output_items: Vec::new(),
+        };
+        for i in order {
+            if scope.items[i].broken {
+                continue;
+            }
+            let value = crate::config::functions::with_base_dir(&files.dir, || {
+                self.eval_item(&mut scope, i, &mut result)
+            });
+            scope.values[i] = value;
+        }
+        result.all_resources = scope.all_resources.clone();
+        self.stack.pop();
+        result
+    }
+
+    fn collect_items<'m>(&mut self, scope: &mut Scope<'m>, files: &'m ModuleFiles) {
+        for (file, body) in &files.files {
+            for structure in body.iter() {
+                match structure {
+                    Structure::Attribute(attr) => {
+                        let span = span_of(file, attr.span());
+                        self.diags.push(
+                            Diag::error(
+                                "config::top_level_attribute",
+                                format!("unexpected attribute `{}` at the top level", attr.key.as_str()),
+                            )
+                            .label(&span, "attributes belong inside a block")
+                            .help("put it in a `locals { … }` block, or make it a `variable`"),
+                        );
+                    }
+                    Structure::Block(block) => self.collect_block(scope, file, block),
+                }
+            }
+        }
+    }
+
+    fn collect_block<'m>(&mut self, scope: &mut Scope<'m>, file: &Arc<SourceFile>, block: &'m Block) {
+        let kind = block.ident.as_str();
+        let header = header_span(file, block);
+        let Some(spec) = schema::top_level(kind) else {
+            let kinds = schema::TOP_LEVEL.iter().map(|s| s.kind);
+            let mut d = Diag::error("config::unknown_block", format!("unknown block type `{kind}`"))
+                .label(&header, "not a sparkform block");
+            d = match did_you_mean(kind, kinds) {
+                Some(s) => d.help(format!("did you mean `{s}`?")),
+                None => d.help(format!(
+                    "blocks are {}",
+                    schema::TOP_LEVEL.iter().map(|s| s.kind).collect::<Vec<_>>().join(", ")
+                )),
+            };
+            self.diags.push(d);
+            return;
+        };
+        if !self.check_labels(file, block, spec) {
+            return;
+        }
+        if kind == "locals" {
+            self.check_nested(file, &block.body, spec, &header);
+            for attr in block.body.attributes() {
+                let name = attr.key.as_str().to_string();
+                let span = span_of(file, attr.span());
+                let collected = refs::collect(&attr.value);
+                self.check_funcs(file, &collected.funcs);
+                self.add_item(
+                    scope,
+                    Item {
+                        root: Root::Local,
+                        name,
+                        file: file.clone(),
+                        block: None,
+                        local: Some(attr),
+                        header: span,
+                        refs: collected.refs,
+                        edge_refs: Vec::new(),
+                        broken: false,
+                    },
+                );
+            }
+            return;
+        }
+        let Some(root) = Root::from_block(kind) else {
+            return;
+        };
+        let name = block.labels[0].as_str().to_string();
+        self.check_nested(file, &block.body, spec, &header);
+        let mut item_refs = Vec::new();
+        let mut edge_refs = Vec::new();
+        self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
+        self.add_item(
+            scope,
+            Item {
+                root,
+                name,
+                file: file.clone(),
+                block: Some(block),
+                local: None,
+                header,
+                refs: item_refs,
+                edge_refs,
+                broken: false,
+            },
+        );
+    }
+
+    fn block_refs(
+        &mut self,
+        file: &Arc<SourceFile>,
+        body: &Body,
+        spec: &BlockSpec,
+        item_refs: &mut Vec<Ref>,
+        edge_refs: &mut Vec<Ref>,
+    ) {
+        for attr in body.attributes() {
+            let key = attr.key.as_str();
+            let kind = spec.attr(key).map(|a| a.kind);
+            match kind {
+                Some(Kind::TypeExpr) => {}
+                Some(Kind::RefList) => {
+                    let c = refs::collect(&attr.value);
+                    edge_refs.extend(c.refs);
+                }
+                _ if spec.kind == "module" && key == "source" => {}
+                _ => {
+                    let c = refs::collect(&attr.value);
+                    self.check_funcs(file, &c.funcs);
+                    item_refs.extend(c.refs);
+                }
+            }
+        }
+        for child in body.blocks() {
+            if let Some(c) = spec.child(child.ident.as_str()) {
+                self.block_refs(file, &child.body, c.spec, item_refs, edge_refs);
+            }
+        }
+    }
+
+    fn check_funcs(&mut self, file: &Arc<SourceFile>, funcs: &[refs::FuncRef]) {
+        for f in funcs {
+            if !crate::config::functions::FUNCTION_NAMES.contains(&f.name.as_str()) {
+                let span = Span::new(file, f.span.clone());
+                let mut d = Diag::error("config::unknown_function", format!("unknown function `{}`", f.name))
+                    .label(&span, "no such function");
+                d = match did_you_mean(&f.name, crate::config::functions::FUNCTION_NAMES.iter().copied()) {
+                    Some(s) => d.help(format!("did you mean `{s}`?")),
+                    None => d.help("see `sparkform validate --help` for the function list"),
+                };
+                self.diags.push(d);
+            }
+        }
+    }
+
+    fn check_labels(&mut self, file: &Arc<SourceFile>, block: &Block, spec: &BlockSpec) -> bool {
+        let header = header_span(file, block);
+        if block.labels.len() != spec.labels.len() {
+            let want = match spec.labels.len() {
+                0 => format!("`{}` takes no label", spec.kind),
+                _ => format!("`{} \"NAME\" {{ … }}` takes one label, its name", spec.kind),
+            };
+            self.diags.push(
+                Diag::error(
+                    "config::labels",
+                    format!(
+                        "`{}` block has {} label{}; expected {}",
+                        spec.kind,
+                        block.labels.len(),
+                        if block.labels.len() == 1 { "" } else { "s" },
+                        spec.labels.len()
+                    ),
+                )
+                .label(&header, "here")
+                .help(want),
+            );
+            return false;
+        }
+        for label in &block.labels {
+            if !valid_name(label.as_str()) {
+                let span = span_of(file, label.span());
+                self.diags.push(
+                    Diag::error(
+                        "config::invalid_name",
+                        format!("invalid {} name {:?}", spec.kind, label.as_str()),
+                    )
+                    .label(&span, "names become parts of container names, addresses and paths")
+                    .help("use letters, digits, `_` and `-`, starting with a letter or `_` (at most 63 characters)"),
+                );
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Unknown and missing attributes and nested blocks, recursively.
+    fn check_nested(&mut self, file: &Arc<SourceFile>, body: &Body, spec: &BlockSpec, header: &Span) {
+        let mut seen_blocks: HashMap<&str, Span> = HashMap::new();
+        for structure in body.iter() {
+            match structure {
+                Structure::Attribute(attr) => {
+                    let key = attr.key.as_str();
+                    if spec.attr(key).is_none() && !spec.open {
+                        let span = span_of(file, attr.key.span());
+                        let is_block = spec.child(key).is_some();
+                        let mut d = Diag::error(
+                            "config::unknown_attribute",
+                            format!("unknown attribute `{key}` in `{}`", spec.kind),
+                        )
+                        .label(&span, if is_block { "this is a block, not an attribute" } else { "not expected here" });
+                        d = if is_block {
+                            d.help(format!("write it as a block: `{key} {{ … }}`"))
+                        } else {
+                            match did_you_mean(key, spec.names()) {
+                                Some(s) => d.help(format!("did you mean `{s}`?")),
+                                None => d.help(format!(
+                                    "`{}` takes: {}",
+                                    spec.kind,
+                                    spec.names().collect::<Vec<_>>().join(", ")
+                                )),
+                            }
+                        };
+                        self.diags.push(d);
+                    }
+                }
+                Structure::Block(child) => {
+                    let name = child.ident.as_str();
+                    let child_header = header_span(file, child);
+                    match spec.child(name) {
+                        None => {
+                            let mut d = Diag::error(
+                                "config::unknown_block",
+                                format!("unknown block `{name}` in `{}`", spec.kind),
+                            )
+                            .label(&child_header, "not expected here");
+                            if let Some(s) = did_you_mean(name, spec.names()) {
+                                d = d.help(format!("did you mean `{s}`?"));
+                            } else if spec.attr(name).is_some() {
+                                d = d.help(format!("`{name}` is an attribute: write `{name} = …`"));
+                            }
+                            self.diags.push(d);
+                        }
+                        Some(c) => {
+                            if self.check_labels(file, child, c.spec) {
+                                self.check_nested(file, &child.body, c.spec, &child_header);
+                            }
+                            if !c.multiple {
+                                if let Some(first) = seen_blocks.get(name) {
+                                    self.diags.push(
+                                        Diag::error(
+                                            "config::duplicate_block",
+                                            format!("`{}` takes one `{name}` block", spec.kind),
+                                        )
+                                        .label(&child_header, "second block")
+                                        .label(first, "first block"),
+                                    );
+                                }
+                                seen_blocks.insert(name, child_header);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for a in spec.attrs.iter().filter(|a| a.required) {
+            if !body.has_attribute(a.name) {
+                self.diags.push(
+                    Diag::error(
+                        "config::missing_attribute",
+                        format!("`{}` is missing the required attribute `{}`", spec.kind, a.name),
+                    )
+                    .label(header, format!("needs `{} = …` ({})", a.name, a.kind.describe())),
+                );
+            }
+        }
+    }
+
+    fn add_item<'m>(&mut self, scope: &mut Scope<'m>, item: Item<'m>) {
+        let key = (item.root, item.name.clone());
+        if let Some(&first) = scope.index.get(&key) {
+            let other: &Item = &scope.items[first];
+            let what = match item.root {
+                Root::Var => "variable",
+                Root::Local => "local value",
+                r => r.ident(),
+            };
+            self.diags.push(
+                Diag::error(
+                    "config::duplicate",
+                    format!("duplicate {what} `{}`", item.name),
+                )
+                .label(&item.header, "declared again here")
+                .label(&other.header, "first declared here")
+                .help("names must be unique per block type within a module; rename one of them"),
+            );
+            return;
+        }
+        scope.index.insert(key, scope.items.len());
+        scope.items.push(item);
+    }
+
+    /// Resolve references to items, report unknown ones and cycles; return the evaluation order.
+    fn order(&mut self, scope: &mut Scope<'_>) -> Vec<usize> {
+        let n = scope.items.len();
+        let mut graph: DiGraph<usize, Span> = DiGraph::with_capacity(n, n * 2);
+        let nodes: Vec<NodeIndex> = (0..n).map(|i| graph.add_node(i)).collect();
+        for i in 0..n {
+            let item = &scope.items[i];
+            let has_for_each = item
+                .block
+                .is_some_and(|b| b.body.has_attribute("for_each"));
+            let mut broken = false;
+            let mut edges = Vec::new();
+            for r in item.refs.iter().chain(item.edge_refs.iter()) {
+                match self.resolve_ref_target(scope, item, r, has_for_each) {
+                    Ok(Some(target)) => edges.push((target, Span::new(&item.file, r.span.clone()))),
+                    Ok(None) => {}
+                    Err(d) => {
+                        self.diags.push(*d);
+                        broken = true;
+                    }
+                }
+            }
+            if broken {
+                scope.items[i].broken = true;
+            }
+            for (t, span) in edges {
+                graph.add_edge(nodes[i], nodes[t], span);
+            }
+        }
+        // Cycles: every strongly connected component with more than one member, or a self-loop.
+        for comp in petgraph::algo::tarjan_scc(&graph) {
+            let self_loop = comp.len() == 1 && graph.contains_edge(comp[0], comp[0]);
+            if comp.len() < 2 && !self_loop {
+                continue;
+            }
+            let members: BTreeSet<NodeIndex> = comp.iter().copied().collect();
+            let cycle = walk_cycle(&graph, &members);
+            let names: Vec<String> = cycle
+                .iter()
+                .map(|&ix| scope.address_of(graph[ix]))
+                .collect();
+            let mut shown = names.clone();
+            if let Some(first) = names.first() {
+                shown.push(first.clone());
+            }
+            let mut d = Diag::error(
+                "config::cycle",
+                format!("dependency cycle: {}", shown.join(" → ")),
+            )
+            .help("break the cycle: one of these must not refer to the next (check depends_on and references through locals and modules)");
+            for (k, &ix) in cycle.iter().enumerate() {
+                let next = cycle[(k + 1) % cycle.len()];
+                let label_span = graph
+                    .edges_connecting(ix, next)
+                    .next()
+                    .map(|e| e.weight().clone())
+                    .unwrap_or_else(|| scope.items[graph[ix]].header.clone());
+                d = d.label(
+                    &label_span,
+                    format!("{} refers to {}", names[k], scope.address_of(graph[next])),
+                );
+            }
+            self.diags.push(d);
+            for ix in comp {
+                scope.items[graph[ix]].broken = true;
+            }
+        }
+        // Evaluation order: dependencies first. Cycle members are broken and skipped.
+        let mut order = Vec::with_capacity(n);
+        let mut state = vec![0u8; n];
+        for start in 0..n {
+            visit_post(&graph, &nodes, start, &mut state, &mut order);
+        }
+        order
+    }
+
+    /// The item a reference points at, `None` for references that need no item (`each`).
+    fn resolve_ref_target(
+        &self,
+        scope: &Scope<'_>,
+        item: &Item<'_>,
+        r: &Ref,
+        has_for_each: bool,
+    ) -> Result<Option<usize>, Box<Diag>> {
+        let span = Span::new(&item.file, r.span.clone());
+        if r.root == "each" {
+            if has_for_each {
+                return Ok(None);
+            }
+            return Err(Box::new(
+                Diag::error("config::each_outside_for_each", "`each` is only available in a block with `for_each`")
+                    .label(&span, "no for_each here")
+                    .help("add `for_each = …` to this block, or refer to a value directly"),
+            ));
+        }
+        let Some(root) = Root::referable(&r.root) else {
+            let mut d = Diag::error("config::unknown_reference", format!("unknown reference `{}`", r.display(1)))
+                .label(&span, format!("`{}` is not something that can be referred to", r.root));
+            d = match did_you_mean(&r.root, REFERABLE.iter().copied()) {
+                Some(s) => d.help(format!("did you mean `{s}`?")),
+                None if r.root == "output" => d.help("a module's outputs are read as module.NAME.OUTPUT"),
+                None => d.help("references start with var., local., node., jump., network., container., probe. or module."),
+            };
+            return Err(Box::new(d));
+        };
+        let Some(name) = r.first_key() else {
+            return Err(Box::new(
+                Diag::error("config::incomplete_reference", format!("`{}` needs a name after it", r.root))
+                    .label(&span, format!("write {}.NAME", r.root)),
+            ));
+        };
+        match scope.index.get(&(root, name.to_string())) {
+            Some(&i) => Ok(Some(i)),
+            None => {
+                let candidates: Vec<&str> = scope
+                    .items
+                    .iter()
+                    .filter(|it| it.root == root)
+                    .map(|it| it.name.as_str())
+                    .collect();
+                let what = match root {
+                    Root::Var => "variable",
+                    Root::Local => "local value",
+                    r => r.ident(),
+                };
+                let name_span = r
+                    .step_spans
+                    .get(1)
+                    .map(|s| Span::new(&item.file, s.clone()))
+                    .unwrap_or(span.clone());
+                let mut d = Diag::error(
+                    "config::unknown_reference",
+                    format!("unknown reference `{}`: no {what} named `{name}`", r.display(1)),
+                )
+                .label(&name_span, format!("no {what} `{name}` in this module"));
+                d = match did_you_mean(name, candidates.iter().copied()) {
+                    Some(s) => d.help(format!("did you mean `{}.{s}`?", r.root)),
+                    None if candidates.is_empty() => d.help(format!("this module declares no {what}")),
+                    None => d.help(format!("declared: {}", candidates.join(", "))),
+                };
+                Err(Box::new(d))
+            }
+        }
+    }
+
+    fn eval_item(&mut self, scope: &mut Scope<'_>, i: usize, result: &mut ModuleResult) -> Option<Evaluated> {
+        let root = scope.items[i].root;
+        match root {
+            Root::Var => self.eval_variable(scope, i),
+            Root::Local => self.eval_local(scope, i),
+            Root::Jump => self.eval_jump(scope, i),
+            Root::Node => self.eval_node(scope, i),
+            Root::Network => self.eval_network(scope, i),
+            Root::Container => self.eval_container(scope, i),
+            Root::Probe => self.eval_probe(scope, i),
+            Root::Module => self.eval_module_call(scope, i),
+            Root::Check => {
+                self.eval_check(scope, i);
+                None
+            }
+            Root::Output => {
+                self.eval_output(scope, i, result);
+                None
+            }
+        }
+    }
+
+    /// A context holding the referenced parts of other items. `None` when a referenced item failed
+    /// (its error is already reported).
+    fn context_for(&self, scope: &Scope<'_>, refs: &[Ref], item: &Item<'_>) -> Option<Ctx> {
+        let mut roots: BTreeMap<&'static str, Value> = BTreeMap::new();
+        let mut deps = BTreeSet::new();
+        let mut sensitive = false;
+        for r in refs {
+            if r.root == "each" {
+                continue;
+            }
+            let root = Root::referable(&r.root)?;
+            let name = r.first_key()?;
+            let &target = scope.index.get(&(root, name.to_string()))?;
+            let ev = scope.values[target].as_ref()?;
+            let rest = &r.path[1..];
+            ev.deps.resolve(rest, &mut deps);
+            if root == Root::Module {
+                match rest.first() {
+                    Some(Step::Key(k)) => sensitive |= ev.sensitive_keys.contains(k),
+                    _ => sensitive |= !ev.sensitive_keys.is_empty(),
+                }
+            } else {
+                sensitive |= ev.sensitive;
+            }
+            let slot = roots
+                .entry(root.ident())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(m) = slot {
+                let dst = m.entry(name.to_string()).or_insert(Value::Null);
+                project(dst, &ev.value, rest);
+            }
+        }
+        let _ = item;
+        Some(Ctx {
+            vars: roots,
+            each: None,
+            deps,
+            sensitive,
+        })
+    }
+
+    // ----- variables, locals -----
+
+    fn eval_variable(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let ty = match block.body.get_attribute("type") {
+            Some(a) => match types::parse_type(&a.value) {
+                Ok(t) => t,
+                Err(msg) => {
+                    let span = span_of(&file, a.value.span());
+                    self.diags.push(
+                        Diag::error("config::type", format!("invalid type for variable `{}`", item.name))
+                            .label(&span, msg),
+                    );
+                    return None;
+                }
+            },
+            None => Type::Any,
+        };
+        let declared_sensitive = self
+            .literal_bool(&file, block.body.get_attribute("sensitive"))
+            .unwrap_or(false);
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let (value, sensitive, deps) = if let Some(input) = scope.inputs.get(&name) {
+            match types::convert(&input.value, &ty) {
+                Ok(v) => (v, input.sensitive || declared_sensitive, input.deps.clone()),
+                Err(msg) => {
+                    let shown = if declared_sensitive || input.sensitive {
+                        format!("expected {ty}")
+                    } else {
+                        msg
+                    };
+                    let d = Diag::error(
+                        "config::type",
+                        format!("wrong type for variable `{name}` (set by {})", input.origin),
+                    )
+                    .maybe_label(input.span.as_ref(), shown.clone())
+                    .label(&header, format!("declared as {ty}"));
+                    self.diags.push(d);
+                    return None;
+                }
+            }
+        } else if let Some(a) = block.body.get_attribute("default") {
+            if !refs::collect(&a.value).refs.is_empty() {
+                let span = span_of(&file, a.value.span());
+                self.diags.push(
+                    Diag::error("config::variable_default", format!("the default of variable `{name}` refers to other values"))
+                        .label(&span, "defaults must be literal values")
+                        .help("compute derived values in a `locals` block instead"),
+                );
+                return None;
+            }
+            let ctx = Ctx::default();
+            let v = self.eval_expr(&ctx, &file, &a.value)?;
+            match types::convert(&v, &ty) {
+                Ok(v) => (v, declared_sensitive, BTreeSet::new()),
+                Err(msg) => {
+                    let span = span_of(&file, a.value.span());
+                    self.diags.push(
+                        Diag::error("config::type", format!("the default of variable `{name}` does not match its type"))
+                            .label(&span, msg),
+                    );
+                    return None;
+                }
+            }
+        } else {
+            let mut d = Diag::error("config::missing_variable", format!("no value for the required variable `{name}`"))
+                .label(&header, "declared here without a default");
+            d = match &scope.caller {
+                Some(call) => d
+                    .label(call, format!("set `{name} = …` in this module block"))
+                    .help(format!("the module call must set `{name}`")),
+                None => d.help(format!(
+                    "set it with `-var {name}=VALUE`, in a `-var-file`, or with the environment variable SPARKFORM_VAR_{name}"
+                )),
+            };
+            self.diags.push(d);
+            return None;
+        };
+        // validation blocks see only this variable.
+        let mut self_ctx = Ctx::default();
+        let mut obj = Map::new();
+        obj.insert(name.clone(), value.clone());
+        self_ctx.vars.insert("var", Value::Object(obj));
+        let mut ok = true;
+        for v in block.body.get_blocks("validation") {
+            let Some(cond) = v.body.get_attribute("condition") else {
+                continue;
+            };
+            for r in refs::collect(&cond.value).refs {
+                if r.root != "var" || r.first_key() != Some(name.as_str()) {
+                    let span = Span::new(&file, r.span.clone());
+                    self.diags.push(
+                        Diag::error("config::validation", format!("a validation of `{name}` may only refer to var.{name}"))
+                            .label(&span, "refers to something else"),
+                    );
+                    ok = false;
+                }
+            }
+            if !ok {
+                continue;
+            }
+            let Some(passed) = self.eval_expr(&self_ctx, &file, &cond.value) else {
+                ok = false;
+                continue;
+            };
+            if passed != Value::Bool(true) {
+                let message = v
+                    .body
+                    .get_attribute("error_message")
+                    .and_then(|m| self.eval_expr(&self_ctx, &file, &m.value))
+                    .map(|m| value_text(&m))
+                    .unwrap_or_else(|| "validation failed".into());
+                let cond_span = span_of(&file, cond.value.span());
+                let mut d = Diag::error(
+                    "config::validation",
+                    format!("invalid value for variable `{name}`: {message}"),
+                )
+                .label(&cond_span, "this condition is false");
+                if let Some(input) = scope.inputs.get(&name) {
+                    d = d.maybe_label(input.span.as_ref(), format!("value set here ({})", input.origin));
+                    if input.span.is_none() {
+                        d = d.help(format!("the value came from {}", input.origin));
+                    }
+                }
+                self.diags.push(d);
+                ok = false;
+            }
+        }
+        if !ok {
+            return None;
+        }
+        Some(Evaluated {
+            value,
+            sensitive,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    fn literal_bool(&mut self, file: &Arc<SourceFile>, attr: Option<&Attribute>) -> Option<bool> {
+        let attr = attr?;
+        match &attr.value {
+            Expression::Bool(b) => Some(*b.value()),
+            other => {
+                let span = span_of(file, other.span());
+                self.diags.push(
+                    Diag::error("config::type", format!("`{}` must be true or false", attr.key.as_str()))
+                        .label(&span, "expected a literal bool"),
+                );
+                None
+            }
+        }
+    }
+
+    fn eval_local(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let attr = item.local?;
+        let ctx = self.context_for(scope, &item.refs, item)?;
+        let file = item.file.clone();
+        let value = self.eval_expr(&ctx, &file, &attr.value)?;
+        Some(Evaluated {
+            value,
+            sensitive: ctx.sensitive,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(ctx.deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- attribute evaluation -----
+
+    fn eval_expr(&mut self, ctx: &Ctx, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
+        let mut hctx = Context::new();
+        for (k, v) in &ctx.vars {
+            hctx.declare_var(*k, v.clone());
+        }
+        if let Some(each) = &ctx.each {
+            hctx.declare_var("each", each.clone());
+        }
+        crate::config::functions::declare_all(&mut hctx);
+        let converted: hcl::Expression = expr.clone().into();
+        match converted.evaluate(&hctx) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let span = span_of(file, expr.span());
+                let msg = e.kind().to_string();
+                self.diags.push(
+                    Diag::error("config::eval", format!("cannot evaluate expression: {msg}"))
+                        .label(&span, msg),
+                );
+                None
+            }
+        }
+    }
+
+    /// Evaluate every attribute of a block body against its schema. Returns converted values by
+    /// name, and the names whose values are sensitive; `None` if any failed.
+    fn eval_body(
+        &mut self,
+        ctx: &Ctx,
+        scope: &Scope<'_>,
+        file: &Arc<SourceFile>,
+        body: &Body,
+        spec: &BlockSpec,
+    ) -> Option<Attrs> {
+        let mut out = Attrs::default();
+        let mut ok = true;
+        for attr in body.attributes() {
+            let key = attr.key.as_str();
+            let Some(a) = spec.attr(key) else { continue };
+            if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
+                continue;
+            }
+            let Some(v) = self.eval_expr(ctx, file, &attr.value) else {
+                ok = false;
+                continue;
+            };
+            let span = span_of(file, attr.value.span());
+            match self.convert_kind(&v, a.kind) {
+                Ok(converted) => {
+                    if ctx.sensitive {
+                        self.mark_sensitive(scope, file, attr, &mut out);
+                    }
+                    if matches!(a.kind, Kind::Node | Kind::Jump | Kind::Container) {
+                        out.raw.insert(key.to_string(), v);
+                    }
+                    let v = converted;
+                    out.values.insert(key.to_string(), v);
+                    out.spans.insert(key.to_string(), span);
+                }
+                Err(msg) => {
+                    let msg = if ctx.sensitive { format!("expected {}", a.kind.describe()) } else { msg };
+                    self.diags.push(
+                        Diag::error("config::type", format!("wrong type for `{key}` in `{}`", spec.kind))
+                            .label(&span, msg),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn mark_sensitive(&self, scope: &Scope<'_>, file: &Arc<SourceFile>, attr: &Attribute, out: &mut Attrs) {
+        let _ = file;
+        let key = attr.key.as_str().to_string();
+        if let Expression::Object(obj) = &attr.value {
+            for (k, v) in obj.iter() {
+                let c = refs::collect(v.expr());
+                if scope.refs_sensitive(&c.refs) {
+                    let kname = match k {
+                        hcl_edit::expr::ObjectKey::Ident(id) => id.as_str().to_string(),
+                        hcl_edit::expr::ObjectKey::Expression(Expression::String(s)) => s.value().to_string(),
+                        _ => {
+                            out.sensitive.push(vec![key.clone()]);
+                            continue;
+                        }
+                    };
+                    out.sensitive.push(vec![key.clone(), kname]);
+                }
+            }
+        } else {
+            let c = refs::collect(&attr.value);
+            if scope.refs_sensitive(&c.refs) {
+                out.sensitive.push(vec![key]);
+            }
+        }
+    }
+
+    fn convert_kind(&self, v: &Value, kind: Kind) -> Result<Value, String> {
+        let reference = |what: &str| -> Result<Value, String> {
+            match v {
+                Value::Object(o) if o.get("kind").and_then(Value::as_str) == Some(what) => {
+                    Ok(o.get("id").cloned().unwrap_or(Value::Null))
+                }
+                Value::Null => Ok(Value::Null),
+                other => Err(format!(
+                    "expected a {what} reference such as {what}.NAME, found {}",
+                    types::describe(other)
+                )),
+            }
+        };
+        match kind {
+            Kind::Any | Kind::RefList | Kind::TypeExpr | Kind::ForEach => Ok(v.clone()),
+            Kind::Str => types::convert(v, &Type::String),
+            Kind::Num => types::convert(v, &Type::Number),
+            Kind::Bool => types::convert(v, &Type::Bool),
+            Kind::ListStr => types::convert(v, &Type::List(Box::new(Type::String))),
+            Kind::MapStr => types::convert(v, &Type::Map(Box::new(Type::String))),
+            Kind::Node => reference("node"),
+            Kind::Jump => reference("jump"),
+            Kind::Container => reference("container"),
+            Kind::Duration => match v {
+                Value::Number(n) => Ok(Value::Number(n.clone())),
+                Value::String(s) => parse_duration(s)
+                    .map(|secs| Value::from(secs))
+                    .ok_or_else(|| format!("expected {}, found {:?}", kind.describe(), s)),
+                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+            },
+            Kind::Size => match v {
+                Value::Number(n) => Ok(Value::Number(n.clone())),
+                Value::String(s) => parse_size(s)
+                    .map(Value::from)
+                    .ok_or_else(|| format!("expected {}, found {:?}", kind.describe(), s)),
+                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+            },
+            Kind::Gpus => match v {
+                Value::Number(n) if n.as_u64().is_some() => Ok(v.clone()),
+                Value::String(s) if s == "all" => Ok(v.clone()),
+                Value::String(s) if s.parse::<u32>().is_ok() => types::convert(v, &Type::Number),
+                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+            },
+        }
+    }
+
+    // ----- jump, node -----
+
+    fn simple_block(&mut self, scope: &Scope<'_>, i: usize, spec: &BlockSpec) -> Option<(Attrs, Ctx)> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let ctx = self.context_for(scope, &item.refs, item)?;
+        let file = item.file.clone();
+        let attrs = self.eval_body(&ctx, scope, &file, &block.body, spec)?;
+        Some((attrs, ctx))
+    }
+
+    fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::JUMP)?;
+        let item = &scope.items[i];
+        let address = format!("{}jump.{}", scope.prefix, item.name);
+        let host = attrs.string("address").unwrap_or_default();
+        let file = item.file.clone();
+        let header = item.header.clone();
+        let mut ok = self.check_host(&file, &attrs, &host);
+        ok &= self.check_user(&attrs);
+        let port = self.port(&attrs, &mut ok);
+        if !ok {
+            return None;
+        }
+        let jump = Jump {
+            address: address.clone(),
+            name: item.name.clone(),
+            host,
+            user: attrs.string("user"),
+            port,
+            identity_file: attrs.string("identity_file").map(|p| scope.dir.join(p)),
+            known_hosts: attrs.string("known_hosts").map(|p| scope.dir.join(p)),
+            span: header,
+        };
+        self.config.jumps.insert(address.clone(), jump);
+        let mut value = attrs.to_object();
+        value.insert("kind".into(), "jump".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), scope.items[i].name.clone().into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(ctx.deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    fn check_host(&mut self, file: &Arc<SourceFile>, attrs: &Attrs, host: &str) -> bool {
+        let _ = file;
+        let valid = host == "local"
+            || (!host.is_empty()
+                && host.len() <= 253
+                && !host.starts_with('-')
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')));
+        if !valid {
+            self.value_error(attrs, "address", format!("{host:?} is not a host name or IP address"), "use a DNS name, an ssh config alias, an IP address, or \"local\" for this machine");
+        }
+        valid
+    }
+
+    fn check_user(&mut self, attrs: &Attrs) -> bool {
+        let Some(user) = attrs.string("user") else {
+            return true;
+        };
+        let valid = !user.is_empty()
+            && user.len() <= 32
+            && !user.starts_with('-')
+            && user.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            self.value_error(attrs, "user", format!("{user:?} is not a valid user name"), "user names are letters, digits, `_`, `-` and `.`");
+        }
+        valid
+    }
+
+    fn port(&mut self, attrs: &Attrs, ok: &mut bool) -> Option<u16> {
+        let n = attrs.number("port")?;
+        if n >= 1.0 && n <= 65535.0 && n.fract() == 0.0 {
+            Some(n as u16)
+        } else {
+            self.value_error(attrs, "port", format!("{n} is not a TCP port"), "ports are 1 to 65535");
+            *ok = false;
+            None
+        }
+    }
+
+    fn value_error(&mut self, attrs: &Attrs, key: &str, message: String, help: &str) {
+        let d = Diag::error("config::invalid_value", format!("invalid `{key}`: {message}"))
+            .maybe_label(attrs.spans.get(key), message)
+            .help(help);
+        self.diags.push(d);
+    }
+
+    fn eval_node(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::NODE)?;
+        let item = &scope.items[i];
+        let address = format!("{}node.{}", scope.prefix, item.name);
+        let host = attrs.string("address").unwrap_or_default();
+        let file = item.file.clone();
+        let header = item.header.clone();
+        let name = item.name.clone();
+        let mut ok = self.check_host(&file, &attrs, &host);
+        ok &= self.check_user(&attrs);
+        let port = self.port(&attrs, &mut ok);
+        let gpus = match attrs.number("gpus") {
+            Some(g) if g >= 0.0 && g.fract() == 0.0 && g <= 1024.0 => Some(g as u32),
+            Some(g) => {
+                self.value_error(&attrs, "gpus", format!("{g} is not a number of GPUs"), "a whole number, 0 or more");
+                ok = false;
+                None
+            }
+            None => None,
+        };
+        let memory = attrs.number("memory_gib");
+        if memory.is_some_and(|m| m <= 0.0) {
+            self.value_error(&attrs, "memory_gib", "memory must be positive".into(), "the node's memory in GiB");
+            ok = false;
+        }
+        if !ok {
+            return None;
+        }
+        let jump = attrs.string("jump");
+        let node = Node {
+            address: address.clone(),
+            name: name.clone(),
+            host,
+            user: attrs.string("user"),
+            port,
+            jump,
+            identity_file: attrs.string("identity_file").map(|p| scope.dir.join(p)),
+            known_hosts: attrs.string("known_hosts").map(|p| scope.dir.join(p)),
+            gpus,
+            memory_gib: memory,
+            unified_memory: attrs.values.get("unified_memory") == Some(&Value::Bool(true)),
+            labels: attrs.string_map("labels"),
+            span: header,
+        };
+        self.config.nodes.insert(address.clone(), node);
+        let mut value = attrs.to_object();
+        for k in ["gpus", "memory_gib", "user", "port", "jump", "labels", "unified_memory"] {
+            value.entry(k.to_string()).or_insert(Value::Null);
+        }
+        value.insert("kind".into(), "node".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), name.into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(ctx.deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- network and its attachments -----
+
+    fn eval_network(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::NETWORK)?;
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let address = format!("{}network.{}", scope.prefix, name);
+        let subnet_text = attrs.string("subnet").unwrap_or_default();
+        let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
+            Ok(net) if net.trunc() == net => Some(net),
+            Ok(net) => {
+                self.value_error(
+                    &attrs,
+                    "subnet",
+                    format!("{subnet_text:?} has host bits set"),
+                    &format!("write the network address: {}", net.trunc()),
+                );
+                None
+            }
+            Err(_) => {
+                self.value_error(
+                    &attrs,
+                    "subnet",
+                    format!("{subnet_text:?} is not a CIDR block"),
+                    "write it as ADDRESS/PREFIX, e.g. \"192.168.200.0/24\"",
+                );
+                None
+            }
+        };
+        let mtu = match attrs.number("mtu") {
+            None => Some(1500u32),
+            Some(m) if (576.0..=9216.0).contains(&m) && m.fract() == 0.0 => Some(m as u32),
+            Some(m) => {
+                self.value_error(&attrs, "mtu", format!("{m} is not a usable MTU"), "an MTU is 576 to 9216 (9000 for jumbo frames)");
+                None
+            }
+        };
+        let (subnet, mtu) = (subnet?, mtu?);
+        let mut attach_values = Map::new();
+        let mut attach_deps = BTreeMap::new();
+        let mut seen_addr: HashMap<std::net::IpAddr, (String, Span)> = HashMap::new();
+        let mut seen_node: HashMap<String, (String, Span)> = HashMap::new();
+        let mut names = Vec::new();
+        let mut ok = true;
+        for ab in block.body.get_blocks("attach") {
+            let Some(label) = ab.labels.first() else { continue };
+            let aname = label.as_str().to_string();
+            let aheader = header_span(&file, ab);
+            if attach_values.contains_key(&aname) {
+                self.diags.push(
+                    Diag::error("config::duplicate", format!("duplicate attachment `{aname}` in network `{name}`"))
+                        .label(&aheader, "declared again here"),
+                );
+                ok = false;
+                continue;
+            }
+            let Some(a) = self.eval_body(&ctx, scope, &file, &ab.body, &schema::ATTACH) else {
+                ok = false;
+                continue;
+            };
+            let node = a.string("node").unwrap_or_default();
+            let interface = a.string("interface").unwrap_or_default();
+            let addr_text = a.string("address").unwrap_or_default();
+            let mut good = true;
+            if let Err(msg) = resources::attachment::check_interface(&interface) {
+                self.value_error(&a, "interface", msg, "interface names are 1 to 15 letters, digits, `_`, `-` or `.`, as `ip link` shows them");
+                good = false;
+            }
+            let ip: Option<std::net::IpAddr> = match addr_text.parse() {
+                Ok(ip) => Some(ip),
+                Err(_) => {
+                    let hint = if addr_text.contains('/') {
+                        "write the address without a prefix; the prefix comes from the network's subnet"
+                    } else {
+                        "write an IP address such as \"192.168.200.1\""
+                    };
+                    self.value_error(&a, "address", format!("{addr_text:?} is not an IP address"), hint);
+                    good = false;
+                    None
+                }
+            };
+            if let Some(ip) = ip {
+                let aspan = a.spans.get("address").cloned().unwrap_or(aheader.clone());
+                if !subnet.contains(&ip) {
+                    self.diags.push(
+                        Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
+                            .label(&aspan, format!("not in {subnet}"))
+                            .maybe_label(attrs.spans.get("subnet"), "the network's subnet")
+                            .help(format!("pick an address between {} and {}", first_host(&subnet), last_host(&subnet))),
+                    );
+                    good = false;
+                } else if ip == subnet.network() && subnet.prefix_len() < subnet.max_prefix_len() - 1 {
+                    self.diags.push(
+                        Diag::error("config::invalid_value", format!("attachment `{aname}`: {ip} is the network address of {subnet}"))
+                            .label(&aspan, "network address")
+                            .help(format!("the first usable address is {}", first_host(&subnet))),
+                    );
+                    good = false;
+                } else if let Some((other, ospan)) = seen_addr.get(&ip) {
+                    self.diags.push(
+                        Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
+                            .label(&aspan, format!("{ip} again"))
+                            .label(ospan, format!("{ip} first used here"))
+                            .help("every attachment needs its own address"),
+                    );
+                    good = false;
+                } else {
+                    seen_addr.insert(ip, (aname.clone(), aspan));
+                }
+            }
+            if let Some((other, ospan)) = seen_node.get(&node) {
+                self.diags.push(
+                    Diag::error("config::duplicate_attachment", format!("{node} is attached to network `{name}` twice (`{other}` and `{aname}`)"))
+                        .label(&aheader, "second attachment")
+                        .label(ospan, "first attachment")
+                        .help("a node has one attachment per network"),
+                );
+                good = false;
+            } else {
+                seen_node.insert(node.clone(), (aname.clone(), aheader.clone()));
+            }
+            if !good {
+                ok = false;
+                continue;
+            }
+            let res_address = format!("{address}.attach.{aname}");
+            let node_name = node.rsplit('.').next().unwrap_or(&node).to_string();
+            let config = serde_json::json!({
+                "network": address,
+                "node": node,
+                "interface": interface,
+                "address": addr_text,
+                "prefix_len": subnet.prefix_len(),
+                "mtu": mtu,
+            });
+            let mut deps = ctx.deps.clone();
+            deps.extend(scope.extra_deps.iter().cloned());
+            self.config.resources.push(Resource {
+                address: res_address.clone(),
+                kind: ResourceKind::Attachment,
+                node: Some(node.clone()),
+                config,
+                sensitive: Vec::new(),
+                deps,
+                replace_triggered_by: BTreeSet::new(),
+                span: aheader,
+            });
+            scope.all_resources.insert(res_address.clone());
+            names.push(res_address.clone());
+            let mut av = Map::new();
+            // The attachment value carries the node object so modules can read `attach.x.node.name`.
+            let node_value = self.node_value(scope, &a, &ctx);
+            av.insert("kind".into(), "attachment".into());
+            av.insert("id".into(), res_address.clone().into());
+            av.insert("name".into(), aname.clone().into());
+            av.insert("node".into(), node_value);
+            av.insert("node_name".into(), node_name.into());
+            av.insert("interface".into(), interface.into());
+            av.insert("address".into(), addr_text.clone().into());
+            av.insert("cidr".into(), format!("{addr_text}/{}", subnet.prefix_len()).into());
+            attach_values.insert(aname.clone(), Value::Object(av));
+            attach_deps.insert(aname, DepTree::Leaf(BTreeSet::from([res_address])));
+        }
+        if !ok {
+            return None;
+        }
+        self.config.networks.insert(
+            address.clone(),
+            Network {
+                address: address.clone(),
+                name: name.clone(),
+                subnet,
+                mtu,
+                attachments: names,
+                span: header,
+            },
+        );
+        let mut value = Map::new();
+        value.insert("kind".into(), "network".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), name.into());
+        value.insert("subnet".into(), subnet.to_string().into());
+        value.insert("mtu".into(), Value::from(mtu));
+        value.insert("prefix_len".into(), Value::from(subnet.prefix_len()));
+        value.insert("netmask".into(), subnet.netmask().to_string().into());
+        value.insert("attach".into(), Value::Object(attach_values));
+        let mut tree = BTreeMap::new();
+        tree.insert("attach".to_string(), DepTree::Keyed(attach_deps));
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Keyed(tree),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    /// The node object an attachment points at, found again through the context it was evaluated in.
+    fn node_value(&self, scope: &Scope<'_>, attrs: &Attrs, ctx: &Ctx) -> Value {
+        let _ = (scope, ctx);
+        attrs.raw.get("node").cloned().unwrap_or(Value::Null)
+    }
+
+    // ----- containers -----
+
+    fn eval_container(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let mut ctx = self.context_for(scope, &item.refs, item)?;
+        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
+        let replace_by = self.edge_deps(scope, i, "replace_triggered_by")?;
+        let base = format!("{}container.{}", scope.prefix, name);
+        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
+            None => vec![(None, Value::Null)],
+            Some(fe) => {
+                let v = self.eval_expr(&ctx, &file, &fe.value)?;
+                let span = span_of(&file, fe.value.span());
+                match for_each_instances(&v) {
+                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
+                    Err(msg) => {
+                        self.diags.push(
+                            Diag::error("config::for_each", format!("invalid for_each in container `{name}`"))
+                                .label(&span, msg)
+                                .help("for_each takes a map (each.key, each.value) or a set of strings"),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        let mut values = Map::new();
+        let mut inst_deps = BTreeMap::new();
+        let mut single: Option<Value> = None;
+        let mut ok = true;
+        for (key, each_value) in instances {
+            ctx.each = key.as_ref().map(|k| {
+                let mut m = Map::new();
+                m.insert("key".into(), Value::from(k.clone()));
+                m.insert("value".into(), each_value.clone());
+                Value::Object(m)
+            });
+            let Some(mut attrs) = self.eval_body(&ctx, scope, &file, &block.body, &schema::CONTAINER) else {
+                ok = false;
+                continue;
+            };
+            let mut ready = Vec::new();
+            let mut ready_ok = true;
+            for rb in block.body.get_blocks("ready") {
+                let rheader = header_span(&file, rb);
+                match self.eval_body(&ctx, scope, &file, &rb.body, &schema::READY) {
+                    Some(r) => match resources::container::ready_config(&r.values) {
+                        Ok(v) => ready.push(v),
+                        Err(msg) => {
+                            self.diags.push(
+                                Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
+                                    .label(&rheader, msg.clone())
+                                    .help("a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
+                            );
+                            ready_ok = false;
+                        }
+                    },
+                    None => ready_ok = false,
+                }
+            }
+            if !ready_ok {
+                ok = false;
+                continue;
+            }
+            let address = match &key {
+                Some(k) => format!("{base}[{k:?}]"),
+                None => base.clone(),
+            };
+            let docker_name = match attrs.string("name") {
+                Some(n) => n,
+                None => {
+                    let mut parts = scope.path.clone();
+                    parts.push(name.clone());
+                    if let Some(k) = &key {
+                        parts.push(k.clone());
+                    }
+                    parts.join("-")
+                }
+            };
+            attrs.values.insert("name".into(), Value::from(docker_name.clone()));
+            let node = attrs.string("node").unwrap_or_default();
+            let problems = resources::container::check(&attrs.values);
+            if !problems.is_empty() {
+                for p in problems {
+                    let span = attrs.spans.get(p.attribute).cloned().unwrap_or(header.clone());
+                    let label = if attrs.is_sensitive(p.attribute) { "invalid (sensitive value)".to_string() } else { p.message.clone() };
+                    let message = if attrs.is_sensitive(p.attribute) { format!("invalid `{}`", p.attribute) } else { format!("invalid `{}`: {}", p.attribute, p.message) };
+                    self.diags.push(
+                        Diag::error("config::invalid_value", format!("container `{name}`{}: {message}", key.as_ref().map(|k| format!(" [{k:?}]")).unwrap_or_default()))
+                            .label(&span, label)
+                            .help(p.help),
+                    );
+                }
+                ok = false;
+                continue;
+            }
+            let config = resources::container::desired_config(&attrs.values, ready);
+            let mut deps = ctx.deps.clone();
+            deps.extend(edge_deps.iter().cloned());
+            deps.extend(scope.extra_deps.iter().cloned());
+            deps.remove(&address);
+            self.config.resources.push(Resource {
+                address: address.clone(),
+                kind: ResourceKind::Container,
+                node: Some(node.clone()),
+                config,
+                sensitive: attrs.sensitive.clone(),
+                deps,
+                replace_triggered_by: replace_by.clone(),
+                span: header.clone(),
+            });
+            scope.all_resources.insert(address.clone());
+            let mut value = attrs.to_object_masked();
+            value.insert("node".into(), attrs.raw.get("node").cloned().unwrap_or(Value::Null));
+            value.insert("kind".into(), "container".into());
+            value.insert("id".into(), address.clone().into());
+            match key {
+                Some(k) => {
+                    values.insert(k.clone(), Value::Object(value));
+                    inst_deps.insert(k, DepTree::Leaf(BTreeSet::from([address])));
+                }
+                None => {
+                    single = Some(Value::Object(value));
+                    inst_deps.insert(String::new(), DepTree::Leaf(BTreeSet::from([address])));
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let (value, deps) = match single {
+            Some(v) => (v, DepTree::Leaf(inst_deps.into_values().next().map(|t| {
+                let mut s = BTreeSet::new();
+                t.collect_all(&mut s);
+                s
+            }).unwrap_or_default())),
+            None => (Value::Object(values), DepTree::Keyed(inst_deps)),
+        };
+        Some(Evaluated {
+            value,
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps,
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    /// Resources named by `depends_on` / `replace_triggered_by`.
+    fn edge_deps(&mut self, scope: &Scope<'_>, i: usize, attr_name: &str) -> Option<BTreeSet<String>> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let mut out = BTreeSet::new();
+        let Some(attr) = block.body.get_attribute(attr_name) else {
+            return Some(out);
+        };
+        let items: Vec<&Expression> = match &attr.value {
+            Expression::Array(a) => a.iter().collect(),
+            other => {
+                let span = span_of(&item.file, other.span());
+                self.diags.push(
+                    Diag::error("config::type", format!("`{attr_name}` must be a list of references"))
+                        .label(&span, "expected [container.x, probe.y, …]"),
+                );
+                return None;
+            }
+        };
+        for e in items {
+            let c = refs::collect(e);
+            let plain = matches!(e, Expression::Traversal(_) | Expression::Variable(_)) && c.refs.len() == 1;
+            if !plain {
+                let span = span_of(&item.file, e.span());
+                self.diags.push(
+                    Diag::error("config::type", format!("`{attr_name}` entries must be plain references"))
+                        .label(&span, "expected a reference such as container.ray_head")
+                        .help("depends_on and replace_triggered_by name resources; they are not evaluated"),
+                );
+                return None;
+            }
+            for r in &c.refs {
+                let Some(root) = Root::referable(&r.root) else { continue };
+                let Some(name) = r.first_key() else { continue };
+                let Some(&t) = scope.index.get(&(root, name.to_string())) else { continue };
+                let ev = scope.values[t].as_ref()?;
+                if root == Root::Module && r.path.len() == 1 {
+                    out.extend(ev.all_resources.iter().cloned());
+                } else {
+                    ev.deps.resolve(&r.path[1..], &mut out);
+                }
+                if !matches!(root, Root::Container | Root::Probe | Root::Network | Root::Module) {
+                    let span = Span::new(&item.file, r.span.clone());
+                    self.diags.push(
+                        Diag::error("config::type", format!("`{attr_name}` must name resources"))
+                            .label(&span, format!("`{}` is not a resource", r.display(1)))
+                            .help("name containers, probes, networks (their attachments) or modules"),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    // ----- probes -----
+
+    fn eval_probe(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let ctx = self.context_for(scope, &item.refs, item)?;
+        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
+        let attrs = self.eval_body(&ctx, scope, &file, &block.body, &schema::PROBE)?;
+        let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
+        let mut ok = true;
+        for kind in ["http", "exec", "tcp", "expect"] {
+            if let Some(b) = block.body.get_blocks(kind).next() {
+                let spec = schema::PROBE.child(kind).map(|c| c.spec)?;
+                match self.eval_body(&ctx, scope, &file, &b.body, spec) {
+                    Some(a) => {
+                        parts.insert(kind, a);
+                    }
+                    None => ok = false,
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let address = format!("{}probe.{}", scope.prefix, name);
+        let mut sensitive = Vec::new();
+        for (k, a) in &parts {
+            for p in &a.sensitive {
+                let mut path = vec![k.to_string()];
+                path.extend(p.iter().cloned());
+                sensitive.push(path);
+            }
+        }
+        let values: BTreeMap<&str, &Map<String, Value>> = parts.iter().map(|(k, a)| (*k, &a.values)).collect();
+        let (config, node) = match resources::probe::desired_config(&attrs.values, &values) {
+            Ok(c) => c,
+            Err(p) => {
+                let span = parts
+                    .get(p.block)
+                    .and_then(|a| a.spans.get(p.attribute))
+                    .cloned()
+                    .unwrap_or(header.clone());
+                self.diags.push(
+                    Diag::error("config::invalid_value", format!("probe `{name}`: {}", p.message))
+                        .label(&span, p.message.clone())
+                        .help(p.help),
+                );
+                return None;
+            }
+        };
+        let mut deps = ctx.deps.clone();
+        deps.extend(edge_deps);
+        deps.extend(scope.extra_deps.iter().cloned());
+        self.config.resources.push(Resource {
+            address: address.clone(),
+            kind: ResourceKind::Probe,
+            node,
+            config,
+            sensitive,
+            deps,
+            replace_triggered_by: BTreeSet::new(),
+            span: header,
+        });
+        scope.all_resources.insert(address.clone());
+        let mut value = Map::new();
+        value.insert("kind".into(), "probe".into());
+        value.insert("id".into(), address.clone().into());
+        value.insert("name".into(), name.into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(BTreeSet::from([address])),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- checks and outputs -----
+
+    fn eval_check(&mut self, scope: &mut Scope<'_>, i: usize) {
+        let item = &scope.items[i];
+        let Some(block) = item.block else { return };
+        let file = item.file.clone();
+        let Some(ctx) = self.context_for(scope, &item.refs, item) else { return };
+        let Some(cond) = block.body.get_attribute("condition") else { return };
+        let Some(v) = self.eval_expr(&ctx, &file, &cond.value) else { return };
+        let span = span_of(&file, cond.value.span());
+        match v {
+            Value::Bool(true) => {}
+            Value::Bool(false) => {
+                let message = block
+                    .body
+                    .get_attribute("error_message")
+                    .and_then(|m| self.eval_expr(&ctx, &file, &m.value))
+                    .map(|m| value_text(&m))
+                    .unwrap_or_else(|| "check failed".into());
+                let mut d = Diag::error("config::check_failed", format!("check `{}` failed: {message}", item.name))
+                    .label(&span, "this condition is false");
+                if let Some(call) = &scope.caller {
+                    d = d.label(call, "in this module call");
+                }
+                self.diags.push(d);
+            }
+            other => {
+                self.diags.push(
+                    Diag::error("config::type", format!("the condition of check `{}` is not a bool", item.name))
+                        .label(&span, format!("evaluates to {}", types::describe(&other))),
+                );
+            }
+        }
+    }
+
+    fn eval_output(&mut self, scope: &mut Scope<'_>, i: usize, result: &mut ModuleResult) {
+        let item = &scope.items[i];
+        let Some(block) = item.block else { return };
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let Some(ctx) = self.context_for(scope, &item.refs, item) else { return };
+        let Some(attr) = block.body.get_attribute("value") else { return };
+        let Some(value) = self.eval_expr(&ctx, &file, &attr.value) else { return };
+        let declared = self
+            .literal_bool(&file, block.body.get_attribute("sensitive"))
+            .unwrap_or(false);
+        if ctx.sensitive && !declared {
+            let span = span_of(&file, attr.value.span());
+            self.diags.push(
+                Diag::error("config::sensitive_output", format!("output `{name}` shows a sensitive value"))
+                    .label(&span, "derived from a sensitive variable")
+                    .help("add `sensitive = true` to the output block, so it is never printed"),
+            );
+            return;
+        }
+        result.outputs.insert(name.clone(), value.clone());
+        result.output_deps.insert(name.clone(), ctx.deps.clone());
+        if declared {
+            result.sensitive_outputs.insert(name.clone());
+        }
+        result.output_items.push(Output {
+            name,
+            value: serde_json::to_value(&value).unwrap_or(serde_json::Value::Null),
+            sensitive: declared,
+            deps: ctx.deps,
+            span: header,
+        });
+    }
+
+    // ----- module calls -----
+
+    fn eval_module_call(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let source_attr = block.body.get_attribute("source")?;
+        let source = match &source_attr.value {
+            Expression::String(s) => s.value().to_string(),
+            other => {
+                let span = span_of(&file, other.span());
+                self.diags.push(
+                    Diag::error("config::module_source", "a module's `source` must be a literal string")
+                        .label(&span, "expected a folder path such as \"../../modules/vllm-ray\""),
+                );
+                return None;
+            }
+        };
+        let source_span = span_of(&file, source_attr.value.span());
+        let base = file.path.parent().map(Path::to_path_buf).unwrap_or_else(|| scope.dir.clone());
+        let dir = base.join(&source);
+        if !dir.is_dir() {
+            self.diags.push(
+                Diag::error("config::module_source", format!("module `{name}`: no folder at {}", crate::diag::display_path(&dir)))
+                    .label(&source_span, "not found")
+                    .help("`source` is a folder of .hcl files, relative to this file"),
+            );
+            return None;
+        }
+        let key = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        if self.stack.contains(&key) || self.stack.len() >= MAX_MODULE_DEPTH {
+            self.diags.push(
+                Diag::error("config::module_recursion", format!("module `{name}` includes itself (directly or through other modules)"))
+                    .label(&source_span, "recursive module source"),
+            );
+            return None;
+        }
+        let ctx = self.context_for(scope, &item.refs, item)?;
+        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
+        let Some(files) = self.load_folder(&dir) else {
+            return None;
+        };
+        let declared = Self::declared_variables(&files);
+        let mut inputs = HashMap::new();
+        let mut ok = true;
+        for attr in block.body.attributes() {
+            let key = attr.key.as_str();
+            if key == "source" || key == "depends_on" {
+                continue;
+            }
+            let span = span_of(&file, attr.span());
+            if !declared.iter().any(|(n, _, _)| n == key) {
+                let mut d = Diag::error("config::unknown_input", format!("module `{name}` has no variable `{key}`"))
+                    .label(&span, "not an input of this module");
+                d = match did_you_mean(key, declared.iter().map(|(n, _, _)| n.as_str())) {
+                    Some(s) => d.help(format!("did you mean `{s}`?")),
+                    None => d.help(format!(
+                        "its variables are: {}",
+                        declared.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+                    )),
+                };
+                self.diags.push(d);
+                ok = false;
+                continue;
+            }
+            let c = refs::collect(&attr.value);
+            let Some(sub) = self.context_for(scope, &c.refs, item) else {
+                ok = false;
+                continue;
+            };
+            let Some(v) = self.eval_expr(&sub, &file, &attr.value) else {
+                ok = false;
+                continue;
+            };
+            inputs.insert(
+                key.to_string(),
+                InputValue {
+                    value: v,
+                    sensitive: sub.sensitive,
+                    deps: sub.deps,
+                    span: Some(span_of(&file, attr.value.span())),
+                    origin: format!("module `{name}`"),
+                },
+            );
+        }
+        if !ok {
+            return None;
+        }
+        let _ = ctx;
+        let mut path = scope.path.clone();
+        path.push(name.clone());
+        let mut extra = scope.extra_deps.clone();
+        extra.extend(edge_deps);
+        let before = self.diags.error_count();
+        let result = self.eval_module(&files, &path, inputs, &extra, Some(&header));
+        if self.diags.error_count() > before {
+            return None;
+        }
+        let mut tree = BTreeMap::new();
+        for (k, d) in &result.output_deps {
+            tree.insert(k.clone(), DepTree::Leaf(d.clone()));
+        }
+        Some(Evaluated {
+            value: Value::Object(result.outputs),
+            sensitive: false,
+            sensitive_keys: result.sensitive_outputs,
+            deps: DepTree::Keyed(tree),
+            all_resources: result.all_resources,
+        })
+    }
+}
+
+struct Scope<'m> {
+    /// Module names from the root, e.g. ["qwen"].
+    path: Vec<String>,
+    /// Address prefix, e.g. "module.qwen.".
+    prefix: String,
+    items: Vec<Item<'m>>,
+    index: HashMap<(Root, String), usize>,
+    values: Vec<Option<Evaluated>>,
+    inputs: HashMap<String, InputValue>,
+    extra_deps: BTreeSet<String>,
+    caller: Option<Span>,
+    dir: PathBuf,
+    all_resources: BTreeSet<String>,
+}
+
+impl Scope<'_> {
+    fn address_of(&self, i: usize) -> String {
+        let it = &self.items[i];
+        format!("{}{}.{}", self.prefix, it.root.ident(), it.name)
+    }
+
+    fn refs_sensitive(&self, refs: &[Ref]) -> bool {
+        refs.iter().any(|r| {
+            let (Some(root), Some(name)) = (Root::referable(&r.root), r.first_key()) else {
+                return false;
+            };
+            let Some(&t) = self.index.get(&(root, name.to_string())) else {
+                return false;
+            };
+            match &self.values[t] {
+                Some(ev) if root == Root::Module => match r.path.get(1) {
+                    Some(Step::Key(k)) => ev.sensitive_keys.contains(k),
+                    _ => !ev.sensitive_keys.is_empty(),
+                },
+                Some(ev) => ev.sensitive,
+                None => false,
+            }
+        })
+    }
+}
+
+#[derive(Default)]
+struct Ctx {
+    vars: BTreeMap<&'static str, Value>,
+    each: Option<Value>,
+    deps: BTreeSet<String>,
+    sensitive: bool,
+}
+
+/// Evaluated attributes of one block.
+#[derive(Default)]
+struct Attrs {
+    /// Converted values (references replaced by the address they name).
+    values: Map<String, Value>,
+    /// The values as evaluated, before reference conversion (node objects and the like).
+    raw: Map<String, Value>,
+    spans: HashMap<String, Span>,
+    sensitive: Vec<Vec<String>>,
+}
+
+impl Attrs {
+    fn string(&self, k: &str) -> Option<String> {
+        self.values.get(k).and_then(Value::as_str).map(str::to_string)
+    }
+    fn number(&self, k: &str) -> Option<f64> {
+        match self.values.get(k) {
+            Some(Value::Number(n)) => n.as_f64(),
+            _ => None,
+        }
+    }
+    fn string_map(&self, k: &str) -> BTreeMap<String, String> {
+        match self.values.get(k) {
+            Some(Value::Object(m)) => m
+                .iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect(),
+            _ => BTreeMap::new(),
+        }
+    }
+    fn is_sensitive(&self, k: &str) -> bool {
+        self.sensitive.iter().any(|p| p.first().is_some_and(|f| f == k))
+    }
+    fn to_object(&self) -> Map<String, Value> {
+        let mut m = self.values.clone();
+        for (k, v) in &self.raw {
+            m.insert(k.clone(), v.clone());
+        }
+        m
+    }
+    /// The value other blocks see: sensitive parts stay, marked by the item's taint.
+    fn to_object_masked(&self) -> Map<String, Value> {
+        self.to_object()
+    }
+}
+
+fn span_of(file: &Arc<SourceFile>, range: Option<std::ops::Range<usize>>) -> Span {
+    Span::new(file, range.unwrap_or(0..0))
+}
+
+/// The span of `kind "label" {`, which reads better in a report than the whole block.
+fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
+    let start = block.ident.span().map(|r| r.start).or_else(|| block.span().map(|r| r.start)).unwrap_or(0);
+    let end = block
+        .labels
+        .last()
+        .and_then(|l| l.span())
+        .map(|r| r.end)
+        .or_else(|| block.ident.span().map(|r| r.end))
+        .unwrap_or(start);
+    Span::new(file, start..end)
+}
+
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Build into `dst` the part of `src` that `path` reaches (whole subtrees past the path's end).
+fn project(dst: &mut Value, src: &Value, path: &[Step]) {
+    match (path.first(), src) {
+        (Some(Step::Key(k)), Value::Object(m)) if m.contains_key(k) => {
+            if !matches!(dst, Value::Object(_)) {
+                *dst = Value::Object(Map::new());
+            }
+            if let (Value::Object(d), Some(child)) = (dst, m.get(k)) {
+                let slot = d.entry(k.clone()).or_insert(Value::Null);
+                project(slot, child, &path[1..]);
+            }
+        }
+        _ => *dst = src.clone(),
+    }
+}
+
+/// Walk one cycle through the members of a strongly connected component.
+fn walk_cycle(graph: &DiGraph<usize, Span>, members: &BTreeSet<NodeIndex>) -> Vec<NodeIndex> {
+    let Some(&start) = members.iter().next() else {
+        return Vec::new();
+    };
+    let mut path = vec![start];
+    let mut seen = HashSet::from([start]);
+    let mut cur = start;
+    loop {
+        let next = graph
+            .neighbors(cur)
+            .filter(|n| members.contains(n))
+            .min_by_key(|n| (if *n == start { 0 } else { 1 }, n.index()));
+        match next {
+            Some(n) if n == start => return path,
+            Some(n) if seen.contains(&n) => {
+                // Reached a loop not through `start`: cut the path to that loop.
+                let pos = path.iter().position(|p| *p == n).unwrap_or(0);
+                return path.split_off(pos);
+            }
+            Some(n) => {
+                seen.insert(n);
+                path.push(n);
+                cur = n;
+            }
+            None => return path,
+        }
+    }
+}
+
+/// Depth-first post-order (dependencies before dependents), iterative so deep chains can't overflow.
+fn visit_post(
+    graph: &DiGraph<usize, Span>,
+    nodes: &[NodeIndex],
+    start: usize,
+    state: &mut [u8],
+    order: &mut Vec<usize>,
+) {
+    if state[start] != 0 {
+        return;
+    }
+    let mut stack: Vec<(usize, Vec<usize>)> = Vec::new();
+    state[start] = 1;
+    let succ = |i: usize| -> Vec<usize> {
+        let mut v: Vec<usize> = graph.neighbors(nodes[i]).map(|n| graph[n]).collect();
+        v.sort_unstable();
+        v.reverse();
+        v
+    };
+    stack.push((start, succ(start)));
+    while let Some((node, pending)) = stack.last_mut() {
+        match pending.pop() {
+            Some(next) if state[next] == 0 => {
+                state[next] = 1;
+                let s = succ(next);
+                stack.push((next, s));
+            }
+            Some(_) => {}
+            None => {
+                state[*node] = 2;
+                order.push(*node);
+                stack.pop();
+            }
+        }
+    }
+}
+
+fn for_each_instances(v: &Value) -> Result<Vec<(String, Value)>, String> {
+    let list = match v {
+        Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>(),
+        Value::Array(a) => {
+            let mut out = Vec::new();
+            for x in a {
+                match x {
+                    Value::String(s) => {
+                        if !out.iter().any(|(k, _): &(String, Value)| k == s) {
+                            out.push((s.clone(), Value::String(s.clone())));
+                        }
+                    }
+                    other => return Err(format!("a set for for_each must hold strings, found {}", types::describe(other))),
+                }
+            }
+            out
+        }
+        other => return Err(format!("expected a map or a set of strings, found {}", types::describe(other))),
+    };
+    for (k, _) in &list {
+        if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            return Err(format!("the key {k:?} would become part of a container name; keys are letters, digits, `_`, `-` and `.`"));
+        }
+    }
+    Ok(list)
+}
+
+pub fn parse_duration(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(n) = s.parse::<u64>() {
+        return Some(n);
+    }
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    let mut any = false;
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+        } else {
+            let n: u64 = num.parse().ok()?;
+            num.clear();
+            let mult = match c {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                'd' => 86400,
+                _ => return None,
+            };
+            total = total.checked_add(n.checked_mul(mult)?)?;
+            any = true;
+        }
+    }
+    (num.is_empty() && any).then_some(total)
+}
+
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.strip_suffix("ib").or_else(|| s.strip_suffix('b')).unwrap_or(&s).to_string();
+    let (digits, mult) = match s.chars().last()? {
+        'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' => (&s[..s.len() - 1], 1 << 20),
+        'g' => (&s[..s.len() - 1], 1 << 30),
+        't' => (&s[..s.len() - 1], 1 << 40),
+        _ => (&s[..], 1),
+    };
+    let n: f64 = digits.trim().parse().ok()?;
+    if !(n.is_finite() && n >= 0.0) {
+        return None;
+    }
+    let bytes = n * mult as f64;
+    (bytes < 1e18).then_some(bytes as u64)
+}
+
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn first_host(net: &ipnet::IpNet) -> String {
+    net.hosts().next().map(|h| h.to_string()).unwrap_or_else(|| net.network().to_string())
+}
+
+fn last_host(net: &ipnet::IpNet) -> String {
+    match net {
+        ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
+        ipnet::IpNet::V6(n) => n.broadcast().to_string(),
+    }
+}

@@ -1,0 +1,214 @@
+//! From a folder of HCL files to an evaluated [`Config`]. Reads the files; does no other I/O.
+
+mod eval;
+pub mod functions;
+mod model;
+mod parse;
+pub mod refs;
+mod schema;
+pub mod types;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hcl::eval::Evaluate;
+use hcl_edit::Span as _;
+
+pub use eval::{parse_duration, parse_size, valid_name};
+pub use model::*;
+
+use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
+use eval::{InputValue, Loader};
+
+/// Values for the root module's variables, in increasing precedence.
+#[derive(Debug, Default, Clone)]
+pub struct VarInputs {
+    /// `SPARKFORM_VAR_name` from the environment.
+    pub env: Vec<(String, String)>,
+    /// `-var-file FILE`, in command-line order.
+    pub files: Vec<PathBuf>,
+    /// `-var name=value`, in command-line order.
+    pub cli: Vec<(String, String)>,
+}
+
+impl VarInputs {
+    /// Pick up `SPARKFORM_VAR_*` from the process environment.
+    pub fn from_env() -> Self {
+        VarInputs {
+            env: std::env::vars()
+                .filter_map(|(k, v)| k.strip_prefix("SPARKFORM_VAR_").map(|n| (n.to_string(), v)))
+                .collect(),
+            ..VarInputs::default()
+        }
+    }
+}
+
+/// Load and evaluate the configuration in `dir`. On failure, every independent error found.
+pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
+    let mut loader = Loader::new(dir);
+    let Some(files) = loader.load_folder(dir) else {
+        return Err(loader.diags);
+    };
+    let declared: Vec<(String, Option<types::Type>)> = Loader::declared_variables(&files)
+        .into_iter()
+        .map(|(name, _, block)| {
+            let ty = block
+                .body
+                .get_attribute("type")
+                .and_then(|a| types::parse_type(&a.value).ok());
+            (name, ty)
+        })
+        .collect();
+    let inputs = root_inputs(vars, &declared, &mut loader.diags);
+    let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
+    loader.config.outputs = result.output_items;
+    if loader.diags.has_errors() {
+        loader.diags.sort();
+        return Err(loader.diags);
+    }
+    loader.config.warnings = loader.diags.0;
+    Ok(loader.config)
+}
+
+fn root_inputs(
+    vars: &VarInputs,
+    declared: &[(String, Option<types::Type>)],
+    diags: &mut Diagnostics,
+) -> HashMap<String, InputValue> {
+    let mut out = HashMap::new();
+    let names: Vec<&str> = declared.iter().map(|(n, _)| n.as_str()).collect();
+    let unknown = |name: &str, origin: &str| {
+        let mut d = Diag::error(
+            "config::unknown_variable",
+            format!("{origin} sets `{name}`, but no variable `{name}` is declared"),
+        );
+        d = match did_you_mean(name, names.iter().copied()) {
+            Some(s) => d.help(format!("did you mean `{s}`?")),
+            None if names.is_empty() => d.help("the configuration declares no variables"),
+            None => d.help(format!("declared variables: {}", names.join(", "))),
+        };
+        d
+    };
+    for (name, raw) in &vars.env {
+        // Like Terraform, environment values for undeclared variables are ignored: the
+        // environment is shared with other configurations.
+        if let Some((_, ty)) = declared.iter().find(|(n, _)| n == name) {
+            let origin = format!("SPARKFORM_VAR_{name}");
+            match parse_cli_value(raw, ty.as_ref()) {
+                Ok(value) => {
+                    out.insert(name.clone(), input(value, None, origin));
+                }
+                Err(msg) => diags.push(Diag::error("config::var", format!("{origin}: {msg}"))),
+            }
+        }
+    }
+    for file in &vars.files {
+        let mut file_diags = Diagnostics::default();
+        let Some((src, body)) = parse::read_file(file, &mut file_diags) else {
+            for mut d in file_diags.0 {
+                d.message = format!("in -var-file: {}", d.message);
+                diags.push(d);
+            }
+            continue;
+        };
+        for structure in body.iter() {
+            let hcl_edit::structure::Structure::Attribute(attr) = structure else {
+                let span = Span::new(&src, structure.span().unwrap_or(0..0));
+                diags.push(
+                    Diag::error("config::var_file", "a var file holds only `name = value` lines")
+                        .label(&span, "blocks are not allowed here"),
+                );
+                continue;
+            };
+            let name = attr.key.as_str();
+            let key_span = Span::new(&src, attr.key.span().unwrap_or(0..0));
+            if !names.contains(&name) {
+                diags.push(unknown(name, "the var file").label(&key_span, "not a declared variable"));
+                continue;
+            }
+            if let Some(value) = literal_value(&src, &attr.value, diags) {
+                let span = Span::new(&src, attr.value.span().unwrap_or(0..0));
+                out.insert(
+                    name.to_string(),
+                    input(value, Some(span), format!("-var-file {}", src.display)),
+                );
+            }
+        }
+    }
+    for (name, raw) in &vars.cli {
+        let origin = format!("-var {name}=…");
+        match declared.iter().find(|(n, _)| n == name) {
+            None => diags.push(unknown(name, &format!("-var {name}=…"))),
+            Some((_, ty)) => match parse_cli_value(raw, ty.as_ref()) {
+                Ok(value) => {
+                    out.insert(name.clone(), input(value, None, origin));
+                }
+                Err(msg) => diags.push(
+                    Diag::error("config::var", format!("-var {name}: {msg}"))
+                        .help("lists, maps and objects are written in HCL: -var 'xs=[\"a\",\"b\"]'"),
+                ),
+            },
+        }
+    }
+    out
+}
+
+fn input(value: hcl::Value, span: Option<Span>, origin: String) -> InputValue {
+    InputValue {
+        value,
+        sensitive: false,
+        deps: Default::default(),
+        span,
+        origin,
+    }
+}
+
+/// A command-line value: taken as a string for primitive types, parsed as HCL otherwise.
+fn parse_cli_value(raw: &str, ty: Option<&types::Type>) -> Result<hcl::Value, String> {
+    use types::Type;
+    let as_hcl = match ty {
+        Some(Type::String | Type::Number | Type::Bool) => false,
+        Some(_) => true,
+        None => {
+            let t = raw.trim_start();
+            t.starts_with('[') || t.starts_with('{')
+        }
+    };
+    if !as_hcl {
+        return Ok(hcl::Value::String(raw.to_string()));
+    }
+    let expr = hcl_edit::parser::parse_expr(raw)
+        .map_err(|e| format!("cannot parse {raw:?} as HCL: {}", e.message()))?;
+    if !refs::collect(&expr).refs.is_empty() {
+        return Err("values given on the command line cannot refer to other values".into());
+    }
+    let mut ctx = hcl::eval::Context::new();
+    functions::declare_all(&mut ctx);
+    let e: hcl::Expression = expr.into();
+    e.evaluate(&ctx).map_err(|e| e.kind().to_string())
+}
+
+fn literal_value(src: &Arc<SourceFile>, expr: &hcl_edit::expr::Expression, diags: &mut Diagnostics) -> Option<hcl::Value> {
+    let span = Span::new(src, expr.span().unwrap_or(0..0));
+    if !refs::collect(expr).refs.is_empty() {
+        diags.push(
+            Diag::error("config::var_file", "values in a var file cannot refer to other values")
+                .label(&span, "a reference"),
+        );
+        return None;
+    }
+    let mut ctx = hcl::eval::Context::new();
+    functions::declare_all(&mut ctx);
+    let e: hcl::Expression = expr.clone().into();
+    match e.evaluate(&ctx) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            diags.push(
+                Diag::error("config::eval", format!("cannot evaluate: {}", err.kind()))
+                    .label(&span, err.kind().to_string()),
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The evaluated configuration: what the definitions ask for, with every expression resolved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use crate::diag::{Diag, Span};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub dir: PathBuf,
+    pub jumps: BTreeMap<String, Jump>,
+    pub nodes: BTreeMap<String, Node>,
+    pub networks: BTreeMap<String, Network>,
+    /// Attachments, containers and probes, in declaration order.
+    pub resources: Vec<Resource>,
+    /// The root module's outputs.
+    pub outputs: Vec<Output>,
+    pub warnings: Vec<Diag>,
+}
+
+impl Config {
+    pub fn resource(&self, address: &str) -> Option<&Resource> {
+        self.resources.iter().find(|r| r.address == address)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Jump {
+    /// `jump.bastion` or `module.m.jump.bastion`.
+    pub address: String,
+    pub name: String,
+    pub host: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    pub identity_file: Option<PathBuf>,
+    pub known_hosts: Option<PathBuf>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// `node.spark1`; the key other blocks use to name this node.
+    pub address: String,
+    pub name: String,
+    /// Host name or IP to reach it, or `local` for this machine.
+    pub host: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    /// Address of the jump host block it is reached through.
+    pub jump: Option<String>,
+    pub identity_file: Option<PathBuf>,
+    pub known_hosts: Option<PathBuf>,
+    pub gpus: Option<u32>,
+    pub memory_gib: Option<f64>,
+    pub unified_memory: bool,
+    pub labels: BTreeMap<String, String>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone)]
+pub struct Network {
+    pub address: String,
+    pub name: String,
+    pub subnet: ipnet::IpNet,
+    pub mtu: u32,
+    /// Addresses of its attachment resources.
+    pub attachments: Vec<String>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResourceKind {
+    Attachment,
+    Container,
+    Probe,
+}
+
+impl ResourceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceKind::Attachment => "attachment",
+            ResourceKind::Container => "container",
+            ResourceKind::Probe => "probe",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "attachment" => Some(ResourceKind::Attachment),
+            "container" => Some(ResourceKind::Container),
+            "probe" => Some(ResourceKind::Probe),
+            _ => None,
+        }
+    }
+}
+
+/// A step of the deployment: something sparkform creates, changes, removes or runs.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    /// `network.roce.attach.spark1`, `module.qwen.container.ray_worker["spark2"]`, `probe.hello`.
+    pub address: String,
+    pub kind: ResourceKind,
+    /// The node it lives on (`node.spark1`); probes over HTTP name their `via` node.
+    pub node: Option<String>,
+    /// Canonical desired configuration, real values included (sensitive ones too: never print it raw).
+    pub config: serde_json::Value,
+    /// Paths inside `config` that hold sensitive values.
+    pub sensitive: Vec<Vec<String>>,
+    /// Addresses of the resources this one depends on (directly, through expressions or `depends_on`).
+    pub deps: BTreeSet<String>,
+    /// Resources whose replacement replaces this one.
+    pub replace_triggered_by: BTreeSet<String>,
+    pub span: Span,
+}
+
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub name: String,
+    pub value: serde_json::Value,
+    pub sensitive: bool,
+    pub deps: BTreeSet<String>,
+    pub span: Span,
+}

@@ -1,0 +1,152 @@
+//! Reading a folder of `.hcl` files into syntax trees with spans.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hcl_edit::structure::Body;
+
+use crate::diag::{Diag, Diagnostics, SourceFile, Span};
+
+/// The parsed files of one folder (the root configuration or one module).
+#[derive(Debug)]
+pub struct ModuleFiles {
+    pub dir: std::path::PathBuf,
+    pub files: Vec<(Arc<SourceFile>, Body)>,
+}
+
+/// Files bigger than this are refused: definitions are small, and a runaway file should not eat memory.
+const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Parse every `*.hcl` file of `dir` (sorted by name, so errors come in a stable order).
+pub fn read_folder(dir: &Path, diags: &mut Diagnostics) -> Option<ModuleFiles> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            diags.push(
+                Diag::error(
+                    "config::folder",
+                    format!("cannot read the configuration folder {}: {e}", dir.display()),
+                )
+                .help("pass the folder that holds your .hcl files, e.g. `sparkform plan examples/testbed`"),
+            );
+            return None;
+        }
+    };
+    let mut paths: Vec<_> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "hcl") && p.is_file())
+        .collect();
+    paths.sort();
+    if paths.is_empty() {
+        diags.push(
+            Diag::error(
+                "config::empty",
+                format!("no .hcl files in {}", crate::diag::display_path(dir)),
+            )
+            .help("sparkform reads every *.hcl file of the folder it is given"),
+        );
+        return None;
+    }
+    let mut files = Vec::new();
+    for path in paths {
+        if let Some(parsed) = read_file(&path, diags) {
+            files.push(parsed);
+        }
+    }
+    Some(ModuleFiles {
+        dir: dir.to_path_buf(),
+        files,
+    })
+}
+
+pub fn read_file(path: &Path, diags: &mut Diagnostics) -> Option<(Arc<SourceFile>, Body)> {
+    let too_big = std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_FILE_BYTES);
+    if too_big {
+        diags.push(Diag::error(
+            "config::file",
+            format!("{} is larger than 64 MiB", path.display()),
+        ));
+        return None;
+    }
+    let text = match std::fs::read(path) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                diags.push(
+                    Diag::error(
+                        "config::encoding",
+                        format!(
+                            "{} is not UTF-8 (invalid byte at offset {})",
+                            path.display(),
+                            e.utf8_error().valid_up_to()
+                        ),
+                    )
+                    .help("save the file as UTF-8"),
+                );
+                return None;
+            }
+        },
+        Err(e) => {
+            diags.push(Diag::error(
+                "config::file",
+                format!("cannot read {}: {e}", path.display()),
+            ));
+            return None;
+        }
+    };
+    let file = Arc::new(SourceFile::new(path, text));
+    parse_source(file, diags)
+}
+
+pub fn parse_source(file: Arc<SourceFile>, diags: &mut Diagnostics) -> Option<(Arc<SourceFile>, Body)> {
+    // hcl-edit's parser recurses per nesting level; refuse absurd nesting before it can overflow the stack.
+    if let Some(offset) = too_deep(&file.text, 256) {
+        let span = Span::new(&file, offset..offset + 1);
+        diags.push(
+            Diag::error("config::syntax", "expressions are nested more than 256 levels deep")
+                .label(&span, "too deeply nested here"),
+        );
+        return None;
+    }
+    match hcl_edit::parser::parse_body(&file.text) {
+        Ok(body) => Some((file, body)),
+        Err(e) => {
+            let offset = e.location().offset().min(file.text.len());
+            let end = file.text[offset..]
+                .char_indices()
+                .nth(1)
+                .map_or(file.text.len(), |(i, _)| offset + i);
+            let span = Span::new(&file, offset..end.max(offset));
+            let message = e.message().to_string();
+            diags.push(
+                Diag::error(
+                    "config::syntax",
+                    format!("syntax error in {}: {message}", span.location()),
+                )
+                .label(&span, message)
+                .help("check for an unclosed brace, bracket or quote just before this point"),
+            );
+            None
+        }
+    }
+}
+
+/// The byte offset where bracket nesting first exceeds `limit`. Brackets inside strings count
+/// too: templates nest expressions inside strings, and over-counting only refuses absurd input.
+fn too_deep(text: &str, limit: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' | '[' | '(' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(i);
+                }
+            }
+            '}' | ']' | ')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}

@@ -1,0 +1,9 @@
+//! sparkform: deploy multi-node LLM inference clusters from HCL definitions.
+//!
+//! `config` → `graph` → `plan` are pure (they read only the definitions and the state);
+//! see ARCHITECTURE.md for the code map and the invariants.
+
+pub mod config;
+pub mod diag;
+pub mod resources;
+pub mod state;

@@ -1,0 +1,431 @@
+//! State locking.
+//!
+//! The lock is `<state>.lock`, a JSON [`LockInfo`] describing the holder,
+//! plus an OS advisory lock (`File::try_lock`, i.e. `flock` on Unix) on that
+//! file held for the lifetime of [`StateLock`]. The OS lock is what excludes
+//! other processes; the JSON is for humans and for `force-unlock`. Because
+//! the OS releases the lock when its holder dies, a lock file left behind by
+//! a killed process is taken over automatically (reported in
+//! [`StateLock::took_over`]).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{io_err, parent_dir, StateError, StateStore, SPARKFORM_VERSION};
+
+/// How many times to re-open the lock file when it is replaced under us.
+const MAX_OPEN_ATTEMPTS: u32 = 50;
+/// How many times to re-read the holder's info while it is being written.
+const MAX_INFO_READS: u32 = 50;
+const INFO_READ_PAUSE: Duration = Duration::from_millis(10);
+
+/// Contents of the lock file: who holds the lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// UUID v4, what `sparkform force-unlock` takes.
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    /// RFC 3339, UTC.
+    pub started: String,
+    /// e.g. `"apply"`.
+    pub operation: String,
+    /// sparkform version of the holder.
+    #[serde(default)]
+    pub version: String,
+}
+
+impl LockInfo {
+    fn new(operation: &str) -> Self {
+        let host = hostname::get()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".to_string());
+        LockInfo {
+            id: uuid::Uuid::new_v4().to_string(),
+            host,
+            pid: std::process::id(),
+            started: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            operation: operation.to_string(),
+            version: SPARKFORM_VERSION.to_string(),
+        }
+    }
+}
+
+/// A held state lock. Dropping it removes the lock file (if it is still
+/// ours) and releases the OS lock; [`StateLock::release`] does the same but
+/// reports errors.
+#[derive(Debug)]
+pub struct StateLock {
+    /// Kept open: closing it releases the OS lock.
+    file: Option<File>,
+    path: PathBuf,
+    info: LockInfo,
+    /// Set when a stale lock file (left by a process that no longer holds
+    /// the OS lock, e.g. one that was killed) was taken over; the CLI should
+    /// warn about it. `None` also when the stale file was empty or unreadable.
+    pub took_over: Option<LockInfo>,
+}
+
+impl StateLock {
+    pub fn info(&self) -> &LockInfo {
+        &self.info
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the lock file and releases the lock, reporting errors.
+    pub fn release(mut self) -> Result<(), StateError> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<(), StateError> {
+        let Some(file) = self.file.take() else {
+            return Ok(());
+        };
+        // Remove the file while still holding the OS lock, and only if it is
+        // still ours: after a `force-unlock` it may belong to someone else.
+        let ours = same_file(&file, &self.path).map_err(|e| io_err(&self.path, e))?
+            && matches!(read_info_at(&self.path), Ok(Some(i)) if i.id == self.info.id);
+        let result = if ours {
+            match fs::remove_file(&self.path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&self.path, e)),
+                _ => Ok(()),
+            }
+        } else {
+            Ok(())
+        };
+        // Closing the file releases the OS lock either way.
+        let _ = file.unlock();
+        drop(file);
+        result
+    }
+}
+
+impl Drop for StateLock {
+    fn drop(&mut self) {
+        let _ = self.release_inner();
+    }
+}
+
+/// Is the open `file` still the one at `path` (not unlinked/replaced)?
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let ours = file.metadata()?;
+    match fs::metadata(path) {
+        Ok(theirs) => Ok(ours.dev() == theirs.dev() && ours.ino() == theirs.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Open files cannot be unlinked on other platforms.
+#[cfg(not(unix))]
+fn same_file(_file: &File, path: &Path) -> io::Result<bool> {
+    Ok(path.exists())
+}
+
+fn read_from(file: &mut File) -> io::Result<String> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut s = String::new();
+    file.read_to_string(&mut s)?;
+    Ok(s)
+}
+
+/// Reads and parses the lock file at `path`; `Ok(None)` if it is missing.
+fn read_info_at(path: &Path) -> Result<Option<LockInfo>, StateError> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path, e)),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| StateError::LockCorrupt {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
+impl StateStore {
+    /// Takes the state lock for `operation` (e.g. `"apply"`), failing fast
+    /// with [`StateError::Locked`] if another process holds it.
+    pub fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
+        let path = self.lock_path();
+        let dir = parent_dir(&path);
+        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+
+        for _ in 0..MAX_OPEN_ATTEMPTS {
+            // Never truncate before holding the OS lock: the file may hold
+            // the current holder's info.
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| io_err(&path, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => return Err(holder_error(&path, &mut file)),
+                Err(fs::TryLockError::Error(e)) => return Err(io_err(&path, e)),
+            }
+            // The previous holder may have unlinked the file between our open
+            // and our lock (or force-unlock may have): then we locked an
+            // orphan inode, and someone else can create a new file. Retry.
+            if !same_file(&file, &path).map_err(|e| io_err(&path, e))? {
+                continue;
+            }
+
+            // We hold it. Whatever is in the file was left by a process that
+            // no longer holds the OS lock.
+            let previous = read_from(&mut file).map_err(|e| io_err(&path, e))?;
+            let took_over = serde_json::from_str::<LockInfo>(&previous).ok();
+
+            let info = LockInfo::new(operation);
+            let mut doc =
+                serde_json::to_vec_pretty(&info).map_err(|e| io_err(&path, io::Error::other(e)))?;
+            doc.push(b'\n');
+            let written = file
+                .set_len(0)
+                .and_then(|()| file.seek(SeekFrom::Start(0)))
+                .and_then(|_| file.write_all(&doc))
+                .and_then(|()| file.sync_all());
+            let lock = StateLock {
+                file: Some(file),
+                path: path.clone(),
+                info,
+                took_over,
+            };
+            // On failure, dropping `lock` cleans up (the id check fails on a
+            // partial write, so the file is left for the next taker).
+            written.map_err(|e| io_err(&path, e))?;
+            return Ok(lock);
+        }
+        Err(StateError::LockBusy { path })
+    }
+
+    /// Removes the lock file if its ID is `id`, returning what it contained.
+    ///
+    /// Like `terraform force-unlock`, this does not check whether the holder
+    /// is still alive: if a live process still holds the OS lock, the file is
+    /// removed anyway and a new `lock()` will succeed alongside it. The old
+    /// holder will then not remove the new holder's file when it finishes.
+    pub fn force_unlock(&self, id: &str) -> Result<LockInfo, StateError> {
+        let path = self.lock_path();
+        let info =
+            read_info_at(&path)?.ok_or_else(|| StateError::NotLocked { path: path.clone() })?;
+        if info.id != id {
+            return Err(StateError::LockIdMismatch {
+                path,
+                expected: id.to_string(),
+                found: info.id,
+            });
+        }
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path, e)),
+            _ => Ok(info),
+        }
+    }
+
+    /// The current lock file's contents, `Ok(None)` if there is none. A file
+    /// may remain after its holder was killed; only [`StateStore::lock`] can
+    /// tell whether it is live.
+    pub fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError> {
+        read_info_at(&self.lock_path())
+    }
+}
+
+/// Builds the error for a lock held by someone else, waiting briefly for the
+/// holder to finish writing its info.
+fn holder_error(path: &Path, file: &mut File) -> StateError {
+    for attempt in 0..MAX_INFO_READS {
+        if attempt > 0 {
+            std::thread::sleep(INFO_READ_PAUSE);
+        }
+        match read_from(file) {
+            Ok(text) => {
+                if let Ok(holder) = serde_json::from_str::<LockInfo>(&text) {
+                    return StateError::Locked {
+                        path: path.to_path_buf(),
+                        holder: Box::new(holder),
+                    };
+                }
+            }
+            Err(e) => return io_err(path, e),
+        }
+    }
+    StateError::LockBusy {
+        path: path.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, StateStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state.json"));
+        (dir, store)
+    }
+
+    fn stale_info() -> LockInfo {
+        LockInfo {
+            id: "11111111-2222-4333-8444-555555555555".into(),
+            host: "deadhost".into(),
+            pid: 424242,
+            started: "2024-01-02T03:04:05Z".into(),
+            operation: "apply".into(),
+            version: "0.0.1".into(),
+        }
+    }
+
+    #[test]
+    fn lock_writes_info() {
+        let (_dir, store) = store();
+        let lock = store.lock("plan").unwrap();
+        assert!(lock.took_over.is_none());
+        let info = lock.info().clone();
+        assert_eq!(info.pid, std::process::id());
+        assert_eq!(info.operation, "plan");
+        assert_eq!(info.version, SPARKFORM_VERSION);
+        assert!(uuid::Uuid::parse_str(&info.id).is_ok());
+        assert!(chrono::DateTime::parse_from_rfc3339(&info.started).is_ok());
+        assert!(info.started.ends_with('Z'));
+        assert!(!info.host.is_empty());
+        assert_eq!(store.read_lock_info().unwrap(), Some(info));
+        assert_eq!(lock.path(), store.lock_path());
+    }
+
+    #[test]
+    fn second_lock_fails_with_holder() {
+        // flock locks belong to the open file description, so a second
+        // open() in the same process conflicts just like another process.
+        let (_dir, store) = store();
+        let first = store.lock("apply").unwrap();
+        let err = store.lock("destroy").unwrap_err();
+        match &err {
+            StateError::Locked { holder, path } => {
+                assert_eq!(**holder, *first.info());
+                assert_eq!(holder.pid, std::process::id());
+                assert_eq!(holder.operation, "apply");
+                assert_eq!(*path, store.lock_path());
+            }
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        let msg = err.to_string();
+        for part in [
+            &first.info().host,
+            &first.info().pid.to_string(),
+            &first.info().started,
+            &first.info().operation,
+            &first.info().id,
+        ] {
+            assert!(msg.contains(part.as_str()), "{msg} lacks {part}");
+        }
+        let help = miette::Diagnostic::help(&err).unwrap().to_string();
+        assert!(
+            help.contains(&format!("sparkform force-unlock {}", first.info().id)),
+            "{help}"
+        );
+        // The failed attempt did not disturb the holder's file.
+        assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(first.info()));
+        drop(first);
+        store.lock("destroy").unwrap();
+    }
+
+    #[test]
+    fn drop_removes_lock_file() {
+        let (_dir, store) = store();
+        let lock = store.lock("apply").unwrap();
+        assert!(store.lock_path().exists());
+        drop(lock);
+        assert!(!store.lock_path().exists());
+        assert_eq!(store.read_lock_info().unwrap(), None);
+        let lock = store.lock("apply").unwrap();
+        lock.release().unwrap();
+        assert!(!store.lock_path().exists());
+    }
+
+    #[test]
+    fn stale_lock_file_is_taken_over() {
+        let (_dir, store) = store();
+        let stale = stale_info();
+        fs::write(store.lock_path(), serde_json::to_vec(&stale).unwrap()).unwrap();
+        let lock = store.lock("apply").unwrap();
+        assert_eq!(lock.took_over.as_ref(), Some(&stale));
+        assert_ne!(lock.info().id, stale.id);
+        // The file now holds our info, fully replacing the (longer) old one.
+        assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(lock.info()));
+    }
+
+    #[test]
+    fn empty_stale_lock_file_is_taken_over_without_info() {
+        let (_dir, store) = store();
+        fs::write(store.lock_path(), "").unwrap();
+        let lock = store.lock("apply").unwrap();
+        assert!(lock.took_over.is_none());
+        assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(lock.info()));
+    }
+
+    #[test]
+    fn force_unlock() {
+        let (_dir, store) = store();
+        assert!(matches!(
+            store.force_unlock("nope"),
+            Err(StateError::NotLocked { .. })
+        ));
+
+        let stale = stale_info();
+        fs::write(store.lock_path(), serde_json::to_vec(&stale).unwrap()).unwrap();
+        match store.force_unlock("wrong") {
+            Err(StateError::LockIdMismatch {
+                expected, found, ..
+            }) => {
+                assert_eq!(expected, "wrong");
+                assert_eq!(found, stale.id);
+            }
+            other => panic!("expected LockIdMismatch, got {other:?}"),
+        }
+        assert!(store.lock_path().exists());
+        assert_eq!(store.force_unlock(&stale.id).unwrap(), stale);
+        assert!(!store.lock_path().exists());
+    }
+
+    #[test]
+    fn force_unlock_of_live_lock_then_relock() {
+        let (_dir, store) = store();
+        let old = store.lock("apply").unwrap();
+        let id = old.info().id.clone();
+        assert_eq!(store.force_unlock(&id).unwrap().id, id);
+        assert!(!store.lock_path().exists());
+        // A new lock succeeds (terraform-like), and the old holder finishing
+        // must not remove the new holder's file.
+        let new = store.lock("apply").unwrap();
+        drop(old);
+        assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(new.info()));
+        drop(new);
+        assert!(!store.lock_path().exists());
+    }
+
+    #[test]
+    fn corrupt_lock_file_is_reported() {
+        let (_dir, store) = store();
+        fs::write(store.lock_path(), "garbage").unwrap();
+        assert!(matches!(
+            store.read_lock_info(),
+            Err(StateError::LockCorrupt { .. })
+        ));
+        assert!(matches!(
+            store.force_unlock("x"),
+            Err(StateError::LockCorrupt { .. })
+        ));
+    }
+}

@@ -1,0 +1,656 @@
+//! Deployment state: one JSON document recording what sparkform created, with
+//! atomic writes, a `.backup` of the previous version and an advisory lock
+//! (see [`lock`]).
+
+mod lock;
+
+pub use lock::{LockInfo, StateLock};
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Version of the on-disk state document this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Version of sparkform recorded in the documents it writes.
+pub(crate) const SPARKFORM_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The whole state of one deployment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub format_version: u32,
+    /// Bumped on every write.
+    pub serial: u64,
+    /// UUID v4 fixed when the state is created.
+    pub lineage: String,
+    /// Version of the sparkform that wrote this document.
+    #[serde(default)]
+    pub sparkform_version: String,
+    /// Keyed by full address, e.g. `module.qwen.container.ray_worker["spark2"]`.
+    #[serde(default)]
+    pub resources: BTreeMap<String, ResourceState>,
+    #[serde(default)]
+    pub outputs: BTreeMap<String, OutputState>,
+}
+
+/// What is recorded about one managed resource.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResourceState {
+    /// `"attachment"`, `"container"` or `"probe"`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `"sha256:<hex>"` of the canonical desired config.
+    pub config_hash: String,
+    /// Desired config as recorded (sensitive leaves already replaced by
+    /// hashes by the caller, see [`hash_sensitive`]).
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// Live facts: container id, addresses added, previous MTU...
+    #[serde(default)]
+    pub attributes: BTreeMap<String, serde_json::Value>,
+    /// Addresses this resource depends on, so orphans can be destroyed in
+    /// reverse order.
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+}
+
+/// A recorded output value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputState {
+    pub value: serde_json::Value,
+    #[serde(default)]
+    pub sensitive: bool,
+}
+
+impl State {
+    /// An empty state: serial 0, fresh lineage.
+    pub fn new() -> Self {
+        State {
+            format_version: FORMAT_VERSION,
+            serial: 0,
+            lineage: uuid::Uuid::new_v4().to_string(),
+            sparkform_version: SPARKFORM_VERSION.to_string(),
+            resources: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(digest.len() * 2);
+    for b in digest.iter() {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// Replaces a sensitive value by `"sha256:<hex>"` of its canonical JSON
+/// (serde_json sorts object keys, so `to_vec` is canonical).
+pub fn hash_sensitive(value: &serde_json::Value) -> serde_json::Value {
+    // Serialising a `Value` cannot fail (all keys are strings).
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    serde_json::Value::String(format!("sha256:{}", sha256_hex(&bytes)))
+}
+
+fn newer_writer_suffix(written_by: &Option<String>) -> String {
+    match written_by {
+        Some(v) => format!(" (version {v})"),
+        None => String::new(),
+    }
+}
+
+/// Errors from reading, writing and locking the state.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum StateError {
+    #[error("state file {} is not valid at line {line}, column {column}: {message}", path.display())]
+    #[diagnostic(
+        code(sparkform::state::corrupt),
+        help(
+            "the previous version is kept at {}.backup; inspect it or restore it with `cp`",
+            path.display()
+        )
+    )]
+    Corrupt {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+
+    #[error(
+        "state file {} has format version {found}, but this sparkform only understands up to {supported}",
+        path.display()
+    )]
+    #[diagnostic(
+        code(sparkform::state::newer_format),
+        help(
+            "this state was written by a newer sparkform{}; upgrade sparkform",
+            newer_writer_suffix(written_by)
+        )
+    )]
+    NewerFormat {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+        /// `sparkform_version` of the writer, when recorded.
+        written_by: Option<String>,
+    },
+
+    #[error("cannot access {}", path.display())]
+    #[diagnostic(
+        code(sparkform::state::io),
+        help("check that the directory exists, is writable and the disk is not full")
+    )]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error(
+        "state is locked: `{}` started at {} by PID {} on host {} (lock ID {})",
+        holder.operation, holder.started, holder.pid, holder.host, holder.id
+    )]
+    #[diagnostic(
+        code(sparkform::state::locked),
+        help(
+            "wait for that operation to finish; if it is no longer running, run `sparkform force-unlock {}` to free {}",
+            holder.id, path.display()
+        )
+    )]
+    Locked {
+        path: PathBuf,
+        holder: Box<LockInfo>,
+    },
+
+    #[error("state lock {} is held by another process that has not recorded its details", path.display())]
+    #[diagnostic(
+        code(sparkform::state::lock_busy),
+        help("another sparkform is just starting; retry in a moment")
+    )]
+    LockBusy { path: PathBuf },
+
+    #[error("lock file {} is not valid: {message}", path.display())]
+    #[diagnostic(
+        code(sparkform::state::lock_corrupt),
+        help("if no sparkform process is running, delete {} by hand", path.display())
+    )]
+    LockCorrupt { path: PathBuf, message: String },
+
+    #[error("lock ID {expected} does not match the current lock {found}")]
+    #[diagnostic(
+        code(sparkform::state::lock_id_mismatch),
+        help("the state is now locked by another operation; check `{}` and pass its ID", path.display())
+    )]
+    LockIdMismatch {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+
+    #[error("state is not locked ({} does not exist)", path.display())]
+    #[diagnostic(code(sparkform::state::not_locked), help("nothing to unlock"))]
+    NotLocked { path: PathBuf },
+}
+
+pub(crate) fn io_err(path: &Path, source: io::Error) -> StateError {
+    StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Strips serde_json's trailing " at line L column C" (reported separately).
+fn json_message(e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    full.strip_suffix(&suffix).unwrap_or(&full).to_string()
+}
+
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Directory containing `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Where the state lives on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateStore {
+    path: PathBuf,
+}
+
+impl StateStore {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        StateStore { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `<path>.backup`: the previous version, kept by [`StateStore::write`].
+    pub fn backup_path(&self) -> PathBuf {
+        with_suffix(&self.path, ".backup")
+    }
+
+    /// `<path>.lock`: see [`StateStore::lock`].
+    pub fn lock_path(&self) -> PathBuf {
+        with_suffix(&self.path, ".lock")
+    }
+
+    /// Reads the state; `Ok(None)` if the file does not exist.
+    pub fn load(&self) -> Result<Option<State>, StateError> {
+        let text = match fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&self.path, e)),
+        };
+        let corrupt = |e: serde_json::Error| StateError::Corrupt {
+            path: self.path.clone(),
+            line: e.line(),
+            column: e.column(),
+            message: json_message(&e),
+        };
+        // Look at the version first so that a newer format with a different
+        // shape is reported as such rather than as corruption.
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(corrupt)?;
+        if let Some(found) = value.get("format_version").and_then(|v| v.as_u64()) {
+            if found > u64::from(FORMAT_VERSION) {
+                let written_by = value
+                    .get("sparkform_version")
+                    .and_then(|v| v.as_str())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string);
+                return Err(StateError::NewerFormat {
+                    path: self.path.clone(),
+                    found,
+                    supported: FORMAT_VERSION,
+                    written_by,
+                });
+            }
+        }
+        // Parse the text again (not the Value) so errors carry line/column.
+        serde_json::from_str(&text).map(Some).map_err(corrupt)
+    }
+
+    /// Writes `state` atomically, bumping its serial and recording this
+    /// sparkform's version. The previous document is kept at
+    /// [`StateStore::backup_path`]. A crash at any point leaves either the
+    /// old or the new complete document at [`StateStore::path`]. On error
+    /// `state` is left unchanged.
+    pub fn write(&self, state: &mut State) -> Result<(), StateError> {
+        let saved = (
+            state.format_version,
+            state.serial,
+            std::mem::take(&mut state.sparkform_version),
+        );
+        state.format_version = FORMAT_VERSION;
+        state.serial = saved.1.saturating_add(1);
+        state.sparkform_version = SPARKFORM_VERSION.to_string();
+        let result = self.write_inner(state);
+        if result.is_err() {
+            (state.format_version, state.serial, state.sparkform_version) = saved;
+        }
+        result
+    }
+
+    fn write_inner(&self, state: &State) -> Result<(), StateError> {
+        let dir = parent_dir(&self.path);
+        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        let file_name = self
+            .path
+            .file_name()
+            .ok_or_else(|| {
+                io_err(
+                    &self.path,
+                    io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"),
+                )
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let pid = std::process::id();
+
+        let mut doc = serde_json::to_vec_pretty(state)
+            .map_err(|e| io_err(&self.path, io::Error::other(e)))?;
+        doc.push(b'\n');
+
+        let tmp = dir.join(format!(".{file_name}.tmp-{pid}"));
+        let result = self.write_via(&tmp, &dir, &file_name, pid, &doc);
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn write_via(
+        &self,
+        tmp: &Path,
+        dir: &Path,
+        file_name: &str,
+        pid: u32,
+        doc: &[u8],
+    ) -> Result<(), StateError> {
+        write_synced(tmp, doc)?;
+
+        if fs::symlink_metadata(&self.path).is_ok() {
+            let backup = self.backup_path();
+            let backup_tmp = dir.join(format!(".{file_name}.backup.tmp-{pid}"));
+            let result = link_or_copy(&self.path, &backup_tmp)
+                .and_then(|()| fs::rename(&backup_tmp, &backup).map_err(|e| io_err(&backup, e)));
+            if result.is_err() {
+                let _ = fs::remove_file(&backup_tmp);
+            }
+            result?;
+        }
+
+        fs::rename(tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
+        sync_dir(dir)
+    }
+}
+
+/// Creates/truncates `path`, writes `bytes` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    f.write_all(bytes).map_err(|e| io_err(path, e))?;
+    f.sync_all().map_err(|e| io_err(path, e))
+}
+
+/// Makes `to` a hard link to `from`, or a synced copy where links are not
+/// supported. `to` is a private temp name, replaced if it exists.
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), StateError> {
+    match fs::remove_file(to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(to, e)),
+    }
+    if fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    let bytes = fs::read(from).map_err(|e| io_err(from, e))?;
+    write_synced(to, &bytes)
+}
+
+/// Persists renames in `dir` (no-op where directories cannot be opened).
+fn sync_dir(dir: &Path) -> Result<(), StateError> {
+    #[cfg(unix)]
+    {
+        fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err(dir, e))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample_state() -> State {
+        let mut s = State::new();
+        s.resources.insert(
+            "module.qwen.container.ray_worker[\"spark2\"]".to_string(),
+            ResourceState {
+                kind: "container".into(),
+                node: Some("spark2".into()),
+                config_hash: format!("sha256:{}", sha256_hex(b"cfg")),
+                config: json!({"image": "vllm", "token": hash_sensitive(&json!("secret"))}),
+                attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]),
+                depends_on: vec!["attachment.fabric[\"spark2\"]".into()],
+            },
+        );
+        s.outputs.insert(
+            "endpoint".into(),
+            OutputState {
+                value: json!("http://10.0.0.1:8000"),
+                sensitive: false,
+            },
+        );
+        s
+    }
+
+    fn dir_entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn sha256_known_vector_and_sensitive_hash_is_canonical() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":[true,null]}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":[true,null],"b":1}"#).unwrap();
+        assert_eq!(hash_sensitive(&a), hash_sensitive(&b));
+        let expected = format!("sha256:{}", sha256_hex(br#"{"a":[true,null],"b":1}"#));
+        assert_eq!(hash_sensitive(&a), json!(expected));
+    }
+
+    #[test]
+    fn new_state_is_empty() {
+        let s = State::new();
+        assert_eq!(s.serial, 0);
+        assert_eq!(s.format_version, FORMAT_VERSION);
+        assert!(uuid::Uuid::parse_str(&s.lineage).is_ok());
+        assert_ne!(s.lineage, State::new().lineage);
+        assert!(s.resources.is_empty() && s.outputs.is_empty());
+    }
+
+    #[test]
+    fn load_missing_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("sparkform.tfstate"));
+        assert!(store.load().unwrap().is_none());
+    }
+
+    #[test]
+    fn paths() {
+        let store = StateStore::new("/x/s.json");
+        assert_eq!(store.path(), Path::new("/x/s.json"));
+        assert_eq!(store.backup_path(), PathBuf::from("/x/s.json.backup"));
+        assert_eq!(store.lock_path(), PathBuf::from("/x/s.json.lock"));
+    }
+
+    #[test]
+    fn write_load_roundtrip_and_serial_increments() {
+        let dir = tempfile::tempdir().unwrap();
+        // Parent directory is created on demand.
+        let store = StateStore::new(dir.path().join("sub/state.json"));
+        let mut s = sample_state();
+        s.sparkform_version = String::new();
+        store.write(&mut s).unwrap();
+        assert_eq!(s.serial, 1);
+        assert_eq!(s.sparkform_version, SPARKFORM_VERSION);
+        assert_eq!(store.load().unwrap().as_ref(), Some(&s));
+
+        store.write(&mut s).unwrap();
+        assert_eq!(s.serial, 2);
+        let loaded = store.load().unwrap().unwrap();
+        assert_eq!(loaded, s);
+        assert_eq!(loaded.lineage, s.lineage);
+    }
+
+    #[test]
+    fn minimal_document_uses_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        fs::write(
+            store.path(),
+            r#"{"format_version":1,"serial":3,"lineage":"l","resources":{"a":{"kind":"probe","config_hash":"sha256:00"}}}"#,
+        )
+        .unwrap();
+        let s = store.load().unwrap().unwrap();
+        assert_eq!(s.serial, 3);
+        let r = &s.resources["a"];
+        assert_eq!(r.node, None);
+        assert!(r.config.is_null() && r.attributes.is_empty() && r.depends_on.is_empty());
+        assert!(s.outputs.is_empty());
+    }
+
+    #[test]
+    fn backup_holds_previous_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        let mut s = sample_state();
+        store.write(&mut s).unwrap();
+        assert!(!store.backup_path().exists());
+        let first = fs::read(store.path()).unwrap();
+
+        s.outputs.clear();
+        store.write(&mut s).unwrap();
+        assert_eq!(fs::read(store.backup_path()).unwrap(), first);
+        let backup = StateStore::new(store.backup_path())
+            .load()
+            .unwrap()
+            .unwrap();
+        assert_eq!(backup.serial, 1);
+        assert_eq!(backup.outputs.len(), 1);
+
+        store.write(&mut s).unwrap();
+        let backup = StateStore::new(store.backup_path())
+            .load()
+            .unwrap()
+            .unwrap();
+        assert_eq!(backup.serial, 2);
+        assert_eq!(store.load().unwrap().unwrap().serial, 3);
+    }
+
+    #[test]
+    fn write_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        let mut s = sample_state();
+        for _ in 0..3 {
+            store.write(&mut s).unwrap();
+        }
+        assert_eq!(dir_entries(dir.path()), vec!["s.json", "s.json.backup"]);
+    }
+
+    #[test]
+    fn failed_write_cleans_up_and_keeps_state_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        // The state path is a directory: the temp file gets written, but
+        // backing up / renaming over it fails.
+        let path = dir.path().join("s.json");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("inner"), "x").unwrap();
+        let store = StateStore::new(&path);
+        let mut s = sample_state();
+        let before = s.clone();
+        let err = store.write(&mut s).unwrap_err();
+        assert!(matches!(err, StateError::Io { .. }), "{err:?}");
+        assert_eq!(s, before);
+        assert_eq!(dir_entries(dir.path()), vec!["s.json"]);
+    }
+
+    #[test]
+    fn corrupt_file_reports_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        fs::write(
+            store.path(),
+            "{\n  \"format_version\": 1,\n  \"serial\": ,\n}",
+        )
+        .unwrap();
+        match store.load() {
+            Err(StateError::Corrupt {
+                line,
+                column,
+                message,
+                path,
+            }) => {
+                assert_eq!(line, 3);
+                assert_eq!(column, 13);
+                assert!(!message.contains("at line"), "{message}");
+                assert_eq!(path, store.path());
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+
+        // Valid JSON with the wrong shape is corrupt too, with a position.
+        fs::write(
+            store.path(),
+            "{\"format_version\": 1,\n\"serial\": \"x\", \"lineage\": \"l\"}",
+        )
+        .unwrap();
+        let err = store.load().unwrap_err();
+        assert!(
+            matches!(err, StateError::Corrupt { line: 2, .. }),
+            "{err:?}"
+        );
+        let help = miette::Diagnostic::help(&err).unwrap().to_string();
+        assert!(help.contains("s.json.backup"), "{help}");
+    }
+
+    #[test]
+    fn newer_format_is_reported_not_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        fs::write(
+            store.path(),
+            r#"{"format_version": 7, "sparkform_version": "9.1.0", "things": [1]}"#,
+        )
+        .unwrap();
+        let err = store.load().unwrap_err();
+        match &err {
+            StateError::NewerFormat {
+                found,
+                supported,
+                written_by,
+                ..
+            } => {
+                assert_eq!(*found, 7);
+                assert_eq!(*supported, FORMAT_VERSION);
+                assert_eq!(written_by.as_deref(), Some("9.1.0"));
+            }
+            other => panic!("expected NewerFormat, got {other:?}"),
+        }
+        let help = miette::Diagnostic::help(&err).unwrap().to_string();
+        assert!(help.contains("version 9.1.0"), "{help}");
+        assert!(help.contains("upgrade sparkform"), "{help}");
+
+        fs::write(store.path(), r#"{"format_version": 2}"#).unwrap();
+        let err = store.load().unwrap_err();
+        let help = miette::Diagnostic::help(&err).unwrap().to_string();
+        assert!(!help.contains("(version"), "{help}");
+    }
+}
