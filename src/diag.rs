@@ -185,14 +185,16 @@ impl Diagnostic for Diag {
         if self.labels.is_empty() {
             return None;
         }
-        Some(Box::new(self.labels.iter().enumerate().map(|(i, (r, t))| {
-            let span = (r.start, r.end - r.start);
-            if i == 0 {
-                LabeledSpan::new_primary_with_span(Some(t.clone()), span)
-            } else {
-                LabeledSpan::new_with_span(Some(t.clone()), span)
-            }
-        })))
+        Some(Box::new(self.labels.iter().enumerate().map(
+            |(i, (r, t))| {
+                let span = (r.start, r.end - r.start);
+                if i == 0 {
+                    LabeledSpan::new_primary_with_span(Some(t.clone()), span)
+                } else {
+                    LabeledSpan::new_with_span(Some(t.clone()), span)
+                }
+            },
+        )))
     }
     fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn Diagnostic> + 'a>> {
         if self.related.is_empty() {
@@ -249,9 +251,10 @@ impl std::error::Error for Diagnostics {}
 
 /// Render diagnostics without colour or unicode art, for snapshots and non-terminals.
 pub fn render_plain(diags: &[Diag]) -> String {
-    let handler = miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
-        .with_width(100)
-        .with_links(false);
+    let handler =
+        miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
+            .with_width(100)
+            .with_links(false);
     let mut out = String::new();
     for d in diags {
         if handler.render_report(&mut out, d).is_err() {

@@ -3,7 +3,12 @@
 //! `config` → `graph` → `plan` are pure (they read only the definitions and the state);
 //! see ARCHITECTURE.md for the code map and the invariants.
 
+pub mod cli;
 pub mod config;
 pub mod diag;
+pub mod fmt;
+pub mod graph;
+pub mod plan;
 pub mod resources;
 pub mod state;
+pub mod workspace;

@@ -270,7 +270,10 @@ impl Loader {
                         self.diags.push(
                             Diag::error(
                                 "config::top_level_attribute",
-                                format!("unexpected attribute `{}` at the top level", attr.key.as_str()),
+                                format!(
+                                    "unexpected attribute `{}` at the top level",
+                                    attr.key.as_str()
+                                ),
                             )
                             .label(&span, "attributes belong inside a block")
                             .help("put it in a `locals { … }` block, or make it a `variable`"),
@@ -282,18 +285,30 @@ impl Loader {
         }
     }
 
-    fn collect_block<'m>(&mut self, scope: &mut Scope<'m>, file: &Arc<SourceFile>, block: &'m Block) {
+    fn collect_block<'m>(
+        &mut self,
+        scope: &mut Scope<'m>,
+        file: &Arc<SourceFile>,
+        block: &'m Block,
+    ) {
         let kind = block.ident.as_str();
         let header = header_span(file, block);
         let Some(spec) = schema::top_level(kind) else {
             let kinds = schema::TOP_LEVEL.iter().map(|s| s.kind);
-            let mut d = Diag::error("config::unknown_block", format!("unknown block type `{kind}`"))
-                .label(&header, "not a sparkform block");
+            let mut d = Diag::error(
+                "config::unknown_block",
+                format!("unknown block type `{kind}`"),
+            )
+            .label(&header, "not a sparkform block");
             d = match did_you_mean(kind, kinds) {
                 Some(s) => d.help(format!("did you mean `{s}`?")),
                 None => d.help(format!(
                     "blocks are {}",
-                    schema::TOP_LEVEL.iter().map(|s| s.kind).collect::<Vec<_>>().join(", ")
+                    schema::TOP_LEVEL
+                        .iter()
+                        .map(|s| s.kind)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )),
             };
             self.diags.push(d);
@@ -333,7 +348,11 @@ impl Loader {
         self.check_nested(file, &block.body, spec, &header);
         let mut item_refs = Vec::new();
         let mut edge_refs = Vec::new();
-        self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
+        // A variable's validations refer only to itself and its default to nothing (both
+        // checked when it is evaluated); they are not dependencies.
+        if root != Root::Var {
+            self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
+        }
         self.add_item(
             scope,
             Item {
@@ -386,9 +405,15 @@ impl Loader {
         for f in funcs {
             if !crate::config::functions::FUNCTION_NAMES.contains(&f.name.as_str()) {
                 let span = Span::new(file, f.span.clone());
-                let mut d = Diag::error("config::unknown_function", format!("unknown function `{}`", f.name))
-                    .label(&span, "no such function");
-                d = match did_you_mean(&f.name, crate::config::functions::FUNCTION_NAMES.iter().copied()) {
+                let mut d = Diag::error(
+                    "config::unknown_function",
+                    format!("unknown function `{}`", f.name),
+                )
+                .label(&span, "no such function");
+                d = match did_you_mean(
+                    &f.name,
+                    crate::config::functions::FUNCTION_NAMES.iter().copied(),
+                ) {
                     Some(s) => d.help(format!("did you mean `{s}`?")),
                     None => d.help("see `sparkform validate --help` for the function list"),
                 };
@@ -438,7 +463,13 @@ impl Loader {
     }
 
     /// Unknown and missing attributes and nested blocks, recursively.
-    fn check_nested(&mut self, file: &Arc<SourceFile>, body: &Body, spec: &BlockSpec, header: &Span) {
+    fn check_nested(
+        &mut self,
+        file: &Arc<SourceFile>,
+        body: &Body,
+        spec: &BlockSpec,
+        header: &Span,
+    ) {
         let mut seen_blocks: HashMap<&str, Span> = HashMap::new();
         for structure in body.iter() {
             match structure {
@@ -451,7 +482,14 @@ impl Loader {
                             "config::unknown_attribute",
                             format!("unknown attribute `{key}` in `{}`", spec.kind),
                         )
-                        .label(&span, if is_block { "this is a block, not an attribute" } else { "not expected here" });
+                        .label(
+                            &span,
+                            if is_block {
+                                "this is a block, not an attribute"
+                            } else {
+                                "not expected here"
+                            },
+                        );
                         d = if is_block {
                             d.help(format!("write it as a block: `{key} {{ … }}`"))
                         } else {
@@ -511,9 +549,15 @@ impl Loader {
                 self.diags.push(
                     Diag::error(
                         "config::missing_attribute",
-                        format!("`{}` is missing the required attribute `{}`", spec.kind, a.name),
+                        format!(
+                            "`{}` is missing the required attribute `{}`",
+                            spec.kind, a.name
+                        ),
                     )
-                    .label(header, format!("needs `{} = …` ({})", a.name, a.kind.describe())),
+                    .label(
+                        header,
+                        format!("needs `{} = …` ({})", a.name, a.kind.describe()),
+                    ),
                 );
             }
         }
@@ -550,9 +594,7 @@ impl Loader {
         let nodes: Vec<NodeIndex> = (0..n).map(|i| graph.add_node(i)).collect();
         for i in 0..n {
             let item = &scope.items[i];
-            let has_for_each = item
-                .block
-                .is_some_and(|b| b.body.has_attribute("for_each"));
+            let has_for_each = item.block.is_some_and(|b| b.body.has_attribute("for_each"));
             let mut broken = false;
             let mut edges = Vec::new();
             for r in item.refs.iter().chain(item.edge_refs.iter()) {
@@ -633,14 +675,23 @@ impl Loader {
                 return Ok(None);
             }
             return Err(Box::new(
-                Diag::error("config::each_outside_for_each", "`each` is only available in a block with `for_each`")
-                    .label(&span, "no for_each here")
-                    .help("add `for_each = …` to this block, or refer to a value directly"),
+                Diag::error(
+                    "config::each_outside_for_each",
+                    "`each` is only available in a block with `for_each`",
+                )
+                .label(&span, "no for_each here")
+                .help("add `for_each = …` to this block, or refer to a value directly"),
             ));
         }
         let Some(root) = Root::referable(&r.root) else {
-            let mut d = Diag::error("config::unknown_reference", format!("unknown reference `{}`", r.display(1)))
-                .label(&span, format!("`{}` is not something that can be referred to", r.root));
+            let mut d = Diag::error(
+                "config::unknown_reference",
+                format!("unknown reference `{}`", r.display(1)),
+            )
+            .label(
+                &span,
+                format!("`{}` is not something that can be referred to", r.root),
+            );
             d = match did_you_mean(&r.root, REFERABLE.iter().copied()) {
                 Some(s) => d.help(format!("did you mean `{s}`?")),
                 None if r.root == "output" => d.help("a module's outputs are read as module.NAME.OUTPUT"),
@@ -650,8 +701,11 @@ impl Loader {
         };
         let Some(name) = r.first_key() else {
             return Err(Box::new(
-                Diag::error("config::incomplete_reference", format!("`{}` needs a name after it", r.root))
-                    .label(&span, format!("write {}.NAME", r.root)),
+                Diag::error(
+                    "config::incomplete_reference",
+                    format!("`{}` needs a name after it", r.root),
+                )
+                .label(&span, format!("write {}.NAME", r.root)),
             ));
         };
         match scope.index.get(&(root, name.to_string())) {
@@ -675,12 +729,17 @@ impl Loader {
                     .unwrap_or(span.clone());
                 let mut d = Diag::error(
                     "config::unknown_reference",
-                    format!("unknown reference `{}`: no {what} named `{name}`", r.display(1)),
+                    format!(
+                        "unknown reference `{}`: no {what} named `{name}`",
+                        r.display(1)
+                    ),
                 )
                 .label(&name_span, format!("no {what} `{name}` in this module"));
                 d = match did_you_mean(name, candidates.iter().copied()) {
                     Some(s) => d.help(format!("did you mean `{}.{s}`?", r.root)),
-                    None if candidates.is_empty() => d.help(format!("this module declares no {what}")),
+                    None if candidates.is_empty() => {
+                        d.help(format!("this module declares no {what}"))
+                    }
                     None => d.help(format!("declared: {}", candidates.join(", "))),
                 };
                 Err(Box::new(d))
@@ -688,7 +747,12 @@ impl Loader {
         }
     }
 
-    fn eval_item(&mut self, scope: &mut Scope<'_>, i: usize, result: &mut ModuleResult) -> Option<Evaluated> {
+    fn eval_item(
+        &mut self,
+        scope: &mut Scope<'_>,
+        i: usize,
+        result: &mut ModuleResult,
+    ) -> Option<Evaluated> {
         let root = scope.items[i].root;
         match root {
             Root::Var => self.eval_variable(scope, i),
@@ -763,8 +827,11 @@ impl Loader {
                 Err(msg) => {
                     let span = span_of(&file, a.value.span());
                     self.diags.push(
-                        Diag::error("config::type", format!("invalid type for variable `{}`", item.name))
-                            .label(&span, msg),
+                        Diag::error(
+                            "config::type",
+                            format!("invalid type for variable `{}`", item.name),
+                        )
+                        .label(&span, msg),
                     );
                     return None;
                 }
@@ -799,9 +866,12 @@ impl Loader {
             if !refs::collect(&a.value).refs.is_empty() {
                 let span = span_of(&file, a.value.span());
                 self.diags.push(
-                    Diag::error("config::variable_default", format!("the default of variable `{name}` refers to other values"))
-                        .label(&span, "defaults must be literal values")
-                        .help("compute derived values in a `locals` block instead"),
+                    Diag::error(
+                        "config::variable_default",
+                        format!("the default of variable `{name}` refers to other values"),
+                    )
+                    .label(&span, "defaults must be literal values")
+                    .help("compute derived values in a `locals` block instead"),
                 );
                 return None;
             }
@@ -812,15 +882,21 @@ impl Loader {
                 Err(msg) => {
                     let span = span_of(&file, a.value.span());
                     self.diags.push(
-                        Diag::error("config::type", format!("the default of variable `{name}` does not match its type"))
-                            .label(&span, msg),
+                        Diag::error(
+                            "config::type",
+                            format!("the default of variable `{name}` does not match its type"),
+                        )
+                        .label(&span, msg),
                     );
                     return None;
                 }
             }
         } else {
-            let mut d = Diag::error("config::missing_variable", format!("no value for the required variable `{name}`"))
-                .label(&header, "declared here without a default");
+            let mut d = Diag::error(
+                "config::missing_variable",
+                format!("no value for the required variable `{name}`"),
+            )
+            .label(&header, "declared here without a default");
             d = match &scope.caller {
                 Some(call) => d
                     .label(call, format!("set `{name} = …` in this module block"))
@@ -846,8 +922,11 @@ impl Loader {
                 if r.root != "var" || r.first_key() != Some(name.as_str()) {
                     let span = Span::new(&file, r.span.clone());
                     self.diags.push(
-                        Diag::error("config::validation", format!("a validation of `{name}` may only refer to var.{name}"))
-                            .label(&span, "refers to something else"),
+                        Diag::error(
+                            "config::validation",
+                            format!("a validation of `{name}` may only refer to var.{name}"),
+                        )
+                        .label(&span, "refers to something else"),
                     );
                     ok = false;
                 }
@@ -873,7 +952,10 @@ impl Loader {
                 )
                 .label(&cond_span, "this condition is false");
                 if let Some(input) = scope.inputs.get(&name) {
-                    d = d.maybe_label(input.span.as_ref(), format!("value set here ({})", input.origin));
+                    d = d.maybe_label(
+                        input.span.as_ref(),
+                        format!("value set here ({})", input.origin),
+                    );
                     if input.span.is_none() {
                         d = d.help(format!("the value came from {}", input.origin));
                     }
@@ -901,8 +983,11 @@ impl Loader {
             other => {
                 let span = span_of(file, other.span());
                 self.diags.push(
-                    Diag::error("config::type", format!("`{}` must be true or false", attr.key.as_str()))
-                        .label(&span, "expected a literal bool"),
+                    Diag::error(
+                        "config::type",
+                        format!("`{}` must be true or false", attr.key.as_str()),
+                    )
+                    .label(&span, "expected a literal bool"),
                 );
                 None
             }
@@ -986,10 +1071,17 @@ impl Loader {
                     out.spans.insert(key.to_string(), span);
                 }
                 Err(msg) => {
-                    let msg = if ctx.sensitive { format!("expected {}", a.kind.describe()) } else { msg };
+                    let msg = if ctx.sensitive {
+                        format!("expected {}", a.kind.describe())
+                    } else {
+                        msg
+                    };
                     self.diags.push(
-                        Diag::error("config::type", format!("wrong type for `{key}` in `{}`", spec.kind))
-                            .label(&span, msg),
+                        Diag::error(
+                            "config::type",
+                            format!("wrong type for `{key}` in `{}`", spec.kind),
+                        )
+                        .label(&span, msg),
                     );
                     ok = false;
                 }
@@ -998,7 +1090,13 @@ impl Loader {
         ok.then_some(out)
     }
 
-    fn mark_sensitive(&self, scope: &Scope<'_>, file: &Arc<SourceFile>, attr: &Attribute, out: &mut Attrs) {
+    fn mark_sensitive(
+        &self,
+        scope: &Scope<'_>,
+        file: &Arc<SourceFile>,
+        attr: &Attribute,
+        out: &mut Attrs,
+    ) {
         let _ = file;
         let key = attr.key.as_str().to_string();
         if let Expression::Object(obj) = &attr.value {
@@ -1007,7 +1105,9 @@ impl Loader {
                 if scope.refs_sensitive(&c.refs) {
                     let kname = match k {
                         hcl_edit::expr::ObjectKey::Ident(id) => id.as_str().to_string(),
-                        hcl_edit::expr::ObjectKey::Expression(Expression::String(s)) => s.value().to_string(),
+                        hcl_edit::expr::ObjectKey::Expression(Expression::String(s)) => {
+                            s.value().to_string()
+                        }
                         _ => {
                             out.sensitive.push(vec![key.clone()]);
                             continue;
@@ -1048,31 +1148,48 @@ impl Loader {
             Kind::Jump => reference("jump"),
             Kind::Container => reference("container"),
             Kind::Duration => match v {
-                Value::Number(n) => Ok(Value::Number(n.clone())),
+                Value::Number(n) => Ok(Value::Number(*n)),
                 Value::String(s) => parse_duration(s)
-                    .map(|secs| Value::from(secs))
+                    .map(Value::from)
                     .ok_or_else(|| format!("expected {}, found {:?}", kind.describe(), s)),
-                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+                other => Err(format!(
+                    "expected {}, found {}",
+                    kind.describe(),
+                    types::describe(other)
+                )),
             },
             Kind::Size => match v {
-                Value::Number(n) => Ok(Value::Number(n.clone())),
+                Value::Number(n) => Ok(Value::Number(*n)),
                 Value::String(s) => parse_size(s)
                     .map(Value::from)
                     .ok_or_else(|| format!("expected {}, found {:?}", kind.describe(), s)),
-                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+                other => Err(format!(
+                    "expected {}, found {}",
+                    kind.describe(),
+                    types::describe(other)
+                )),
             },
             Kind::Gpus => match v {
                 Value::Number(n) if n.as_u64().is_some() => Ok(v.clone()),
                 Value::String(s) if s == "all" => Ok(v.clone()),
                 Value::String(s) if s.parse::<u32>().is_ok() => types::convert(v, &Type::Number),
-                other => Err(format!("expected {}, found {}", kind.describe(), types::describe(other))),
+                other => Err(format!(
+                    "expected {}, found {}",
+                    kind.describe(),
+                    types::describe(other)
+                )),
             },
         }
     }
 
     // ----- jump, node -----
 
-    fn simple_block(&mut self, scope: &Scope<'_>, i: usize, spec: &BlockSpec) -> Option<(Attrs, Ctx)> {
+    fn simple_block(
+        &mut self,
+        scope: &Scope<'_>,
+        i: usize,
+        spec: &BlockSpec,
+    ) -> Option<(Attrs, Ctx)> {
         let item = &scope.items[i];
         let block = item.block?;
         let ctx = self.context_for(scope, &item.refs, item)?;
@@ -1124,11 +1241,16 @@ impl Loader {
             || (!host.is_empty()
                 && host.len() <= 253
                 && !host.starts_with('-')
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')));
+                && host.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+                }));
         if !valid {
-            self.value_error(attrs, "address", format!("{host:?} is not a host name or IP address"), "use a DNS name, an ssh config alias, an IP address, or \"local\" for this machine");
+            self.value_error(
+                attrs,
+                "address",
+                format!("{host:?} is not a host name or IP address"),
+                "use a DNS name, an ssh config alias, an IP address, or \"local\" for this machine",
+            );
         }
         valid
     }
@@ -1140,28 +1262,43 @@ impl Loader {
         let valid = !user.is_empty()
             && user.len() <= 32
             && !user.starts_with('-')
-            && user.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
         if !valid {
-            self.value_error(attrs, "user", format!("{user:?} is not a valid user name"), "user names are letters, digits, `_`, `-` and `.`");
+            self.value_error(
+                attrs,
+                "user",
+                format!("{user:?} is not a valid user name"),
+                "user names are letters, digits, `_`, `-` and `.`",
+            );
         }
         valid
     }
 
     fn port(&mut self, attrs: &Attrs, ok: &mut bool) -> Option<u16> {
         let n = attrs.number("port")?;
-        if n >= 1.0 && n <= 65535.0 && n.fract() == 0.0 {
+        if (1.0..=65535.0).contains(&n) && n.fract() == 0.0 {
             Some(n as u16)
         } else {
-            self.value_error(attrs, "port", format!("{n} is not a TCP port"), "ports are 1 to 65535");
+            self.value_error(
+                attrs,
+                "port",
+                format!("{n} is not a TCP port"),
+                "ports are 1 to 65535",
+            );
             *ok = false;
             None
         }
     }
 
     fn value_error(&mut self, attrs: &Attrs, key: &str, message: String, help: &str) {
-        let d = Diag::error("config::invalid_value", format!("invalid `{key}`: {message}"))
-            .maybe_label(attrs.spans.get(key), message)
-            .help(help);
+        let d = Diag::error(
+            "config::invalid_value",
+            format!("invalid `{key}`: {message}"),
+        )
+        .maybe_label(attrs.spans.get(key), message)
+        .help(help);
         self.diags.push(d);
     }
 
@@ -1179,7 +1316,12 @@ impl Loader {
         let gpus = match attrs.number("gpus") {
             Some(g) if g >= 0.0 && g.fract() == 0.0 && g <= 1024.0 => Some(g as u32),
             Some(g) => {
-                self.value_error(&attrs, "gpus", format!("{g} is not a number of GPUs"), "a whole number, 0 or more");
+                self.value_error(
+                    &attrs,
+                    "gpus",
+                    format!("{g} is not a number of GPUs"),
+                    "a whole number, 0 or more",
+                );
                 ok = false;
                 None
             }
@@ -1187,7 +1329,12 @@ impl Loader {
         };
         let memory = attrs.number("memory_gib");
         if memory.is_some_and(|m| m <= 0.0) {
-            self.value_error(&attrs, "memory_gib", "memory must be positive".into(), "the node's memory in GiB");
+            self.value_error(
+                &attrs,
+                "memory_gib",
+                "memory must be positive".into(),
+                "the node's memory in GiB",
+            );
             ok = false;
         }
         if !ok {
@@ -1211,7 +1358,15 @@ impl Loader {
         };
         self.config.nodes.insert(address.clone(), node);
         let mut value = attrs.to_object();
-        for k in ["gpus", "memory_gib", "user", "port", "jump", "labels", "unified_memory"] {
+        for k in [
+            "gpus",
+            "memory_gib",
+            "user",
+            "port",
+            "jump",
+            "labels",
+            "unified_memory",
+        ] {
             value.entry(k.to_string()).or_insert(Value::Null);
         }
         value.insert("kind".into(), "node".into());
@@ -1262,7 +1417,12 @@ impl Loader {
             None => Some(1500u32),
             Some(m) if (576.0..=9216.0).contains(&m) && m.fract() == 0.0 => Some(m as u32),
             Some(m) => {
-                self.value_error(&attrs, "mtu", format!("{m} is not a usable MTU"), "an MTU is 576 to 9216 (9000 for jumbo frames)");
+                self.value_error(
+                    &attrs,
+                    "mtu",
+                    format!("{m} is not a usable MTU"),
+                    "an MTU is 576 to 9216 (9000 for jumbo frames)",
+                );
                 None
             }
         };
@@ -1274,13 +1434,18 @@ impl Loader {
         let mut names = Vec::new();
         let mut ok = true;
         for ab in block.body.get_blocks("attach") {
-            let Some(label) = ab.labels.first() else { continue };
+            let Some(label) = ab.labels.first() else {
+                continue;
+            };
             let aname = label.as_str().to_string();
             let aheader = header_span(&file, ab);
             if attach_values.contains_key(&aname) {
                 self.diags.push(
-                    Diag::error("config::duplicate", format!("duplicate attachment `{aname}` in network `{name}`"))
-                        .label(&aheader, "declared again here"),
+                    Diag::error(
+                        "config::duplicate",
+                        format!("duplicate attachment `{aname}` in network `{name}`"),
+                    )
+                    .label(&aheader, "declared again here"),
                 );
                 ok = false;
                 continue;
@@ -1305,7 +1470,12 @@ impl Loader {
                     } else {
                         "write an IP address such as \"192.168.200.1\""
                     };
-                    self.value_error(&a, "address", format!("{addr_text:?} is not an IP address"), hint);
+                    self.value_error(
+                        &a,
+                        "address",
+                        format!("{addr_text:?} is not an IP address"),
+                        hint,
+                    );
                     good = false;
                     None
                 }
@@ -1320,11 +1490,21 @@ impl Loader {
                             .help(format!("pick an address between {} and {}", first_host(&subnet), last_host(&subnet))),
                     );
                     good = false;
-                } else if ip == subnet.network() && subnet.prefix_len() < subnet.max_prefix_len() - 1 {
+                } else if ip == subnet.network()
+                    && subnet.prefix_len() < subnet.max_prefix_len() - 1
+                {
                     self.diags.push(
-                        Diag::error("config::invalid_value", format!("attachment `{aname}`: {ip} is the network address of {subnet}"))
-                            .label(&aspan, "network address")
-                            .help(format!("the first usable address is {}", first_host(&subnet))),
+                        Diag::error(
+                            "config::invalid_value",
+                            format!(
+                                "attachment `{aname}`: {ip} is the network address of {subnet}"
+                            ),
+                        )
+                        .label(&aspan, "network address")
+                        .help(format!(
+                            "the first usable address is {}",
+                            first_host(&subnet)
+                        )),
                     );
                     good = false;
                 } else if let Some((other, ospan)) = seen_addr.get(&ip) {
@@ -1388,7 +1568,10 @@ impl Loader {
             av.insert("node_name".into(), node_name.into());
             av.insert("interface".into(), interface.into());
             av.insert("address".into(), addr_text.clone().into());
-            av.insert("cidr".into(), format!("{addr_text}/{}", subnet.prefix_len()).into());
+            av.insert(
+                "cidr".into(),
+                format!("{addr_text}/{}", subnet.prefix_len()).into(),
+            );
             attach_values.insert(aname.clone(), Value::Object(av));
             attach_deps.insert(aname, DepTree::Leaf(BTreeSet::from([res_address])));
         }
@@ -1453,9 +1636,14 @@ impl Loader {
                     Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
                     Err(msg) => {
                         self.diags.push(
-                            Diag::error("config::for_each", format!("invalid for_each in container `{name}`"))
-                                .label(&span, msg)
-                                .help("for_each takes a map (each.key, each.value) or a set of strings"),
+                            Diag::error(
+                                "config::for_each",
+                                format!("invalid for_each in container `{name}`"),
+                            )
+                            .label(&span, msg)
+                            .help(
+                                "for_each takes a map (each.key, each.value) or a set of strings",
+                            ),
                         );
                         return None;
                     }
@@ -1473,7 +1661,9 @@ impl Loader {
                 m.insert("value".into(), each_value.clone());
                 Value::Object(m)
             });
-            let Some(mut attrs) = self.eval_body(&ctx, scope, &file, &block.body, &schema::CONTAINER) else {
+            let Some(mut attrs) =
+                self.eval_body(&ctx, scope, &file, &block.body, &schema::CONTAINER)
+            else {
                 ok = false;
                 continue;
             };
@@ -1515,18 +1705,40 @@ impl Loader {
                     parts.join("-")
                 }
             };
-            attrs.values.insert("name".into(), Value::from(docker_name.clone()));
+            attrs
+                .values
+                .insert("name".into(), Value::from(docker_name.clone()));
             let node = attrs.string("node").unwrap_or_default();
             let problems = resources::container::check(&attrs.values);
             if !problems.is_empty() {
                 for p in problems {
-                    let span = attrs.spans.get(p.attribute).cloned().unwrap_or(header.clone());
-                    let label = if attrs.is_sensitive(p.attribute) { "invalid (sensitive value)".to_string() } else { p.message.clone() };
-                    let message = if attrs.is_sensitive(p.attribute) { format!("invalid `{}`", p.attribute) } else { format!("invalid `{}`: {}", p.attribute, p.message) };
+                    let span = attrs
+                        .spans
+                        .get(p.attribute)
+                        .cloned()
+                        .unwrap_or(header.clone());
+                    let label = if attrs.is_sensitive(p.attribute) {
+                        "invalid (sensitive value)".to_string()
+                    } else {
+                        p.message.clone()
+                    };
+                    let message = if attrs.is_sensitive(p.attribute) {
+                        format!("invalid `{}`", p.attribute)
+                    } else {
+                        format!("invalid `{}`: {}", p.attribute, p.message)
+                    };
                     self.diags.push(
-                        Diag::error("config::invalid_value", format!("container `{name}`{}: {message}", key.as_ref().map(|k| format!(" [{k:?}]")).unwrap_or_default()))
-                            .label(&span, label)
-                            .help(p.help),
+                        Diag::error(
+                            "config::invalid_value",
+                            format!(
+                                "container `{name}`{}: {message}",
+                                key.as_ref()
+                                    .map(|k| format!(" [{k:?}]"))
+                                    .unwrap_or_default()
+                            ),
+                        )
+                        .label(&span, label)
+                        .help(p.help),
                     );
                 }
                 ok = false;
@@ -1549,7 +1761,10 @@ impl Loader {
             });
             scope.all_resources.insert(address.clone());
             let mut value = attrs.to_object_masked();
-            value.insert("node".into(), attrs.raw.get("node").cloned().unwrap_or(Value::Null));
+            value.insert(
+                "node".into(),
+                attrs.raw.get("node").cloned().unwrap_or(Value::Null),
+            );
             value.insert("kind".into(), "container".into());
             value.insert("id".into(), address.clone().into());
             match key {
@@ -1567,11 +1782,20 @@ impl Loader {
             return None;
         }
         let (value, deps) = match single {
-            Some(v) => (v, DepTree::Leaf(inst_deps.into_values().next().map(|t| {
-                let mut s = BTreeSet::new();
-                t.collect_all(&mut s);
-                s
-            }).unwrap_or_default())),
+            Some(v) => (
+                v,
+                DepTree::Leaf(
+                    inst_deps
+                        .into_values()
+                        .next()
+                        .map(|t| {
+                            let mut s = BTreeSet::new();
+                            t.collect_all(&mut s);
+                            s
+                        })
+                        .unwrap_or_default(),
+                ),
+            ),
             None => (Value::Object(values), DepTree::Keyed(inst_deps)),
         };
         Some(Evaluated {
@@ -1584,7 +1808,12 @@ impl Loader {
     }
 
     /// Resources named by `depends_on` / `replace_triggered_by`.
-    fn edge_deps(&mut self, scope: &Scope<'_>, i: usize, attr_name: &str) -> Option<BTreeSet<String>> {
+    fn edge_deps(
+        &mut self,
+        scope: &Scope<'_>,
+        i: usize,
+        attr_name: &str,
+    ) -> Option<BTreeSet<String>> {
         let item = &scope.items[i];
         let block = item.block?;
         let mut out = BTreeSet::new();
@@ -1596,15 +1825,19 @@ impl Loader {
             other => {
                 let span = span_of(&item.file, other.span());
                 self.diags.push(
-                    Diag::error("config::type", format!("`{attr_name}` must be a list of references"))
-                        .label(&span, "expected [container.x, probe.y, …]"),
+                    Diag::error(
+                        "config::type",
+                        format!("`{attr_name}` must be a list of references"),
+                    )
+                    .label(&span, "expected [container.x, probe.y, …]"),
                 );
                 return None;
             }
         };
         for e in items {
             let c = refs::collect(e);
-            let plain = matches!(e, Expression::Traversal(_) | Expression::Variable(_)) && c.refs.len() == 1;
+            let plain = matches!(e, Expression::Traversal(_) | Expression::Variable(_))
+                && c.refs.len() == 1;
             if !plain {
                 let span = span_of(&item.file, e.span());
                 self.diags.push(
@@ -1615,21 +1848,30 @@ impl Loader {
                 return None;
             }
             for r in &c.refs {
-                let Some(root) = Root::referable(&r.root) else { continue };
+                let Some(root) = Root::referable(&r.root) else {
+                    continue;
+                };
                 let Some(name) = r.first_key() else { continue };
-                let Some(&t) = scope.index.get(&(root, name.to_string())) else { continue };
+                let Some(&t) = scope.index.get(&(root, name.to_string())) else {
+                    continue;
+                };
                 let ev = scope.values[t].as_ref()?;
                 if root == Root::Module && r.path.len() == 1 {
                     out.extend(ev.all_resources.iter().cloned());
                 } else {
                     ev.deps.resolve(&r.path[1..], &mut out);
                 }
-                if !matches!(root, Root::Container | Root::Probe | Root::Network | Root::Module) {
+                if !matches!(
+                    root,
+                    Root::Container | Root::Probe | Root::Network | Root::Module
+                ) {
                     let span = Span::new(&item.file, r.span.clone());
                     self.diags.push(
                         Diag::error("config::type", format!("`{attr_name}` must name resources"))
                             .label(&span, format!("`{}` is not a resource", r.display(1)))
-                            .help("name containers, probes, networks (their attachments) or modules"),
+                            .help(
+                                "name containers, probes, networks (their attachments) or modules",
+                            ),
                     );
                     return None;
                 }
@@ -1674,8 +1916,22 @@ impl Loader {
                 sensitive.push(path);
             }
         }
-        let values: BTreeMap<&str, &Map<String, Value>> = parts.iter().map(|(k, a)| (*k, &a.values)).collect();
+        let values: BTreeMap<&str, &Map<String, Value>> =
+            parts.iter().map(|(k, a)| (*k, &a.values)).collect();
         let (config, node) = match resources::probe::desired_config(&attrs.values, &values) {
+            // An exec probe in a container runs on that container's node.
+            Ok((c, None)) => {
+                let node = parts
+                    .get("exec")
+                    .and_then(|a| a.raw.get("container"))
+                    .and_then(|c| c.as_object())
+                    .and_then(|c| c.get("node"))
+                    .and_then(|n| n.as_object())
+                    .and_then(|n| n.get("id"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                (c, node)
+            }
             Ok(c) => c,
             Err(p) => {
                 let span = parts
@@ -1684,9 +1940,12 @@ impl Loader {
                     .cloned()
                     .unwrap_or(header.clone());
                 self.diags.push(
-                    Diag::error("config::invalid_value", format!("probe `{name}`: {}", p.message))
-                        .label(&span, p.message.clone())
-                        .help(p.help),
+                    Diag::error(
+                        "config::invalid_value",
+                        format!("probe `{name}`: {}", p.message),
+                    )
+                    .label(&span, p.message.clone())
+                    .help(p.help),
                 );
                 return None;
             }
@@ -1724,9 +1983,15 @@ impl Loader {
         let item = &scope.items[i];
         let Some(block) = item.block else { return };
         let file = item.file.clone();
-        let Some(ctx) = self.context_for(scope, &item.refs, item) else { return };
-        let Some(cond) = block.body.get_attribute("condition") else { return };
-        let Some(v) = self.eval_expr(&ctx, &file, &cond.value) else { return };
+        let Some(ctx) = self.context_for(scope, &item.refs, item) else {
+            return;
+        };
+        let Some(cond) = block.body.get_attribute("condition") else {
+            return;
+        };
+        let Some(v) = self.eval_expr(&ctx, &file, &cond.value) else {
+            return;
+        };
         let span = span_of(&file, cond.value.span());
         match v {
             Value::Bool(true) => {}
@@ -1737,8 +2002,11 @@ impl Loader {
                     .and_then(|m| self.eval_expr(&ctx, &file, &m.value))
                     .map(|m| value_text(&m))
                     .unwrap_or_else(|| "check failed".into());
-                let mut d = Diag::error("config::check_failed", format!("check `{}` failed: {message}", item.name))
-                    .label(&span, "this condition is false");
+                let mut d = Diag::error(
+                    "config::check_failed",
+                    format!("check `{}` failed: {message}", item.name),
+                )
+                .label(&span, "this condition is false");
                 if let Some(call) = &scope.caller {
                     d = d.label(call, "in this module call");
                 }
@@ -1746,8 +2014,11 @@ impl Loader {
             }
             other => {
                 self.diags.push(
-                    Diag::error("config::type", format!("the condition of check `{}` is not a bool", item.name))
-                        .label(&span, format!("evaluates to {}", types::describe(&other))),
+                    Diag::error(
+                        "config::type",
+                        format!("the condition of check `{}` is not a bool", item.name),
+                    )
+                    .label(&span, format!("evaluates to {}", types::describe(&other))),
                 );
             }
         }
@@ -1759,18 +2030,31 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let Some(ctx) = self.context_for(scope, &item.refs, item) else { return };
-        let Some(attr) = block.body.get_attribute("value") else { return };
-        let Some(value) = self.eval_expr(&ctx, &file, &attr.value) else { return };
+        let Some(mut ctx) = self.context_for(scope, &item.refs, item) else {
+            return;
+        };
+        let Some(edge) = self.edge_deps(scope, i, "depends_on") else {
+            return;
+        };
+        ctx.deps.extend(edge);
+        let Some(attr) = block.body.get_attribute("value") else {
+            return;
+        };
+        let Some(value) = self.eval_expr(&ctx, &file, &attr.value) else {
+            return;
+        };
         let declared = self
             .literal_bool(&file, block.body.get_attribute("sensitive"))
             .unwrap_or(false);
         if ctx.sensitive && !declared {
             let span = span_of(&file, attr.value.span());
             self.diags.push(
-                Diag::error("config::sensitive_output", format!("output `{name}` shows a sensitive value"))
-                    .label(&span, "derived from a sensitive variable")
-                    .help("add `sensitive = true` to the output block, so it is never printed"),
+                Diag::error(
+                    "config::sensitive_output",
+                    format!("output `{name}` shows a sensitive value"),
+                )
+                .label(&span, "derived from a sensitive variable")
+                .help("add `sensitive = true` to the output block, so it is never printed"),
             );
             return;
         }
@@ -1802,36 +2086,53 @@ impl Loader {
             other => {
                 let span = span_of(&file, other.span());
                 self.diags.push(
-                    Diag::error("config::module_source", "a module's `source` must be a literal string")
-                        .label(&span, "expected a folder path such as \"../../modules/vllm-ray\""),
+                    Diag::error(
+                        "config::module_source",
+                        "a module's `source` must be a literal string",
+                    )
+                    .label(
+                        &span,
+                        "expected a folder path such as \"../../modules/vllm-ray\"",
+                    ),
                 );
                 return None;
             }
         };
         let source_span = span_of(&file, source_attr.value.span());
-        let base = file.path.parent().map(Path::to_path_buf).unwrap_or_else(|| scope.dir.clone());
-        let dir = base.join(&source);
+        let base = file
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| scope.dir.clone());
+        let dir = normalize_path(&base.join(&source));
         if !dir.is_dir() {
             self.diags.push(
-                Diag::error("config::module_source", format!("module `{name}`: no folder at {}", crate::diag::display_path(&dir)))
-                    .label(&source_span, "not found")
-                    .help("`source` is a folder of .hcl files, relative to this file"),
+                Diag::error(
+                    "config::module_source",
+                    format!(
+                        "module `{name}`: no folder at {}",
+                        crate::diag::display_path(&dir)
+                    ),
+                )
+                .label(&source_span, "not found")
+                .help("`source` is a folder of .hcl files, relative to this file"),
             );
             return None;
         }
         let key = dir.canonicalize().unwrap_or_else(|_| dir.clone());
         if self.stack.contains(&key) || self.stack.len() >= MAX_MODULE_DEPTH {
             self.diags.push(
-                Diag::error("config::module_recursion", format!("module `{name}` includes itself (directly or through other modules)"))
-                    .label(&source_span, "recursive module source"),
+                Diag::error(
+                    "config::module_recursion",
+                    format!("module `{name}` includes itself (directly or through other modules)"),
+                )
+                .label(&source_span, "recursive module source"),
             );
             return None;
         }
         let ctx = self.context_for(scope, &item.refs, item)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
-        let Some(files) = self.load_folder(&dir) else {
-            return None;
-        };
+        let files = self.load_folder(&dir)?;
         let declared = Self::declared_variables(&files);
         let mut inputs = HashMap::new();
         let mut ok = true;
@@ -1842,13 +2143,20 @@ impl Loader {
             }
             let span = span_of(&file, attr.span());
             if !declared.iter().any(|(n, _, _)| n == key) {
-                let mut d = Diag::error("config::unknown_input", format!("module `{name}` has no variable `{key}`"))
-                    .label(&span, "not an input of this module");
+                let mut d = Diag::error(
+                    "config::unknown_input",
+                    format!("module `{name}` has no variable `{key}`"),
+                )
+                .label(&span, "not an input of this module");
                 d = match did_you_mean(key, declared.iter().map(|(n, _, _)| n.as_str())) {
                     Some(s) => d.help(format!("did you mean `{s}`?")),
                     None => d.help(format!(
                         "its variables are: {}",
-                        declared.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+                        declared
+                            .iter()
+                            .map(|(n, _, _)| n.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )),
                 };
                 self.diags.push(d);
@@ -1964,7 +2272,10 @@ struct Attrs {
 
 impl Attrs {
     fn string(&self, k: &str) -> Option<String> {
-        self.values.get(k).and_then(Value::as_str).map(str::to_string)
+        self.values
+            .get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
     }
     fn number(&self, k: &str) -> Option<f64> {
         match self.values.get(k) {
@@ -1982,7 +2293,9 @@ impl Attrs {
         }
     }
     fn is_sensitive(&self, k: &str) -> bool {
-        self.sensitive.iter().any(|p| p.first().is_some_and(|f| f == k))
+        self.sensitive
+            .iter()
+            .any(|p| p.first().is_some_and(|f| f == k))
     }
     fn to_object(&self) -> Map<String, Value> {
         let mut m = self.values.clone();
@@ -2003,7 +2316,12 @@ fn span_of(file: &Arc<SourceFile>, range: Option<std::ops::Range<usize>>) -> Spa
 
 /// The span of `kind "label" {`, which reads better in a report than the whole block.
 fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
-    let start = block.ident.span().map(|r| r.start).or_else(|| block.span().map(|r| r.start)).unwrap_or(0);
+    let start = block
+        .ident
+        .span()
+        .map(|r| r.start)
+        .or_else(|| block.span().map(|r| r.start))
+        .unwrap_or(0);
     let end = block
         .labels
         .last()
@@ -2017,8 +2335,11 @@ fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
 pub fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Build into `dst` the part of `src` that `path` reaches (whole subtrees past the path's end).
@@ -2106,7 +2427,10 @@ fn visit_post(
 
 fn for_each_instances(v: &Value) -> Result<Vec<(String, Value)>, String> {
     let list = match v {
-        Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>(),
         Value::Array(a) => {
             let mut out = Vec::new();
             for x in a {
@@ -2116,15 +2440,30 @@ fn for_each_instances(v: &Value) -> Result<Vec<(String, Value)>, String> {
                             out.push((s.clone(), Value::String(s.clone())));
                         }
                     }
-                    other => return Err(format!("a set for for_each must hold strings, found {}", types::describe(other))),
+                    other => {
+                        return Err(format!(
+                            "a set for for_each must hold strings, found {}",
+                            types::describe(other)
+                        ))
+                    }
                 }
             }
             out
         }
-        other => return Err(format!("expected a map or a set of strings, found {}", types::describe(other))),
+        other => {
+            return Err(format!(
+                "expected a map or a set of strings, found {}",
+                types::describe(other)
+            ))
+        }
     };
     for (k, _) in &list {
-        if k.is_empty() || k.len() > 63 || !k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+        if k.is_empty()
+            || k.len() > 63
+            || !k
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
             return Err(format!("the key {k:?} would become part of a container name; keys are letters, digits, `_`, `-` and `.`"));
         }
     }
@@ -2164,7 +2503,11 @@ pub fn parse_duration(s: &str) -> Option<u64> {
 
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim().to_ascii_lowercase();
-    let s = s.strip_suffix("ib").or_else(|| s.strip_suffix('b')).unwrap_or(&s).to_string();
+    let s = s
+        .strip_suffix("ib")
+        .or_else(|| s.strip_suffix('b'))
+        .unwrap_or(&s)
+        .to_string();
     let (digits, mult) = match s.chars().last()? {
         'k' => (&s[..s.len() - 1], 1u64 << 10),
         'm' => (&s[..s.len() - 1], 1 << 20),
@@ -2188,7 +2531,10 @@ fn value_text(v: &Value) -> String {
 }
 
 fn first_host(net: &ipnet::IpNet) -> String {
-    net.hosts().next().map(|h| h.to_string()).unwrap_or_else(|| net.network().to_string())
+    net.hosts()
+        .next()
+        .map(|h| h.to_string())
+        .unwrap_or_else(|| net.network().to_string())
 }
 
 fn last_host(net: &ipnet::IpNet) -> String {
@@ -2196,4 +2542,27 @@ fn last_host(net: &ipnet::IpNet) -> String {
         ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
         ipnet::IpNet::V6(n) => n.broadcast().to_string(),
     }
+}
+
+/// `a/b/../../c` → `c`, without touching the file system, so paths in messages read well.
+fn normalize_path(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component> = Vec::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir) => {}
+                _ => out.push(c),
+            },
+            other => out.push(other),
+        }
+    }
+    if out.is_empty() {
+        return PathBuf::from(".");
+    }
+    out.iter().collect()
 }

@@ -116,15 +116,20 @@ fn root_inputs(
             let hcl_edit::structure::Structure::Attribute(attr) = structure else {
                 let span = Span::new(&src, structure.span().unwrap_or(0..0));
                 diags.push(
-                    Diag::error("config::var_file", "a var file holds only `name = value` lines")
-                        .label(&span, "blocks are not allowed here"),
+                    Diag::error(
+                        "config::var_file",
+                        "a var file holds only `name = value` lines",
+                    )
+                    .label(&span, "blocks are not allowed here"),
                 );
                 continue;
             };
             let name = attr.key.as_str();
             let key_span = Span::new(&src, attr.key.span().unwrap_or(0..0));
             if !names.contains(&name) {
-                diags.push(unknown(name, "the var file").label(&key_span, "not a declared variable"));
+                diags.push(
+                    unknown(name, "the var file").label(&key_span, "not a declared variable"),
+                );
                 continue;
             }
             if let Some(value) = literal_value(&src, &attr.value, diags) {
@@ -145,8 +150,9 @@ fn root_inputs(
                     out.insert(name.clone(), input(value, None, origin));
                 }
                 Err(msg) => diags.push(
-                    Diag::error("config::var", format!("-var {name}: {msg}"))
-                        .help("lists, maps and objects are written in HCL: -var 'xs=[\"a\",\"b\"]'"),
+                    Diag::error("config::var", format!("-var {name}: {msg}")).help(
+                        "lists, maps and objects are written in HCL: -var 'xs=[\"a\",\"b\"]'",
+                    ),
                 ),
             },
         }
@@ -189,12 +195,19 @@ fn parse_cli_value(raw: &str, ty: Option<&types::Type>) -> Result<hcl::Value, St
     e.evaluate(&ctx).map_err(|e| e.kind().to_string())
 }
 
-fn literal_value(src: &Arc<SourceFile>, expr: &hcl_edit::expr::Expression, diags: &mut Diagnostics) -> Option<hcl::Value> {
+fn literal_value(
+    src: &Arc<SourceFile>,
+    expr: &hcl_edit::expr::Expression,
+    diags: &mut Diagnostics,
+) -> Option<hcl::Value> {
     let span = Span::new(src, expr.span().unwrap_or(0..0));
     if !refs::collect(expr).refs.is_empty() {
         diags.push(
-            Diag::error("config::var_file", "values in a var file cannot refer to other values")
-                .label(&span, "a reference"),
+            Diag::error(
+                "config::var_file",
+                "values in a var file cannot refer to other values",
+            )
+            .label(&span, "a reference"),
         );
         return None;
     }

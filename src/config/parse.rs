@@ -99,13 +99,19 @@ pub fn read_file(path: &Path, diags: &mut Diagnostics) -> Option<(Arc<SourceFile
     parse_source(file, diags)
 }
 
-pub fn parse_source(file: Arc<SourceFile>, diags: &mut Diagnostics) -> Option<(Arc<SourceFile>, Body)> {
+pub fn parse_source(
+    file: Arc<SourceFile>,
+    diags: &mut Diagnostics,
+) -> Option<(Arc<SourceFile>, Body)> {
     // hcl-edit's parser recurses per nesting level; refuse absurd nesting before it can overflow the stack.
     if let Some(offset) = too_deep(&file.text, 256) {
         let span = Span::new(&file, offset..offset + 1);
         diags.push(
-            Diag::error("config::syntax", "expressions are nested more than 256 levels deep")
-                .label(&span, "too deeply nested here"),
+            Diag::error(
+                "config::syntax",
+                "expressions are nested more than 256 levels deep",
+            )
+            .label(&span, "too deeply nested here"),
         );
         return None;
     }

@@ -124,7 +124,10 @@ const fn spec(
 pub static VALIDATION: BlockSpec = spec(
     "validation",
     &[],
-    &[req("condition", Kind::Bool), req("error_message", Kind::Str)],
+    &[
+        req("condition", Kind::Bool),
+        req("error_message", Kind::Str),
+    ],
     &[],
 );
 
@@ -334,7 +337,10 @@ pub static PROBE: BlockSpec = spec(
 pub static CHECK: BlockSpec = spec(
     "check",
     &["name"],
-    &[req("condition", Kind::Bool), req("error_message", Kind::Str)],
+    &[
+        req("condition", Kind::Bool),
+        req("error_message", Kind::Str),
+    ],
     &[],
 );
 
@@ -345,6 +351,7 @@ pub static OUTPUT: BlockSpec = spec(
         req("value", Kind::Any),
         opt("sensitive", Kind::Bool),
         opt("description", Kind::Str),
+        opt("depends_on", Kind::RefList),
     ],
     &[],
 );

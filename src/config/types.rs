@@ -221,18 +221,20 @@ fn convert_at(v: &Value, t: &Type, path: &str) -> Result<Value, String> {
                     None if *optional => {
                         out.insert(k.clone(), Value::Null);
                     }
-                    None => {
-                        return Err(format!(
-                            "attribute `{k}` is required by {t}{}",
-                            at(path)
-                        ))
-                    }
+                    None => return Err(format!("attribute `{k}` is required by {t}{}", at(path))),
                 }
             }
             for k in items.keys() {
                 if !fields.iter().any(|(f, _, _)| f == k) {
-                    return Err(format!("unexpected attribute `{k}`{}; {t} has {}", at(path),
-                        fields.iter().map(|f| f.0.as_str()).collect::<Vec<_>>().join(", ")));
+                    return Err(format!(
+                        "unexpected attribute `{k}`{}; {t} has {}",
+                        at(path),
+                        fields
+                            .iter()
+                            .map(|f| f.0.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
                 }
             }
             Ok(Value::Object(out))

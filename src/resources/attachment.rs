@@ -17,7 +17,9 @@ pub fn check_interface(name: &str) -> Result<(), String> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
     {
-        return Err(format!("{name:?} contains {c:?}, which an interface name cannot"));
+        return Err(format!(
+            "{name:?} contains {c:?}, which an interface name cannot"
+        ));
     }
     Ok(())
 }

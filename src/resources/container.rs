@@ -39,7 +39,10 @@ const ATTRIBUTES: &[&str] = &[
 ];
 
 /// The canonical desired configuration: set attributes only, `ready` checks last.
-pub fn desired_config(values: &Map<String, Value>, ready: Vec<serde_json::Value>) -> serde_json::Value {
+pub fn desired_config(
+    values: &Map<String, Value>,
+    ready: Vec<serde_json::Value>,
+) -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for k in ATTRIBUTES {
         match values.get(*k) {
@@ -78,7 +81,10 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
         }
     }
     if let Some(Value::String(addr)) = values.get("tcp") {
-        if !addr.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+        if !addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        {
             return Err(format!("{addr:?} is not HOST:PORT"));
         }
     }
@@ -118,8 +124,13 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     let mut out = Vec::new();
     if let Some(name) = s(values, "name") {
         let ok = name.len() <= 128
-            && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
         if !ok {
             out.push(Problem::new(
                 "name",
@@ -129,7 +140,10 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
         }
     }
     if let Some(image) = s(values, "image") {
-        if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) || image.starts_with('-') {
+        if image.is_empty()
+            || image.chars().any(|c| c.is_whitespace() || c.is_control())
+            || image.starts_with('-')
+        {
             out.push(Problem::new(
                 "image",
                 format!("{image:?} is not an image reference"),
@@ -142,11 +156,15 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
         ("ipc_mode", &["host", "private", "shareable", "none"][..]),
         ("pid_mode", &["host"][..]),
     ] {
-        let Some(mode) = s(values, attr) else { continue };
+        let Some(mode) = s(values, attr) else {
+            continue;
+        };
         let ok = allowed.contains(&mode)
-            || mode
-                .strip_prefix("container:")
-                .is_some_and(|c| !c.is_empty() && c.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')));
+            || mode.strip_prefix("container:").is_some_and(|c| {
+                !c.is_empty()
+                    && c.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+            });
         if !ok {
             out.push(Problem::new(
                 match attr {
@@ -161,7 +179,8 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     }
     if let Some(r) = s(values, "restart") {
         let ok = matches!(r, "no" | "always" | "unless-stopped" | "on-failure")
-            || r.strip_prefix("on-failure:").is_some_and(|n| n.parse::<u32>().is_ok());
+            || r.strip_prefix("on-failure:")
+                .is_some_and(|n| n.parse::<u32>().is_ok());
         if !ok {
             out.push(Problem::new(
                 "restart",
@@ -180,27 +199,48 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
         let ok = !has_control(d)
             && (1..=3).contains(&parts.len())
             && parts.iter().take(2).all(|p| p.starts_with("/dev/"))
-            && parts.get(2).is_none_or(|p| !p.is_empty() && p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')));
+            && parts
+                .get(2)
+                .is_none_or(|p| !p.is_empty() && p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')));
         if !ok {
-            out.push(Problem::new("devices", format!("{d:?} is not a device mapping"), "write /dev/HOST[:/dev/CONTAINER[:rwm]]"));
+            out.push(Problem::new(
+                "devices",
+                format!("{d:?} is not a device mapping"),
+                "write /dev/HOST[:/dev/CONTAINER[:rwm]]",
+            ));
         }
     }
     if let Some(Value::Object(env)) = values.get("env") {
         for (k, v) in env {
-            let key_ok = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            let key_ok = k
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !key_ok {
-                out.push(Problem::new("env", format!("{k:?} is not an environment variable name"), "names are letters, digits and `_`, not starting with a digit"));
+                out.push(Problem::new(
+                    "env",
+                    format!("{k:?} is not an environment variable name"),
+                    "names are letters, digits and `_`, not starting with a digit",
+                ));
             }
             if v.as_str().is_some_and(|s| s.contains('\0')) {
-                out.push(Problem::new("env", format!("the value of {k} contains a NUL byte"), "environment values cannot hold NUL"));
+                out.push(Problem::new(
+                    "env",
+                    format!("the value of {k} contains a NUL byte"),
+                    "environment values cannot hold NUL",
+                ));
             }
         }
     }
     if let Some(Value::Object(labels)) = values.get("labels") {
         for k in labels.keys() {
             if k.starts_with(LABEL_PREFIX) {
-                out.push(Problem::new("labels", format!("label {k:?} uses the reserved prefix {LABEL_PREFIX:?}"), "sparkform sets these labels itself; choose another prefix"));
+                out.push(Problem::new(
+                    "labels",
+                    format!("label {k:?} uses the reserved prefix {LABEL_PREFIX:?}"),
+                    "sparkform sets these labels itself; choose another prefix",
+                ));
             }
         }
     }
@@ -214,15 +254,26 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
                     None => num_ok(text),
                 };
             if !ok {
-                out.push(Problem::new("ulimits", format!("ulimit {k} = {text:?} is not LIMIT or SOFT:HARD"), "e.g. memlock = \"-1\", stack = \"67108864\", nofile = \"65536:65536\""));
+                out.push(Problem::new(
+                    "ulimits",
+                    format!("ulimit {k} = {text:?} is not LIMIT or SOFT:HARD"),
+                    "e.g. memlock = \"-1\", stack = \"67108864\", nofile = \"65536:65536\"",
+                ));
             }
         }
     }
-    for (attr, path) in [("working_dir", s(values, "working_dir")), ("image_archive", s(values, "image_archive"))] {
+    for (attr, path) in [
+        ("working_dir", s(values, "working_dir")),
+        ("image_archive", s(values, "image_archive")),
+    ] {
         if let Some(p) = path {
             if p.is_empty() || has_control(p) || (attr == "working_dir" && !p.starts_with('/')) {
                 out.push(Problem::new(
-                    if attr == "working_dir" { "working_dir" } else { "image_archive" },
+                    if attr == "working_dir" {
+                        "working_dir"
+                    } else {
+                        "image_archive"
+                    },
                     format!("{p:?} is not a usable path"),
                     "paths must not be empty or hold control characters; working_dir is absolute",
                 ));
@@ -231,7 +282,15 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     }
     for attr in ["command", "entrypoint"] {
         if strings(values, attr).iter().any(|a| a.contains('\0')) {
-            out.push(Problem::new(if attr == "command" { "command" } else { "entrypoint" }, "an argument contains a NUL byte", "arguments cannot hold NUL"));
+            out.push(Problem::new(
+                if attr == "command" {
+                    "command"
+                } else {
+                    "entrypoint"
+                },
+                "an argument contains a NUL byte",
+                "arguments cannot hold NUL",
+            ));
         }
     }
     out
@@ -246,10 +305,17 @@ fn check_volume(v: &str) -> Result<(), String> {
         return Err(format!("{v:?} is not SOURCE:TARGET[:OPTIONS]"));
     }
     let (src, dst) = (parts[0], parts[1]);
-    let named = src.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && src.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    let named = src
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && src
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if !(src.starts_with('/') || named) {
-        return Err(format!("source {src:?} is neither an absolute path nor a volume name"));
+        return Err(format!(
+            "source {src:?} is neither an absolute path nor a volume name"
+        ));
     }
     if !dst.starts_with('/') {
         return Err(format!("target {dst:?} is not an absolute path"));
@@ -259,7 +325,19 @@ fn check_volume(v: &str) -> Result<(), String> {
     }
     if let Some(opts) = parts.get(2) {
         for o in opts.split(',') {
-            if !matches!(o, "ro" | "rw" | "z" | "Z" | "shared" | "slave" | "private" | "rshared" | "rslave" | "rprivate" | "nocopy") {
+            if !matches!(
+                o,
+                "ro" | "rw"
+                    | "z"
+                    | "Z"
+                    | "shared"
+                    | "slave"
+                    | "private"
+                    | "rshared"
+                    | "rslave"
+                    | "rprivate"
+                    | "nocopy"
+            ) {
                 return Err(format!("unknown volume option {o:?}"));
             }
         }
@@ -272,7 +350,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, Value)]) -> Map<String, Value> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     #[test]
@@ -294,7 +375,10 @@ mod tests {
             ("name", Value::from("ray head")),
             ("restart", Value::from("sometimes")),
             ("network_mode", Value::from("host; rm -rf /")),
-            ("labels", Value::Object(map(&[("sparkform.address", Value::from("x"))]))),
+            (
+                "labels",
+                Value::Object(map(&[("sparkform.address", Value::from("x"))])),
+            ),
         ]);
         let attrs: Vec<&str> = check(&v).iter().map(|p| p.attribute).collect();
         assert_eq!(attrs, ["name", "network_mode", "restart", "labels"]);
@@ -303,7 +387,10 @@ mod tests {
     #[test]
     fn ready_needs_exactly_one_check() {
         assert!(ready_config(&map(&[])).is_err());
-        let both = map(&[("http", Value::from("http://127.0.0.1:1/health")), ("tcp", Value::from("127.0.0.1:1"))]);
+        let both = map(&[
+            ("http", Value::from("http://127.0.0.1:1/health")),
+            ("tcp", Value::from("127.0.0.1:1")),
+        ]);
         assert!(ready_config(&both).unwrap_err().contains("http and tcp"));
         let ok = ready_config(&map(&[("tcp", Value::from("127.0.0.1:6379"))])).unwrap();
         assert_eq!(ok["timeout"], 300);

@@ -17,7 +17,11 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(attribute: &'static str, message: impl Into<String>, help: impl Into<String>) -> Self {
+    pub fn new(
+        attribute: &'static str,
+        message: impl Into<String>,
+        help: impl Into<String>,
+    ) -> Self {
         Problem {
             block: "",
             attribute,

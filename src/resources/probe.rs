@@ -37,7 +37,10 @@ pub fn desired_config(
             if forms.is_empty() {
                 "no check: add one http { … }, exec { … } or tcp { … } block".into()
             } else {
-                format!("{} blocks together; a probe has exactly one", forms.join(" and "))
+                format!(
+                    "{} blocks together; a probe has exactly one",
+                    forms.join(" and ")
+                )
             },
             "split it into several probes",
         ));
@@ -52,11 +55,23 @@ pub fn desired_config(
             }
             if let Some(m) = body.get("method").and_then(Value::as_str) {
                 if !METHODS.contains(&m) {
-                    return Err(problem("http", "method", format!("{m:?} is not an HTTP method"), "use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS (upper case)"));
+                    return Err(problem(
+                        "http",
+                        "method",
+                        format!("{m:?} is not an HTTP method"),
+                        "use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS (upper case)",
+                    ));
                 }
             }
-            if body.get("json").is_some_and(|v| !v.is_null()) && body.get("body").is_some_and(|v| !v.is_null()) {
-                return Err(problem("http", "body", "both json and body are set".into(), "send either a JSON document (json = {…}) or a raw body"));
+            if body.get("json").is_some_and(|v| !v.is_null())
+                && body.get("body").is_some_and(|v| !v.is_null())
+            {
+                return Err(problem(
+                    "http",
+                    "body",
+                    "both json and body are set".into(),
+                    "send either a JSON document (json = {…}) or a raw body",
+                ));
             }
             body.get("via").and_then(Value::as_str).map(str::to_string)
         }
@@ -64,17 +79,42 @@ pub fn desired_config(
             let node = body.get("node").and_then(Value::as_str);
             let container = body.get("container").and_then(Value::as_str);
             if node.is_some() == container.is_some() {
-                return Err(problem("exec", "command", "an exec probe runs either on a node or in a container".into(), "set exactly one of node = node.x or container = container.y"));
+                return Err(problem(
+                    "exec",
+                    "command",
+                    "an exec probe runs either on a node or in a container".into(),
+                    "set exactly one of node = node.x or container = container.y",
+                ));
             }
-            if body.get("command").and_then(Value::as_array).is_none_or(Vec::is_empty) {
-                return Err(problem("exec", "command", "the command is empty".into(), "command = [\"program\", \"arg\", …]"));
+            if body
+                .get("command")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+            {
+                return Err(problem(
+                    "exec",
+                    "command",
+                    "the command is empty".into(),
+                    "command = [\"program\", \"arg\", …]",
+                ));
             }
             node.map(str::to_string)
         }
         _ => {
-            let addr = body.get("address").and_then(Value::as_str).unwrap_or_default();
-            if !addr.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
-                return Err(problem("tcp", "address", format!("{addr:?} is not HOST:PORT"), "e.g. \"192.168.200.1:6379\""));
+            let addr = body
+                .get("address")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if !addr
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            {
+                return Err(problem(
+                    "tcp",
+                    "address",
+                    format!("{addr:?} is not HOST:PORT"),
+                    "e.g. \"192.168.200.1:6379\"",
+                ));
             }
             body.get("via").and_then(Value::as_str).map(str::to_string)
         }
@@ -82,20 +122,42 @@ pub fn desired_config(
     let expect = parts.get("expect").copied().cloned().unwrap_or_default();
     if let Some(re) = expect.get("matches").and_then(Value::as_str) {
         if let Err(e) = regex::Regex::new(re) {
-            return Err(problem("expect", "matches", format!("invalid regular expression: {e}"), "the syntax is Rust's regex crate (like RE2)"));
+            return Err(problem(
+                "expect",
+                "matches",
+                format!("invalid regular expression: {e}"),
+                "the syntax is Rust's regex crate (like RE2)",
+            ));
         }
     }
     if let Some(path) = expect.get("json_path").and_then(Value::as_str) {
         if let Err(e) = parse_json_path(path) {
-            return Err(problem("expect", "json_path", e, "write a path like choices[0].message.content"));
+            return Err(problem(
+                "expect",
+                "json_path",
+                e,
+                "write a path like choices[0].message.content",
+            ));
         }
     }
     let mut out = serde_json::Map::new();
     out.insert("form".into(), form.into());
     out.insert(form.to_string(), clean(&body));
     out.insert("expect".into(), clean(&expect));
-    out.insert("timeout".into(), attrs.get("timeout").map(to_json).unwrap_or(serde_json::json!(60)));
-    out.insert("interval".into(), attrs.get("interval").map(to_json).unwrap_or(serde_json::json!(2)));
+    out.insert(
+        "timeout".into(),
+        attrs
+            .get("timeout")
+            .map(to_json)
+            .unwrap_or(serde_json::json!(60)),
+    );
+    out.insert(
+        "interval".into(),
+        attrs
+            .get("interval")
+            .map(to_json)
+            .unwrap_or(serde_json::json!(2)),
+    );
     Ok((serde_json::Value::Object(out), node))
 }
 
@@ -141,7 +203,9 @@ pub fn parse_json_path(path: &str) -> Result<Vec<PathStep>, String> {
                         _ => return Err(format!("expected a number and ] in json_path {path:?}")),
                     }
                 }
-                let i = num.parse().map_err(|_| format!("bad index in json_path {path:?}"))?;
+                let i = num
+                    .parse()
+                    .map_err(|_| format!("bad index in json_path {path:?}"))?;
                 steps.push(PathStep::Index(i));
             }
             c if c.is_whitespace() => return Err(format!("whitespace in json_path {path:?}")),

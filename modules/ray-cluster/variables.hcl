@@ -1,0 +1,63 @@
+# A Ray cluster on a fabric: one head container and one worker container per worker node,
+# every one of them pinned to its node's fabric address (never the default route).
+
+variable "image" {
+  type        = string
+  description = "Image with Ray (and vLLM, when the vllm-ray module uses this cluster)."
+}
+
+variable "network" {
+  type        = any
+  description = "The fabric network (network.roce): its attachments give each node's address and interface."
+}
+
+variable "head" {
+  type        = any
+  description = "The node that runs the Ray head (node.spark1)."
+}
+
+variable "workers" {
+  type        = any
+  default     = []
+  description = "The nodes that run Ray workers ([node.spark2])."
+}
+
+variable "ray_port" {
+  type    = number
+  default = 6379
+}
+
+variable "shm_size" {
+  type        = string
+  default     = "16g"
+  description = "Shared memory for Ray's object store and NCCL."
+}
+
+variable "hf_cache" {
+  type        = string
+  default     = "/root/.cache/huggingface"
+  description = "Host folder with the Hugging Face cache, mounted in every container."
+}
+
+variable "ray_tmp" {
+  type        = string
+  default     = "/tmp/ray"
+  description = "Host folder for Ray's sockets and logs; the vLLM container mounts the same one."
+}
+
+variable "gpu_devices" {
+  type        = bool
+  default     = true
+  description = "Hand the nodes' GPUs to the containers. False on test beds without GPUs (Ray still declares the node's gpus)."
+}
+
+variable "extra_env" {
+  type    = map(string)
+  default = {}
+}
+
+variable "container_prefix" {
+  type        = string
+  default     = "sparkform"
+  description = "Docker container names start with this."
+}

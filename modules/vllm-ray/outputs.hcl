@@ -1,0 +1,14 @@
+# Readers of the endpoint wait for vLLM itself, not only for the address it will have.
+output "endpoint" {
+  value      = "http://${module.ray.head_ip}:${var.port}"
+  depends_on = [container.vllm]
+}
+
+output "served_model_name" {
+  value      = local.served_name
+  depends_on = [container.vllm]
+}
+
+output "ray_address" {
+  value = module.ray.address
+}

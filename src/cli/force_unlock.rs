@@ -1,0 +1,42 @@
+//! `sparkform force-unlock ID`: remove a state lock left by a process that died.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::report_error;
+use crate::workspace::Workspace;
+
+/// Remove the state lock with this ID (after a crash)
+#[derive(Args, Debug)]
+#[command(
+    long_about = "Remove the lock on the state, when the process that held it is gone and the lock was left \
+behind. The ID is printed in the error of the command that found the state locked. Removing the \
+lock of a process that is still running lets two writers in: make sure it is gone.",
+    after_help = "Example:\n  sparkform force-unlock 0b5e4c1a-6f0e-4d39-9a43-1fd5a2c0f6a1 examples/testbed"
+)]
+pub struct ForceUnlockArgs {
+    /// The lock ID from the "state is locked" error
+    pub id: String,
+    /// Folder holding the .hcl definitions
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// State file (default: DIR/state/sparkform.json)
+    #[arg(long = "state", value_name = "PATH")]
+    pub state: Option<PathBuf>,
+}
+
+pub fn run(args: ForceUnlockArgs) -> ExitCode {
+    let ws = Workspace::new(&args.dir, args.state.as_deref());
+    match ws.store().force_unlock(&args.id) {
+        Ok(info) => {
+            println!(
+                "Removed the lock {} (held by PID {} on {} since {} for {}).",
+                info.id, info.pid, info.host, info.started, info.operation
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(e),
+    }
+}

@@ -1,0 +1,259 @@
+//! The command line: one file per subcommand, each parsing its arguments and calling one
+//! library operation. This module holds what they share.
+
+mod fmt;
+mod force_unlock;
+mod graph;
+mod output;
+mod plan;
+mod show;
+mod state;
+mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::VarInputs;
+use crate::diag::{render_for_terminal, Diag, Diagnostics};
+use crate::workspace::Workspace;
+
+const ABOUT: &str = "Deploy multi-node LLM inference clusters from HCL definitions.
+
+sparkform reads every *.hcl file of a folder (nodes, the fabric between them, containers and
+probes), compares them with the recorded state, and shows or makes the changes in dependency
+order.";
+
+const AFTER_HELP: &str = "Examples:
+  sparkform validate examples/qwen35-two-sparks
+  sparkform plan examples/testbed -refresh=false
+  sparkform plan examples/testbed -var model=Qwen/Qwen3-0.6B -out testbed.plan
+  sparkform show testbed.plan
+
+Options written Terraform-style with one dash (-var, -out, -refresh=false) work too.";
+
+#[derive(Parser, Debug)]
+#[command(name = "sparkform", version, about = ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    Validate(validate::ValidateArgs),
+    Plan(plan::PlanArgs),
+    Graph(graph::GraphArgs),
+    Show(show::ShowArgs),
+    Output(output::OutputArgs),
+    Fmt(fmt::FmtArgs),
+    #[command(subcommand)]
+    State(state::StateCommand),
+    ForceUnlock(force_unlock::ForceUnlockArgs),
+}
+
+/// The folder and variables every configuration-reading command takes.
+#[derive(Args, Debug, Clone)]
+pub struct ConfigArgs {
+    /// Folder holding the .hcl definitions
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// Set a variable: -var name=value (repeatable; lists and maps in HCL syntax)
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+    /// Read variables from an HCL file of `name = value` lines (repeatable)
+    #[arg(long = "var-file", value_name = "FILE")]
+    pub var_files: Vec<PathBuf>,
+    /// State file (default: DIR/state/sparkform.json)
+    #[arg(long = "state", value_name = "PATH")]
+    pub state: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    pub fn workspace(&self) -> Workspace {
+        Workspace::new(&self.dir, self.state.as_deref())
+    }
+
+    pub fn var_inputs(&self) -> Result<VarInputs, Box<Diag>> {
+        let mut inputs = VarInputs::from_env();
+        inputs.files = self.var_files.clone();
+        for v in &self.vars {
+            match v.split_once('=') {
+                Some((k, val)) if !k.is_empty() => {
+                    inputs.cli.push((k.to_string(), val.to_string()))
+                }
+                _ => {
+                    return Err(Box::new(
+                        Diag::error("cli::var", format!("-var {v:?} is not NAME=VALUE"))
+                            .help("write -var name=value, e.g. -var port=30000"),
+                    ))
+                }
+            }
+        }
+        Ok(inputs)
+    }
+}
+
+/// Long options that users write Terraform-style with a single dash.
+const SINGLE_DASH: &[&str] = &[
+    "var",
+    "var-file",
+    "state",
+    "out",
+    "refresh",
+    "detailed-exitcode",
+    "replace",
+    "target",
+    "json",
+    "check",
+    "diff",
+    "recursive",
+    "no-color",
+];
+
+/// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut passthrough = false;
+    for a in args {
+        if passthrough || a == "--" {
+            passthrough = true;
+            out.push(a);
+            continue;
+        }
+        if let Some(rest) = a.strip_prefix('-') {
+            if !rest.starts_with('-') {
+                let name = rest.split('=').next().unwrap_or(rest);
+                if SINGLE_DASH.contains(&name) {
+                    out.push(format!("-{a}"));
+                    continue;
+                }
+            }
+        }
+        out.push(a);
+    }
+    out
+}
+
+pub fn main() -> ExitCode {
+    let args = normalize_args(std::env::args());
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::Validate(a) => validate::run(a),
+        Command::Plan(a) => plan::run(a),
+        Command::Graph(a) => graph::run(a),
+        Command::Show(a) => show::run(a),
+        Command::Output(a) => output::run(a),
+        Command::Fmt(a) => fmt::run(a),
+        Command::State(c) => state::run(c),
+        Command::ForceUnlock(a) => force_unlock::run(a),
+    }
+}
+
+/// Print configuration diagnostics to stderr (or as JSON to stdout) and say how many.
+pub fn report_diagnostics(diags: &Diagnostics, json: bool) {
+    if json {
+        println!("{}", diagnostics_json(&diags.0));
+        return;
+    }
+    eprint!("{}", render_for_terminal(&diags.0));
+    let n = diags.error_count();
+    if n > 0 {
+        eprintln!(
+            "Error: {} error{} in the configuration.",
+            n,
+            if n == 1 { "" } else { "s" }
+        );
+    }
+}
+
+pub fn report_warnings(warnings: &[Diag]) {
+    if !warnings.is_empty() {
+        eprint!("{}", render_for_terminal(warnings));
+    }
+}
+
+/// Any other error (state, plan file, I/O), rendered by miette.
+pub fn report_error(e: impl miette::Diagnostic + Send + Sync + 'static) -> ExitCode {
+    eprintln!("{:?}", miette::Report::new(e));
+    ExitCode::from(1)
+}
+
+pub fn diagnostics_json(diags: &[Diag]) -> String {
+    let items: Vec<serde_json::Value> = diags
+        .iter()
+        .map(|d| {
+            let labels: Vec<serde_json::Value> = d
+                .labels
+                .iter()
+                .filter_map(|(range, text)| {
+                    let file = d.source.as_ref()?;
+                    let (line, column) = file.line_col(range.start);
+                    Some(serde_json::json!({
+                        "file": file.display, "line": line, "column": column,
+                        "start": range.start, "end": range.end, "label": text,
+                    }))
+                })
+                .collect();
+            serde_json::json!({
+                "severity": match d.severity { miette::Severity::Error => "error", miette::Severity::Warning => "warning", miette::Severity::Advice => "advice" },
+                "code": d.code,
+                "message": d.message,
+                "help": d.help,
+                "labels": labels,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(
+        &serde_json::json!({ "valid": !diags.iter().any(Diag::is_error), "diagnostics": items }),
+    )
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_dash_long_options() {
+        let args = [
+            "sparkform",
+            "plan",
+            "-var",
+            "a=1",
+            "-refresh=false",
+            "-out",
+            "p",
+            "-x",
+            "--",
+            "-var",
+        ]
+        .map(String::from);
+        assert_eq!(
+            normalize_args(args),
+            [
+                "sparkform",
+                "plan",
+                "--var",
+                "a=1",
+                "--refresh=false",
+                "--out",
+                "p",
+                "-x",
+                "--",
+                "-var"
+            ]
+        );
+    }
+}

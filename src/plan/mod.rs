@@ -1,0 +1,589 @@
+//! Desired (configuration) against recorded (state): what to create, change, replace, delete
+//! and which probes to run. Pure: no I/O.
+
+pub mod planfile;
+pub mod render;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, Resource, ResourceKind};
+use crate::diag::Diag;
+use crate::graph::Graph;
+use crate::resources::in_place_attributes;
+use crate::state::{hash_sensitive, sha256_hex, OutputState, ResourceState, State};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Create,
+    Update,
+    Replace,
+    Delete,
+    Run,
+    NoOp,
+}
+
+impl Action {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Action::Create => "+",
+            Action::Update => "~",
+            Action::Replace => "-/+",
+            Action::Delete => "-",
+            Action::Run => "?",
+            Action::NoOp => " ",
+        }
+    }
+
+    pub fn is_change(self) -> bool {
+        self != Action::NoOp
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttrChange {
+    /// `image`, `env.HF_TOKEN`, `ready`.
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<serde_json::Value>,
+    pub sensitive: bool,
+    pub forces_replacement: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub address: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub action: Action,
+    /// Attribute-level differences (all attributes for a create, none for a no-op).
+    pub attributes: Vec<AttrChange>,
+    /// Why a replacement: attributes that force it, `-replace`, or `replace_triggered_by`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replace_reasons: Vec<String>,
+    /// Why a probe runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_reason: Option<String>,
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    /// The configuration the state records after this change (sensitive values as hashes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputChange {
+    pub name: String,
+    pub action: Action,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<serde_json::Value>,
+    pub sensitive: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub create: usize,
+    pub update: usize,
+    pub replace: usize,
+    pub delete: usize,
+    pub run: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Every resource, in the order an apply would take them (deletions first, in reverse
+    /// dependency order); no-ops included so the plan is a full picture.
+    pub changes: Vec<Change>,
+    pub outputs: Vec<OutputChange>,
+    /// Steps that can run together, as addresses, level by level (changes only).
+    pub levels: Vec<Vec<String>>,
+    pub summary: Summary,
+}
+
+impl Plan {
+    pub fn has_changes(&self) -> bool {
+        self.changes.iter().any(|c| c.action.is_change())
+            || self.outputs.iter().any(|o| o.action.is_change())
+    }
+
+    pub fn change(&self, address: &str) -> Option<&Change> {
+        self.changes.iter().find(|c| c.address == address)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    /// `-replace ADDR`: replace these even if unchanged.
+    pub replace: Vec<String>,
+    /// `-target ADDR`: only these and what they depend on.
+    pub targets: Vec<String>,
+}
+
+/// The configuration as the state records it: sensitive values replaced by their hashes.
+pub fn recorded_config(r: &Resource) -> serde_json::Value {
+    let mut v = r.config.clone();
+    for path in &r.sensitive {
+        if let Some(slot) = pointer_mut(&mut v, path) {
+            *slot = hash_sensitive(slot);
+        }
+    }
+    v
+}
+
+fn pointer_mut<'a>(
+    v: &'a mut serde_json::Value,
+    path: &[String],
+) -> Option<&'a mut serde_json::Value> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.as_object_mut()?.get_mut(p)?;
+    }
+    Some(cur)
+}
+
+pub fn config_hash(recorded: &serde_json::Value) -> String {
+    format!(
+        "sha256:{}",
+        sha256_hex(&serde_json::to_vec(recorded).unwrap_or_default())
+    )
+}
+
+fn is_sensitive_path(r: &Resource, top: &str, sub: Option<&str>) -> bool {
+    r.sensitive.iter().any(|p| {
+        p.first().is_some_and(|f| f == top)
+            && match (p.get(1), sub) {
+                (None, _) => true,
+                (Some(a), Some(b)) => a == b,
+                (Some(_), None) => true,
+            }
+    })
+}
+
+/// Compare two recorded configurations attribute by attribute (maps one level deep).
+fn diff_attributes(
+    before: Option<&serde_json::Value>,
+    after: Option<&serde_json::Value>,
+    r: Option<&Resource>,
+    kind: ResourceKind,
+) -> Vec<AttrChange> {
+    let empty = serde_json::Map::new();
+    let b = before.and_then(|v| v.as_object()).unwrap_or(&empty);
+    let a = after.and_then(|v| v.as_object()).unwrap_or(&empty);
+    let keys: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+    let in_place = in_place_attributes(kind);
+    let mut out = Vec::new();
+    // Keep the order of the configuration's attributes where possible.
+    let mut ordered: Vec<&String> = a.keys().filter(|k| keys.contains(k)).collect();
+    ordered.extend(b.keys().filter(|k| !a.contains_key(*k)));
+    for key in ordered {
+        let (bv, av) = (b.get(key), a.get(key));
+        if bv == av {
+            continue;
+        }
+        let forces = before.is_some() && after.is_some() && !in_place.contains(&key.as_str());
+        match (bv, av) {
+            (Some(serde_json::Value::Object(bm)), Some(serde_json::Value::Object(am)))
+                if key != "ready" =>
+            {
+                let sub: BTreeSet<&String> = bm.keys().chain(am.keys()).collect();
+                for s in sub {
+                    if bm.get(s) != am.get(s) {
+                        out.push(AttrChange {
+                            path: format!("{key}.{s}"),
+                            before: bm.get(s).cloned(),
+                            after: am.get(s).cloned(),
+                            sensitive: r.is_some_and(|r| is_sensitive_path(r, key, Some(s)))
+                                || is_hash(bm.get(s))
+                                || is_hash(am.get(s)),
+                            forces_replacement: forces,
+                        });
+                    }
+                }
+            }
+            _ => out.push(AttrChange {
+                path: key.clone(),
+                before: bv.cloned(),
+                after: av.cloned(),
+                sensitive: r.is_some_and(|r| is_sensitive_path(r, key, None))
+                    || is_hash(bv)
+                    || is_hash(av),
+                forces_replacement: forces,
+            }),
+        }
+    }
+    out
+}
+
+fn is_hash(v: Option<&serde_json::Value>) -> bool {
+    v.and_then(|v| v.as_str())
+        .is_some_and(|s| s.starts_with("sha256:") && s.len() == 71)
+}
+
+/// Compute the plan. Errors only for bad options (an unknown `-replace` or `-target` address).
+pub fn plan(
+    config: &Config,
+    graph: &Graph,
+    state: &State,
+    opts: &PlanOptions,
+) -> Result<Plan, Box<Diag>> {
+    for a in opts.replace.iter() {
+        if config.resource(a).is_none() {
+            return Err(Box::new(unknown_address("-replace", a, config)));
+        }
+    }
+    for a in opts.targets.iter() {
+        if config.resource(a).is_none() && !state.resources.contains_key(a) {
+            return Err(Box::new(unknown_address("-target", a, config)));
+        }
+    }
+    let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
+        let mut set = BTreeSet::new();
+        for t in &opts.targets {
+            set.insert(t.clone());
+            set.extend(graph.ancestors(t));
+        }
+        set
+    });
+    let by_address: HashMap<&str, &Resource> = config
+        .resources
+        .iter()
+        .map(|r| (r.address.as_str(), r))
+        .collect();
+    let mut actions: HashMap<String, Action> = HashMap::new();
+    let mut changes: BTreeMap<String, Change> = BTreeMap::new();
+    let order = graph.order();
+    for address in &order {
+        let Some(r) = by_address.get(address.as_str()).copied() else {
+            continue;
+        };
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+            continue;
+        }
+        let after = recorded_config(r);
+        let hash = config_hash(&after);
+        let recorded = state.resources.get(address);
+        let mut change = Change {
+            address: address.clone(),
+            kind: r.kind.as_str().to_string(),
+            node: r.node.clone(),
+            action: Action::NoOp,
+            attributes: Vec::new(),
+            replace_reasons: Vec::new(),
+            run_reason: None,
+            depends_on: r.deps.iter().cloned().collect(),
+            after: Some(after.clone()),
+            after_hash: Some(hash.clone()),
+        };
+        match recorded {
+            None => {
+                change.action = if r.kind == ResourceKind::Probe {
+                    Action::Run
+                } else {
+                    Action::Create
+                };
+                if r.kind == ResourceKind::Probe {
+                    change.run_reason = Some("new probe".into());
+                }
+                change.attributes = diff_attributes(None, Some(&after), Some(r), r.kind);
+            }
+            Some(old) if old.kind != r.kind.as_str() => {
+                change.action = Action::Replace;
+                change.replace_reasons.push(format!(
+                    "kind changes from {} to {}",
+                    old.kind,
+                    r.kind.as_str()
+                ));
+                change.attributes =
+                    diff_attributes(Some(&old.config), Some(&after), Some(r), r.kind);
+            }
+            Some(old) if old.config_hash != hash => {
+                change.attributes =
+                    diff_attributes(Some(&old.config), Some(&after), Some(r), r.kind);
+                let forcing: Vec<String> = change
+                    .attributes
+                    .iter()
+                    .filter(|a| a.forces_replacement)
+                    .map(|a| a.path.split('.').next().unwrap_or(&a.path).to_string())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                if r.kind == ResourceKind::Probe {
+                    change.action = Action::Run;
+                    change.run_reason = Some("its configuration changed".into());
+                } else if forcing.is_empty() {
+                    change.action = Action::Update;
+                } else {
+                    change.action = Action::Replace;
+                    change.replace_reasons =
+                        forcing.iter().map(|f| format!("`{f}` changes")).collect();
+                }
+            }
+            Some(_) => {}
+        }
+        if r.kind != ResourceKind::Probe {
+            if opts.replace.contains(address) && change.action != Action::Create {
+                change.action = Action::Replace;
+                change
+                    .replace_reasons
+                    .push("requested with -replace".into());
+            }
+            if change.action != Action::Create {
+                for t in &r.replace_triggered_by {
+                    if actions.get(t) == Some(&Action::Replace) {
+                        change.action = Action::Replace;
+                        change
+                            .replace_reasons
+                            .push(format!("replace_triggered_by: {t} is replaced"));
+                    }
+                }
+            }
+        }
+        actions.insert(address.clone(), change.action);
+        changes.insert(address.clone(), change);
+    }
+    // Probes run when anything they depend on changes.
+    for address in &order {
+        let Some(c) = changes.get(address) else {
+            continue;
+        };
+        if c.kind != "probe" || c.action != Action::NoOp {
+            continue;
+        }
+        let cause = graph
+            .ancestors(address)
+            .into_iter()
+            .filter_map(|a| actions.get(&a).map(|act| (a, *act)))
+            .find(|(_, act)| matches!(act, Action::Create | Action::Update | Action::Replace));
+        if let Some((a, act)) = cause {
+            let verb = match act {
+                Action::Create => "is created",
+                Action::Update => "is updated",
+                _ => "is replaced",
+            };
+            if let Some(c) = changes.get_mut(address) {
+                c.action = Action::Run;
+                c.run_reason = Some(format!("{a} {verb}"));
+            }
+        }
+    }
+    // Deletions: recorded resources the configuration no longer has, dependents first.
+    let mut deletes: Vec<Change> = Vec::new();
+    for (address, old) in &state.resources {
+        if by_address.contains_key(address.as_str()) {
+            continue;
+        }
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+            continue;
+        }
+        let kind = ResourceKind::parse(&old.kind).unwrap_or(ResourceKind::Container);
+        deletes.push(Change {
+            address: address.clone(),
+            kind: old.kind.clone(),
+            node: old.node.clone(),
+            action: Action::Delete,
+            attributes: diff_attributes(Some(&old.config), None, None, kind),
+            replace_reasons: Vec::new(),
+            run_reason: None,
+            depends_on: old.depends_on.clone(),
+            after: None,
+            after_hash: None,
+        });
+    }
+    let deletes = reverse_dependency_order(deletes);
+
+    let mut ordered: Vec<Change> = deletes;
+    for address in &order {
+        if let Some(c) = changes.remove(address) {
+            ordered.push(c);
+        }
+    }
+    let outputs = if targeted.is_some() {
+        Vec::new()
+    } else {
+        output_changes(config, state)
+    };
+    let mut summary = Summary::default();
+    for c in &ordered {
+        match c.action {
+            Action::Create => summary.create += 1,
+            Action::Update => summary.update += 1,
+            Action::Replace => summary.replace += 1,
+            Action::Delete => summary.delete += 1,
+            Action::Run => summary.run += 1,
+            Action::NoOp => {}
+        }
+    }
+    let changed: BTreeSet<&str> = ordered
+        .iter()
+        .filter(|c| c.action.is_change() && c.action != Action::Delete)
+        .map(|c| c.address.as_str())
+        .collect();
+    let levels = graph
+        .levels()
+        .into_iter()
+        .map(|l| {
+            l.into_iter()
+                .filter(|a| changed.contains(a.as_str()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|l| !l.is_empty())
+        .collect();
+    Ok(Plan {
+        changes: ordered,
+        outputs,
+        levels,
+        summary,
+    })
+}
+
+fn unknown_address(flag: &str, address: &str, config: &Config) -> Diag {
+    let mut d = Diag::error(
+        "plan::unknown_address",
+        format!("{flag} {address}: no such resource"),
+    );
+    let addrs = config.resources.iter().map(|r| r.address.as_str());
+    if let Some(s) = crate::diag::did_you_mean(address, addrs) {
+        d = d.help(format!("did you mean {s}?"));
+    } else {
+        d = d.help("`sparkform graph` lists every resource address");
+    }
+    d
+}
+
+/// Order deletions so a resource goes before the resources it depended on.
+fn reverse_dependency_order(deletes: Vec<Change>) -> Vec<Change> {
+    let n = deletes.len();
+    let index: HashMap<&str, usize> = deletes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.address.as_str(), i))
+        .collect();
+    // blockers[j]: how many deleted resources depend on j and must go first.
+    let mut blockers = vec![0usize; n];
+    for c in &deletes {
+        for d in &c.depends_on {
+            if let Some(&j) = index.get(d.as_str()) {
+                blockers[j] += 1;
+            }
+        }
+    }
+    let mut queue: std::collections::VecDeque<usize> =
+        (0..n).filter(|&i| blockers[i] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    let mut placed = vec![false; n];
+    while let Some(i) = queue.pop_front() {
+        order.push(i);
+        placed[i] = true;
+        for d in &deletes[i].depends_on {
+            if let Some(&j) = index.get(d.as_str()) {
+                blockers[j] -= 1;
+                if blockers[j] == 0 {
+                    queue.push_back(j);
+                }
+            }
+        }
+    }
+    // A cycle recorded in a damaged state: keep the rest in recorded order.
+    order.extend((0..n).filter(|&i| !placed[i]));
+    let mut slots: Vec<Option<Change>> = deletes.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
+}
+
+fn output_value_recorded(value: &serde_json::Value, sensitive: bool) -> serde_json::Value {
+    if sensitive {
+        hash_sensitive(value)
+    } else {
+        value.clone()
+    }
+}
+
+fn output_changes(config: &Config, state: &State) -> Vec<OutputChange> {
+    let mut out = Vec::new();
+    for o in &config.outputs {
+        let after = output_value_recorded(&o.value, o.sensitive);
+        let before = state.outputs.get(&o.name);
+        let action = match before {
+            None => Action::Create,
+            Some(b) if b.value != after || b.sensitive != o.sensitive => Action::Update,
+            Some(_) => Action::NoOp,
+        };
+        out.push(OutputChange {
+            name: o.name.clone(),
+            action,
+            before: before.map(|b| b.value.clone()),
+            after: Some(after),
+            sensitive: o.sensitive,
+        });
+    }
+    for (name, b) in &state.outputs {
+        if !config.outputs.iter().any(|o| &o.name == name) {
+            out.push(OutputChange {
+                name: name.clone(),
+                action: Action::Delete,
+                before: Some(b.value.clone()),
+                after: None,
+                sensitive: b.sensitive,
+            });
+        }
+    }
+    out
+}
+
+/// Record a plan's changes as done: what a fully successful apply leaves in the state.
+/// `attributes` keep what the state had (the executor adds live facts such as container ids).
+pub fn record(plan: &Plan, state: &mut State) {
+    for c in &plan.changes {
+        match c.action {
+            Action::Delete => {
+                state.resources.remove(&c.address);
+            }
+            _ => {
+                let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
+                    continue;
+                };
+                let attributes = state
+                    .resources
+                    .get(&c.address)
+                    .map(|r| r.attributes.clone())
+                    .unwrap_or_default();
+                state.resources.insert(
+                    c.address.clone(),
+                    ResourceState {
+                        kind: c.kind.clone(),
+                        node: c.node.clone(),
+                        config_hash: hash.clone(),
+                        config: after.clone(),
+                        attributes,
+                        depends_on: c.depends_on.clone(),
+                    },
+                );
+            }
+        }
+    }
+    for o in &plan.outputs {
+        match (&o.action, &o.after) {
+            (Action::Delete, _) => {
+                state.outputs.remove(&o.name);
+            }
+            (_, Some(after)) => {
+                state.outputs.insert(
+                    o.name.clone(),
+                    OutputState {
+                        value: after.clone(),
+                        sensitive: o.sensitive,
+                    },
+                );
+            }
+            _ => {}
+        }
+    }
+}

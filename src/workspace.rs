@@ -1,0 +1,47 @@
+//! Where a configuration's files and state live, and loading both. The only file I/O the
+//! pure stages (config, graph, plan) depend on.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{self, Config, VarInputs};
+use crate::diag::Diagnostics;
+use crate::graph::Graph;
+use crate::state::{State, StateError, StateStore};
+
+pub const DEFAULT_STATE_FILE: &str = "state/sparkform.json";
+
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    pub dir: PathBuf,
+    pub state_path: PathBuf,
+}
+
+impl Workspace {
+    /// `dir` holds the definitions; the state defaults to `dir/state/sparkform.json`.
+    pub fn new(dir: &Path, state: Option<&Path>) -> Self {
+        Workspace {
+            dir: dir.to_path_buf(),
+            state_path: state
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| dir.join(DEFAULT_STATE_FILE)),
+        }
+    }
+
+    pub fn store(&self) -> StateStore {
+        StateStore::new(self.state_path.clone())
+    }
+
+    /// The recorded state, or `None` when nothing was ever applied.
+    pub fn state(&self) -> Result<Option<State>, StateError> {
+        self.store().load()
+    }
+
+    /// Definitions evaluated and their graph built; every error found, at once.
+    pub fn load(&self, vars: &VarInputs) -> Result<(Config, Graph), Diagnostics> {
+        let config = config::load(&self.dir, vars)?;
+        match Graph::build(&config) {
+            Ok(g) => Ok((config, g)),
+            Err(d) => Err(Diagnostics(vec![*d])),
+        }
+    }
+}
