@@ -323,7 +323,7 @@ impl Loader {
                 let name = attr.key.as_str().to_string();
                 let span = span_of(file, attr.span());
                 let collected = refs::collect(&attr.value);
-                self.check_funcs(file, &collected.funcs);
+                let funcs_ok = self.check_funcs(file, &collected.funcs);
                 self.add_item(
                     scope,
                     Item {
@@ -335,7 +335,7 @@ impl Loader {
                         header: span,
                         refs: collected.refs,
                         edge_refs: Vec::new(),
-                        broken: false,
+                        broken: !funcs_ok,
                     },
                 );
             }
@@ -348,10 +348,11 @@ impl Loader {
         self.check_nested(file, &block.body, spec, &header);
         let mut item_refs = Vec::new();
         let mut edge_refs = Vec::new();
+        let mut funcs_ok = true;
         // A variable's validations refer only to itself and its default to nothing (both
         // checked when it is evaluated); they are not dependencies.
         if root != Root::Var {
-            self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
+            funcs_ok = self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
         }
         self.add_item(
             scope,
@@ -364,7 +365,7 @@ impl Loader {
                 header,
                 refs: item_refs,
                 edge_refs,
-                broken: false,
+                broken: !funcs_ok,
             },
         );
     }
@@ -376,7 +377,8 @@ impl Loader {
         spec: &BlockSpec,
         item_refs: &mut Vec<Ref>,
         edge_refs: &mut Vec<Ref>,
-    ) {
+    ) -> bool {
+        let mut ok = true;
         for attr in body.attributes() {
             let key = attr.key.as_str();
             let kind = spec.attr(key).map(|a| a.kind);
@@ -389,19 +391,22 @@ impl Loader {
                 _ if spec.kind == "module" && key == "source" => {}
                 _ => {
                     let c = refs::collect(&attr.value);
-                    self.check_funcs(file, &c.funcs);
+                    ok &= self.check_funcs(file, &c.funcs);
                     item_refs.extend(c.refs);
                 }
             }
         }
         for child in body.blocks() {
             if let Some(c) = spec.child(child.ident.as_str()) {
-                self.block_refs(file, &child.body, c.spec, item_refs, edge_refs);
+                ok &= self.block_refs(file, &child.body, c.spec, item_refs, edge_refs);
             }
         }
+        ok
     }
 
-    fn check_funcs(&mut self, file: &Arc<SourceFile>, funcs: &[refs::FuncRef]) {
+    /// Report calls of unknown functions; false when there was one.
+    fn check_funcs(&mut self, file: &Arc<SourceFile>, funcs: &[refs::FuncRef]) -> bool {
+        let mut ok = true;
         for f in funcs {
             if !crate::config::functions::FUNCTION_NAMES.contains(&f.name.as_str()) {
                 let span = Span::new(file, f.span.clone());
@@ -418,8 +423,10 @@ impl Loader {
                     None => d.help("see `sparkform validate --help` for the function list"),
                 };
                 self.diags.push(d);
+                ok = false;
             }
         }
+        ok
     }
 
     fn check_labels(&mut self, file: &Arc<SourceFile>, block: &Block, spec: &BlockSpec) -> bool {
@@ -1202,7 +1209,9 @@ impl Loader {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::JUMP)?;
         let item = &scope.items[i];
         let address = format!("{}jump.{}", scope.prefix, item.name);
-        let host = attrs.string("address").unwrap_or_default();
+        let Some(host) = attrs.string("address") else {
+            return None;
+        };
         let file = item.file.clone();
         let header = item.header.clone();
         let mut ok = self.check_host(&file, &attrs, &host);
@@ -1306,7 +1315,9 @@ impl Loader {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::NODE)?;
         let item = &scope.items[i];
         let address = format!("{}node.{}", scope.prefix, item.name);
-        let host = attrs.string("address").unwrap_or_default();
+        let Some(host) = attrs.string("address") else {
+            return None;
+        };
         let file = item.file.clone();
         let header = item.header.clone();
         let name = item.name.clone();
