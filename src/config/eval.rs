@@ -1209,9 +1209,7 @@ impl Loader {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::JUMP)?;
         let item = &scope.items[i];
         let address = format!("{}jump.{}", scope.prefix, item.name);
-        let Some(host) = attrs.string("address") else {
-            return None;
-        };
+        let host = attrs.string("address")?;
         let file = item.file.clone();
         let header = item.header.clone();
         let mut ok = self.check_host(&file, &attrs, &host);
@@ -1315,9 +1313,7 @@ impl Loader {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::NODE)?;
         let item = &scope.items[i];
         let address = format!("{}node.{}", scope.prefix, item.name);
-        let Some(host) = attrs.string("address") else {
-            return None;
-        };
+        let host = attrs.string("address")?;
         let file = item.file.clone();
         let header = item.header.clone();
         let name = item.name.clone();

@@ -104,7 +104,7 @@ fn impact(plan: &Plan) -> Option<String> {
         };
         let _ = writeln!(out, "  step {step}: {} {what}", c.address);
     }
-    if let Some((first, _)) = disrupted.first() {
+    if let Some((first, _)) = disrupted.iter().find(|(_, c)| c.action == Action::Replace) {
         let _ = writeln!(
             out,
             "  Services in these containers are down from step {first} until their replacements pass their ready checks."

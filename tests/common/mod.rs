@@ -1,0 +1,66 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use sparkform::config::{self, Config, VarInputs};
+use sparkform::graph::Graph;
+use sparkform::plan::{self, Plan, PlanOptions};
+use sparkform::state::State;
+
+pub fn fixture(rel: &str) -> PathBuf {
+    Path::new("tests/fixtures").join(rel)
+}
+
+/// Load a configuration folder; panics with the rendered diagnostics if it has errors.
+pub fn load(dir: &Path) -> (Config, Graph) {
+    load_with(dir, &VarInputs::default())
+}
+
+pub fn load_with(dir: &Path, vars: &VarInputs) -> (Config, Graph) {
+    match config::load(dir, vars) {
+        Ok(c) => {
+            let g = Graph::build(&c).expect("graph");
+            (c, g)
+        }
+        Err(d) => panic!(
+            "{} failed to load:\n{}",
+            dir.display(),
+            sparkform::diag::render_plain(&d.0)
+        ),
+    }
+}
+
+/// The diagnostics of a configuration that must fail, rendered without colour.
+pub fn diagnostics(dir: &Path) -> String {
+    match config::load(dir, &VarInputs::default()) {
+        Ok(_) => panic!("{} loaded without errors", dir.display()),
+        Err(d) => sparkform::diag::render_plain(&d.0),
+    }
+}
+
+pub fn plan(config: &Config, graph: &Graph, state: &State) -> Plan {
+    plan::plan(config, graph, state, &PlanOptions::default()).expect("plan")
+}
+
+/// The state after applying `dir` from empty.
+pub fn applied(dir: &Path) -> State {
+    let (c, g) = load(dir);
+    let mut state = State::new();
+    let p = plan(&c, &g, &state);
+    plan::record(&p, &mut state);
+    state
+}
+
+/// Write files into a fresh temp dir: (relative path, contents).
+pub fn write_config(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, text) in files {
+        let p = dir.path().join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        std::fs::write(p, text).expect("write");
+    }
+    dir
+}
