@@ -9,11 +9,14 @@ use sparkform::graph::Graph;
 use sparkform::plan::{self, PlanOptions};
 use sparkform::state::State;
 
+/// A container: its node, image, env pairs, and whether it reads its node's fabric address.
+type ContainerSpec = (usize, String, Vec<(String, String)>, bool);
+
 #[derive(Debug, Clone)]
 struct Spec {
     nodes: usize,
     mtu: u32,
-    containers: Vec<(usize, String, Vec<(String, String)>, bool)>,
+    containers: Vec<ContainerSpec>,
     probe: bool,
     secret: Option<String>,
 }
