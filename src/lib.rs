@@ -8,6 +8,7 @@ pub mod config;
 pub mod diag;
 pub mod fmt;
 pub mod graph;
+pub mod hosts;
 pub mod plan;
 pub mod resources;
 pub mod state;

@@ -4,6 +4,7 @@
 mod fmt;
 mod force_unlock;
 mod graph;
+mod nodes;
 mod output;
 mod plan;
 mod show;
@@ -45,6 +46,7 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     Plan(plan::PlanArgs),
     Graph(graph::GraphArgs),
+    Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
     Output(output::OutputArgs),
     Fmt(fmt::FmtArgs),
@@ -95,6 +97,62 @@ impl ConfigArgs {
     }
 }
 
+/// How to reach the machines.
+#[derive(Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Trust the host key of a machine seen for the first time (a changed key is still refused)
+    #[arg(long = "accept-new-host-keys")]
+    pub accept_new_host_keys: bool,
+    /// Seconds to wait for each SSH connection
+    #[arg(long = "connect-timeout", value_name = "SECONDS", default_value_t = 10)]
+    pub connect_timeout: u64,
+}
+
+impl ConnectArgs {
+    pub fn options(&self) -> crate::hosts::HostOptions {
+        crate::hosts::HostOptions {
+            accept_new_host_keys: self.accept_new_host_keys,
+            connect_timeout: std::time::Duration::from_secs(self.connect_timeout.max(1)),
+            use_user_config: std::env::var_os("SPARKFORM_NO_USER_SSH_CONFIG").is_none(),
+        }
+    }
+}
+
+/// The async runtime for commands that talk to machines.
+pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        })
+}
+
+/// A plain text table: columns padded to their widest cell.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// Long options that users write Terraform-style with a single dash.
 const SINGLE_DASH: &[&str] = &[
     "var",
@@ -110,6 +168,8 @@ const SINGLE_DASH: &[&str] = &[
     "diff",
     "recursive",
     "no-color",
+    "accept-new-host-keys",
+    "connect-timeout",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -153,6 +213,7 @@ pub fn main() -> ExitCode {
         Command::Validate(a) => validate::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Graph(a) => graph::run(a),
+        Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),
         Command::Output(a) => output::run(a),
         Command::Fmt(a) => fmt::run(a),

@@ -1,0 +1,241 @@
+//! The only way the rest of sparkform touches a machine: run a command, talk to its Docker
+//! Engine, reach one of its ports. `ssh` reaches nodes through jump hosts with one master
+//! connection each; `local` is this machine.
+
+pub mod facts;
+pub mod local;
+pub mod pool;
+pub mod ssh;
+pub mod ssh_config;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use pool::{HostOptions, HostPool};
+
+/// A command to run on a host: a program and its arguments, never a shell line. Each argument
+/// reaches the remote program as one literal string.
+#[derive(Debug, Clone)]
+pub struct Cmd {
+    pub program: String,
+    pub args: Vec<String>,
+    pub timeout: Duration,
+}
+
+impl Cmd {
+    pub fn new(program: &str) -> Self {
+        Cmd {
+            program: program.to_string(),
+            args: Vec::new(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// How the command reads in messages.
+    pub fn display(&self) -> String {
+        std::iter::once(self.program.as_str())
+            .chain(self.args.iter().map(String::as_str))
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+/// Where a forwarded port can be reached from this machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Tcp(String, u16),
+}
+
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum HostError {
+    #[error("{node}: cannot reach {target}: {reason}")]
+    #[diagnostic(code(sparkform::host::unreachable))]
+    Unreachable {
+        node: String,
+        target: String,
+        reason: String,
+        #[help]
+        help: Option<String>,
+    },
+    #[error("{node}: the jump host {jump} is unreachable: {reason}")]
+    #[diagnostic(code(sparkform::host::jump_unreachable))]
+    JumpUnreachable {
+        node: String,
+        jump: String,
+        reason: String,
+        #[help]
+        help: Option<String>,
+    },
+    #[error("{node}: {target} refused authentication ({reason})")]
+    #[diagnostic(
+        code(sparkform::host::auth),
+        help("check the node's `user` and `identity_file`, and that the key is in ~/.ssh/authorized_keys on the machine")
+    )]
+    AuthRefused {
+        node: String,
+        target: String,
+        reason: String,
+    },
+    #[error("{node}: the host key of {target} is not known")]
+    #[diagnostic(code(sparkform::host::host_key_unknown))]
+    HostKeyUnknown {
+        node: String,
+        target: String,
+        known_hosts: String,
+        #[help]
+        help: Option<String>,
+    },
+    #[error("{node}: the host key of {target} has CHANGED since it was recorded in {known_hosts}")]
+    #[diagnostic(code(sparkform::host::host_key_changed))]
+    HostKeyChanged {
+        node: String,
+        target: String,
+        known_hosts: String,
+        #[help]
+        help: Option<String>,
+    },
+    #[error("{node}: `{command}` did not finish within {seconds} s")]
+    #[diagnostic(code(sparkform::host::timeout))]
+    Timeout {
+        node: String,
+        command: String,
+        seconds: u64,
+    },
+    #[error("{node}: the connection was lost: {reason}")]
+    #[diagnostic(
+        code(sparkform::host::disconnected),
+        help("the node or its network went away; check it and run again")
+    )]
+    Disconnected { node: String, reason: String },
+    #[error("{node}: {message}")]
+    #[diagnostic(code(sparkform::host::docker))]
+    Docker {
+        node: String,
+        message: String,
+        #[help]
+        help: Option<String>,
+    },
+    #[error("{node}: {message}")]
+    #[diagnostic(code(sparkform::host::other))]
+    Other { node: String, message: String },
+}
+
+impl HostError {
+    pub fn node(&self) -> &str {
+        match self {
+            HostError::Unreachable { node, .. }
+            | HostError::JumpUnreachable { node, .. }
+            | HostError::AuthRefused { node, .. }
+            | HostError::HostKeyUnknown { node, .. }
+            | HostError::HostKeyChanged { node, .. }
+            | HostError::Timeout { node, .. }
+            | HostError::Disconnected { node, .. }
+            | HostError::Docker { node, .. }
+            | HostError::Other { node, .. } => node,
+        }
+    }
+}
+
+/// A machine sparkform works on.
+#[async_trait]
+pub trait Host: Send + Sync {
+    /// The node's address in the definitions (`node.spark1`).
+    fn node(&self) -> &str;
+
+    /// Run a program with arguments (no shell) and collect its output.
+    async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError>;
+
+    /// A client for the node's Docker Engine, API version negotiated.
+    async fn docker(&self) -> Result<bollard::Docker, HostError>;
+
+    /// Make `host:port`, as seen from the node, reachable from here.
+    async fn forward(&self, host: &str, port: u16) -> Result<Endpoint, HostError>;
+
+    /// Close connections cleanly.
+    async fn close(&self);
+}
+
+/// Quote a string for a POSIX shell: used only for display and for the rare `sh -c` whose
+/// script sparkform writes itself.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Connect a bollard client to a Docker socket and negotiate the API version (Debian's engine
+/// speaks 1.41 at most).
+pub async fn docker_on_socket(
+    node: &str,
+    path: &std::path::Path,
+) -> Result<bollard::Docker, HostError> {
+    let err = |message: String| {
+        HostError::Docker {
+        node: node.to_string(),
+        message,
+        help: Some("is Docker Engine installed and running on the node, and may this user use /var/run/docker.sock?".into()),
+    }
+    };
+    let path_text = path.to_string_lossy();
+    let docker = bollard::Docker::connect_with_unix(&path_text, 300, bollard::API_DEFAULT_VERSION)
+        .map_err(|e| err(format!("cannot open the Docker socket: {e}")))?;
+    let docker = tokio::time::timeout(Duration::from_secs(20), docker.negotiate_version())
+        .await
+        .map_err(|_| err("the Docker Engine did not answer within 20 s".into()))?
+        .map_err(|e| err(format!("the Docker Engine did not answer: {e}")))?;
+    Ok(docker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("abc"), "abc");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote("$(reboot)"), "'$(reboot)'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

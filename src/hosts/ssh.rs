@@ -1,0 +1,404 @@
+//! A node reached over SSH: one master connection (native mux) shared by every command, the
+//! Docker socket forwarded through it, at most 8 sessions at once (sshd's MaxSessions is 10).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use openssh::{ForwardType, Session, Socket};
+use tokio::sync::{Mutex, Semaphore};
+
+use super::{docker_on_socket, Cmd, Endpoint, Host, HostError, Output};
+
+pub const MAX_SESSIONS: usize = 8;
+
+pub struct SshHost {
+    node: String,
+    /// What the user wrote (`spark1`), for messages.
+    target: String,
+    /// Shared by concurrent commands; taken out only to close.
+    session: std::sync::Mutex<Option<Arc<Session>>>,
+    ctl_dir: PathBuf,
+    sessions: Arc<Semaphore>,
+    docker: Mutex<Option<bollard::Docker>>,
+    forwards: Mutex<Vec<(String, u16, PathBuf)>>,
+}
+
+/// Where a master connection failed, for the error message.
+pub struct ConnectContext<'a> {
+    pub node: &'a str,
+    pub target: &'a str,
+    pub jump: Option<&'a str>,
+    pub known_hosts: String,
+    pub timeout: Duration,
+}
+
+impl SshHost {
+    /// Start the master connection for `alias` of the generated config file.
+    pub async fn connect(
+        config_file: &Path,
+        alias: &str,
+        ctl_root: &Path,
+        cx: ConnectContext<'_>,
+    ) -> Result<SshHost, HostError> {
+        let dir = tempfile::Builder::new()
+            .prefix("m")
+            .tempdir_in(ctl_root)
+            .map_err(|e| HostError::Other {
+                node: cx.node.to_string(),
+                message: format!("cannot create the ssh control directory: {e}"),
+            })?;
+        let log = dir.path().join("log");
+        let master = dir.path().join("master");
+        let mut cmd = tokio::process::Command::new("ssh");
+        cmd.arg("-F")
+            .arg(config_file)
+            .arg("-E")
+            .arg(&log)
+            .arg("-S")
+            .arg(&master)
+            .args(["-M", "-f", "-N", "-o", "ControlPersist=yes"])
+            .arg(alias)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        // ssh bounds each TCP connect; the jump adds one more hop and authentication.
+        let limit = cx.timeout * 2 + Duration::from_secs(5);
+        let status = match tokio::time::timeout(limit, cmd.status()).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                return Err(HostError::Other {
+                    node: cx.node.to_string(),
+                    message: format!("cannot run ssh: {e}"),
+                })
+            }
+            Err(_) => return Err(HostError::Unreachable {
+                node: cx.node.to_string(),
+                target: cx.target.to_string(),
+                reason: format!("no answer within {} s", limit.as_secs()),
+                help: Some(
+                    "check that the machine is up and reachable from here (or from its jump host)"
+                        .into(),
+                ),
+            }),
+        };
+        if !status.success() {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            return Err(classify(&text, &cx));
+        }
+        let ctl_dir = dir.path().to_path_buf();
+        let session = Session::new_native_mux(dir);
+        Ok(SshHost {
+            node: cx.node.to_string(),
+            target: cx.target.to_string(),
+            session: std::sync::Mutex::new(Some(Arc::new(session))),
+            ctl_dir,
+            sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
+            docker: Mutex::new(None),
+            forwards: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn lost(&self, reason: impl std::fmt::Display) -> HostError {
+        HostError::Disconnected {
+            node: self.node.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn session(&self) -> Result<Arc<Session>, HostError> {
+        self.session
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .ok_or_else(|| self.lost("the connection was closed"))
+    }
+
+    async fn forward_unix(&self, local: &Path, remote: Socket<'_>) -> Result<(), HostError> {
+        let _ = std::fs::remove_file(local);
+        let session = self.session()?;
+        session
+            .request_port_forward(
+                ForwardType::Local,
+                Socket::UnixSocket { path: local.into() },
+                remote,
+            )
+            .await
+            .map_err(|e| self.lost(format!("port forward refused: {e}")))
+    }
+}
+
+#[async_trait]
+impl Host for SshHost {
+    fn node(&self) -> &str {
+        &self.node
+    }
+
+    async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        let _permit = self.sessions.acquire().await.map_err(|e| self.lost(e))?;
+        let session = self.session()?;
+        let mut c = session.command(cmd.program.as_str());
+        // `arg` shell-escapes each argument for the remote shell: it arrives as literal data.
+        for a in &cmd.args {
+            c.arg(a);
+        }
+        let result = tokio::time::timeout(cmd.timeout, c.output()).await;
+        match result {
+            Err(_) => Err(HostError::Timeout {
+                node: self.node.clone(),
+                command: cmd.display(),
+                seconds: cmd.timeout.as_secs(),
+            }),
+            // openssh reports the remote shell's 127 as an error; it is an exit code.
+            Ok(Err(openssh::Error::Remote(io))) if io.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Output {
+                    code: Some(127),
+                    stdout: String::new(),
+                    stderr: format!("{}: command not found", cmd.program),
+                })
+            }
+            Ok(Err(e)) => Err(self.lost(error_chain(&e))),
+            Ok(Ok(o)) => {
+                let code = o.status.code();
+                // 255 is also ssh's own failure code: ask the master whether it is still there.
+                if code == Some(255) && session.check().await.is_err() {
+                    return Err(self.lost(format!(
+                        "{} while running `{}`",
+                        self.target,
+                        cmd.display()
+                    )));
+                }
+                Ok(Output {
+                    code,
+                    stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+                })
+            }
+        }
+    }
+
+    async fn docker(&self) -> Result<bollard::Docker, HostError> {
+        let mut cached = self.docker.lock().await;
+        if let Some(d) = cached.as_ref() {
+            return Ok(d.clone());
+        }
+        let local = self.ctl_dir.join("docker.sock");
+        self.forward_unix(
+            &local,
+            Socket::UnixSocket {
+                path: Path::new("/var/run/docker.sock").into(),
+            },
+        )
+        .await?;
+        let d = docker_on_socket(&self.node, &local).await?;
+        *cached = Some(d.clone());
+        Ok(d)
+    }
+
+    async fn forward(&self, host: &str, port: u16) -> Result<Endpoint, HostError> {
+        let mut forwards = self.forwards.lock().await;
+        if let Some((_, _, p)) = forwards.iter().find(|(h, pt, _)| h == host && *pt == port) {
+            return Ok(Endpoint::Unix(p.clone()));
+        }
+        let local = self.ctl_dir.join(format!("f{}.sock", forwards.len()));
+        self.forward_unix(
+            &local,
+            Socket::TcpSocket {
+                host: host.to_string().into(),
+                port,
+            },
+        )
+        .await?;
+        forwards.push((host.to_string(), port, local.clone()));
+        Ok(Endpoint::Unix(local))
+    }
+
+    async fn close(&self) {
+        self.docker.lock().await.take();
+        let taken = self.session.lock().ok().and_then(|mut g| g.take());
+        if let Some(s) = taken {
+            // Commands still running hold a reference; the master exits when the last one drops.
+            match Arc::try_unwrap(s) {
+                Ok(s) => {
+                    let _ = s.close().await;
+                }
+                Err(_) => {
+                    let _ = tokio::process::Command::new("ssh")
+                        .arg("-S")
+                        .arg(self.ctl_dir.join("master"))
+                        .args(["-O", "exit", "sparkform"])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+/// Turn ssh's log into an error that says what happened and what to do.
+fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
+    let text = log.trim();
+    let last = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("ssh failed without a message")
+        .trim()
+        .to_string();
+    let node = cx.node.to_string();
+    let target = cx.target.to_string();
+    if text.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
+        || text.contains("Host key for") && text.contains("has changed")
+    {
+        let line = text
+            .lines()
+            .find(|l| l.contains("Offending") && l.contains("key in"))
+            .map(|l| l.trim().to_string());
+        let which = line
+            .as_ref()
+            .and_then(|l| l.split("key in ").nth(1))
+            .unwrap_or(&cx.known_hosts)
+            .to_string();
+        return HostError::HostKeyChanged {
+            node,
+            target: host_in(text).unwrap_or(target),
+            known_hosts: which.clone(),
+            help: Some(format!(
+                "someone may be intercepting the connection, or the machine was reinstalled. If you know the new key is right, remove the old entry ({which}) with `ssh-keygen -R HOST -f FILE`"
+            )),
+        };
+    }
+    if text.contains("No ") && text.contains("host key is known for")
+        || text.contains("Host key verification failed")
+    {
+        let host = text
+            .lines()
+            .find_map(|l| l.split("host key is known for ").nth(1))
+            .map(|h| h.split_whitespace().next().unwrap_or(h).to_string())
+            .unwrap_or(target);
+        return HostError::HostKeyUnknown {
+            node,
+            target: host.clone(),
+            known_hosts: cx.known_hosts.clone(),
+            help: Some(format!(
+                "add its key to {} after checking it (e.g. `ssh-keyscan {host} >> {}` and compare the fingerprint), or run with -accept-new-host-keys to trust it on first use",
+                cx.known_hosts, cx.known_hosts
+            )),
+        };
+    }
+    if text.contains("Permission denied") {
+        return HostError::AuthRefused {
+            node,
+            target: host_in(text).unwrap_or(target),
+            reason: last,
+        };
+    }
+    // With a jump host, a failure to reach the node is reported by the jump ("channel 0: open
+    // failed", "stdio forwarding failed"); a failure to reach the jump names the jump's address.
+    if let Some(jump) = cx.jump {
+        let reached_jump = text.contains("channel 0: open failed")
+            || text.contains("stdio forwarding failed")
+            || text.contains("administratively prohibited");
+        if !reached_jump
+            && (text.contains("Connection closed by UNKNOWN")
+                || text.contains("kex_exchange_identification")
+                || text.contains("connect to host"))
+        {
+            return HostError::JumpUnreachable {
+                node,
+                jump: jump.to_string(),
+                reason: last,
+                help: Some(
+                    "the node was not tried: check the jump host's address, port and that it is up"
+                        .into(),
+                ),
+            };
+        }
+        return HostError::Unreachable {
+            node,
+            target,
+            reason: last,
+            help: Some(format!("the jump host {jump} was reached, but it could not reach the node: check the node's address and that it is up")),
+        };
+    }
+    HostError::Unreachable {
+        node,
+        target,
+        reason: last,
+        help: Some("check the address and port, and that the machine is up".into()),
+    }
+}
+
+/// The host a message talks about: "... for HOST ..." / "HOST: Permission denied".
+fn host_in(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        l.strip_suffix(": Permission denied (publickey).")
+            .or_else(|| {
+                l.split(": Permission denied")
+                    .next()
+                    .filter(|_| l.contains("Permission denied"))
+            })
+            .map(|h| h.trim().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cx(jump: Option<&'static str>) -> ConnectContext<'static> {
+        ConnectContext {
+            node: "node.a",
+            target: "sf-node1",
+            jump,
+            known_hosts: "/k/known_hosts".into(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn classifies_ssh_failures() {
+        let changed = "@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\nOffending ED25519 key in /k/known_hosts:3\nHost key verification failed.";
+        match classify(changed, &cx(None)) {
+            HostError::HostKeyChanged { known_hosts, .. } => {
+                assert_eq!(known_hosts, "/k/known_hosts:3")
+            }
+            e => panic!("{e:?}"),
+        }
+        let unknown = "No ED25519 host key is known for sf-node1 and you have requested strict checking.\nHost key verification failed.";
+        assert!(
+            matches!(classify(unknown, &cx(None)), HostError::HostKeyUnknown { target, .. } if target == "sf-node1")
+        );
+        let denied = "root@sf-node1: Permission denied (publickey).";
+        assert!(matches!(
+            classify(denied, &cx(None)),
+            HostError::AuthRefused { .. }
+        ));
+        let jump_down = "ssh: connect to host 127.0.0.1 port 2299: Connection refused\nConnection closed by UNKNOWN port 65535";
+        assert!(matches!(
+            classify(jump_down, &cx(Some("jump.testbed"))),
+            HostError::JumpUnreachable { .. }
+        ));
+        let node_down = "channel 0: open failed: connect failed: No route to host\nstdio forwarding failed\nConnection closed by UNKNOWN port 65535";
+        assert!(matches!(
+            classify(node_down, &cx(Some("jump.testbed"))),
+            HostError::Unreachable { .. }
+        ));
+    }
+}
+
+/// An error with its causes, `a: b: c`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
