@@ -56,7 +56,7 @@ impl Cmd {
     pub fn display(&self) -> String {
         std::iter::once(self.program.as_str())
             .chain(self.args.iter().map(String::as_str))
-            .map(|a| shell_quote(a))
+            .map(shell_quote)
             .collect::<Vec<_>>()
             .join(" ")
     }
