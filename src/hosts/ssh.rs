@@ -139,12 +139,26 @@ impl Host for SshHost {
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
         let _permit = self.sessions.acquire().await.map_err(|e| self.lost(e))?;
         let session = self.session()?;
-        let mut c = session.command(cmd.program.as_str());
-        // `arg` shell-escapes each argument for the remote shell: it arrives as literal data.
-        for a in &cmd.args {
-            c.arg(a);
-        }
-        let result = tokio::time::timeout(cmd.timeout, c.output()).await;
+        let deadline = tokio::time::Instant::now() + cmd.timeout;
+        let mut backoff = Duration::from_millis(20);
+        let result = loop {
+            let mut c = session.command(cmd.program.as_str());
+            // `arg` shell-escapes each argument for the remote shell: it arrives as literal data.
+            for a in &cmd.args {
+                c.arg(a);
+            }
+            let r = tokio::time::timeout_at(deadline, c.output()).await;
+            // sshd frees a finished session a moment after its command exits, so a new one can be
+            // refused at the MaxSessions limit although fewer than 8 run: wait briefly and retry.
+            if let Ok(Err(e)) = &r {
+                if error_chain(e).contains("Session open refused") && tokio::time::Instant::now() + backoff < deadline {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            }
+            break r;
+        };
         match result {
             Err(_) => Err(HostError::Timeout {
                 node: self.node.clone(),

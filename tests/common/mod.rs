@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod testbed;
+
 use std::path::{Path, PathBuf};
 
 use sparkform::config::{self, Config, VarInputs};
