@@ -10,6 +10,7 @@ pub mod fmt;
 pub mod graph;
 pub mod hosts;
 pub mod plan;
+pub mod refresh;
 pub mod resources;
 pub mod state;
 pub mod workspace;

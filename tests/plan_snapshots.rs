@@ -166,7 +166,7 @@ fn replace_option_and_unknown_address() {
     let state = common::applied(&dir);
     let opts = PlanOptions {
         replace: vec!["container.worker[\"n2\"]".into()],
-        targets: vec![],
+        ..PlanOptions::default()
     };
     let p = plan::plan(&c, &g, &state, &opts).unwrap();
     assert_eq!(
@@ -179,7 +179,7 @@ fn replace_option_and_unknown_address() {
     );
     let bad = PlanOptions {
         replace: vec!["container.wroker".into()],
-        targets: vec![],
+        ..PlanOptions::default()
     };
     let err = plan::plan(&c, &g, &state, &bad).unwrap_err();
     assert!(err.message.contains("no such resource"), "{}", err.message);

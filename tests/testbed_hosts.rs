@@ -30,7 +30,11 @@ fn nodes(c: &sparkform::config::Config) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn connects_to_both_nodes_through_the_jump_host_with_strict_keys() {
     let Some(tb) = testbed() else { return };
-    let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1"), ("n2", "sf-node2")], &tb.known_hosts(), 2222));
+    let (c, _d) = load(&tb.hcl(
+        &[("n1", "sf-node1"), ("n2", "sf-node2")],
+        &tb.known_hosts(),
+        2222,
+    ));
     let pool = HostPool::connect(&c, &nodes(&c), &opts()).await;
     assert!(pool.errors().is_empty(), "{:?}", pool.errors());
     for (node, expect) in [("node.n1", "sf-node1"), ("node.n2", "sf-node2")] {
@@ -39,9 +43,16 @@ async fn connects_to_both_nodes_through_the_jump_host_with_strict_keys() {
         assert_eq!(out.stdout.trim(), expect);
     }
     // The nodes are not reachable from here without the jump host.
-    let direct = std::process::Command::new("ip").args(["route", "get", "10.199.0.11"]).output().unwrap();
-    assert!(!direct.status.success() || String::from_utf8_lossy(&direct.stdout).contains("unreachable") || !String::from_utf8_lossy(&direct.stdout).contains("10.199.0.11 dev"),
-        "the test runner routes to the management network directly");
+    let direct = std::process::Command::new("ip")
+        .args(["route", "get", "10.199.0.11"])
+        .output()
+        .unwrap();
+    assert!(
+        !direct.status.success()
+            || String::from_utf8_lossy(&direct.stdout).contains("unreachable")
+            || !String::from_utf8_lossy(&direct.stdout).contains("10.199.0.11 dev"),
+        "the test runner routes to the management network directly"
+    );
     pool.close().await;
 }
 
@@ -49,7 +60,13 @@ fn known_hosts_without(tb: &common::testbed::Testbed, host: &str) -> String {
     std::fs::read_to_string(tb.known_hosts())
         .unwrap()
         .lines()
-        .filter(|l| !l.split_whitespace().next().unwrap_or("").split(',').any(|h| h == host))
+        .filter(|l| {
+            !l.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .any(|h| h == host)
+        })
         .map(|l| format!("{l}\n"))
         .collect()
 }
@@ -80,16 +97,31 @@ async fn unknown_and_changed_host_keys_are_refused() {
     let changed = tmp.path().join("changed");
     std::fs::write(
         &changed,
-        format!("{}sf-node1 {} {}\n", known_hosts_without(&tb, "sf-node1"), other_key[0], other_key[1]),
+        format!(
+            "{}sf-node1 {} {}\n",
+            known_hosts_without(&tb, "sf-node1"),
+            other_key[0],
+            other_key[1]
+        ),
     )
     .unwrap();
     let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1")], &changed, 2222));
     let pool = HostPool::connect(&c, &nodes(&c), &opts()).await;
-    let err = pool.get("node.n1").err().expect("a changed key must be refused");
+    let err = pool
+        .get("node.n1")
+        .err()
+        .expect("a changed key must be refused");
     match err.as_ref() {
-        HostError::HostKeyChanged { target, known_hosts, .. } => {
+        HostError::HostKeyChanged {
+            target,
+            known_hosts,
+            ..
+        } => {
             assert_eq!(target, "sf-node1");
-            assert!(known_hosts.starts_with(&changed.display().to_string()), "{known_hosts}");
+            assert!(
+                known_hosts.starts_with(&changed.display().to_string()),
+                "{known_hosts}"
+            );
         }
         other => panic!("expected a changed host key, got {other:?}"),
     }
@@ -105,12 +137,17 @@ async fn unknown_and_changed_host_keys_are_refused() {
     };
     let pool = HostPool::connect(&c, &nodes(&c), &accept).await;
     assert!(pool.errors().is_empty(), "{:?}", pool.errors());
-    assert!(std::fs::read_to_string(&fresh).unwrap().contains("sf-node1"));
+    assert!(std::fs::read_to_string(&fresh)
+        .unwrap()
+        .contains("sf-node1"));
     pool.close().await;
     // ... but still refuses a changed one.
     let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1")], &changed, 2222));
     let pool = HostPool::connect(&c, &nodes(&c), &accept).await;
-    assert!(matches!(pool.get("node.n1").err().as_deref(), Some(HostError::HostKeyChanged { .. })));
+    assert!(matches!(
+        pool.get("node.n1").err().as_deref(),
+        Some(HostError::HostKeyChanged { .. })
+    ));
     pool.close().await;
 }
 
@@ -118,7 +155,11 @@ async fn unknown_and_changed_host_keys_are_refused() {
 async fn unreachable_node_fails_in_time_and_the_other_works() {
     let Some(tb) = testbed() else { return };
     // 10.199.0.99 is on the management network, where no machine has that address.
-    let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1"), ("ghost", "10.199.0.99")], &tb.known_hosts(), 2222));
+    let (c, _d) = load(&tb.hcl(
+        &[("n1", "sf-node1"), ("ghost", "10.199.0.99")],
+        &tb.known_hosts(),
+        2222,
+    ));
     let o = HostOptions {
         connect_timeout: Duration::from_secs(3),
         ..opts()
@@ -126,12 +167,29 @@ async fn unreachable_node_fails_in_time_and_the_other_works() {
     let start = Instant::now();
     let pool = HostPool::connect(&c, &nodes(&c), &o).await;
     let elapsed = start.elapsed();
-    assert!(elapsed < Duration::from_secs(3 * 2 + 5 + 2), "took {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_secs(3 * 2 + 5 + 2),
+        "took {elapsed:?}"
+    );
     let err = pool.get("node.ghost").err().expect("ghost must fail");
-    assert!(matches!(err.as_ref(), HostError::Unreachable { .. }), "{err:?}");
-    let text = format!("{:?}", miette::Report::new(HostErrorWrap(err.to_string(), err.as_ref().to_string())));
-    assert!(text.contains("10.199.0.99") || text.contains("ghost"), "{text}");
-    let out = pool.get("node.n1").unwrap().exec(&Cmd::new("true")).await.unwrap();
+    assert!(
+        matches!(err.as_ref(), HostError::Unreachable { .. }),
+        "{err:?}"
+    );
+    let text = format!(
+        "{:?}",
+        miette::Report::new(HostErrorWrap(err.to_string(), err.as_ref().to_string()))
+    );
+    assert!(
+        text.contains("10.199.0.99") || text.contains("ghost"),
+        "{text}"
+    );
+    let out = pool
+        .get("node.n1")
+        .unwrap()
+        .exec(&Cmd::new("true"))
+        .await
+        .unwrap();
     assert!(out.success());
     pool.close().await;
     // A jump host that does not answer is named as such.
@@ -144,13 +202,31 @@ async fn unreachable_node_fails_in_time_and_the_other_works() {
     // A key the node does not accept.
     let tmp = tempfile::tempdir().unwrap();
     let key = tmp.path().join("stranger");
-    assert!(std::process::Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&key).status().unwrap().success());
+    assert!(std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap()
+        .success());
     let text = tb
         .hcl(&[("n1", "sf-node1")], &tb.known_hosts(), 2222)
-        .replace(&format!("identity_file = \"{}\"\n  known_hosts   =", tb.key().display()), &format!("identity_file = \"{}\"\n  known_hosts   =", key.display()));
+        .replace(
+            &format!(
+                "identity_file = \"{}\"\n  known_hosts   =",
+                tb.key().display()
+            ),
+            &format!("identity_file = \"{}\"\n  known_hosts   =", key.display()),
+        );
     let (c, _d) = load(&text);
     let pool = HostPool::connect(&c, &nodes(&c), &o).await;
-    assert!(matches!(pool.get("node.n1").err().as_deref(), Some(HostError::AuthRefused { .. })), "{:?}", pool.errors());
+    assert!(
+        matches!(
+            pool.get("node.n1").err().as_deref(),
+            Some(HostError::AuthRefused { .. })
+        ),
+        "{:?}",
+        pool.errors()
+    );
 }
 
 #[derive(Debug)]
@@ -190,7 +266,11 @@ async fn fifty_concurrent_commands_on_one_node() {
 #[tokio::test(flavor = "multi_thread")]
 async fn docker_through_the_forwarded_socket_is_that_nodes_engine() {
     let Some(tb) = testbed() else { return };
-    let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1"), ("n2", "sf-node2")], &tb.known_hosts(), 2222));
+    let (c, _d) = load(&tb.hcl(
+        &[("n1", "sf-node1"), ("n2", "sf-node2")],
+        &tb.known_hosts(),
+        2222,
+    ));
     let pool = HostPool::connect(&c, &nodes(&c), &opts()).await;
     let d1 = pool.get("node.n1").unwrap().docker().await.unwrap();
     assert_eq!(d1.ping().await.unwrap(), "OK");
@@ -202,14 +282,31 @@ async fn docker_through_the_forwarded_socket_is_that_nodes_engine() {
         cmd: Some(vec!["sleep".into(), "60".into()]),
         ..Default::default()
     };
-    d1.create_container(Some(bollard::query_parameters::CreateContainerOptions { name: Some(name.clone()), ..Default::default() }), body)
-        .await
-        .unwrap();
-    d1.start_container(&name, None::<bollard::query_parameters::StartContainerOptions>).await.unwrap();
+    d1.create_container(
+        Some(bollard::query_parameters::CreateContainerOptions {
+            name: Some(name.clone()),
+            ..Default::default()
+        }),
+        body,
+    )
+    .await
+    .unwrap();
+    d1.start_container(
+        &name,
+        None::<bollard::query_parameters::StartContainerOptions>,
+    )
+    .await
+    .unwrap();
     let on1 = tb.ssh("sf-node1", "docker ps --format '{{.Names}}'");
     let on2 = tb.ssh("sf-node2", "docker ps -a --format '{{.Names}}'");
     let _ = d1
-        .remove_container(&name, Some(bollard::query_parameters::RemoveContainerOptions { force: true, ..Default::default() }))
+        .remove_container(
+            &name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
         .await;
     assert!(on1.lines().any(|l| l == name), "not on node1: {on1}");
     assert!(!on2.lines().any(|l| l == name), "also on node2: {on2}");
@@ -219,17 +316,30 @@ async fn docker_through_the_forwarded_socket_is_that_nodes_engine() {
 #[tokio::test(flavor = "multi_thread")]
 async fn facts_match_the_testbed_and_nodes_flags_a_missing_interface() {
     let Some(tb) = testbed() else { return };
-    let mut text = tb.hcl(&[("n1", "sf-node1"), ("n2", "sf-node2")], &tb.known_hosts(), 2222);
+    let mut text = tb.hcl(
+        &[("n1", "sf-node1"), ("n2", "sf-node2")],
+        &tb.known_hosts(),
+        2222,
+    );
     text.push_str(
         "network \"fabric\" {\n  subnet = \"192.168.201.0/24\"\n  mtu = 9000\n  attach \"n1\" {\n    node = node.n1\n    interface = \"enp1s0f0np0\"\n    address = \"192.168.201.1\"\n  }\n  attach \"n2\" {\n    node = node.n2\n    interface = \"ib0\"\n    address = \"192.168.201.2\"\n  }\n}\n",
     );
     let (c, d) = load(&text);
     let pool = HostPool::connect(&c, &nodes(&c), &opts()).await;
-    let f = facts::gather(pool.get("node.n1").unwrap().as_ref()).await.unwrap();
+    let f = facts::gather(pool.get("node.n1").unwrap().as_ref())
+        .await
+        .unwrap();
     assert!(f.os.contains("Debian"), "{}", f.os);
-    let fabric = f.interfaces.iter().find(|i| i.name == "enp1s0f0np0").expect("fabric interface");
+    let fabric = f
+        .interfaces
+        .iter()
+        .find(|i| i.name == "enp1s0f0np0")
+        .expect("fabric interface");
     assert_eq!(fabric.mtu, 9000);
-    assert!(f.interfaces.iter().any(|i| i.addresses.iter().any(|a| a == "10.199.0.11/24")));
+    assert!(f
+        .interfaces
+        .iter()
+        .any(|i| i.addresses.iter().any(|a| a == "10.199.0.11/24")));
     assert!(f.docker.as_ref().unwrap().contains("API"), "{:?}", f.docker);
     assert!(f.cpus >= 1 && f.memory_gib > 0.5);
     assert!(facts::disagreements(&c, &c.nodes["node.n1"], &f).is_empty());
@@ -242,7 +352,12 @@ async fn facts_match_the_testbed_and_nodes_flags_a_missing_interface() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("! node.n2: network.fabric.attach.n2 uses interface ib0, which does not exist"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "! node.n2: network.fabric.attach.n2 uses interface ib0, which does not exist"
+        ),
+        "{stdout}"
+    );
     assert!(!stdout.contains("! node.n1"), "{stdout}");
 }
 
@@ -266,6 +381,10 @@ async fn shell_metacharacters_arrive_as_literal_data() {
         assert_eq!(out.stdout, v);
     }
     let ls = h.exec(&Cmd::new("ls").arg("/tmp")).await.unwrap();
-    assert!(!ls.stdout.contains("sf-pwned"), "a value was executed: {}", ls.stdout);
+    assert!(
+        !ls.stdout.contains("sf-pwned"),
+        "a value was executed: {}",
+        ls.stdout
+    );
     pool.close().await;
 }

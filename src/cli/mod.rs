@@ -282,6 +282,27 @@ pub fn diagnostics_json(diags: &[Diag]) -> String {
     .unwrap_or_default()
 }
 
+/// A host error shared between tasks, rendered by miette with its help.
+#[derive(Debug)]
+pub struct SharedHostError(pub std::sync::Arc<crate::hosts::HostError>);
+
+impl std::fmt::Display for SharedHostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedHostError {}
+
+impl miette::Diagnostic for SharedHostError {
+    fn code<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.0.code()
+    }
+    fn help<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
+        self.0.help()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

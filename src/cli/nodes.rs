@@ -71,7 +71,7 @@ pub fn run(args: NodesArgs) -> ExitCode {
             results.insert(name, r);
         }
         for (name, e) in pool.errors() {
-            results.insert(name.clone(), Err(format!("{:?}", miette::Report::new(HostErrorView(e.clone())))));
+            results.insert(name.clone(), Err(format!("{:?}", miette::Report::new(super::SharedHostError(e.clone())))));
         }
         pool.close().await;
         let mut unreachable = false;
@@ -140,23 +140,4 @@ pub fn run(args: NodesArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
     })
-}
-
-/// Renders a shared host error through miette.
-#[derive(Debug)]
-struct HostErrorView(std::sync::Arc<crate::hosts::HostError>);
-
-impl std::fmt::Display for HostErrorView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-impl std::error::Error for HostErrorView {}
-impl miette::Diagnostic for HostErrorView {
-    fn code<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
-        self.0.code()
-    }
-    fn help<'a>(&'a self) -> Option<Box<dyn std::fmt::Display + 'a>> {
-        self.0.help()
-    }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, Args};
 
-use super::{report_diagnostics, report_error, report_warnings, ConfigArgs};
+use super::{report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{self, render, PlanOptions};
@@ -26,6 +26,8 @@ as (sensitive).";
 pub struct PlanArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Save the plan to FILE; `apply FILE` refuses it if the state changed meanwhile
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -69,16 +71,20 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };
-    if args.refresh && !args.json {
-        eprintln!(
-            "note: this build cannot observe machines yet; planning against the recorded state only (as -refresh=false)."
-        );
-    }
     let empty = State::new();
     let state = recorded.as_ref().unwrap_or(&empty);
+    let observations = if args.refresh && recorded.is_some() {
+        match refresh(&config, state, &args.connect, args.json) {
+            Ok(o) => Some(o),
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.target.clone(),
+        observations,
     };
     let plan = match plan::plan(&config, &graph, state, &opts) {
         Ok(p) => p,
@@ -115,4 +121,33 @@ pub fn run(args: PlanArgs) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Look at the machines; on failure print why and return the exit code.
+fn refresh(
+    config: &crate::config::Config,
+    state: &State,
+    connect: &ConnectArgs,
+    json: bool,
+) -> Result<crate::plan::Observations, ExitCode> {
+    let nodes = crate::refresh::nodes_to_refresh(config, state);
+    if nodes.is_empty() {
+        return Ok(Default::default());
+    }
+    let rt = super::runtime()?;
+    rt.block_on(async {
+        if !json {
+            eprintln!("Refreshing: looking at {} node{}…", nodes.len(), if nodes.len() == 1 { "" } else { "s" });
+        }
+        let pool = crate::hosts::HostPool::connect(config, &nodes, &connect.options()).await;
+        let result = crate::refresh::refresh(state, &pool, &nodes).await;
+        pool.close().await;
+        result.map_err(|errors| {
+            for e in errors {
+                eprintln!("{:?}", miette::Report::new(super::SharedHostError(e)));
+            }
+            eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
+            ExitCode::from(1)
+        })
+    })
 }

@@ -151,7 +151,9 @@ impl Host for SshHost {
             // sshd frees a finished session a moment after its command exits, so a new one can be
             // refused at the MaxSessions limit although fewer than 8 run: wait briefly and retry.
             if let Ok(Err(e)) = &r {
-                if error_chain(e).contains("Session open refused") && tokio::time::Instant::now() + backoff < deadline {
+                if error_chain(e).contains("Session open refused")
+                    && tokio::time::Instant::now() + backoff < deadline
+                {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                     continue;

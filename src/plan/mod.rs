@@ -76,6 +76,12 @@ pub struct Change {
     pub after: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_hash: Option<String>,
+    /// How the machine differs from the state (refresh).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<String>,
+    /// For an untracked container found by its labels: its name and id on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan: Option<Orphan>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,6 +132,35 @@ pub struct PlanOptions {
     pub replace: Vec<String>,
     /// `-target ADDR`: only these and what they depend on.
     pub targets: Vec<String>,
+    /// What refresh saw on the machines; `None` plans against the state alone.
+    pub observations: Option<Observations>,
+}
+
+/// What refresh found for the recorded resources, and containers nobody recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observations {
+    pub resources: BTreeMap<String, Observed>,
+    pub orphans: Vec<Orphan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// As recorded.
+    InSync,
+    /// Gone from the machine.
+    Missing(String),
+    /// There, but not as recorded (each string says how).
+    Drifted(Vec<String>),
+}
+
+/// A container carrying this deployment's labels that the state does not explain (an apply
+/// killed between creating it and recording it, or a state that was lost).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Orphan {
+    pub address: String,
+    pub node: String,
+    pub name: String,
+    pub id: String,
 }
 
 /// The configuration as the state records it: sensitive values replaced by their hashes.
@@ -270,7 +305,22 @@ pub fn plan(
         }
         let after = recorded_config(r);
         let hash = config_hash(&after);
-        let recorded = state.resources.get(address);
+        let observed = opts
+            .observations
+            .as_ref()
+            .and_then(|o| o.resources.get(address));
+        let mut drift = Vec::new();
+        let recorded = match (state.resources.get(address), observed) {
+            (Some(_), Some(Observed::Missing(why))) => {
+                drift.push(why.clone());
+                None
+            }
+            (rec, Some(Observed::Drifted(notes))) => {
+                drift.extend(notes.iter().cloned());
+                rec
+            }
+            (rec, _) => rec,
+        };
         let mut change = Change {
             address: address.clone(),
             kind: r.kind.as_str().to_string(),
@@ -282,6 +332,8 @@ pub fn plan(
             depends_on: r.deps.iter().cloned().collect(),
             after: Some(after.clone()),
             after_hash: Some(hash.clone()),
+            drift: drift.clone(),
+            orphan: None,
         };
         match recorded {
             None => {
@@ -328,6 +380,19 @@ pub fn plan(
                 }
             }
             Some(_) => {}
+        }
+        // The machine no longer matches the state: bring it back even if the config did not change.
+        if recorded.is_some() && !drift.is_empty() && change.action == Action::NoOp {
+            match r.kind {
+                ResourceKind::Attachment => change.action = Action::Update,
+                ResourceKind::Container => {
+                    change.action = Action::Replace;
+                    change
+                        .replace_reasons
+                        .push("it drifted from the state".into());
+                }
+                ResourceKind::Probe => {}
+            }
         }
         if r.kind != ResourceKind::Probe {
             if opts.replace.contains(address) && change.action != Action::Create {
@@ -385,6 +450,17 @@ pub fn plan(
             continue;
         }
         let kind = ResourceKind::parse(&old.kind).unwrap_or(ResourceKind::Container);
+        let drift = match opts
+            .observations
+            .as_ref()
+            .and_then(|o| o.resources.get(address))
+        {
+            Some(Observed::Missing(why)) => {
+                vec![format!("{why}; it is only removed from the state")]
+            }
+            Some(Observed::Drifted(notes)) => notes.clone(),
+            _ => Vec::new(),
+        };
         deletes.push(Change {
             address: address.clone(),
             kind: old.kind.clone(),
@@ -396,7 +472,34 @@ pub fn plan(
             depends_on: old.depends_on.clone(),
             after: None,
             after_hash: None,
+            drift,
+            orphan: None,
         });
+    }
+    if let Some(obs) = &opts.observations {
+        for o in &obs.orphans {
+            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address)) {
+                continue;
+            }
+            deletes.push(Change {
+                address: o.address.clone(),
+                kind: "container".into(),
+                node: Some(o.node.clone()),
+                action: Action::Delete,
+                attributes: Vec::new(),
+                replace_reasons: Vec::new(),
+                run_reason: None,
+                depends_on: Vec::new(),
+                after: None,
+                after_hash: None,
+                drift: vec![format!(
+                    "container {} ({}) carries this deployment's labels but the state does not record it",
+                    o.name,
+                    o.id.chars().take(12).collect::<String>()
+                )],
+                orphan: Some(o.clone()),
+            });
+        }
     }
     let deletes = reverse_dependency_order(deletes);
 

@@ -135,6 +135,9 @@ fn render_change(out: &mut String, step: usize, c: &Change) {
     };
     let _ = writeln!(out, "  # {step}. {} ({}{where_}) {what}", c.address, c.kind);
     let _ = writeln!(out, "{:>5} {}", c.action.symbol(), c.address);
+    for d in &c.drift {
+        let _ = writeln!(out, "      ! drift: {d}");
+    }
     let width = c.attributes.iter().map(|a| a.path.len()).max().unwrap_or(0);
     for a in &c.attributes {
         let _ = writeln!(out, "      {}", attr_line(c.action, a, width));

@@ -10,6 +10,12 @@ pub const IN_PLACE: &[&str] = &["restart", "ready"];
 
 /// Labels sparkform puts on every container; users may not set them.
 pub const LABEL_PREFIX: &str = "sparkform.";
+/// The state lineage of the deployment the container belongs to.
+pub const LABEL_LINEAGE: &str = "sparkform.lineage";
+/// The resource address (`module.qwen.container.vllm`).
+pub const LABEL_ADDRESS: &str = "sparkform.address";
+/// The hash of the configuration the container was created from.
+pub const LABEL_CONFIG_HASH: &str = "sparkform.config_hash";
 
 /// Attributes copied into the desired configuration, in this order.
 const ATTRIBUTES: &[&str] = &[

@@ -10,7 +10,9 @@ pub struct Testbed {
 /// When it is set, a testbed that is not up is a test failure, not a skip.
 pub fn testbed() -> Option<Testbed> {
     if std::env::var_os("SPARKFORM_TESTBED").is_none() {
-        eprintln!("SPARKFORM_TESTBED is not set: skipping a testbed test (bash .ci/test runs them)");
+        eprintln!(
+            "SPARKFORM_TESTBED is not set: skipping a testbed test (bash .ci/test runs them)"
+        );
         return None;
     }
     let dir = std::env::var_os("SPARKFORM_TESTBED_DIR")

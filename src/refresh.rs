@@ -1,0 +1,286 @@
+//! Refresh: look at the machines and say how they differ from the state. The result is data
+//! that `plan` takes; all the looking goes through `Host`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::hosts::{facts, Cmd, HostError, HostPool};
+use crate::plan::{Observations, Observed, Orphan};
+use crate::resources::container::{LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
+use crate::state::State;
+
+/// The nodes refresh must look at: those holding recorded resources, and those where the
+/// configuration puts containers (untracked ones may be there).
+pub fn nodes_to_refresh(config: &Config, state: &State) -> Vec<String> {
+    let mut set: BTreeSet<String> = state
+        .resources
+        .values()
+        .filter_map(|r| r.node.clone())
+        .collect();
+    for r in &config.resources {
+        if r.kind == crate::config::ResourceKind::Container {
+            if let Some(n) = &r.node {
+                set.insert(n.clone());
+            }
+        }
+    }
+    set.into_iter()
+        .filter(|n| config.nodes.contains_key(n))
+        .collect()
+}
+
+/// Observe every recorded attachment and container, and find untracked containers, node by
+/// node in parallel. Nodes that cannot be reached are returned as errors.
+pub async fn refresh(
+    state: &State,
+    pool: &HostPool,
+    nodes: &[String],
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    let mut by_node: HashMap<&str, Vec<(&String, &crate::state::ResourceState)>> = HashMap::new();
+    for (addr, r) in &state.resources {
+        if let Some(n) = &r.node {
+            by_node.entry(n.as_str()).or_default().push((addr, r));
+        }
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut errors = Vec::new();
+    for node in nodes {
+        let host = match pool.get(node) {
+            Ok(h) => h,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        let recorded: Vec<(String, crate::state::ResourceState)> = by_node
+            .get(node.as_str())
+            .map(|v| {
+                v.iter()
+                    .map(|(a, r)| ((*a).clone(), (*r).clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let lineage = state.lineage.clone();
+        let node = node.clone();
+        tasks.spawn(async move { observe_node(&node, host.as_ref(), &lineage, &recorded).await });
+    }
+    let mut out = Observations::default();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok((resources, orphans))) => {
+                out.resources.extend(resources);
+                out.orphans.extend(orphans);
+            }
+            Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
+            Err(_) => {}
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    out.orphans
+        .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
+    Ok(out)
+}
+
+type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
+
+async fn observe_node(
+    node: &str,
+    host: &dyn crate::hosts::Host,
+    lineage: &str,
+    recorded: &[(String, crate::state::ResourceState)],
+) -> Result<NodeObservations, HostError> {
+    let mut out = BTreeMap::new();
+    let attachments: Vec<&(String, crate::state::ResourceState)> = recorded
+        .iter()
+        .filter(|(_, r)| r.kind == "attachment")
+        .collect();
+    if !attachments.is_empty() {
+        let ip = host
+            .exec(
+                &Cmd::new("ip")
+                    .args(["-j", "addr"])
+                    .timeout(Duration::from_secs(30)),
+            )
+            .await?;
+        if !ip.success() {
+            return Err(HostError::Other {
+                node: node.to_string(),
+                message: format!("`ip -j addr` failed: {}", ip.stderr.trim()),
+            });
+        }
+        let interfaces = facts::parse_ip_addr(&ip.stdout).map_err(|message| HostError::Other {
+            node: node.to_string(),
+            message,
+        })?;
+        for (addr, r) in attachments {
+            out.insert(addr.clone(), observe_attachment(&r.config, &interfaces));
+        }
+    }
+    let docker = host.docker().await?;
+    let mut filters = HashMap::new();
+    filters.insert(
+        "label".to_string(),
+        vec![format!("{LABEL_LINEAGE}={lineage}")],
+    );
+    let list = docker
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| HostError::Docker {
+            node: node.to_string(),
+            message: format!("cannot list containers: {e}"),
+            help: None,
+        })?;
+    let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
+    for c in &list {
+        if let Some(a) = c.labels.as_ref().and_then(|l| l.get(LABEL_ADDRESS)) {
+            found.insert(a.clone(), c);
+        }
+    }
+    let recorded_addrs: BTreeSet<&str> = recorded.iter().map(|(a, _)| a.as_str()).collect();
+    for (addr, r) in recorded.iter().filter(|(_, r)| r.kind == "container") {
+        let obs = match found.get(addr) {
+            None => Observed::Missing(format!(
+                "container {} is gone from {node}",
+                r.config
+                    .get("name")
+                    .and_then(|n| n.as_str())
+                    .unwrap_or(addr)
+            )),
+            Some(c) => {
+                let mut notes = Vec::new();
+                let running = matches!(
+                    c.state,
+                    Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                );
+                if !running {
+                    notes.push(format!(
+                        "container {} is {} ({})",
+                        name_of(c),
+                        c.state
+                            .map(|s| s.to_string())
+                            .unwrap_or_else(|| "in an unknown state".into()),
+                        c.status.clone().unwrap_or_default()
+                    ));
+                }
+                let hash = c.labels.as_ref().and_then(|l| l.get(LABEL_CONFIG_HASH));
+                if hash.is_some_and(|h| *h != r.config_hash) {
+                    notes.push(format!("container {} was created from another configuration than the state records", name_of(c)));
+                }
+                if notes.is_empty() {
+                    Observed::InSync
+                } else {
+                    Observed::Drifted(notes)
+                }
+            }
+        };
+        out.insert(addr.clone(), obs);
+    }
+    let orphans = list
+        .iter()
+        .filter_map(|c| {
+            let addr = c.labels.as_ref()?.get(LABEL_ADDRESS)?;
+            (!recorded_addrs.contains(addr.as_str())).then(|| Orphan {
+                address: addr.clone(),
+                node: node.to_string(),
+                name: name_of(c),
+                id: c.id.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    Ok((out, orphans))
+}
+
+fn name_of(c: &bollard::models::ContainerSummary) -> String {
+    c.names
+        .as_ref()
+        .and_then(|n| n.first())
+        .map(|n| n.trim_start_matches('/').to_string())
+        .unwrap_or_else(|| c.id.clone().unwrap_or_default())
+}
+
+/// An attachment as recorded, against the node's interfaces. Pure.
+pub fn observe_attachment(config: &serde_json::Value, interfaces: &[facts::Interface]) -> Observed {
+    let iface = config
+        .get("interface")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let address = config
+        .get("address")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let prefix = config
+        .get("prefix_len")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let mtu = config.get("mtu").and_then(|v| v.as_u64()).unwrap_or(0) as u32;
+    let Some(i) = interfaces.iter().find(|i| i.name == iface) else {
+        return Observed::Missing(format!("interface {iface} does not exist any more"));
+    };
+    let want = format!("{address}/{prefix}");
+    let mut notes = Vec::new();
+    if !i.addresses.contains(&want) {
+        notes.push(format!(
+            "{want} is not on {iface} (it has {})",
+            if i.addresses.is_empty() {
+                "no address".to_string()
+            } else {
+                i.addresses.join(", ")
+            }
+        ));
+    }
+    if i.mtu != mtu {
+        notes.push(format!(
+            "{iface} has MTU {}, the state records {mtu}",
+            i.mtu
+        ));
+    }
+    if i.state == "DOWN" {
+        notes.push(format!("{iface} is down"));
+    }
+    if notes.is_empty() {
+        Observed::InSync
+    } else {
+        Observed::Drifted(notes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iface(addrs: &[&str], mtu: u32, state: &str) -> Vec<facts::Interface> {
+        vec![facts::Interface {
+            name: "enp1s0f0np0".into(),
+            mtu,
+            state: state.into(),
+            addresses: addrs.iter().map(|s| s.to_string()).collect(),
+        }]
+    }
+
+    #[test]
+    fn attachment_drift() {
+        let cfg = serde_json::json!({"interface": "enp1s0f0np0", "address": "192.168.200.1", "prefix_len": 24, "mtu": 9000});
+        assert_eq!(
+            observe_attachment(&cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
+            Observed::InSync
+        );
+        match observe_attachment(&cfg, &iface(&[], 1500, "UP")) {
+            Observed::Drifted(n) => {
+                assert_eq!(n.len(), 2, "{n:?}");
+                assert!(n[0].contains("192.168.200.1/24 is not on enp1s0f0np0"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            observe_attachment(&cfg, &[]),
+            Observed::Missing(_)
+        ));
+    }
+}
