@@ -3,14 +3,17 @@
 //! `config` → `graph` → `plan` are pure (they read only the definitions and the state);
 //! see ARCHITECTURE.md for the code map and the invariants.
 
+pub mod apply;
 pub mod cli;
 pub mod config;
 pub mod diag;
 pub mod fmt;
 pub mod graph;
 pub mod hosts;
+pub mod http;
 pub mod plan;
 pub mod refresh;
 pub mod resources;
 pub mod state;
+pub mod ui;
 pub mod workspace;

@@ -137,13 +137,31 @@ async fn observe_node(
             message: format!("cannot list containers: {e}"),
             help: None,
         })?;
+    // The container the state records for an address is the one with the recorded id; others
+    // with the same address (set aside by an interrupted apply) are untracked.
+    let recorded_ids: HashMap<&str, &str> = recorded
+        .iter()
+        .filter_map(|(a, r)| Some((a.as_str(), r.attributes.get("container_id")?.as_str()?)))
+        .collect();
     let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
+    let mut claimed: BTreeSet<String> = BTreeSet::new();
     for c in &list {
-        if let Some(a) = c.labels.as_ref().and_then(|l| l.get(LABEL_ADDRESS)) {
+        let (Some(a), Some(id)) = (
+            c.labels.as_ref().and_then(|l| l.get(LABEL_ADDRESS)),
+            c.id.as_ref(),
+        ) else {
+            continue;
+        };
+        let claim = match recorded_ids.get(a.as_str()) {
+            Some(rid) => *rid == id.as_str(),
+            // A state without the id (written by an older sparkform): the first by address.
+            None => recorded_addrs_has(recorded, a) && !found.contains_key(a),
+        };
+        if claim {
             found.insert(a.clone(), c);
+            claimed.insert(id.clone());
         }
     }
-    let recorded_addrs: BTreeSet<&str> = recorded.iter().map(|(a, _)| a.as_str()).collect();
     for (addr, r) in recorded.iter().filter(|(_, r)| r.kind == "container") {
         let obs = match found.get(addr) {
             None => Observed::Missing(format!(
@@ -186,7 +204,7 @@ async fn observe_node(
         .iter()
         .filter_map(|c| {
             let addr = c.labels.as_ref()?.get(LABEL_ADDRESS)?;
-            (!recorded_addrs.contains(addr.as_str())).then(|| Orphan {
+            (!claimed.contains(c.id.as_deref().unwrap_or_default())).then(|| Orphan {
                 address: addr.clone(),
                 node: node.to_string(),
                 name: name_of(c),
@@ -195,6 +213,10 @@ async fn observe_node(
         })
         .collect();
     Ok((out, orphans))
+}
+
+fn recorded_addrs_has(recorded: &[(String, crate::state::ResourceState)], address: &str) -> bool {
+    recorded.iter().any(|(a, _)| a == address)
 }
 
 fn name_of(c: &bollard::models::ContainerSummary) -> String {

@@ -1,6 +1,8 @@
 //! The command line: one file per subcommand, each parsing its arguments and calling one
 //! library operation. This module holds what they share.
 
+mod apply;
+mod destroy;
 mod fmt;
 mod force_unlock;
 mod graph;
@@ -10,6 +12,7 @@ mod plan;
 mod show;
 mod state;
 mod validate;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +48,9 @@ pub struct Cli {
 pub enum Command {
     Validate(validate::ValidateArgs),
     Plan(plan::PlanArgs),
+    Apply(apply::ApplyArgs),
+    Destroy(destroy::DestroyArgs),
+    Verify(verify::VerifyArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -169,6 +175,9 @@ const SINGLE_DASH: &[&str] = &[
     "recursive",
     "no-color",
     "accept-new-host-keys",
+    "auto-approve",
+    "parallelism",
+    "no-rollback",
     "connect-timeout",
 ];
 
@@ -212,6 +221,9 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Validate(a) => validate::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Apply(a) => apply::run(a),
+        Command::Destroy(a) => destroy::run(a),
+        Command::Verify(a) => verify::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),

@@ -124,7 +124,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
 }
 
 /// Look at the machines; on failure print why and return the exit code.
-fn refresh(
+pub fn refresh(
     config: &crate::config::Config,
     state: &State,
     connect: &ConnectArgs,

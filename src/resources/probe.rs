@@ -221,6 +221,293 @@ pub fn parse_json_path(path: &str) -> Result<Vec<PathStep>, String> {
     Ok(steps)
 }
 
+// ----- running a probe -----
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{Applied, Handler, StepCx, StepError};
+use crate::hosts::{Cmd, HostPool};
+use crate::plan::Action;
+
+pub struct ProbeHandler;
+
+/// Where a probe's exec runs when it names a container: node and Docker name, by address.
+pub type ContainerIndex = std::collections::BTreeMap<String, (String, String)>;
+
+/// The value at a JSON path, if any.
+pub fn json_at<'a>(v: &'a serde_json::Value, path: &[PathStep]) -> Option<&'a serde_json::Value> {
+    let mut cur = v;
+    for step in path {
+        cur = match step {
+            PathStep::Key(k) => cur.get(k)?,
+            PathStep::Index(i) => cur.get(*i)?,
+        };
+    }
+    Some(cur)
+}
+
+fn excerpt(s: &str) -> String {
+    let one_line: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let cut: String = one_line.chars().take(160).collect();
+    if cut.len() < one_line.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}
+
+/// One attempt: Ok(summary of what it got) or Err(why it does not pass).
+async fn attempt(
+    config: &serde_json::Value,
+    pool: &HostPool,
+    containers: &ContainerIndex,
+    per_try: Duration,
+) -> Result<String, String> {
+    let expect = config.get("expect").cloned().unwrap_or_default();
+    let form = config
+        .get("form")
+        .and_then(|f| f.as_str())
+        .unwrap_or_default();
+    let body = config.get(form).cloned().unwrap_or_default();
+    let s = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    match form {
+        "http" => {
+            let via = s(&body, "via").unwrap_or_default();
+            let url = s(&body, "url").unwrap_or_default();
+            let host = pool.get(&via).map_err(|e| e.to_string())?;
+            let (h, port, _) = crate::http::parse_url(&url)?;
+            let ep = host.forward(&h, port).await.map_err(|e| e.to_string())?;
+            let mut headers: Vec<(String, String)> = body
+                .get("headers")
+                .and_then(|h| h.as_object())
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let payload = match (body.get("json"), body.get("body")) {
+                (Some(j), _) => {
+                    headers.push(("Content-Type".into(), "application/json".into()));
+                    Some(serde_json::to_vec(j).unwrap_or_default())
+                }
+                (None, Some(b)) => Some(b.as_str().unwrap_or_default().as_bytes().to_vec()),
+                _ => None,
+            };
+            let method = s(&body, "method").unwrap_or_else(|| {
+                if payload.is_some() {
+                    "POST".into()
+                } else {
+                    "GET".into()
+                }
+            });
+            let r = crate::http::send(
+                &ep,
+                &crate::http::Request {
+                    method: method.clone(),
+                    url: url.clone(),
+                    headers,
+                    body: payload,
+                    timeout: per_try,
+                },
+            )
+            .await?;
+            let text = String::from_utf8_lossy(&r.body).to_string();
+            let want_status = expect.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+            if r.status != want_status {
+                return Err(format!(
+                    "{method} {url} answered {} (expected {want_status}): {}",
+                    r.status,
+                    excerpt(&text)
+                ));
+            }
+            let mut subject = text.clone();
+            if let Some(path) = s(&expect, "json_path") {
+                let steps = parse_json_path(&path)?;
+                let doc: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|_| format!("the answer is not JSON: {}", excerpt(&text)))?;
+                let at = json_at(&doc, &steps)
+                    .ok_or_else(|| format!("the answer has no {path}: {}", excerpt(&text)))?;
+                if let Some(want) = expect.get("equals") {
+                    if at != want {
+                        return Err(format!("{path} is {at}, expected {want}"));
+                    }
+                }
+                subject = at
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| at.to_string());
+            }
+            check_text(&expect, &subject)?;
+            Ok(format!("{}: {}", r.status, excerpt(&subject)))
+        }
+        "exec" => {
+            let cmd: Vec<String> = body
+                .get("command")
+                .and_then(|c| c.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let (code, out, err) = if let Some(container) = s(&body, "container") {
+                let (node, name) = containers.get(&container).cloned().ok_or_else(|| {
+                    format!("{container} is not a container of this configuration")
+                })?;
+                let host = pool.get(&node).map_err(|e| e.to_string())?;
+                let docker = host.docker().await.map_err(|e| e.to_string())?;
+                super::container::exec_in(&docker, &name, &cmd, per_try).await?
+            } else {
+                let node = s(&body, "node").unwrap_or_default();
+                let host = pool.get(&node).map_err(|e| e.to_string())?;
+                let mut c =
+                    Cmd::new(cmd.first().map(String::as_str).unwrap_or("true")).timeout(per_try);
+                c.args.extend(cmd.iter().skip(1).cloned());
+                let o = host.exec(&c).await.map_err(|e| e.to_string())?;
+                (i64::from(o.code.unwrap_or(-1)), o.stdout, o.stderr)
+            };
+            let want = expect
+                .get("exit_code")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0);
+            if code != want {
+                return Err(format!(
+                    "exited {code} (expected {want}): {}",
+                    excerpt(&format!("{out} {err}"))
+                ));
+            }
+            if let Some(want) = s(&expect, "stdout_contains") {
+                if !out.contains(&want) {
+                    return Err(format!(
+                        "stdout does not contain {want:?}: {}",
+                        excerpt(&out)
+                    ));
+                }
+            }
+            check_text(&expect, &out)?;
+            Ok(format!("exit {code}: {}", excerpt(&out)))
+        }
+        _ => {
+            let via = s(&body, "via").unwrap_or_default();
+            let addr = s(&body, "address").unwrap_or_default();
+            let (h, p) = addr.rsplit_once(':').ok_or("bad address")?;
+            let port: u16 = p.parse().map_err(|_| "bad port")?;
+            let host = pool.get(&via).map_err(|e| e.to_string())?;
+            let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
+            super::container::tcp_open(&ep).await?;
+            Ok(format!("{addr} accepts connections"))
+        }
+    }
+}
+
+fn check_text(expect: &serde_json::Value, subject: &str) -> Result<(), String> {
+    if let Some(want) = expect.get("contains").and_then(|v| v.as_str()) {
+        if !subject.contains(want) {
+            return Err(format!(
+                "the answer does not contain {want:?}: {}",
+                excerpt(subject)
+            ));
+        }
+    }
+    if let Some(re) = expect.get("matches").and_then(|v| v.as_str()) {
+        let re = regex::Regex::new(re).map_err(|e| e.to_string())?;
+        if !re.is_match(subject) {
+            return Err(format!(
+                "the answer does not match /{re}/: {}",
+                excerpt(subject)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Run a probe until it passes or its timeout ends; Ok((latency of the passing attempt, summary)).
+pub async fn run(
+    config: &serde_json::Value,
+    pool: &HostPool,
+    containers: &ContainerIndex,
+    cancel: &tokio_util::sync::CancellationToken,
+    mut progress: impl FnMut(String, u64),
+) -> Result<(Duration, String), StepError> {
+    let timeout = Duration::from_secs(config.get("timeout").and_then(|v| v.as_u64()).unwrap_or(60));
+    let interval = Duration::from_secs(
+        config
+            .get("interval")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(2)
+            .max(1),
+    );
+    let per_try = timeout.clamp(Duration::from_secs(5), Duration::from_secs(600));
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let t = Instant::now();
+        let remaining = timeout
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_secs(1));
+        match attempt(config, pool, containers, per_try.min(remaining)).await {
+            Ok(summary) => return Ok((t.elapsed(), summary)),
+            Err(why) => {
+                if start.elapsed() + interval > timeout || cancel.is_cancelled() {
+                    return Err(StepError::new(format!(
+                        "the probe failed after {tries} attempt{} in {:.1} s: {why}",
+                        if tries == 1 { "" } else { "s" },
+                        start.elapsed().as_secs_f64()
+                    )));
+                }
+                progress(format!("attempt {tries}: {why}"), timeout.as_secs());
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = cancel.cancelled() => {}
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for ProbeHandler {
+    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+        if action == Action::Delete {
+            return Ok(Applied::default());
+        }
+        let config = cx
+            .desired
+            .ok_or_else(|| StepError::new("no probe configuration"))?;
+        let (latency, summary) = run(config, cx.pool, cx.containers, cx.cancel, |m, t| {
+            cx.progress(m, None, Some(t))
+        })
+        .await?;
+        Ok(Applied {
+            attributes: Default::default(),
+            undo: serde_json::Value::Null,
+            summary: format!("passed in {:.2} s, {summary}", latency.as_secs_f64()),
+        })
+    }
+
+    async fn undo(
+        &self,
+        _cx: &StepCx<'_>,
+        _action: Action,
+        _applied: &Applied,
+    ) -> Result<String, StepError> {
+        Ok("nothing to undo".into())
+    }
+
+    async fn finalize(
+        &self,
+        _cx: &StepCx<'_>,
+        _action: Action,
+        _applied: &Applied,
+    ) -> Result<(), StepError> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,75 @@
+//! What the executor reports while it works. The UI draws these; the work never prints.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The apply starts: how many steps, how many at once.
+    Started {
+        steps: usize,
+        parallelism: usize,
+    },
+    StepStarted {
+        address: String,
+        action: String,
+    },
+    /// A running step says what it is doing (waiting for a ready check, pulling, …).
+    StepProgress {
+        address: String,
+        message: String,
+        /// The container's latest log line, while waiting on it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        log: Option<String>,
+        /// The deadline of what it waits for, in seconds from the start of the wait.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_secs: Option<u64>,
+    },
+    StepDone {
+        address: String,
+        action: String,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
+        summary: String,
+    },
+    StepFailed {
+        address: String,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
+        error: String,
+    },
+    /// Ctrl-C or a failure: nothing new starts.
+    Stopping {
+        reason: String,
+    },
+    RollbackStarted {
+        steps: usize,
+    },
+    UndoDone {
+        address: String,
+        summary: String,
+    },
+    UndoFailed {
+        address: String,
+        error: String,
+    },
+    Finished {
+        ok: bool,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
+        summary: String,
+    },
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
+}
+
+pub type Sender = tokio::sync::mpsc::UnboundedSender<Event>;
+
+/// Send an event; a closed channel (the UI is gone) is not the work's problem.
+pub fn emit(tx: &Sender, e: Event) {
+    let _ = tx.send(e);
+}

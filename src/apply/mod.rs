@@ -1,0 +1,726 @@
+//! Apply a plan: steps in dependency order with as much parallelism as allowed, the state
+//! written after every step, rollback of this apply's steps on the first failure, and the
+//! leftovers of replaced containers removed only when everything succeeded.
+
+pub mod events;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ResourceKind};
+use crate::hosts::{HostOptions, HostPool};
+use crate::plan::{Action, Change, Plan};
+use crate::resources::attachment::{check_mesh, Member};
+use crate::resources::probe::ContainerIndex;
+use crate::resources::{handler, Applied, StepCx, StepError};
+use crate::state::{OutputState, ResourceState, State, StateStore};
+use events::{emit, Event, Sender};
+
+pub struct ApplyRequest<'a> {
+    pub config: &'a Config,
+    pub plan: &'a Plan,
+    pub store: &'a StateStore,
+    /// The state before the apply (a new one when nothing was applied yet).
+    pub state: State,
+    pub parallelism: usize,
+    pub rollback: bool,
+    pub hosts: HostOptions,
+    pub events: Sender,
+    pub cancel: CancellationToken,
+}
+
+#[derive(Debug)]
+pub struct ApplyOutcome {
+    pub ok: bool,
+    pub failures: Vec<(String, StepError)>,
+    pub rolled_back: bool,
+    pub undo_failures: Vec<(String, StepError)>,
+    /// Warnings from cleaning up after success (an old container that would not go away).
+    pub warnings: Vec<String>,
+    pub state: State,
+    pub state_error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+enum StepKind {
+    Resource(ResourceKind),
+    /// Every member of a network reaches every other with a full-size frame.
+    Mesh {
+        members: Vec<Member>,
+        mtu: u32,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    address: String,
+    kind: StepKind,
+    change: Change,
+    deps: BTreeSet<usize>,
+}
+
+/// Containers of the configuration: (node, Docker name) by address.
+fn container_index(config: &Config) -> ContainerIndex {
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Container)
+        .filter_map(|r| {
+            Some((
+                r.address.clone(),
+                (r.node.clone()?, r.config.get("name")?.as_str()?.to_string()),
+            ))
+        })
+        .collect()
+}
+
+/// The steps of a plan with their dependencies, plus a fabric check after each network whose
+/// attachments change.
+fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for c in plan.changes.iter().filter(|c| c.action.is_change()) {
+        let kind = match c.kind.as_str() {
+            "attachment" => ResourceKind::Attachment,
+            "probe" => ResourceKind::Probe,
+            _ => ResourceKind::Container,
+        };
+        index.entry(c.address.clone()).or_insert(steps.len());
+        steps.push(Step {
+            address: c.address.clone(),
+            kind: StepKind::Resource(kind),
+            change: c.clone(),
+            deps: BTreeSet::new(),
+        });
+    }
+    // Fabric checks, one per network with a changed attachment.
+    let mut mesh_of_attachment: HashMap<String, usize> = HashMap::new();
+    for net in config.networks.values() {
+        let changed: Vec<usize> = net
+            .attachments
+            .iter()
+            .filter_map(|a| index.get(a).copied())
+            .filter(|&i| steps[i].change.action != Action::Delete)
+            .collect();
+        if changed.is_empty() || net.attachments.len() < 2 {
+            continue;
+        }
+        let members: Vec<Member> = net
+            .attachments
+            .iter()
+            .filter_map(|a| config.resource(a))
+            .filter_map(|r| {
+                Some(Member {
+                    address: r.address.clone(),
+                    node: r.node.clone()?,
+                    interface: r.config.get("interface")?.as_str()?.to_string(),
+                    ip: r.config.get("address")?.as_str()?.to_string(),
+                })
+            })
+            .collect();
+        let mesh = steps.len();
+        let address = format!("{} (fabric check)", net.address);
+        steps.push(Step {
+            address: address.clone(),
+            kind: StepKind::Mesh {
+                members,
+                mtu: net.mtu,
+            },
+            change: Change {
+                address,
+                kind: "check".into(),
+                node: None,
+                action: Action::Run,
+                attributes: Vec::new(),
+                replace_reasons: Vec::new(),
+                run_reason: None,
+                depends_on: Vec::new(),
+                after: None,
+                after_hash: None,
+                drift: Vec::new(),
+                orphan: None,
+            },
+            deps: changed.iter().copied().collect(),
+        });
+        for a in &net.attachments {
+            mesh_of_attachment.insert(a.clone(), mesh);
+        }
+    }
+    let deletes: Vec<usize> = (0..steps.len())
+        .filter(|&i| steps[i].change.action == Action::Delete)
+        .collect();
+    let n = steps.len();
+    for i in 0..n {
+        if matches!(steps[i].kind, StepKind::Mesh { .. }) {
+            continue;
+        }
+        let mut deps = BTreeSet::new();
+        if steps[i].change.action == Action::Delete {
+            // A resource goes before what it depended on: wait for deletions of its dependents.
+            for &j in &deletes {
+                if j != i && steps[j].change.depends_on.contains(&steps[i].address) {
+                    deps.insert(j);
+                }
+            }
+        } else {
+            // Deletions first: they free names and addresses the new steps may take.
+            deps.extend(deletes.iter().copied());
+            for d in &steps[i].change.depends_on {
+                if let Some(&j) = index.get(d) {
+                    deps.insert(j);
+                }
+                if let Some(&m) = mesh_of_attachment.get(d) {
+                    deps.insert(m);
+                }
+            }
+        }
+        deps.remove(&i);
+        steps[i].deps = deps;
+    }
+    // Dependencies through unchanged resources: a probe after an unchanged container still waits
+    // for the changed container behind it.
+    let transitive: Vec<BTreeSet<usize>> = (0..n)
+        .map(|i| {
+            let mut out = steps[i].deps.clone();
+            if let StepKind::Resource(_) = steps[i].kind {
+                if steps[i].change.action != Action::Delete {
+                    for a in ancestors(config, &steps[i].address) {
+                        if let Some(&j) = index.get(&a) {
+                            if j != i && steps[j].change.action != Action::Delete {
+                                out.insert(j);
+                            }
+                        }
+                        if let Some(&m) = mesh_of_attachment.get(&a) {
+                            out.insert(m);
+                        }
+                    }
+                }
+            }
+            out.remove(&i);
+            out
+        })
+        .collect();
+    for (i, d) in transitive.into_iter().enumerate() {
+        steps[i].deps = d;
+    }
+    steps
+}
+
+fn ancestors(config: &Config, address: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![address.to_string()];
+    while let Some(a) = stack.pop() {
+        if let Some(r) = config.resource(&a) {
+            for d in r.deps.iter().chain(r.replace_triggered_by.iter()) {
+                if out.insert(d.clone()) {
+                    stack.push(d.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Nodes the steps touch, plus the nodes probes go through.
+fn nodes_needed(config: &Config, steps: &[Step], containers: &ContainerIndex) -> Vec<String> {
+    let mut set = BTreeSet::new();
+    for s in steps {
+        if let Some(n) = &s.change.node {
+            set.insert(n.clone());
+        }
+        if let StepKind::Mesh { members, .. } = &s.kind {
+            set.extend(members.iter().map(|m| m.node.clone()));
+        }
+        if matches!(s.kind, StepKind::Resource(ResourceKind::Probe)) {
+            set.extend(containers.values().map(|(n, _)| n.clone()));
+        }
+    }
+    set.into_iter()
+        .filter(|n| config.nodes.contains_key(n))
+        .collect()
+}
+
+/// Everything one step needs, owned, so it can run on its own task.
+struct Job {
+    idx: usize,
+    step: Step,
+    desired: Option<serde_json::Value>,
+    recorded: Option<ResourceState>,
+    pool: Arc<HostPool>,
+    lineage: String,
+    config_dir: PathBuf,
+    events: Sender,
+    cancel: CancellationToken,
+    containers: Arc<ContainerIndex>,
+}
+
+impl Job {
+    fn cx(&self) -> StepCx<'_> {
+        StepCx {
+            address: &self.step.address,
+            change: &self.step.change,
+            host: self
+                .step
+                .change
+                .node
+                .as_ref()
+                .and_then(|n| self.pool.get(n).ok()),
+            pool: &self.pool,
+            lineage: &self.lineage,
+            desired: self.desired.as_ref(),
+            recorded: self.recorded.as_ref(),
+            config_dir: &self.config_dir,
+            events: &self.events,
+            cancel: &self.cancel,
+            containers: &self.containers,
+        }
+    }
+
+    async fn run(self) -> (usize, Step, Result<Applied, StepError>, Duration) {
+        let start = Instant::now();
+        let result = match &self.step.kind {
+            StepKind::Mesh { members, mtu } => {
+                check_mesh(&self.pool, members, *mtu)
+                    .await
+                    .map(|summary| Applied {
+                        summary,
+                        ..Applied::default()
+                    })
+            }
+            StepKind::Resource(kind) => {
+                let cx = self.cx();
+                if let Some(node) = &self.step.change.node {
+                    if let Err(e) = self.pool.get(node) {
+                        let err: StepError = e.into();
+                        return (self.idx, self.step.clone(), Err(err), start.elapsed());
+                    }
+                }
+                handler(*kind).apply(&cx, self.step.change.action).await
+            }
+        };
+        (self.idx, self.step, result, start.elapsed())
+    }
+}
+
+/// Record a completed step in the state (the write-ahead journal).
+fn journal(state: &mut State, step: &Step, applied: &Applied) {
+    let c = &step.change;
+    if !matches!(step.kind, StepKind::Resource(_)) {
+        return;
+    }
+    match c.action {
+        Action::Delete => {
+            state.resources.remove(&c.address);
+        }
+        _ => {
+            let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
+                return;
+            };
+            let mut attributes = applied.attributes.clone();
+            if c.action == Action::Run {
+                attributes.insert("last_run".into(), serde_json::json!(applied.summary));
+            }
+            state.resources.insert(
+                c.address.clone(),
+                ResourceState {
+                    kind: c.kind.clone(),
+                    node: c.node.clone(),
+                    config_hash: hash.clone(),
+                    config: after.clone(),
+                    attributes,
+                    depends_on: c.depends_on.clone(),
+                },
+            );
+        }
+    }
+}
+
+pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
+    let started = Instant::now();
+    let steps = build_steps(req.config, req.plan);
+    let containers = Arc::new(container_index(req.config));
+    let before = req.state.clone();
+    let mut state = req.state.clone();
+    let mut outcome = ApplyOutcome {
+        ok: true,
+        failures: Vec::new(),
+        rolled_back: false,
+        undo_failures: Vec::new(),
+        warnings: Vec::new(),
+        state: before.clone(),
+        state_error: None,
+    };
+    emit(
+        &req.events,
+        Event::Started {
+            steps: steps.len(),
+            parallelism: req.parallelism,
+        },
+    );
+    let nodes = nodes_needed(req.config, &steps, &containers);
+    let pool = Arc::new(HostPool::connect(req.config, &nodes, &req.hosts).await);
+    let desired: HashMap<&str, &serde_json::Value> = req
+        .config
+        .resources
+        .iter()
+        .map(|r| (r.address.as_str(), &r.config))
+        .collect();
+
+    let n = steps.len();
+    let mut waiting: Vec<usize> = steps.iter().map(|s| s.deps.len()).collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, s) in steps.iter().enumerate() {
+        for &d in &s.deps {
+            dependents[d].push(i);
+        }
+    }
+    let mut ready: std::collections::VecDeque<usize> =
+        (0..n).filter(|&i| waiting[i] == 0).collect();
+    let mut running = tokio::task::JoinSet::new();
+    let mut completed: Vec<(Step, Applied)> = Vec::new();
+    let mut stopping = false;
+    let parallelism = req.parallelism.max(1);
+    loop {
+        if req.cancel.is_cancelled() && !stopping {
+            stopping = true;
+            outcome.ok = false;
+            emit(
+                &req.events,
+                Event::Stopping {
+                    reason: "interrupted".into(),
+                },
+            );
+        }
+        while !stopping && running.len() < parallelism {
+            let Some(i) = ready.pop_front() else { break };
+            let step = steps[i].clone();
+            emit(
+                &req.events,
+                Event::StepStarted {
+                    address: step.address.clone(),
+                    action: action_word(&step),
+                },
+            );
+            let job = Job {
+                idx: i,
+                desired: desired.get(step.address.as_str()).map(|v| (*v).clone()),
+                recorded: before.resources.get(&step.address).cloned(),
+                step,
+                pool: pool.clone(),
+                lineage: before.lineage.clone(),
+                config_dir: req.config.dir.clone(),
+                events: req.events.clone(),
+                cancel: req.cancel.clone(),
+                containers: containers.clone(),
+            };
+            running.spawn(job.run());
+        }
+        if running.is_empty() {
+            break;
+        }
+        let joined = tokio::select! {
+            j = running.join_next() => j,
+            _ = req.cancel.cancelled(), if !stopping => continue,
+        };
+        let Some(joined) = joined else { break };
+        let (i, step, result, elapsed) = match joined {
+            Ok(r) => r,
+            Err(e) => {
+                stopping = true;
+                outcome.ok = false;
+                outcome.failures.push((
+                    "(a step)".into(),
+                    StepError::new(format!("a step task ended abnormally: {e}")),
+                ));
+                continue;
+            }
+        };
+        match result {
+            Ok(applied) => {
+                emit(
+                    &req.events,
+                    Event::StepDone {
+                        address: step.address.clone(),
+                        action: action_word(&step),
+                        elapsed,
+                        summary: applied.summary.clone(),
+                    },
+                );
+                journal(&mut state, &step, &applied);
+                if matches!(step.kind, StepKind::Resource(_)) {
+                    if let Err(e) = req.store.write(&mut state) {
+                        outcome.state_error = Some(e.to_string());
+                        stopping = true;
+                        outcome.ok = false;
+                        outcome.failures.push((
+                            step.address.clone(),
+                            StepError::new(format!("cannot record the step in the state: {e}")),
+                        ));
+                    }
+                }
+                completed.push((step, applied));
+                for &d in &dependents[i] {
+                    waiting[d] -= 1;
+                    if waiting[d] == 0 {
+                        ready.push_back(d);
+                    }
+                }
+            }
+            Err(e) => {
+                emit(
+                    &req.events,
+                    Event::StepFailed {
+                        address: step.address.clone(),
+                        elapsed,
+                        error: e.render(),
+                    },
+                );
+                outcome.failures.push((step.address.clone(), e));
+                outcome.ok = false;
+                if !stopping {
+                    stopping = true;
+                    emit(
+                        &req.events,
+                        Event::Stopping {
+                            reason: format!("{} failed", step.address),
+                        },
+                    );
+                    // Running steps stop waiting (ready checks, probes) and clean up after themselves.
+                    req.cancel.cancel();
+                }
+            }
+        }
+    }
+
+    if outcome.ok {
+        // Success: drop what was kept for rollback, record the outputs.
+        for (step, applied) in &completed {
+            if let StepKind::Resource(kind) = step.kind {
+                let job = finalize_job(step, &pool, &before, &req, &containers);
+                if let Err(e) = handler(kind)
+                    .finalize(&job.cx(), step.change.action, applied)
+                    .await
+                {
+                    outcome
+                        .warnings
+                        .push(format!("{}: {}", step.address, e.message));
+                }
+            }
+        }
+        for o in &req.plan.outputs {
+            match (&o.action, &o.after) {
+                (Action::Delete, _) => {
+                    state.outputs.remove(&o.name);
+                }
+                (_, Some(v)) => {
+                    state.outputs.insert(
+                        o.name.clone(),
+                        OutputState {
+                            value: v.clone(),
+                            sensitive: o.sensitive,
+                        },
+                    );
+                }
+                _ => {}
+            }
+        }
+        if let Err(e) = req.store.write(&mut state) {
+            outcome.state_error = Some(e.to_string());
+        }
+    } else if req.rollback {
+        outcome.rolled_back = true;
+        let undoable: Vec<&(Step, Applied)> = completed
+            .iter()
+            .filter(|(s, _)| matches!(s.kind, StepKind::Resource(_)))
+            .collect();
+        emit(
+            &req.events,
+            Event::RollbackStarted {
+                steps: undoable.len(),
+            },
+        );
+        // Undo never stops early: a second Ctrl-C exits the process, the journal has the truth.
+        let undo_cancel = CancellationToken::new();
+        for (step, applied) in undoable.into_iter().rev() {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let mut job = finalize_job(step, &pool, &before, &req, &containers);
+            job.cancel = undo_cancel.clone();
+            match handler(kind)
+                .undo(&job.cx(), step.change.action, applied)
+                .await
+            {
+                Ok(summary) => {
+                    emit(
+                        &req.events,
+                        Event::UndoDone {
+                            address: step.address.clone(),
+                            summary,
+                        },
+                    );
+                    // Back to what the state said before this apply.
+                    match before.resources.get(&step.address) {
+                        Some(r) => {
+                            state.resources.insert(step.address.clone(), r.clone());
+                        }
+                        None => {
+                            state.resources.remove(&step.address);
+                        }
+                    }
+                    if let Err(e) = req.store.write(&mut state) {
+                        outcome.state_error = Some(e.to_string());
+                    }
+                }
+                Err(e) => {
+                    emit(
+                        &req.events,
+                        Event::UndoFailed {
+                            address: step.address.clone(),
+                            error: e.render(),
+                        },
+                    );
+                    outcome.undo_failures.push((step.address.clone(), e));
+                }
+            }
+        }
+    }
+    let summary = if outcome.ok {
+        format!(
+            "{} step{} done",
+            completed.len(),
+            if completed.len() == 1 { "" } else { "s" }
+        )
+    } else if outcome.rolled_back {
+        format!(
+            "failed; {} step{} rolled back",
+            completed.len(),
+            if completed.len() == 1 { "" } else { "s" }
+        )
+    } else {
+        "failed; nothing rolled back (--no-rollback)".to_string()
+    };
+    emit(
+        &req.events,
+        Event::Finished {
+            ok: outcome.ok,
+            elapsed: started.elapsed(),
+            summary,
+        },
+    );
+    match Arc::try_unwrap(pool) {
+        Ok(p) => p.close().await,
+        Err(p) => drop(p),
+    }
+    outcome.state = state;
+    outcome
+}
+
+fn finalize_job(
+    step: &Step,
+    pool: &Arc<HostPool>,
+    before: &State,
+    req: &ApplyRequest<'_>,
+    containers: &Arc<ContainerIndex>,
+) -> Job {
+    Job {
+        idx: 0,
+        step: step.clone(),
+        desired: req.config.resource(&step.address).map(|r| r.config.clone()),
+        recorded: before.resources.get(&step.address).cloned(),
+        pool: pool.clone(),
+        lineage: before.lineage.clone(),
+        config_dir: req.config.dir.clone(),
+        events: req.events.clone(),
+        cancel: req.cancel.clone(),
+        containers: containers.clone(),
+    }
+}
+
+fn action_word(step: &Step) -> String {
+    match (&step.kind, step.change.action) {
+        (StepKind::Mesh { .. }, _) => "check".into(),
+        (_, Action::Create) => "create".into(),
+        (_, Action::Update) => "update".into(),
+        (_, Action::Replace) => "replace".into(),
+        (_, Action::Delete) => "destroy".into(),
+        (_, Action::Run) => "run".into(),
+        (_, Action::NoOp) => "no-op".into(),
+    }
+}
+
+/// Run every probe of the configuration (or the targeted ones) against what is deployed;
+/// returns (address, result) in dependency order. Changes nothing.
+pub async fn verify(
+    config: &Config,
+    order: &[String],
+    targets: &[String],
+    hosts: &HostOptions,
+    events: &Sender,
+) -> Vec<(String, Result<(Duration, String), StepError>)> {
+    let containers = container_index(config);
+    let probes: Vec<&crate::config::Resource> = order
+        .iter()
+        .filter_map(|a| config.resource(a))
+        .filter(|r| r.kind == ResourceKind::Probe)
+        .filter(|r| targets.is_empty() || targets.contains(&r.address))
+        .collect();
+    let mut nodes: BTreeSet<String> = containers.values().map(|(n, _)| n.clone()).collect();
+    nodes.extend(probes.iter().filter_map(|p| p.node.clone()));
+    let nodes: Vec<String> = nodes
+        .into_iter()
+        .filter(|n| config.nodes.contains_key(n))
+        .collect();
+    let pool = HostPool::connect(config, &nodes, hosts).await;
+    let cancel = CancellationToken::new();
+    let mut out = Vec::new();
+    for p in probes {
+        emit(
+            events,
+            Event::StepStarted {
+                address: p.address.clone(),
+                action: "run".into(),
+            },
+        );
+        let start = Instant::now();
+        let address = p.address.clone();
+        let r = crate::resources::probe::run(&p.config, &pool, &containers, &cancel, |m, t| {
+            emit(
+                events,
+                Event::StepProgress {
+                    address: address.clone(),
+                    message: m,
+                    log: None,
+                    timeout_secs: Some(t),
+                },
+            )
+        })
+        .await;
+        match &r {
+            Ok((_, s)) => emit(
+                events,
+                Event::StepDone {
+                    address: p.address.clone(),
+                    action: "run".into(),
+                    elapsed: start.elapsed(),
+                    summary: s.clone(),
+                },
+            ),
+            Err(e) => emit(
+                events,
+                Event::StepFailed {
+                    address: p.address.clone(),
+                    elapsed: start.elapsed(),
+                    error: e.render(),
+                },
+            ),
+        }
+        out.push((p.address.clone(), r));
+    }
+    pool.close().await;
+    out
+}

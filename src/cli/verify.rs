@@ -1,0 +1,88 @@
+//! `sparkform verify`: run the probes against what is deployed; change nothing.
+
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::{report_diagnostics, ConfigArgs, ConnectArgs};
+use crate::diag::Diagnostics;
+
+/// Run every probe against the live deployment (for cron and monitoring)
+#[derive(Args, Debug)]
+#[command(
+    long_about = "Run every probe (or the -target ones) against the deployment as it runs now, in \
+dependency order, and print each one's latency and answer. Changes nothing and takes no lock. \
+Exits 1 when a probe fails.",
+    after_help = "Example:\n  sparkform verify examples/testbed\n  sparkform verify examples/testbed -target probe.hello --json"
+)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Only these probes (repeatable)
+    #[arg(long, value_name = "ADDRESS")]
+    pub target: Vec<String>,
+    /// Progress as JSON lines
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: VerifyArgs) -> ExitCode {
+    let vars = match args.config.var_inputs() {
+        Ok(v) => v,
+        Err(d) => {
+            report_diagnostics(&Diagnostics(vec![*d]), args.json);
+            return ExitCode::from(1);
+        }
+    };
+    let (config, graph) = match args.config.workspace().load(&vars) {
+        Ok(x) => x,
+        Err(d) => {
+            report_diagnostics(&d, args.json);
+            return ExitCode::from(1);
+        }
+    };
+    for t in &args.target {
+        if !config
+            .resources
+            .iter()
+            .any(|r| &r.address == t && r.kind == crate::config::ResourceKind::Probe)
+        {
+            eprintln!("Error: -target {t}: no such probe");
+            return ExitCode::from(1);
+        }
+    }
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let results = rt.block_on(async {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
+        let r = crate::apply::verify(
+            &config,
+            &graph.order(),
+            &args.target,
+            &args.connect.options(),
+            &tx,
+        )
+        .await;
+        drop(tx);
+        let _ = ui.await;
+        r
+    });
+    let failed = results.iter().filter(|(_, r)| r.is_err()).count();
+    if !args.json {
+        println!(
+            "\n{} probe{} passed, {failed} failed.",
+            results.len() - failed,
+            if results.len() - failed == 1 { "" } else { "s" }
+        );
+    }
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
