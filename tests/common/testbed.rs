@@ -62,3 +62,66 @@ impl Testbed {
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 }
+
+/// The jump host, both nodes and a fabric network whose attachments use `192.168.201.{a1,a2}`.
+pub fn cluster_hcl(tb: &Testbed, a1: u8, a2: u8) -> String {
+    let mut s = tb.hcl(
+        &[("node1", "sf-node1"), ("node2", "sf-node2")],
+        &tb.known_hosts(),
+        2222,
+    );
+    s.push_str(&format!(
+        r#"
+network "fabric" {{
+  subnet = "192.168.201.0/24"
+  mtu    = 9000
+  attach "node1" {{
+    node      = node.node1
+    interface = "enp1s0f0np0"
+    address   = "192.168.201.{a1}"
+  }}
+  attach "node2" {{
+    node      = node.node2
+    interface = "enp1s0f0np0"
+    address   = "192.168.201.{a2}"
+  }}
+}}
+"#
+    ));
+    s
+}
+
+/// Run the sparkform binary; (exit code, stdout, stderr).
+pub fn sparkform(args: &[&str]) -> (i32, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
+        .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
+        .args(args)
+        .output()
+        .expect("run sparkform");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
+}
+
+impl Testbed {
+    /// `docker ps -a` on a node: (name, id, status, address label) of containers with a label.
+    pub fn containers(&self, node: &str, label: &str) -> Vec<(String, String, String, String)> {
+        self.ssh(
+            node,
+            &format!("docker ps -a --no-trunc --filter label={label} --format '{{{{.Names}}}}|{{{{.ID}}}}|{{{{.Status}}}}|{{{{.Label \"sparkform.address\"}}}}'"),
+        )
+        .lines()
+        .filter_map(|l| {
+            let p: Vec<&str> = l.split('|').collect();
+            (p.len() == 4).then(|| (p[0].to_string(), p[1].to_string(), p[2].to_string(), p[3].to_string()))
+        })
+        .collect()
+    }
+
+    /// The IPv4 addresses on the fabric interface of a node.
+    pub fn fabric_addresses(&self, node: &str) -> String {
+        self.ssh(node, "ip -4 -br addr show dev enp1s0f0np0")
+    }
+}
