@@ -291,6 +291,7 @@ pub async fn check_mesh(
         }
     }
     let mut failures = Vec::new();
+    let mut unreachable = Vec::new();
     let mut pairs = 0;
     while let Some(Ok((from, to, out))) = tasks.join_next().await {
         pairs += 1;
@@ -308,8 +309,17 @@ pub async fn check_mesh(
                     .rfind(|l| !l.trim().is_empty())
                     .unwrap_or("no reply")
             )),
-            Err(e) => failures.push(format!("{} → {}: {e}", from.node, to.node)),
+            Err(e) => unreachable.push(format!("{}: {e}", from.node)),
         }
+    }
+    if !unreachable.is_empty() {
+        unreachable.sort();
+        unreachable.dedup();
+        return Err(StepError::new(
+            "cannot check the fabric: a node stopped answering".to_string(),
+        )
+        .details(unreachable)
+        .help("the node or its management network went down; check it and run apply again"));
     }
     if failures.is_empty() {
         Ok(format!(

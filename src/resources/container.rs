@@ -370,7 +370,14 @@ use crate::plan::Action;
 pub struct ContainerHandler;
 
 fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
-    StepError::new(format!("{what}: {e}"))
+    use bollard::errors::Error as E;
+    match e {
+        E::HyperLegacyError { .. } | E::IOError { .. } | E::RequestTimeoutError | E::HyperResponseError { .. } => {
+            StepError::new(format!("{what}: the connection to the node's Docker Engine was lost ({e})"))
+                .help("the node or its network went down during the step; check it, then run apply again (the state records what was done)")
+        }
+        e => StepError::new(format!("{what}: {e}")),
+    }
 }
 
 fn strs(v: Option<&serde_json::Value>) -> Option<Vec<String>> {
