@@ -1,7 +1,7 @@
 locals {
   # Each node's attachment to the fabric, by node name.
   attach     = { for a in values(var.network.attach) : a.node.name => a }
-  head_ip    = local.attach[var.head.name].address
+  head_ip    = var.head_address == null ? local.attach[var.head.name].address : var.head_address
   workers    = { for w in var.workers : w.name => w }
   all_nodes  = concat([var.head], var.workers)
   interfaces = distinct([for n in local.all_nodes : local.attach[n.name].interface])
@@ -22,7 +22,7 @@ locals {
 
 check "head_on_fabric" {
   condition     = cidrcontains(var.network.subnet, local.head_ip)
-  error_message = "the Ray head address ${local.head_ip} is not in the fabric subnet ${var.network.subnet}; Ray must listen on the fabric, not the management network"
+  error_message = "the Ray head address ${local.head_ip} is not in the fabric subnet ${var.network.subnet} of network ${var.network.name}: Ray, NCCL and Gloo would talk over the management network, where the workers cannot reach the head (the first failure of the manual deployment). Leave head_address unset to use the head node's fabric address"
 }
 
 check "every_node_on_fabric" {
@@ -48,14 +48,14 @@ container "ray_head" {
   env = merge(local.fabric_env, var.extra_env, {
     VLLM_HOST_IP = local.head_ip
   })
-  command = [
+  command = concat([
     "ray", "start", "--head", "--block",
     "--node-ip-address=${local.head_ip}",
     "--port=${var.ray_port}",
     "--num-gpus=${var.head.gpus == null ? 0 : var.head.gpus}",
     "--disable-usage-stats",
     "--include-dashboard=false",
-  ]
+  ], var.ray_args)
   restart = "no"
 
   ready {
@@ -79,13 +79,13 @@ container "ray_worker" {
   env = merge(local.fabric_env, var.extra_env, {
     VLLM_HOST_IP = local.attach[each.key].address
   })
-  command = [
+  command = concat([
     "ray", "start", "--block",
     "--address=${local.head_ip}:${var.ray_port}",
     "--node-ip-address=${local.attach[each.key].address}",
     "--num-gpus=${each.value.gpus == null ? 0 : each.value.gpus}",
     "--disable-usage-stats",
-  ]
+  ], var.ray_args)
   restart = "no"
   replace_triggered_by = [container.ray_head]
 }

@@ -61,3 +61,15 @@ variable "container_prefix" {
   default     = "sparkform"
   description = "Docker container names start with this."
 }
+
+variable "head_address" {
+  type        = string
+  default     = null
+  description = "The address Ray's head listens on; by default the head node's fabric address. Set only to override, and only within the fabric subnet."
+}
+
+variable "ray_args" {
+  type        = list(string)
+  default     = []
+  description = "Extra arguments for every `ray start` (e.g. --object-store-memory=100000000)."
+}

@@ -7,7 +7,9 @@ module "ray" {
   shm_size    = var.shm_size
   hf_cache    = var.hf_cache
   gpu_devices = var.gpu_devices
-  extra_env   = var.extra_env
+  extra_env    = var.extra_env
+  head_address = var.head_address
+  ray_args     = var.ray_args
 }
 
 locals {
@@ -36,6 +38,12 @@ locals {
 check "parallelism_matches_gpus" {
   condition     = local.gpus_needed == module.ray.gpus_total
   error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${module.ray.gpus_total} GPUs; vLLM's placement group would wait forever"
+}
+
+check "utilization_on_unified_memory" {
+  condition     = var.gpu_memory_utilization <= 0.85 || length([for n in local.nodes : n.name if n.unified_memory == true]) == 0
+  error_message = "gpu_memory_utilization ${var.gpu_memory_utilization} is above 0.85 on unified-memory nodes: the GPU shares memory with the OS and Ray, and CUDA graph capture has been killed there at 95%"
+  severity      = "warning"
 }
 
 check "model_fits" {
@@ -69,6 +77,14 @@ container "vllm" {
     status   = 200
     timeout  = var.health_timeout
     interval = "5s"
+    # Known ways vLLM on Ray fails slowly: stop at the first sign, with the fix.
+    fail_on_log = {
+      "Waiting for creating a placement group of specs"    = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
+      "(?i)(killed due to the node running low on memory|OutOfMemoryError|memory monitor)" = "Ray's memory monitor killed a worker: keep RAY_memory_monitor_refresh_ms=0 in every container and lower gpu_memory_utilization (≤ 0.85 on GB10)"
+      "Gloo connectFullMesh failed"                        = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
+      "Model architectures \\[.*\\] are not supported"     = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
+      "Free memory on device .* is less than desired"      = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
+    }
   }
 
   depends_on           = [module.ray.members]

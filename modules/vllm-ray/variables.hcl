@@ -103,3 +103,13 @@ variable "health_timeout" {
   default     = "30m"
   description = "How long vLLM may take to load the weights and answer /health."
 }
+
+variable "head_address" {
+  type    = string
+  default = null
+}
+
+variable "ray_args" {
+  type    = list(string)
+  default = []
+}

@@ -1132,6 +1132,10 @@ impl Loader {
     }
 
     fn convert_kind(&self, v: &Value, kind: Kind) -> Result<Value, String> {
+        // An attribute set to null is an attribute not set.
+        if v.is_null() {
+            return Ok(Value::Null);
+        }
         let reference = |what: &str| -> Result<Value, String> {
             match v {
                 Value::Object(o) if o.get("kind").and_then(Value::as_str) == Some(what) => {
@@ -2009,11 +2013,26 @@ impl Loader {
                     .and_then(|m| self.eval_expr(&ctx, &file, &m.value))
                     .map(|m| value_text(&m))
                     .unwrap_or_else(|| "check failed".into());
-                let mut d = Diag::error(
-                    "config::check_failed",
-                    format!("check `{}` failed: {message}", item.name),
-                )
-                .label(&span, "this condition is false");
+                let warning = match block.body.get_attribute("severity").map(|a| &a.value) {
+                    None => false,
+                    Some(Expression::String(s)) if s.value() == "warning" => true,
+                    Some(Expression::String(s)) if s.value() == "error" => false,
+                    Some(other) => {
+                        let sspan = span_of(&file, other.span());
+                        self.diags.push(
+                            Diag::error("config::invalid_value", "a check's severity is \"error\" or \"warning\"")
+                                .label(&sspan, "here"),
+                        );
+                        false
+                    }
+                };
+                let mut d = if warning {
+                    Diag::warning("config::check_warning", format!("check `{}`: {message}", item.name))
+                        .label(&span, "this condition is false")
+                } else {
+                    Diag::error("config::check_failed", format!("check `{}` failed: {message}", item.name))
+                        .label(&span, "this condition is false")
+                };
                 if let Some(call) = &scope.caller {
                     d = d.label(call, "in this module call");
                 }

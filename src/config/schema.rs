@@ -213,6 +213,7 @@ pub static READY: BlockSpec = spec(
         opt("output_contains", Kind::Str),
         opt("timeout", Kind::Duration),
         opt("interval", Kind::Duration),
+        opt("fail_on_log", Kind::MapStr),
     ],
     &[],
 );
@@ -340,6 +341,7 @@ pub static CHECK: BlockSpec = spec(
     &[
         req("condition", Kind::Bool),
         req("error_message", Kind::Str),
+        opt("severity", Kind::Str),
     ],
     &[],
 );

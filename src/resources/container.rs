@@ -99,6 +99,13 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
             return Err("exec needs a command: [\"program\", \"arg\", …]".into());
         }
     }
+    if let Some(Value::Object(patterns)) = values.get("fail_on_log") {
+        for p in patterns.keys() {
+            if let Err(e) = regex::Regex::new(p) {
+                return Err(format!("fail_on_log pattern {p:?} is not a regular expression: {e}"));
+            }
+        }
+    }
     let mut out = serde_json::Map::new();
     for (k, v) in values {
         if !v.is_null() {
@@ -852,6 +859,29 @@ pub async fn tcp_open(ep: &crate::hosts::Endpoint) -> Result<(), String> {
     }
 }
 
+/// Fail at once when the container's log shows a known fatal condition (a regex of
+/// `fail_on_log`), with the fix that goes with it.
+async fn fail_on_log(
+    docker: &bollard::Docker,
+    id: &str,
+    name: &str,
+    patterns: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), StepError> {
+    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await else {
+        return Ok(());
+    };
+    for (pattern, fix) in patterns {
+        let Ok(re) = regex::Regex::new(pattern) else { continue };
+        if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
+            let start = lines.len().saturating_sub(40);
+            return Err(StepError::new(format!("container {name} logged a fatal condition: {}", line.trim()))
+                .details(lines[start..].to_vec())
+                .help(fix.as_str().unwrap_or_default().to_string()));
+        }
+    }
+    Ok(())
+}
+
 /// Wait until every ready check passes, the container dies, the timeout passes or the apply is
 /// cancelled.
 async fn wait_ready(
@@ -892,6 +922,9 @@ async fn wait_ready(
                 Ok(()) => break,
                 Err(e) => e,
             };
+            if let Some(patterns) = check.get("fail_on_log").and_then(|p| p.as_object()) {
+                fail_on_log(docker, id, name, patterns).await?;
+            }
             let alive = running(docker, id).await.map_err(|e| {
                 StepError::new(format!("{name}: {e} while waiting for `{what}`"))
                     .help("the node or its network may be down; check it and run again")

@@ -80,7 +80,8 @@ def start_ray(args):
             log(f"Waiting for creating a placement group of specs for {waited} seconds. specs={specs}. "
                 "Check `ray status` to see if you have enough resources.")
 
-    @ray.remote(num_gpus=1)
+    # As vLLM's Ray workers: a GPU each, no CPU reserved.
+    @ray.remote(num_gpus=1, num_cpus=0)
     class Worker:
         def ip(self):
             return ray.util.get_node_ip_address()
