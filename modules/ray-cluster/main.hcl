@@ -86,7 +86,7 @@ container "ray_worker" {
     "--num-gpus=${each.value.gpus == null ? 0 : each.value.gpus}",
     "--disable-usage-stats",
   ], var.ray_args)
-  restart = "no"
+  restart              = "no"
   replace_triggered_by = [container.ray_head]
 }
 

@@ -1,12 +1,12 @@
 module "ray" {
-  source      = "../ray-cluster"
-  image       = var.image
-  network     = var.network
-  head        = var.head
-  workers     = var.workers
-  shm_size    = var.shm_size
-  hf_cache    = var.hf_cache
-  gpu_devices = var.gpu_devices
+  source       = "../ray-cluster"
+  image        = var.image
+  network      = var.network
+  head         = var.head
+  workers      = var.workers
+  shm_size     = var.shm_size
+  hf_cache     = var.hf_cache
+  gpu_devices  = var.gpu_devices
   extra_env    = var.extra_env
   head_address = var.head_address
   ray_args     = var.ray_args
@@ -79,11 +79,11 @@ container "vllm" {
     interval = "5s"
     # Known ways vLLM on Ray fails slowly: stop at the first sign, with the fix.
     fail_on_log = {
-      "Waiting for creating a placement group of specs"    = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
+      "Waiting for creating a placement group of specs"                                    = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
       "(?i)(killed due to the node running low on memory|OutOfMemoryError|memory monitor)" = "Ray's memory monitor killed a worker: keep RAY_memory_monitor_refresh_ms=0 in every container and lower gpu_memory_utilization (≤ 0.85 on GB10)"
-      "Gloo connectFullMesh failed"                        = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
-      "Model architectures \\[.*\\] are not supported"     = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
-      "Free memory on device .* is less than desired"      = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
+      "Gloo connectFullMesh failed"                                                        = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
+      "Model architectures \\[.*\\] are not supported"                                     = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
+      "Free memory on device .* is less than desired"                                      = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
     }
   }
 
