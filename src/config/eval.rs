@@ -2020,18 +2020,27 @@ impl Loader {
                     Some(other) => {
                         let sspan = span_of(&file, other.span());
                         self.diags.push(
-                            Diag::error("config::invalid_value", "a check's severity is \"error\" or \"warning\"")
-                                .label(&sspan, "here"),
+                            Diag::error(
+                                "config::invalid_value",
+                                "a check's severity is \"error\" or \"warning\"",
+                            )
+                            .label(&sspan, "here"),
                         );
                         false
                     }
                 };
                 let mut d = if warning {
-                    Diag::warning("config::check_warning", format!("check `{}`: {message}", item.name))
-                        .label(&span, "this condition is false")
+                    Diag::warning(
+                        "config::check_warning",
+                        format!("check `{}`: {message}", item.name),
+                    )
+                    .label(&span, "this condition is false")
                 } else {
-                    Diag::error("config::check_failed", format!("check `{}` failed: {message}", item.name))
-                        .label(&span, "this condition is false")
+                    Diag::error(
+                        "config::check_failed",
+                        format!("check `{}` failed: {message}", item.name),
+                    )
+                    .label(&span, "this condition is false")
                 };
                 if let Some(call) = &scope.caller {
                     d = d.label(call, "in this module call");

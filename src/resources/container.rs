@@ -102,7 +102,9 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
     if let Some(Value::Object(patterns)) = values.get("fail_on_log") {
         for p in patterns.keys() {
             if let Err(e) = regex::Regex::new(p) {
-                return Err(format!("fail_on_log pattern {p:?} is not a regular expression: {e}"));
+                return Err(format!(
+                    "fail_on_log pattern {p:?} is not a regular expression: {e}"
+                ));
             }
         }
     }
@@ -867,16 +869,22 @@ async fn fail_on_log(
     name: &str,
     patterns: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), StepError> {
-    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await else {
+    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await
+    else {
         return Ok(());
     };
     for (pattern, fix) in patterns {
-        let Ok(re) = regex::Regex::new(pattern) else { continue };
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
         if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
             let start = lines.len().saturating_sub(40);
-            return Err(StepError::new(format!("container {name} logged a fatal condition: {}", line.trim()))
-                .details(lines[start..].to_vec())
-                .help(fix.as_str().unwrap_or_default().to_string()));
+            return Err(StepError::new(format!(
+                "container {name} logged a fatal condition: {}",
+                line.trim()
+            ))
+            .details(lines[start..].to_vec())
+            .help(fix.as_str().unwrap_or_default().to_string()));
         }
     }
     Ok(())

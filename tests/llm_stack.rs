@@ -1,0 +1,160 @@
+//! The Ray/vLLM modules at plan time: checks that refuse known-bad deployments, and the exact
+//! container configuration the seed example creates.
+
+mod common;
+
+use std::path::Path;
+
+use sparkform::config::{self, ResourceKind, VarInputs};
+use sparkform::resources::container::create_body;
+
+fn load_err(text: &str) -> String {
+    let dir = common::write_config(&[("main.hcl", text)]);
+    match config::load(dir.path(), &VarInputs::default()) {
+        Ok(_) => panic!("loaded without errors"),
+        // Messages, not the rendered report: miette wraps long lines.
+        Err(d) => {
+            d.0.iter()
+                .map(|x| x.message.clone())
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    }
+}
+
+/// The testbed example, with its module source made absolute so it loads from a temp dir.
+fn testbed_example() -> String {
+    let modules = std::fs::canonicalize("modules/vllm-ray").unwrap();
+    std::fs::read_to_string("examples/testbed/main.hcl")
+        .unwrap()
+        .replace(
+            "\"../../modules/vllm-ray\"",
+            &format!("{:?}", modules.display().to_string()),
+        )
+}
+
+#[test]
+fn a_ray_head_on_the_management_network_is_refused_naming_the_fabric_subnet() {
+    let text = testbed_example().replace(
+        "  health_timeout",
+        "  head_address = \"10.199.0.11\"\n  health_timeout",
+    );
+    let err = load_err(&text);
+    assert!(err.contains("check `head_on_fabric` failed"), "{err}");
+    assert!(
+        err.contains("10.199.0.11 is not in the fabric subnet 192.168.200.0/24"),
+        "{err}"
+    );
+}
+
+#[test]
+fn parallelism_must_match_the_gpus() {
+    let text =
+        testbed_example().replace("tensor_parallel_size   = 2", "tensor_parallel_size   = 4");
+    let err = load_err(&text);
+    assert!(err.contains("tensor_parallel_size × pipeline_parallel_size = 4, but the head and workers declare 2 GPUs"), "{err}");
+}
+
+#[test]
+fn interfaces_must_match_and_the_model_must_fit() {
+    let text = std::fs::read_to_string("examples/qwen35-two-sparks/main.hcl")
+        .unwrap()
+        .replace(
+            "\"../../modules/vllm-ray\"",
+            &format!(
+                "{:?}",
+                std::fs::canonicalize("modules/vllm-ray")
+                    .unwrap()
+                    .display()
+                    .to_string()
+            ),
+        )
+        .replacen(
+            "interface = \"enp1s0f0np0\"",
+            "interface = \"enp1s0f1np1\"",
+            1,
+        )
+        .replace(
+            "model_size_gib         = 111",
+            "model_size_gib         = 240",
+        );
+    let err = load_err(&text);
+    assert!(
+        err.contains("same_interface_everywhere") && err.contains("enp1s0f1np1, enp1s0f0np0"),
+        "{err}"
+    );
+    assert!(
+        err.contains("model_fits") && err.contains("more than 120 GiB × 0.8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn high_utilization_on_unified_memory_is_a_warning() {
+    let text = std::fs::read_to_string("examples/qwen35-two-sparks/main.hcl")
+        .unwrap()
+        .replace(
+            "\"../../modules/vllm-ray\"",
+            &format!(
+                "{:?}",
+                std::fs::canonicalize("modules/vllm-ray")
+                    .unwrap()
+                    .display()
+                    .to_string()
+            ),
+        )
+        .replace(
+            "memory_gib = 120",
+            "memory_gib = 120\n  unified_memory = true",
+        )
+        .replace(
+            "gpu_memory_utilization = 0.80",
+            "gpu_memory_utilization = 0.90",
+        );
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let c = config::load(dir.path(), &VarInputs::default()).expect("a warning is not an error");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("above 0.85 on unified-memory nodes")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn golden_container_configuration_of_the_seed_example() {
+    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks"));
+    let mut out = String::new();
+    for r in c
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Container)
+    {
+        let body = create_body(&r.config, "LINEAGE", &r.address, "sha256:CONFIG", &c.dir);
+        let mut v = serde_json::to_value(&body).unwrap();
+        if let Some(env) = v.get_mut("Env").and_then(|e| e.as_array_mut()) {
+            env.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+        }
+        out.push_str(&format!(
+            "# {} on {}\n{}\n\n",
+            r.address,
+            r.node.as_deref().unwrap_or("?"),
+            serde_json::to_string_pretty(&v).unwrap()
+        ));
+    }
+    insta::assert_snapshot!("seed_containers", out);
+}
+
+#[test]
+fn the_projects_own_hcl_is_formatted() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
+        .args(["fmt", "--check", "--recursive", "examples", "modules"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
