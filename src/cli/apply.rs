@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::diag::Diagnostics;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{self, render, Plan, PlanOptions};
-use crate::state::{State, StateStore};
+use crate::state::StateStore;
 use crate::workspace::Workspace;
 
 const LONG_ABOUT: &str =
@@ -405,6 +405,5 @@ fn report(outcome: &apply::ApplyOutcome, plan: &Plan, operation: &str, json: boo
     } else {
         eprintln!("\nNot rolled back (--no-rollback): the state records what was done. Run `sparkform plan` to see it.");
     }
-    let _ = State::new;
     ExitCode::from(1)
 }

@@ -783,7 +783,7 @@ impl Loader {
 
     /// A context holding the referenced parts of other items. `None` when a referenced item failed
     /// (its error is already reported).
-    fn context_for(&self, scope: &Scope<'_>, refs: &[Ref], item: &Item<'_>) -> Option<Ctx> {
+    fn context_for(&self, scope: &Scope<'_>, refs: &[Ref]) -> Option<Ctx> {
         let mut roots: BTreeMap<&'static str, Value> = BTreeMap::new();
         let mut deps = BTreeSet::new();
         let mut sensitive = false;
@@ -813,7 +813,6 @@ impl Loader {
                 project(dst, &ev.value, rest);
             }
         }
-        let _ = item;
         Some(Ctx {
             vars: roots,
             each: None,
@@ -1004,7 +1003,7 @@ impl Loader {
     fn eval_local(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
         let item = &scope.items[i];
         let attr = item.local?;
-        let ctx = self.context_for(scope, &item.refs, item)?;
+        let ctx = self.context_for(scope, &item.refs)?;
         let file = item.file.clone();
         let value = self.eval_expr(&ctx, &file, &attr.value)?;
         Some(Evaluated {
@@ -1019,16 +1018,15 @@ impl Loader {
     // ----- attribute evaluation -----
 
     fn eval_expr(&mut self, ctx: &Ctx, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
-        let mut hctx = Context::new();
-        for (k, v) in &ctx.vars {
-            hctx.declare_var(*k, v.clone());
-        }
-        if let Some(each) = &ctx.each {
-            hctx.declare_var("each", each.clone());
-        }
-        crate::config::functions::declare_all(&mut hctx);
+        let hctx = ctx.hcl();
+        self.eval_in(&hctx, file, expr)
+    }
+
+    /// Evaluate with a prepared context: blocks build one for all their attributes, since
+    /// declaring the variables and the function table costs more than most expressions.
+    fn eval_in(&mut self, hctx: &Context<'_>, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
         let converted: hcl::Expression = expr.clone().into();
-        match converted.evaluate(&hctx) {
+        match converted.evaluate(hctx) {
             Ok(v) => Some(v),
             Err(e) => {
                 let span = span_of(file, expr.span());
@@ -1054,13 +1052,14 @@ impl Loader {
     ) -> Option<Attrs> {
         let mut out = Attrs::default();
         let mut ok = true;
+        let hctx = ctx.hcl();
         for attr in body.attributes() {
             let key = attr.key.as_str();
             let Some(a) = spec.attr(key) else { continue };
             if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
                 continue;
             }
-            let Some(v) = self.eval_expr(ctx, file, &attr.value) else {
+            let Some(v) = self.eval_in(&hctx, file, &attr.value) else {
                 ok = false;
                 continue;
             };
@@ -1068,7 +1067,7 @@ impl Loader {
             match self.convert_kind(&v, a.kind) {
                 Ok(converted) => {
                     if ctx.sensitive {
-                        self.mark_sensitive(scope, file, attr, &mut out);
+                        self.mark_sensitive(scope, attr, &mut out);
                     }
                     if matches!(a.kind, Kind::Node | Kind::Jump | Kind::Container) {
                         out.raw.insert(key.to_string(), v);
@@ -1100,11 +1099,9 @@ impl Loader {
     fn mark_sensitive(
         &self,
         scope: &Scope<'_>,
-        file: &Arc<SourceFile>,
         attr: &Attribute,
         out: &mut Attrs,
     ) {
-        let _ = file;
         let key = attr.key.as_str().to_string();
         if let Expression::Object(obj) = &attr.value {
             for (k, v) in obj.iter() {
@@ -1203,7 +1200,7 @@ impl Loader {
     ) -> Option<(Attrs, Ctx)> {
         let item = &scope.items[i];
         let block = item.block?;
-        let ctx = self.context_for(scope, &item.refs, item)?;
+        let ctx = self.context_for(scope, &item.refs)?;
         let file = item.file.clone();
         let attrs = self.eval_body(&ctx, scope, &file, &block.body, spec)?;
         Some((attrs, ctx))
@@ -1214,9 +1211,8 @@ impl Loader {
         let item = &scope.items[i];
         let address = format!("{}jump.{}", scope.prefix, item.name);
         let host = attrs.string("address")?;
-        let file = item.file.clone();
         let header = item.header.clone();
-        let mut ok = self.check_host(&file, &attrs, &host);
+        let mut ok = self.check_host(&attrs, &host);
         ok &= self.check_user(&attrs);
         let port = self.port(&attrs, &mut ok);
         if !ok {
@@ -1246,8 +1242,7 @@ impl Loader {
         })
     }
 
-    fn check_host(&mut self, file: &Arc<SourceFile>, attrs: &Attrs, host: &str) -> bool {
-        let _ = file;
+    fn check_host(&mut self, attrs: &Attrs, host: &str) -> bool {
         let valid = host == "local"
             || (!host.is_empty()
                 && host.len() <= 253
@@ -1318,10 +1313,9 @@ impl Loader {
         let item = &scope.items[i];
         let address = format!("{}node.{}", scope.prefix, item.name);
         let host = attrs.string("address")?;
-        let file = item.file.clone();
         let header = item.header.clone();
         let name = item.name.clone();
-        let mut ok = self.check_host(&file, &attrs, &host);
+        let mut ok = self.check_host(&attrs, &host);
         ok &= self.check_user(&attrs);
         let port = self.port(&attrs, &mut ok);
         let gpus = match attrs.number("gpus") {
@@ -1461,7 +1455,17 @@ impl Loader {
                 ok = false;
                 continue;
             }
-            let Some(a) = self.eval_body(&ctx, scope, &file, &ab.body, &schema::ATTACH) else {
+            // Each attachment is evaluated with the parts of other blocks it refers to, not the
+            // whole network's references: with N attachments that would cost N² copies.
+            let mut attach_refs = Vec::new();
+            for attr in ab.body.attributes() {
+                attach_refs.extend(refs::collect(&attr.value).refs);
+            }
+            let Some(actx) = self.context_for(scope, &attach_refs) else {
+                ok = false;
+                continue;
+            };
+            let Some(a) = self.eval_body(&actx, scope, &file, &ab.body, &schema::ATTACH) else {
                 ok = false;
                 continue;
             };
@@ -1571,7 +1575,7 @@ impl Loader {
             names.push(res_address.clone());
             let mut av = Map::new();
             // The attachment value carries the node object so modules can read `attach.x.node.name`.
-            let node_value = self.node_value(scope, &a, &ctx);
+            let node_value = a.raw.get("node").cloned().unwrap_or(Value::Null);
             av.insert("kind".into(), "attachment".into());
             av.insert("id".into(), res_address.clone().into());
             av.insert("name".into(), aname.clone().into());
@@ -1620,12 +1624,6 @@ impl Loader {
         })
     }
 
-    /// The node object an attachment points at, found again through the context it was evaluated in.
-    fn node_value(&self, scope: &Scope<'_>, attrs: &Attrs, ctx: &Ctx) -> Value {
-        let _ = (scope, ctx);
-        attrs.raw.get("node").cloned().unwrap_or(Value::Null)
-    }
-
     // ----- containers -----
 
     fn eval_container(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
@@ -1634,7 +1632,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let mut ctx = self.context_for(scope, &item.refs, item)?;
+        let mut ctx = self.context_for(scope, &item.refs)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
         let replace_by = self.edge_deps(scope, i, "replace_triggered_by")?;
         let base = format!("{}container.{}", scope.prefix, name);
@@ -1771,7 +1769,7 @@ impl Loader {
                 span: header.clone(),
             });
             scope.all_resources.insert(address.clone());
-            let mut value = attrs.to_object_masked();
+            let mut value = attrs.to_object();
             value.insert(
                 "node".into(),
                 attrs.raw.get("node").cloned().unwrap_or(Value::Null),
@@ -1899,7 +1897,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let ctx = self.context_for(scope, &item.refs, item)?;
+        let ctx = self.context_for(scope, &item.refs)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
         let attrs = self.eval_body(&ctx, scope, &file, &block.body, &schema::PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
@@ -1994,7 +1992,7 @@ impl Loader {
         let item = &scope.items[i];
         let Some(block) = item.block else { return };
         let file = item.file.clone();
-        let Some(ctx) = self.context_for(scope, &item.refs, item) else {
+        let Some(ctx) = self.context_for(scope, &item.refs) else {
             return;
         };
         let Some(cond) = block.body.get_attribute("condition") else {
@@ -2065,7 +2063,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let Some(mut ctx) = self.context_for(scope, &item.refs, item) else {
+        let Some(mut ctx) = self.context_for(scope, &item.refs) else {
             return;
         };
         let Some(edge) = self.edge_deps(scope, i, "depends_on") else {
@@ -2165,7 +2163,8 @@ impl Loader {
             );
             return None;
         }
-        let ctx = self.context_for(scope, &item.refs, item)?;
+        // Skipped when something it refers to failed (already reported).
+        self.context_for(scope, &item.refs)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
         let files = self.load_folder(&dir)?;
         let declared = Self::declared_variables(&files);
@@ -2199,7 +2198,7 @@ impl Loader {
                 continue;
             }
             let c = refs::collect(&attr.value);
-            let Some(sub) = self.context_for(scope, &c.refs, item) else {
+            let Some(sub) = self.context_for(scope, &c.refs) else {
                 ok = false;
                 continue;
             };
@@ -2221,7 +2220,6 @@ impl Loader {
         if !ok {
             return None;
         }
-        let _ = ctx;
         let mut path = scope.path.clone();
         path.push(name.clone());
         let mut extra = scope.extra_deps.clone();
@@ -2294,6 +2292,21 @@ struct Ctx {
     sensitive: bool,
 }
 
+impl Ctx {
+    /// The hcl-rs evaluation context: the projected variables, `each`, and the functions.
+    fn hcl(&self) -> Context<'static> {
+        let mut hctx = Context::new();
+        for (k, v) in &self.vars {
+            hctx.declare_var(*k, v.clone());
+        }
+        if let Some(each) = &self.each {
+            hctx.declare_var("each", each.clone());
+        }
+        crate::config::functions::declare_all(&mut hctx);
+        hctx
+    }
+}
+
 /// Evaluated attributes of one block.
 #[derive(Default)]
 struct Attrs {
@@ -2338,10 +2351,6 @@ impl Attrs {
             m.insert(k.clone(), v.clone());
         }
         m
-    }
-    /// The value other blocks see: sensitive parts stay, marked by the item's taint.
-    fn to_object_masked(&self) -> Map<String, Value> {
-        self.to_object()
     }
 }
 

@@ -378,10 +378,15 @@ use crate::plan::Action;
 
 pub struct ContainerHandler;
 
-fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
+/// Whether a Docker client error means the connection to the node is gone (not a refusal).
+fn connection_lost(e: &bollard::errors::Error) -> bool {
     use bollard::errors::Error as E;
+    matches!(e, E::HyperLegacyError { .. } | E::IOError { .. } | E::RequestTimeoutError | E::HyperResponseError { .. })
+}
+
+fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
     match e {
-        E::HyperLegacyError { .. } | E::IOError { .. } | E::RequestTimeoutError | E::HyperResponseError { .. } => {
+        e if connection_lost(&e) => {
             StepError::new(format!("{what}: the connection to the node's Docker Engine was lost ({e})"))
                 .help("the node or its network went down during the step; check it, then run apply again (the state records what was done)")
         }
@@ -755,6 +760,7 @@ async fn running(docker: &bollard::Docker, id: &str) -> Result<bool, String> {
         Ok(Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
         })) => Ok(false),
+        Ok(Err(e)) if connection_lost(&e) => Err(format!("the connection to the node's Docker Engine was lost ({e})")),
         Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
         Ok(Ok(i)) => Ok(i.state.and_then(|s| s.running).unwrap_or(false)),
     }
