@@ -158,3 +158,29 @@ fn the_projects_own_hcl_is_formatted() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn vllm_fail_fast_patterns_catch_each_known_failure() {
+    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks"));
+    let vllm = c.resource("module.qwen.container.vllm").expect("vllm");
+    let patterns = vllm.config["ready"][0]["fail_on_log"].as_object().expect("fail_on_log");
+    // Log lines as vLLM and Ray print them when each of these happens.
+    let samples = [
+        ("Waiting for creating a placement group of specs for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]", "RAY_ADDRESS"),
+        ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "RAY_memory_monitor_refresh_ms=0"),
+        ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144]", "GLOO_SOCKET_IFNAME"),
+        ("ValueError: Model architectures ['Qwen3_5MoeForCausalLM'] are not supported for now.", "architecture"),
+        ("ValueError: Free memory on device (101.2/119.7 GiB) on startup is less than desired GPU memory utilization (0.9, 107.7 GiB).", "gpu_memory_utilization"),
+    ];
+    for (line, fix_mentions) in samples {
+        let hits: Vec<&str> = patterns
+            .iter()
+            .filter(|(re, _)| regex::Regex::new(re).unwrap().is_match(line))
+            .map(|(_, fix)| fix.as_str().unwrap())
+            .collect();
+        assert_eq!(hits.len(), 1, "{line}: {hits:?}");
+        assert!(hits[0].contains(fix_mentions), "{line}: {}", hits[0]);
+    }
+    let healthy = "INFO: Application startup complete.";
+    assert!(!patterns.keys().any(|re| regex::Regex::new(re).unwrap().is_match(healthy)));
+}
