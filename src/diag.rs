@@ -32,7 +32,7 @@ impl SourceFile {
 
     /// 1-based line and column of a byte offset.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.text.len());
+        let offset = char_boundary(&self.text, offset);
         let before = &self.text[..offset];
         let line = before.matches('\n').count() + 1;
         let col = before
@@ -41,6 +41,15 @@ impl SourceFile {
             + 1;
         (line, col)
     }
+}
+
+/// The largest char boundary at or before `offset` (offsets from parsers may land anywhere).
+fn char_boundary(text: &str, offset: usize) -> usize {
+    let mut o = offset.min(text.len());
+    while !text.is_char_boundary(o) {
+        o -= 1;
+    }
+    o
 }
 
 pub fn display_path(path: &Path) -> String {
@@ -61,9 +70,8 @@ pub struct Span {
 
 impl Span {
     pub fn new(file: &Arc<SourceFile>, range: Range<usize>) -> Self {
-        let len = file.text.len();
-        let start = range.start.min(len);
-        let end = range.end.clamp(start, len);
+        let start = char_boundary(&file.text, range.start);
+        let end = char_boundary(&file.text, range.end.max(start));
         Span {
             file: file.clone(),
             range: start..end,

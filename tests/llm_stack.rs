@@ -163,7 +163,9 @@ fn the_projects_own_hcl_is_formatted() {
 fn vllm_fail_fast_patterns_catch_each_known_failure() {
     let (c, _) = common::load(Path::new("examples/qwen35-two-sparks"));
     let vllm = c.resource("module.qwen.container.vllm").expect("vllm");
-    let patterns = vllm.config["ready"][0]["fail_on_log"].as_object().expect("fail_on_log");
+    let patterns = vllm.config["ready"][0]["fail_on_log"]
+        .as_object()
+        .expect("fail_on_log");
     // Log lines as vLLM and Ray print them when each of these happens.
     let samples = [
         ("Waiting for creating a placement group of specs for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]", "RAY_ADDRESS"),
@@ -182,5 +184,7 @@ fn vllm_fail_fast_patterns_catch_each_known_failure() {
         assert!(hits[0].contains(fix_mentions), "{line}: {}", hits[0]);
     }
     let healthy = "INFO: Application startup complete.";
-    assert!(!patterns.keys().any(|re| regex::Regex::new(re).unwrap().is_match(healthy)));
+    assert!(!patterns
+        .keys()
+        .any(|re| regex::Regex::new(re).unwrap().is_match(healthy)));
 }

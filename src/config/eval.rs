@@ -1024,7 +1024,12 @@ impl Loader {
 
     /// Evaluate with a prepared context: blocks build one for all their attributes, since
     /// declaring the variables and the function table costs more than most expressions.
-    fn eval_in(&mut self, hctx: &Context<'_>, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
+    fn eval_in(
+        &mut self,
+        hctx: &Context<'_>,
+        file: &Arc<SourceFile>,
+        expr: &Expression,
+    ) -> Option<Value> {
         let converted: hcl::Expression = expr.clone().into();
         match converted.evaluate(hctx) {
             Ok(v) => Some(v),
@@ -1096,12 +1101,7 @@ impl Loader {
         ok.then_some(out)
     }
 
-    fn mark_sensitive(
-        &self,
-        scope: &Scope<'_>,
-        attr: &Attribute,
-        out: &mut Attrs,
-    ) {
+    fn mark_sensitive(&self, scope: &Scope<'_>, attr: &Attribute, out: &mut Attrs) {
         let key = attr.key.as_str().to_string();
         if let Expression::Object(obj) = &attr.value {
             for (k, v) in obj.iter() {

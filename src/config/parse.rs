@@ -118,7 +118,10 @@ pub fn parse_source(
     match hcl_edit::parser::parse_body(&file.text) {
         Ok(body) => Some((file, body)),
         Err(e) => {
-            let offset = e.location().offset().min(file.text.len());
+            let mut offset = e.location().offset().min(file.text.len());
+            while !file.text.is_char_boundary(offset) {
+                offset -= 1;
+            }
             let end = file.text[offset..]
                 .char_indices()
                 .nth(1)

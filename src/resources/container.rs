@@ -381,7 +381,13 @@ pub struct ContainerHandler;
 /// Whether a Docker client error means the connection to the node is gone (not a refusal).
 fn connection_lost(e: &bollard::errors::Error) -> bool {
     use bollard::errors::Error as E;
-    matches!(e, E::HyperLegacyError { .. } | E::IOError { .. } | E::RequestTimeoutError | E::HyperResponseError { .. })
+    matches!(
+        e,
+        E::HyperLegacyError { .. }
+            | E::IOError { .. }
+            | E::RequestTimeoutError
+            | E::HyperResponseError { .. }
+    )
 }
 
 fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
@@ -760,7 +766,9 @@ async fn running(docker: &bollard::Docker, id: &str) -> Result<bool, String> {
         Ok(Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
         })) => Ok(false),
-        Ok(Err(e)) if connection_lost(&e) => Err(format!("the connection to the node's Docker Engine was lost ({e})")),
+        Ok(Err(e)) if connection_lost(&e) => Err(format!(
+            "the connection to the node's Docker Engine was lost ({e})"
+        )),
         Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
         Ok(Ok(i)) => Ok(i.state.and_then(|s| s.running).unwrap_or(false)),
     }
