@@ -17,7 +17,7 @@ use crate::plan::{Action, Change, Plan};
 use crate::resources::attachment::{check_mesh, Member};
 use crate::resources::probe::ContainerIndex;
 use crate::resources::{handler, Applied, StepCx, StepError};
-use crate::state::{OutputState, ResourceState, State, StateStore};
+use crate::state::{ResourceState, State, StateStore};
 use events::{emit, Event, Sender};
 
 pub struct ApplyRequest<'a> {
@@ -363,12 +363,21 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
     );
     let nodes = nodes_needed(req.config, &steps, &containers);
     let pool = Arc::new(HostPool::connect(req.config, &nodes, &req.hosts).await);
-    let desired: HashMap<&str, &serde_json::Value> = req
+    let desired_map: HashMap<&str, &serde_json::Value> = req
         .config
         .resources
         .iter()
         .map(|r| (r.address.as_str(), &r.config))
         .collect();
+    let jobs = Jobs {
+        pool: pool.clone(),
+        before: &before,
+        desired: desired_map,
+        config_dir: req.config.dir.clone(),
+        events: req.events.clone(),
+        cancel: req.cancel.clone(),
+        containers: containers.clone(),
+    };
 
     let n = steps.len();
     let mut waiting: Vec<usize> = steps.iter().map(|s| s.deps.len()).collect();
@@ -405,18 +414,8 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
                     action: action_word(&step),
                 },
             );
-            let job = Job {
-                idx: i,
-                desired: desired.get(step.address.as_str()).map(|v| (*v).clone()),
-                recorded: before.resources.get(&step.address).cloned(),
-                step,
-                pool: pool.clone(),
-                lineage: before.lineage.clone(),
-                config_dir: req.config.dir.clone(),
-                events: req.events.clone(),
-                cancel: req.cancel.clone(),
-                containers: containers.clone(),
-            };
+            let mut job = jobs.job(&step);
+            job.idx = i;
             running.spawn(job.run());
         }
         if running.is_empty() {
@@ -500,7 +499,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
         // Success: drop what was kept for rollback, record the outputs.
         for (step, applied) in &completed {
             if let StepKind::Resource(kind) = step.kind {
-                let job = finalize_job(step, &pool, &before, &req, &containers);
+                let job = jobs.job(step);
                 if let Err(e) = handler(kind)
                     .finalize(&job.cx(), step.change.action, applied)
                     .await
@@ -511,23 +510,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
                 }
             }
         }
-        for o in &req.plan.outputs {
-            match (&o.action, &o.after) {
-                (Action::Delete, _) => {
-                    state.outputs.remove(&o.name);
-                }
-                (_, Some(v)) => {
-                    state.outputs.insert(
-                        o.name.clone(),
-                        OutputState {
-                            value: v.clone(),
-                            sensitive: o.sensitive,
-                        },
-                    );
-                }
-                _ => {}
-            }
-        }
+        crate::plan::record_outputs(req.plan, &mut state);
         if let Err(e) = req.store.write(&mut state) {
             outcome.state_error = Some(e.to_string());
         }
@@ -549,7 +532,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
             let StepKind::Resource(kind) = step.kind else {
                 continue;
             };
-            let mut job = finalize_job(step, &pool, &before, &req, &containers);
+            let mut job = jobs.job(step);
             job.cancel = undo_cancel.clone();
             match handler(kind)
                 .undo(&job.cx(), step.change.action, applied)
@@ -612,6 +595,8 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
             summary,
         },
     );
+    // The last reference closes the master connections cleanly.
+    drop(jobs);
     match Arc::try_unwrap(pool) {
         Ok(p) => p.close().await,
         Err(p) => drop(p),
@@ -620,24 +605,34 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
     outcome
 }
 
-fn finalize_job(
-    step: &Step,
-    pool: &Arc<HostPool>,
-    before: &State,
-    req: &ApplyRequest<'_>,
-    containers: &Arc<ContainerIndex>,
-) -> Job {
-    Job {
-        idx: 0,
-        step: step.clone(),
-        desired: req.config.resource(&step.address).map(|r| r.config.clone()),
-        recorded: before.resources.get(&step.address).cloned(),
-        pool: pool.clone(),
-        lineage: before.lineage.clone(),
-        config_dir: req.config.dir.clone(),
-        events: req.events.clone(),
-        cancel: req.cancel.clone(),
-        containers: containers.clone(),
+/// Makes the owned `Job` for a step from what every step shares.
+struct Jobs<'a> {
+    pool: Arc<HostPool>,
+    before: &'a State,
+    desired: HashMap<&'a str, &'a serde_json::Value>,
+    config_dir: PathBuf,
+    events: Sender,
+    cancel: CancellationToken,
+    containers: Arc<ContainerIndex>,
+}
+
+impl Jobs<'_> {
+    fn job(&self, step: &Step) -> Job {
+        Job {
+            idx: 0,
+            step: step.clone(),
+            desired: self
+                .desired
+                .get(step.address.as_str())
+                .map(|v| (*v).clone()),
+            recorded: self.before.resources.get(&step.address).cloned(),
+            pool: self.pool.clone(),
+            lineage: self.before.lineage.clone(),
+            config_dir: self.config_dir.clone(),
+            events: self.events.clone(),
+            cancel: self.cancel.clone(),
+            containers: self.containers.clone(),
+        }
     }
 }
 

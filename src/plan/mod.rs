@@ -672,6 +672,11 @@ pub fn record(plan: &Plan, state: &mut State) {
             }
         }
     }
+    record_outputs(plan, state);
+}
+
+/// Record a plan's output changes in the state.
+pub fn record_outputs(plan: &Plan, state: &mut State) {
     for o in &plan.outputs {
         match (&o.action, &o.after) {
             (Action::Delete, _) => {

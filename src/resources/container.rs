@@ -378,6 +378,16 @@ use crate::plan::Action;
 
 pub struct ContainerHandler;
 
+/// Docker answers 304 when a container is already in the asked state: that is success.
+fn already_so(r: Result<(), bollard::errors::Error>) -> Result<(), bollard::errors::Error> {
+    match r {
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 304, ..
+        }) => Ok(()),
+        other => other,
+    }
+}
+
 /// Whether a Docker client error means the connection to the node is gone (not a refusal).
 fn connection_lost(e: &bollard::errors::Error) -> bool {
     use bollard::errors::Error as E;
@@ -1034,7 +1044,7 @@ async fn set_aside(
             .await
             .map_err(|e| docker_err(&format!("cannot rename {name} aside"), e))?;
     }
-    docker
+    let stopped = docker
         .stop_container(
             id,
             Some(q::StopContainerOptions {
@@ -1042,14 +1052,8 @@ async fn set_aside(
                 ..Default::default()
             }),
         )
-        .await
-        .or_else(|e| match e {
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 304, ..
-            } => Ok(()),
-            e => Err(e),
-        })
-        .map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+        .await;
+    already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
     Ok(aside)
 }
 
@@ -1063,16 +1067,10 @@ async fn restore(docker: &bollard::Docker, id: &str, name: &str) -> Result<(), S
         )
         .await
         .map_err(|e| docker_err(&format!("cannot rename the previous {name} back"), e))?;
-    docker
+    let started = docker
         .start_container(id, None::<q::StartContainerOptions>)
-        .await
-        .or_else(|e| match e {
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 304, ..
-            } => Ok(()),
-            e => Err(e),
-        })
-        .map_err(|e| docker_err(&format!("cannot start the previous {name}"), e))
+        .await;
+    already_so(started).map_err(|e| docker_err(&format!("cannot start the previous {name}"), e))
 }
 
 /// Create, start and wait for a new container. On failure nothing of it is left.
