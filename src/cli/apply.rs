@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, Args};
 
-use super::{report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs};
+use super::{
+    report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs,
+};
 use crate::apply::{self, ApplyRequest};
 use crate::config::Config;
 use crate::diag::Diagnostics;
@@ -49,15 +51,8 @@ pub struct ApplyArgs {
 /// What apply and destroy share.
 #[derive(Args, Debug, Clone)]
 pub struct ExecArgs {
-    /// Set a variable: -var name=value (repeatable)
-    #[arg(long = "var", value_name = "NAME=VALUE")]
-    pub vars: Vec<String>,
-    /// Read variables from an HCL file of `name = value` lines (repeatable)
-    #[arg(long = "var-file", value_name = "FILE")]
-    pub var_files: Vec<PathBuf>,
-    /// State file (default: DIR/state/sparkform.json)
-    #[arg(long = "state", value_name = "PATH")]
-    pub state: Option<PathBuf>,
+    #[command(flatten)]
+    pub inputs: InputArgs,
     /// Do not ask for confirmation
     #[arg(long = "auto-approve")]
     pub auto_approve: bool,
@@ -81,9 +76,7 @@ impl ExecArgs {
     pub fn config_args(&self, dir: PathBuf) -> ConfigArgs {
         ConfigArgs {
             dir,
-            vars: self.vars.clone(),
-            var_files: self.var_files.clone(),
-            state: self.state.clone(),
+            inputs: self.inputs.clone(),
         }
     }
 }
@@ -141,14 +134,10 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return report_error(e),
     };
-    let ca = ConfigArgs {
-        state: args
-            .common
-            .state
-            .clone()
-            .or_else(|| Some(PathBuf::from(&pf.state_path))),
-        ..args.common.config_args(PathBuf::from(&pf.config_dir))
-    };
+    let mut ca = args.common.config_args(PathBuf::from(&pf.config_dir));
+    if ca.inputs.state.is_none() {
+        ca.inputs.state = Some(PathBuf::from(&pf.state_path));
+    }
     let Some((config, graph)) = load(&ca, args.common.json) else {
         return ExitCode::from(1);
     };

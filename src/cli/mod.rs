@@ -67,6 +67,13 @@ pub struct ConfigArgs {
     /// Folder holding the .hcl definitions
     #[arg(default_value = ".")]
     pub dir: PathBuf,
+    #[command(flatten)]
+    pub inputs: InputArgs,
+}
+
+/// Variables and the state file, for commands that evaluate the definitions.
+#[derive(Args, Debug, Clone)]
+pub struct InputArgs {
     /// Set a variable: -var name=value (repeatable; lists and maps in HCL syntax)
     #[arg(long = "var", value_name = "NAME=VALUE")]
     pub vars: Vec<String>,
@@ -80,13 +87,13 @@ pub struct ConfigArgs {
 
 impl ConfigArgs {
     pub fn workspace(&self) -> Workspace {
-        Workspace::new(&self.dir, self.state.as_deref())
+        Workspace::new(&self.dir, self.inputs.state.as_deref())
     }
 
     pub fn var_inputs(&self) -> Result<VarInputs, Box<Diag>> {
         let mut inputs = VarInputs::from_env();
-        inputs.files = self.var_files.clone();
-        for v in &self.vars {
+        inputs.files = self.inputs.var_files.clone();
+        for v in &self.inputs.vars {
             match v.split_once('=') {
                 Some((k, val)) if !k.is_empty() => {
                     inputs.cli.push((k.to_string(), val.to_string()))
