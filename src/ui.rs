@@ -206,3 +206,69 @@ fn lines(
         )],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_lines_for_a_step_and_its_failure() {
+        let start = Instant::now();
+        let mut running = BTreeMap::new();
+        let started = lines(
+            &Event::StepStarted {
+                address: "container.a".into(),
+                action: "create".into(),
+            },
+            start,
+            &mut running,
+            Mode::Plain,
+        );
+        assert!(started[0].ends_with("container.a: create…"), "{started:?}");
+        assert!(running.contains_key("container.a"));
+        // Progress within 10 s of the last line prints nothing, but is remembered for live mode.
+        let quiet = lines(
+            &Event::StepProgress {
+                address: "container.a".into(),
+                message: "waiting".into(),
+                log: Some("loading".into()),
+                timeout_secs: Some(30),
+            },
+            start,
+            &mut running,
+            Mode::Plain,
+        );
+        assert!(quiet.is_empty());
+        assert_eq!(running["container.a"].log.as_deref(), Some("loading"));
+        let failed = lines(
+            &Event::StepFailed {
+                address: "container.a".into(),
+                elapsed: Duration::from_millis(1500),
+                error: "boom\n    │ last line".into(),
+            },
+            start,
+            &mut running,
+            Mode::Plain,
+        );
+        assert!(
+            failed[0].contains("✗ container.a: failed after 1.5 s"),
+            "{failed:?}"
+        );
+        assert_eq!(failed[2], "        │ last line");
+        assert!(running.is_empty());
+    }
+
+    #[test]
+    fn json_events_carry_seconds() {
+        let e = Event::StepDone {
+            address: "probe.hello".into(),
+            action: "run".into(),
+            elapsed: Duration::from_millis(1234),
+            summary: "200".into(),
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
+        assert_eq!(v["event"], "step_done");
+        assert_eq!(v["elapsed"], 1.234);
+    }
+}
