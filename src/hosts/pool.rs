@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 use super::local::LocalHost;
 use super::ssh::{ConnectContext, SshHost};
 use super::ssh_config::{self, SshSettings, SshTarget};
+
 use super::{Host, HostError};
 use crate::config::Config;
 
@@ -39,6 +40,8 @@ const NEW_CONNECTIONS_PER_JUMP: usize = 8;
 pub struct HostPool {
     hosts: BTreeMap<String, Arc<dyn Host>>,
     errors: BTreeMap<String, Arc<HostError>>,
+    /// Master connections to jump hosts (their control sockets), closed with the pool.
+    jump_masters: Vec<PathBuf>,
     /// Holds the generated ssh config and the control sockets; removed on drop.
     _dir: Option<tempfile::TempDir>,
 }
@@ -74,6 +77,7 @@ impl HostPool {
             return HostPool {
                 hosts,
                 errors,
+                jump_masters: Vec::new(),
                 _dir: None,
             };
         }
@@ -99,6 +103,7 @@ impl HostPool {
                 return HostPool {
                     hosts,
                     errors,
+                    jump_masters: Vec::new(),
                     _dir: None,
                 };
             }
@@ -110,6 +115,17 @@ impl HostPool {
         if let Some(uc) = &user_config {
             for t in &mut targets {
                 apply_user_alias(uc, t).await;
+            }
+        }
+        let jump_aliases: Vec<String> = remote
+            .iter()
+            .filter_map(|n| n.jump.as_deref().map(ssh_config::alias))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for (i, t) in targets.iter_mut().enumerate() {
+            if jump_aliases.contains(&t.alias) {
+                t.control_path = Some(dir.path().join(format!("j{i}")));
             }
         }
         let settings = SshSettings {
@@ -124,6 +140,7 @@ impl HostPool {
                 return HostPool {
                     hosts,
                     errors,
+                    jump_masters: Vec::new(),
                     _dir: Some(dir),
                 };
             }
@@ -134,12 +151,62 @@ impl HostPool {
             return HostPool {
                 hosts,
                 errors,
+                jump_masters: Vec::new(),
                 _dir: Some(dir),
             };
+        }
+        // One master per jump host first: every node hop then goes through it, one handshake
+        // at the jump host instead of one per node (and no pressure on its MaxStartups).
+        let mut jump_masters = Vec::new();
+        let mut jump_failed: HashMap<String, Arc<HostError>> = HashMap::new();
+        let mut starts = tokio::task::JoinSet::new();
+        for t in targets.iter().filter(|t| t.control_path.is_some()) {
+            let (t, config_file, timeout) = (t.clone(), config_file.clone(), opts.connect_timeout);
+            starts.spawn(async move {
+                let r = start_jump_master(&config_file, &t, timeout).await;
+                (t, r)
+            });
+        }
+        while let Some(Ok((t, r))) = starts.join_next().await {
+            match r {
+                Ok(()) => jump_masters.extend(t.control_path.clone()),
+                Err(log) => {
+                    let jump_address = config
+                        .jumps
+                        .values()
+                        .find(|j| ssh_config::alias(&j.address) == t.alias)
+                        .map(|j| j.address.clone())
+                        .unwrap_or_else(|| t.alias.clone());
+                    let cx = ConnectContext {
+                        node: &jump_address,
+                        target: &t.hostname,
+                        jump: None,
+                        known_hosts: t
+                            .known_hosts
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_else(|| "~/.ssh/known_hosts".into()),
+                        timeout: opts.connect_timeout,
+                    };
+                    let e = Arc::new(super::ssh::classify(&log, &cx));
+                    jump_failed.insert(jump_address.clone(), e);
+                }
+            }
         }
         let mut gates: HashMap<String, Arc<Semaphore>> = HashMap::new();
         let mut tasks = tokio::task::JoinSet::new();
         for node in remote {
+            if let Some(e) = node.jump.as_ref().and_then(|j| jump_failed.get(j)) {
+                errors.insert(
+                    node.address.clone(),
+                    Arc::new(behind_jump(
+                        &node.address,
+                        node.jump.as_deref().unwrap_or_default(),
+                        e,
+                    )),
+                );
+                continue;
+            }
             let gate = gates
                 .entry(node.jump.clone().unwrap_or_else(|| node.address.clone()))
                 .or_insert_with(|| Arc::new(Semaphore::new(NEW_CONNECTIONS_PER_JUMP)))
@@ -192,6 +259,7 @@ impl HostPool {
         HostPool {
             hosts,
             errors,
+            jump_masters,
             _dir: Some(dir),
         }
     }
@@ -223,6 +291,16 @@ impl HostPool {
             set.spawn(async move { h.close().await });
         }
         while set.join_next().await.is_some() {}
+        for ctl in self.jump_masters {
+            let _ = tokio::process::Command::new("ssh")
+                .arg("-S")
+                .arg(&ctl)
+                .args(["-O", "exit", "sparkform"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .await;
+        }
     }
 }
 
@@ -259,5 +337,90 @@ async fn apply_user_alias(user_config: &Path, t: &mut SshTarget) {
     }
     if t.port.is_none() {
         t.port = get("port").and_then(|p| p.parse().ok());
+    }
+}
+
+/// Start the master connection to a jump host; Err carries ssh's log.
+async fn start_jump_master(
+    config_file: &Path,
+    t: &SshTarget,
+    timeout: Duration,
+) -> Result<(), String> {
+    let Some(ctl) = &t.control_path else {
+        return Ok(());
+    };
+    let log = ctl.with_extension("log");
+    let mut cmd = tokio::process::Command::new("ssh");
+    cmd.arg("-F")
+        .arg(config_file)
+        .arg("-E")
+        .arg(&log)
+        .args([
+            "-M",
+            "-f",
+            "-N",
+            "-o",
+            "ControlMaster=yes",
+            "-o",
+            "ControlPersist=yes",
+        ])
+        .arg(&t.alias)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match tokio::time::timeout(timeout * 2 + Duration::from_secs(5), cmd.status()).await {
+        Ok(Ok(s)) if s.success() => Ok(()),
+        Ok(Ok(_)) => Err(std::fs::read_to_string(&log).unwrap_or_default()),
+        Ok(Err(e)) => Err(format!("cannot run ssh: {e}")),
+        Err(_) => Err(format!(
+            "connect to host {} timed out: no answer within {} s",
+            t.hostname,
+            (timeout * 2).as_secs() + 5
+        )),
+    }
+}
+
+/// A node's error when its jump host could not be reached: the jump's own error, kept when it
+/// is about keys (the user must act on that host), otherwise "jump unreachable".
+fn behind_jump(node: &str, jump: &str, e: &HostError) -> HostError {
+    use miette::Diagnostic;
+    match e {
+        HostError::HostKeyUnknown {
+            target,
+            known_hosts,
+            help,
+            ..
+        } => HostError::HostKeyUnknown {
+            node: node.to_string(),
+            target: target.clone(),
+            known_hosts: known_hosts.clone(),
+            help: help.clone(),
+        },
+        HostError::HostKeyChanged {
+            target,
+            known_hosts,
+            help,
+            ..
+        } => HostError::HostKeyChanged {
+            node: node.to_string(),
+            target: target.clone(),
+            known_hosts: known_hosts.clone(),
+            help: help.clone(),
+        },
+        HostError::AuthRefused { target, reason, .. } => HostError::AuthRefused {
+            node: node.to_string(),
+            target: target.clone(),
+            reason: reason.clone(),
+        },
+        other => HostError::JumpUnreachable {
+            node: node.to_string(),
+            jump: jump.to_string(),
+            reason: other.to_string(),
+            help: Some(other.help().map(|h| h.to_string()).unwrap_or_else(|| {
+                "the node was not tried: check the jump host's address, port and that it is up"
+                    .into()
+            })),
+        },
     }
 }

@@ -256,7 +256,7 @@ impl Host for SshHost {
 }
 
 /// Turn ssh's log into an error that says what happened and what to do.
-fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
+pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
     let text = log.trim();
     let last = text
         .lines()

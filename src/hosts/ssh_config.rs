@@ -17,6 +17,8 @@ pub struct SshTarget {
     pub identity: Option<PathBuf>,
     pub known_hosts: Option<PathBuf>,
     pub proxy_jump: Option<String>,
+    /// For a jump host: the socket of the one master connection every node hop goes through.
+    pub control_path: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +73,7 @@ pub fn targets(config: &Config) -> Vec<SshTarget> {
                 .clone()
                 .or_else(|| jump.and_then(|j| j.known_hosts.clone())),
             proxy_jump: jump.map(|j| alias(&j.address)),
+            control_path: None,
         });
     }
     for (j, first_node) in jumps_used {
@@ -89,6 +92,7 @@ pub fn targets(config: &Config) -> Vec<SshTarget> {
                 .clone()
                 .or_else(|| first_node.known_hosts.clone()),
             proxy_jump: None,
+            control_path: None,
         });
     }
     out
@@ -133,6 +137,11 @@ pub fn render(targets: &[SshTarget], settings: &SshSettings) -> Result<String, S
         if let Some(j) = &t.proxy_jump {
             let _ = writeln!(out, "  ProxyJump {j}");
         }
+        if let Some(c) = &t.control_path {
+            // Node hops reuse the jump host's master: one handshake there instead of one per node.
+            let _ = writeln!(out, "  ControlPath {}", quoted(c)?);
+            let _ = writeln!(out, "  ControlMaster no");
+        }
         let strict = if settings.accept_new_host_keys {
             "accept-new"
         } else {
@@ -163,6 +172,7 @@ mod tests {
                 identity: Some("/k/id".into()),
                 known_hosts: Some("/k/known_hosts".into()),
                 proxy_jump: Some("sf.jump.j".into()),
+                control_path: None,
             },
             SshTarget {
                 alias: "sf.jump.j".into(),
@@ -172,11 +182,16 @@ mod tests {
                 identity: Some("/k/id".into()),
                 known_hosts: Some("/k/known_hosts".into()),
                 proxy_jump: None,
+                control_path: Some("/tmp/sf1/j0".into()),
             },
         ];
         let text = render(&t, &SshSettings::default()).unwrap();
         assert!(text.contains("Host sf.jump.j\n  HostName 10.1.230.180\n  User root\n  Port 2222\n  IdentityFile \"/k/id\""), "{text}");
         assert!(text.contains("ProxyJump sf.jump.j"));
+        assert!(
+            text.contains("  ControlPath \"/tmp/sf1/j0\"\n  ControlMaster no"),
+            "{text}"
+        );
         assert_eq!(text.matches("StrictHostKeyChecking yes").count(), 2);
         let accept = render(
             &t,
@@ -199,6 +214,7 @@ mod tests {
             identity: None,
             known_hosts: None,
             proxy_jump: None,
+            control_path: None,
         }];
         assert!(render(&t, &SshSettings::default()).is_err());
     }
