@@ -1,13 +1,11 @@
 //! `sparkform output`: the outputs recorded by the last apply.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
 use super::report_error;
 use crate::plan::render;
-use crate::workspace::Workspace;
 
 /// Print the outputs recorded by the last apply
 #[derive(Args, Debug)]
@@ -20,19 +18,15 @@ string without quotes), for scripts.",
 pub struct OutputArgs {
     /// Print only this output
     pub name: Option<String>,
-    /// Folder holding the definitions (for the default state location)
-    #[arg(long, default_value = ".")]
-    pub dir: PathBuf,
-    /// State file (default: DIR/state/sparkform.json)
-    #[arg(long = "state", value_name = "PATH")]
-    pub state: Option<PathBuf>,
+    #[command(flatten)]
+    pub location: super::state::StateArgs,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: OutputArgs) -> ExitCode {
-    let ws = Workspace::new(&args.dir, args.state.as_deref());
+    let ws = args.location.workspace();
     let state = match ws.state() {
         Ok(Some(s)) => s,
         Ok(None) => {

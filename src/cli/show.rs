@@ -8,7 +8,6 @@ use clap::Args;
 use super::report_error;
 use crate::plan::planfile::PlanFile;
 use crate::plan::render;
-use crate::workspace::Workspace;
 
 /// Show the recorded state, or a plan file made by `plan -out`
 #[derive(Args, Debug)]
@@ -20,12 +19,8 @@ values appear only as hashes there). With FILE, show the saved plan and the stat
 pub struct ShowArgs {
     /// A plan file from `plan -out`; without it, the state is shown
     pub file: Option<PathBuf>,
-    /// Folder holding the definitions (for the default state location)
-    #[arg(long, default_value = ".")]
-    pub dir: PathBuf,
-    /// State file (default: DIR/state/sparkform.json)
-    #[arg(long = "state", value_name = "PATH")]
-    pub state: Option<PathBuf>,
+    #[command(flatten)]
+    pub location: super::state::StateArgs,
     /// Print JSON on stdout
     #[arg(long)]
     pub json: bool,
@@ -54,7 +49,7 @@ pub fn run(args: ShowArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let ws = Workspace::new(&args.dir, args.state.as_deref());
+    let ws = args.location.workspace();
     match ws.state() {
         Err(e) => report_error(e),
         Ok(None) => {

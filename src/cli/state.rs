@@ -38,12 +38,18 @@ pub struct StateArgs {
     pub state: Option<PathBuf>,
 }
 
+impl StateArgs {
+    pub fn workspace(&self) -> Workspace {
+        Workspace::new(&self.dir, self.state.as_deref())
+    }
+}
+
 pub fn run(cmd: StateCommand) -> ExitCode {
     let (args, address) = match &cmd {
         StateCommand::List(a) => (a, None),
         StateCommand::Show { address, args } => (args, Some(address)),
     };
-    let ws = Workspace::new(&args.dir, args.state.as_deref());
+    let ws = args.workspace();
     let state = match ws.state() {
         Ok(Some(s)) => s,
         Ok(None) => {
