@@ -88,8 +88,11 @@ fn render(spec: &Spec) -> String {
     }
     s.push_str("}\n");
     for (i, (node, image, env, with_ip)) in spec.containers.iter().enumerate() {
+        // Object keys must be unique in HCL: keep the first of each.
+        let mut seen = std::collections::BTreeSet::new();
         let mut env_items: Vec<String> = env
             .iter()
+            .filter(|(k, _)| seen.insert(k.clone()) && k != "IP" && k != "TOKEN")
             .map(|(k, v)| format!("{k} = {}", hcl_string(v)))
             .collect();
         if *with_ip {
