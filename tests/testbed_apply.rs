@@ -204,10 +204,10 @@ fn a_failing_probe_after_a_replacement_rolls_back_and_the_old_container_answers(
     .unwrap();
     let before: serde_json::Value = serde_json::from_str(&before).unwrap();
     assert_eq!(after["resources"], before["resources"]);
-    let (code, _, _) = sparkform(&["plan", d, "-detailed-exitcode"]);
-    assert_eq!(code, 0);
-    let (code, _, _) = sparkform(&["verify", d]);
-    assert_eq!(code, 0);
+    let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, out, err) = sparkform(&["verify", d]);
+    assert_eq!(code, 0, "{out}\n{err}");
     // verify fails when the probe would.
     let (code, out, _) = sparkform(&["verify", d, "-var", "expect=nope"]);
     assert_eq!(code, 1, "{out}");

@@ -244,3 +244,24 @@ fn ctrl_c_stops_and_rolls_back() {
         .is_empty());
     assert!(!tb.fabric_addresses("sf-node1").contains("192.168.201.67"));
 }
+
+/// The kernel deletes a subnet's secondary addresses with its primary (without systemd's
+/// `promote_secondaries`): removing sparkform's address must leave an address someone else added.
+#[test]
+fn destroy_removes_only_its_own_address_even_the_primary_of_a_subnet() {
+    let Some(tb) = testbed() else { return };
+    // A /28 of the fabric's own subnet of its own, so sparkform's address is its primary.
+    let text = cluster_hcl(&tb, 209, 210).replace("192.168.201.0/24", "192.168.201.208/28");
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // Added after sparkform's, so it is the secondary of 192.168.201.208/28.
+    tb.ssh("sf-node1", "ip addr add 192.168.201.222/28 dev enp1s0f0np0");
+    let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
+    let after = tb.fabric_addresses("sf-node1");
+    tb.ssh("sf-node1", "ip addr del 192.168.201.222/28 dev enp1s0f0np0");
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!after.contains("192.168.201.209/"), "{after}");
+    assert!(after.contains("192.168.201.222/28"), "{after}");
+}

@@ -92,6 +92,26 @@ async fn find(host: &dyn Host, name: &str) -> Result<Interface, StepError> {
     })
 }
 
+/// Remove one address and nothing else. Deleting the primary address of a subnet makes the
+/// kernel delete that subnet's secondary addresses too unless `promote_secondaries` is on (it is
+/// off without systemd), and those may belong to someone else: put back any that went with it.
+async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), StepError> {
+    let before = find(host, iface).await?;
+    if !before.addresses.iter().any(|a| a == cidr) {
+        return Ok(());
+    }
+    run(host, &["addr", "del", cidr, "dev", iface]).await?;
+    let after = find(host, iface).await?;
+    for lost in before
+        .addresses
+        .iter()
+        .filter(|a| *a != cidr && !after.addresses.contains(a))
+    {
+        run(host, &["addr", "replace", lost, "dev", iface]).await?;
+    }
+    Ok(())
+}
+
 /// Set the address and MTU; returns the interface as it was, for undo.
 async fn configure(
     host: &dyn Host,
@@ -101,7 +121,7 @@ async fn configure(
     let before = find(host, &s.interface).await?;
     if let Some(old) = old_cidr.filter(|o| *o != s.cidr) {
         if before.addresses.iter().any(|a| a == old) {
-            run(host, &["addr", "del", old, "dev", &s.interface]).await?;
+            remove_address(host, &s.interface, old).await?;
         }
     }
     run(host, &["addr", "replace", &s.cidr, "dev", &s.interface]).await?;
@@ -130,15 +150,8 @@ impl Handler for AttachmentHandler {
             let Some(old) = recorded else {
                 return Ok(Applied::default());
             };
-            let before = find(host.as_ref(), &old.interface).await;
-            if let Ok(i) = &before {
-                if i.addresses.contains(&old.cidr) {
-                    run(
-                        host.as_ref(),
-                        &["addr", "del", &old.cidr, "dev", &old.interface],
-                    )
-                    .await?;
-                }
+            if find(host.as_ref(), &old.interface).await.is_ok() {
+                remove_address(host.as_ref(), &old.interface, &old.cidr).await?;
             }
             return Ok(Applied {
                 attributes: Default::default(),
@@ -211,7 +224,7 @@ impl Handler for AttachmentHandler {
             .unwrap_or_default();
         if let Some(added) = u.get("added").and_then(|v| v.as_str()) {
             if !previous.iter().any(|p| p == added) {
-                run(host.as_ref(), &["addr", "del", added, "dev", iface]).await?;
+                remove_address(host.as_ref(), iface, added).await?;
             }
         }
         for p in &previous {
