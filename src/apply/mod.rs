@@ -29,6 +29,8 @@ pub struct ApplyRequest<'a> {
     pub parallelism: usize,
     pub rollback: bool,
     pub hosts: HostOptions,
+    /// Connections already open (the refresh's), reused; nodes it lacks are connected here.
+    pub pool: Option<HostPool>,
     pub events: Sender,
     pub cancel: CancellationToken,
 }
@@ -339,7 +341,7 @@ fn journal(state: &mut State, step: &Step, applied: &Applied) {
     }
 }
 
-pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
+pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let started = Instant::now();
     let steps = build_steps(req.config, req.plan);
     let containers = Arc::new(container_index(req.config));
@@ -362,7 +364,14 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
         },
     );
     let nodes = nodes_needed(req.config, &steps, &containers);
-    let pool = Arc::new(HostPool::connect(req.config, &nodes, &req.hosts).await);
+    let pool = match req.pool.take() {
+        Some(mut pool) => {
+            pool.connect_more(req.config, &nodes, &req.hosts).await;
+            pool
+        }
+        None => HostPool::connect(req.config, &nodes, &req.hosts).await,
+    };
+    let pool = Arc::new(pool);
     let desired_map: HashMap<&str, &serde_json::Value> = req
         .config
         .resources
@@ -390,7 +399,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
     let mut ready: std::collections::VecDeque<usize> =
         (0..n).filter(|&i| waiting[i] == 0).collect();
     let mut running = tokio::task::JoinSet::new();
-    let mut completed: Vec<(Step, Applied)> = Vec::new();
+    let mut completed: Vec<(usize, Step, Applied)> = Vec::new();
     let mut stopping = false;
     let parallelism = req.parallelism.max(1);
     loop {
@@ -461,7 +470,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
                         ));
                     }
                 }
-                completed.push((step, applied));
+                completed.push((i, step, applied));
                 for &d in &dependents[i] {
                     waiting[d] -= 1;
                     if waiting[d] == 0 {
@@ -497,7 +506,7 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
 
     if outcome.ok {
         // Success: drop what was kept for rollback, record the outputs.
-        for (step, applied) in &completed {
+        for (_, step, applied) in &completed {
             if let StepKind::Resource(kind) = step.kind {
                 let job = jobs.job(step);
                 if let Err(e) = handler(kind)
@@ -516,61 +525,16 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
         }
     } else if req.rollback {
         outcome.rolled_back = true;
-        let undoable: Vec<&(Step, Applied)> = completed
-            .iter()
-            .filter(|(s, _)| matches!(s.kind, StepKind::Resource(_)))
-            .collect();
-        emit(
-            &req.events,
-            Event::RollbackStarted {
-                steps: undoable.len(),
-            },
-        );
-        // Undo never stops early: a second Ctrl-C exits the process, the journal has the truth.
-        let undo_cancel = CancellationToken::new();
-        for (step, applied) in undoable.into_iter().rev() {
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
-            };
-            let mut job = jobs.job(step);
-            job.cancel = undo_cancel.clone();
-            match handler(kind)
-                .undo(&job.cx(), step.change.action, applied)
-                .await
-            {
-                Ok(summary) => {
-                    emit(
-                        &req.events,
-                        Event::UndoDone {
-                            address: step.address.clone(),
-                            summary,
-                        },
-                    );
-                    // Back to what the state said before this apply.
-                    match before.resources.get(&step.address) {
-                        Some(r) => {
-                            state.resources.insert(step.address.clone(), r.clone());
-                        }
-                        None => {
-                            state.resources.remove(&step.address);
-                        }
-                    }
-                    if let Err(e) = req.store.write(&mut state) {
-                        outcome.state_error = Some(e.to_string());
-                    }
-                }
-                Err(e) => {
-                    emit(
-                        &req.events,
-                        Event::UndoFailed {
-                            address: step.address.clone(),
-                            error: e.render(),
-                        },
-                    );
-                    outcome.undo_failures.push((step.address.clone(), e));
-                }
-            }
-        }
+        rollback(
+            &req,
+            &jobs,
+            &dependents,
+            &completed,
+            &before,
+            &mut state,
+            &mut outcome,
+        )
+        .await;
     }
     let summary = if outcome.ok {
         format!(
@@ -603,6 +567,137 @@ pub async fn apply(req: ApplyRequest<'_>) -> ApplyOutcome {
     }
     outcome.state = state;
     outcome
+}
+
+/// Undo this apply's completed steps, each once every step that depended on it is undone
+/// (reverse dependency order), independent ones in parallel up to `-parallelism`; then the
+/// state holds what it held before the apply for every undone step.
+#[allow(clippy::too_many_arguments)]
+async fn rollback(
+    req: &ApplyRequest<'_>,
+    jobs: &Jobs<'_>,
+    dependents: &[Vec<usize>],
+    completed: &[(usize, Step, Applied)],
+    before: &State,
+    state: &mut State,
+    outcome: &mut ApplyOutcome,
+) {
+    let undoable: Vec<&(usize, Step, Applied)> = completed
+        .iter()
+        .filter(|(_, s, _)| matches!(s.kind, StepKind::Resource(_)))
+        .collect();
+    emit(
+        &req.events,
+        Event::RollbackStarted {
+            steps: undoable.len(),
+        },
+    );
+    let order: Vec<usize> = undoable.iter().map(|(i, _, _)| *i).collect();
+    let (blocks, mut waiting) = undo_order(&order, dependents);
+    // Undo never stops early: a second Ctrl-C exits the process, the journal has the truth.
+    let undo_cancel = CancellationToken::new();
+    // Latest first among the ready ones, as a sequential rollback would go.
+    let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
+    let mut running = tokio::task::JoinSet::new();
+    let parallelism = req.parallelism.max(1);
+    loop {
+        while running.len() < parallelism {
+            let Some(k) = ready.pop() else { break };
+            let (_, step, applied) = undoable[k];
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let mut job = jobs.job(step);
+            job.cancel = undo_cancel.clone();
+            let applied = applied.clone();
+            running.spawn(async move {
+                let r = handler(kind)
+                    .undo(&job.cx(), job.step.change.action, &applied)
+                    .await;
+                (k, r)
+            });
+        }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        let (k, result) = match joined {
+            Ok(r) => r,
+            Err(e) => {
+                outcome.undo_failures.push((
+                    "(an undo)".into(),
+                    StepError::new(format!("an undo task ended abnormally: {e}")),
+                ));
+                continue;
+            }
+        };
+        let address = &undoable[k].1.address;
+        match result {
+            Ok(summary) => {
+                emit(
+                    &req.events,
+                    Event::UndoDone {
+                        address: address.clone(),
+                        summary,
+                    },
+                );
+                // Back to what the state said before this apply.
+                match before.resources.get(address) {
+                    Some(r) => {
+                        state.resources.insert(address.clone(), r.clone());
+                    }
+                    None => {
+                        state.resources.remove(address);
+                    }
+                }
+                if let Err(e) = req.store.write(state) {
+                    outcome.state_error = Some(e.to_string());
+                }
+            }
+            Err(e) => {
+                emit(
+                    &req.events,
+                    Event::UndoFailed {
+                        address: address.clone(),
+                        error: e.render(),
+                    },
+                );
+                outcome.undo_failures.push((address.clone(), e));
+            }
+        }
+        // What it blocked may go now, failed or not: each undo restores its own step.
+        for &b in &blocks[k] {
+            waiting[b] -= 1;
+            if waiting[b] == 0 {
+                ready.push(b);
+            }
+        }
+    }
+}
+
+/// For the undoable steps (`undoable[k]` is a step index), which undos each one's undo holds
+/// back (`blocks[k]`) and how many undos it waits for (`waiting[k]`): an undo waits for the
+/// undos of every undoable step downstream of it, also through steps that need no undo (a
+/// fabric check between attachments and containers). Pure.
+fn undo_order(undoable: &[usize], dependents: &[Vec<usize>]) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let position: HashMap<usize, usize> =
+        undoable.iter().enumerate().map(|(k, i)| (*i, k)).collect();
+    let mut blocks: Vec<Vec<usize>> = vec![Vec::new(); undoable.len()];
+    let mut waiting: Vec<usize> = vec![0; undoable.len()];
+    for (k, i) in undoable.iter().enumerate() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<usize> = dependents[*i].clone();
+        while let Some(j) = stack.pop() {
+            if !seen.insert(j) {
+                continue;
+            }
+            if let Some(&kj) = position.get(&j) {
+                blocks[kj].push(k);
+                waiting[k] += 1;
+            }
+            stack.extend(dependents[j].iter().copied());
+        }
+    }
+    (blocks, waiting)
 }
 
 /// Makes the owned `Job` for a step from what every step shares.
@@ -718,4 +813,33 @@ pub async fn verify(
     }
     pool.close().await;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::undo_order;
+
+    #[test]
+    fn undo_waits_for_everything_downstream_even_through_steps_without_undo() {
+        // Steps: 0, 1 attachments -> 2 fabric check (no undo) -> 3, 4 containers; 5 on its own.
+        let dependents = vec![vec![2], vec![2], vec![3, 4], vec![], vec![], vec![]];
+        let undoable = [0, 1, 3, 4, 5];
+        let (blocks, waiting) = undo_order(&undoable, &dependents);
+        // The attachments wait for both containers; containers and 5 wait for nothing.
+        assert_eq!(waiting, [2, 2, 0, 0, 0]);
+        // Undoing container 3 (position 2) releases both attachments (positions 0 and 1).
+        let mut b = blocks[2].clone();
+        b.sort();
+        assert_eq!(b, [0, 1]);
+        assert!(blocks[4].is_empty());
+    }
+
+    #[test]
+    fn a_step_that_was_not_completed_does_not_hold_back_an_undo() {
+        // 0 -> 1 -> 2, but only 0 and 2 completed (1 needs no undo or never ran).
+        let dependents = vec![vec![1], vec![2], vec![]];
+        let (blocks, waiting) = undo_order(&[0, 2], &dependents);
+        assert_eq!(waiting, [1, 0]);
+        assert_eq!(blocks[1], [0]);
+    }
 }

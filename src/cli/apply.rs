@@ -193,6 +193,12 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         Err(e) => return report_error(e),
     };
     let state = recorded.clone().unwrap_or_default();
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    // The refresh's connections, reused by the apply when no prompt waits on a human in between.
+    let mut pool = None;
     let plan: Plan = match &mode {
         Mode::PlanFile { file, path, graph } => {
             if let Err(e) = file.check_fresh(path, recorded.as_ref()) {
@@ -231,8 +237,16 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         } => {
             let mut opts = opts.clone();
             if *refresh && recorded.is_some() {
-                match super::plan::refresh(config, &state, &args.connect, args.json) {
-                    Ok(o) => opts.observations = Some(o),
+                match rt.block_on(super::plan::refresh_keeping_connections(
+                    config,
+                    &state,
+                    &args.connect,
+                    args.json,
+                )) {
+                    Ok((o, p)) => {
+                        opts.observations = Some(o);
+                        pool = p;
+                    }
                     Err(code) => return code,
                 }
             }
@@ -274,11 +288,17 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
     if !args.json {
         print!("{}", render::render(&plan));
     }
+    let from_planfile = matches!(mode, Mode::PlanFile { .. });
+    let prompt = !args.auto_approve && !from_planfile;
+    if !plan.has_changes() || prompt {
+        if let Some(p) = pool.take() {
+            rt.block_on(p.close());
+        }
+    }
     if !plan.has_changes() {
         return ExitCode::SUCCESS;
     }
-    let from_planfile = matches!(mode, Mode::PlanFile { .. });
-    if !args.auto_approve && !from_planfile && !confirm(operation) {
+    if prompt && !confirm(operation) {
         eprintln!(
             "{} cancelled.",
             if operation == "destroy" {
@@ -289,10 +309,6 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         );
         return ExitCode::from(1);
     }
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
@@ -318,6 +334,7 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
             parallelism: args.parallelism,
             rollback: !args.no_rollback,
             hosts: args.connect.options(),
+            pool,
             events: tx,
             cancel,
         })

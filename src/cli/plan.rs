@@ -130,24 +130,45 @@ pub fn refresh(
     connect: &ConnectArgs,
     json: bool,
 ) -> Result<crate::plan::Observations, ExitCode> {
-    let nodes = crate::refresh::nodes_to_refresh(config, state);
-    if nodes.is_empty() {
-        return Ok(Default::default());
-    }
     let rt = super::runtime()?;
     rt.block_on(async {
-        if !json {
-            eprintln!("Refreshing: looking at {} node{}…", nodes.len(), if nodes.len() == 1 { "" } else { "s" });
+        let (observations, pool) =
+            refresh_keeping_connections(config, state, connect, json).await?;
+        if let Some(pool) = pool {
+            pool.close().await;
         }
-        let pool = crate::hosts::HostPool::connect(config, &nodes, &connect.options()).await;
-        let result = crate::refresh::refresh(state, &pool, &nodes).await;
-        pool.close().await;
-        result.map_err(|errors| {
+        Ok(observations)
+    })
+}
+
+/// `refresh`, handing back the connections it opened (to reuse them in the same runtime).
+pub async fn refresh_keeping_connections(
+    config: &crate::config::Config,
+    state: &State,
+    connect: &ConnectArgs,
+    json: bool,
+) -> Result<(crate::plan::Observations, Option<crate::hosts::HostPool>), ExitCode> {
+    let nodes = crate::refresh::nodes_to_refresh(config, state);
+    if nodes.is_empty() {
+        return Ok((Default::default(), None));
+    }
+    if !json {
+        eprintln!(
+            "Refreshing: looking at {} node{}…",
+            nodes.len(),
+            if nodes.len() == 1 { "" } else { "s" }
+        );
+    }
+    let pool = crate::hosts::HostPool::connect(config, &nodes, &connect.options()).await;
+    match crate::refresh::refresh(state, &pool, &nodes).await {
+        Ok(o) => Ok((o, Some(pool))),
+        Err(errors) => {
+            pool.close().await;
             for e in errors {
                 eprintln!("{:?}", miette::Report::new(super::SharedHostError(e)));
             }
             eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
-            ExitCode::from(1)
-        })
-    })
+            Err(ExitCode::from(1))
+        }
+    }
 }

@@ -42,8 +42,8 @@ pub struct HostPool {
     errors: BTreeMap<String, Arc<HostError>>,
     /// Master connections to jump hosts (their control sockets), closed with the pool.
     jump_masters: Vec<PathBuf>,
-    /// Holds the generated ssh config and the control sockets; removed on drop.
-    _dir: Option<tempfile::TempDir>,
+    /// Hold the generated ssh configs and the control sockets; removed on drop.
+    dirs: Vec<tempfile::TempDir>,
 }
 
 impl HostPool {
@@ -78,7 +78,7 @@ impl HostPool {
                 hosts,
                 errors,
                 jump_masters: Vec::new(),
-                _dir: None,
+                dirs: Vec::new(),
             };
         }
         let fail_all = |errors: &mut BTreeMap<String, Arc<HostError>>, message: String| {
@@ -104,7 +104,7 @@ impl HostPool {
                     hosts,
                     errors,
                     jump_masters: Vec::new(),
-                    _dir: None,
+                    dirs: Vec::new(),
                 };
             }
         };
@@ -141,7 +141,7 @@ impl HostPool {
                     hosts,
                     errors,
                     jump_masters: Vec::new(),
-                    _dir: Some(dir),
+                    dirs: vec![dir],
                 };
             }
         };
@@ -152,7 +152,7 @@ impl HostPool {
                 hosts,
                 errors,
                 jump_masters: Vec::new(),
-                _dir: Some(dir),
+                dirs: vec![dir],
             };
         }
         // One master per jump host first: every node hop then goes through it, one handshake
@@ -260,8 +260,27 @@ impl HostPool {
             hosts,
             errors,
             jump_masters,
-            _dir: Some(dir),
+            dirs: vec![dir],
         }
+    }
+
+    /// Connect the `nodes` this pool has not tried yet, so that an apply reuses the connections
+    /// its refresh opened.
+    pub async fn connect_more(&mut self, config: &Config, nodes: &[String], opts: &HostOptions) {
+        let missing: Vec<String> = nodes
+            .iter()
+            .filter(|n| !self.hosts.contains_key(*n) && !self.errors.contains_key(*n))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let mut more = HostPool::connect(config, &missing, opts).await;
+        self.hosts.extend(std::mem::take(&mut more.hosts));
+        self.errors.extend(std::mem::take(&mut more.errors));
+        self.jump_masters
+            .extend(std::mem::take(&mut more.jump_masters));
+        self.dirs.extend(std::mem::take(&mut more.dirs));
     }
 
     pub fn get(&self, node: &str) -> Result<Arc<dyn Host>, Arc<HostError>> {
@@ -285,13 +304,13 @@ impl HostPool {
     }
 
     /// Close every master connection (in parallel).
-    pub async fn close(self) {
+    pub async fn close(mut self) {
         let mut set = tokio::task::JoinSet::new();
-        for (_, h) in self.hosts {
+        for (_, h) in std::mem::take(&mut self.hosts) {
             set.spawn(async move { h.close().await });
         }
         while set.join_next().await.is_some() {}
-        for ctl in self.jump_masters {
+        for ctl in std::mem::take(&mut self.jump_masters) {
             let _ = tokio::process::Command::new("ssh")
                 .arg("-S")
                 .arg(&ctl)
@@ -300,6 +319,22 @@ impl HostPool {
                 .stderr(std::process::Stdio::null())
                 .status()
                 .await;
+        }
+    }
+}
+
+impl Drop for HostPool {
+    /// A pool dropped without `close` (an early return) must not leave its jump masters
+    /// running: they were started with ControlPersist and outlive the process otherwise.
+    fn drop(&mut self) {
+        for ctl in std::mem::take(&mut self.jump_masters) {
+            let _ = std::process::Command::new("ssh")
+                .arg("-S")
+                .arg(&ctl)
+                .args(["-O", "exit", "sparkform"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }

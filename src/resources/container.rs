@@ -944,6 +944,7 @@ async fn wait_ready(
             )
         };
         let start = Instant::now();
+        let mut backoff = super::Backoff::new(interval);
         loop {
             if cx.cancel.is_cancelled() {
                 return Err(StepError::new(format!(
@@ -988,7 +989,7 @@ async fn wait_ready(
                 Some(timeout.as_secs()),
             );
             tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(backoff.next_wait()) => {}
                 _ = cx.cancel.cancelled() => {}
             }
         }

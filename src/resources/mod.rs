@@ -195,10 +195,56 @@ pub trait Handler: Send + Sync {
     ) -> Result<(), StepError>;
 }
 
+/// The waits between the attempts of a ready check or a probe: 100 ms, doubling, up to the
+/// configured interval. Something ready soon after a start is seen soon; something slow is not
+/// polled more often than the interval asks.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: std::time::Duration,
+    max: std::time::Duration,
+}
+
+impl Backoff {
+    pub fn new(interval: std::time::Duration) -> Backoff {
+        Backoff {
+            next: std::time::Duration::from_millis(100).min(interval),
+            max: interval,
+        }
+    }
+
+    /// The wait before the next attempt.
+    pub fn next_wait(&mut self) -> std::time::Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// The wait `next_wait` will return, without advancing.
+    pub fn peek(&self) -> std::time::Duration {
+        self.next
+    }
+}
+
 pub fn handler(kind: ResourceKind) -> &'static dyn Handler {
     match kind {
         ResourceKind::Attachment => &attachment::AttachmentHandler,
         ResourceKind::Container => &container::ContainerHandler,
         ResourceKind::Probe => &probe::ProbeHandler,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_starts_fast_and_doubles_up_to_the_interval() {
+        let mut b = Backoff::new(Duration::from_secs(1));
+        let waits: Vec<u128> = (0..6).map(|_| b.next_wait().as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        let mut short = Backoff::new(Duration::from_millis(50));
+        assert_eq!(short.next_wait(), Duration::from_millis(50));
+        assert_eq!(short.next_wait(), Duration::from_millis(50));
     }
 }

@@ -443,6 +443,7 @@ pub async fn run(
     let per_try = timeout.clamp(Duration::from_secs(5), Duration::from_secs(600));
     let start = Instant::now();
     let mut tries = 0u32;
+    let mut backoff = super::Backoff::new(interval);
     loop {
         tries += 1;
         let t = Instant::now();
@@ -453,7 +454,7 @@ pub async fn run(
         match attempt(config, pool, containers, per_try.min(remaining)).await {
             Ok(summary) => return Ok((t.elapsed(), summary)),
             Err(why) => {
-                if start.elapsed() + interval > timeout || cancel.is_cancelled() {
+                if start.elapsed() + backoff.peek() > timeout || cancel.is_cancelled() {
                     return Err(StepError::new(format!(
                         "the probe failed after {tries} attempt{} in {:.1} s: {why}",
                         if tries == 1 { "" } else { "s" },
@@ -462,7 +463,7 @@ pub async fn run(
                 }
                 progress(format!("attempt {tries}: {why}"), timeout.as_secs());
                 tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
+                    _ = tokio::time::sleep(backoff.next_wait()) => {}
                     _ = cancel.cancelled() => {}
                 }
             }
