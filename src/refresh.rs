@@ -97,7 +97,11 @@ async fn observe_node(
         .iter()
         .filter(|(_, r)| r.kind == "attachment")
         .collect();
-    if !attachments.is_empty() {
+    // Addresses and containers are asked for at once: one round trip to the node, not two.
+    let addresses = async {
+        if attachments.is_empty() {
+            return Ok(Vec::new());
+        }
         let ip = host
             .exec(
                 &Cmd::new("ip")
@@ -111,32 +115,35 @@ async fn observe_node(
                 message: format!("`ip -j addr` failed: {}", ip.stderr.trim()),
             });
         }
-        let interfaces = facts::parse_ip_addr(&ip.stdout).map_err(|message| HostError::Other {
+        facts::parse_ip_addr(&ip.stdout).map_err(|message| HostError::Other {
             node: node.to_string(),
             message,
-        })?;
-        for (addr, r) in attachments {
-            out.insert(addr.clone(), observe_attachment(&r.config, &interfaces));
-        }
+        })
+    };
+    let containers = async {
+        let docker = host.docker().await?;
+        let mut filters = HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            vec![format!("{LABEL_LINEAGE}={lineage}")],
+        );
+        docker
+            .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| HostError::Docker {
+                node: node.to_string(),
+                message: format!("cannot list containers: {e}"),
+                help: None,
+            })
+    };
+    let (interfaces, list) = tokio::try_join!(addresses, containers)?;
+    for (addr, r) in attachments {
+        out.insert(addr.clone(), observe_attachment(&r.config, &interfaces));
     }
-    let docker = host.docker().await?;
-    let mut filters = HashMap::new();
-    filters.insert(
-        "label".to_string(),
-        vec![format!("{LABEL_LINEAGE}={lineage}")],
-    );
-    let list = docker
-        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        }))
-        .await
-        .map_err(|e| HostError::Docker {
-            node: node.to_string(),
-            message: format!("cannot list containers: {e}"),
-            help: None,
-        })?;
     // The container the state records for an address is the one with the recorded id; others
     // with the same address (set aside by an interrupted apply) are untracked.
     let recorded_ids: HashMap<&str, &str> = recorded
