@@ -363,6 +363,27 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
             parallelism: req.parallelism,
         },
     );
+    // The lineage is on disk before any container carries it, so a run killed during its first
+    // step leaves a state that explains what that step created.
+    if !req.store.path().exists() {
+        if let Err(e) = req.store.write(&mut state) {
+            outcome.ok = false;
+            outcome.state_error = Some(e.to_string());
+            outcome.failures.push((
+                "(state)".into(),
+                StepError::new(format!("cannot write the state before the first step: {e}")),
+            ));
+            emit(
+                &req.events,
+                Event::Finished {
+                    ok: false,
+                    elapsed: started.elapsed(),
+                    summary: "failed before the first step".into(),
+                },
+            );
+            return outcome;
+        }
+    }
     let nodes = nodes_needed(req.config, &steps, &containers);
     let pool = match req.pool.take() {
         Some(mut pool) => {
