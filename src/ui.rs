@@ -189,8 +189,15 @@ fn lines(
             "{t} rolling back {steps} completed step{}",
             if *steps == 1 { "" } else { "s" }
         )],
-        Event::UndoDone { address, summary } => vec![format!("{t} ↶ {address}: {summary}")],
-        Event::UndoFailed { address, error } => {
+        Event::UndoDone {
+            address,
+            summary,
+            elapsed,
+        } => vec![format!(
+            "{t} ↶ {address}: {summary} ({:.1} s)",
+            elapsed.as_secs_f64()
+        )],
+        Event::UndoFailed { address, error, .. } => {
             let mut v = vec![format!("{t} ✗ undo of {address} failed")];
             v.extend(error.lines().map(|l| format!("    {l}")));
             v

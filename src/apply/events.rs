@@ -49,10 +49,14 @@ pub enum Event {
     },
     UndoDone {
         address: String,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
         summary: String,
     },
     UndoFailed {
         address: String,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
         error: String,
     },
     Finished {

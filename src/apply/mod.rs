@@ -632,16 +632,17 @@ async fn rollback(
             job.cancel = undo_cancel.clone();
             let applied = applied.clone();
             running.spawn(async move {
+                let start = Instant::now();
                 let r = handler(kind)
                     .undo(&job.cx(), job.step.change.action, &applied)
                     .await;
-                (k, r)
+                (k, r, start.elapsed())
             });
         }
         let Some(joined) = running.join_next().await else {
             break;
         };
-        let (k, result) = match joined {
+        let (k, result, elapsed) = match joined {
             Ok(r) => r,
             Err(e) => {
                 outcome.undo_failures.push((
@@ -658,6 +659,7 @@ async fn rollback(
                     &req.events,
                     Event::UndoDone {
                         address: address.clone(),
+                        elapsed,
                         summary,
                     },
                 );
@@ -679,6 +681,7 @@ async fn rollback(
                     &req.events,
                     Event::UndoFailed {
                         address: address.clone(),
+                        elapsed,
                         error: e.render(),
                     },
                 );

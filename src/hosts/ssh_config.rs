@@ -152,7 +152,9 @@ pub fn render(targets: &[SshTarget], settings: &SshSettings) -> Result<String, S
         out.push_str("  ServerAliveInterval 5\n  ServerAliveCountMax 3\n  BatchMode yes\n  StreamLocalBindUnlink yes\n  LogLevel ERROR\n");
     }
     if let Some(user) = &settings.user_config {
-        let _ = writeln!(out, "\nInclude {}", quoted(user)?);
+        // `Match all` ends the last Host block: without it the user's config would apply to
+        // that one host only. Everything set above comes first, so it wins.
+        let _ = writeln!(out, "\nMatch all\nInclude {}", quoted(user)?);
     }
     Ok(out)
 }
@@ -202,6 +204,62 @@ mod tests {
         )
         .unwrap();
         assert!(accept.contains("StrictHostKeyChecking accept-new"));
+    }
+
+    /// What `ssh -G` resolves for `alias` under the generated config (no connection is made).
+    fn resolved(config: &Path, alias: &str) -> Option<String> {
+        let out = std::process::Command::new("ssh")
+            .arg("-G")
+            .arg("-F")
+            .arg(config)
+            .arg(alias)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_lowercase())
+    }
+
+    #[test]
+    fn the_users_config_reaches_every_host_but_cannot_weaken_host_key_checking() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = dir.path().join("user_config");
+        std::fs::write(
+            &user,
+            "Host *\n  KexAlgorithms curve25519-sha256\n  StrictHostKeyChecking no\n",
+        )
+        .unwrap();
+        let target = |alias: &str| SshTarget {
+            alias: alias.into(),
+            hostname: "192.0.2.1".into(),
+            user: None,
+            port: None,
+            identity: None,
+            known_hosts: Some("/k/known_hosts".into()),
+            proxy_jump: None,
+            control_path: None,
+        };
+        let text = render(
+            &[target("sf.node.a"), target("sf.node.b")],
+            &SshSettings {
+                user_config: Some(user),
+                ..SshSettings::default()
+            },
+        )
+        .unwrap();
+        let config = dir.path().join("ssh_config");
+        std::fs::write(&config, text).unwrap();
+        for alias in ["sf.node.a", "sf.node.b"] {
+            let Some(g) = resolved(&config, alias) else {
+                eprintln!("no ssh client here: skipped");
+                return;
+            };
+            assert!(
+                g.contains("\nkexalgorithms curve25519-sha256\n"),
+                "{alias}: {g}"
+            );
+            assert!(g.contains("\nstricthostkeychecking true\n"), "{alias}: {g}");
+        }
     }
 
     #[test]
