@@ -30,50 +30,37 @@ pub fn nodes_to_refresh(config: &Config, state: &State) -> Vec<String> {
         .collect()
 }
 
-/// Observe every recorded attachment and container, and find untracked containers, node by
-/// node in parallel. Nodes that cannot be reached are returned as errors.
-pub async fn refresh(
+/// Observe every recorded attachment and container, and find untracked containers: connect to
+/// `nodes` and observe each one as soon as it is connected. Nodes that cannot be reached are
+/// returned as errors. The pool is handed back for reuse (an apply after the refresh).
+pub async fn connect_and_refresh(
+    config: &Config,
     state: &State,
+    nodes: &[String],
+    opts: &crate::hosts::HostOptions,
+) -> (
+    HostPool,
+    Result<Observations, Vec<std::sync::Arc<HostError>>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (pool, observed) = tokio::join!(
+        HostPool::connect_reporting(config, nodes, opts, Some(tx)),
+        observe_as_connected(state, rx)
+    );
+    let result = finish(observed, &pool, nodes);
+    (pool, result)
+}
+
+/// What the nodes said, plus an error for every node that could not be reached.
+fn finish(
+    observed: (Observations, Vec<std::sync::Arc<HostError>>),
     pool: &HostPool,
     nodes: &[String],
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    let mut by_node: HashMap<&str, Vec<(&String, &crate::state::ResourceState)>> = HashMap::new();
-    for (addr, r) in &state.resources {
-        if let Some(n) = &r.node {
-            by_node.entry(n.as_str()).or_default().push((addr, r));
-        }
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut errors = Vec::new();
+    let (mut out, mut errors) = observed;
     for node in nodes {
-        let host = match pool.get(node) {
-            Ok(h) => h,
-            Err(e) => {
-                errors.push(e);
-                continue;
-            }
-        };
-        let recorded: Vec<(String, crate::state::ResourceState)> = by_node
-            .get(node.as_str())
-            .map(|v| {
-                v.iter()
-                    .map(|(a, r)| ((*a).clone(), (*r).clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let lineage = state.lineage.clone();
-        let node = node.clone();
-        tasks.spawn(async move { observe_node(&node, host.as_ref(), &lineage, &recorded).await });
-    }
-    let mut out = Observations::default();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok((resources, orphans))) => {
-                out.resources.extend(resources);
-                out.orphans.extend(orphans);
-            }
-            Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
-            Err(_) => {}
+        if let Err(e) = pool.get(node) {
+            errors.push(e);
         }
     }
     if !errors.is_empty() {
@@ -82,6 +69,58 @@ pub async fn refresh(
     out.orphans
         .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
     Ok(out)
+}
+
+/// Observe each node that arrives on `ready`, in parallel, until the channel closes.
+async fn observe_as_connected(
+    state: &State,
+    mut ready: tokio::sync::mpsc::UnboundedReceiver<(
+        String,
+        std::sync::Arc<dyn crate::hosts::Host>,
+    )>,
+) -> (Observations, Vec<std::sync::Arc<HostError>>) {
+    let mut by_node: HashMap<&str, Vec<(&String, &crate::state::ResourceState)>> = HashMap::new();
+    for (addr, r) in &state.resources {
+        if let Some(n) = &r.node {
+            by_node.entry(n.as_str()).or_default().push((addr, r));
+        }
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut out = Observations::default();
+    let mut errors = Vec::new();
+    let collect =
+        |joined: Result<Result<NodeObservations, HostError>, tokio::task::JoinError>,
+         out: &mut Observations,
+         errors: &mut Vec<std::sync::Arc<HostError>>| match joined {
+            Ok(Ok((resources, orphans))) => {
+                out.resources.extend(resources);
+                out.orphans.extend(orphans);
+            }
+            Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
+            Err(_) => {}
+        };
+    let mut open = true;
+    while open || !tasks.is_empty() {
+        tokio::select! {
+            next = ready.recv(), if open => match next {
+                Some((node, host)) => {
+                    let recorded: Vec<(String, crate::state::ResourceState)> = by_node
+                        .get(node.as_str())
+                        .map(|v| v.iter().map(|(a, r)| ((*a).clone(), (*r).clone())).collect())
+                        .unwrap_or_default();
+                    let lineage = state.lineage.clone();
+                    tasks.spawn(async move {
+                        observe_node(&node, host.as_ref(), &lineage, &recorded).await
+                    });
+                }
+                None => open = false,
+            },
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                collect(joined, &mut out, &mut errors);
+            }
+        }
+    }
+    (out, errors)
 }
 
 type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);

@@ -159,8 +159,9 @@ pub async fn refresh_keeping_connections(
             if nodes.len() == 1 { "" } else { "s" }
         );
     }
-    let pool = crate::hosts::HostPool::connect(config, &nodes, &connect.options()).await;
-    match crate::refresh::refresh(state, &pool, &nodes).await {
+    let (pool, observed) =
+        crate::refresh::connect_and_refresh(config, state, &nodes, &connect.options()).await;
+    match observed {
         Ok(o) => Ok((o, Some(pool))),
         Err(errors) => {
             pool.close().await;

@@ -33,9 +33,13 @@ impl Default for HostOptions {
     }
 }
 
-/// sshd's default `MaxStartups 10:30:100` refuses unauthenticated connections beyond 10: open
-/// at most this many at once through one jump host.
-const NEW_CONNECTIONS_PER_JUMP: usize = 8;
+/// Node handshakes at once behind one jump host. The hops are channels of the jump host's
+/// master connection, so its sshd's `MaxStartups` (10 by default) does not count them; the cap
+/// only keeps a large fleet from starting hundreds of ssh processes at once.
+const NEW_CONNECTIONS_PER_JUMP: usize = 32;
+
+/// Where `connect_reporting` sends each node the moment it is connected.
+pub type Ready = tokio::sync::mpsc::UnboundedSender<(String, Arc<dyn Host>)>;
 
 pub struct HostPool {
     hosts: BTreeMap<String, Arc<dyn Host>>,
@@ -50,6 +54,17 @@ impl HostPool {
     /// Connect to `nodes` (addresses such as `node.spark1`) in parallel. A node that cannot be
     /// reached gets an error; the others are usable.
     pub async fn connect(config: &Config, nodes: &[String], opts: &HostOptions) -> HostPool {
+        Self::connect_reporting(config, nodes, opts, None).await
+    }
+
+    /// `connect`, sending each node on `ready` as soon as it is connected, so work on the first
+    /// nodes overlaps the handshakes of the last. The channel closes when every node is done.
+    pub async fn connect_reporting(
+        config: &Config,
+        nodes: &[String],
+        opts: &HostOptions,
+        ready: Option<Ready>,
+    ) -> HostPool {
         let mut hosts: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
         let mut errors = BTreeMap::new();
         let wanted: Vec<&crate::config::Node> =
@@ -65,11 +80,15 @@ impl HostPool {
                 );
             }
         }
+        let report = |address: &str, host: &Arc<dyn Host>| {
+            if let Some(tx) = &ready {
+                let _ = tx.send((address.to_string(), host.clone()));
+            }
+        };
         for node in wanted.iter().filter(|n| n.host == "local") {
-            hosts.insert(
-                node.address.clone(),
-                Arc::new(LocalHost::new(&node.address)),
-            );
+            let host: Arc<dyn Host> = Arc::new(LocalHost::new(&node.address));
+            report(&node.address, &host);
+            hosts.insert(node.address.clone(), host);
         }
         let remote: Vec<&&crate::config::Node> =
             wanted.iter().filter(|n| n.host != "local").collect();
@@ -113,9 +132,9 @@ impl HostPool {
             .filter(|p| opts.use_user_config && p.is_file());
         let mut targets = ssh_config::targets(config);
         if let Some(uc) = &user_config {
-            for t in &mut targets {
-                apply_user_alias(uc, t).await;
-            }
+            // One `ssh -G` per target, all at once: sequentially they add up at many nodes.
+            futures_util::future::join_all(targets.iter_mut().map(|t| apply_user_alias(uc, t)))
+                .await;
         }
         let jump_aliases: Vec<String> = remote
             .iter()
@@ -245,7 +264,9 @@ impl HostPool {
         while let Some(joined) = tasks.join_next().await {
             match joined {
                 Ok((address, Ok(h))) => {
-                    hosts.insert(address, Arc::new(h));
+                    let host: Arc<dyn Host> = Arc::new(h);
+                    report(&address, &host);
+                    hosts.insert(address, host);
                 }
                 Ok((address, Err(e))) => {
                     errors.insert(address, Arc::new(e));
