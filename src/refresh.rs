@@ -88,17 +88,16 @@ async fn observe_as_connected(
     let mut tasks = tokio::task::JoinSet::new();
     let mut out = Observations::default();
     let mut errors = Vec::new();
-    let collect =
-        |joined: Result<Result<NodeObservations, HostError>, tokio::task::JoinError>,
-         out: &mut Observations,
-         errors: &mut Vec<std::sync::Arc<HostError>>| match joined {
-            Ok(Ok((resources, orphans))) => {
-                out.resources.extend(resources);
-                out.orphans.extend(orphans);
-            }
-            Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
-            Err(_) => {}
-        };
+    let collect = |joined: Result<Result<NodeObservations, HostError>, tokio::task::JoinError>,
+                   out: &mut Observations,
+                   errors: &mut Vec<std::sync::Arc<HostError>>| match joined {
+        Ok(Ok((resources, orphans))) => {
+            out.resources.extend(resources);
+            out.orphans.extend(orphans);
+        }
+        Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
+        Err(_) => {}
+    };
     let mut open = true;
     while open || !tasks.is_empty() {
         tokio::select! {

@@ -2295,14 +2295,21 @@ struct Ctx {
 impl Ctx {
     /// The hcl-rs evaluation context: the projected variables, `each`, and the functions.
     fn hcl(&self) -> Context<'static> {
-        let mut hctx = Context::new();
+        thread_local! {
+            // Declaring the function table costs more than most expressions: build it once.
+            static FUNCTIONS: Context<'static> = {
+                let mut c = Context::new();
+                crate::config::functions::declare_all(&mut c);
+                c
+            };
+        }
+        let mut hctx = FUNCTIONS.with(Context::clone);
         for (k, v) in &self.vars {
             hctx.declare_var(*k, v.clone());
         }
         if let Some(each) = &self.each {
             hctx.declare_var("each", each.clone());
         }
-        crate::config::functions::declare_all(&mut hctx);
         hctx
     }
 }
