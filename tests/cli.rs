@@ -315,3 +315,80 @@ fn graph_prints_dot_in_dependency_order() {
         "{stdout}"
     );
 }
+
+/// Functions work wherever an expression can be: a variable's validation, a local, an attach
+/// block, a container attribute, a nested ready block, a probe, a check and an output (contexts
+/// get the function table only where a call is, so each place is checked).
+#[test]
+fn functions_work_in_every_kind_of_block() {
+    let dir = common::write_config(&[(
+        "main.hcl",
+        r#"
+variable "name" {
+  default = "web"
+  validation {
+    condition     = length(var.name) > 2
+    error_message = "too short"
+  }
+}
+locals {
+  port = tonumber("8080")
+}
+node "n1" {
+  address = "10.0.0.1"
+}
+network "fabric" {
+  subnet = "192.168.200.0/24"
+  attach "n1" {
+    node      = node.n1
+    interface = lower("ENP1S0")
+    address   = cidrhost("192.168.200.0/24", 7)
+  }
+}
+container "web" {
+  node    = node.n1
+  name    = upper(var.name)
+  image   = format("%s:%s", "busybox", "1")
+  command = split(" ", "httpd -f")
+  ready {
+    http = "http://${network.fabric.attach.n1.address}:${tostring(local.port)}/"
+  }
+}
+probe "hello" {
+  http {
+    via = node.n1
+    url = join("", ["http://", network.fabric.attach.n1.address, ":", tostring(local.port)])
+  }
+  expect {
+    contains = trimspace(" hello ")
+  }
+}
+check "port" {
+  condition     = max(local.port, 1) == 8080
+  error_message = "port"
+}
+output "where" {
+  value = format("%s:%d", network.fabric.attach.n1.address, local.port)
+}
+"#,
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let (code, stdout, stderr) = out(sparkform().args(["plan", d, "-refresh=false", "--json"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let text = v.to_string();
+    for expected in [
+        "\"enp1s0\"",
+        "\"192.168.200.7\"",
+        "\"WEB\"",
+        "\"busybox:1\"",
+        "http://192.168.200.7:8080/",
+        "\"hello\"",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from {text}");
+    }
+    // The validation calls length(): a short name fails it rather than erroring on the call.
+    let (code, _, stderr) = out(sparkform().args(["validate", d, "-var", "name=ab"]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("too short"), "{stderr}");
+}

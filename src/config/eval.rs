@@ -140,6 +140,8 @@ struct Item<'m> {
     /// `depends_on` and `replace_triggered_by`: edges only.
     edge_refs: Vec<Ref>,
     broken: bool,
+    /// Whether any evaluated expression of the item calls a function.
+    calls_functions: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -333,6 +335,7 @@ impl Loader {
                         block: None,
                         local: Some(attr),
                         header: span,
+                        calls_functions: !collected.funcs.is_empty(),
                         refs: collected.refs,
                         edge_refs: Vec::new(),
                         broken: !funcs_ok,
@@ -349,10 +352,19 @@ impl Loader {
         let mut item_refs = Vec::new();
         let mut edge_refs = Vec::new();
         let mut funcs_ok = true;
+        // A variable's validations and default are not scanned here: let them call functions.
+        let mut calls_functions = root == Root::Var;
         // A variable's validations refer only to itself and its default to nothing (both
         // checked when it is evaluated); they are not dependencies.
         if root != Root::Var {
-            funcs_ok = self.block_refs(file, &block.body, spec, &mut item_refs, &mut edge_refs);
+            funcs_ok = self.block_refs(
+                file,
+                &block.body,
+                spec,
+                &mut item_refs,
+                &mut edge_refs,
+                &mut calls_functions,
+            );
         }
         self.add_item(
             scope,
@@ -366,6 +378,7 @@ impl Loader {
                 refs: item_refs,
                 edge_refs,
                 broken: !funcs_ok,
+                calls_functions,
             },
         );
     }
@@ -377,6 +390,7 @@ impl Loader {
         spec: &BlockSpec,
         item_refs: &mut Vec<Ref>,
         edge_refs: &mut Vec<Ref>,
+        calls_functions: &mut bool,
     ) -> bool {
         let mut ok = true;
         for attr in body.attributes() {
@@ -392,13 +406,21 @@ impl Loader {
                 _ => {
                     let c = refs::collect(&attr.value);
                     ok &= self.check_funcs(file, &c.funcs);
+                    *calls_functions |= !c.funcs.is_empty();
                     item_refs.extend(c.refs);
                 }
             }
         }
         for child in body.blocks() {
             if let Some(c) = spec.child(child.ident.as_str()) {
-                ok &= self.block_refs(file, &child.body, c.spec, item_refs, edge_refs);
+                ok &= self.block_refs(
+                    file,
+                    &child.body,
+                    c.spec,
+                    item_refs,
+                    edge_refs,
+                    calls_functions,
+                );
             }
         }
         ok
@@ -783,6 +805,15 @@ impl Loader {
 
     /// A context holding the referenced parts of other items. `None` when a referenced item failed
     /// (its error is already reported).
+    /// The context of item `i`: `context_for` its references, with the function table only when
+    /// the item calls a function.
+    fn item_context(&self, scope: &Scope<'_>, i: usize) -> Option<Ctx> {
+        let item = &scope.items[i];
+        let mut ctx = self.context_for(scope, &item.refs)?;
+        ctx.skip_functions = !item.calls_functions;
+        Some(ctx)
+    }
+
     fn context_for(&self, scope: &Scope<'_>, refs: &[Ref]) -> Option<Ctx> {
         let mut roots: BTreeMap<&'static str, Value> = BTreeMap::new();
         let mut deps = BTreeSet::new();
@@ -818,6 +849,7 @@ impl Loader {
             each: None,
             deps,
             sensitive,
+            skip_functions: false,
         })
     }
 
@@ -1003,7 +1035,7 @@ impl Loader {
     fn eval_local(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
         let item = &scope.items[i];
         let attr = item.local?;
-        let ctx = self.context_for(scope, &item.refs)?;
+        let ctx = self.item_context(scope, i)?;
         let file = item.file.clone();
         let value = self.eval_expr(&ctx, &file, &attr.value)?;
         Some(Evaluated {
@@ -1200,7 +1232,7 @@ impl Loader {
     ) -> Option<(Attrs, Ctx)> {
         let item = &scope.items[i];
         let block = item.block?;
-        let ctx = self.context_for(scope, &item.refs)?;
+        let ctx = self.item_context(scope, i)?;
         let file = item.file.clone();
         let attrs = self.eval_body(&ctx, scope, &file, &block.body, spec)?;
         Some((attrs, ctx))
@@ -1458,13 +1490,17 @@ impl Loader {
             // Each attachment is evaluated with the parts of other blocks it refers to, not the
             // whole network's references: with N attachments that would cost N² copies.
             let mut attach_refs = Vec::new();
+            let mut attach_calls = false;
             for attr in ab.body.attributes() {
-                attach_refs.extend(refs::collect(&attr.value).refs);
+                let c = refs::collect(&attr.value);
+                attach_calls |= !c.funcs.is_empty();
+                attach_refs.extend(c.refs);
             }
-            let Some(actx) = self.context_for(scope, &attach_refs) else {
+            let Some(mut actx) = self.context_for(scope, &attach_refs) else {
                 ok = false;
                 continue;
             };
+            actx.skip_functions = !attach_calls;
             let Some(a) = self.eval_body(&actx, scope, &file, &ab.body, &schema::ATTACH) else {
                 ok = false;
                 continue;
@@ -1632,7 +1668,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let mut ctx = self.context_for(scope, &item.refs)?;
+        let mut ctx = self.item_context(scope, i)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
         let replace_by = self.edge_deps(scope, i, "replace_triggered_by")?;
         let base = format!("{}container.{}", scope.prefix, name);
@@ -1897,7 +1933,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let ctx = self.context_for(scope, &item.refs)?;
+        let ctx = self.item_context(scope, i)?;
         let edge_deps = self.edge_deps(scope, i, "depends_on")?;
         let attrs = self.eval_body(&ctx, scope, &file, &block.body, &schema::PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
@@ -1992,7 +2028,7 @@ impl Loader {
         let item = &scope.items[i];
         let Some(block) = item.block else { return };
         let file = item.file.clone();
-        let Some(ctx) = self.context_for(scope, &item.refs) else {
+        let Some(ctx) = self.item_context(scope, i) else {
             return;
         };
         let Some(cond) = block.body.get_attribute("condition") else {
@@ -2063,7 +2099,7 @@ impl Loader {
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let Some(mut ctx) = self.context_for(scope, &item.refs) else {
+        let Some(mut ctx) = self.item_context(scope, i) else {
             return;
         };
         let Some(edge) = self.edge_deps(scope, i, "depends_on") else {
@@ -2290,6 +2326,9 @@ struct Ctx {
     each: Option<Value>,
     deps: BTreeSet<String>,
     sensitive: bool,
+    /// Set when the expressions call no function: most blocks do not, and the function table
+    /// is the costliest part of a context. Off by default, so a context has the functions.
+    skip_functions: bool,
 }
 
 impl Ctx {
@@ -2303,7 +2342,11 @@ impl Ctx {
                 c
             };
         }
-        let mut hctx = FUNCTIONS.with(Context::clone);
+        let mut hctx = if self.skip_functions {
+            Context::new()
+        } else {
+            FUNCTIONS.with(Context::clone)
+        };
         for (k, v) in &self.vars {
             hctx.declare_var(*k, v.clone());
         }
