@@ -23,14 +23,19 @@ fn load_err(text: &str) -> String {
 }
 
 /// The testbed example, with its module source made absolute so it loads from a temp dir.
-fn testbed_example() -> String {
+/// An example's main.hcl with its module source made absolute, so it loads from a temp dir.
+fn example(name: &str) -> String {
     let modules = std::fs::canonicalize("modules/vllm-ray").unwrap();
-    std::fs::read_to_string("examples/testbed/main.hcl")
+    std::fs::read_to_string(format!("examples/{name}/main.hcl"))
         .unwrap()
         .replace(
             "\"../../modules/vllm-ray\"",
             &format!("{:?}", modules.display().to_string()),
         )
+}
+
+fn testbed_example() -> String {
+    example("testbed")
 }
 
 #[test]
@@ -57,18 +62,7 @@ fn parallelism_must_match_the_gpus() {
 
 #[test]
 fn interfaces_must_match_and_the_model_must_fit() {
-    let text = std::fs::read_to_string("examples/qwen35-two-sparks/main.hcl")
-        .unwrap()
-        .replace(
-            "\"../../modules/vllm-ray\"",
-            &format!(
-                "{:?}",
-                std::fs::canonicalize("modules/vllm-ray")
-                    .unwrap()
-                    .display()
-                    .to_string()
-            ),
-        )
+    let text = example("qwen35-two-sparks")
         .replacen(
             "interface = \"enp1s0f0np0\"",
             "interface = \"enp1s0f1np1\"",
@@ -91,18 +85,7 @@ fn interfaces_must_match_and_the_model_must_fit() {
 
 #[test]
 fn high_utilization_on_unified_memory_is_a_warning() {
-    let text = std::fs::read_to_string("examples/qwen35-two-sparks/main.hcl")
-        .unwrap()
-        .replace(
-            "\"../../modules/vllm-ray\"",
-            &format!(
-                "{:?}",
-                std::fs::canonicalize("modules/vllm-ray")
-                    .unwrap()
-                    .display()
-                    .to_string()
-            ),
-        )
+    let text = example("qwen35-two-sparks")
         .replace(
             "memory_gib = 120",
             "memory_gib = 120\n  unified_memory = true",

@@ -332,12 +332,7 @@ impl HostPool {
         }
         while set.join_next().await.is_some() {}
         for ctl in std::mem::take(&mut self.jump_masters) {
-            let _ = tokio::process::Command::new("ssh")
-                .arg("-S")
-                .arg(&ctl)
-                .args(["-O", "exit", "sparkform"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
+            let _ = tokio::process::Command::from(exit_master(&ctl))
                 .status()
                 .await;
         }
@@ -349,15 +344,20 @@ impl Drop for HostPool {
     /// running: they were started with ControlPersist and outlive the process otherwise.
     fn drop(&mut self) {
         for ctl in std::mem::take(&mut self.jump_masters) {
-            let _ = std::process::Command::new("ssh")
-                .arg("-S")
-                .arg(&ctl)
-                .args(["-O", "exit", "sparkform"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
+            let _ = exit_master(&ctl).status();
         }
     }
+}
+
+/// `ssh -O exit` for the master connection behind control socket `ctl`.
+fn exit_master(ctl: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new("ssh");
+    c.arg("-S")
+        .arg(ctl)
+        .args(["-O", "exit", "sparkform"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    c
 }
 
 /// When the user's ssh config defines the address as an alias, use what it resolves to, as
