@@ -35,7 +35,12 @@ fn schema_blocks() -> BTreeMap<String, Attrs> {
         let attrs = spec
             .attrs
             .iter()
-            .map(|a| (a.name.to_string(), (type_name(a.kind).to_string(), a.required)))
+            .map(|a| {
+                (
+                    a.name.to_string(),
+                    (type_name(a.kind).to_string(), a.required),
+                )
+            })
             .collect();
         out.insert(path.clone(), attrs);
         for child in spec.blocks {
@@ -101,7 +106,8 @@ fn documented_blocks(doc: &str) -> BTreeMap<String, Attrs> {
             continue;
         }
         let cells = table_cells(line);
-        let name = unquote(&cells[0]).unwrap_or_else(|| panic!("attribute cell not quoted: {line}"));
+        let name =
+            unquote(&cells[0]).unwrap_or_else(|| panic!("attribute cell not quoted: {line}"));
         let required = match cells.get(2).map(String::as_str) {
             Some("yes") => true,
             Some("no") => false,
