@@ -193,6 +193,11 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         Err(e) => return report_error(e),
     };
     let state = recorded.clone().unwrap_or_default();
+    let mode_graph = match &mode {
+        Mode::Apply { graph, .. } | Mode::PlanFile { graph, .. } | Mode::Destroy { graph } => {
+            *graph
+        }
+    };
     let rt = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -328,6 +333,7 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         };
         let outcome = apply::apply(ApplyRequest {
             config,
+            graph: mode_graph,
             plan: &plan,
             store: &store,
             state,

@@ -47,7 +47,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         if !config
             .resources
             .iter()
-            .any(|r| &r.address == t && r.kind == crate::config::ResourceKind::Probe)
+            .any(|r| &r.address == t && r.kind.kind().lifecycle() == crate::kinds::Lifecycle::Runs)
         {
             eprintln!("Error: -target {t}: no such probe");
             return ExitCode::from(1);

@@ -22,7 +22,7 @@ use super::refs::{self, Ref, Step};
 use super::schema::{self, BlockSpec, Kind};
 use super::types::{self, Type};
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
-use crate::resources;
+use crate::kinds::{attachment, container, probe};
 
 /// The value of a variable handed to a module (or to the root from the command line).
 #[derive(Debug, Clone)]
@@ -1509,7 +1509,7 @@ impl Loader {
             let interface = a.string("interface").unwrap_or_default();
             let addr_text = a.string("address").unwrap_or_default();
             let mut good = true;
-            if let Err(msg) = resources::attachment::check_interface(&interface) {
+            if let Err(msg) = attachment::check_interface(&interface) {
                 self.value_error(&a, "interface", msg, "interface names are 1 to 15 letters, digits, `_`, `-` or `.`, as `ip link` shows them");
                 good = false;
             }
@@ -1587,14 +1587,15 @@ impl Loader {
             }
             let res_address = format!("{address}.attach.{aname}");
             let node_name = node.rsplit('.').next().unwrap_or(&node).to_string();
-            let config = serde_json::json!({
-                "network": address,
-                "node": node,
-                "interface": interface,
-                "address": addr_text,
-                "prefix_len": subnet.prefix_len(),
-                "mtu": mtu,
-            });
+            let config = attachment::Desired {
+                network: address.clone(),
+                node: node.clone(),
+                interface: interface.clone(),
+                address: addr_text.clone(),
+                prefix_len: subnet.prefix_len(),
+                mtu,
+            }
+            .to_json();
             let mut deps = ctx.deps.clone();
             deps.extend(scope.extra_deps.iter().cloned());
             self.config.resources.push(Resource {
@@ -1717,7 +1718,7 @@ impl Loader {
             for rb in block.body.get_blocks("ready") {
                 let rheader = header_span(&file, rb);
                 match self.eval_body(&ctx, scope, &file, &rb.body, &schema::READY) {
-                    Some(r) => match resources::container::ready_config(&r.values) {
+                    Some(r) => match container::ready_config(&r.values) {
                         Ok(v) => ready.push(v),
                         Err(msg) => {
                             self.diags.push(
@@ -1754,7 +1755,7 @@ impl Loader {
                 .values
                 .insert("name".into(), Value::from(docker_name.clone()));
             let node = attrs.string("node").unwrap_or_default();
-            let problems = resources::container::check(&attrs.values);
+            let problems = container::check(&attrs.values);
             if !problems.is_empty() {
                 for p in problems {
                     let span = attrs
@@ -1789,7 +1790,7 @@ impl Loader {
                 ok = false;
                 continue;
             }
-            let config = resources::container::desired_config(&attrs.values, ready);
+            let config = container::desired_config(&attrs.values, ready);
             let mut deps = ctx.deps.clone();
             deps.extend(edge_deps.iter().cloned());
             deps.extend(scope.extra_deps.iter().cloned());
@@ -1963,7 +1964,7 @@ impl Loader {
         }
         let values: BTreeMap<&str, &Map<String, Value>> =
             parts.iter().map(|(k, a)| (*k, &a.values)).collect();
-        let (config, node) = match resources::probe::desired_config(&attrs.values, &values) {
+        let (config, node) = match probe::desired_config(&attrs.values, &values) {
             // An exec probe in a container runs on that container's node.
             Ok((c, None)) => {
                 let node = parts

@@ -5,7 +5,7 @@ pub mod functions;
 mod model;
 mod parse;
 pub mod refs;
-mod schema;
+pub mod schema;
 pub mod types;
 
 use std::collections::HashMap;
