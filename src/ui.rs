@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::apply::events::Event;
+use crate::events::Event;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

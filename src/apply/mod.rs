@@ -359,7 +359,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     }
     let mut ready: std::collections::VecDeque<usize> =
         (0..n).filter(|&i| waiting[i] == 0).collect();
-    let mut running = tokio::task::JoinSet::new();
+    let mut running = crate::tasks::KeyedTasks::new();
     let mut completed: Vec<(usize, Step, Applied)> = Vec::new();
     let mut stopping = false;
     let parallelism = req.parallelism.max(1);
@@ -386,28 +386,27 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
             );
             let mut job = jobs.job(&step);
             job.idx = i;
-            running.spawn(job.run());
+            running.spawn((i, Instant::now()), job.run());
         }
         if running.is_empty() {
             break;
         }
         let joined = tokio::select! {
-            j = running.join_next() => j,
+            j = running.next() => j,
             _ = req.cancel.cancelled(), if !stopping => continue,
         };
-        let Some(joined) = joined else { break };
-        let (i, step, result, elapsed) = match joined {
-            Ok(r) => r,
-            Err(e) => {
-                stopping = true;
-                outcome.ok = false;
-                outcome.failures.push((
-                    "(a step)".into(),
-                    StepError::new(format!("a step task ended abnormally: {e}")),
-                ));
-                continue;
-            }
+        let Some(((i, started), joined)) = joined else {
+            break;
         };
+        // A step whose task panicked failed like any other: on its address, then rollback.
+        let (i, step, result, elapsed) = joined.unwrap_or_else(|panic| {
+            (
+                i,
+                steps[i].clone(),
+                Err(StepError::new(panic)),
+                started.elapsed(),
+            )
+        });
         match result {
             Ok(applied) => {
                 emit(
@@ -559,7 +558,7 @@ async fn rollback(
     let undo_cancel = CancellationToken::new();
     // Latest first among the ready ones, as a sequential rollback would go.
     let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
-    let mut running = tokio::task::JoinSet::new();
+    let mut running = crate::tasks::KeyedTasks::new();
     let parallelism = req.parallelism.max(1);
     loop {
         while running.len() < parallelism {
@@ -571,27 +570,18 @@ async fn rollback(
             let mut job = jobs.job(step);
             job.cancel = undo_cancel.clone();
             let applied = applied.clone();
-            running.spawn(async move {
-                let start = Instant::now();
-                let r = machine(kind)
+            running.spawn((k, Instant::now()), async move {
+                machine(kind)
                     .undo(&job.cx(), job.step.change.action, &applied)
-                    .await;
-                (k, r, start.elapsed())
+                    .await
             });
         }
-        let Some(joined) = running.join_next().await else {
+        let Some(((k, started), joined)) = running.next().await else {
             break;
         };
-        let (k, result, elapsed) = match joined {
-            Ok(r) => r,
-            Err(e) => {
-                outcome.undo_failures.push((
-                    "(an undo)".into(),
-                    StepError::new(format!("an undo task ended abnormally: {e}")),
-                ));
-                continue;
-            }
-        };
+        let elapsed = started.elapsed();
+        // A panicking undo is a failed undo of its step; what it held back may still go.
+        let result = joined.unwrap_or_else(|panic| Err(StepError::new(panic)));
         let address = &undoable[k].1.address;
         match result {
             Ok(summary) => {

@@ -53,20 +53,20 @@ pub fn run(args: NodesArgs) -> ExitCode {
     rt.block_on(async {
         let names: Vec<String> = config.nodes.keys().cloned().collect();
         let pool = HostPool::connect(&config, &names, &opts).await;
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut tasks = crate::tasks::KeyedTasks::new();
         for (name, host) in pool.connected() {
-            let (name, host) = (name.clone(), host.clone());
-            tasks.spawn(async move {
-                let f = tokio::time::timeout(Duration::from_secs(60), facts::gather(host.as_ref())).await;
-                (name, f)
+            let host = host.clone();
+            tasks.spawn(name.clone(), async move {
+                tokio::time::timeout(Duration::from_secs(60), facts::gather(host.as_ref())).await
             });
         }
         let mut results: std::collections::BTreeMap<String, Result<Facts, String>> = Default::default();
-        while let Some(Ok((name, f))) = tasks.join_next().await {
+        while let Some((name, f)) = tasks.next().await {
             let r = match f {
-                Ok(Ok(f)) => Ok(f),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("gathering facts took over 60 s".into()),
+                Ok(Ok(Ok(f))) => Ok(f),
+                Ok(Ok(Err(e))) => Err(e.to_string()),
+                Ok(Err(_)) => Err("gathering facts took over 60 s".into()),
+                Err(panic) => Err(panic),
             };
             results.insert(name, r);
         }
