@@ -3,8 +3,10 @@
 //! these and renders what comes back; anything else can run an apply the same way.
 
 pub mod apply;
+pub mod nodes;
 pub mod plan;
 pub mod refresh;
+pub mod verify;
 
 use std::sync::Arc;
 
