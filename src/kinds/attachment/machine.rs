@@ -261,6 +261,11 @@ impl Machine for AttachmentMachine {
     }
 
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        let by_address: std::collections::HashMap<&str, &Resource> = config
+            .resources
+            .iter()
+            .map(|r| (r.address.as_str(), r))
+            .collect();
         let mut out = Vec::new();
         for net in config.networks.values() {
             let after: Vec<String> = net
@@ -275,7 +280,7 @@ impl Machine for AttachmentMachine {
             let members: Vec<Member> = net
                 .attachments
                 .iter()
-                .filter_map(|a| config.resource(a))
+                .filter_map(|a| by_address.get(a.as_str()).copied())
                 .filter_map(member)
                 .collect();
             out.push(Check {
