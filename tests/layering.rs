@@ -295,3 +295,28 @@ fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
         ]
     );
 }
+
+/// A kind's block must be reachable from the top level of the language, or its resources can
+/// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
+#[test]
+fn every_kind_has_its_block_in_the_language() {
+    use sparkform::config::schema::{BlockSpec, Child, TOP_LEVEL};
+    fn walk(spec: &'static BlockSpec, out: &mut Vec<&'static BlockSpec>) {
+        out.push(spec);
+        for Child { spec, .. } in spec.blocks {
+            walk(spec, out);
+        }
+    }
+    let mut declared = Vec::new();
+    for spec in TOP_LEVEL {
+        walk(spec, &mut declared);
+    }
+    for k in sparkform::kinds::KindId::ALL {
+        let block = k.kind().block();
+        assert!(
+            declared.iter().any(|b| std::ptr::eq(*b, block)),
+            "{k}: block `{}` is not in config::schema::TOP_LEVEL",
+            block.kind
+        );
+    }
+}
