@@ -206,6 +206,18 @@ pub trait Machine: Send + Sync {
             cx.address
         )))
     }
+    /// Run it against what is deployed, changing nothing (`sparkform verify`): how long it
+    /// took and what it saw. `None` for kinds that are not checks.
+    async fn verify(
+        &self,
+        _config: &serde_json::Value,
+        _pool: &HostPool,
+        _containers: &ContainerIndex,
+        _cancel: &tokio_util::sync::CancellationToken,
+        _progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(std::time::Duration, String), StepError>> {
+        None
+    }
     /// Where an exec probe can run commands inside this resource: (node, Docker name).
     fn exec_target(&self, _resource: &Resource) -> Option<(String, String)> {
         None

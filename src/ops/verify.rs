@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Resource};
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::machine::{container_index, StepError};
+use crate::kinds::machine::{container_index, machine, StepError};
 use crate::kinds::Lifecycle;
 
 /// The `-target`s that are not a probe of the configuration.
@@ -65,19 +65,21 @@ pub async fn verify(
         );
         let start = Instant::now();
         let address = p.address.clone();
-        let r =
-            crate::kinds::probe::machine::run(&p.config, &pool, &containers, &cancel, |m, t| {
-                emit(
-                    events,
-                    Event::StepProgress {
-                        address: address.clone(),
-                        message: m,
-                        log: None,
-                        timeout_secs: Some(t),
-                    },
-                )
-            })
-            .await;
+        let progress = |m: String, t: u64| {
+            emit(
+                events,
+                Event::StepProgress {
+                    address: address.clone(),
+                    message: m,
+                    log: None,
+                    timeout_secs: Some(t),
+                },
+            )
+        };
+        let r = machine(p.kind)
+            .verify(&p.config, &pool, &containers, &cancel, &progress)
+            .await
+            .unwrap_or_else(|| Ok((Duration::ZERO, "nothing to verify".into())));
         match &r {
             Ok((_, s)) => emit(
                 events,

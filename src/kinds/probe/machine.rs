@@ -278,6 +278,17 @@ impl Machine for ProbeMachine {
         Ok("nothing to undo".into())
     }
 
+    async fn verify(
+        &self,
+        config: &serde_json::Value,
+        pool: &HostPool,
+        containers: &ContainerIndex,
+        cancel: &tokio_util::sync::CancellationToken,
+        progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(Duration, String), StepError>> {
+        Some(run(config, pool, containers, cancel, progress).await)
+    }
+
     fn other_nodes(&self, _change: &Change, containers: &ContainerIndex) -> Vec<String> {
         containers.values().map(|(n, _)| n.clone()).collect()
     }
