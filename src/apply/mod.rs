@@ -69,8 +69,8 @@ struct Step {
     deps: BTreeSet<usize>,
 }
 
-/// The steps of a plan with their dependencies, plus a fabric check after each network whose
-/// attachments change.
+/// The steps of a plan with their dependencies, plus the checks the kinds add after groups of
+/// changed resources (a fabric check after each network whose attachments change).
 fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
