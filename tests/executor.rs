@@ -84,6 +84,12 @@ impl Bed {
         }
     }
 
+    /// New definitions in the same folder (the state stays).
+    fn rewrite(&mut self, hcl: &str) {
+        std::fs::write(self.dir.path().join("main.hcl"), hcl).unwrap();
+        (self.config, self.graph) = common::load(self.dir.path());
+    }
+
     fn store(&self) -> StateStore {
         StateStore::new(self.dir.path().join("state/sparkform.json"))
     }
@@ -521,4 +527,76 @@ async fn a_step_that_panics_is_a_failure_of_that_step_and_the_rest_is_rolled_bac
         |e| matches!(e, Event::StepFailed { address, .. } if address == "network.b.attach.n2")
     ));
     assert!(bed.state().resources.is_empty());
+}
+
+#[tokio::test]
+async fn rollback_puts_back_only_what_the_apply_took_off() {
+    // Applied once: network.a.attach.n1 holds 192.168.10.1 on eth1, next to 192.168.10.50
+    // that someone else put there.
+    let mut bed = Bed::new(SEVEN);
+    let n1 = Arc::new(
+        FakeHost::new("node.n1", &bed.world)
+            .interface("eth1", 1500, &["192.168.10.50/24"])
+            .interface("eth2", 1500, &[]),
+    );
+    n1.on(
+        &["fabric-ready"],
+        Answer::Exit(0, "ok\n".into(), String::new()),
+    );
+    let n2 = Arc::new(bed.node("node.n2"));
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        4,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+
+    // The address moves to .3 and the probe fails, so the move is rolled back; meanwhile the
+    // owner of .50 takes it off.
+    bed.rewrite(&SEVEN.replace("192.168.10.1\"", "192.168.10.3\""));
+    n1.on(
+        &["fabric-ready"],
+        Answer::Exit(1, String::new(), "not yet".into()),
+    );
+    let world = bed.world.clone();
+    let other = n1.clone();
+    let owner = tokio::spawn(async move {
+        while world
+            .log()
+            .iter()
+            .filter(|l| l.contains("fabric-ready"))
+            .count()
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        other.remove_address("eth1", "192.168.10.50/24");
+    });
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        4,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    owner.await.unwrap();
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    assert!(
+        r.outcome.undo_failures.is_empty(),
+        "{:?}",
+        r.outcome.undo_failures
+    );
+    let eth1 = n1
+        .interfaces()
+        .into_iter()
+        .find(|i| i.name == "eth1")
+        .unwrap();
+    // .1, which this apply took off, is back; .3 is gone; .50, which it did not touch, stays
+    // off.
+    assert_eq!(eth1.addresses, ["192.168.10.1/24"], "{eth1:?}");
+    assert_eq!(eth1.mtu, 9000);
 }

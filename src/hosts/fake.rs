@@ -139,6 +139,18 @@ impl FakeHost {
         self.lock().gone_at = Some(k);
     }
 
+    /// Someone else takes an address off an interface (outside sparkform).
+    pub fn remove_address(&self, interface: &str, cidr: &str) {
+        for i in self
+            .lock()
+            .interfaces
+            .iter_mut()
+            .filter(|i| i.name == interface)
+        {
+            i.addresses.retain(|a| a != cidr);
+        }
+    }
+
     pub fn interfaces(&self) -> Vec<Interface> {
         self.lock().interfaces.clone()
     }

@@ -91,16 +91,19 @@ async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), 
     Ok(())
 }
 
-/// Set the address and MTU; returns the interface as it was, for undo.
+/// Set the address and MTU; returns the interface as it was and the old address this took off,
+/// for undo.
 async fn configure(
     host: &dyn Host,
     s: &Settings,
     old_cidr: Option<&str>,
-) -> Result<Interface, StepError> {
+) -> Result<(Interface, Option<String>), StepError> {
     let before = find(host, &s.interface).await?;
+    let mut removed = None;
     if let Some(old) = old_cidr.filter(|o| *o != s.cidr) {
         if before.addresses.iter().any(|a| a == old) {
             remove_address(host, &s.interface, old).await?;
+            removed = Some(old.to_string());
         }
     }
     run(host, &["addr", "replace", &s.cidr, "dev", &s.interface]).await?;
@@ -117,7 +120,7 @@ async fn configure(
         ],
     )
     .await?;
-    Ok(before)
+    Ok((before, removed))
 }
 
 #[async_trait]
@@ -153,7 +156,7 @@ impl Machine for AttachmentMachine {
             None,
             None,
         );
-        let before = configure(host.as_ref(), &desired, old_cidr.as_deref()).await?;
+        let (before, removed) = configure(host.as_ref(), &desired, old_cidr.as_deref()).await?;
         let mut attributes = std::collections::BTreeMap::new();
         attributes.insert("interface".into(), serde_json::json!(desired.interface));
         attributes.insert("previous_mtu".into(), serde_json::json!(before.mtu));
@@ -166,6 +169,7 @@ impl Machine for AttachmentMachine {
             undo: serde_json::json!({
                 "interface": desired.interface,
                 "added": desired.cidr,
+                "removed": removed,
                 "previous_mtu": before.mtu,
                 "previous_addresses": before.addresses,
             }),
@@ -206,8 +210,10 @@ impl Machine for AttachmentMachine {
                 remove_address(host.as_ref(), iface, added).await?;
             }
         }
-        for p in &previous {
-            run(host.as_ref(), &["addr", "replace", p, "dev", iface]).await?;
+        // Only what this step took off goes back: an address someone else removed since (another
+        // apply on the same interface) stays removed.
+        if let Some(removed) = u.get("removed").and_then(|v| v.as_str()) {
+            run(host.as_ref(), &["addr", "replace", removed, "dev", iface]).await?;
         }
         if let Some(mtu) = u.get("previous_mtu").and_then(|v| v.as_u64()) {
             run(
