@@ -138,12 +138,10 @@ impl Graph {
         for (i, level) in self.levels().iter().enumerate() {
             out.push_str(&format!("  subgraph level_{i} {{\n    rank = same;\n"));
             for a in level {
-                let shape = match self.kinds.get(a) {
-                    Some(ResourceKind::Attachment) => "cds",
-                    Some(ResourceKind::Container) => "box",
-                    Some(ResourceKind::Probe) => "diamond",
-                    None => "ellipse",
-                };
+                let shape = self
+                    .kinds
+                    .get(a)
+                    .map_or("ellipse", |k| k.kind().dot_shape());
                 out.push_str(&format!("    {} [shape = {shape}];\n", quote(a)));
             }
             out.push_str("  }\n");

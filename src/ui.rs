@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::apply::events::Event;
+use crate::events::Event;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -35,6 +35,41 @@ struct Running {
     log: Option<String>,
     timeout: Option<u64>,
     last_printed: Instant,
+}
+
+/// The line for what happens before an apply (a lock taken over, a refresh), if `e` is such.
+pub fn note(e: &Event) -> Option<String> {
+    match e {
+        Event::LockTakenOver {
+            pid,
+            host,
+            operation,
+            started,
+        } => Some(format!("note: took over a lock left by PID {pid} on {host} ({operation} since {started}), which is no longer running.")),
+        Event::Refreshing { nodes } => Some(format!(
+            "Refreshing: looking at {nodes} node{}…",
+            if *nodes == 1 { "" } else { "s" }
+        )),
+        _ => None,
+    }
+}
+
+/// Draw the notes of the work before an apply on stderr until the channel closes.
+pub fn spawn_notes(
+    json: bool,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            // A taken-over lock is worth knowing even when stdout is JSON.
+            if json && matches!(e, Event::Refreshing { .. }) {
+                continue;
+            }
+            if let Some(line) = note(&e) {
+                eprintln!("{line}");
+            }
+        }
+    })
 }
 
 /// Draw events until the channel closes.
@@ -104,6 +139,8 @@ fn lines(
 ) -> Vec<String> {
     let t = stamp(start);
     match e {
+        // Before the apply starts; drawn on stderr by `spawn_notes`.
+        Event::LockTakenOver { .. } | Event::Refreshing { .. } => Vec::new(),
         Event::Started { steps, parallelism } => vec![format!(
             "{t} {steps} step{} to run, up to {parallelism} at once",
             if *steps == 1 { "" } else { "s" }

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use sparkform::config::{self, ResourceKind, VarInputs};
-use sparkform::resources::container::create_body;
+use sparkform::kinds::container::machine::create_body;
 
 fn load_err(text: &str) -> String {
     let dir = common::write_config(&[("main.hcl", text)]);

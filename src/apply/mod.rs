@@ -2,7 +2,8 @@
 //! written after every step, rollback of this apply's steps on the first failure, and the
 //! leftovers of replaced containers removed only when everything succeeded.
 
-pub mod events;
+/// What the work reports (it moved to `crate::events`; kept here for callers of the old path).
+pub use crate::events;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -11,17 +12,20 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ResourceKind};
+use crate::config::Config;
+use crate::events::{emit, Event, Sender};
+use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::{
+    container_index, machine, Applied, CheckRun, ContainerIndex, StepCx, StepError,
+};
+use crate::kinds::KindId;
 use crate::plan::{Action, Change, Plan};
-use crate::resources::attachment::{check_mesh, Member};
-use crate::resources::probe::ContainerIndex;
-use crate::resources::{handler, Applied, StepCx, StepError};
 use crate::state::{ResourceState, State, StateStore};
-use events::{emit, Event, Sender};
 
 pub struct ApplyRequest<'a> {
     pub config: &'a Config,
+    pub graph: &'a Graph,
     pub plan: &'a Plan,
     pub store: &'a StateStore,
     /// The state before the apply (a new one when nothing was applied yet).
@@ -47,17 +51,17 @@ pub struct ApplyOutcome {
     pub state_error: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum StepKind {
-    Resource(ResourceKind),
-    /// Every member of a network reaches every other with a full-size frame.
-    Mesh {
-        members: Vec<Member>,
-        mtu: u32,
+    Resource(KindId),
+    /// A check a kind adds after a group of its steps (the fabric check of a network).
+    Check {
+        run: Arc<dyn CheckRun>,
+        nodes: Vec<String>,
     },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Step {
     address: String,
     kind: StepKind,
@@ -65,76 +69,48 @@ struct Step {
     deps: BTreeSet<usize>,
 }
 
-/// Containers of the configuration: (node, Docker name) by address.
-fn container_index(config: &Config) -> ContainerIndex {
-    config
-        .resources
-        .iter()
-        .filter(|r| r.kind == ResourceKind::Container)
-        .filter_map(|r| {
-            Some((
-                r.address.clone(),
-                (r.node.clone()?, r.config.get("name")?.as_str()?.to_string()),
-            ))
-        })
-        .collect()
-}
-
-/// The steps of a plan with their dependencies, plus a fabric check after each network whose
-/// attachments change.
-fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
+/// The steps of a plan with their dependencies, plus the checks the kinds add after groups of
+/// changed resources (a fabric check after each network whose attachments change).
+fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for c in plan.changes.iter().filter(|c| c.action.is_change()) {
-        let kind = match c.kind.as_str() {
-            "attachment" => ResourceKind::Attachment,
-            "probe" => ResourceKind::Probe,
-            _ => ResourceKind::Container,
-        };
         index.entry(c.address.clone()).or_insert(steps.len());
         steps.push(Step {
             address: c.address.clone(),
-            kind: StepKind::Resource(kind),
+            kind: StepKind::Resource(c.kind),
             change: c.clone(),
             deps: BTreeSet::new(),
         });
     }
-    // Fabric checks, one per network with a changed attachment.
-    let mut mesh_of_attachment: HashMap<String, usize> = HashMap::new();
-    for net in config.networks.values() {
-        let changed: Vec<usize> = net
-            .attachments
-            .iter()
-            .filter_map(|a| index.get(a).copied())
-            .filter(|&i| steps[i].change.action != Action::Delete)
-            .collect();
-        if changed.is_empty() || net.attachments.len() < 2 {
-            continue;
-        }
-        let members: Vec<Member> = net
-            .attachments
-            .iter()
-            .filter_map(|a| config.resource(a))
-            .filter_map(|r| {
-                Some(Member {
-                    address: r.address.clone(),
-                    node: r.node.clone()?,
-                    interface: r.config.get("interface")?.as_str()?.to_string(),
-                    ip: r.config.get("address")?.as_str()?.to_string(),
-                })
-            })
-            .collect();
-        let mesh = steps.len();
-        let address = format!("{} (fabric check)", net.address);
+    // Checks the kinds add after groups of changed resources (a network's fabric check).
+    let changed = |a: &str| {
+        index
+            .get(a)
+            .is_some_and(|&i| steps[i].change.action != Action::Delete)
+    };
+    let checks: Vec<_> = KindId::ALL
+        .iter()
+        .flat_map(|k| {
+            machine(*k)
+                .checks(config, &changed)
+                .into_iter()
+                .map(|c| (*k, c))
+        })
+        .collect();
+    let mut check_of: HashMap<String, usize> = HashMap::new();
+    for (owner, check) in checks {
+        let at = steps.len();
         steps.push(Step {
-            address: address.clone(),
-            kind: StepKind::Mesh {
-                members,
-                mtu: net.mtu,
+            address: check.address.clone(),
+            kind: StepKind::Check {
+                run: check.run,
+                nodes: check.nodes,
             },
             change: Change {
-                address,
-                kind: "check".into(),
+                address: check.address,
+                // The kind that asked for the check; a check records nothing.
+                kind: owner,
                 node: None,
                 action: Action::Run,
                 attributes: Vec::new(),
@@ -146,10 +122,14 @@ fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
                 drift: Vec::new(),
                 orphan: None,
             },
-            deps: changed.iter().copied().collect(),
+            deps: check
+                .after
+                .iter()
+                .filter_map(|a| index.get(a).copied())
+                .collect(),
         });
-        for a in &net.attachments {
-            mesh_of_attachment.insert(a.clone(), mesh);
+        for a in check.covers {
+            check_of.insert(a, at);
         }
     }
     let deletes: Vec<usize> = (0..steps.len())
@@ -157,7 +137,7 @@ fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
         .collect();
     let n = steps.len();
     for i in 0..n {
-        if matches!(steps[i].kind, StepKind::Mesh { .. }) {
+        if matches!(steps[i].kind, StepKind::Check { .. }) {
             continue;
         }
         let mut deps = BTreeSet::new();
@@ -175,7 +155,7 @@ fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
                 if let Some(&j) = index.get(d) {
                     deps.insert(j);
                 }
-                if let Some(&m) = mesh_of_attachment.get(d) {
+                if let Some(&m) = check_of.get(d) {
                     deps.insert(m);
                 }
             }
@@ -190,13 +170,13 @@ fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
             let mut out = steps[i].deps.clone();
             if let StepKind::Resource(_) = steps[i].kind {
                 if steps[i].change.action != Action::Delete {
-                    for a in ancestors(config, &steps[i].address) {
+                    for a in graph.ancestors(&steps[i].address) {
                         if let Some(&j) = index.get(&a) {
                             if j != i && steps[j].change.action != Action::Delete {
                                 out.insert(j);
                             }
                         }
-                        if let Some(&m) = mesh_of_attachment.get(&a) {
+                        if let Some(&m) = check_of.get(&a) {
                             out.insert(m);
                         }
                     }
@@ -212,21 +192,6 @@ fn build_steps(config: &Config, plan: &Plan) -> Vec<Step> {
     steps
 }
 
-fn ancestors(config: &Config, address: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![address.to_string()];
-    while let Some(a) = stack.pop() {
-        if let Some(r) = config.resource(&a) {
-            for d in r.deps.iter().chain(r.replace_triggered_by.iter()) {
-                if out.insert(d.clone()) {
-                    stack.push(d.clone());
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Nodes the steps touch, plus the nodes probes go through.
 fn nodes_needed(config: &Config, steps: &[Step], containers: &ContainerIndex) -> Vec<String> {
     let mut set = BTreeSet::new();
@@ -234,11 +199,11 @@ fn nodes_needed(config: &Config, steps: &[Step], containers: &ContainerIndex) ->
         if let Some(n) = &s.change.node {
             set.insert(n.clone());
         }
-        if let StepKind::Mesh { members, .. } = &s.kind {
-            set.extend(members.iter().map(|m| m.node.clone()));
-        }
-        if matches!(s.kind, StepKind::Resource(ResourceKind::Probe)) {
-            set.extend(containers.values().map(|(n, _)| n.clone()));
+        match &s.kind {
+            StepKind::Check { nodes, .. } => set.extend(nodes.iter().cloned()),
+            StepKind::Resource(kind) => {
+                set.extend(machine(*kind).other_nodes(&s.change, containers))
+            }
         }
     }
     set.into_iter()
@@ -285,14 +250,10 @@ impl Job {
     async fn run(self) -> (usize, Step, Result<Applied, StepError>, Duration) {
         let start = Instant::now();
         let result = match &self.step.kind {
-            StepKind::Mesh { members, mtu } => {
-                check_mesh(&self.pool, members, *mtu)
-                    .await
-                    .map(|summary| Applied {
-                        summary,
-                        ..Applied::default()
-                    })
-            }
+            StepKind::Check { run, .. } => run.run(&self.pool).await.map(|summary| Applied {
+                summary,
+                ..Applied::default()
+            }),
             StepKind::Resource(kind) => {
                 let cx = self.cx();
                 if let Some(node) = &self.step.change.node {
@@ -301,7 +262,7 @@ impl Job {
                         return (self.idx, self.step.clone(), Err(err), start.elapsed());
                     }
                 }
-                handler(*kind).apply(&cx, self.step.change.action).await
+                machine(*kind).apply(&cx, self.step.change.action).await
             }
         };
         (self.idx, self.step, result, start.elapsed())
@@ -310,40 +271,19 @@ impl Job {
 
 /// Record a completed step in the state (the write-ahead journal).
 fn journal(state: &mut State, step: &Step, applied: &Applied) {
-    let c = &step.change;
     if !matches!(step.kind, StepKind::Resource(_)) {
         return;
     }
-    match c.action {
-        Action::Delete => {
-            state.resources.remove(&c.address);
-        }
-        _ => {
-            let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
-                return;
-            };
-            let mut attributes = applied.attributes.clone();
-            if c.action == Action::Run {
-                attributes.insert("last_run".into(), serde_json::json!(applied.summary));
-            }
-            state.resources.insert(
-                c.address.clone(),
-                ResourceState {
-                    kind: c.kind.clone(),
-                    node: c.node.clone(),
-                    config_hash: hash.clone(),
-                    config: after.clone(),
-                    attributes,
-                    depends_on: c.depends_on.clone(),
-                },
-            );
-        }
+    let mut attributes = applied.attributes.clone();
+    if step.change.action == Action::Run {
+        attributes.insert("last_run".into(), serde_json::json!(applied.summary));
     }
+    crate::plan::record_change(state, &step.change, attributes);
 }
 
 pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let started = Instant::now();
-    let steps = build_steps(req.config, req.plan);
+    let steps = build_steps(req.config, req.graph, req.plan);
     let containers = Arc::new(container_index(req.config));
     let before = req.state.clone();
     let mut state = req.state.clone();
@@ -419,7 +359,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     }
     let mut ready: std::collections::VecDeque<usize> =
         (0..n).filter(|&i| waiting[i] == 0).collect();
-    let mut running = tokio::task::JoinSet::new();
+    let mut running = crate::tasks::KeyedTasks::new();
     let mut completed: Vec<(usize, Step, Applied)> = Vec::new();
     let mut stopping = false;
     let parallelism = req.parallelism.max(1);
@@ -446,28 +386,27 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
             );
             let mut job = jobs.job(&step);
             job.idx = i;
-            running.spawn(job.run());
+            running.spawn((i, Instant::now()), job.run());
         }
         if running.is_empty() {
             break;
         }
         let joined = tokio::select! {
-            j = running.join_next() => j,
+            j = running.next() => j,
             _ = req.cancel.cancelled(), if !stopping => continue,
         };
-        let Some(joined) = joined else { break };
-        let (i, step, result, elapsed) = match joined {
-            Ok(r) => r,
-            Err(e) => {
-                stopping = true;
-                outcome.ok = false;
-                outcome.failures.push((
-                    "(a step)".into(),
-                    StepError::new(format!("a step task ended abnormally: {e}")),
-                ));
-                continue;
-            }
+        let Some(((i, started), joined)) = joined else {
+            break;
         };
+        // A step whose task panicked failed like any other: on its address, then rollback.
+        let (i, step, result, elapsed) = joined.unwrap_or_else(|panic| {
+            (
+                i,
+                steps[i].clone(),
+                Err(StepError::new(panic)),
+                started.elapsed(),
+            )
+        });
         match result {
             Ok(applied) => {
                 emit(
@@ -530,7 +469,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         for (_, step, applied) in &completed {
             if let StepKind::Resource(kind) = step.kind {
                 let job = jobs.job(step);
-                if let Err(e) = handler(kind)
+                if let Err(e) = machine(kind)
                     .finalize(&job.cx(), step.change.action, applied)
                     .await
                 {
@@ -619,7 +558,7 @@ async fn rollback(
     let undo_cancel = CancellationToken::new();
     // Latest first among the ready ones, as a sequential rollback would go.
     let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
-    let mut running = tokio::task::JoinSet::new();
+    let mut running = crate::tasks::KeyedTasks::new();
     let parallelism = req.parallelism.max(1);
     loop {
         while running.len() < parallelism {
@@ -631,27 +570,18 @@ async fn rollback(
             let mut job = jobs.job(step);
             job.cancel = undo_cancel.clone();
             let applied = applied.clone();
-            running.spawn(async move {
-                let start = Instant::now();
-                let r = handler(kind)
+            running.spawn((k, Instant::now()), async move {
+                machine(kind)
                     .undo(&job.cx(), job.step.change.action, &applied)
-                    .await;
-                (k, r, start.elapsed())
+                    .await
             });
         }
-        let Some(joined) = running.join_next().await else {
+        let Some(((k, started), joined)) = running.next().await else {
             break;
         };
-        let (k, result, elapsed) = match joined {
-            Ok(r) => r,
-            Err(e) => {
-                outcome.undo_failures.push((
-                    "(an undo)".into(),
-                    StepError::new(format!("an undo task ended abnormally: {e}")),
-                ));
-                continue;
-            }
-        };
+        let elapsed = started.elapsed();
+        // A panicking undo is a failed undo of its step; what it held back may still go.
+        let result = joined.unwrap_or_else(|panic| Err(StepError::new(panic)));
         let address = &undoable[k].1.address;
         match result {
             Ok(summary) => {
@@ -757,7 +687,7 @@ impl Jobs<'_> {
 
 fn action_word(step: &Step) -> String {
     match (&step.kind, step.change.action) {
-        (StepKind::Mesh { .. }, _) => "check".into(),
+        (StepKind::Check { .. }, _) => "check".into(),
         (_, Action::Create) => "create".into(),
         (_, Action::Update) => "update".into(),
         (_, Action::Replace) => "replace".into(),
@@ -765,78 +695,6 @@ fn action_word(step: &Step) -> String {
         (_, Action::Run) => "run".into(),
         (_, Action::NoOp) => "no-op".into(),
     }
-}
-
-/// Run every probe of the configuration (or the targeted ones) against what is deployed;
-/// returns (address, result) in dependency order. Changes nothing.
-pub async fn verify(
-    config: &Config,
-    order: &[String],
-    targets: &[String],
-    hosts: &HostOptions,
-    events: &Sender,
-) -> Vec<(String, Result<(Duration, String), StepError>)> {
-    let containers = container_index(config);
-    let probes: Vec<&crate::config::Resource> = order
-        .iter()
-        .filter_map(|a| config.resource(a))
-        .filter(|r| r.kind == ResourceKind::Probe)
-        .filter(|r| targets.is_empty() || targets.contains(&r.address))
-        .collect();
-    let mut nodes: BTreeSet<String> = containers.values().map(|(n, _)| n.clone()).collect();
-    nodes.extend(probes.iter().filter_map(|p| p.node.clone()));
-    let nodes: Vec<String> = nodes
-        .into_iter()
-        .filter(|n| config.nodes.contains_key(n))
-        .collect();
-    let pool = HostPool::connect(config, &nodes, hosts).await;
-    let cancel = CancellationToken::new();
-    let mut out = Vec::new();
-    for p in probes {
-        emit(
-            events,
-            Event::StepStarted {
-                address: p.address.clone(),
-                action: "run".into(),
-            },
-        );
-        let start = Instant::now();
-        let address = p.address.clone();
-        let r = crate::resources::probe::run(&p.config, &pool, &containers, &cancel, |m, t| {
-            emit(
-                events,
-                Event::StepProgress {
-                    address: address.clone(),
-                    message: m,
-                    log: None,
-                    timeout_secs: Some(t),
-                },
-            )
-        })
-        .await;
-        match &r {
-            Ok((_, s)) => emit(
-                events,
-                Event::StepDone {
-                    address: p.address.clone(),
-                    action: "run".into(),
-                    elapsed: start.elapsed(),
-                    summary: s.clone(),
-                },
-            ),
-            Err(e) => emit(
-                events,
-                Event::StepFailed {
-                    address: p.address.clone(),
-                    elapsed: start.elapsed(),
-                    error: e.render(),
-                },
-            ),
-        }
-        out.push((p.address.clone(), r));
-    }
-    pool.close().await;
-    out
 }
 
 #[cfg(test)]

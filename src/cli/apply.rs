@@ -9,12 +9,14 @@ use clap::{ArgAction, Args};
 use super::{
     report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs,
 };
-use crate::apply::{self, ApplyRequest};
+use crate::apply;
 use crate::config::Config;
 use crate::diag::Diagnostics;
+use crate::graph::Graph;
+use crate::ops;
+use crate::ops::apply::{Interrupt, PrepareRequest, RunOptions, Source};
 use crate::plan::planfile::PlanFile;
-use crate::plan::{self, render, Plan, PlanOptions};
-use crate::state::StateStore;
+use crate::plan::{render, Plan, PlanOptions};
 use crate::workspace::Workspace;
 
 const LONG_ABOUT: &str =
@@ -99,15 +101,15 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         &args.common,
         &ws,
         &config,
-        Mode::Apply {
+        &graph,
+        Source::Definitions {
             refresh: args.refresh,
-            graph: &graph,
-            opts,
+            options: opts,
         },
     )
 }
 
-fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, crate::graph::Graph)> {
+fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
     let vars = match ca.var_inputs() {
         Ok(v) => v,
         Err(d) => {
@@ -146,156 +148,52 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
         &args.common,
         &ws,
         &config,
-        Mode::PlanFile {
+        &graph,
+        Source::PlanFile {
             file: &pf,
             path: &args.path,
-            graph: &graph,
         },
     )
 }
 
-pub enum Mode<'a> {
-    Apply {
-        refresh: bool,
-        graph: &'a crate::graph::Graph,
-        opts: PlanOptions,
-    },
-    PlanFile {
-        file: &'a PlanFile,
-        path: &'a std::path::Path,
-        graph: &'a crate::graph::Graph,
-    },
-    Destroy {
-        graph: &'a crate::graph::Graph,
-    },
-}
-
 /// Lock, plan (or check the plan file), confirm, apply, report.
-pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>) -> ExitCode {
-    let store: StateStore = ws.store();
-    let operation = if matches!(mode, Mode::Destroy { .. }) {
-        "destroy"
-    } else {
-        "apply"
-    };
-    let lock = match store.lock(operation) {
-        Ok(l) => l,
-        Err(e) => return report_error(e),
-    };
-    if let Some(old) = &lock.took_over {
-        eprintln!(
-            "note: took over a lock left by PID {} on {} ({} since {}), which is no longer running.",
-            old.pid, old.host, old.operation, old.started
-        );
-    }
-    let recorded = match store.load() {
-        Ok(s) => s,
-        Err(e) => return report_error(e),
-    };
-    let state = recorded.clone().unwrap_or_default();
+pub fn execute(
+    args: &ExecArgs,
+    ws: &Workspace,
+    config: &Config,
+    graph: &Graph,
+    source: Source<'_>,
+) -> ExitCode {
+    let operation = source.operation();
+    let from_planfile = matches!(source, Source::PlanFile { .. });
     let rt = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    // The refresh's connections, reused by the apply when no prompt waits on a human in between.
-    let mut pool = None;
-    let plan: Plan = match &mode {
-        Mode::PlanFile { file, path, graph } => {
-            if let Err(e) = file.check_fresh(path, recorded.as_ref()) {
-                return report_error(e);
-            }
-            // The plan's configurations must still be what the definitions say.
-            let now = match plan::plan(config, graph, &state, &PlanOptions::default()) {
-                Ok(p) => p,
-                Err(d) => {
-                    report_diagnostics(&Diagnostics(vec![*d]), args.json);
-                    return ExitCode::from(1);
-                }
-            };
-            for c in file
-                .plan
-                .changes
-                .iter()
-                .filter(|c| c.action.is_change() && c.after_hash.is_some())
-            {
-                if now.change(&c.address).and_then(|n| n.after_hash.as_ref())
-                    != c.after_hash.as_ref()
-                {
-                    eprintln!(
-                        "Error: the definitions changed since the plan was made ({} differs); make a new plan.",
-                        c.address
-                    );
-                    return ExitCode::from(1);
-                }
-            }
-            file.plan.clone()
-        }
-        Mode::Apply {
-            refresh,
-            graph,
-            opts,
-        } => {
-            let mut opts = opts.clone();
-            if *refresh && recorded.is_some() {
-                match rt.block_on(super::plan::refresh_keeping_connections(
-                    config,
-                    &state,
-                    &args.connect,
-                    args.json,
-                )) {
-                    Ok((o, p)) => {
-                        opts.observations = Some(o);
-                        pool = p;
-                    }
-                    Err(code) => return code,
-                }
-            }
-            match plan::plan(config, graph, &state, &opts) {
-                Ok(p) => p,
-                Err(d) => {
-                    report_diagnostics(&Diagnostics(vec![*d]), args.json);
-                    return ExitCode::from(1);
-                }
-            }
-        }
-        Mode::Destroy { graph } => {
-            let empty = Config {
-                resources: Vec::new(),
-                outputs: Vec::new(),
-                ..config.clone()
-            };
-            let opts = PlanOptions {
-                targets: args.target.clone(),
-                ..PlanOptions::default()
-            };
-            let _ = graph;
-            let g = match crate::graph::Graph::build(&empty) {
-                Ok(g) => g,
-                Err(d) => {
-                    report_diagnostics(&Diagnostics(vec![*d]), args.json);
-                    return ExitCode::from(1);
-                }
-            };
-            match plan::plan(&empty, &g, &state, &opts) {
-                Ok(p) => p,
-                Err(d) => {
-                    report_diagnostics(&Diagnostics(vec![*d]), args.json);
-                    return ExitCode::from(1);
-                }
-            }
-        }
+    let request = PrepareRequest {
+        config,
+        graph,
+        store: ws.store(),
+        source,
+        hosts: args.connect.options(),
+    };
+    let prepared = rt.block_on(super::with_notes(args.json, |events| async move {
+        ops::apply::prepare(request, &events).await
+    }));
+    let mut prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => return super::report_op_error(e, args.json),
     };
     if !args.json {
-        print!("{}", render::render(&plan));
+        print!("{}", render::render(&prepared.plan));
     }
-    let from_planfile = matches!(mode, Mode::PlanFile { .. });
     let prompt = !args.auto_approve && !from_planfile;
-    if !plan.has_changes() || prompt {
-        if let Some(p) = pool.take() {
-            rt.block_on(p.close());
-        }
+    let has_changes = prepared.plan.has_changes();
+    // The refresh's connections are reused only when no prompt waits on a human in between.
+    if !has_changes || prompt {
+        rt.block_on(prepared.drop_connections());
     }
-    if !plan.has_changes() {
+    if !has_changes {
         return ExitCode::SUCCESS;
     }
     if prompt && !confirm(operation) {
@@ -309,41 +207,32 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
         );
         return ExitCode::from(1);
     }
+    let plan = prepared.plan.clone();
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
         let cancel = tokio_util::sync::CancellationToken::new();
-        let watcher = {
-            let cancel = cancel.clone();
-            tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\nInterrupted: finishing or stopping running steps, then rolling back. Press Ctrl-C again to exit at once (the state file says what exists).");
-                    cancel.cancel();
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        eprintln!("Exiting now.");
-                        std::process::exit(130);
-                    }
-                }
-            })
-        };
-        let outcome = apply::apply(ApplyRequest {
-            config,
-            plan: &plan,
-            store: &store,
-            state,
-            parallelism: args.parallelism,
-            rollback: !args.no_rollback,
-            hosts: args.connect.options(),
-            pool,
-            events: tx,
-            cancel,
-        })
-        .await;
+        let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {
+            Interrupt::Stopping => eprintln!("\nInterrupted: finishing or stopping running steps, then rolling back. Press Ctrl-C again to exit at once (the state file says what exists)."),
+            Interrupt::Exiting => eprintln!("Exiting now."),
+        });
+        let outcome = prepared
+            .apply(
+                config,
+                graph,
+                RunOptions {
+                    parallelism: args.parallelism,
+                    rollback: !args.no_rollback,
+                    hosts: args.connect.options(),
+                },
+                tx,
+                cancel,
+            )
+            .await;
         watcher.abort();
         let _ = ui.await;
         outcome
     });
-    drop(lock);
     report(&outcome, &plan, operation, args.json)
 }
 

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::apply::{execute, ExecArgs, Mode};
+use super::apply::{execute, ExecArgs};
+use crate::ops::apply::Source;
 
 /// Remove every container and fabric address the state records
 #[derive(Args, Debug)]
@@ -40,5 +41,13 @@ pub fn run(args: DestroyArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    execute(&args.common, &ws, &config, Mode::Destroy { graph: &graph })
+    execute(
+        &args.common,
+        &ws,
+        &config,
+        &graph,
+        Source::Destroy {
+            targets: args.common.target.clone(),
+        },
+    )
 }

@@ -264,6 +264,48 @@ pub fn report_warnings(warnings: &[Diag]) {
     }
 }
 
+/// Run an operation with its notes (a lock taken over, a refresh) drawn on stderr.
+pub async fn with_notes<T, F>(json: bool, work: impl FnOnce(crate::events::Sender) -> F) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let notes = crate::ui::spawn_notes(json, rx);
+    let result = work(tx).await;
+    let _ = notes.await;
+    result
+}
+
+/// Why an operation did not start, rendered as each error always was.
+pub fn report_op_error(e: crate::ops::OpError, json: bool) -> ExitCode {
+    use crate::ops::OpError;
+    match e {
+        OpError::Config(d) => {
+            report_diagnostics(&d, json);
+            ExitCode::from(1)
+        }
+        OpError::State(e) => report_error(e),
+        OpError::PlanFile(e) => report_error(e),
+        OpError::Refresh(errors) => {
+            for e in errors {
+                eprintln!("{:?}", miette::Report::new(SharedHostError(e)));
+            }
+            eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
+            ExitCode::from(1)
+        }
+        OpError::DefinitionsChanged(address) => {
+            eprintln!(
+                "Error: the definitions changed since the plan was made ({address} differs); make a new plan."
+            );
+            ExitCode::from(1)
+        }
+        OpError::Local(message) => {
+            eprintln!("Error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// Any other error (state, plan file, I/O), rendered by miette.
 pub fn report_error(e: impl miette::Diagnostic + Send + Sync + 'static) -> ExitCode {
     eprintln!("{:?}", miette::Report::new(e));

@@ -2,14 +2,13 @@
 //! disagree with the machine.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
 
 use super::{report_diagnostics, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
 use crate::hosts::facts::{self, Facts};
-use crate::hosts::HostPool;
+use crate::ops::nodes::NodeFacts;
 
 /// Connect to every node and show its facts (OS, CPUs, memory, GPUs, Docker, interfaces)
 #[derive(Args, Debug)]
@@ -51,29 +50,22 @@ pub fn run(args: NodesArgs) -> ExitCode {
         Err(code) => return code,
     };
     rt.block_on(async {
-        let names: Vec<String> = config.nodes.keys().cloned().collect();
-        let pool = HostPool::connect(&config, &names, &opts).await;
-        let mut tasks = tokio::task::JoinSet::new();
-        for (name, host) in pool.connected() {
-            let (name, host) = (name.clone(), host.clone());
-            tasks.spawn(async move {
-                let f = tokio::time::timeout(Duration::from_secs(60), facts::gather(host.as_ref())).await;
-                (name, f)
-            });
-        }
-        let mut results: std::collections::BTreeMap<String, Result<Facts, String>> = Default::default();
-        while let Some(Ok((name, f))) = tasks.join_next().await {
-            let r = match f {
-                Ok(Ok(f)) => Ok(f),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err("gathering facts took over 60 s".into()),
-            };
-            results.insert(name, r);
-        }
-        for (name, e) in pool.errors() {
-            results.insert(name.clone(), Err(format!("{:?}", miette::Report::new(super::SharedHostError(e.clone())))));
-        }
-        pool.close().await;
+        let results: std::collections::BTreeMap<String, Result<Facts, String>> =
+            crate::ops::nodes::gather(&config, &opts)
+                .await
+                .into_iter()
+                .map(|(name, r)| {
+                    let r = match r {
+                        NodeFacts::Facts(f) => Ok(*f),
+                        NodeFacts::Failed(e) => Err(e),
+                        NodeFacts::Unreachable(e) => Err(format!(
+                            "{:?}",
+                            miette::Report::new(super::SharedHostError(e))
+                        )),
+                    };
+                    (name, r)
+                })
+                .collect();
         let mut unreachable = false;
         if args.json {
             let doc: serde_json::Map<String, serde_json::Value> = results

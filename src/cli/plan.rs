@@ -7,9 +7,9 @@ use clap::{ArgAction, Args};
 
 use super::{report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
+use crate::ops;
 use crate::plan::planfile::PlanFile;
-use crate::plan::{self, render, PlanOptions};
-use crate::state::State;
+use crate::plan::{render, PlanOptions};
 
 const LONG_ABOUT: &str =
     "Compare the definitions with the recorded state and show, in the order an \
@@ -71,27 +71,32 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };
-    let empty = State::new();
-    let state = recorded.as_ref().unwrap_or(&empty);
-    let observations = if args.refresh && recorded.is_some() {
-        match refresh(&config, state, &args.connect, args.json) {
-            Ok(o) => Some(o),
-            Err(code) => return code,
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let request = ops::plan::PlanRequest {
+        config: &config,
+        graph: &graph,
+        recorded: recorded.as_ref(),
+        refresh: args.refresh,
+        options: PlanOptions {
+            replace: args.replace.clone(),
+            targets: args.target.clone(),
+            observations: None,
+        },
+        hosts: args.connect.options(),
+    };
+    let planned = rt.block_on(super::with_notes(args.json, |events| async move {
+        let (plan, pool) = ops::plan::plan(request, &events).await?;
+        if let Some(pool) = pool {
+            pool.close().await;
         }
-    } else {
-        None
-    };
-    let opts = PlanOptions {
-        replace: args.replace.clone(),
-        targets: args.target.clone(),
-        observations,
-    };
-    let plan = match plan::plan(&config, &graph, state, &opts) {
+        Ok::<_, ops::OpError>(plan)
+    }));
+    let plan = match planned {
         Ok(p) => p,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
+        Err(e) => return super::report_op_error(e, args.json),
     };
     if args.json {
         let doc = serde_json::json!({
@@ -120,56 +125,5 @@ pub fn run(args: PlanArgs) -> ExitCode {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
-    }
-}
-
-/// Look at the machines; on failure print why and return the exit code.
-pub fn refresh(
-    config: &crate::config::Config,
-    state: &State,
-    connect: &ConnectArgs,
-    json: bool,
-) -> Result<crate::plan::Observations, ExitCode> {
-    let rt = super::runtime()?;
-    rt.block_on(async {
-        let (observations, pool) =
-            refresh_keeping_connections(config, state, connect, json).await?;
-        if let Some(pool) = pool {
-            pool.close().await;
-        }
-        Ok(observations)
-    })
-}
-
-/// `refresh`, handing back the connections it opened (to reuse them in the same runtime).
-pub async fn refresh_keeping_connections(
-    config: &crate::config::Config,
-    state: &State,
-    connect: &ConnectArgs,
-    json: bool,
-) -> Result<(crate::plan::Observations, Option<crate::hosts::HostPool>), ExitCode> {
-    let nodes = crate::refresh::nodes_to_refresh(config, state);
-    if nodes.is_empty() {
-        return Ok((Default::default(), None));
-    }
-    if !json {
-        eprintln!(
-            "Refreshing: looking at {} node{}…",
-            nodes.len(),
-            if nodes.len() == 1 { "" } else { "s" }
-        );
-    }
-    let (pool, observed) =
-        crate::refresh::connect_and_refresh(config, state, &nodes, &connect.options()).await;
-    match observed {
-        Ok(o) => Ok((o, Some(pool))),
-        Err(errors) => {
-            pool.close().await;
-            for e in errors {
-                eprintln!("{:?}", miette::Report::new(super::SharedHostError(e)));
-            }
-            eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
-            Err(ExitCode::from(1))
-        }
     }
 }

@@ -43,15 +43,9 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    for t in &args.target {
-        if !config
-            .resources
-            .iter()
-            .any(|r| &r.address == t && r.kind == crate::config::ResourceKind::Probe)
-        {
-            eprintln!("Error: -target {t}: no such probe");
-            return ExitCode::from(1);
-        }
+    if let Some(t) = crate::ops::verify::unknown_targets(&config, &args.target).first() {
+        eprintln!("Error: -target {t}: no such probe");
+        return ExitCode::from(1);
     }
     let rt = match super::runtime() {
         Ok(rt) => rt,
@@ -60,7 +54,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     let results = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
-        let r = crate::apply::verify(
+        let r = crate::ops::verify::verify(
             &config,
             &graph.order(),
             &args.target,

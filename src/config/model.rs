@@ -68,31 +68,8 @@ pub struct Network {
     pub span: Span,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ResourceKind {
-    Attachment,
-    Container,
-    Probe,
-}
-
-impl ResourceKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceKind::Attachment => "attachment",
-            ResourceKind::Container => "container",
-            ResourceKind::Probe => "probe",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "attachment" => Some(ResourceKind::Attachment),
-            "container" => Some(ResourceKind::Container),
-            "probe" => Some(ResourceKind::Probe),
-            _ => None,
-        }
-    }
-}
+/// The kind of a resource; the kinds are listed in `kinds`.
+pub use crate::kinds::KindId as ResourceKind;
 
 /// A step of the deployment: something sparkform creates, changes, removes or runs.
 #[derive(Debug, Clone)]

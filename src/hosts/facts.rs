@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::{Cmd, Host, HostError};
 use crate::config::{Config, Node};
+use crate::kinds::{attachment, KindId};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Interface {
@@ -182,17 +183,14 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
             ));
         }
     }
-    for r in &config.resources {
-        if r.kind != crate::config::ResourceKind::Attachment
-            || r.node.as_deref() != Some(&node.address)
-        {
-            continue;
-        }
-        let iface = r
-            .config
-            .get("interface")
-            .and_then(|i| i.as_str())
-            .unwrap_or_default();
+    // The node's attachments: their interfaces must exist; a different MTU is what apply fixes.
+    let attachments = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == KindId::Attachment && r.node.as_deref() == Some(&node.address))
+        .filter_map(|r| Some((r, attachment::Desired::from_json(&r.config)?)));
+    for (r, d) in attachments {
+        let iface = d.interface.as_str();
         match facts.interfaces.iter().find(|i| i.name == iface) {
             None => out.push(format!(
                 "{} uses interface {iface}, which does not exist (interfaces: {})",
@@ -205,11 +203,10 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
                     .join(", ")
             )),
             Some(i) => {
-                let mtu = r.config.get("mtu").and_then(|m| m.as_u64()).unwrap_or(0) as u32;
-                if i.mtu != mtu {
+                if i.mtu != d.mtu {
                     out.push(format!(
-                        "{iface} has MTU {}, {} sets {mtu} (apply will change it)",
-                        i.mtu, r.address
+                        "{iface} has MTU {}, {} sets {} (apply will change it)",
+                        i.mtu, r.address, d.mtu
                     ));
                 }
             }

@@ -178,24 +178,35 @@ impl HostPool {
         // at the jump host instead of one per node (and no pressure on its MaxStartups).
         let mut jump_masters = Vec::new();
         let mut jump_failed: HashMap<String, Arc<HostError>> = HashMap::new();
-        let mut starts = tokio::task::JoinSet::new();
+        let mut starts = crate::tasks::KeyedTasks::new();
         for t in targets.iter().filter(|t| t.control_path.is_some()) {
-            let (t, config_file, timeout) = (t.clone(), config_file.clone(), opts.connect_timeout);
-            starts.spawn(async move {
-                let r = start_jump_master(&config_file, &t, timeout).await;
-                (t, r)
+            let (key, t, config_file, timeout) = (
+                t.clone(),
+                t.clone(),
+                config_file.clone(),
+                opts.connect_timeout,
+            );
+            starts.spawn(key, async move {
+                start_jump_master(&config_file, &t, timeout).await
             });
         }
-        while let Some(Ok((t, r))) = starts.join_next().await {
+        while let Some((t, r)) = starts.next().await {
+            let jump_address = config
+                .jumps
+                .values()
+                .find(|j| ssh_config::alias(&j.address) == t.alias)
+                .map(|j| j.address.clone())
+                .unwrap_or_else(|| t.alias.clone());
             match r {
-                Ok(()) => jump_masters.extend(t.control_path.clone()),
-                Err(log) => {
-                    let jump_address = config
-                        .jumps
-                        .values()
-                        .find(|j| ssh_config::alias(&j.address) == t.alias)
-                        .map(|j| j.address.clone())
-                        .unwrap_or_else(|| t.alias.clone());
+                Ok(Ok(())) => jump_masters.extend(t.control_path.clone()),
+                Err(message) => {
+                    let e = Arc::new(HostError::Other {
+                        node: jump_address.clone(),
+                        message,
+                    });
+                    jump_failed.insert(jump_address, e);
+                }
+                Ok(Err(log)) => {
                     let cx = ConnectContext {
                         node: &jump_address,
                         target: &t.hostname,
@@ -213,7 +224,7 @@ impl HostPool {
             }
         }
         let mut gates: HashMap<String, Arc<Semaphore>> = HashMap::new();
-        let mut tasks = tokio::task::JoinSet::new();
+        let mut tasks = crate::tasks::KeyedTasks::new();
         for node in remote {
             if let Some(e) = node.jump.as_ref().and_then(|j| jump_failed.get(j)) {
                 errors.insert(
@@ -247,7 +258,7 @@ impl HostPool {
             let config_file: PathBuf = config_file.clone();
             let ctl_root = dir.path().to_path_buf();
             let timeout = opts.connect_timeout;
-            tasks.spawn(async move {
+            tasks.spawn(address.clone(), async move {
                 let _permit = gate.acquire_owned().await;
                 let alias = ssh_config::alias(&address);
                 let cx = ConnectContext {
@@ -257,23 +268,25 @@ impl HostPool {
                     known_hosts,
                     timeout,
                 };
-                let r = SshHost::connect(&config_file, &alias, &ctl_root, cx).await;
-                (address, r)
+                SshHost::connect(&config_file, &alias, &ctl_root, cx).await
             });
         }
-        while let Some(joined) = tasks.join_next().await {
+        while let Some((address, joined)) = tasks.next().await {
             match joined {
-                Ok((address, Ok(h))) => {
+                Ok(Ok(h)) => {
                     let host: Arc<dyn Host> = Arc::new(h);
                     report(&address, &host);
                     hosts.insert(address, host);
                 }
-                Ok((address, Err(e))) => {
+                Ok(Err(e)) => {
                     errors.insert(address, Arc::new(e));
                 }
-                Err(e) => {
-                    // A panicking connect task: report it on every node still missing.
-                    let _ = e;
+                Err(message) => {
+                    let e = HostError::Other {
+                        node: address.clone(),
+                        message,
+                    };
+                    errors.insert(address, Arc::new(e));
                 }
             }
         }
@@ -302,6 +315,16 @@ impl HostPool {
         self.jump_masters
             .extend(std::mem::take(&mut more.jump_masters));
         self.dirs.extend(std::mem::take(&mut more.dirs));
+    }
+
+    /// A pool of hosts made elsewhere (the fake ones of tests): nothing to connect or close.
+    pub fn from_hosts(hosts: BTreeMap<String, Arc<dyn Host>>) -> HostPool {
+        HostPool {
+            hosts,
+            errors: BTreeMap::new(),
+            jump_masters: Vec::new(),
+            dirs: Vec::new(),
+        }
     }
 
     pub fn get(&self, node: &str) -> Result<Arc<dyn Host>, Arc<HostError>> {

@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Resource, ResourceKind};
+use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
-use crate::resources::in_place_attributes;
+use crate::kinds::{KindId, Lifecycle, OnDrift};
 use crate::state::{hash_sensitive, sha256_hex, OutputState, ResourceState, State};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
@@ -57,7 +57,7 @@ pub struct AttrChange {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
     pub address: String,
-    pub kind: String,
+    pub kind: KindId,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     pub action: Action,
@@ -157,6 +157,8 @@ pub enum Observed {
 /// killed between creating it and recording it, or a state that was lost).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Orphan {
+    /// The kind that found it.
+    pub kind: KindId,
     pub address: String,
     pub node: String,
     pub name: String,
@@ -208,13 +210,14 @@ fn diff_attributes(
     before: Option<&serde_json::Value>,
     after: Option<&serde_json::Value>,
     r: Option<&Resource>,
-    kind: ResourceKind,
+    kind: KindId,
 ) -> Vec<AttrChange> {
     let empty = serde_json::Map::new();
     let b = before.and_then(|v| v.as_object()).unwrap_or(&empty);
     let a = after.and_then(|v| v.as_object()).unwrap_or(&empty);
     let keys: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
-    let in_place = in_place_attributes(kind);
+    let in_place = kind.kind().in_place();
+    let whole = kind.kind().whole_attributes();
     let mut out = Vec::new();
     // Keep the order of the configuration's attributes where possible.
     let mut ordered: Vec<&String> = a.keys().filter(|k| keys.contains(k)).collect();
@@ -227,7 +230,7 @@ fn diff_attributes(
         let forces = before.is_some() && after.is_some() && !in_place.contains(&key.as_str());
         match (bv, av) {
             (Some(serde_json::Value::Object(bm)), Some(serde_json::Value::Object(am)))
-                if key != "ready" =>
+                if !whole.contains(&key.as_str()) =>
             {
                 let sub: BTreeSet<&String> = bm.keys().chain(am.keys()).collect();
                 for s in sub {
@@ -303,6 +306,7 @@ pub fn plan(
         if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
             continue;
         }
+        let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
         let after = recorded_config(r);
         let hash = config_hash(&after);
         let observed = opts
@@ -323,7 +327,7 @@ pub fn plan(
         };
         let mut change = Change {
             address: address.clone(),
-            kind: r.kind.as_str().to_string(),
+            kind: r.kind,
             node: r.node.clone(),
             action: Action::NoOp,
             attributes: Vec::new(),
@@ -337,23 +341,19 @@ pub fn plan(
         };
         match recorded {
             None => {
-                change.action = if r.kind == ResourceKind::Probe {
-                    Action::Run
+                if runs {
+                    change.action = Action::Run;
+                    change.run_reason = Some(format!("new {}", r.kind));
                 } else {
-                    Action::Create
-                };
-                if r.kind == ResourceKind::Probe {
-                    change.run_reason = Some("new probe".into());
+                    change.action = Action::Create;
                 }
                 change.attributes = diff_attributes(None, Some(&after), Some(r), r.kind);
             }
-            Some(old) if old.kind != r.kind.as_str() => {
+            Some(old) if old.kind != r.kind => {
                 change.action = Action::Replace;
-                change.replace_reasons.push(format!(
-                    "kind changes from {} to {}",
-                    old.kind,
-                    r.kind.as_str()
-                ));
+                change
+                    .replace_reasons
+                    .push(format!("kind changes from {} to {}", old.kind, r.kind));
                 change.attributes =
                     diff_attributes(Some(&old.config), Some(&after), Some(r), r.kind);
             }
@@ -368,7 +368,7 @@ pub fn plan(
                     .collect::<BTreeSet<_>>()
                     .into_iter()
                     .collect();
-                if r.kind == ResourceKind::Probe {
+                if runs {
                     change.action = Action::Run;
                     change.run_reason = Some("its configuration changed".into());
                 } else if forcing.is_empty() {
@@ -383,18 +383,18 @@ pub fn plan(
         }
         // The machine no longer matches the state: bring it back even if the config did not change.
         if recorded.is_some() && !drift.is_empty() && change.action == Action::NoOp {
-            match r.kind {
-                ResourceKind::Attachment => change.action = Action::Update,
-                ResourceKind::Container => {
+            match r.kind.kind().on_drift() {
+                OnDrift::Update => change.action = Action::Update,
+                OnDrift::Replace => {
                     change.action = Action::Replace;
                     change
                         .replace_reasons
                         .push("it drifted from the state".into());
                 }
-                ResourceKind::Probe => {}
+                OnDrift::Ignore => {}
             }
         }
-        if r.kind != ResourceKind::Probe {
+        if !runs {
             if opts.replace.contains(address) && change.action != Action::Create {
                 change.action = Action::Replace;
                 change
@@ -420,7 +420,7 @@ pub fn plan(
         let Some(c) = changes.get(address) else {
             continue;
         };
-        if c.kind != "probe" || c.action != Action::NoOp {
+        if c.kind.kind().lifecycle() != Lifecycle::Runs || c.action != Action::NoOp {
             continue;
         }
         let cause = graph
@@ -449,7 +449,6 @@ pub fn plan(
         if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
             continue;
         }
-        let kind = ResourceKind::parse(&old.kind).unwrap_or(ResourceKind::Container);
         let drift = match opts
             .observations
             .as_ref()
@@ -463,10 +462,10 @@ pub fn plan(
         };
         deletes.push(Change {
             address: address.clone(),
-            kind: old.kind.clone(),
+            kind: old.kind,
             node: old.node.clone(),
             action: Action::Delete,
-            attributes: diff_attributes(Some(&old.config), None, None, kind),
+            attributes: diff_attributes(Some(&old.config), None, None, old.kind),
             replace_reasons: Vec::new(),
             run_reason: None,
             depends_on: old.depends_on.clone(),
@@ -483,7 +482,7 @@ pub fn plan(
             }
             deletes.push(Change {
                 address: o.address.clone(),
-                kind: "container".into(),
+                kind: o.kind,
                 node: Some(o.node.clone()),
                 action: Action::Delete,
                 attributes: Vec::new(),
@@ -493,7 +492,8 @@ pub fn plan(
                 after: None,
                 after_hash: None,
                 drift: vec![format!(
-                    "container {} ({}) carries this deployment's labels but the state does not record it",
+                    "{} {} ({}) carries this deployment's labels but the state does not record it",
+                    o.kind,
                     o.name,
                     o.id.chars().take(12).collect::<String>()
                 )],
@@ -645,34 +645,41 @@ fn output_changes(config: &Config, state: &State) -> Vec<OutputChange> {
 /// `attributes` keep what the state had (the executor adds live facts such as container ids).
 pub fn record(plan: &Plan, state: &mut State) {
     for c in &plan.changes {
-        match c.action {
-            Action::Delete => {
-                state.resources.remove(&c.address);
-            }
-            _ => {
-                let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
-                    continue;
-                };
-                let attributes = state
-                    .resources
-                    .get(&c.address)
-                    .map(|r| r.attributes.clone())
-                    .unwrap_or_default();
-                state.resources.insert(
-                    c.address.clone(),
-                    ResourceState {
-                        kind: c.kind.clone(),
-                        node: c.node.clone(),
-                        config_hash: hash.clone(),
-                        config: after.clone(),
-                        attributes,
-                        depends_on: c.depends_on.clone(),
-                    },
-                );
-            }
-        }
+        let attributes = state
+            .resources
+            .get(&c.address)
+            .map(|r| r.attributes.clone())
+            .unwrap_or_default();
+        record_change(state, c, attributes);
     }
     record_outputs(plan, state);
+}
+
+/// The one writer of a resource's entry in the state: a change done, with the live facts its
+/// step left (`attributes`). A delete removes the entry.
+pub fn record_change(
+    state: &mut State,
+    c: &Change,
+    attributes: BTreeMap<String, serde_json::Value>,
+) {
+    if c.action == Action::Delete {
+        state.resources.remove(&c.address);
+        return;
+    }
+    let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
+        return;
+    };
+    state.resources.insert(
+        c.address.clone(),
+        ResourceState {
+            kind: c.kind,
+            node: c.node.clone(),
+            config_hash: hash.clone(),
+            config: after.clone(),
+            attributes,
+            depends_on: c.depends_on.clone(),
+        },
+    );
 }
 
 /// Record a plan's output changes in the state.

@@ -88,7 +88,8 @@ fn impact(plan: &Plan) -> Option<String> {
         .iter()
         .enumerate()
         .filter(|(_, c)| {
-            c.kind == "container" && matches!(c.action, Action::Replace | Action::Delete)
+            c.kind.kind().disrupts_when_replaced()
+                && matches!(c.action, Action::Replace | Action::Delete)
         })
         .map(|(i, c)| (i + 1, *c))
         .collect();

@@ -41,8 +41,8 @@ pub struct State {
 /// What is recorded about one managed resource.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResourceState {
-    /// `"attachment"`, `"container"` or `"probe"`.
-    pub kind: String,
+    /// Serialised as the kind's name (`"container"`); an unknown name fails the load.
+    pub kind: crate::kinds::KindId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// `"sha256:<hex>"` of the canonical desired config.
@@ -425,7 +425,7 @@ mod tests {
         s.resources.insert(
             "module.qwen.container.ray_worker[\"spark2\"]".to_string(),
             ResourceState {
-                kind: "container".into(),
+                kind: crate::kinds::KindId::Container,
                 node: Some("spark2".into()),
                 config_hash: format!("sha256:{}", sha256_hex(b"cfg")),
                 config: json!({"image": "vllm", "token": hash_sensitive(&json!("secret"))}),
@@ -524,6 +524,52 @@ mod tests {
         assert_eq!(r.node, None);
         assert!(r.config.is_null() && r.attributes.is_empty() && r.depends_on.is_empty());
         assert!(s.outputs.is_empty());
+    }
+
+    #[test]
+    fn a_state_written_before_the_kind_registry_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        let doc = r#"{"format_version":1,"serial":2,"lineage":"l","resources":{
+            "network.roce.attach.spark1":{"kind":"attachment","node":"node.spark1","config_hash":"sha256:00","config":{"network":"network.roce","node":"node.spark1","interface":"eth1","address":"10.0.0.1","prefix_len":24,"mtu":9000}},
+            "container.c":{"kind":"container","node":"node.spark1","config_hash":"sha256:01","attributes":{"container_id":"abc"}},
+            "probe.p":{"kind":"probe","config_hash":"sha256:02"}}}"#;
+        fs::write(store.path(), doc).unwrap();
+        let s = store.load().unwrap().unwrap();
+        let kinds: Vec<crate::kinds::KindId> = s.resources.values().map(|r| r.kind).collect();
+        use crate::kinds::KindId::*;
+        assert_eq!(kinds, [Container, Attachment, Probe]);
+        // Written again, the kinds keep their names.
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains(r#""kind":"attachment""#), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_kind_in_the_state_is_an_error_naming_the_file_line_and_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("s.json"));
+        fs::write(
+            store.path(),
+            "{\"format_version\":1,\"serial\":3,\"lineage\":\"l\",\"resources\":{\n\"a\":{\"kind\":\"model\",\"config_hash\":\"sha256:00\"}}}",
+        )
+        .unwrap();
+        let e = store.load().unwrap_err();
+        let StateError::Corrupt {
+            path,
+            line,
+            message,
+            ..
+        } = &e
+        else {
+            panic!("{e:?}");
+        };
+        assert_eq!(path, store.path());
+        assert_eq!(*line, 2);
+        assert!(
+            message.contains("unknown resource kind `model`"),
+            "{message}"
+        );
+        assert!(e.to_string().contains("s.json"), "{e}");
     }
 
     #[test]

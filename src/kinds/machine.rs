@@ -1,53 +1,45 @@
-//! One file per resource kind: what its desired configuration looks like, which values are
-//! valid, and which attribute changes can be applied in place rather than by replacement.
-
-pub mod attachment;
-pub mod container;
-pub mod probe;
+//! The machine halves of the resource kinds: what a step does on a host, how a node is
+//! observed, and what the executor hands a step. The executor and refresh ask [`machine`] for a
+//! kind's half and name no kind.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::apply::events::{emit, Event, Sender};
-use crate::config::ResourceKind;
+use super::KindId;
+use crate::config::{Config, Resource};
+use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::plan::{Action, Change};
+use crate::plan::{Action, Change, Observed, Orphan};
 use crate::state::ResourceState;
 
-/// A problem with one attribute's value, found while building the desired configuration.
-#[derive(Debug, Clone)]
-pub struct Problem {
-    pub block: &'static str,
-    pub attribute: &'static str,
-    pub message: String,
-    pub help: String,
-}
-
-impl Problem {
-    pub fn new(
-        attribute: &'static str,
-        message: impl Into<String>,
-        help: impl Into<String>,
-    ) -> Self {
-        Problem {
-            block: "",
-            attribute,
-            message: message.into(),
-            help: help.into(),
+macro_rules! define_machines {
+    ($($variant:ident => $module:ident,)*) => {
+        /// A kind's machine half.
+        pub fn machine(kind: KindId) -> &'static dyn Machine {
+            match kind {
+                $(KindId::$variant => &super::$module::machine::MACHINE,)*
+            }
         }
-    }
+    };
+}
+super::for_each_kind!(define_machines);
+
+/// Where an exec probe can run a command, by container address: (node, Docker name).
+pub type ContainerIndex = BTreeMap<String, (String, String)>;
+
+/// The exec targets of a configuration, from every kind that has them.
+pub fn container_index(config: &Config) -> ContainerIndex {
+    config
+        .resources
+        .iter()
+        .filter_map(|r| Some((r.address.clone(), machine(r.kind).exec_target(r)?)))
+        .collect()
 }
 
-/// Top-level attributes whose change the resource can apply without being replaced.
-pub fn in_place_attributes(kind: ResourceKind) -> &'static [&'static str] {
-    match kind {
-        ResourceKind::Attachment => attachment::IN_PLACE,
-        ResourceKind::Container => container::IN_PLACE,
-        ResourceKind::Probe => probe::IN_PLACE,
-    }
-}
+/// What observing a node found: recorded resources by address, and objects nobody recorded.
+pub type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
 
 /// What a step works with. The executor fills it; handlers never look elsewhere.
 pub struct StepCx<'a> {
@@ -67,7 +59,7 @@ pub struct StepCx<'a> {
     pub events: &'a Sender,
     pub cancel: &'a tokio_util::sync::CancellationToken,
     /// Containers of the configuration by address: (node, Docker name), for exec probes.
-    pub containers: &'a probe::ContainerIndex,
+    pub containers: &'a ContainerIndex,
 }
 
 impl StepCx<'_> {
@@ -174,10 +166,11 @@ pub struct Applied {
     pub summary: String,
 }
 
-/// Everything the executor does to a resource of one kind.
+/// Everything the executor and refresh do to a resource of one kind on a machine.
 #[async_trait]
-pub trait Handler: Send + Sync {
-    /// Make the machine match the change (create, update, replace, delete, run).
+pub trait Machine: Send + Sync {
+    /// Make the machine match the change: create, update in place, replace, delete (and for
+    /// a kind that runs, run it). Waiting until the result is ready is part of it.
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError>;
     /// Reverse a completed `apply` (rollback).
     async fn undo(
@@ -189,10 +182,82 @@ pub trait Handler: Send + Sync {
     /// After the whole apply succeeded: drop what was kept for rollback.
     async fn finalize(
         &self,
-        cx: &StepCx<'_>,
-        action: Action,
-        applied: &Applied,
-    ) -> Result<(), StepError>;
+        _cx: &StepCx<'_>,
+        _action: Action,
+        _applied: &Applied,
+    ) -> Result<(), StepError> {
+        Ok(())
+    }
+    /// Look at one node: how the recorded resources of this kind there differ from the state,
+    /// and objects of this kind the state does not explain. Kinds that leave nothing on a
+    /// machine observe nothing.
+    async fn observe(
+        &self,
+        _host: &dyn Host,
+        _lineage: &str,
+        _recorded: &[(String, ResourceState)],
+    ) -> Result<NodeObservations, HostError> {
+        Ok(Default::default())
+    }
+    /// Take an object that exists on the machine under management: what the state records.
+    async fn import(&self, cx: &StepCx<'_>, _id: &str) -> Result<Applied, StepError> {
+        Err(StepError::new(format!(
+            "{}: this kind of resource cannot be imported",
+            cx.address
+        )))
+    }
+    /// Run it against what is deployed, changing nothing (`sparkform verify`): how long it
+    /// took and what it saw. `None` for kinds that are not checks.
+    async fn verify(
+        &self,
+        _config: &serde_json::Value,
+        _pool: &HostPool,
+        _containers: &ContainerIndex,
+        _cancel: &tokio_util::sync::CancellationToken,
+        _progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(std::time::Duration, String), StepError>> {
+        None
+    }
+    /// Where an exec probe can run commands inside this resource: (node, Docker name).
+    fn exec_target(&self, _resource: &Resource) -> Option<(String, String)> {
+        None
+    }
+    /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere).
+    fn other_nodes(&self, _change: &Change, _containers: &ContainerIndex) -> Vec<String> {
+        Vec::new()
+    }
+    /// Checks of what the changed resources of this kind do together (every attachment of a
+    /// network reaches every other), run after them and before what depends on them.
+    fn checks(&self, _config: &Config, _changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        Vec::new()
+    }
+}
+
+/// A step the executor adds that is no resource and records nothing.
+pub struct Check {
+    /// How it reads in progress lines (`network.roce (fabric check)`).
+    pub address: String,
+    /// The changed resources it runs after.
+    pub after: Vec<String>,
+    /// The resources whose dependents wait for it.
+    pub covers: Vec<String>,
+    /// The nodes it uses.
+    pub nodes: Vec<String>,
+    pub run: Arc<dyn CheckRun>,
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Check")
+            .field("address", &self.address)
+            .field("after", &self.after)
+            .finish()
+    }
+}
+
+#[async_trait]
+pub trait CheckRun: Send + Sync {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError>;
 }
 
 /// The waits between the attempts of a ready check or a probe: 100 ms, doubling, up to the
@@ -222,14 +287,6 @@ impl Backoff {
     /// The wait `next_wait` will return, without advancing.
     pub fn peek(&self) -> std::time::Duration {
         self.next
-    }
-}
-
-pub fn handler(kind: ResourceKind) -> &'static dyn Handler {
-    match kind {
-        ResourceKind::Attachment => &attachment::AttachmentHandler,
-        ResourceKind::Container => &container::ContainerHandler,
-        ResourceKind::Probe => &probe::ProbeHandler,
     }
 }
 

@@ -1,240 +1,18 @@
-//! A probe: an HTTP request, a command or a TCP connection whose answer gates the apply.
-
-use std::collections::BTreeMap;
-
-use hcl::{Map, Value};
-
-use super::container::to_json;
-use super::Problem;
-
-/// A probe changes nothing on a machine: any change to it is recorded in place (and it runs).
-pub const IN_PLACE: &[&str] = &["http", "exec", "tcp", "expect", "timeout", "interval"];
-
-const METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
-
-fn problem(block: &'static str, attribute: &'static str, message: String, help: &str) -> Problem {
-    Problem {
-        block,
-        attribute,
-        message,
-        help: help.to_string(),
-    }
-}
-
-/// The canonical configuration of a probe and the node it runs through.
-pub fn desired_config(
-    attrs: &Map<String, Value>,
-    parts: &BTreeMap<&str, &Map<String, Value>>,
-) -> Result<(serde_json::Value, Option<String>), Problem> {
-    let forms: Vec<&str> = ["http", "exec", "tcp"]
-        .into_iter()
-        .filter(|k| parts.contains_key(k))
-        .collect();
-    if forms.len() != 1 {
-        return Err(problem(
-            "",
-            "",
-            if forms.is_empty() {
-                "no check: add one http { … }, exec { … } or tcp { … } block".into()
-            } else {
-                format!(
-                    "{} blocks together; a probe has exactly one",
-                    forms.join(" and ")
-                )
-            },
-            "split it into several probes",
-        ));
-    }
-    let form = forms[0];
-    let body = parts.get(form).copied().cloned().unwrap_or_default();
-    let node = match form {
-        "http" => {
-            let url = body.get("url").and_then(Value::as_str).unwrap_or_default();
-            if !url.starts_with("http://") {
-                return Err(problem("http", "url", format!("{url:?} is not an http:// URL"), "probes speak plain HTTP through the SSH tunnel of their `via` node, e.g. \"http://127.0.0.1:30000/health\""));
-            }
-            if let Some(m) = body.get("method").and_then(Value::as_str) {
-                if !METHODS.contains(&m) {
-                    return Err(problem(
-                        "http",
-                        "method",
-                        format!("{m:?} is not an HTTP method"),
-                        "use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS (upper case)",
-                    ));
-                }
-            }
-            if body.get("json").is_some_and(|v| !v.is_null())
-                && body.get("body").is_some_and(|v| !v.is_null())
-            {
-                return Err(problem(
-                    "http",
-                    "body",
-                    "both json and body are set".into(),
-                    "send either a JSON document (json = {…}) or a raw body",
-                ));
-            }
-            body.get("via").and_then(Value::as_str).map(str::to_string)
-        }
-        "exec" => {
-            let node = body.get("node").and_then(Value::as_str);
-            let container = body.get("container").and_then(Value::as_str);
-            if node.is_some() == container.is_some() {
-                return Err(problem(
-                    "exec",
-                    "command",
-                    "an exec probe runs either on a node or in a container".into(),
-                    "set exactly one of node = node.x or container = container.y",
-                ));
-            }
-            if body
-                .get("command")
-                .and_then(Value::as_array)
-                .is_none_or(Vec::is_empty)
-            {
-                return Err(problem(
-                    "exec",
-                    "command",
-                    "the command is empty".into(),
-                    "command = [\"program\", \"arg\", …]",
-                ));
-            }
-            node.map(str::to_string)
-        }
-        _ => {
-            let addr = body
-                .get("address")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if !addr
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-            {
-                return Err(problem(
-                    "tcp",
-                    "address",
-                    format!("{addr:?} is not HOST:PORT"),
-                    "e.g. \"192.168.200.1:6379\"",
-                ));
-            }
-            body.get("via").and_then(Value::as_str).map(str::to_string)
-        }
-    };
-    let expect = parts.get("expect").copied().cloned().unwrap_or_default();
-    if let Some(re) = expect.get("matches").and_then(Value::as_str) {
-        if let Err(e) = regex::Regex::new(re) {
-            return Err(problem(
-                "expect",
-                "matches",
-                format!("invalid regular expression: {e}"),
-                "the syntax is Rust's regex crate (like RE2)",
-            ));
-        }
-    }
-    if let Some(path) = expect.get("json_path").and_then(Value::as_str) {
-        if let Err(e) = parse_json_path(path) {
-            return Err(problem(
-                "expect",
-                "json_path",
-                e,
-                "write a path like choices[0].message.content",
-            ));
-        }
-    }
-    let mut out = serde_json::Map::new();
-    out.insert("form".into(), form.into());
-    out.insert(form.to_string(), clean(&body));
-    out.insert("expect".into(), clean(&expect));
-    out.insert(
-        "timeout".into(),
-        attrs
-            .get("timeout")
-            .map(to_json)
-            .unwrap_or(serde_json::json!(60)),
-    );
-    out.insert(
-        "interval".into(),
-        attrs
-            .get("interval")
-            .map(to_json)
-            .unwrap_or(serde_json::json!(2)),
-    );
-    Ok((serde_json::Value::Object(out), node))
-}
-
-fn clean(m: &Map<String, Value>) -> serde_json::Value {
-    serde_json::Value::Object(
-        m.iter()
-            .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| (k.clone(), to_json(v)))
-            .collect(),
-    )
-}
-
-/// A step of a JSON path: `choices[0].message.content` → Key, Index, Key, Key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathStep {
-    Key(String),
-    Index(usize),
-}
-
-pub fn parse_json_path(path: &str) -> Result<Vec<PathStep>, String> {
-    let mut steps = Vec::new();
-    let mut chars = path.chars().peekable();
-    let mut key = String::new();
-    while let Some(c) = chars.next() {
-        match c {
-            '.' => {
-                if key.is_empty() && !matches!(steps.last(), Some(PathStep::Index(_))) {
-                    return Err(format!("empty key in json_path {path:?}"));
-                }
-                if !key.is_empty() {
-                    steps.push(PathStep::Key(std::mem::take(&mut key)));
-                }
-            }
-            '[' => {
-                if !key.is_empty() {
-                    steps.push(PathStep::Key(std::mem::take(&mut key)));
-                }
-                let mut num = String::new();
-                loop {
-                    match chars.next() {
-                        Some(']') => break,
-                        Some(d) if d.is_ascii_digit() => num.push(d),
-                        _ => return Err(format!("expected a number and ] in json_path {path:?}")),
-                    }
-                }
-                let i = num
-                    .parse()
-                    .map_err(|_| format!("bad index in json_path {path:?}"))?;
-                steps.push(PathStep::Index(i));
-            }
-            c if c.is_whitespace() => return Err(format!("whitespace in json_path {path:?}")),
-            c => key.push(c),
-        }
-    }
-    if !key.is_empty() {
-        steps.push(PathStep::Key(key));
-    }
-    if steps.is_empty() {
-        return Err("json_path is empty".into());
-    }
-    Ok(steps)
-}
-
-// ----- running a probe -----
+//! A probe on the machine: an HTTP request or TCP connection through a node's tunnel, or a
+//! command on a node or in a container, retried until it passes or times out.
 
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{Applied, Handler, StepCx, StepError};
+use super::{parse_json_path, PathStep};
 use crate::hosts::{Cmd, HostPool};
-use crate::plan::Action;
+use crate::kinds::container::machine::{exec_in, tcp_open};
+use crate::kinds::machine::{Applied, Backoff, ContainerIndex, Machine, StepCx, StepError};
+use crate::plan::{Action, Change};
 
-pub struct ProbeHandler;
-
-/// Where a probe's exec runs when it names a container: node and Docker name, by address.
-pub type ContainerIndex = std::collections::BTreeMap<String, (String, String)>;
+pub struct ProbeMachine;
+pub static MACHINE: ProbeMachine = ProbeMachine;
 
 /// The value at a JSON path, if any.
 pub fn json_at<'a>(v: &'a serde_json::Value, path: &[PathStep]) -> Option<&'a serde_json::Value> {
@@ -359,7 +137,7 @@ async fn attempt(
                 })?;
                 let host = pool.get(&node).map_err(|e| e.to_string())?;
                 let docker = host.docker().await.map_err(|e| e.to_string())?;
-                super::container::exec_in(&docker, &name, &cmd, per_try).await?
+                exec_in(&docker, &name, &cmd, per_try).await?
             } else {
                 let node = s(&body, "node").unwrap_or_default();
                 let host = pool.get(&node).map_err(|e| e.to_string())?;
@@ -397,7 +175,7 @@ async fn attempt(
             let port: u16 = p.parse().map_err(|_| "bad port")?;
             let host = pool.get(&via).map_err(|e| e.to_string())?;
             let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
-            super::container::tcp_open(&ep).await?;
+            tcp_open(&ep).await?;
             Ok(format!("{addr} accepts connections"))
         }
     }
@@ -443,7 +221,7 @@ pub async fn run(
     let per_try = timeout.clamp(Duration::from_secs(5), Duration::from_secs(600));
     let start = Instant::now();
     let mut tries = 0u32;
-    let mut backoff = super::Backoff::new(interval);
+    let mut backoff = Backoff::new(interval);
     loop {
         tries += 1;
         let t = Instant::now();
@@ -472,7 +250,7 @@ pub async fn run(
 }
 
 #[async_trait]
-impl Handler for ProbeHandler {
+impl Machine for ProbeMachine {
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
         if action == Action::Delete {
             return Ok(Applied::default());
@@ -500,33 +278,18 @@ impl Handler for ProbeHandler {
         Ok("nothing to undo".into())
     }
 
-    async fn finalize(
+    async fn verify(
         &self,
-        _cx: &StepCx<'_>,
-        _action: Action,
-        _applied: &Applied,
-    ) -> Result<(), StepError> {
-        Ok(())
+        config: &serde_json::Value,
+        pool: &HostPool,
+        containers: &ContainerIndex,
+        cancel: &tokio_util::sync::CancellationToken,
+        progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(Duration, String), StepError>> {
+        Some(run(config, pool, containers, cancel, progress).await)
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_paths() {
-        assert_eq!(
-            parse_json_path("choices[0].message.content").unwrap(),
-            vec![
-                PathStep::Key("choices".into()),
-                PathStep::Index(0),
-                PathStep::Key("message".into()),
-                PathStep::Key("content".into())
-            ]
-        );
-        assert!(parse_json_path("a..b").is_err());
-        assert!(parse_json_path("a[x]").is_err());
-        assert!(parse_json_path("").is_err());
+    fn other_nodes(&self, _change: &Change, containers: &ContainerIndex) -> Vec<String> {
+        containers.values().map(|(n, _)| n.clone()).collect()
     }
 }

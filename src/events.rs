@@ -1,4 +1,5 @@
-//! What the executor reports while it works. The UI draws these; the work never prints.
+//! What the operations and the executor report while they work. The UI draws these; the
+//! work never prints.
 
 use std::time::Duration;
 
@@ -7,6 +8,17 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// A lock left by a process that no longer runs was taken over.
+    LockTakenOver {
+        pid: u32,
+        host: String,
+        operation: String,
+        started: String,
+    },
+    /// Refresh looks at this many nodes.
+    Refreshing {
+        nodes: usize,
+    },
     /// The apply starts: how many steps, how many at once.
     Started {
         steps: usize,

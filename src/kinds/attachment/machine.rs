@@ -1,41 +1,23 @@
-//! A fabric attachment: an address and MTU on one interface of one node.
+//! An attachment on the machine: `ip addr` and `ip link` on the node, observed with
+//! `ip -j addr`, and the fabric check after a network's attachments change.
 
-/// Changing the address or MTU is done on the live interface; another node or interface is a new
-/// attachment.
-pub const IN_PLACE: &[&str] = &["address", "prefix_len", "mtu"];
-
-/// Interface names reach `ip` commands on the node: allow only what the kernel accepts and no
-/// shell metacharacters.
-pub fn check_interface(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 15 {
-        return Err(format!("{name:?} is not 1 to 15 characters long"));
-    }
-    if name == "." || name == ".." {
-        return Err(format!("{name:?} is not an interface name"));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-    {
-        return Err(format!(
-            "{name:?} contains {c:?}, which an interface name cannot"
-        ));
-    }
-    Ok(())
-}
-
-// ----- on the machine -----
-
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Applied, Handler, StepCx, StepError};
+use super::Desired;
+use crate::config::{Config, Resource};
 use crate::hosts::facts::{parse_ip_addr, Interface};
-use crate::hosts::{Cmd, Host};
-use crate::plan::Action;
+use crate::hosts::{Cmd, Host, HostError, HostPool};
+use crate::kinds::machine::{
+    Applied, Check, CheckRun, Machine, NodeObservations, StepCx, StepError,
+};
+use crate::plan::{Action, Observed};
+use crate::state::ResourceState;
 
-pub struct AttachmentHandler;
+pub struct AttachmentMachine;
+pub static MACHINE: AttachmentMachine = AttachmentMachine;
 
 /// The attachment's settings, from a desired or recorded configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,14 +28,11 @@ struct Settings {
 }
 
 fn settings(config: &serde_json::Value) -> Option<Settings> {
+    let d = Desired::from_json(config)?;
     Some(Settings {
-        interface: config.get("interface")?.as_str()?.to_string(),
-        cidr: format!(
-            "{}/{}",
-            config.get("address")?.as_str()?,
-            config.get("prefix_len")?.as_u64()?
-        ),
-        mtu: config.get("mtu")?.as_u64()? as u32,
+        cidr: d.cidr(),
+        interface: d.interface,
+        mtu: d.mtu,
     })
 }
 
@@ -112,16 +91,19 @@ async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), 
     Ok(())
 }
 
-/// Set the address and MTU; returns the interface as it was, for undo.
+/// Set the address and MTU; returns the interface as it was and the old address this took off,
+/// for undo.
 async fn configure(
     host: &dyn Host,
     s: &Settings,
     old_cidr: Option<&str>,
-) -> Result<Interface, StepError> {
+) -> Result<(Interface, Option<String>), StepError> {
     let before = find(host, &s.interface).await?;
+    let mut removed = None;
     if let Some(old) = old_cidr.filter(|o| *o != s.cidr) {
         if before.addresses.iter().any(|a| a == old) {
             remove_address(host, &s.interface, old).await?;
+            removed = Some(old.to_string());
         }
     }
     run(host, &["addr", "replace", &s.cidr, "dev", &s.interface]).await?;
@@ -138,11 +120,11 @@ async fn configure(
         ],
     )
     .await?;
-    Ok(before)
+    Ok((before, removed))
 }
 
 #[async_trait]
-impl Handler for AttachmentHandler {
+impl Machine for AttachmentMachine {
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
         let host = cx.host()?;
         let recorded = cx.recorded.and_then(|r| settings(&r.config));
@@ -174,7 +156,7 @@ impl Handler for AttachmentHandler {
             None,
             None,
         );
-        let before = configure(host.as_ref(), &desired, old_cidr.as_deref()).await?;
+        let (before, removed) = configure(host.as_ref(), &desired, old_cidr.as_deref()).await?;
         let mut attributes = std::collections::BTreeMap::new();
         attributes.insert("interface".into(), serde_json::json!(desired.interface));
         attributes.insert("previous_mtu".into(), serde_json::json!(before.mtu));
@@ -187,6 +169,7 @@ impl Handler for AttachmentHandler {
             undo: serde_json::json!({
                 "interface": desired.interface,
                 "added": desired.cidr,
+                "removed": removed,
                 "previous_mtu": before.mtu,
                 "previous_addresses": before.addresses,
             }),
@@ -227,8 +210,10 @@ impl Handler for AttachmentHandler {
                 remove_address(host.as_ref(), iface, added).await?;
             }
         }
-        for p in &previous {
-            run(host.as_ref(), &["addr", "replace", p, "dev", iface]).await?;
+        // Only what this step took off goes back: an address someone else removed since (another
+        // apply on the same interface) stays removed.
+        if let Some(removed) = u.get("removed").and_then(|v| v.as_str()) {
+            run(host.as_ref(), &["addr", "replace", removed, "dev", iface]).await?;
         }
         if let Some(mtu) = u.get("previous_mtu").and_then(|v| v.as_u64()) {
             run(
@@ -248,13 +233,137 @@ impl Handler for AttachmentHandler {
         ))
     }
 
-    async fn finalize(
+    async fn observe(
         &self,
-        _cx: &StepCx<'_>,
-        _action: Action,
-        _applied: &Applied,
-    ) -> Result<(), StepError> {
-        Ok(())
+        host: &dyn Host,
+        _lineage: &str,
+        recorded: &[(String, ResourceState)],
+    ) -> Result<NodeObservations, HostError> {
+        let mut out = NodeObservations::default();
+        if recorded.is_empty() {
+            return Ok(out);
+        }
+        let node = host.node().to_string();
+        let ip = host
+            .exec(
+                &Cmd::new("ip")
+                    .args(["-j", "addr"])
+                    .timeout(Duration::from_secs(30)),
+            )
+            .await?;
+        if !ip.success() {
+            return Err(HostError::Other {
+                node,
+                message: format!("`ip -j addr` failed: {}", ip.stderr.trim()),
+            });
+        }
+        let interfaces =
+            parse_ip_addr(&ip.stdout).map_err(|message| HostError::Other { node, message })?;
+        for (address, r) in recorded {
+            out.0
+                .insert(address.clone(), observe_attachment(&r.config, &interfaces));
+        }
+        Ok(out)
+    }
+
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        let by_address: std::collections::HashMap<&str, &Resource> = config
+            .resources
+            .iter()
+            .map(|r| (r.address.as_str(), r))
+            .collect();
+        let mut out = Vec::new();
+        for net in config.networks.values() {
+            let after: Vec<String> = net
+                .attachments
+                .iter()
+                .filter(|a| changed(a))
+                .cloned()
+                .collect();
+            if after.is_empty() || net.attachments.len() < 2 {
+                continue;
+            }
+            let members: Vec<Member> = net
+                .attachments
+                .iter()
+                .filter_map(|a| by_address.get(a.as_str()).copied())
+                .filter_map(member)
+                .collect();
+            out.push(Check {
+                address: format!("{} (fabric check)", net.address),
+                after,
+                covers: net.attachments.clone(),
+                nodes: members.iter().map(|m| m.node.clone()).collect(),
+                run: Arc::new(Mesh {
+                    members,
+                    mtu: net.mtu,
+                }),
+            });
+        }
+        out
+    }
+}
+
+fn member(r: &Resource) -> Option<Member> {
+    let d = Desired::from_json(&r.config)?;
+    Some(Member {
+        address: r.address.clone(),
+        node: r.node.clone()?,
+        interface: d.interface,
+        ip: d.address,
+    })
+}
+
+/// An attachment as recorded, against the node's interfaces. Pure.
+pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {
+    let Some(d) = Desired::from_json(config) else {
+        return Observed::Drifted(vec![
+            "the state records an incomplete attachment configuration".into(),
+        ]);
+    };
+    let iface = d.interface.as_str();
+    let Some(i) = interfaces.iter().find(|i| i.name == iface) else {
+        return Observed::Missing(format!("interface {iface} does not exist any more"));
+    };
+    let want = d.cidr();
+    let mtu = d.mtu;
+    let mut notes = Vec::new();
+    if !i.addresses.contains(&want) {
+        notes.push(format!(
+            "{want} is not on {iface} (it has {})",
+            if i.addresses.is_empty() {
+                "no address".to_string()
+            } else {
+                i.addresses.join(", ")
+            }
+        ));
+    }
+    if i.mtu != mtu {
+        notes.push(format!(
+            "{iface} has MTU {}, the state records {mtu}",
+            i.mtu
+        ));
+    }
+    if i.state == "DOWN" {
+        notes.push(format!("{iface} is down"));
+    }
+    if notes.is_empty() {
+        Observed::InSync
+    } else {
+        Observed::Drifted(notes)
+    }
+}
+
+/// Every member of a network reaches every other with a full-size frame.
+struct Mesh {
+    members: Vec<Member>,
+    mtu: u32,
+}
+
+#[async_trait]
+impl CheckRun for Mesh {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        check_mesh(pool, &self.members, self.mtu).await
     }
 }
 
@@ -270,12 +379,12 @@ pub struct Member {
 /// Every pair of members reaches each other over the fabric with a full-size frame that may
 /// not be fragmented: a wrong MTU anywhere on the path fails here, not in NCCL later.
 pub async fn check_mesh(
-    pool: &crate::hosts::HostPool,
+    pool: &HostPool,
     members: &[Member],
     mtu: u32,
 ) -> Result<String, StepError> {
     let size = mtu.saturating_sub(28).to_string();
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = crate::tasks::KeyedTasks::new();
     for a in members {
         for b in members {
             if a.address == b.address {
@@ -299,18 +408,17 @@ pub async fn check_mesh(
                     b.ip.as_str(),
                 ])
                 .timeout(Duration::from_secs(20));
-            let (from, to) = (a.clone(), b.clone());
-            tasks.spawn(async move { (from, to, host.exec(&cmd).await) });
+            tasks.spawn((a.clone(), b.clone()), async move { host.exec(&cmd).await });
         }
     }
     let mut failures = Vec::new();
     let mut unreachable = Vec::new();
     let mut pairs = 0;
-    while let Some(Ok((from, to, out))) = tasks.join_next().await {
+    while let Some(((from, to), out)) = tasks.next().await {
         pairs += 1;
         match out {
-            Ok(o) if o.success() => {}
-            Ok(o) => failures.push(format!(
+            Ok(Ok(o)) if o.success() => {}
+            Ok(Ok(o)) => failures.push(format!(
                 "{} ({}) → {} ({}): {}",
                 from.node,
                 from.interface,
@@ -322,6 +430,7 @@ pub async fn check_mesh(
                     .rfind(|l| !l.trim().is_empty())
                     .unwrap_or("no reply")
             )),
+            Ok(Err(e)) => unreachable.push(format!("{}: {e}", from.node)),
             Err(e) => unreachable.push(format!("{}: {e}", from.node)),
         }
     }
@@ -355,14 +464,32 @@ pub async fn check_mesh(
 mod tests {
     use super::*;
 
+    fn iface(addrs: &[&str], mtu: u32, state: &str) -> Vec<Interface> {
+        vec![Interface {
+            name: "enp1s0f0np0".into(),
+            mtu,
+            state: state.into(),
+            addresses: addrs.iter().map(|s| s.to_string()).collect(),
+        }]
+    }
+
     #[test]
-    fn interface_names() {
-        assert!(check_interface("enp1s0f0np0").is_ok());
-        assert!(check_interface("eth0.100").is_ok());
-        assert!(check_interface("").is_err());
-        assert!(check_interface("a_very_long_interface").is_err());
-        assert!(check_interface("eth0;reboot").is_err());
-        assert!(check_interface("eth 0").is_err());
-        assert!(check_interface("..").is_err());
+    fn attachment_drift() {
+        let cfg = serde_json::json!({"network": "network.roce", "node": "node.spark1", "interface": "enp1s0f0np0", "address": "192.168.200.1", "prefix_len": 24, "mtu": 9000});
+        assert_eq!(
+            observe_attachment(&cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
+            Observed::InSync
+        );
+        match observe_attachment(&cfg, &iface(&[], 1500, "UP")) {
+            Observed::Drifted(n) => {
+                assert_eq!(n.len(), 2, "{n:?}");
+                assert!(n[0].contains("192.168.200.1/24 is not on enp1s0f0np0"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            observe_attachment(&cfg, &[]),
+            Observed::Missing(_)
+        ));
     }
 }

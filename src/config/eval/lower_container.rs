@@ -1,0 +1,196 @@
+//! Lowering `container` blocks (with `for_each` and `ready`) into container resources
+//! (`kinds::container` builds and checks the desired configuration).
+
+use super::*;
+
+impl Loader {
+    pub(super) fn eval_container(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let mut ctx = self.item_context(scope, i)?;
+        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
+        let replace_by = self.edge_deps(scope, i, "replace_triggered_by")?;
+        let base = format!("{}container.{}", scope.prefix, name);
+        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
+            None => vec![(None, Value::Null)],
+            Some(fe) => {
+                let v = self.eval_expr(&ctx, &file, &fe.value)?;
+                let span = span_of(&file, fe.value.span());
+                match for_each_instances(&v) {
+                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
+                    Err(msg) => {
+                        self.diags.push(
+                            Diag::error(
+                                "config::for_each",
+                                format!("invalid for_each in container `{name}`"),
+                            )
+                            .label(&span, msg)
+                            .help(
+                                "for_each takes a map (each.key, each.value) or a set of strings",
+                            ),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        let mut values = Map::new();
+        let mut inst_deps = BTreeMap::new();
+        let mut single: Option<Value> = None;
+        let mut ok = true;
+        for (key, each_value) in instances {
+            ctx.each = key.as_ref().map(|k| {
+                let mut m = Map::new();
+                m.insert("key".into(), Value::from(k.clone()));
+                m.insert("value".into(), each_value.clone());
+                Value::Object(m)
+            });
+            let Some(mut attrs) =
+                self.eval_body(&ctx, scope, &file, &block.body, &schema::CONTAINER)
+            else {
+                ok = false;
+                continue;
+            };
+            let mut ready = Vec::new();
+            let mut ready_ok = true;
+            for rb in block.body.get_blocks("ready") {
+                let rheader = header_span(&file, rb);
+                match self.eval_body(&ctx, scope, &file, &rb.body, &schema::READY) {
+                    Some(r) => match container::ready_config(&r.values) {
+                        Ok(v) => ready.push(v),
+                        Err(msg) => {
+                            self.diags.push(
+                                Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
+                                    .label(&rheader, msg.clone())
+                                    .help("a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
+                            );
+                            ready_ok = false;
+                        }
+                    },
+                    None => ready_ok = false,
+                }
+            }
+            if !ready_ok {
+                ok = false;
+                continue;
+            }
+            let address = match &key {
+                Some(k) => format!("{base}[{k:?}]"),
+                None => base.clone(),
+            };
+            let docker_name = match attrs.string("name") {
+                Some(n) => n,
+                None => {
+                    let mut parts = scope.path.clone();
+                    parts.push(name.clone());
+                    if let Some(k) = &key {
+                        parts.push(k.clone());
+                    }
+                    parts.join("-")
+                }
+            };
+            attrs
+                .values
+                .insert("name".into(), Value::from(docker_name.clone()));
+            let node = attrs.string("node").unwrap_or_default();
+            let problems = container::check(&attrs.values);
+            if !problems.is_empty() {
+                for p in problems {
+                    let span = attrs
+                        .spans
+                        .get(p.attribute)
+                        .cloned()
+                        .unwrap_or(header.clone());
+                    let label = if attrs.is_sensitive(p.attribute) {
+                        "invalid (sensitive value)".to_string()
+                    } else {
+                        p.message.clone()
+                    };
+                    let message = if attrs.is_sensitive(p.attribute) {
+                        format!("invalid `{}`", p.attribute)
+                    } else {
+                        format!("invalid `{}`: {}", p.attribute, p.message)
+                    };
+                    self.diags.push(
+                        Diag::error(
+                            "config::invalid_value",
+                            format!(
+                                "container `{name}`{}: {message}",
+                                key.as_ref()
+                                    .map(|k| format!(" [{k:?}]"))
+                                    .unwrap_or_default()
+                            ),
+                        )
+                        .label(&span, label)
+                        .help(p.help),
+                    );
+                }
+                ok = false;
+                continue;
+            }
+            let config = container::desired_config(&attrs.values, ready);
+            let mut deps = ctx.deps.clone();
+            deps.extend(edge_deps.iter().cloned());
+            deps.extend(scope.extra_deps.iter().cloned());
+            deps.remove(&address);
+            self.config.resources.push(Resource {
+                address: address.clone(),
+                kind: ResourceKind::Container,
+                node: Some(node.clone()),
+                config,
+                sensitive: attrs.sensitive.clone(),
+                deps,
+                replace_triggered_by: replace_by.clone(),
+                span: header.clone(),
+            });
+            scope.all_resources.insert(address.clone());
+            let mut value = attrs.to_object();
+            value.insert(
+                "node".into(),
+                attrs.raw.get("node").cloned().unwrap_or(Value::Null),
+            );
+            value.insert("kind".into(), "container".into());
+            value.insert("id".into(), address.clone().into());
+            match key {
+                Some(k) => {
+                    values.insert(k.clone(), Value::Object(value));
+                    inst_deps.insert(k, DepTree::Leaf(BTreeSet::from([address])));
+                }
+                None => {
+                    single = Some(Value::Object(value));
+                    inst_deps.insert(String::new(), DepTree::Leaf(BTreeSet::from([address])));
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let (value, deps) = match single {
+            Some(v) => (
+                v,
+                DepTree::Leaf(
+                    inst_deps
+                        .into_values()
+                        .next()
+                        .map(|t| {
+                            let mut s = BTreeSet::new();
+                            t.collect_all(&mut s);
+                            s
+                        })
+                        .unwrap_or_default(),
+                ),
+            ),
+            None => (Value::Object(values), DepTree::Keyed(inst_deps)),
+        };
+        Some(Evaluated {
+            value,
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps,
+            all_resources: BTreeSet::new(),
+        })
+    }
+}

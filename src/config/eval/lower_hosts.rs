@@ -1,0 +1,177 @@
+//! Lowering `jump` and `node` blocks: where and how to reach a machine.
+
+use super::*;
+
+impl Loader {
+    pub(super) fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::JUMP)?;
+        let item = &scope.items[i];
+        let address = format!("{}jump.{}", scope.prefix, item.name);
+        let host = attrs.string("address")?;
+        let header = item.header.clone();
+        let mut ok = self.check_host(&attrs, &host);
+        ok &= self.check_user(&attrs);
+        let port = self.port(&attrs, &mut ok);
+        if !ok {
+            return None;
+        }
+        let jump = Jump {
+            address: address.clone(),
+            name: item.name.clone(),
+            host,
+            user: attrs.string("user"),
+            port,
+            identity_file: attrs.string("identity_file").map(|p| scope.dir.join(p)),
+            known_hosts: attrs.string("known_hosts").map(|p| scope.dir.join(p)),
+            span: header,
+        };
+        self.config.jumps.insert(address.clone(), jump);
+        let mut value = attrs.to_object();
+        value.insert("kind".into(), "jump".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), scope.items[i].name.clone().into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(ctx.deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    pub(super) fn check_host(&mut self, attrs: &Attrs, host: &str) -> bool {
+        let valid = host == "local"
+            || (!host.is_empty()
+                && host.len() <= 253
+                && !host.starts_with('-')
+                && host.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+                }));
+        if !valid {
+            self.value_error(
+                attrs,
+                "address",
+                format!("{host:?} is not a host name or IP address"),
+                "use a DNS name, an ssh config alias, an IP address, or \"local\" for this machine",
+            );
+        }
+        valid
+    }
+
+    pub(super) fn check_user(&mut self, attrs: &Attrs) -> bool {
+        let Some(user) = attrs.string("user") else {
+            return true;
+        };
+        let valid = !user.is_empty()
+            && user.len() <= 32
+            && !user.starts_with('-')
+            && user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            self.value_error(
+                attrs,
+                "user",
+                format!("{user:?} is not a valid user name"),
+                "user names are letters, digits, `_`, `-` and `.`",
+            );
+        }
+        valid
+    }
+
+    pub(super) fn port(&mut self, attrs: &Attrs, ok: &mut bool) -> Option<u16> {
+        let n = attrs.number("port")?;
+        if (1.0..=65535.0).contains(&n) && n.fract() == 0.0 {
+            Some(n as u16)
+        } else {
+            self.value_error(
+                attrs,
+                "port",
+                format!("{n} is not a TCP port"),
+                "ports are 1 to 65535",
+            );
+            *ok = false;
+            None
+        }
+    }
+
+    pub(super) fn eval_node(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::NODE)?;
+        let item = &scope.items[i];
+        let address = format!("{}node.{}", scope.prefix, item.name);
+        let host = attrs.string("address")?;
+        let header = item.header.clone();
+        let name = item.name.clone();
+        let mut ok = self.check_host(&attrs, &host);
+        ok &= self.check_user(&attrs);
+        let port = self.port(&attrs, &mut ok);
+        let gpus = match attrs.number("gpus") {
+            Some(g) if g >= 0.0 && g.fract() == 0.0 && g <= 1024.0 => Some(g as u32),
+            Some(g) => {
+                self.value_error(
+                    &attrs,
+                    "gpus",
+                    format!("{g} is not a number of GPUs"),
+                    "a whole number, 0 or more",
+                );
+                ok = false;
+                None
+            }
+            None => None,
+        };
+        let memory = attrs.number("memory_gib");
+        if memory.is_some_and(|m| m <= 0.0) {
+            self.value_error(
+                &attrs,
+                "memory_gib",
+                "memory must be positive".into(),
+                "the node's memory in GiB",
+            );
+            ok = false;
+        }
+        if !ok {
+            return None;
+        }
+        let jump = attrs.string("jump");
+        let node = Node {
+            address: address.clone(),
+            name: name.clone(),
+            host,
+            user: attrs.string("user"),
+            port,
+            jump,
+            identity_file: attrs.string("identity_file").map(|p| scope.dir.join(p)),
+            known_hosts: attrs.string("known_hosts").map(|p| scope.dir.join(p)),
+            gpus,
+            memory_gib: memory,
+            unified_memory: attrs.values.get("unified_memory") == Some(&Value::Bool(true)),
+            labels: attrs.string_map("labels"),
+            span: header,
+        };
+        self.config.nodes.insert(address.clone(), node);
+        let mut value = attrs.to_object();
+        for k in [
+            "gpus",
+            "memory_gib",
+            "user",
+            "port",
+            "jump",
+            "labels",
+            "unified_memory",
+        ] {
+            value.entry(k.to_string()).or_insert(Value::Null);
+        }
+        value.insert("kind".into(), "node".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), name.into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(ctx.deps),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- network and its attachments -----
+}

@@ -1,0 +1,249 @@
+//! Lowering `network` blocks and their `attach` blocks into attachment resources
+//! (`kinds::attachment`).
+
+use super::*;
+
+impl Loader {
+    pub(super) fn eval_network(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(scope, i, &schema::NETWORK)?;
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let address = format!("{}network.{}", scope.prefix, name);
+        let subnet_text = attrs.string("subnet").unwrap_or_default();
+        let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
+            Ok(net) if net.trunc() == net => Some(net),
+            Ok(net) => {
+                self.value_error(
+                    &attrs,
+                    "subnet",
+                    format!("{subnet_text:?} has host bits set"),
+                    &format!("write the network address: {}", net.trunc()),
+                );
+                None
+            }
+            Err(_) => {
+                self.value_error(
+                    &attrs,
+                    "subnet",
+                    format!("{subnet_text:?} is not a CIDR block"),
+                    "write it as ADDRESS/PREFIX, e.g. \"192.168.200.0/24\"",
+                );
+                None
+            }
+        };
+        let mtu = match attrs.number("mtu") {
+            None => Some(1500u32),
+            Some(m) if (576.0..=9216.0).contains(&m) && m.fract() == 0.0 => Some(m as u32),
+            Some(m) => {
+                self.value_error(
+                    &attrs,
+                    "mtu",
+                    format!("{m} is not a usable MTU"),
+                    "an MTU is 576 to 9216 (9000 for jumbo frames)",
+                );
+                None
+            }
+        };
+        let (subnet, mtu) = (subnet?, mtu?);
+        let mut attach_values = Map::new();
+        let mut attach_deps = BTreeMap::new();
+        let mut seen_addr: HashMap<std::net::IpAddr, (String, Span)> = HashMap::new();
+        let mut seen_node: HashMap<String, (String, Span)> = HashMap::new();
+        let mut names = Vec::new();
+        let mut ok = true;
+        for ab in block.body.get_blocks("attach") {
+            let Some(label) = ab.labels.first() else {
+                continue;
+            };
+            let aname = label.as_str().to_string();
+            let aheader = header_span(&file, ab);
+            if attach_values.contains_key(&aname) {
+                self.diags.push(
+                    Diag::error(
+                        "config::duplicate",
+                        format!("duplicate attachment `{aname}` in network `{name}`"),
+                    )
+                    .label(&aheader, "declared again here"),
+                );
+                ok = false;
+                continue;
+            }
+            // Each attachment is evaluated with the parts of other blocks it refers to, not the
+            // whole network's references: with N attachments that would cost N² copies.
+            let mut attach_refs = Vec::new();
+            let mut attach_calls = false;
+            for attr in ab.body.attributes() {
+                let c = refs::collect(&attr.value);
+                attach_calls |= !c.funcs.is_empty();
+                attach_refs.extend(c.refs);
+            }
+            let Some(mut actx) = self.context_for(scope, &attach_refs) else {
+                ok = false;
+                continue;
+            };
+            actx.skip_functions = !attach_calls;
+            let Some(a) = self.eval_body(&actx, scope, &file, &ab.body, &schema::ATTACH) else {
+                ok = false;
+                continue;
+            };
+            let node = a.string("node").unwrap_or_default();
+            let interface = a.string("interface").unwrap_or_default();
+            let addr_text = a.string("address").unwrap_or_default();
+            let mut good = true;
+            if let Err(msg) = attachment::check_interface(&interface) {
+                self.value_error(&a, "interface", msg, "interface names are 1 to 15 letters, digits, `_`, `-` or `.`, as `ip link` shows them");
+                good = false;
+            }
+            let ip: Option<std::net::IpAddr> = match addr_text.parse() {
+                Ok(ip) => Some(ip),
+                Err(_) => {
+                    let hint = if addr_text.contains('/') {
+                        "write the address without a prefix; the prefix comes from the network's subnet"
+                    } else {
+                        "write an IP address such as \"192.168.200.1\""
+                    };
+                    self.value_error(
+                        &a,
+                        "address",
+                        format!("{addr_text:?} is not an IP address"),
+                        hint,
+                    );
+                    good = false;
+                    None
+                }
+            };
+            if let Some(ip) = ip {
+                let aspan = a.spans.get("address").cloned().unwrap_or(aheader.clone());
+                if !subnet.contains(&ip) {
+                    self.diags.push(
+                        Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
+                            .label(&aspan, format!("not in {subnet}"))
+                            .maybe_label(attrs.spans.get("subnet"), "the network's subnet")
+                            .help(format!("pick an address between {} and {}", first_host(&subnet), last_host(&subnet))),
+                    );
+                    good = false;
+                } else if ip == subnet.network()
+                    && subnet.prefix_len() < subnet.max_prefix_len() - 1
+                {
+                    self.diags.push(
+                        Diag::error(
+                            "config::invalid_value",
+                            format!(
+                                "attachment `{aname}`: {ip} is the network address of {subnet}"
+                            ),
+                        )
+                        .label(&aspan, "network address")
+                        .help(format!(
+                            "the first usable address is {}",
+                            first_host(&subnet)
+                        )),
+                    );
+                    good = false;
+                } else if let Some((other, ospan)) = seen_addr.get(&ip) {
+                    self.diags.push(
+                        Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
+                            .label(&aspan, format!("{ip} again"))
+                            .label(ospan, format!("{ip} first used here"))
+                            .help("every attachment needs its own address"),
+                    );
+                    good = false;
+                } else {
+                    seen_addr.insert(ip, (aname.clone(), aspan));
+                }
+            }
+            if let Some((other, ospan)) = seen_node.get(&node) {
+                self.diags.push(
+                    Diag::error("config::duplicate_attachment", format!("{node} is attached to network `{name}` twice (`{other}` and `{aname}`)"))
+                        .label(&aheader, "second attachment")
+                        .label(ospan, "first attachment")
+                        .help("a node has one attachment per network"),
+                );
+                good = false;
+            } else {
+                seen_node.insert(node.clone(), (aname.clone(), aheader.clone()));
+            }
+            if !good {
+                ok = false;
+                continue;
+            }
+            let res_address = format!("{address}.attach.{aname}");
+            let node_name = node.rsplit('.').next().unwrap_or(&node).to_string();
+            let config = attachment::Desired {
+                network: address.clone(),
+                node: node.clone(),
+                interface: interface.clone(),
+                address: addr_text.clone(),
+                prefix_len: subnet.prefix_len(),
+                mtu,
+            }
+            .to_json();
+            let mut deps = ctx.deps.clone();
+            deps.extend(scope.extra_deps.iter().cloned());
+            self.config.resources.push(Resource {
+                address: res_address.clone(),
+                kind: ResourceKind::Attachment,
+                node: Some(node.clone()),
+                config,
+                sensitive: Vec::new(),
+                deps,
+                replace_triggered_by: BTreeSet::new(),
+                span: aheader,
+            });
+            scope.all_resources.insert(res_address.clone());
+            names.push(res_address.clone());
+            let mut av = Map::new();
+            // The attachment value carries the node object so modules can read `attach.x.node.name`.
+            let node_value = a.raw.get("node").cloned().unwrap_or(Value::Null);
+            av.insert("kind".into(), "attachment".into());
+            av.insert("id".into(), res_address.clone().into());
+            av.insert("name".into(), aname.clone().into());
+            av.insert("node".into(), node_value);
+            av.insert("node_name".into(), node_name.into());
+            av.insert("interface".into(), interface.into());
+            av.insert("address".into(), addr_text.clone().into());
+            av.insert(
+                "cidr".into(),
+                format!("{addr_text}/{}", subnet.prefix_len()).into(),
+            );
+            attach_values.insert(aname.clone(), Value::Object(av));
+            attach_deps.insert(aname, DepTree::Leaf(BTreeSet::from([res_address])));
+        }
+        if !ok {
+            return None;
+        }
+        self.config.networks.insert(
+            address.clone(),
+            Network {
+                address: address.clone(),
+                name: name.clone(),
+                subnet,
+                mtu,
+                attachments: names,
+                span: header,
+            },
+        );
+        let mut value = Map::new();
+        value.insert("kind".into(), "network".into());
+        value.insert("id".into(), address.into());
+        value.insert("name".into(), name.into());
+        value.insert("subnet".into(), subnet.to_string().into());
+        value.insert("mtu".into(), Value::from(mtu));
+        value.insert("prefix_len".into(), Value::from(subnet.prefix_len()));
+        value.insert("netmask".into(), subnet.netmask().to_string().into());
+        value.insert("attach".into(), Value::Object(attach_values));
+        let mut tree = BTreeMap::new();
+        tree.insert("attach".to_string(), DepTree::Keyed(attach_deps));
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Keyed(tree),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- containers -----
+}

@@ -1,0 +1,103 @@
+//! Lowering `probe` blocks into probe resources (`kinds::probe` builds and checks the
+//! desired configuration).
+
+use super::*;
+
+impl Loader {
+    pub(super) fn eval_probe(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+        let item = &scope.items[i];
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let ctx = self.item_context(scope, i)?;
+        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
+        let attrs = self.eval_body(&ctx, scope, &file, &block.body, &schema::PROBE)?;
+        let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
+        let mut ok = true;
+        for kind in ["http", "exec", "tcp", "expect"] {
+            if let Some(b) = block.body.get_blocks(kind).next() {
+                let spec = schema::PROBE.child(kind).map(|c| c.spec)?;
+                match self.eval_body(&ctx, scope, &file, &b.body, spec) {
+                    Some(a) => {
+                        parts.insert(kind, a);
+                    }
+                    None => ok = false,
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let address = format!("{}probe.{}", scope.prefix, name);
+        let mut sensitive = Vec::new();
+        for (k, a) in &parts {
+            for p in &a.sensitive {
+                let mut path = vec![k.to_string()];
+                path.extend(p.iter().cloned());
+                sensitive.push(path);
+            }
+        }
+        let values: BTreeMap<&str, &Map<String, Value>> =
+            parts.iter().map(|(k, a)| (*k, &a.values)).collect();
+        let (config, node) = match probe::desired_config(&attrs.values, &values) {
+            // An exec probe in a container runs on that container's node.
+            Ok((c, None)) => {
+                let node = parts
+                    .get("exec")
+                    .and_then(|a| a.raw.get("container"))
+                    .and_then(|c| c.as_object())
+                    .and_then(|c| c.get("node"))
+                    .and_then(|n| n.as_object())
+                    .and_then(|n| n.get("id"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                (c, node)
+            }
+            Ok(c) => c,
+            Err(p) => {
+                let span = parts
+                    .get(p.block)
+                    .and_then(|a| a.spans.get(p.attribute))
+                    .cloned()
+                    .unwrap_or(header.clone());
+                self.diags.push(
+                    Diag::error(
+                        "config::invalid_value",
+                        format!("probe `{name}`: {}", p.message),
+                    )
+                    .label(&span, p.message.clone())
+                    .help(p.help),
+                );
+                return None;
+            }
+        };
+        let mut deps = ctx.deps.clone();
+        deps.extend(edge_deps);
+        deps.extend(scope.extra_deps.iter().cloned());
+        self.config.resources.push(Resource {
+            address: address.clone(),
+            kind: ResourceKind::Probe,
+            node,
+            config,
+            sensitive,
+            deps,
+            replace_triggered_by: BTreeSet::new(),
+            span: header,
+        });
+        scope.all_resources.insert(address.clone());
+        let mut value = Map::new();
+        value.insert("kind".into(), "probe".into());
+        value.insert("id".into(), address.clone().into());
+        value.insert("name".into(), name.into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(BTreeSet::from([address])),
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    // ----- checks and outputs -----
+}

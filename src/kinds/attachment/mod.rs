@@ -1,0 +1,106 @@
+//! A fabric attachment: an address and MTU on one interface of one node.
+
+pub mod machine;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Kind, OnDrift};
+use crate::schema::{self, req, spec, BlockSpec};
+
+/// The block that declares it.
+pub static ATTACH: BlockSpec = spec(
+    "attach",
+    &["name"],
+    &[
+        req("node", schema::Kind::Node),
+        req("interface", schema::Kind::Str),
+        req("address", schema::Kind::Str),
+    ],
+    &[],
+);
+
+pub struct Attachment;
+pub static KIND: Attachment = Attachment;
+
+impl Kind for Attachment {
+    fn block(&self) -> &'static BlockSpec {
+        &ATTACH
+    }
+    fn in_place(&self) -> &'static [&'static str] {
+        IN_PLACE
+    }
+    fn on_drift(&self) -> OnDrift {
+        OnDrift::Update
+    }
+    fn dot_shape(&self) -> &'static str {
+        "cds"
+    }
+}
+
+/// An attachment's desired configuration, as lowered from its `attach` block and as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Desired {
+    /// The network block's address (`network.roce`).
+    pub network: String,
+    pub node: String,
+    pub interface: String,
+    pub address: String,
+    pub prefix_len: u8,
+    pub mtu: u32,
+}
+
+impl Desired {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Read from a desired or recorded configuration; `None` when it is not an attachment's.
+    pub fn from_json(config: &serde_json::Value) -> Option<Desired> {
+        serde_json::from_value(config.clone()).ok()
+    }
+
+    /// `192.168.200.1/24`.
+    pub fn cidr(&self) -> String {
+        format!("{}/{}", self.address, self.prefix_len)
+    }
+}
+
+/// Changing the address or MTU is done on the live interface; another node or interface is a new
+/// attachment.
+pub const IN_PLACE: &[&str] = &["address", "prefix_len", "mtu"];
+
+/// Interface names reach `ip` commands on the node: allow only what the kernel accepts and no
+/// shell metacharacters.
+pub fn check_interface(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("{name:?} is not 1 to 15 characters long"));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is not an interface name"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "{name:?} contains {c:?}, which an interface name cannot"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names() {
+        assert!(check_interface("enp1s0f0np0").is_ok());
+        assert!(check_interface("eth0.100").is_ok());
+        assert!(check_interface("").is_err());
+        assert!(check_interface("a_very_long_interface").is_err());
+        assert!(check_interface("eth0;reboot").is_err());
+        assert!(check_interface("eth 0").is_err());
+        assert!(check_interface("..").is_err());
+    }
+}

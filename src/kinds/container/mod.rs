@@ -1,0 +1,499 @@
+//! A container on a node's Docker Engine.
+
+pub mod machine;
+
+use super::{Kind, OnDrift};
+use crate::schema::{self, opt, req, spec, BlockSpec, Child};
+
+pub static READY: BlockSpec = spec(
+    "ready",
+    &[],
+    &[
+        opt("exec", schema::Kind::ListStr),
+        opt("http", schema::Kind::Str),
+        opt("tcp", schema::Kind::Str),
+        opt("status", schema::Kind::Num),
+        opt("exit_code", schema::Kind::Num),
+        opt("output_contains", schema::Kind::Str),
+        opt("timeout", schema::Kind::Duration),
+        opt("interval", schema::Kind::Duration),
+        opt("fail_on_log", schema::Kind::MapStr),
+    ],
+    &[],
+);
+
+/// The block that declares it.
+pub static CONTAINER: BlockSpec = spec(
+    "container",
+    &["name"],
+    &[
+        req("node", schema::Kind::Node),
+        req("image", schema::Kind::Str),
+        opt("name", schema::Kind::Str),
+        opt("command", schema::Kind::ListStr),
+        opt("entrypoint", schema::Kind::ListStr),
+        opt("env", schema::Kind::MapStr),
+        opt("network_mode", schema::Kind::Str),
+        opt("ipc_mode", schema::Kind::Str),
+        opt("pid_mode", schema::Kind::Str),
+        opt("shm_size", schema::Kind::Size),
+        opt("gpus", schema::Kind::Gpus),
+        opt("devices", schema::Kind::ListStr),
+        opt("volumes", schema::Kind::ListStr),
+        opt("ulimits", schema::Kind::MapStr),
+        opt("cap_add", schema::Kind::ListStr),
+        opt("privileged", schema::Kind::Bool),
+        opt("user", schema::Kind::Str),
+        opt("working_dir", schema::Kind::Str),
+        opt("restart", schema::Kind::Str),
+        opt("labels", schema::Kind::MapStr),
+        opt("pull", schema::Kind::Bool),
+        opt("image_archive", schema::Kind::Str),
+        opt("stop_timeout", schema::Kind::Duration),
+        opt("replace_triggered_by", schema::Kind::RefList),
+        opt("depends_on", schema::Kind::RefList),
+        opt("for_each", schema::Kind::ForEach),
+    ],
+    &[Child {
+        name: "ready",
+        spec: &READY,
+        multiple: true,
+    }],
+);
+
+use hcl::{Map, Value};
+
+pub use super::to_json;
+use super::Problem;
+
+pub struct Container;
+pub static KIND: Container = Container;
+
+impl Kind for Container {
+    fn block(&self) -> &'static BlockSpec {
+        &CONTAINER
+    }
+    fn in_place(&self) -> &'static [&'static str] {
+        IN_PLACE
+    }
+    /// The ready checks are shown as a whole: one check's fields mean little apart.
+    fn whole_attributes(&self) -> &'static [&'static str] {
+        &["ready"]
+    }
+    fn on_drift(&self) -> OnDrift {
+        OnDrift::Replace
+    }
+    fn disrupts_when_replaced(&self) -> bool {
+        true
+    }
+    fn found_untracked(&self) -> bool {
+        true
+    }
+    fn dot_shape(&self) -> &'static str {
+        "box"
+    }
+}
+
+/// Docker can change a restart policy on a running container; sparkform's ready checks are its
+/// own. Everything else needs a new container.
+pub const IN_PLACE: &[&str] = &["restart", "ready"];
+
+/// Labels sparkform puts on every container; users may not set them.
+pub const LABEL_PREFIX: &str = "sparkform.";
+/// The state lineage of the deployment the container belongs to.
+pub const LABEL_LINEAGE: &str = "sparkform.lineage";
+/// The resource address (`module.qwen.container.vllm`).
+pub const LABEL_ADDRESS: &str = "sparkform.address";
+/// The hash of the configuration the container was created from.
+pub const LABEL_CONFIG_HASH: &str = "sparkform.config_hash";
+
+/// Attributes copied into the desired configuration, in this order.
+const ATTRIBUTES: &[&str] = &[
+    "name",
+    "node",
+    "image",
+    "command",
+    "entrypoint",
+    "env",
+    "network_mode",
+    "ipc_mode",
+    "pid_mode",
+    "shm_size",
+    "gpus",
+    "devices",
+    "volumes",
+    "ulimits",
+    "cap_add",
+    "privileged",
+    "user",
+    "working_dir",
+    "restart",
+    "labels",
+    "pull",
+    "image_archive",
+    "stop_timeout",
+];
+
+/// The canonical desired configuration: set attributes only, `ready` checks last.
+pub fn desired_config(
+    values: &Map<String, Value>,
+    ready: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for k in ATTRIBUTES {
+        match values.get(*k) {
+            None | Some(Value::Null) => {}
+            Some(v) => {
+                out.insert((*k).to_string(), to_json(v));
+            }
+        }
+    }
+    if !ready.is_empty() {
+        out.insert("ready".into(), serde_json::Value::Array(ready));
+    }
+    serde_json::Value::Object(out)
+}
+
+/// One `ready { … }` block as configuration: exactly one of exec, http, tcp.
+pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, String> {
+    let kinds: Vec<&str> = ["exec", "http", "tcp"]
+        .into_iter()
+        .filter(|k| values.get(*k).is_some_and(|v| !v.is_null()))
+        .collect();
+    if kinds.len() != 1 {
+        return Err(if kinds.is_empty() {
+            "no check: set one of exec, http or tcp".into()
+        } else {
+            format!("{} set together; set exactly one", kinds.join(" and "))
+        });
+    }
+    if let Some(Value::String(url)) = values.get("http") {
+        if !url.starts_with("http://") {
+            return Err(format!("{url:?} is not an http:// URL"));
+        }
+    }
+    if let Some(Value::String(addr)) = values.get("tcp") {
+        if !addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+        {
+            return Err(format!("{addr:?} is not HOST:PORT"));
+        }
+    }
+    if let Some(Value::Array(cmd)) = values.get("exec") {
+        if cmd.is_empty() {
+            return Err("exec needs a command: [\"program\", \"arg\", …]".into());
+        }
+    }
+    if let Some(Value::Object(patterns)) = values.get("fail_on_log") {
+        for p in patterns.keys() {
+            if let Err(e) = regex::Regex::new(p) {
+                return Err(format!(
+                    "fail_on_log pattern {p:?} is not a regular expression: {e}"
+                ));
+            }
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (k, v) in values {
+        if !v.is_null() {
+            out.insert(k.clone(), to_json(v));
+        }
+    }
+    out.entry("timeout").or_insert(serde_json::json!(300));
+    out.entry("interval").or_insert(serde_json::json!(2));
+    Ok(serde_json::Value::Object(out))
+}
+
+fn s<'a>(values: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
+    values.get(k).and_then(Value::as_str)
+}
+
+fn strings<'a>(values: &'a Map<String, Value>, k: &str) -> Vec<&'a str> {
+    match values.get(k) {
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn has_control(s: &str) -> bool {
+    s.chars().any(|c| c.is_control())
+}
+
+/// Values Docker or a shell would misread, reported per attribute.
+pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
+    let mut out = Vec::new();
+    if let Some(name) = s(values, "name") {
+        let ok = name.len() <= 128
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !ok {
+            out.push(Problem::new(
+                "name",
+                format!("{name:?} is not a valid container name"),
+                "Docker container names are letters, digits, `_`, `.` and `-`, starting with a letter or digit",
+            ));
+        }
+    }
+    if let Some(image) = s(values, "image") {
+        if image.is_empty()
+            || image.chars().any(|c| c.is_whitespace() || c.is_control())
+            || image.starts_with('-')
+        {
+            out.push(Problem::new(
+                "image",
+                format!("{image:?} is not an image reference"),
+                "write REPOSITORY[:TAG] or REPOSITORY@sha256:DIGEST",
+            ));
+        }
+    }
+    for (attr, allowed) in [
+        ("network_mode", &["host", "bridge", "none"][..]),
+        ("ipc_mode", &["host", "private", "shareable", "none"][..]),
+        ("pid_mode", &["host"][..]),
+    ] {
+        let Some(mode) = s(values, attr) else {
+            continue;
+        };
+        let ok = allowed.contains(&mode)
+            || mode.strip_prefix("container:").is_some_and(|c| {
+                !c.is_empty()
+                    && c.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+            });
+        if !ok {
+            out.push(Problem::new(
+                match attr {
+                    "network_mode" => "network_mode",
+                    "ipc_mode" => "ipc_mode",
+                    _ => "pid_mode",
+                },
+                format!("{mode:?} is not a {attr}"),
+                format!("use one of {} or \"container:NAME\"", allowed.join(", ")),
+            ));
+        }
+    }
+    if let Some(r) = s(values, "restart") {
+        let ok = matches!(r, "no" | "always" | "unless-stopped" | "on-failure")
+            || r.strip_prefix("on-failure:")
+                .is_some_and(|n| n.parse::<u32>().is_ok());
+        if !ok {
+            out.push(Problem::new(
+                "restart",
+                format!("{r:?} is not a restart policy"),
+                "use no, always, unless-stopped, on-failure or on-failure:N",
+            ));
+        }
+    }
+    for v in strings(values, "volumes") {
+        if let Err(msg) = check_volume(v) {
+            out.push(Problem::new("volumes", msg, "write HOST_PATH:CONTAINER_PATH[:ro] with absolute paths, or VOLUME_NAME:CONTAINER_PATH"));
+        }
+    }
+    for d in strings(values, "devices") {
+        let parts: Vec<&str> = d.split(':').collect();
+        let ok = !has_control(d)
+            && (1..=3).contains(&parts.len())
+            && parts.iter().take(2).all(|p| p.starts_with("/dev/"))
+            && parts
+                .get(2)
+                .is_none_or(|p| !p.is_empty() && p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')));
+        if !ok {
+            out.push(Problem::new(
+                "devices",
+                format!("{d:?} is not a device mapping"),
+                "write /dev/HOST[:/dev/CONTAINER[:rwm]]",
+            ));
+        }
+    }
+    if let Some(Value::Object(env)) = values.get("env") {
+        for (k, v) in env {
+            let key_ok = k
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !key_ok {
+                out.push(Problem::new(
+                    "env",
+                    format!("{k:?} is not an environment variable name"),
+                    "names are letters, digits and `_`, not starting with a digit",
+                ));
+            }
+            if v.as_str().is_some_and(|s| s.contains('\0')) {
+                out.push(Problem::new(
+                    "env",
+                    format!("the value of {k} contains a NUL byte"),
+                    "environment values cannot hold NUL",
+                ));
+            }
+        }
+    }
+    if let Some(Value::Object(labels)) = values.get("labels") {
+        for k in labels.keys() {
+            if k.starts_with(LABEL_PREFIX) {
+                out.push(Problem::new(
+                    "labels",
+                    format!("label {k:?} uses the reserved prefix {LABEL_PREFIX:?}"),
+                    "sparkform sets these labels itself; choose another prefix",
+                ));
+            }
+        }
+    }
+    if let Some(Value::Object(ulimits)) = values.get("ulimits") {
+        for (k, v) in ulimits {
+            let text = v.as_str().unwrap_or_default();
+            let num_ok = |p: &str| p == "-1" || p == "unlimited" || p.parse::<u64>().is_ok();
+            let ok = k.chars().all(|c| c.is_ascii_lowercase())
+                && match text.split_once(':') {
+                    Some((soft, hard)) => num_ok(soft) && num_ok(hard),
+                    None => num_ok(text),
+                };
+            if !ok {
+                out.push(Problem::new(
+                    "ulimits",
+                    format!("ulimit {k} = {text:?} is not LIMIT or SOFT:HARD"),
+                    "e.g. memlock = \"-1\", stack = \"67108864\", nofile = \"65536:65536\"",
+                ));
+            }
+        }
+    }
+    for (attr, path) in [
+        ("working_dir", s(values, "working_dir")),
+        ("image_archive", s(values, "image_archive")),
+    ] {
+        if let Some(p) = path {
+            if p.is_empty() || has_control(p) || (attr == "working_dir" && !p.starts_with('/')) {
+                out.push(Problem::new(
+                    if attr == "working_dir" {
+                        "working_dir"
+                    } else {
+                        "image_archive"
+                    },
+                    format!("{p:?} is not a usable path"),
+                    "paths must not be empty or hold control characters; working_dir is absolute",
+                ));
+            }
+        }
+    }
+    for attr in ["command", "entrypoint"] {
+        if strings(values, attr).iter().any(|a| a.contains('\0')) {
+            out.push(Problem::new(
+                if attr == "command" {
+                    "command"
+                } else {
+                    "entrypoint"
+                },
+                "an argument contains a NUL byte",
+                "arguments cannot hold NUL",
+            ));
+        }
+    }
+    out
+}
+
+fn check_volume(v: &str) -> Result<(), String> {
+    if has_control(v) {
+        return Err(format!("{v:?} contains a control character"));
+    }
+    let parts: Vec<&str> = v.split(':').collect();
+    if !(2..=3).contains(&parts.len()) {
+        return Err(format!("{v:?} is not SOURCE:TARGET[:OPTIONS]"));
+    }
+    let (src, dst) = (parts[0], parts[1]);
+    let named = src
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && src
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if !(src.starts_with('/') || named) {
+        return Err(format!(
+            "source {src:?} is neither an absolute path nor a volume name"
+        ));
+    }
+    if !dst.starts_with('/') {
+        return Err(format!("target {dst:?} is not an absolute path"));
+    }
+    if [src, dst].iter().any(|p| p.split('/').any(|c| c == "..")) {
+        return Err(format!("{v:?} uses `..`; write the path it means"));
+    }
+    if let Some(opts) = parts.get(2) {
+        for o in opts.split(',') {
+            if !matches!(
+                o,
+                "ro" | "rw"
+                    | "z"
+                    | "Z"
+                    | "shared"
+                    | "slave"
+                    | "private"
+                    | "rshared"
+                    | "rslave"
+                    | "rprivate"
+                    | "nocopy"
+            ) {
+                return Err(format!("unknown volume option {o:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, Value)]) -> Map<String, Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn volumes() {
+        assert!(check_volume("/data/hf:/root/.cache/huggingface").is_ok());
+        assert!(check_volume("/tmp/ray:/tmp/ray:rw").is_ok());
+        assert!(check_volume("hfcache:/cache:ro").is_ok());
+        assert!(check_volume("relative:/x").is_ok(), "a named volume");
+        assert!(check_volume("./rel:/x").is_err());
+        assert!(check_volume("/a:rel").is_err());
+        assert!(check_volume("/a/../etc:/x").is_err());
+        assert!(check_volume("/a:/b:bogus").is_err());
+        assert!(check_volume("/a\n:/b").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_reported_per_attribute() {
+        let v = map(&[
+            ("name", Value::from("ray head")),
+            ("restart", Value::from("sometimes")),
+            ("network_mode", Value::from("host; rm -rf /")),
+            (
+                "labels",
+                Value::Object(map(&[("sparkform.address", Value::from("x"))])),
+            ),
+        ]);
+        let attrs: Vec<&str> = check(&v).iter().map(|p| p.attribute).collect();
+        assert_eq!(attrs, ["name", "network_mode", "restart", "labels"]);
+    }
+
+    #[test]
+    fn ready_needs_exactly_one_check() {
+        assert!(ready_config(&map(&[])).is_err());
+        let both = map(&[
+            ("http", Value::from("http://127.0.0.1:1/health")),
+            ("tcp", Value::from("127.0.0.1:1")),
+        ]);
+        assert!(ready_config(&both).unwrap_err().contains("http and tcp"));
+        let ok = ready_config(&map(&[("tcp", Value::from("127.0.0.1:6379"))])).unwrap();
+        assert_eq!(ok["timeout"], 300);
+    }
+}

@@ -1,0 +1,196 @@
+//! Apply and destroy as operations: lock the state, load it, make the plan (from the
+//! definitions with a refresh, from a plan file checked for freshness, or the destroy plan),
+//! then, once the caller agreed, run the executor. Ctrl-C handling is offered to callers that
+//! own a terminal.
+
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{ApplyOutcome, ApplyRequest};
+use crate::config::Config;
+use crate::events::{emit, Event, Sender};
+use crate::graph::Graph;
+use crate::hosts::{HostOptions, HostPool};
+use crate::plan::planfile::PlanFile;
+use crate::plan::{Plan, PlanOptions};
+use crate::state::{State, StateLock, StateStore};
+
+use super::OpError;
+
+/// Where the plan comes from.
+pub enum Source<'a> {
+    /// The definitions, after a refresh when `refresh` (and there is a state).
+    Definitions { refresh: bool, options: PlanOptions },
+    /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
+    PlanFile { file: &'a PlanFile, path: &'a Path },
+    /// Remove what the state records (only `targets` when given).
+    Destroy { targets: Vec<String> },
+}
+
+impl Source<'_> {
+    pub fn operation(&self) -> &'static str {
+        match self {
+            Source::Destroy { .. } => "destroy",
+            _ => "apply",
+        }
+    }
+}
+
+pub struct PrepareRequest<'a> {
+    pub config: &'a Config,
+    pub graph: &'a Graph,
+    pub store: StateStore,
+    pub source: Source<'a>,
+    pub hosts: HostOptions,
+}
+
+/// A plan ready to apply, holding the state lock until it is applied or dropped.
+pub struct Prepared {
+    pub plan: Plan,
+    store: StateStore,
+    state: State,
+    pool: Option<HostPool>,
+    _lock: StateLock,
+}
+
+/// Lock, load the state, plan. A lock left by a process that is gone is taken over and said
+/// so with [`Event::LockTakenOver`].
+pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepared, OpError> {
+    let lock = req.store.lock(req.source.operation())?;
+    if let Some(old) = &lock.took_over {
+        emit(
+            events,
+            Event::LockTakenOver {
+                pid: old.pid,
+                host: old.host.clone(),
+                operation: old.operation.clone(),
+                started: old.started.clone(),
+            },
+        );
+    }
+    let recorded = req.store.load()?;
+    let state = recorded.clone().unwrap_or_default();
+    let (plan, pool) = match req.source {
+        Source::PlanFile { file, path } => {
+            file.check_fresh(path, recorded.as_ref())?;
+            // The plan's configurations must still be what the definitions say.
+            let now = crate::plan::plan(req.config, req.graph, &state, &PlanOptions::default())?;
+            let stale = file
+                .plan
+                .changes
+                .iter()
+                .filter(|c| c.action.is_change() && c.after_hash.is_some())
+                .find(|c| {
+                    now.change(&c.address).and_then(|n| n.after_hash.as_ref())
+                        != c.after_hash.as_ref()
+                });
+            if let Some(c) = stale {
+                return Err(OpError::DefinitionsChanged(c.address.clone()));
+            }
+            (file.plan.clone(), None)
+        }
+        Source::Definitions { refresh, options } => {
+            super::plan::plan(
+                super::plan::PlanRequest {
+                    config: req.config,
+                    graph: req.graph,
+                    recorded: recorded.as_ref(),
+                    refresh,
+                    options,
+                    hosts: req.hosts.clone(),
+                },
+                events,
+            )
+            .await?
+        }
+        Source::Destroy { targets } => {
+            let empty = Config {
+                resources: Vec::new(),
+                outputs: Vec::new(),
+                ..req.config.clone()
+            };
+            let graph = Graph::build(&empty)?;
+            let options = PlanOptions {
+                targets,
+                ..PlanOptions::default()
+            };
+            (crate::plan::plan(&empty, &graph, &state, &options)?, None)
+        }
+    };
+    Ok(Prepared {
+        plan,
+        store: req.store,
+        state,
+        pool,
+        _lock: lock,
+    })
+}
+
+pub struct RunOptions {
+    pub parallelism: usize,
+    pub rollback: bool,
+    pub hosts: HostOptions,
+}
+
+impl Prepared {
+    /// Close the refresh's connections: a prompt may keep a human for minutes, and an idle
+    /// master connection is not worth keeping that long. The apply connects again.
+    pub async fn drop_connections(&mut self) {
+        if let Some(p) = self.pool.take() {
+            p.close().await;
+        }
+    }
+
+    /// Run the plan; the lock is released when it returns.
+    pub async fn apply(
+        self,
+        config: &Config,
+        graph: &Graph,
+        opts: RunOptions,
+        events: Sender,
+        cancel: CancellationToken,
+    ) -> ApplyOutcome {
+        crate::apply::apply(ApplyRequest {
+            config,
+            graph,
+            plan: &self.plan,
+            store: &self.store,
+            state: self.state,
+            parallelism: opts.parallelism,
+            rollback: opts.rollback,
+            hosts: opts.hosts,
+            pool: self.pool,
+            events,
+            cancel,
+        })
+        .await
+    }
+}
+
+/// What Ctrl-C did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// The first: running steps stop, then rollback.
+    Stopping,
+    /// The second: the process exits at once with 130 (the state on disk says what exists).
+    Exiting,
+}
+
+/// Cancel `cancel` on the first Ctrl-C and exit on the second, telling `notify` first. Abort
+/// the returned task when the work is done.
+pub fn cancel_on_ctrl_c(
+    cancel: CancellationToken,
+    notify: impl Fn(Interrupt) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            notify(Interrupt::Stopping);
+            cancel.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                notify(Interrupt::Exiting);
+                std::process::exit(130);
+            }
+        }
+    })
+}

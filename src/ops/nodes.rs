@@ -1,0 +1,46 @@
+//! Nodes: connect to every node of the configuration and gather its facts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::hosts::facts::{self, Facts};
+use crate::hosts::{HostError, HostOptions, HostPool};
+
+/// What one node said.
+#[derive(Debug)]
+pub enum NodeFacts {
+    Facts(Box<Facts>),
+    /// Connected, but gathering failed or took over 60 s.
+    Failed(String),
+    Unreachable(Arc<HostError>),
+}
+
+/// Every node of the configuration, by address, in parallel.
+pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, NodeFacts> {
+    let names: Vec<String> = config.nodes.keys().cloned().collect();
+    let pool = HostPool::connect(config, &names, opts).await;
+    let mut tasks = crate::tasks::KeyedTasks::new();
+    for (name, host) in pool.connected() {
+        let host = host.clone();
+        tasks.spawn(name.clone(), async move {
+            tokio::time::timeout(Duration::from_secs(60), facts::gather(host.as_ref())).await
+        });
+    }
+    let mut results = BTreeMap::new();
+    while let Some((name, f)) = tasks.next().await {
+        let r = match f {
+            Ok(Ok(Ok(f))) => NodeFacts::Facts(Box::new(f)),
+            Ok(Ok(Err(e))) => NodeFacts::Failed(e.to_string()),
+            Ok(Err(_)) => NodeFacts::Failed("gathering facts took over 60 s".into()),
+            Err(panic) => NodeFacts::Failed(panic),
+        };
+        results.insert(name, r);
+    }
+    for (name, e) in pool.errors() {
+        results.insert(name.clone(), NodeFacts::Unreachable(e.clone()));
+    }
+    pool.close().await;
+    results
+}

@@ -1,0 +1,106 @@
+//! Verify: run the probes against what is deployed, changing nothing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Resource};
+use crate::events::{emit, Event, Sender};
+use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::{container_index, machine, StepError};
+use crate::kinds::Lifecycle;
+
+/// The `-target`s that are not a probe of the configuration.
+pub fn unknown_targets(config: &Config, targets: &[String]) -> Vec<String> {
+    targets
+        .iter()
+        .filter(|t| {
+            !config
+                .resources
+                .iter()
+                .any(|r| &r.address == *t && r.kind.kind().lifecycle() == Lifecycle::Runs)
+        })
+        .cloned()
+        .collect()
+}
+
+/// Run every probe of the configuration (or the targeted ones) against what is deployed;
+/// returns (address, result) in dependency order. Changes nothing.
+pub async fn verify(
+    config: &Config,
+    order: &[String],
+    targets: &[String],
+    hosts: &HostOptions,
+    events: &Sender,
+) -> Vec<(String, Result<(Duration, String), StepError>)> {
+    let containers = container_index(config);
+    let by_address: HashMap<&str, &Resource> = config
+        .resources
+        .iter()
+        .map(|r| (r.address.as_str(), r))
+        .collect();
+    let probes: Vec<&Resource> = order
+        .iter()
+        .filter_map(|a| by_address.get(a.as_str()).copied())
+        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| targets.is_empty() || targets.contains(&r.address))
+        .collect();
+    let mut nodes: BTreeSet<String> = containers.values().map(|(n, _)| n.clone()).collect();
+    nodes.extend(probes.iter().filter_map(|p| p.node.clone()));
+    let nodes: Vec<String> = nodes
+        .into_iter()
+        .filter(|n| config.nodes.contains_key(n))
+        .collect();
+    let pool = HostPool::connect(config, &nodes, hosts).await;
+    let cancel = CancellationToken::new();
+    let mut out = Vec::new();
+    for p in probes {
+        emit(
+            events,
+            Event::StepStarted {
+                address: p.address.clone(),
+                action: "run".into(),
+            },
+        );
+        let start = Instant::now();
+        let address = p.address.clone();
+        let progress = |m: String, t: u64| {
+            emit(
+                events,
+                Event::StepProgress {
+                    address: address.clone(),
+                    message: m,
+                    log: None,
+                    timeout_secs: Some(t),
+                },
+            )
+        };
+        let r = machine(p.kind)
+            .verify(&p.config, &pool, &containers, &cancel, &progress)
+            .await
+            .unwrap_or_else(|| Ok((Duration::ZERO, "nothing to verify".into())));
+        match &r {
+            Ok((_, s)) => emit(
+                events,
+                Event::StepDone {
+                    address: p.address.clone(),
+                    action: "run".into(),
+                    elapsed: start.elapsed(),
+                    summary: s.clone(),
+                },
+            ),
+            Err(e) => emit(
+                events,
+                Event::StepFailed {
+                    address: p.address.clone(),
+                    elapsed: start.elapsed(),
+                    error: e.render(),
+                },
+            ),
+        }
+        out.push((p.address.clone(), r));
+    }
+    pool.close().await;
+    out
+}

@@ -1,0 +1,322 @@
+//! The layering of `src/` (ARCHITECTURE.md): read every `crate::…` and `super::…` path of every
+//! file, group the files into layers, and fail on a cycle between layers or on a pure layer
+//! that reaches (directly or through others) a layer that touches machines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Layers that do no I/O besides reading definitions and the state.
+const PURE: &[&str] = &[
+    "config", "graph", "plan", "kinds", "schema", "state", "diag",
+];
+/// Layers a pure layer must never reach.
+const MACHINE: &[&str] = &[
+    "hosts",
+    "apply",
+    "ops",
+    "kinds::machine",
+    "refresh",
+    "http",
+    "cli",
+    "ui",
+];
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The module path of a file: `src/kinds/probe/machine.rs` → `kinds::probe::machine`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if parts
+        .last()
+        .is_some_and(|l| l == "mod" || l == "lib" || l == "main")
+    {
+        parts.pop();
+    }
+    parts
+}
+
+/// The layer of a module path: its top-level module, with the machine halves of the kinds
+/// (`kinds::machine`, `kinds::<kind>::machine`) apart from the pure halves.
+fn layer_of(path: &[String]) -> Option<String> {
+    let top = path.first()?;
+    if top == "kinds" && path.iter().skip(1).take(2).any(|p| p == "machine") {
+        return Some("kinds::machine".into());
+    }
+    Some(top.clone())
+}
+
+/// Every path a file names, resolved to a module path from the crate root.
+fn references(text: &str, module: &[String]) -> Vec<Vec<String>> {
+    let path = regex::Regex::new(r"\b(crate|super)((?:::[A-Za-z_$][A-Za-z0-9_]*)+)").unwrap();
+    let inline = regex::Regex::new(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+\w+\s*\{").unwrap();
+    let mut out = Vec::new();
+    // Inline modules (`mod tests {`) open at these brace depths: `super` inside one is the
+    // file's own module.
+    let mut open_at: Vec<i64> = Vec::new();
+    let mut depth: i64 = 0;
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        if inline.is_match(code) {
+            open_at.push(depth);
+        }
+        depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+        while open_at.last().is_some_and(|&d| depth <= d) {
+            open_at.pop();
+        }
+        let nested = open_at.len();
+        for m in path.captures_iter(code) {
+            let segs: Vec<String> = m[2]
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            // Inside `nested` inline modules the first `nested` supers stay in the file.
+            let mut ups_left_in_file = nested;
+            let mut base: Vec<String> = if &m[1] == "crate" {
+                Vec::new()
+            } else {
+                let mut b = module.to_vec();
+                if ups_left_in_file > 0 {
+                    ups_left_in_file -= 1;
+                } else {
+                    // `super` in `a/b.rs` and in `a/b/mod.rs` (both module a::b) is `a`.
+                    b.pop();
+                }
+                b
+            };
+            for s in segs {
+                if s == "super" {
+                    if ups_left_in_file > 0 {
+                        ups_left_in_file -= 1;
+                    } else {
+                        base.pop();
+                    }
+                } else {
+                    base.push(s);
+                }
+            }
+            out.push(base);
+        }
+    }
+    out
+}
+
+fn layer_edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    // layer → {(target layer, the file that makes the edge)}
+    let mut edges: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    for f in &all {
+        let module = module_of(&src, f);
+        let Some(from) = layer_of(&module) else {
+            continue; // lib.rs, main.rs: the root declares everything.
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        let entry = edges.entry(from.clone()).or_default();
+        for r in references(&text, &module) {
+            // A macro's `$module` stands for a folder of the same layer as its neighbours.
+            let r: Vec<String> = r
+                .into_iter()
+                .map(|s| if s.starts_with('$') { "_".into() } else { s })
+                .collect();
+            if let Some(to) = layer_of(&r) {
+                if to != from {
+                    let rel = f.strip_prefix(&src).unwrap().display().to_string();
+                    entry.insert((to, rel));
+                }
+            }
+        }
+    }
+    edges
+}
+
+fn reach(
+    edges: &BTreeMap<String, BTreeSet<(String, String)>>,
+    from: &str,
+) -> BTreeMap<String, Vec<String>> {
+    // layer → the chain of files that leads there
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut stack = vec![(from.to_string(), Vec::<String>::new())];
+    while let Some((l, chain)) = stack.pop() {
+        for (to, file) in edges.get(&l).into_iter().flatten() {
+            if seen.contains_key(to) || to == from {
+                continue;
+            }
+            let mut c = chain.clone();
+            c.push(format!("{file} → {to}"));
+            seen.insert(to.clone(), c.clone());
+            stack.push((to.clone(), c));
+        }
+    }
+    seen
+}
+
+fn cycles(edges: &BTreeMap<String, BTreeSet<(String, String)>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for layer in edges.keys() {
+        for (to, file) in &edges[layer] {
+            if let Some(back) = reach(edges, to).get(layer) {
+                out.push(format!(
+                    "{layer} → {to} ({file}), and back: {}",
+                    back.join(", ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layers_have_no_cycle() {
+    let cycles = cycles(&layer_edges());
+    assert!(
+        cycles.is_empty(),
+        "import cycles between layers:\n  {}",
+        cycles.join("\n  ")
+    );
+}
+
+#[test]
+fn pure_layers_never_reach_machines() {
+    let edges = layer_edges();
+    let mut bad = Vec::new();
+    for p in PURE {
+        for (to, chain) in reach(&edges, p) {
+            if MACHINE.contains(&to.as_str()) {
+                bad.push(format!("{p} reaches {to}: {}", chain.join(", ")));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "forbidden edges (see ARCHITECTURE.md, Layers):\n  {}",
+        bad.join("\n  ")
+    );
+}
+
+#[test]
+fn only_the_cli_reaches_the_cli() {
+    let edges = layer_edges();
+    let bad: Vec<String> = edges
+        .iter()
+        .filter(|(l, _)| l.as_str() != "cli")
+        .flat_map(|(l, to)| {
+            // The terminal belongs to `cli` and `ui`; only `cli` draws with `ui`.
+            to.iter()
+                .filter(|(t, _)| t == "cli" || t == "ui")
+                .map(move |(t, f)| format!("{l} → {t} ({f})"))
+        })
+        .collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn the_reader_sees_edges_and_layers() {
+    // The guard itself: it must see a `use crate::` edge, a `super::` edge and the kinds' halves.
+    let m = vec![
+        "kinds".to_string(),
+        "probe".to_string(),
+        "machine".to_string(),
+    ];
+    let refs = references(
+        "use crate::hosts::Cmd;\nuse super::Desired; // crate::ui::x in a comment\n",
+        &m,
+    );
+    assert_eq!(
+        refs,
+        vec![
+            vec!["hosts".to_string(), "Cmd".to_string()],
+            vec!["kinds".into(), "probe".into(), "Desired".into()],
+        ]
+    );
+    assert_eq!(layer_of(&m).as_deref(), Some("kinds::machine"));
+    assert_eq!(
+        layer_of(&["kinds".into(), "probe".into(), "Desired".into()]).as_deref(),
+        Some("kinds")
+    );
+    let edges = layer_edges();
+    assert!(edges["plan"].iter().any(|(to, _)| to == "kinds"));
+    assert!(edges["kinds::machine"].iter().any(|(to, _)| to == "hosts"));
+}
+
+#[test]
+fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
+    let mut edges: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
+    let mut edge = |a: &str, b: &str| {
+        edges
+            .entry(a.into())
+            .or_default()
+            .insert((b.into(), format!("{a}.rs")));
+    };
+    edge("config", "kinds");
+    edge("kinds", "plan");
+    edge("plan", "config");
+    edge("kinds", "hosts");
+    let found = cycles(&edges);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0]
+            .starts_with("config → kinds (config.rs), and back: kinds.rs → plan, plan.rs → config"),
+        "{found:?}"
+    );
+    assert!(reach(&edges, "config").contains_key("hosts"));
+    assert_eq!(
+        reach(&edges, "config")["hosts"],
+        ["config.rs → kinds", "kinds.rs → hosts"]
+    );
+    // `super` inside `mod tests` names the file's module.
+    let r = references(
+        "fn a() {}\n#[cfg(test)]\nmod tests {\n    use super::undo_order;\n}\nuse super::x;\n",
+        &["apply".to_string()],
+    );
+    assert_eq!(
+        r,
+        vec![
+            vec!["apply".to_string(), "undo_order".into()],
+            vec!["x".into()]
+        ]
+    );
+}
+
+/// A kind's block must be reachable from the top level of the language, or its resources can
+/// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
+#[test]
+fn every_kind_has_its_block_in_the_language() {
+    use sparkform::config::schema::{BlockSpec, Child, TOP_LEVEL};
+    fn walk(spec: &'static BlockSpec, out: &mut Vec<&'static BlockSpec>) {
+        out.push(spec);
+        for Child { spec, .. } in spec.blocks {
+            walk(spec, out);
+        }
+    }
+    let mut declared = Vec::new();
+    for spec in TOP_LEVEL {
+        walk(spec, &mut declared);
+    }
+    for k in sparkform::kinds::KindId::ALL {
+        let block = k.kind().block();
+        assert!(
+            declared.iter().any(|b| std::ptr::eq(*b, block)),
+            "{k}: block `{}` is not in config::schema::TOP_LEVEL",
+            block.kind
+        );
+    }
+}
