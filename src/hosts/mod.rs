@@ -3,6 +3,7 @@
 //! connection each; `local` is this machine.
 
 pub mod facts;
+pub mod lifetime;
 pub mod local;
 pub mod pool;
 pub mod ssh;
