@@ -56,6 +56,7 @@ impl Testbed {
             .arg(self.dir.join("ssh_config"))
             .arg(node)
             .arg(command)
+            .stdin(std::process::Stdio::null())
             .output()
             .expect("ssh");
         String::from_utf8_lossy(&out.stdout).to_string()
@@ -95,6 +96,7 @@ pub fn sparkform(args: &[&str]) -> (i32, String, String) {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
         .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
         .args(args)
+        .stdin(std::process::Stdio::null())
         .output()
         .expect("run sparkform");
     (
