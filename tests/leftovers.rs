@@ -232,3 +232,51 @@ fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
     );
     clean_up(&tb, cfg.path(), "lj");
 }
+
+/// The masters' ControlPersist is bounded, so they must not end while their owner lives but is
+/// idle for longer: the lifeline counts as a client. A pool idle for twice the bound still runs
+/// commands and reaches Docker through the forward it opened before, and closing it leaves no
+/// master and no folder.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+async fn an_idle_owner_keeps_its_masters_and_closing_ends_them() {
+    use sparkform::hosts::{lifetime, Cmd, HostOptions, HostPool};
+    let tb = testbed();
+    let cfg = common::write_config(&[(
+        "main.hcl",
+        &tb.hcl(
+            &[("node1", "sf-node1"), ("node2", "sf-node2")],
+            &tb.known_hosts(),
+            2222,
+        ),
+    )]);
+    let c = sparkform::config::load(cfg.path(), &Default::default())
+        .unwrap_or_else(|d| panic!("{}", sparkform::diag::render_plain(&d.0)));
+    let opts = HostOptions {
+        use_user_config: false,
+        ..HostOptions::default()
+    };
+    let nodes: Vec<String> = c.nodes.keys().cloned().collect();
+    let pool = HostPool::connect(&c, &nodes, &opts).await;
+    assert!(pool.errors().is_empty(), "{:?}", pool.errors());
+    let dir = control_dir_of(std::process::id()).expect("the pool's control folder");
+    let docker = pool
+        .get("node.node1")
+        .expect("node1")
+        .docker()
+        .await
+        .expect("docker");
+    tokio::time::sleep(Duration::from_secs(2 * lifetime::PERSIST_SECS + 2)).await;
+    for node in ["node.node1", "node.node2"] {
+        let out = pool
+            .get(node)
+            .expect("connected")
+            .exec(&Cmd::new("true"))
+            .await
+            .unwrap_or_else(|e| panic!("{node} after idling: {e}"));
+        assert!(out.success());
+    }
+    docker.ping().await.expect("docker through the old forward");
+    pool.close().await;
+    assert_nothing_left(&dir, true, Duration::from_secs(5));
+}
