@@ -66,8 +66,8 @@ fn control_dir_of(pid: u32) -> Option<PathBuf> {
     })
 }
 
-/// Wait until the run is mid-apply: both node masters up and a port forwarded (the ready
-/// check's). Returns its control folder.
+/// Wait until the run is mid-apply: both node masters up, each node's Docker socket forwarded
+/// and a port forwarded (the ready check's). Returns its control folder.
 fn wait_mid_apply(child: &mut Child) -> PathBuf {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -83,7 +83,11 @@ fn wait_mid_apply(child: &mut Child) -> PathBuf {
                 .iter()
                 .filter(|p| p.join("f0.sock").exists())
                 .count();
-            if masters == 2 && forwards >= 1 {
+            let dockers = subdirs
+                .iter()
+                .filter(|p| p.join("docker.sock").exists())
+                .count();
+            if masters == 2 && dockers == 2 && forwards >= 1 {
                 return dir;
             }
         }
