@@ -246,10 +246,11 @@ impl Host for SshHost {
         if taken.is_some() {
             // `-O exit` ends the master even while commands still hold the session; the control
             // folder goes when the last of them drops it.
-            let _ =
-                tokio::process::Command::from(lifetime::exit_master(&self.ctl_dir.join("master")))
-                    .status()
-                    .await;
+            let mut exit =
+                tokio::process::Command::from(lifetime::exit_master(&self.ctl_dir.join("master")));
+            exit.kill_on_drop(true);
+            // A hung master must not hang the command: the janitor still ends it at exit.
+            let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
         }
     }
 }
