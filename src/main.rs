@@ -1,3 +1,7 @@
 fn main() -> std::process::ExitCode {
-    sparkform::cli::main()
+    let code = sparkform::cli::main();
+    // A connection a task still held when the command returned ends now, not when the
+    // janitor notices the exit.
+    sparkform::hosts::lifetime::shutdown();
+    code
 }

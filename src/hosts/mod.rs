@@ -4,6 +4,7 @@
 
 pub mod facts;
 pub mod fake;
+pub mod lifetime;
 pub mod local;
 pub mod pool;
 pub mod ssh;

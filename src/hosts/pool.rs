@@ -111,8 +111,7 @@ impl HostPool {
                 );
             }
         };
-        // Short path: unix socket paths are limited to 108 bytes.
-        let dir = match tempfile::Builder::new().prefix("sf").tempdir_in("/tmp") {
+        let dir = match super::lifetime::control_dir() {
             Ok(d) => d,
             Err(e) => {
                 fail_all(
@@ -374,13 +373,7 @@ impl Drop for HostPool {
 
 /// `ssh -O exit` for the master connection behind control socket `ctl`.
 fn exit_master(ctl: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new("ssh");
-    c.arg("-S")
-        .arg(ctl)
-        .args(["-O", "exit", "sparkform"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    c
+    super::lifetime::exit_master(ctl)
 }
 
 /// When the user's ssh config defines the address as an alias, use what it resolves to, as
@@ -434,22 +427,15 @@ async fn start_jump_master(
         .arg(config_file)
         .arg("-E")
         .arg(&log)
-        .args([
-            "-M",
-            "-f",
-            "-N",
-            "-o",
-            "ControlMaster=yes",
-            "-o",
-            "ControlPersist=yes",
-        ])
+        .args(super::lifetime::master_options())
         .arg(&t.alias)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
     match tokio::time::timeout(timeout * 2 + Duration::from_secs(5), cmd.status()).await {
-        Ok(Ok(s)) if s.success() => Ok(()),
+        Ok(Ok(s)) if s.success() => super::lifetime::started(ctl)
+            .map_err(|e| format!("the master connection went away at once: {e}")),
         Ok(Ok(_)) => Err(std::fs::read_to_string(&log).unwrap_or_default()),
         Ok(Err(e)) => Err(format!("cannot run ssh: {e}")),
         Err(_) => Err(format!(

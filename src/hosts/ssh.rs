@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use openssh::{ForwardType, Session, Socket};
 use tokio::sync::{Mutex, Semaphore};
 
-use super::{docker_on_socket, Cmd, Endpoint, Host, HostError, Output};
+use super::{docker_on_socket, lifetime, Cmd, Endpoint, Host, HostError, Output};
 
 pub const MAX_SESSIONS: usize = 8;
 
@@ -58,7 +58,7 @@ impl SshHost {
             .arg(&log)
             .arg("-S")
             .arg(&master)
-            .args(["-M", "-f", "-N", "-o", "ControlPersist=yes"])
+            .args(lifetime::master_options())
             .arg(alias)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -89,6 +89,15 @@ impl SshHost {
             return Err(classify(&text, &cx));
         }
         let ctl_dir = dir.path().to_path_buf();
+        if let Err(e) = lifetime::started(&master) {
+            let _ = tokio::process::Command::from(lifetime::exit_master(&master))
+                .status()
+                .await;
+            return Err(HostError::Other {
+                node: cx.node.to_string(),
+                message: format!("the ssh master connection went away at once: {e}"),
+            });
+        }
         let session = Session::new_native_mux(dir);
         Ok(SshHost {
             node: cx.node.to_string(),
@@ -234,23 +243,14 @@ impl Host for SshHost {
     async fn close(&self) {
         self.docker.lock().await.take();
         let taken = self.session.lock().ok().and_then(|mut g| g.take());
-        if let Some(s) = taken {
-            // Commands still running hold a reference; the master exits when the last one drops.
-            match Arc::try_unwrap(s) {
-                Ok(s) => {
-                    let _ = s.close().await;
-                }
-                Err(_) => {
-                    let _ = tokio::process::Command::new("ssh")
-                        .arg("-S")
-                        .arg(self.ctl_dir.join("master"))
-                        .args(["-O", "exit", "sparkform"])
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::null())
-                        .status()
-                        .await;
-                }
-            }
+        if taken.is_some() {
+            // `-O exit` ends the master even while commands still hold the session; the control
+            // folder goes when the last of them drops it.
+            let mut exit =
+                tokio::process::Command::from(lifetime::exit_master(&self.ctl_dir.join("master")));
+            exit.kill_on_drop(true);
+            // A hung master must not hang the command: the janitor still ends it at exit.
+            let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
         }
     }
 }

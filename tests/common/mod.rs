@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod procs;
 pub mod testbed;
 
 use std::path::{Path, PathBuf};

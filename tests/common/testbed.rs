@@ -6,23 +6,22 @@ pub struct Testbed {
     pub dir: PathBuf,
 }
 
-/// The running testbed, or `None` (with a note on stderr) when SPARKFORM_TESTBED is not set.
-/// When it is set, a testbed that is not up is a test failure, not a skip.
-pub fn testbed() -> Option<Testbed> {
-    if std::env::var_os("SPARKFORM_TESTBED").is_none() {
-        eprintln!(
-            "SPARKFORM_TESTBED is not set: skipping a testbed test (bash .ci/test runs them)"
-        );
-        return None;
-    }
+/// The running testbed. Tests that need it are `#[ignore = "needs the testbed: …"]`, so a
+/// plain `cargo test` lists them as ignored instead of passing them silently; `.ci/test` runs
+/// them with `--include-ignored` and fails when any is still skipped. Run without a testbed,
+/// such a test fails and says how to start one.
+pub fn testbed() -> Testbed {
     let dir = std::env::var_os("SPARKFORM_TESTBED_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp/sparkform-testbed"));
     assert!(
         dir.join("known_hosts").is_file(),
-        "SPARKFORM_TESTBED is set but the testbed is not up: run `tests/testbed/testbed up`"
+        "this test needs the testbed, which is not up ({} has no known_hosts): run \
+         `tests/testbed/testbed images && tests/testbed/testbed up -n 2 && tests/testbed/testbed ray`, \
+         or `bash .ci/test` for everything",
+        dir.display()
     );
-    Some(Testbed { dir })
+    Testbed { dir }
 }
 
 impl Testbed {
@@ -57,6 +56,7 @@ impl Testbed {
             .arg(self.dir.join("ssh_config"))
             .arg(node)
             .arg(command)
+            .stdin(std::process::Stdio::null())
             .output()
             .expect("ssh");
         String::from_utf8_lossy(&out.stdout).to_string()
@@ -96,6 +96,7 @@ pub fn sparkform(args: &[&str]) -> (i32, String, String) {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
         .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
         .args(args)
+        .stdin(std::process::Stdio::null())
         .output()
         .expect("run sparkform");
     (
