@@ -1062,12 +1062,12 @@ impl Loader {
         file: &Arc<SourceFile>,
         expr: &Expression,
     ) -> Option<Value> {
-        let converted: hcl::Expression = expr.clone().into();
+        let converted = super::arith::guard(expr.clone().into());
         match converted.evaluate(hctx) {
             Ok(v) => Some(v),
             Err(e) => {
                 let span = span_of(file, expr.span());
-                let msg = e.kind().to_string();
+                let msg = super::arith::message(&e);
                 self.diags.push(
                     Diag::error("config::eval", format!("cannot evaluate expression: {msg}"))
                         .label(&span, msg),
@@ -2343,7 +2343,7 @@ impl Ctx {
             };
         }
         let mut hctx = if self.skip_functions {
-            Context::new()
+            super::arith::context()
         } else {
             FUNCTIONS.with(Context::clone)
         };
