@@ -303,6 +303,9 @@ const MAX_LABEL: usize = 300;
 const WINDOW: usize = 160;
 /// Characters shown before the first label of a long line.
 const LEAD: usize = 40;
+/// Labels whose excerpts miette would join (its rule, see `Snippet::build`) share one excerpt
+/// with the lines between them, unless more than this many lines lie between.
+const MAX_GAP: usize = 20;
 /// A label over more lines than this is shown on its first line only.
 const MAX_LABEL_LINES: usize = 10;
 
@@ -323,8 +326,55 @@ fn push_escaped(out: &mut String, c: char) {
     }
 }
 
-/// `s` with hidden characters escaped (`\u{1b}`), cut to `max` characters.
+/// Longest quoted value kept inside a message, in characters.
+const MAX_QUOTED: usize = 60;
+
+/// `s` with each quoted part (`"…"`) longer than [`MAX_QUOTED`] characters cut: messages quote
+/// values, and a value can be a whole file or megabytes built by an expression.
+fn clip_quoted(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.len() <= MAX_QUOTED {
+        return s.into();
+    }
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..=open]);
+        let body = &rest[open + 1..];
+        // The closing quote: the first one not escaped by a backslash.
+        let mut close = None;
+        let mut escaped = false;
+        for (i, c) in body.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    close = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let Some(close) = close else {
+            rest = body;
+            break;
+        };
+        let inner = &body[..close];
+        if inner.chars().count() > MAX_QUOTED {
+            out.extend(inner.chars().take(MAX_QUOTED));
+            out.push('…');
+        } else {
+            out.push_str(inner);
+        }
+        out.push('"');
+        rest = &body[close + 1..];
+    }
+    out.push_str(rest);
+    out.into()
+}
+
+/// `s` with long quoted values cut, hidden characters escaped (`\u{1b}`), cut to `max`
+/// characters.
 pub fn clean(s: &str, max: usize) -> String {
+    let s = clip_quoted(s);
     let mut out = String::with_capacity(s.len().min(max + 16));
     for (n, (i, c)) in s.char_indices().enumerate() {
         if n == max {
@@ -355,8 +405,9 @@ pub fn clip(s: &str, max: usize) -> String {
 struct Snippet {
     name: String,
     text: String,
-    /// Per snippet line: its byte offset in `text` and its 0-based line in the file.
-    lines: Vec<(usize, usize)>,
+    /// Per snippet line: its byte offset in `text`, its 0-based line in the file and the last
+    /// file line of the excerpt it belongs to.
+    lines: Vec<(usize, usize, usize)>,
     /// The primary label in snippet offsets, with its true 0-based line and column.
     primary: Option<(Range<usize>, usize, usize)>,
 }
@@ -365,7 +416,8 @@ impl Snippet {
     /// The snippet and each label's range in it.
     fn build(file: &SourceFile, labels: &[(Range<usize>, String)]) -> (Snippet, Vec<Range<usize>>) {
         let text = &*file.text;
-        let last_line = file.line_of(text.len());
+        // The empty "line" after a final line break is not shown.
+        let last_line = file.line_of(text.len()) - usize::from(text.ends_with('\n'));
         // Each label's lines, a long label cut to its first line.
         let mut spans: Vec<Range<usize>> = Vec::new();
         let mut intervals: Vec<(usize, usize)> = Vec::new();
@@ -385,7 +437,11 @@ impl Snippet {
         let mut merged: Vec<(usize, usize)> = Vec::new();
         for (a, b) in intervals {
             match merged.last_mut() {
-                Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+                // miette joins the next excerpt when `first line + lines read` reaches it,
+                // where `lines read` counts from the top of the file.
+                Some(last) if a <= last.0 + last.1 + 1 && a <= last.1 + 1 + MAX_GAP => {
+                    last.1 = last.1.max(b);
+                }
                 _ => merged.push((a, b)),
             }
         }
@@ -394,10 +450,7 @@ impl Snippet {
         let mut mapped: Vec<(Option<usize>, Option<usize>)> = vec![(None, None); spans.len()];
         for (a, b) in merged {
             for line in a..=b {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                lines.push((out.len(), line));
+                lines.push((out.len(), line, b));
                 let lr = file.line_range(line);
                 let content = &text[lr.clone()];
                 // Where the window starts: a little before the first label on this line.
@@ -449,15 +502,25 @@ impl Snippet {
                 }
                 // Label ends past the window or at the line end land on the window's end;
                 // starts before the window on its start.
+                let next_line = file
+                    .line_starts()
+                    .get(line + 1)
+                    .copied()
+                    .unwrap_or(usize::MAX);
                 for (i, s) in spans.iter().enumerate() {
-                    if s.start >= lr.start && s.start <= lr.end + 1 && mapped[i].0.is_none() {
+                    if s.start >= lr.start && s.start < next_line && mapped[i].0.is_none() {
                         let before_window =
                             text[lr.start..s.start.min(lr.end)].chars().count() < from;
                         mapped[i].0 = Some(if before_window { line_start } else { end_pos });
                     }
-                    if s.end >= lr.start && s.end <= lr.end + 1 && mapped[i].1.is_none() {
-                        mapped[i].1 = Some(end_pos);
+                    if s.end >= lr.start && s.end <= next_line && mapped[i].1.is_none() {
+                        // A label that takes the line break takes the snippet's line break.
+                        let takes_break = s.end == next_line && cut_at.is_none();
+                        mapped[i].1 = Some(end_pos + usize::from(takes_break));
                     }
+                }
+                if next_line != usize::MAX {
+                    out.push('\n');
                 }
             }
         }
@@ -484,8 +547,10 @@ impl Snippet {
         )
     }
 
-    fn file_line(&self, snippet_line: usize) -> usize {
-        self.lines.get(snippet_line).map_or(snippet_line, |l| l.1)
+    fn file_line(&self, snippet_line: usize) -> (usize, usize) {
+        self.lines
+            .get(snippet_line)
+            .map_or((snippet_line, snippet_line), |l| (l.1, l.2))
     }
 }
 
@@ -497,7 +562,7 @@ impl SourceCode for Snippet {
         after: usize,
     ) -> Result<Box<dyn SpanContents<'a> + 'a>, MietteError> {
         let inner = self.text.as_str().read_span(span, before, after)?;
-        let mut line = self.file_line(inner.line());
+        let (mut line, excerpt_end) = self.file_line(inner.line());
         let mut column = inner.column();
         if let Some((r, l, c)) = &self.primary {
             if before == 0 && after == 0 && span.offset() == r.start {
@@ -510,7 +575,10 @@ impl SourceCode for Snippet {
             *inner.span(),
             line,
             column,
-            inner.line_count(),
+            // miette joins two labels' excerpts when `line + line_count` reaches the next
+            // one's first line: only excerpts joined in `build` may be, since the lines
+            // between excerpts are not in the snippet.
+            (excerpt_end + 1).saturating_sub(line),
         )))
     }
 }
@@ -607,4 +675,73 @@ pub fn did_you_mean<'a>(
         }
     }
     best.map(|(_, c)| c.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> Arc<SourceFile> {
+        Arc::new(SourceFile::new(Path::new("t.hcl"), text.to_string()))
+    }
+
+    #[test]
+    fn messages_escape_control_bytes_and_cut_long_values() {
+        let value = format!("{:?}", "x".repeat(5000));
+        let d = Diag::error("t", format!("invalid `a`: {value} is \x1b[31mbad\u{202e}"))
+            .help("h".repeat(10_000));
+        assert!(d.message.contains("\"xxxxxxxxxx") && d.message.contains("x…\" is"));
+        assert!(d.message.len() < 200, "{}", d.message);
+        assert!(d.message.contains("\\u{1b}[31m") && d.message.contains("\\u{202e}"));
+        let help = d.help.unwrap_or_default();
+        assert!(help.ends_with("more bytes)") && help.len() < 2100, "{help}");
+    }
+
+    #[test]
+    fn a_label_past_column_65535_renders_a_window() {
+        let text = format!("a = \"{}\" + x\nb = 1\n", "y".repeat(70_000));
+        let f = file(&text);
+        let at = text.find("+ x").unwrap_or(0);
+        let d = Diag::error("t", "bad").label(&Span::new(&f, at..at + 3), "here");
+        let out = render_plain(&[d]);
+        assert!(out.contains("[t.hcl:1:70008]"), "{out}");
+        assert!(out.contains("…yyyy") && out.contains("\" + x"), "{out}");
+        assert!(out.len() < 2000, "{} bytes", out.len());
+    }
+
+    #[test]
+    fn snippets_escape_terminal_bytes_and_keep_line_numbers() {
+        let text = "one\ntwo = \"\x1b]0;title\x07\"\nthree\n".to_string()
+            + &"pad\n".repeat(50)
+            + "last = 1\n";
+        let f = file(&text);
+        let two = text.find("two").unwrap_or(0);
+        let last = text.find("last").unwrap_or(0);
+        let d = Diag::error("t", "bad")
+            .label(&Span::new(&f, two..two + 3), "first")
+            .label(&Span::new(&f, last..last + 4), "second");
+        let out = render_plain(&[d]);
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert!(out.contains("\\u{1b}]0;title\\u{7}"), "{out}");
+        assert!(
+            out.contains(" 2 │ two") && out.contains("54 │ last"),
+            "{out}"
+        );
+        assert!(
+            !out.contains(" 30 │"),
+            "lines between the labels are left out: {out}"
+        );
+    }
+
+    #[test]
+    fn a_label_over_many_lines_shows_its_first_line() {
+        let text = "x = [\n".to_string() + &"  1,\n".repeat(5000) + "]\n";
+        let f = file(&text);
+        let d = Diag::error("t", "bad").label(&Span::new(&f, 4..text.len() - 1), "this list");
+        let out = render_plain(&[d]);
+        assert!(
+            out.contains("[t.hcl:1:5]") && out.lines().count() < 20,
+            "{out}"
+        );
+    }
 }
