@@ -18,6 +18,7 @@ use hcl::eval::Evaluate;
 use hcl_edit::Span as _;
 
 pub use eval::{parse_duration, parse_size, valid_name};
+pub use parse::strip_bom;
 pub use model::*;
 
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
