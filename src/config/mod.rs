@@ -18,8 +18,8 @@ use hcl::eval::Evaluate;
 use hcl_edit::Span as _;
 
 pub use eval::{parse_duration, parse_size, valid_name};
-pub use parse::strip_bom;
 pub use model::*;
+pub use parse::strip_bom;
 
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use eval::{InputValue, Loader};

@@ -183,7 +183,10 @@ mod tests {
         let (file, body) = read_file(&path, &mut diags).expect("parses");
         assert!(diags.0.is_empty());
         assert_eq!(body.iter().count(), 1);
-        assert_eq!(file.line_col(file.text.find("address").unwrap_or(0)), (2, 3));
+        assert_eq!(
+            file.line_col(file.text.find("address").unwrap_or(0)),
+            (2, 3)
+        );
         // Only at the start: elsewhere it is still a syntax error.
         std::fs::write(&path, "node \"a\" {\n\u{feff}}\n").expect("write");
         assert!(read_file(&path, &mut diags).is_none());
