@@ -329,10 +329,48 @@ fn push_escaped(out: &mut String, c: char) {
 /// Longest quoted value kept inside a message, in characters.
 const MAX_QUOTED: usize = 60;
 
-/// `s` with each quoted part (`"…"`) longer than [`MAX_QUOTED`] characters cut: messages quote
-/// values, and a value can be a whole file or megabytes built by an expression.
+thread_local! {
+    // Beginnings of the files `file()` read (as messages quote them), with the path shown.
+    // Messages are built on the thread that evaluates.
+    static FILE_STARTS: std::cell::RefCell<Vec<(String, String)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Shortest file content that [`note_file_contents`] remembers: shorter ones say too little to
+/// tell a file from any other value.
+const MIN_FILE_START: usize = 8;
+
+/// Remember that a file with `text` was read, so that a message quoting a value that starts
+/// like it names the file instead of echoing its contents.
+pub fn note_file_contents(shown_path: &str, text: &str) {
+    if text.chars().count() < MIN_FILE_START {
+        return;
+    }
+    let start: String = text.chars().take(24).collect();
+    let debug = format!("{start:?}");
+    let escaped = debug[1..debug.len() - 1].to_string();
+    FILE_STARTS.with(|f| {
+        let mut f = f.borrow_mut();
+        if f.len() < 1000 && !f.iter().any(|(s, _)| *s == escaped) {
+            f.push((escaped, shown_path.to_string()));
+        }
+    });
+}
+
+fn file_quoted(inner: &str) -> Option<String> {
+    FILE_STARTS.with(|f| {
+        f.borrow()
+            .iter()
+            .find(|(start, _)| inner.starts_with(start.as_str()))
+            .map(|(_, path)| format!("(the contents of file {path:?})"))
+    })
+}
+
+/// `s` with each quoted part (`"…"`) longer than [`MAX_QUOTED`] characters cut, and one that
+/// starts like a file `file()` read replaced by the file's name: messages quote values, and a
+/// value can be a whole file or megabytes built by an expression.
 fn clip_quoted(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.len() <= MAX_QUOTED {
+    if !s.contains('"') {
         return s.into();
     }
     let mut out = String::new();
@@ -358,6 +396,12 @@ fn clip_quoted(s: &str) -> std::borrow::Cow<'_, str> {
             break;
         };
         let inner = &body[..close];
+        if let Some(file) = file_quoted(inner) {
+            out.pop();
+            out.push_str(&file);
+            rest = &body[close + 1..];
+            continue;
+        }
         if inner.chars().count() > MAX_QUOTED {
             out.extend(inner.chars().take(MAX_QUOTED));
             out.push('…');

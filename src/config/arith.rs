@@ -109,6 +109,12 @@ fn rewrite(e: Expression) -> Expression {
         }
         Expression::Traversal(t) => {
             let Traversal { expr, operators } = *t;
+            // `local.a.b`: hcl-rs copies `local` first, but an item's context holds only the
+            // parts it references, so the result is what the reference costs.
+            let named = match &expr {
+                Expression::Variable(v) => Some(traversal_text(v.as_str(), &operators)),
+                _ => None,
+            };
             let operators = operators
                 .into_iter()
                 .map(|op| match op {
@@ -116,12 +122,20 @@ fn rewrite(e: Expression) -> Expression {
                     other => other,
                 })
                 .collect();
-            // The base (usually a variable) is charged: hcl-rs copies all of it before it
-            // applies the operators, so that copy is the cost.
-            Expression::Traversal(Box::new(Traversal {
-                expr: rewrite(expr),
-                operators,
-            }))
+            match named {
+                Some(what) => call(
+                    VAL,
+                    what,
+                    [Expression::Traversal(Box::new(Traversal {
+                        expr,
+                        operators,
+                    }))],
+                ),
+                None => Expression::Traversal(Box::new(Traversal {
+                    expr: rewrite(expr),
+                    operators,
+                })),
+            }
         }
         Expression::FuncCall(f) => {
             let mut f = *f;
@@ -161,6 +175,24 @@ fn rewrite(e: Expression) -> Expression {
         }
         other => other,
     }
+}
+
+/// `` `local.a.b[…]` `` for messages, without formatting the whole expression.
+fn traversal_text(root: &str, ops: &[TraversalOperator]) -> String {
+    let mut out = format!("`{root}");
+    for op in ops.iter().take(8) {
+        match op {
+            TraversalOperator::GetAttr(id) => {
+                out.push('.');
+                out.push_str(id.as_str());
+            }
+            TraversalOperator::LegacyIndex(i) => out.push_str(&format!(".{i}")),
+            TraversalOperator::AttrSplat | TraversalOperator::FullSplat => out.push_str("[*]"),
+            TraversalOperator::Index(_) => out.push_str("[…]"),
+        }
+    }
+    out.push('`');
+    crate::diag::clip(&out, 80)
 }
 
 fn rewrite_binary(b: BinaryOp) -> Expression {

@@ -1554,9 +1554,10 @@ fn file(args: FuncArgs) -> Result<Value, String> {
     if bytes.len() as u64 > limits::MAX_FILE_BYTES {
         return Err(too_big());
     }
-    String::from_utf8(bytes)
-        .map(Value::String)
-        .map_err(|_| format!("{F}: \"{shown}\" is not valid UTF-8 text"))
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{F}: \"{shown}\" is not valid UTF-8 text"))?;
+    crate::diag::note_file_contents(&shown, &text);
+    Ok(Value::String(text))
 }
 
 #[cfg(test)]

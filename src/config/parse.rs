@@ -73,14 +73,22 @@ pub fn read_file(path: &Path, diags: &mut Diagnostics) -> Option<(Arc<SourceFile
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(t) => t,
             Err(e) => {
+                let at = e.utf8_error().valid_up_to();
+                // The lossy text has the same bytes up to the bad one, so the label lands on it.
+                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                let file = Arc::new(SourceFile::new(path, lossy));
+                let (line, col) = file.line_col(at);
                 diags.push(
                     Diag::error(
                         "config::encoding",
                         format!(
-                            "{} is not UTF-8 (invalid byte at offset {})",
-                            path.display(),
-                            e.utf8_error().valid_up_to()
+                            "{} is not UTF-8 (invalid byte at line {line}, column {col})",
+                            file.display
                         ),
+                    )
+                    .label(
+                        &Span::new(&file, at..at + '\u{fffd}'.len_utf8()),
+                        "not UTF-8",
                     )
                     .help("save the file as UTF-8"),
                 );
