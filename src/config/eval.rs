@@ -2520,6 +2520,7 @@ fn visit_post(
 }
 
 fn for_each_instances(v: &Value) -> Result<Vec<(String, Value)>, String> {
+    super::limits::check_instances(v)?;
     let list = match v {
         Value::Object(m) => m
             .iter()

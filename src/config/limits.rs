@@ -16,6 +16,8 @@ pub const MAX_ELEMENTS: usize = 1_000_000;
 pub const MAX_WORK: u64 = 256 << 20;
 /// Loop iterations, function calls, references and operations of one load.
 pub const MAX_STEPS: u64 = 4_000_000;
+/// Instances one `for_each` may make.
+pub const MAX_INSTANCES: usize = 10_000;
 /// The largest file `file()` reads.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 /// Set to `1` to let `file()` read files outside the folder of the module that calls it.
@@ -79,6 +81,21 @@ pub fn check_elements(what: &str, n: usize) -> Result<(), String> {
     if n > MAX_ELEMENTS {
         return Err(format!(
             "{what}: the result would have more than {MAX_ELEMENTS} elements ({HINT})"
+        ));
+    }
+    Ok(())
+}
+
+/// Refuse a `for_each` value with more than [`MAX_INSTANCES`] elements.
+pub fn check_instances(v: &Value) -> Result<(), String> {
+    let n = match v {
+        Value::Array(a) => a.len(),
+        Value::Object(o) => o.len(),
+        _ => 0,
+    };
+    if n > MAX_INSTANCES {
+        return Err(format!(
+            "for_each has {n} elements; one block makes at most {MAX_INSTANCES} instances ({HINT})"
         ));
     }
     Ok(())
