@@ -468,6 +468,55 @@ mod tests {
         }
     }
 
+    fn small_expr() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            (-9i64..10).prop_map(|n| n.to_string()),
+            Just("2.5".to_string()),
+            "[a-z \\\\\"$%{}~]{0,6}".prop_map(|s| format!("{s:?}")),
+            Just("true".to_string()),
+            Just("[1, 2]".to_string()),
+            Just("{ a = 1 }".to_string()),
+        ];
+        leaf.prop_recursive(3, 24, 3, |inner| {
+            let op = prop_oneof![Just("+"), Just("-"), Just("*"), Just("=="), Just("<")];
+            prop_oneof![
+                (inner.clone(), op, inner.clone()).prop_map(|(a, o, b)| format!("({a} {o} {b})")),
+                inner
+                    .clone()
+                    .prop_map(|e| format!("\"<${{{e}}}> $${{x}} %%{{y}}\"")),
+                inner
+                    .clone()
+                    .prop_map(|e| format!("<<EOT\n  \"q\" ${{{e}}} \\n\nEOT\n")),
+                inner
+                    .clone()
+                    .prop_map(|e| format!("<<-EOT\n    a ${{~ {e} ~}} b\n    EOT\n")),
+                (inner.clone(), inner.clone()).prop_map(|(c, e)| format!("[for x in [{c}] : {e}]")),
+                inner.clone().prop_map(|e| format!(
+                    "\"%{{ for i in [1, 2] }}${{i}}:${{{e}}}%{{ endfor }}\""
+                )),
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| format!(
+                    "\"%{{ if {a} == {b} }}y%{{ else }}n%{{ endif }}\""
+                )),
+                inner.clone().prop_map(|e| format!("tostring({e})")),
+                inner.prop_map(|e| format!("{{ k = {e} }}.k")),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, failure_persistence: None, ..Default::default() })]
+
+        /// Wherever hcl-rs gives a value (small numbers: nothing overflows), the guarded
+        /// expression gives the same one: templates and heredocs survive the round trip.
+        #[test]
+        fn guarding_never_changes_a_value(src in small_expr()) {
+            if let Ok(plain) = eval(&src, false) {
+                proptest::prop_assert_eq!(eval(&src, true), Ok(plain), "{}", src);
+            }
+        }
+    }
+
     #[test]
     fn arithmetic_errors_instead_of_wrapping_panicking_or_nan() {
         for (src, needle) in [
