@@ -70,6 +70,10 @@ impl FormatError {
 
 /// Normalise the layout of one HCL source file, keeping every comment.
 pub fn format_source(src: &str) -> Result<String, FormatError> {
+    // A byte-order mark is kept, as the editor that wrote it expects it back.
+    if let Some(rest) = crate::config::strip_bom(src) {
+        return format_source(rest).map(|out| format!("\u{feff}{out}"));
+    }
     let body = hcl_edit::parser::parse_body(src).map_err(|e| FormatError::parse(src, &e))?;
 
     let out = std::panic::catch_unwind(|| {

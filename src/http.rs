@@ -1,9 +1,14 @@
-//! A small HTTP/1.1 client for probes and ready checks, over a forwarded unix socket or TCP.
-//! Plain HTTP only: requests travel inside the SSH tunnel of a node.
+//! The HTTP/1.1 client of probes and ready checks, over a forwarded unix socket or TCP: hyper's
+//! client connection, so request and header validation, response framing (chunked bodies,
+//! content length) and keep-alive come from a well-kept library. Plain HTTP only: requests
+//! travel inside the SSH tunnel of a node.
 
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::header::{HeaderName, HeaderValue, HOST, USER_AGENT};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::hosts::Endpoint;
 
@@ -20,6 +25,7 @@ pub struct Request {
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
+    /// Names in lower case, values as sent (not UTF-8 bytes replaced).
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
@@ -27,26 +33,49 @@ pub struct Response {
 /// At most this much of a body is read: probes look at answers, not downloads.
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
-/// `http://host:port/path` → (host, port, path).
+/// A URL as messages show it: bounded, control characters escaped.
+fn shown(url: &str) -> String {
+    crate::diag::clip(url, 120)
+}
+
+/// `http://host:port/path` → (host, port, path). A URL with a control character or a space
+/// anywhere is refused: it would change the request line or a header.
 pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
+    if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "\"{}\" contains a control character or a space; write it percent-encoded (%0D, %20)",
+            shown(url)
+        ));
+    }
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?} is not an http:// URL"))?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
+        .ok_or_else(|| format!("\"{}\" is not an http:// URL", shown(url)))?;
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
     };
+    if authority.contains('@') {
+        return Err(format!(
+            "\"{}\": user information in the URL is not supported",
+            shown(url)
+        ));
+    }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
             h.trim_matches(['[', ']']).to_string(),
-            p.parse().map_err(|_| format!("bad port in {url:?}"))?,
+            p.parse()
+                .map_err(|_| format!("bad port in \"{}\"", shown(url)))?,
         ),
         _ => (authority.to_string(), 80),
     };
     if host.is_empty() {
-        return Err(format!("no host in {url:?}"));
+        return Err(format!("no host in \"{}\"", shown(url)));
     }
-    Ok((host, port, path.to_string()))
+    if port == 0 {
+        return Err(format!("port 0 in \"{}\"", shown(url)));
+    }
+    Ok((host, port, path))
 }
 
 pub async fn send(endpoint: &Endpoint, req: &Request) -> Result<Response, String> {
@@ -71,114 +100,102 @@ pub async fn send(endpoint: &Endpoint, req: &Request) -> Result<Response, String
         .map_err(|_| format!("no answer within {} s", req.timeout.as_secs()))?
 }
 
+/// The hyper request for `req`; every part is validated by the `http` crate's types.
+fn build(req: &Request) -> Result<hyper::Request<Full<Bytes>>, String> {
+    let (host, port, path) = parse_url(&req.url)?;
+    let method = hyper::Method::from_bytes(req.method.as_bytes())
+        .map_err(|_| format!("\"{}\" is not an HTTP method", shown(&req.method)))?;
+    let uri: hyper::Uri = path
+        .parse()
+        .map_err(|e| format!("bad path in \"{}\": {e}", shown(&req.url)))?;
+    let authority = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut r = hyper::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(
+            HOST,
+            HeaderValue::from_str(&authority)
+                .map_err(|_| format!("bad host in \"{}\"", shown(&req.url)))?,
+        )
+        .header(USER_AGENT, HeaderValue::from_static("sparkform"));
+    for (k, v) in &req.headers {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| format!("\"{}\" is not a valid header name", shown(k)))?;
+        // `HeaderValue` refuses CR, LF and other control bytes (a tab is allowed).
+        let value = HeaderValue::from_str(v).map_err(|_| {
+            format!(
+                "the value of header \"{}\" contains a control character",
+                shown(k)
+            )
+        })?;
+        r = r.header(name, value);
+    }
+    let body = Full::new(Bytes::from(req.body.clone().unwrap_or_default()));
+    r.body(body).map_err(|e| format!("invalid request: {e}"))
+}
+
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    mut s: S,
+    s: S,
     req: &Request,
 ) -> Result<Response, String> {
-    let (host, port, path) = parse_url(&req.url)?;
-    let mut head = format!(
-        "{} {} HTTP/1.1\r\nHost: {}:{}\r\nConnection: close\r\nUser-Agent: sparkform\r\n",
-        req.method, path, host, port
-    );
-    for (k, v) in &req.headers {
-        if k.contains(['\r', '\n']) || v.contains(['\r', '\n']) {
-            return Err(format!("header {k:?} contains a line break"));
-        }
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = &req.body {
-        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes())
+    let request = build(req)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
         .await
-        .map_err(|e| format!("cannot send the request: {e}"))?;
-    if let Some(b) = &req.body {
-        s.write_all(b)
+        .map_err(|e| format!("cannot start the HTTP exchange: {e}"))?;
+    let work = async {
+        let resp = sender
+            .send_request(request)
             .await
-            .map_err(|e| format!("cannot send the body: {e}"))?;
-    }
-    s.flush().await.map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16384];
-    loop {
-        let n = s
-            .read(&mut buf)
-            .await
-            .map_err(|e| format!("reading the answer: {e}"))?;
-        if n == 0 {
-            break;
+            .map_err(|e| format!("the request failed: {e}"))?;
+        let (parts, mut body) = resp.into_parts();
+        let mut data = Vec::new();
+        while data.len() < MAX_BODY {
+            let Some(frame) = body.frame().await else {
+                break;
+            };
+            let frame = frame.map_err(|e| format!("reading the answer: {e}"))?;
+            if let Ok(chunk) = frame.into_data() {
+                data.extend_from_slice(&chunk);
+            }
         }
-        raw.extend_from_slice(&buf[..n]);
-        if raw.len() > MAX_BODY {
-            break;
-        }
-    }
-    parse_response(&raw)
-}
-
-pub fn parse_response(raw: &[u8]) -> Result<Response, String> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the answer is not HTTP (no header end)")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("the answer is not HTTP: {status_line:?}"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    if headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"))
-    {
-        body = dechunk(&body)?;
-    } else if let Some(len) = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        body.truncate(len);
-    }
-    Ok(Response {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("a chunked body ends early")?;
-        let size_text = String::from_utf8_lossy(&data[..line_end]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|_| format!("bad chunk size {size_text:?}"))?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if data.len() < size {
-            return Err("a chunked body ends early".into());
-        }
-        out.extend_from_slice(&data[..size]);
-        data = data.get(size + 2..).unwrap_or(&[]);
+        data.truncate(MAX_BODY);
+        let headers = parts
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).trim().to_string(),
+                )
+            })
+            .collect();
+        Ok(Response {
+            status: parts.status.as_u16(),
+            headers,
+            body: data,
+        })
+    };
+    // The connection is driven here, not spawned, so it ends with the exchange (the stream is
+    // dropped on return, keep-alive or not).
+    let mut conn = std::pin::pin!(conn);
+    let mut work = std::pin::pin!(work);
+    tokio::select! {
+        r = &mut work => r,
+        c = &mut conn => match c {
+            Ok(()) => work.await,
+            Err(e) => Err(format!("the HTTP connection failed: {e}")),
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn urls() {
@@ -190,42 +207,113 @@ mod tests {
             parse_url("http://node").unwrap(),
             ("node".into(), 80, "/".into())
         );
+        assert_eq!(
+            parse_url("http://[::1]:81?q=1").unwrap(),
+            ("::1".into(), 81, "/?q=1".into())
+        );
         assert!(parse_url("https://x").is_err());
+        assert!(parse_url("http://x:0/").is_err());
+        assert!(parse_url("http://x:99999/").is_err());
     }
 
     #[test]
-    fn responses() {
-        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA").unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
-        let c = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap();
-        assert_eq!(c.body, b"abcde");
-        assert!(parse_response(b"garbage").is_err());
+    fn control_characters_are_refused_in_urls_methods_and_headers() {
+        let base = Request {
+            method: "GET".into(),
+            url: "http://127.0.0.1:8000/v1".into(),
+            headers: vec![],
+            body: None,
+            timeout: Duration::from_secs(1),
+        };
+        for url in [
+            "http://127.0.0.1:8000/v1\r\nX-Injected: 1",
+            "http://127.0.0.1:8000/v1 HTTP/1.0",
+            "http://127.0.0.1:8000/\u{1b}[31m",
+        ] {
+            let e = build(&Request {
+                url: url.into(),
+                ..base.clone()
+            })
+            .unwrap_err();
+            assert!(e.contains("control character or a space"), "{e}");
+            assert!(!e.contains('\r') && !e.contains('\u{1b}'), "{e:?}");
+        }
+        let e = build(&Request {
+            method: "GET /x HTTP/1.1\r\n".into(),
+            ..base.clone()
+        })
+        .unwrap_err();
+        assert!(e.contains("not an HTTP method"), "{e}");
+        let e = build(&Request {
+            headers: vec![("X-A".into(), "v\r\nX-Injected: 1".into())],
+            ..base.clone()
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("header \"X-A\" contains a control character"),
+            "{e}"
+        );
+        let e = build(&Request {
+            headers: vec![("X A\r\n".into(), "v".into())],
+            ..base.clone()
+        })
+        .unwrap_err();
+        assert!(e.contains("not a valid header name"), "{e}");
+        assert!(build(&base).is_ok());
+    }
+
+    /// A one-connection server that reads one request and writes `answer`, keeping the
+    /// connection open afterwards (as a keep-alive server does). Returns the port and the
+    /// request it saw.
+    async fn serve(
+        answer: &'static [u8],
+    ) -> (
+        u16,
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Receiver<Vec<u8>>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = vec![0u8; 4096];
+            // Until the end of the head and a body of the length it announces.
+            loop {
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&seen).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length: ")
+                                .map(str::to_string)
+                        })
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if seen.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let _ = s.write_all(answer).await;
+            let _ = tx.send(seen);
+            // Keep the connection open a while: the client must not wait for it to close.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        (port, task, rx)
     }
 
     #[tokio::test]
-    async fn round_trip_over_tcp() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            let n = s.read(&mut buf).await.unwrap();
-            let req = String::from_utf8_lossy(&buf[..n]).to_string();
-            let body = if req.starts_with("POST /v1 ") && req.ends_with("{\"a\":1}") {
-                "yes"
-            } else {
-                "no"
-            };
-            let _ = s
-                .write_all(
-                    format!(
-                        "HTTP/1.1 201 Created\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        });
+    async fn round_trip_with_a_body_over_tcp() {
+        let (port, task, seen) =
+            serve(b"HTTP/1.1 201 Created\r\nContent-Length: 3\r\nX-Y:  z \r\n\r\nyes").await;
         let r = send(
             &Endpoint::Tcp("127.0.0.1".into(), port),
             &Request {
@@ -233,11 +321,69 @@ mod tests {
                 url: format!("http://127.0.0.1:{port}/v1"),
                 headers: vec![("Content-Type".into(), "application/json".into())],
                 body: Some(b"{\"a\":1}".to_vec()),
-                timeout: Duration::from_secs(5),
+                timeout: Duration::from_secs(3),
             },
         )
         .await
         .unwrap();
         assert_eq!((r.status, r.body.as_slice()), (201, &b"yes"[..]));
+        assert!(
+            r.headers.contains(&("x-y".into(), "z".into())),
+            "{:?}",
+            r.headers
+        );
+        task.abort();
+        let seen = String::from_utf8_lossy(&seen.await.unwrap_or_default()).to_string();
+        assert!(seen.starts_with("POST /v1 HTTP/1.1\r\n"), "{seen}");
+        let lower = seen.to_ascii_lowercase();
+        assert!(
+            lower.contains(&format!("host: 127.0.0.1:{port}\r\n")),
+            "{seen}"
+        );
+        assert!(
+            lower.contains("content-length: 7\r\n") && seen.ends_with("{\"a\":1}"),
+            "{seen}"
+        );
+    }
+
+    #[tokio::test]
+    async fn chunked_answers_are_decoded() {
+        let (port, task, _) = serve(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+        )
+        .await;
+        let r = send(
+            &Endpoint::Tcp("127.0.0.1".into(), port),
+            &Request {
+                method: "GET".into(),
+                url: format!("http://127.0.0.1:{port}/"),
+                headers: vec![],
+                body: None,
+                timeout: Duration::from_secs(3),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"abcde"[..]));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_garbage_answer_is_an_error() {
+        let (port, task, _) = serve(b"garbage\r\n\r\n").await;
+        let e = send(
+            &Endpoint::Tcp("127.0.0.1".into(), port),
+            &Request {
+                method: "GET".into(),
+                url: format!("http://127.0.0.1:{port}/"),
+                headers: vec![],
+                body: None,
+                timeout: Duration::from_secs(3),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(e.contains("failed"), "{e}");
+        task.abort();
     }
 }

@@ -21,6 +21,8 @@ use ipnet::IpNet;
 use regex::Regex;
 use sha2::{Digest, Sha256};
 
+use super::limits;
+
 type Func = fn(FuncArgs) -> Result<Value, String>;
 
 /// How a function is declared: `required` positional parameters, plus any
@@ -169,6 +171,7 @@ pub fn declare_all(ctx: &mut Context<'_>) {
         }
         ctx.declare_func(s.name, builder.build(s.func));
     }
+    super::arith::declare(ctx);
 }
 
 thread_local! {
@@ -341,10 +344,15 @@ fn sorted_keys(obj: &Map<String, Value>) -> Vec<&String> {
     keys
 }
 
+/// Keeps the first of equal items. Values are not hashable, so their JSON text stands in for
+/// them: comparing each item with every earlier one is quadratic, and lists can be long.
 fn dedupe(items: &[Value]) -> Vec<Value> {
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
     let mut out: Vec<Value> = Vec::with_capacity(items.len());
     for item in items {
-        if !out.contains(item) {
+        let mut key = String::new();
+        json_encode(item, &mut key);
+        if seen.insert(key) {
             out.push(item.clone());
         }
     }
@@ -531,6 +539,7 @@ fn concat(args: FuncArgs) -> Result<Value, String> {
     let mut out = Vec::new();
     for (i, v) in args.iter().enumerate() {
         let list = want_list("concat", &format!("argument {}", i + 1), v)?;
+        limits::check_elements("`concat()`", out.len() + list.len())?;
         out.extend(list.iter().cloned());
     }
     Ok(Value::Array(out))
@@ -688,20 +697,24 @@ fn element(args: FuncArgs) -> Result<Value, String> {
         .ok_or_else(|| format!("{F}: index {idx} out of range"))
 }
 
-fn flatten_into(items: &[Value], out: &mut Vec<Value>) {
+fn flatten_into(items: &[Value], out: &mut Vec<Value>) -> Result<(), String> {
     for item in items {
         match item {
-            Value::Array(inner) => flatten_into(inner, out),
-            other => out.push(other.clone()),
+            Value::Array(inner) => flatten_into(inner, out)?,
+            other => {
+                limits::check_elements("`flatten()`", out.len() + 1)?;
+                out.push(other.clone());
+            }
         }
     }
+    Ok(())
 }
 
 fn flatten(args: FuncArgs) -> Result<Value, String> {
     const F: &str = "flatten";
     let list = want_list(F, "the argument", arg(&args, F, 0)?)?;
     let mut out = Vec::new();
-    flatten_into(list, &mut out);
+    flatten_into(list, &mut out)?;
     Ok(Value::Array(out))
 }
 
@@ -801,14 +814,18 @@ fn join(args: FuncArgs) -> Result<Value, String> {
         return Err(format!("{F}: expected a separator and at least one list"));
     }
     let mut parts = Vec::new();
+    let mut total = 0usize;
     for list in args.iter().skip(1) {
         for (i, v) in want_list(F, "the second argument", list)?
             .iter()
             .enumerate()
         {
-            parts.push(prim_to_string(v).ok_or_else(|| {
+            let part = prim_to_string(v).ok_or_else(|| {
                 type_err(F, &format!("element {i}"), "a string, number or bool", v)
-            })?);
+            })?;
+            total = total.saturating_add(part.len() + sep.len());
+            limits::check_string("`join()`", total)?;
+            parts.push(part);
         }
     }
     Ok(Value::String(parts.join(&sep)))
@@ -818,13 +835,16 @@ fn split(args: FuncArgs) -> Result<Value, String> {
     const F: &str = "split";
     let sep = want_str(F, "the separator", arg(&args, F, 0)?)?;
     let s = want_str(F, "the string", arg(&args, F, 1)?)?;
-    let parts: Vec<Value> = if sep.is_empty() {
-        s.chars().map(|c| Value::String(c.to_string())).collect()
+    let pieces: Box<dyn Iterator<Item = String>> = if sep.is_empty() {
+        Box::new(s.chars().map(|c| c.to_string()))
     } else {
-        s.split(sep.as_str())
-            .map(|p| Value::String(p.to_string()))
-            .collect()
+        Box::new(s.split(sep.as_str()).map(str::to_string))
     };
+    let mut parts = Vec::new();
+    for p in pieces {
+        limits::check_elements("`split()`", parts.len() + 1)?;
+        parts.push(Value::String(p));
+    }
     Ok(Value::Array(parts))
 }
 
@@ -927,13 +947,25 @@ fn replace(args: FuncArgs) -> Result<Value, String> {
     if substr.len() >= 2 && substr.starts_with('/') && substr.ends_with('/') {
         let pattern = &substr[1..substr.len() - 1];
         let re = compile_regex(F, pattern)?;
-        return Ok(Value::String(
-            re.replace_all(&s, repl.as_str()).into_owned(),
-        ));
+        // Built match by match: `$0$0…` in the replacement multiplies the length.
+        let mut out = String::new();
+        let mut last = 0;
+        for caps in re.captures_iter(&s) {
+            let Some(m) = caps.get(0) else { continue };
+            out.push_str(&s[last..m.start()]);
+            caps.expand(&repl, &mut out);
+            last = m.end();
+            limits::check_string("`replace()`", out.len() + s.len() - last)?;
+        }
+        out.push_str(&s[last..]);
+        return Ok(Value::String(out));
     }
     if substr.is_empty() {
         return Err(format!("{F}: the substring to replace must not be empty"));
     }
+    let count = s.matches(substr.as_str()).count();
+    let len = (s.len() - count * substr.len()).saturating_add(count.saturating_mul(repl.len()));
+    limits::check_string("`replace()`", len)?;
     Ok(Value::String(s.replace(&substr, &repl)))
 }
 
@@ -982,11 +1014,12 @@ fn regexall(args: FuncArgs) -> Result<Value, String> {
     let pattern = want_str(F, "the pattern", arg(&args, F, 0)?)?;
     let s = want_str(F, "the string", arg(&args, F, 1)?)?;
     let re = compile_regex(F, &pattern)?;
-    Ok(Value::Array(
-        re.captures_iter(&s)
-            .map(|caps| match_value(&re, &caps))
-            .collect(),
-    ))
+    let mut out = Vec::new();
+    for caps in re.captures_iter(&s) {
+        limits::check_elements("`regexall()`", out.len() + 1)?;
+        out.push(match_value(&re, &caps));
+    }
+    Ok(Value::Array(out))
 }
 
 fn format(args: FuncArgs) -> Result<Value, String> {
@@ -1110,6 +1143,7 @@ fn format(args: FuncArgs) -> Result<Value, String> {
             out.push_str(sign);
             out.push_str(&body);
         }
+        limits::check_string("`format()`", out.len())?;
     }
     if next < rest.len() {
         return Err(format!(
@@ -1462,31 +1496,68 @@ fn jsondecode(args: FuncArgs) -> Result<Value, String> {
 }
 
 fn file(args: FuncArgs) -> Result<Value, String> {
+    use std::io::Read as _;
     const F: &str = "file";
     let v = arg(&args, F, 0)?;
     let path = match v {
         Value::String(s) if !s.is_empty() => s,
         _ => return Err(type_err(F, "the path", "a non-empty string", v)),
     };
-    let base = BASE_DIR.with(|b| b.borrow().clone());
-    let resolved = match base {
-        Some(base) if Path::new(path).is_relative() => base.join(path),
-        _ => PathBuf::from(path),
-    };
-    let bytes = std::fs::read(&resolved).map_err(|e| {
+    let shown = crate::diag::clip(path, 120);
+    let base = BASE_DIR
+        .with(|b| b.borrow().clone())
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let resolved = base.join(path);
+    let cannot = |e: std::io::Error| {
         let reason = match e.kind() {
             std::io::ErrorKind::NotFound => "no such file".to_string(),
             _ => e.to_string(),
         };
         format!(
-            "{F}: cannot read {} (resolved to {}): {reason}",
-            quote(path),
-            resolved.display()
+            "{F}: cannot read \"{shown}\" (resolved to {}): {reason}",
+            crate::diag::clip(&resolved.display().to_string(), 200)
         )
-    })?;
-    String::from_utf8(bytes)
-        .map(Value::String)
-        .map_err(|_| format!("{F}: {} is not valid UTF-8 text", quote(path)))
+    };
+    // Symbolic links and `..` are resolved first, so neither leads outside the folder.
+    let real = resolved.canonicalize().map_err(cannot)?;
+    if !limits::file_anywhere() {
+        let root = base.canonicalize().unwrap_or(base.clone());
+        if !real.starts_with(&root) {
+            return Err(format!(
+                "{F}: \"{shown}\" is outside the module folder {}; definitions read only their own files \
+                 (set {}=1 to allow files elsewhere)",
+                crate::diag::display_path(&root),
+                limits::FILE_ANYWHERE_ENV
+            ));
+        }
+    }
+    let meta = std::fs::metadata(&real).map_err(cannot)?;
+    if !meta.is_file() {
+        // A device or a FIFO would block or never end.
+        return Err(format!("{F}: \"{shown}\" is not a regular file"));
+    }
+    let too_big = || {
+        format!(
+            "{F}: \"{shown}\" is larger than {} (the limit for file(); see docs/limits.md)",
+            limits::size_text(limits::MAX_FILE_BYTES)
+        )
+    };
+    if meta.len() > limits::MAX_FILE_BYTES {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    // Read at most one byte past the limit: the file may grow after the size check.
+    std::fs::File::open(&real)
+        .and_then(|f| f.take(limits::MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > limits::MAX_FILE_BYTES {
+        return Err(too_big());
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{F}: \"{shown}\" is not valid UTF-8 text"))?;
+    crate::diag::note_file_contents(&shown, &text);
+    Ok(Value::String(text))
 }
 
 #[cfg(test)]
@@ -2014,10 +2085,32 @@ mod tests {
 
         let abs = dir.path().join("hello.txt");
         let src = format!("file({})", quote(&abs.to_string_lossy()));
-        assert_eq!(eval(&src), Ok(Value::from("hi there\n")));
-        // Outside with_base_dir the base is no longer set.
-        let err = eval(r#"file("hello.txt")"#).expect_err("relative path without base");
-        assert!(err.contains("no such file"), "{err}");
+        with_base_dir(dir.path(), || {
+            assert_eq!(eval(&src), Ok(Value::from("hi there\n")))
+        });
+        // Outside the module folder: an absolute path, `..`, a symbolic link, a device.
+        let inner = dir.path().join("sub");
+        std::os::unix::fs::symlink(&abs, inner.join("link")).expect("symlink");
+        with_base_dir(&inner, || {
+            for outside in [
+                src.as_str(),
+                r#"file("../hello.txt")"#,
+                r#"file("link")"#,
+                r#"file("/dev/zero")"#,
+            ] {
+                check_err(outside, "is outside the module folder");
+            }
+            check_err(r#"file("/etc/passwd")"#, "SPARKFORM_FILE_OUTSIDE_MODULE=1");
+        });
+        with_base_dir(dir.path(), || {
+            check_err(r#"file("sub")"#, "is not a regular file")
+        });
+        let big = dir.path().join("big.txt");
+        let f = std::fs::File::create(&big).expect("create");
+        f.set_len(limits::MAX_FILE_BYTES + 1).expect("set_len");
+        with_base_dir(dir.path(), || {
+            check_err(r#"file("big.txt")"#, "is larger than 16 MiB")
+        });
     }
 
     #[test]

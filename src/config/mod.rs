@@ -1,7 +1,9 @@
 //! From a folder of HCL files to an evaluated [`Config`]. Reads the files; does no other I/O.
 
+mod arith;
 mod eval;
 pub mod functions;
+pub mod limits;
 mod model;
 mod parse;
 pub mod refs;
@@ -17,6 +19,7 @@ use hcl_edit::Span as _;
 
 pub use eval::{parse_duration, parse_size, valid_name};
 pub use model::*;
+pub use parse::strip_bom;
 
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use eval::{InputValue, Loader};
@@ -46,6 +49,7 @@ impl VarInputs {
 
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
+    let _budget = limits::Budget::begin();
     let mut loader = Loader::new(dir);
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
@@ -191,8 +195,8 @@ fn parse_cli_value(raw: &str, ty: Option<&types::Type>) -> Result<hcl::Value, St
     }
     let mut ctx = hcl::eval::Context::new();
     functions::declare_all(&mut ctx);
-    let e: hcl::Expression = expr.into();
-    e.evaluate(&ctx).map_err(|e| e.kind().to_string())
+    let e = arith::guard(expr.into());
+    e.evaluate(&ctx).map_err(|e| arith::message(&e))
 }
 
 fn literal_value(
@@ -213,13 +217,13 @@ fn literal_value(
     }
     let mut ctx = hcl::eval::Context::new();
     functions::declare_all(&mut ctx);
-    let e: hcl::Expression = expr.clone().into();
+    let e = arith::guard(expr.clone().into());
     match e.evaluate(&ctx) {
         Ok(v) => Some(v),
         Err(err) => {
+            let msg = arith::message(&err);
             diags.push(
-                Diag::error("config::eval", format!("cannot evaluate: {}", err.kind()))
-                    .label(&span, err.kind().to_string()),
+                Diag::error("config::eval", format!("cannot evaluate: {msg}")).label(&span, msg),
             );
             None
         }

@@ -73,14 +73,22 @@ pub fn read_file(path: &Path, diags: &mut Diagnostics) -> Option<(Arc<SourceFile
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(t) => t,
             Err(e) => {
+                let at = e.utf8_error().valid_up_to();
+                // The lossy text has the same bytes up to the bad one, so the label lands on it.
+                let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                let file = Arc::new(SourceFile::new(path, lossy));
+                let (line, col) = file.line_col(at);
                 diags.push(
                     Diag::error(
                         "config::encoding",
                         format!(
-                            "{} is not UTF-8 (invalid byte at offset {})",
-                            path.display(),
-                            e.utf8_error().valid_up_to()
+                            "{} is not UTF-8 (invalid byte at line {line}, column {col})",
+                            file.display
                         ),
+                    )
+                    .label(
+                        &Span::new(&file, at..at + '\u{fffd}'.len_utf8()),
+                        "not UTF-8",
                     )
                     .help("save the file as UTF-8"),
                 );
@@ -95,8 +103,18 @@ pub fn read_file(path: &Path, diags: &mut Diagnostics) -> Option<(Arc<SourceFile
             return None;
         }
     };
+    let text = match strip_bom(&text) {
+        Some(rest) => rest.to_string(),
+        None => text,
+    };
     let file = Arc::new(SourceFile::new(path, text));
     parse_source(file, diags)
+}
+
+/// The text after a UTF-8 byte-order mark, if it starts with one. Editors on Windows save one;
+/// it is not part of the HCL, and offsets after it are still right for line and column.
+pub fn strip_bom(text: &str) -> Option<&str> {
+    text.strip_prefix('\u{feff}')
 }
 
 pub fn parse_source(
@@ -158,4 +176,27 @@ fn too_deep(text: &str, limit: usize) -> Option<usize> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("main.hcl");
+        std::fs::write(&path, "\u{feff}node \"a\" {\n  address = \"x\"\n}\n").expect("write");
+        let mut diags = Diagnostics::default();
+        let (file, body) = read_file(&path, &mut diags).expect("parses");
+        assert!(diags.0.is_empty());
+        assert_eq!(body.iter().count(), 1);
+        assert_eq!(
+            file.line_col(file.text.find("address").unwrap_or(0)),
+            (2, 3)
+        );
+        // Only at the start: elsewhere it is still a syntax error.
+        std::fs::write(&path, "node \"a\" {\n\u{feff}}\n").expect("write");
+        assert!(read_file(&path, &mut diags).is_none());
+    }
 }

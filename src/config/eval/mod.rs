@@ -1070,12 +1070,12 @@ impl Loader {
         file: &Arc<SourceFile>,
         expr: &Expression,
     ) -> Option<Value> {
-        let converted: hcl::Expression = expr.clone().into();
+        let converted = super::arith::guard(expr.clone().into());
         match converted.evaluate(hctx) {
             Ok(v) => Some(v),
             Err(e) => {
                 let span = span_of(file, expr.span());
-                let msg = e.kind().to_string();
+                let msg = super::arith::message(&e);
                 self.diags.push(
                     Diag::error("config::eval", format!("cannot evaluate expression: {msg}"))
                         .label(&span, msg),
@@ -1396,7 +1396,7 @@ impl Ctx {
             };
         }
         let mut hctx = if self.skip_functions {
-            Context::new()
+            super::arith::context()
         } else {
             FUNCTIONS.with(Context::clone)
         };
@@ -1573,6 +1573,7 @@ fn visit_post(
 }
 
 fn for_each_instances(v: &Value) -> Result<Vec<(String, Value)>, String> {
+    super::limits::check_instances(v)?;
     let list = match v {
         Value::Object(m) => m
             .iter()
