@@ -335,6 +335,7 @@ fn journal(state: &mut State, step: &Step, applied: &Applied) {
                     config: after.clone(),
                     attributes,
                     depends_on: c.depends_on.clone(),
+                    last_apply_secs: None,
                 },
             );
         }

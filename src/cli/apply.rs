@@ -65,6 +65,9 @@ pub struct ExecArgs {
     /// Only this resource and what it depends on (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
+    /// Everything except this resource and what depends on it (repeatable)
+    #[arg(long, value_name = "ADDRESS")]
+    pub exclude: Vec<String>,
     /// Progress as JSON lines
     #[arg(long)]
     pub json: bool,
@@ -93,6 +96,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
+        exclude: args.common.exclude.clone(),
         observations: None,
     };
     execute(
@@ -266,6 +270,7 @@ pub fn execute(args: &ExecArgs, ws: &Workspace, config: &Config, mode: Mode<'_>)
             };
             let opts = PlanOptions {
                 targets: args.target.clone(),
+                exclude: args.exclude.clone(),
                 ..PlanOptions::default()
             };
             let _ = graph;

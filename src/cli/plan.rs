@@ -46,6 +46,9 @@ pub struct PlanArgs {
     /// Plan only this resource and what it depends on (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
+    /// Plan everything except this resource and what depends on it (repeatable)
+    #[arg(long, value_name = "ADDRESS")]
+    pub exclude: Vec<String>,
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
@@ -84,6 +87,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.target.clone(),
+        exclude: args.exclude.clone(),
         observations,
     };
     let plan = match plan::plan(&config, &graph, state, &opts) {

@@ -1,6 +1,8 @@
 //! Desired (configuration) against recorded (state): what to create, change, replace, delete
 //! and which probes to run. Pure: no I/O.
 
+pub mod diff;
+pub mod impact;
 pub mod planfile;
 pub mod render;
 
@@ -113,6 +115,12 @@ pub struct Plan {
     /// Steps that can run together, as addresses, level by level (changes only).
     pub levels: Vec<Vec<String>>,
     pub summary: Summary,
+    /// What the changes do to the running deployment (absent from plan files made before it).
+    #[serde(default)]
+    pub impact: impact::Impact,
+    /// `-exclude`: resources left out, with everything that depends on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<String>,
 }
 
 impl Plan {
@@ -132,6 +140,8 @@ pub struct PlanOptions {
     pub replace: Vec<String>,
     /// `-target ADDR`: only these and what they depend on.
     pub targets: Vec<String>,
+    /// `-exclude ADDR`: everything but these and what depends on them.
+    pub exclude: Vec<String>,
     /// What refresh saw on the machines; `None` plans against the state alone.
     pub observations: Option<Observations>,
 }
@@ -280,6 +290,12 @@ pub fn plan(
             return Err(Box::new(unknown_address("-target", a, config)));
         }
     }
+    for a in opts.exclude.iter() {
+        if config.resource(a).is_none() && !state.resources.contains_key(a) {
+            return Err(Box::new(unknown_address("-exclude", a, config)));
+        }
+    }
+    let excluded = excluded(&opts.exclude, graph, state);
     let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
         let mut set = BTreeSet::new();
         for t in &opts.targets {
@@ -300,7 +316,7 @@ pub fn plan(
         let Some(r) = by_address.get(address.as_str()).copied() else {
             continue;
         };
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
             continue;
         }
         let after = recorded_config(r);
@@ -446,7 +462,7 @@ pub fn plan(
         if by_address.contains_key(address.as_str()) {
             continue;
         }
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
             continue;
         }
         let kind = ResourceKind::parse(&old.kind).unwrap_or(ResourceKind::Container);
@@ -478,7 +494,9 @@ pub fn plan(
     }
     if let Some(obs) = &opts.observations {
         for o in &obs.orphans {
-            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address)) {
+            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address))
+                || excluded.contains(&o.address)
+            {
                 continue;
             }
             deletes.push(Change {
@@ -512,7 +530,17 @@ pub fn plan(
     let outputs = if targeted.is_some() {
         Vec::new()
     } else {
+        // An output showing an excluded resource keeps its recorded value.
         output_changes(config, state)
+            .into_iter()
+            .filter(|o| {
+                config
+                    .outputs
+                    .iter()
+                    .find(|c| c.name == o.name)
+                    .is_none_or(|c| c.deps.is_disjoint(&excluded))
+            })
+            .collect()
     };
     let mut summary = Summary::default();
     for c in &ordered {
@@ -540,12 +568,45 @@ pub fn plan(
         })
         .filter(|l| !l.is_empty())
         .collect();
-    Ok(Plan {
+    let mut plan = Plan {
         changes: ordered,
         outputs,
         levels,
         summary,
-    })
+        impact: impact::Impact::default(),
+        excluded: excluded.into_iter().collect(),
+    };
+    plan.impact = impact::compute(&plan, config, graph, state);
+    Ok(plan)
+}
+
+/// `-exclude`: the named resources and everything that depends on them, in the configuration
+/// (its graph) or, for resources only the state still has, through their recorded dependencies.
+fn excluded(named: &[String], graph: &Graph, state: &State) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for a in named {
+        out.insert(a.clone());
+        out.extend(graph.descendants(a));
+    }
+    if out.is_empty() {
+        return out;
+    }
+    loop {
+        let more: Vec<String> = state
+            .resources
+            .iter()
+            .filter(|(a, r)| !out.contains(*a) && r.depends_on.iter().any(|d| out.contains(d)))
+            .map(|(a, _)| a.clone())
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        for a in more {
+            out.extend(graph.descendants(&a));
+            out.insert(a);
+        }
+    }
+    out
 }
 
 fn unknown_address(flag: &str, address: &str, config: &Config) -> Diag {
@@ -653,11 +714,9 @@ pub fn record(plan: &Plan, state: &mut State) {
                 let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
                     continue;
                 };
-                let attributes = state
-                    .resources
-                    .get(&c.address)
-                    .map(|r| r.attributes.clone())
-                    .unwrap_or_default();
+                let previous = state.resources.get(&c.address);
+                let attributes = previous.map(|r| r.attributes.clone()).unwrap_or_default();
+                let last_apply_secs = previous.and_then(|r| r.last_apply_secs);
                 state.resources.insert(
                     c.address.clone(),
                     ResourceState {
@@ -667,6 +726,7 @@ pub fn record(plan: &Plan, state: &mut State) {
                         config: after.clone(),
                         attributes,
                         depends_on: c.depends_on.clone(),
+                        last_apply_secs,
                     },
                 );
             }

@@ -1,0 +1,313 @@
+//! What a plan does to the running deployment: which containers stop or are replaced and where,
+//! which endpoints are down from which step until which probe passes, what keeps running, and
+//! how long the disruption should last, judged by the durations the last apply recorded. Pure:
+//! computed from the plan, the configuration, its graph and the state.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, Plan};
+use crate::config::{Config, ResourceKind};
+use crate::graph::Graph;
+use crate::state::State;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Impact {
+    /// Running containers (and fabric addresses) the plan stops, replaces or removes.
+    #[serde(default)]
+    pub stopped: Vec<Stop>,
+    /// Endpoints that stop answering, grouped by when they go down and what brings them back.
+    #[serde(default)]
+    pub unavailable: Vec<Outage>,
+    /// Running containers the plan does not touch.
+    #[serde(default)]
+    pub keeps_running: Vec<Running>,
+    /// Seconds from the start of the first disruptive step until every endpoint is back;
+    /// `None` when a step on the way has no recorded duration or an endpoint does not come back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage_secs: Option<f64>,
+    /// Steps on the way to an endpoint's return with no recorded duration (why an expected
+    /// time is unknown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmeasured: Vec<String>,
+}
+
+impl Impact {
+    pub fn is_disruptive(&self) -> bool {
+        !self.stopped.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stop {
+    /// The step number, as the plan text numbers its actions (from 1).
+    pub step: usize,
+    pub address: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `replace` or `delete`.
+    pub action: Action,
+    /// What the step took the last time an apply ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outage {
+    /// `output.endpoint`, `probe.hello`: what stops answering.
+    pub endpoints: Vec<String>,
+    /// The first step that takes them down, and its resource.
+    pub from_step: usize,
+    pub cause: String,
+    /// The probe whose pass brings them back (or, with no probe watching them, the replacement
+    /// whose ready check does); `None` when they are removed for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_step: Option<usize>,
+    /// Seconds from the start of `from_step` until `until` passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// When a step starts and ends, in seconds after the apply starts, if every step it waits for
+/// has a recorded duration.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Option<f64>,
+    end: Option<f64>,
+}
+
+fn disrupts(kind: &str, action: Action) -> bool {
+    matches!(kind, "container" | "attachment") && matches!(action, Action::Replace | Action::Delete)
+}
+
+pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Impact {
+    let steps: Vec<&super::Change> = plan
+        .changes
+        .iter()
+        .filter(|c| c.action.is_change())
+        .collect();
+    let step_of: HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.address.as_str(), i + 1))
+        .collect();
+    let actions: HashMap<&str, Action> = plan
+        .changes
+        .iter()
+        .map(|c| (c.address.as_str(), c.action))
+        .collect();
+    let recorded = |a: &str| state.resources.get(a).and_then(|r| r.last_apply_secs);
+
+    let stopped: Vec<Stop> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            disrupts(&c.kind, c.action)
+                && (c.orphan.is_some() || state.resources.contains_key(&c.address))
+        })
+        .map(|(i, c)| Stop {
+            step: i + 1,
+            address: c.address.clone(),
+            kind: c.kind.clone(),
+            node: c.node.clone(),
+            action: c.action,
+            // A deletion's duration is never recorded (its state entry goes with it).
+            expected_secs: (c.action == Action::Replace)
+                .then(|| recorded(&c.address))
+                .flatten(),
+        })
+        .collect();
+
+    // Steps wait for every deletion and for the changed steps they depend on, as the executor
+    // orders them; a window is known when every duration on the way is.
+    let deletes: Vec<&str> = steps
+        .iter()
+        .filter(|c| c.action == Action::Delete)
+        .map(|c| c.address.as_str())
+        .collect();
+    let mut windows: HashMap<&str, Window> = HashMap::new();
+    for c in &steps {
+        let own = if c.action == Action::Delete {
+            None
+        } else {
+            recorded(&c.address)
+        };
+        let mut start = Some(0.0f64);
+        let waits: Vec<String> = if c.action == Action::Delete {
+            Vec::new()
+        } else {
+            let mut w: Vec<String> = deletes.iter().map(|d| d.to_string()).collect();
+            w.extend(graph.ancestors(&c.address));
+            w
+        };
+        for w in waits {
+            if let Some(win) = windows.get(w.as_str()) {
+                start = match (start, win.end) {
+                    (Some(s), Some(e)) => Some(s.max(e)),
+                    _ => None,
+                };
+            }
+        }
+        let end = start.zip(own).map(|(s, d)| s + d);
+        windows.insert(c.address.as_str(), Window { start, end });
+    }
+
+    let disrupted: BTreeSet<&str> = stopped.iter().map(|s| s.address.as_str()).collect();
+    let probes: Vec<&str> = steps
+        .iter()
+        .filter(|c| c.kind == ResourceKind::Probe.as_str() && c.action == Action::Run)
+        .map(|c| c.address.as_str())
+        .collect();
+    let ancestors: HashMap<&str, BTreeSet<String>> =
+        probes.iter().map(|p| (*p, graph.ancestors(p))).collect();
+    // What each endpoint depends on and which of it goes down.
+    let mut endpoints: Vec<(String, BTreeSet<String>)> = Vec::new();
+    for p in &probes {
+        endpoints.push((p.to_string(), ancestors[p].clone()));
+    }
+    for o in &config.outputs {
+        let mut deps: BTreeSet<String> = o.deps.clone();
+        for d in &o.deps {
+            deps.extend(graph.ancestors(d));
+        }
+        endpoints.push((format!("output.{}", o.name), deps));
+    }
+    let mut groups: BTreeMap<(usize, String, Option<String>), Vec<String>> = BTreeMap::new();
+    for (name, deps) in &endpoints {
+        let causes: Vec<&str> = deps
+            .iter()
+            .map(String::as_str)
+            .filter(|d| disrupted.contains(d))
+            .collect();
+        let Some(first) = causes.iter().min_by_key(|c| step_of.get(**c)).copied() else {
+            continue;
+        };
+        let until = if name.starts_with("probe.") {
+            Some(name.clone())
+        } else {
+            // The last probe that depends on everything the output shows watches it.
+            let direct: Option<&BTreeSet<String>> = config
+                .outputs
+                .iter()
+                .find(|o| format!("output.{}", o.name) == *name)
+                .map(|o| &o.deps);
+            probes
+                .iter()
+                .filter(|p| direct.is_some_and(|d| !d.is_empty() && d.is_subset(&ancestors[*p])))
+                .max_by_key(|p| step_of.get(**p))
+                .map(|p| p.to_string())
+                .or_else(|| {
+                    // No probe watches it: back when the last replacement it waits for is ready.
+                    causes
+                        .iter()
+                        .filter(|c| actions.get(**c) == Some(&Action::Replace))
+                        .max_by_key(|c| step_of.get(**c))
+                        .map(|c| c.to_string())
+                })
+        };
+        let gone_for_good = causes
+            .iter()
+            .any(|c| actions.get(*c) == Some(&Action::Delete));
+        let until = if gone_for_good { None } else { until };
+        groups
+            .entry((step_of[first], first.to_string(), until))
+            .or_default()
+            .push(name.clone());
+    }
+    let mut unavailable: Vec<Outage> = groups
+        .into_iter()
+        .map(|((from_step, cause, until), mut endpoints)| {
+            endpoints.sort_by_key(|e| (!e.starts_with("output."), e.clone()));
+            let expected_secs = until.as_deref().and_then(|u| {
+                let (from, to) = (windows.get(cause.as_str())?, windows.get(u)?);
+                Some(to.end? - from.start?)
+            });
+            Outage {
+                until_step: until.as_deref().and_then(|u| step_of.get(u).copied()),
+                endpoints,
+                from_step,
+                cause,
+                until,
+                expected_secs,
+            }
+        })
+        .collect();
+    let mut unmeasured: Vec<&str> = Vec::new();
+    for o in &unavailable {
+        let Some(u) = o.until.as_deref() else {
+            continue;
+        };
+        let mut on_the_way: Vec<String> = graph.ancestors(u).into_iter().collect();
+        on_the_way.push(u.to_string());
+        on_the_way.extend(deletes.iter().map(|d| d.to_string()));
+        for a in on_the_way {
+            if let Some(c) = steps.iter().find(|c| c.address == a) {
+                let measured = c.action != Action::Delete && recorded(&c.address).is_some();
+                if !measured && !unmeasured.contains(&c.address.as_str()) {
+                    unmeasured.push(c.address.as_str());
+                }
+            }
+        }
+    }
+    unmeasured.sort_by_key(|a| step_of.get(a));
+    unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
+    let outage_secs = if unavailable.is_empty() || unavailable.iter().any(|o| o.until.is_none()) {
+        None
+    } else {
+        let starts: Option<Vec<f64>> = unavailable
+            .iter()
+            .map(|o| windows.get(o.cause.as_str()).and_then(|w| w.start))
+            .collect();
+        let ends: Option<Vec<f64>> = unavailable
+            .iter()
+            .map(|o| {
+                o.until
+                    .as_deref()
+                    .and_then(|u| windows.get(u))
+                    .and_then(|w| w.end)
+            })
+            .collect();
+        starts.zip(ends).map(|(s, e)| {
+            e.iter().copied().fold(0.0, f64::max) - s.iter().copied().fold(f64::INFINITY, f64::min)
+        })
+    };
+
+    let keeps_running = if stopped.is_empty() {
+        Vec::new()
+    } else {
+        config
+            .resources
+            .iter()
+            .filter(|r| r.kind == ResourceKind::Container)
+            .filter(|r| {
+                state.resources.contains_key(&r.address)
+                    && matches!(
+                        actions.get(r.address.as_str()),
+                        None | Some(Action::NoOp) | Some(Action::Update)
+                    )
+            })
+            .map(|r| Running {
+                address: r.address.clone(),
+                node: r.node.clone(),
+            })
+            .collect()
+    };
+    Impact {
+        stopped,
+        unavailable,
+        keeps_running,
+        outage_secs,
+        unmeasured: unmeasured.into_iter().map(String::from).collect(),
+    }
+}
