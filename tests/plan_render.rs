@@ -380,3 +380,60 @@ fn plans_and_states_written_before_impact_and_durations_still_load() {
     let old: State = serde_json::from_value(doc).expect("a state without durations loads");
     assert!(old.resources.values().all(|r| r.last_apply_secs.is_none()));
 }
+
+#[test]
+fn plan_and_show_print_the_same_expanded_plan_with_exclude_and_json_impact() {
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let plan_file = out_dir.path().join("stack.plan");
+    let dir = common::fixture(STACK);
+    let run = |args: &[&str]| {
+        let o = assert_cmd::Command::cargo_bin("sparkform")
+            .expect("binary")
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let file_arg = plan_file.to_str().expect("utf-8 path");
+    let text = run(&[
+        "plan",
+        dir_arg,
+        "-refresh=false",
+        "-exclude",
+        "container.warmup",
+        "-out",
+        file_arg,
+    ]);
+    assert!(text.contains("Excluded with -exclude (and what depends on it), left as they are:\n    container.warmup\n"), "{text}");
+    assert!(!text.contains("+ container.warmup"), "{text}");
+    assert!(
+        text.contains("          + \"--max-model-len\",\n"),
+        "{text}"
+    );
+    let shown = run(&["show", file_arg]);
+    let plan_text = text.split("\nSaved the plan").next().unwrap_or_default();
+    assert!(
+        shown.ends_with(plan_text),
+        "show:\n{shown}\nplan:\n{plan_text}"
+    );
+    let json = run(&[
+        "plan",
+        dir_arg,
+        "-refresh=false",
+        "-exclude",
+        "container.warmup",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("JSON plan");
+    assert_eq!(
+        doc["plan"]["excluded"],
+        serde_json::json!(["container.warmup"])
+    );
+    assert_eq!(doc["plan"]["impact"]["stopped"], serde_json::json!([]));
+}

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Plan};
 use crate::config::{Config, ResourceKind};
+use petgraph::graph::NodeIndex;
+use petgraph::Direction;
+
 use crate::graph::Graph;
 use crate::state::State;
 
@@ -129,38 +132,38 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         })
         .collect();
 
-    // Steps wait for every deletion and for the changed steps they depend on, as the executor
-    // orders them; a window is known when every duration on the way is.
-    let deletes: Vec<&str> = steps
-        .iter()
-        .filter(|c| c.action == Action::Delete)
-        .map(|c| c.address.as_str())
+    // Steps wait for every deletion and for the changed steps behind them, through unchanged
+    // resources too, as the executor orders them; a window is known when every duration on
+    // the way is. A deletion's duration is never recorded, so any deletion makes them unknown.
+    let has_deletes = steps.iter().any(|c| c.action == Action::Delete);
+    let base = if has_deletes { None } else { Some(0.0f64) };
+    let node_of: HashMap<&str, NodeIndex> = graph
+        .graph
+        .node_indices()
+        .map(|i| (graph.graph[i].as_str(), i))
         .collect();
+    // When everything a resource waits for is done, and for a step when it starts and ends.
+    let mut done: HashMap<&str, Option<f64>> = HashMap::new();
     let mut windows: HashMap<&str, Window> = HashMap::new();
-    for c in &steps {
-        let own = if c.action == Action::Delete {
-            None
-        } else {
-            recorded(&c.address)
+    for address in graph.order() {
+        let Some(&i) = node_of.get(address.as_str()) else {
+            continue;
         };
-        let mut start = Some(0.0f64);
-        let waits: Vec<String> = if c.action == Action::Delete {
-            Vec::new()
-        } else {
-            let mut w: Vec<String> = deletes.iter().map(|d| d.to_string()).collect();
-            w.extend(graph.ancestors(&c.address));
-            w
-        };
-        for w in waits {
-            if let Some(win) = windows.get(w.as_str()) {
-                start = match (start, win.end) {
-                    (Some(s), Some(e)) => Some(s.max(e)),
-                    _ => None,
-                };
-            }
+        let address = graph.graph[i].as_str();
+        let mut start = base;
+        for p in graph.graph.neighbors_directed(i, Direction::Incoming) {
+            let before = done.get(graph.graph[p].as_str()).copied().flatten();
+            start = start.zip(before).map(|(s, e)| s.max(e));
         }
-        let end = start.zip(own).map(|(s, d)| s + d);
-        windows.insert(c.address.as_str(), Window { start, end });
+        let finish = match actions.get(address) {
+            Some(a) if a.is_change() => {
+                let end = start.zip(recorded(address)).map(|(s, d)| s + d);
+                windows.insert(address, Window { start, end });
+                end
+            }
+            _ => start,
+        };
+        done.insert(address, finish);
     }
 
     let disrupted: BTreeSet<&str> = stopped.iter().map(|s| s.address.as_str()).collect();
@@ -248,15 +251,13 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         let Some(u) = o.until.as_deref() else {
             continue;
         };
-        let mut on_the_way: Vec<String> = graph.ancestors(u).into_iter().collect();
-        on_the_way.push(u.to_string());
-        on_the_way.extend(deletes.iter().map(|d| d.to_string()));
-        for a in on_the_way {
-            if let Some(c) = steps.iter().find(|c| c.address == a) {
-                let measured = c.action != Action::Delete && recorded(&c.address).is_some();
-                if !measured && !unmeasured.contains(&c.address.as_str()) {
-                    unmeasured.push(c.address.as_str());
-                }
+        let mut on_the_way = graph.ancestors(u);
+        on_the_way.insert(u.to_string());
+        for c in &steps {
+            let waited = c.action == Action::Delete || on_the_way.contains(&c.address);
+            let measured = c.action != Action::Delete && recorded(&c.address).is_some();
+            if waited && !measured && !unmeasured.contains(&c.address.as_str()) {
+                unmeasured.push(c.address.as_str());
             }
         }
     }
