@@ -149,8 +149,11 @@ fn heredoc(s: &str, col: usize) -> String {
     let d = delimiter(body.lines());
     let mut out = format!("<<-{d}\n");
     for line in body.lines() {
-        out.push_str(&pad(col + 6));
-        out.push_str(line);
+        // No trailing blanks on an empty line of the text.
+        if !line.is_empty() {
+            out.push_str(&pad(col + 6));
+            out.push_str(line);
+        }
         out.push('\n');
     }
     out.push_str(&pad(col + 2));
@@ -340,7 +343,9 @@ fn heredoc_diff(before: &str, after: &str, col: usize) -> String {
     let d = delimiter(b.iter().chain(a.iter()).copied());
     let mut out = format!("<<-{d}\n");
     let mut line = |sign: Sign, text: &str| {
-        out.push_str(&format!("{}{} {}\n", pad(col + 4), sign.char(), text));
+        let line = format!("{}{} {}", pad(col + 4), sign.char(), text);
+        out.push_str(line.trim_end());
+        out.push('\n');
     };
     for op in capture_diff_slices(Algorithm::Myers, &b, &a) {
         for (tag, old, new) in op

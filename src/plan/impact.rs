@@ -27,7 +27,7 @@ pub struct Impact {
     #[serde(default)]
     pub keeps_running: Vec<Running>,
     /// Seconds from the start of the first disruptive step until every endpoint is back;
-    /// `None` when a step on the way has no recorded duration or an endpoint does not come back.
+    /// `None` when a step on the way has no recorded duration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outage_secs: Option<f64>,
     /// Steps on the way to an endpoint's return with no recorded duration (why an expected
@@ -64,8 +64,8 @@ pub struct Outage {
     /// The first step that takes them down, and its resource.
     pub from_step: usize,
     pub cause: String,
-    /// The probe whose pass brings them back (or, with no probe watching them, the replacement
-    /// whose ready check does); `None` when they are removed for good.
+    /// The probe whose pass brings them back, or, with no probe watching them, the replacement
+    /// whose ready check does (`None` only when neither exists).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,7 +166,10 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         done.insert(address, finish);
     }
 
-    let disrupted: BTreeSet<&str> = stopped.iter().map(|s| s.address.as_str()).collect();
+    let disrupted: HashMap<&str, usize> = stopped
+        .iter()
+        .map(|s| (s.address.as_str(), s.step))
+        .collect();
     let probes: Vec<&str> = steps
         .iter()
         .filter(|c| c.kind == ResourceKind::Probe.as_str() && c.action == Action::Run)
@@ -188,12 +191,12 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     }
     let mut groups: BTreeMap<(usize, String, Option<String>), Vec<String>> = BTreeMap::new();
     for (name, deps) in &endpoints {
-        let causes: Vec<&str> = deps
+        let causes: Vec<(&str, usize)> = deps
             .iter()
-            .map(String::as_str)
-            .filter(|d| disrupted.contains(d))
+            .filter_map(|d| disrupted.get_key_value(d.as_str()))
+            .map(|(a, step)| (*a, *step))
             .collect();
-        let Some(first) = causes.iter().min_by_key(|c| step_of.get(**c)).copied() else {
+        let Some(&(first, first_step)) = causes.iter().min_by_key(|(_, step)| *step) else {
             continue;
         };
         let until = if name.starts_with("probe.") {
@@ -214,17 +217,13 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
                     // No probe watches it: back when the last replacement it waits for is ready.
                     causes
                         .iter()
-                        .filter(|c| actions.get(**c) == Some(&Action::Replace))
-                        .max_by_key(|c| step_of.get(**c))
-                        .map(|c| c.to_string())
+                        .filter(|(c, _)| actions.get(*c) == Some(&Action::Replace))
+                        .max_by_key(|(_, step)| *step)
+                        .map(|(c, _)| c.to_string())
                 })
         };
-        let gone_for_good = causes
-            .iter()
-            .any(|c| actions.get(*c) == Some(&Action::Delete));
-        let until = if gone_for_good { None } else { until };
         groups
-            .entry((step_of[first], first.to_string(), until))
+            .entry((first_step, first.to_string(), until))
             .or_default()
             .push(name.clone());
     }

@@ -149,7 +149,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
                     "until {u} passes its ready check (step {step}); {}",
                     expected(o.expected_secs)
                 ),
-                _ => "for good: what serves them is removed".to_string(),
+                _ => "until the configuration serves them again".to_string(),
             };
             let _ = writeln!(
                 out,
@@ -180,9 +180,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
                 duration(s)
             );
         }
-        None if impact.unavailable.iter().any(|o| o.until.is_none()) => {
-            out.push_str("  Expected outage: until the configuration serves them again.\n");
-        }
+        None if impact.unmeasured.is_empty() => out.push_str("  Expected outage: unknown.\n"),
         None => {
             let _ = writeln!(
                 out,
