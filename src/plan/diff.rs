@@ -110,26 +110,13 @@ pub fn value(v: &Value, sign: Sign, col: usize) -> String {
             out.push(']');
             out
         }
-        Value::Object(map) => {
-            let width = map
-                .keys()
-                .map(|k| key(k).chars().count())
-                .max()
-                .unwrap_or(0);
-            let mut out = String::from("{\n");
-            for (k, item) in map {
-                out.push_str(&format!(
-                    "{}{} {:width$} = {}\n",
-                    pad(col + 4),
-                    sign.char(),
-                    key(k),
-                    value(item, sign, col + 4)
-                ));
-            }
-            out.push_str(&pad(col + 2));
-            out.push('}');
-            out
-        }
+        Value::Object(map) => block(
+            map.iter()
+                .map(|(k, item)| (sign, k.as_str(), value(item, sign, col + 4)))
+                .collect(),
+            None,
+            col,
+        ),
         other => serde_json::to_string(other).unwrap_or_default(),
     }
 }
@@ -299,33 +286,37 @@ fn object_diff(
     for k in keys {
         match (before.get(k), after.get(k)) {
             (Some(b), Some(a)) if b == a => unchanged += 1,
-            (Some(b), Some(a)) => lines.push((Sign::Change, k, diff(b, a, col + 4))),
-            (None, Some(a)) => lines.push((Sign::Add, k, value(a, Sign::Add, col + 4))),
-            (Some(b), None) => lines.push((Sign::Remove, k, value(b, Sign::Remove, col + 4))),
+            (Some(b), Some(a)) => lines.push((Sign::Change, k.as_str(), diff(b, a, col + 4))),
+            (None, Some(a)) => lines.push((Sign::Add, k.as_str(), value(a, Sign::Add, col + 4))),
+            (Some(b), None) => {
+                lines.push((Sign::Remove, k.as_str(), value(b, Sign::Remove, col + 4)))
+            }
             (None, None) => {}
         }
     }
-    let width = lines
+    let folded = (unchanged > 0).then(|| hidden(unchanged, Noun::Attributes));
+    block(lines, folded, col)
+}
+
+/// `{`, one `sign key = value` line per entry with the `=` aligned, an optional comment for
+/// what is folded, `}`: maps and objects, whole or as a diff.
+pub fn block(entries: Vec<(Sign, &str, String)>, folded: Option<String>, col: usize) -> String {
+    let width = entries
         .iter()
         .map(|(_, k, _)| key(k).chars().count())
         .max()
         .unwrap_or(0);
     let mut out = String::from("{\n");
-    for (sign, k, text) in lines {
+    for (sign, k, text) in entries {
         out.push_str(&format!(
-            "{}{} {:width$} = {}\n",
+            "{}{} {:width$} = {text}\n",
             pad(col + 4),
             sign.char(),
-            key(k),
-            text
+            key(k)
         ));
     }
-    if unchanged > 0 {
-        out.push_str(&format!(
-            "{}{}\n",
-            pad(col + 6),
-            hidden(unchanged, Noun::Attributes)
-        ));
+    if let Some(comment) = folded {
+        out.push_str(&format!("{}{comment}\n", pad(col + 6)));
     }
     out.push_str(&pad(col + 2));
     out.push('}');

@@ -230,7 +230,7 @@ fn render_change(out: &mut String, step: usize, c: &Change) {
         .unwrap_or(0);
     for g in &groups {
         let (sign, text) = match g.entries.as_slice() {
-            [(None, a)] => attr_text(c.action, a),
+            [(None, a)] => change_text(a, ATTR_COL),
             entries => (Sign::Change, map_entries(c, g.name, entries)),
         };
         let forces =
@@ -281,8 +281,10 @@ fn group(attributes: &[AttrChange]) -> Vec<Group<'_>> {
     out
 }
 
-fn attr_text(action: Action, a: &AttrChange) -> (Sign, String) {
-    let col = ATTR_COL;
+/// One attribute's (or map entry's) sign and value: added, removed, or what changed in it.
+/// A value flagged sensitive shows as `(sensitive)`, except for an object, whose secrets the
+/// plan already holds as hashes (so its plain entries can be shown).
+fn change_text(a: &AttrChange, col: usize) -> (Sign, String) {
     match (&a.before, &a.after) {
         (None, Some(v)) if a.sensitive => (Sign::Add, diff::sensitive_value(v, Sign::Add, col)),
         (None, Some(v)) => (Sign::Add, diff::value(v, Sign::Add, col)),
@@ -294,50 +296,19 @@ fn attr_text(action: Action, a: &AttrChange) -> (Sign, String) {
             (Sign::Change, format!("{SENSITIVE} → {SENSITIVE}"))
         }
         (Some(b), Some(v)) => (Sign::Change, diff::diff(b, v, col)),
-        (None, None) => (
-            if action == Action::Delete {
-                Sign::Remove
-            } else {
-                Sign::Change
-            },
-            "null".into(),
-        ),
+        (None, None) => (Sign::Change, "null".into()),
     }
 }
 
 /// The changed keys of a map, and how many others it keeps as they are.
 fn map_entries(c: &Change, name: &str, entries: &[(Option<&str>, &AttrChange)]) -> String {
-    let inner = ATTR_COL + 4;
-    let width = entries
+    let lines = entries
         .iter()
-        .map(|(k, _)| diff::key(k.unwrap_or_default()).chars().count())
-        .max()
-        .unwrap_or(0);
-    let mut text = String::from("{\n");
-    for (k, a) in entries {
-        let (sign, value) = match (&a.before, &a.after) {
-            (Some(_), Some(_)) | (None, None) if a.sensitive => {
-                (Sign::Change, format!("{SENSITIVE} → {SENSITIVE}"))
-            }
-            (None, Some(v)) if a.sensitive => {
-                (Sign::Add, diff::sensitive_value(v, Sign::Add, inner))
-            }
-            (Some(v), None) if a.sensitive => {
-                (Sign::Remove, diff::sensitive_value(v, Sign::Remove, inner))
-            }
-            (Some(b), Some(v)) => (Sign::Change, diff::diff(b, v, inner)),
-            (None, Some(v)) => (Sign::Add, diff::value(v, Sign::Add, inner)),
-            (Some(v), None) => (Sign::Remove, diff::value(v, Sign::Remove, inner)),
-            (None, None) => (Sign::Change, "null".into()),
-        };
-        let _ = writeln!(
-            text,
-            "{}{} {:width$} = {value}",
-            " ".repeat(inner),
-            sign.char(),
-            diff::key(k.unwrap_or_default())
-        );
-    }
+        .map(|(k, a)| {
+            let (sign, text) = change_text(a, ATTR_COL + 4);
+            (sign, k.unwrap_or_default(), text)
+        })
+        .collect();
     let total = c
         .after
         .as_ref()
@@ -346,17 +317,8 @@ fn map_entries(c: &Change, name: &str, entries: &[(Option<&str>, &AttrChange)]) 
         .map_or(0, |m| m.len());
     let present = entries.iter().filter(|(_, a)| a.after.is_some()).count();
     let unchanged = total.saturating_sub(present);
-    if unchanged > 0 {
-        let _ = writeln!(
-            text,
-            "{}{}",
-            " ".repeat(inner + 2),
-            diff::hidden(unchanged, Noun::Elements)
-        );
-    }
-    text.push_str(&" ".repeat(ATTR_COL + 2));
-    text.push('}');
-    text
+    let folded = (unchanged > 0).then(|| diff::hidden(unchanged, Noun::Elements));
+    diff::block(lines, folded, ATTR_COL)
 }
 
 /// A JSON value on one line, in full: a reviewer must see all of it (`state show`, outputs).
