@@ -4,6 +4,7 @@
 mod common;
 
 use sparkform::config::VarInputs;
+use sparkform::plan::impact::Impact;
 use sparkform::plan::{self, render, Action, Plan, PlanOptions};
 use sparkform::state::State;
 
@@ -18,6 +19,10 @@ fn vars(pairs: &[(&str, &str)]) -> VarInputs {
 }
 
 const STACK: &str = "render/stack";
+
+fn impact(p: &Plan) -> &Impact {
+    p.impact.as_ref().expect("a fresh plan has an impact")
+}
 
 /// The state an apply of `dir` with `before` leaves, each step having taken the given seconds.
 fn applied(dir: &std::path::Path, before: &[(&str, &str)], secs: &[(&str, f64)]) -> State {
@@ -93,8 +98,7 @@ fn a_replaced_head_restarts_its_dependents_and_says_for_how_long() {
         ("probe.hello", 1.5),
     ];
     let p = stack_change(&[], &[("ray_image", "ray:2.61")], &secs);
-    let replaced: Vec<&str> = p
-        .impact
+    let replaced: Vec<&str> = impact(&p)
         .stopped
         .iter()
         .map(|s| s.address.as_str())
@@ -107,9 +111,8 @@ fn a_replaced_head_restarts_its_dependents_and_says_for_how_long() {
             "container.vllm"
         ]
     );
-    assert_eq!(p.impact.stopped[0].expected_secs, Some(4.0));
-    let hello = p
-        .impact
+    assert_eq!(impact(&p).stopped[0].expected_secs, Some(4.0));
+    let hello = impact(&p)
         .unavailable
         .iter()
         .find(|o| o.until.as_deref() == Some("probe.hello"))
@@ -118,10 +121,10 @@ fn a_replaced_head_restarts_its_dependents_and_says_for_how_long() {
     assert_eq!(hello.from_step, 1);
     // head 4 → worker 3 → members 5.5 → vllm 40 → hello 1.5.
     assert_eq!(hello.expected_secs, Some(54.0));
-    assert_eq!(p.impact.outage_secs, Some(54.0));
+    assert_eq!(impact(&p).outage_secs, Some(54.0));
     // warmup only waits for vLLM (no replace_triggered_by): it keeps running.
-    assert_eq!(p.impact.keeps_running.len(), 1);
-    assert_eq!(p.impact.keeps_running[0].address, "container.warmup");
+    assert_eq!(impact(&p).keeps_running.len(), 1);
+    assert_eq!(impact(&p).keeps_running[0].address, "container.warmup");
     insta::assert_snapshot!("render_replaced_head", render::render(&p));
 }
 
@@ -129,8 +132,7 @@ fn a_replaced_head_restarts_its_dependents_and_says_for_how_long() {
 fn a_vllm_flag_change_keeps_ray_running_and_takes_the_recorded_time() {
     let secs = [("container.vllm", 42.0), ("probe.hello", 1.5)];
     let p = stack_change(&[], &[("max_model_len", "4096")], &secs);
-    let running: Vec<&str> = p
-        .impact
+    let running: Vec<&str> = impact(&p)
         .keeps_running
         .iter()
         .map(|r| r.address.as_str())
@@ -143,7 +145,7 @@ fn a_vllm_flag_change_keeps_ray_running_and_takes_the_recorded_time() {
             "container.warmup"
         ]
     );
-    assert_eq!(p.impact.outage_secs, Some(43.5));
+    assert_eq!(impact(&p).outage_secs, Some(43.5));
     let out = render::render(&p);
     assert!(
         out.contains("is stopped and replaced (expected 42.0 s)"),
@@ -160,7 +162,7 @@ fn without_recorded_durations_the_outage_is_unknown() {
         &[("max_model_len", "4096")],
         &[("container.vllm", 42.0)],
     );
-    assert_eq!(p.impact.outage_secs, None);
+    assert_eq!(impact(&p).outage_secs, None);
     assert!(render::render(&p).contains("Expected outage: unknown"));
 }
 
@@ -175,7 +177,7 @@ fn new_things_and_probe_runs_are_no_disruption() {
         p.change("probe.ray_members").map(|c| c.action),
         Some(Action::Run)
     );
-    assert!(!p.impact.is_disruptive(), "{:?}", p.impact);
+    assert!(!impact(&p).is_disruptive(), "{:?}", p.impact);
     let out = render::render(&p);
     assert!(out.contains("Impact: no disruption"), "{out}");
     insta::assert_snapshot!("render_no_disruption", out);
@@ -276,8 +278,7 @@ fn the_testbed_example_shows_the_vllm_flag() {
         out.contains("- \"8192\",\n") && out.contains("+ \"4096\",\n"),
         "{out}"
     );
-    let running: Vec<&str> = p
-        .impact
+    let running: Vec<&str> = impact(&p)
         .keeps_running
         .iter()
         .map(|r| r.address.as_str())
@@ -365,7 +366,8 @@ fn plans_and_states_written_before_impact_and_durations_still_load() {
     assert!(doc["impact"]["stopped"].is_array(), "{doc}");
     doc.as_object_mut().expect("object").remove("impact");
     let old: Plan = serde_json::from_value(doc).expect("a plan without impact loads");
-    assert!(!old.impact.is_disruptive());
+    assert!(old.impact.is_none(), "an old plan claims an impact");
+    assert!(!render::render(&old).contains("Impact"));
     let mut doc = serde_json::to_value(&state).expect("state to JSON");
     assert_eq!(doc["resources"]["container.vllm"]["last_apply_secs"], 42.0);
     for r in doc["resources"]

@@ -115,9 +115,10 @@ pub struct Plan {
     /// Steps that can run together, as addresses, level by level (changes only).
     pub levels: Vec<Vec<String>>,
     pub summary: Summary,
-    /// What the changes do to the running deployment (absent from plan files made before it).
-    #[serde(default)]
-    pub impact: impact::Impact,
+    /// What the changes do to the running deployment; `None` in plan files made before plans
+    /// computed it (they say nothing rather than "no disruption").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact: Option<impact::Impact>,
     /// `-exclude`: resources left out, with everything that depends on them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded: Vec<String>,
@@ -573,10 +574,10 @@ pub fn plan(
         outputs,
         levels,
         summary,
-        impact: impact::Impact::default(),
+        impact: None,
         excluded: excluded.into_iter().collect(),
     };
-    plan.impact = impact::compute(&plan, config, graph, state);
+    plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)
 }
 

@@ -57,7 +57,9 @@ pub fn render(plan: &Plan) -> String {
     out.push('\n');
     out.push_str(&summary_line(plan));
     out.push('\n');
-    render_impact(&mut out, &plan.impact);
+    if let Some(impact) = &plan.impact {
+        render_impact(&mut out, impact);
+    }
     out
 }
 
