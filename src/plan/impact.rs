@@ -3,7 +3,7 @@
 //! how long the disruption should last, judged by the durations the last apply recorded. Pure:
 //! computed from the plan, the configuration, its graph and the state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -245,22 +245,27 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
             }
         })
         .collect();
-    let mut unmeasured: Vec<&str> = Vec::new();
-    for o in &unavailable {
-        let Some(u) = o.until.as_deref() else {
-            continue;
-        };
-        let mut on_the_way = graph.ancestors(u);
-        on_the_way.insert(u.to_string());
-        for c in &steps {
-            let waited = c.action == Action::Delete || on_the_way.contains(&c.address);
-            let measured = c.action != Action::Delete && recorded(&c.address).is_some();
-            if waited && !measured && !unmeasured.contains(&c.address.as_str()) {
-                unmeasured.push(c.address.as_str());
-            }
+    // Everything the returns of the endpoints wait for, each set walked once.
+    let mut on_the_way: HashSet<String> = HashSet::new();
+    let ends: BTreeSet<&str> = unavailable
+        .iter()
+        .filter_map(|o| o.until.as_deref())
+        .collect();
+    for u in ends {
+        match ancestors.get(u) {
+            Some(set) => on_the_way.extend(set.iter().cloned()),
+            None => on_the_way.extend(graph.ancestors(u)),
         }
+        on_the_way.insert(u.to_string());
     }
-    unmeasured.sort_by_key(|a| step_of.get(a));
+    let unmeasured: Vec<&str> = steps
+        .iter()
+        .filter(|c| {
+            let waited = c.action == Action::Delete || on_the_way.contains(&c.address);
+            waited && (c.action == Action::Delete || recorded(&c.address).is_none())
+        })
+        .map(|c| c.address.as_str())
+        .collect();
     unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
     let outage_secs = if unavailable.is_empty() || unavailable.iter().any(|o| o.until.is_none()) {
         None
