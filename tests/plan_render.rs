@@ -439,3 +439,54 @@ fn plan_and_show_print_the_same_expanded_plan_with_exclude_and_json_impact() {
     );
     assert_eq!(doc["plan"]["impact"]["stopped"], serde_json::json!([]));
 }
+
+#[test]
+fn a_moved_fabric_address_and_an_untracked_container_are_disruptions() {
+    let dir = common::fixture(STACK);
+    let state = applied(&dir, &[], &[]);
+    let opts = PlanOptions {
+        observations: Some(plan::Observations {
+            orphans: vec![plan::Orphan {
+                address: "container.old_vllm".into(),
+                node: "node.n1".into(),
+                name: "sparkform-old-vllm".into(),
+                id: "0123456789abcdef".into(),
+            }],
+            ..plan::Observations::default()
+        }),
+        ..PlanOptions::default()
+    };
+    let p = plan_with(&dir, &[("n2_interface", "enp1s0f1np1")], &state, &opts);
+    let stopped: Vec<(&str, Action)> = impact(&p)
+        .stopped
+        .iter()
+        .map(|s| (s.address.as_str(), s.action))
+        .collect();
+    assert_eq!(
+        stopped,
+        [
+            ("container.old_vllm", Action::Delete),
+            ("network.fabric.attach.n2", Action::Replace)
+        ]
+    );
+    let out = render::render(&p);
+    assert!(
+        out.contains("step 1: container.old_vllm on node.n1 is stopped and removed\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("step 2: network.fabric.attach.n2 on node.n2 is replaced: its fabric address is removed and added again"),
+        "{out}"
+    );
+    // The worker on n2 uses that address: its probes are down until they pass again, and no
+    // duration is known while a deletion runs first.
+    assert!(
+        out.contains("probe.ray_members: from step 2 (network.fabric.attach.n2) until probe.ray_members passes"),
+        "{out}"
+    );
+    assert_eq!(impact(&p).outage_secs, None);
+    assert!(
+        out.contains("no apply has recorded how long container.old_vllm"),
+        "{out}"
+    );
+}
