@@ -128,6 +128,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
             store: store(dir.path()),
             source: Source::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
+                exclude: Vec::new(),
             },
             hosts: HostOptions::default(),
         },

@@ -148,7 +148,7 @@ fn sensitive_change_shows_no_value() {
     let p = common::plan(&c2, &g2, &state);
     let out = render::render(&p);
     assert!(
-        out.contains("env.HF_TOKEN = (sensitive) → (sensitive)"),
+        out.contains("~ HF_TOKEN = (sensitive) → (sensitive)"),
         "{out}"
     );
     assert!(

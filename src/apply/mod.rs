@@ -270,7 +270,8 @@ impl Job {
 }
 
 /// Record a completed step in the state (the write-ahead journal).
-fn journal(state: &mut State, step: &Step, applied: &Applied) {
+/// `elapsed` is the step's whole wall time, which the next plan's impact section quotes.
+fn journal(state: &mut State, step: &Step, applied: &Applied, elapsed: Duration) {
     if !matches!(step.kind, StepKind::Resource(_)) {
         return;
     }
@@ -278,7 +279,7 @@ fn journal(state: &mut State, step: &Step, applied: &Applied) {
     if step.change.action == Action::Run {
         attributes.insert("last_run".into(), serde_json::json!(applied.summary));
     }
-    crate::plan::record_change(state, &step.change, attributes);
+    crate::plan::record_change(state, &step.change, attributes, Some(elapsed.as_secs_f64()));
 }
 
 pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
@@ -418,7 +419,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                         summary: applied.summary.clone(),
                     },
                 );
-                journal(&mut state, &step, &applied);
+                journal(&mut state, &step, &applied, elapsed);
                 if matches!(step.kind, StepKind::Resource(_)) {
                     if let Err(e) = req.store.write(&mut state) {
                         outcome.state_error = Some(e.to_string());

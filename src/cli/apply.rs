@@ -67,6 +67,9 @@ pub struct ExecArgs {
     /// Only this resource and what it depends on (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
+    /// Everything except this resource and what depends on it (repeatable)
+    #[arg(long, value_name = "ADDRESS")]
+    pub exclude: Vec<String>,
     /// Progress as JSON lines
     #[arg(long)]
     pub json: bool,
@@ -95,6 +98,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
+        exclude: args.common.exclude.clone(),
         observations: None,
     };
     execute(

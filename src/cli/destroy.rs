@@ -48,6 +48,7 @@ pub fn run(args: DestroyArgs) -> ExitCode {
         &graph,
         Source::Destroy {
             targets: args.common.target.clone(),
+            exclude: args.common.exclude.clone(),
         },
     )
 }

@@ -176,6 +176,7 @@ const SINGLE_DASH: &[&str] = &[
     "detailed-exitcode",
     "replace",
     "target",
+    "exclude",
     "json",
     "check",
     "diff",

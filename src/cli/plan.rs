@@ -46,6 +46,9 @@ pub struct PlanArgs {
     /// Plan only this resource and what it depends on (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
+    /// Plan everything except this resource and what depends on it (repeatable)
+    #[arg(long, value_name = "ADDRESS")]
+    pub exclude: Vec<String>,
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
@@ -83,6 +86,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         options: PlanOptions {
             replace: args.replace.clone(),
             targets: args.target.clone(),
+            exclude: args.exclude.clone(),
             observations: None,
         },
         hosts: args.connect.options(),

@@ -122,9 +122,19 @@ pub trait Kind: Sync {
         Lifecycle::Converges
     }
     fn on_drift(&self) -> OnDrift;
-    /// Whether replacing or destroying it interrupts a service (the plan's impact note).
+    /// Whether it is a running service: a plan's impact lists the ones it stops and the ones
+    /// that keep running.
     fn disrupts_when_replaced(&self) -> bool {
         false
+    }
+    /// How a plan's impact says what replacing (`replaced`) or removing one does to what runs;
+    /// `None` when that interrupts nothing.
+    fn disruption(&self, replaced: bool) -> Option<&'static str> {
+        self.disrupts_when_replaced().then_some(if replaced {
+            "is stopped and replaced"
+        } else {
+            "is stopped and removed"
+        })
     }
     /// Whether refresh looks at the nodes the configuration puts it on even where the state
     /// records none, to find ones an interrupted apply left untracked.

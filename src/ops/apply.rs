@@ -24,8 +24,11 @@ pub enum Source<'a> {
     Definitions { refresh: bool, options: PlanOptions },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
     PlanFile { file: &'a PlanFile, path: &'a Path },
-    /// Remove what the state records (only `targets` when given).
-    Destroy { targets: Vec<String> },
+    /// Remove what the state records (only `targets` when given, none of `exclude`).
+    Destroy {
+        targets: Vec<String>,
+        exclude: Vec<String>,
+    },
 }
 
 impl Source<'_> {
@@ -104,7 +107,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             )
             .await?
         }
-        Source::Destroy { targets } => {
+        Source::Destroy { targets, exclude } => {
             let empty = Config {
                 resources: Vec::new(),
                 outputs: Vec::new(),
@@ -113,6 +116,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             let graph = Graph::build(&empty)?;
             let options = PlanOptions {
                 targets,
+                exclude,
                 ..PlanOptions::default()
             };
             (crate::plan::plan(&empty, &graph, &state, &options)?, None)

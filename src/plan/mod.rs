@@ -1,6 +1,8 @@
 //! Desired (configuration) against recorded (state): what to create, change, replace, delete
 //! and which probes to run. Pure: no I/O.
 
+pub mod diff;
+pub mod impact;
 pub mod planfile;
 pub mod render;
 
@@ -113,6 +115,13 @@ pub struct Plan {
     /// Steps that can run together, as addresses, level by level (changes only).
     pub levels: Vec<Vec<String>>,
     pub summary: Summary,
+    /// What the changes do to the running deployment; `None` in plan files made before plans
+    /// computed it (they say nothing rather than "no disruption").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact: Option<impact::Impact>,
+    /// `-exclude`: resources left out, with everything that depends on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<String>,
 }
 
 impl Plan {
@@ -132,6 +141,8 @@ pub struct PlanOptions {
     pub replace: Vec<String>,
     /// `-target ADDR`: only these and what they depend on.
     pub targets: Vec<String>,
+    /// `-exclude ADDR`: everything but these and what depends on them.
+    pub exclude: Vec<String>,
     /// What refresh saw on the machines; `None` plans against the state alone.
     pub observations: Option<Observations>,
 }
@@ -283,6 +294,12 @@ pub fn plan(
             return Err(Box::new(unknown_address("-target", a, config)));
         }
     }
+    for a in opts.exclude.iter() {
+        if config.resource(a).is_none() && !state.resources.contains_key(a) {
+            return Err(Box::new(unknown_address("-exclude", a, config)));
+        }
+    }
+    let excluded = excluded(&opts.exclude, graph, state);
     let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
         let mut set = BTreeSet::new();
         for t in &opts.targets {
@@ -303,7 +320,7 @@ pub fn plan(
         let Some(r) = by_address.get(address.as_str()).copied() else {
             continue;
         };
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
             continue;
         }
         let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
@@ -446,7 +463,7 @@ pub fn plan(
         if by_address.contains_key(address.as_str()) {
             continue;
         }
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) {
+        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
             continue;
         }
         let drift = match opts
@@ -477,7 +494,9 @@ pub fn plan(
     }
     if let Some(obs) = &opts.observations {
         for o in &obs.orphans {
-            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address)) {
+            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address))
+                || excluded.contains(&o.address)
+            {
                 continue;
             }
             deletes.push(Change {
@@ -512,7 +531,17 @@ pub fn plan(
     let outputs = if targeted.is_some() {
         Vec::new()
     } else {
+        // An output showing an excluded resource keeps its recorded value.
         output_changes(config, state)
+            .into_iter()
+            .filter(|o| {
+                config
+                    .outputs
+                    .iter()
+                    .find(|c| c.name == o.name)
+                    .is_none_or(|c| c.deps.is_disjoint(&excluded))
+            })
+            .collect()
     };
     let mut summary = Summary::default();
     for c in &ordered {
@@ -540,12 +569,45 @@ pub fn plan(
         })
         .filter(|l| !l.is_empty())
         .collect();
-    Ok(Plan {
+    let mut plan = Plan {
         changes: ordered,
         outputs,
         levels,
         summary,
-    })
+        impact: None,
+        excluded: excluded.into_iter().collect(),
+    };
+    plan.impact = Some(impact::compute(&plan, config, graph, state));
+    Ok(plan)
+}
+
+/// `-exclude`: the named resources and everything that depends on them, in the configuration
+/// (its graph) or, for resources only the state still has, through their recorded dependencies.
+fn excluded(named: &[String], graph: &Graph, state: &State) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for a in named {
+        out.insert(a.clone());
+        out.extend(graph.descendants(a));
+    }
+    if out.is_empty() {
+        return out;
+    }
+    loop {
+        let more: Vec<String> = state
+            .resources
+            .iter()
+            .filter(|(a, r)| !out.contains(*a) && r.depends_on.iter().any(|d| out.contains(d)))
+            .map(|(a, _)| a.clone())
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        for a in more {
+            out.extend(graph.descendants(&a));
+            out.insert(a);
+        }
+    }
+    out
 }
 
 fn unknown_address(flag: &str, address: &str, config: &Config) -> Diag {
@@ -650,17 +712,19 @@ pub fn record(plan: &Plan, state: &mut State) {
             .get(&c.address)
             .map(|r| r.attributes.clone())
             .unwrap_or_default();
-        record_change(state, c, attributes);
+        record_change(state, c, attributes, None);
     }
     record_outputs(plan, state);
 }
 
 /// The one writer of a resource's entry in the state: a change done, with the live facts its
 /// step left (`attributes`). A delete removes the entry.
+/// `last_apply_secs`: how long the step took; `None` keeps what the state had.
 pub fn record_change(
     state: &mut State,
     c: &Change,
     attributes: BTreeMap<String, serde_json::Value>,
+    last_apply_secs: Option<f64>,
 ) {
     if c.action == Action::Delete {
         state.resources.remove(&c.address);
@@ -669,6 +733,8 @@ pub fn record_change(
     let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
         return;
     };
+    let last_apply_secs =
+        last_apply_secs.or_else(|| state.resources.get(&c.address)?.last_apply_secs);
     state.resources.insert(
         c.address.clone(),
         ResourceState {
@@ -678,6 +744,7 @@ pub fn record_change(
             config: after.clone(),
             attributes,
             depends_on: c.depends_on.clone(),
+            last_apply_secs,
         },
     );
 }

@@ -1,10 +1,16 @@
-//! A plan as text for people.
+//! A plan as text for people: every action with its attributes expanded and never cut, what
+//! changed inside lists, maps and objects, then the outputs, the summary and the impact on the
+//! running deployment.
 
 use std::fmt::Write as _;
 
+use super::diff::{self, Noun, Sign, SENSITIVE};
+use super::impact::Impact;
 use super::{Action, AttrChange, Change, Plan};
 
-/// Render the plan. `detail` shows every attribute of created resources (Terraform's default).
+/// Where an attribute line's sign sits (under the resource's own sign).
+const ATTR_COL: usize = 6;
+
 pub fn render(plan: &Plan) -> String {
     let mut out = String::new();
     let changes: Vec<&Change> = plan
@@ -14,6 +20,7 @@ pub fn render(plan: &Plan) -> String {
         .collect();
     if changes.is_empty() && !plan.outputs.iter().any(|o| o.action.is_change()) {
         out.push_str("No changes. The machines match the configuration.\n");
+        render_excluded(&mut out, plan);
         return out;
     }
     if !changes.is_empty() {
@@ -30,36 +37,28 @@ pub fn render(plan: &Plan) -> String {
         .collect();
     if !outputs.is_empty() {
         out.push_str("\nChanges to outputs:\n");
+        let width = outputs
+            .iter()
+            .map(|o| o.name.chars().count())
+            .max()
+            .unwrap_or(0);
         for o in outputs {
-            let shown = |v: &Option<serde_json::Value>| match v {
-                _ if o.sensitive => "(sensitive)".to_string(),
-                Some(v) => value(v),
-                None => "null".into(),
+            let (sign, text) = match (&o.before, &o.after) {
+                _ if o.sensitive => (o.action, SENSITIVE.to_string()),
+                (None, Some(a)) => (Action::Create, diff::value(a, Sign::Add, 2)),
+                (Some(b), None) => (Action::Delete, diff::value(b, Sign::Remove, 2)),
+                (Some(b), Some(a)) => (Action::Update, diff::diff(b, a, 2)),
+                (None, None) => (o.action, "null".into()),
             };
-            match o.action {
-                Action::Create => {
-                    let _ = writeln!(out, "  + {} = {}", o.name, shown(&o.after));
-                }
-                Action::Delete => {
-                    let _ = writeln!(out, "  - {} = {}", o.name, shown(&o.before));
-                }
-                _ => {
-                    let _ = writeln!(
-                        out,
-                        "  ~ {} = {} → {}",
-                        o.name,
-                        shown(&o.before),
-                        shown(&o.after)
-                    );
-                }
-            }
+            let _ = writeln!(out, "  {} {:width$} = {text}", sign.symbol(), o.name);
         }
     }
+    render_excluded(&mut out, plan);
     out.push('\n');
     out.push_str(&summary_line(plan));
     out.push('\n');
-    if let Some(impact) = impact(plan) {
-        out.push_str(&impact);
+    if let Some(impact) = &plan.impact {
+        render_impact(&mut out, impact);
     }
     out
 }
@@ -77,49 +76,126 @@ pub fn summary_line(plan: &Plan) -> String {
     )
 }
 
-/// Which running containers stop, and from which step on.
-fn impact(plan: &Plan) -> Option<String> {
-    let steps: Vec<&Change> = plan
-        .changes
-        .iter()
-        .filter(|c| c.action.is_change())
-        .collect();
-    let disrupted: Vec<(usize, &Change)> = steps
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| {
-            c.kind.kind().disrupts_when_replaced()
-                && matches!(c.action, Action::Replace | Action::Delete)
-        })
-        .map(|(i, c)| (i + 1, *c))
-        .collect();
-    if disrupted.is_empty() {
-        return None;
+fn render_excluded(out: &mut String, plan: &Plan) {
+    if plan.excluded.is_empty() {
+        return;
     }
-    let mut out = String::from("Impact:\n");
-    for (step, c) in &disrupted {
-        let what = if c.action == Action::Replace {
-            "restarts (replaced)"
+    out.push_str("\nExcluded with -exclude (and what depends on it), left as they are:\n");
+    for a in &plan.excluded {
+        let _ = writeln!(out, "    {a}");
+    }
+}
+
+/// `12.3 s`, `15 min 4 s`.
+pub fn duration(secs: f64) -> String {
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else {
+        let whole = secs.round() as u64;
+        format!("{} min {} s", whole / 60, whole % 60)
+    }
+}
+
+fn expected(secs: Option<f64>) -> String {
+    match secs {
+        Some(s) => format!("expected {}", duration(s)),
+        None => "expected duration unknown".into(),
+    }
+}
+
+fn on(node: &Option<String>) -> String {
+    node.as_ref()
+        .map(|n| format!(" on {n}"))
+        .unwrap_or_default()
+}
+
+fn render_impact(out: &mut String, impact: &Impact) {
+    if !impact.is_disruptive() {
+        out.push_str("\nImpact: no disruption (no running container is stopped or replaced).\n");
+        return;
+    }
+    out.push_str("\nImpact:\n  Stopped or replaced:\n");
+    for s in &impact.stopped {
+        let note = s
+            .kind
+            .kind()
+            .disruption(s.action == Action::Replace)
+            .unwrap_or("changes");
+        let what = if s.action == Action::Replace {
+            format!("{note} ({})", expected(s.expected_secs))
         } else {
-            "stops (destroyed)"
+            note.to_string()
         };
-        let _ = writeln!(out, "  step {step}: {} {what}", c.address);
-    }
-    if let Some((first, _)) = disrupted.iter().find(|(_, c)| c.action == Action::Replace) {
         let _ = writeln!(
             out,
-            "  Services in these containers are down from step {first} until their replacements pass their ready checks."
+            "    step {}: {}{} {what}",
+            s.step,
+            s.address,
+            on(&s.node)
         );
     }
-    Some(out)
+    if !impact.unavailable.is_empty() {
+        out.push_str("  Unavailable:\n");
+        for o in &impact.unavailable {
+            let until = match (&o.until, o.until_step) {
+                (Some(u), Some(step)) if u.starts_with("probe.") => {
+                    format!(
+                        "until {u} passes (step {step}); {}",
+                        expected(o.expected_secs)
+                    )
+                }
+                (Some(u), Some(step)) => format!(
+                    "until {u} passes its ready check (step {step}); {}",
+                    expected(o.expected_secs)
+                ),
+                _ => "until the configuration serves them again".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "    {}: from step {} ({}) {until}",
+                o.endpoints.join(", "),
+                o.from_step,
+                o.cause
+            );
+        }
+    }
+    if impact.keeps_running.is_empty() {
+        out.push_str("  Keeps running: no other container.\n");
+    } else {
+        out.push_str("  Keeps running:\n");
+        for r in &impact.keeps_running {
+            let _ = writeln!(out, "    {}{}", r.address, on(&r.node));
+        }
+    }
+    if impact.unavailable.is_empty() {
+        out.push_str("  No output or probe depends on what stops.\n");
+        return;
+    }
+    match impact.outage_secs {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "  Expected outage: {} (durations recorded by the last apply that ran these steps).",
+                duration(s)
+            );
+        }
+        None if impact.unmeasured.is_empty() => out.push_str("  Expected outage: unknown.\n"),
+        None => {
+            let _ = writeln!(
+                out,
+                "  Expected outage: unknown: no apply has recorded how long {} take{}.",
+                impact.unmeasured.join(", "),
+                if impact.unmeasured.len() == 1 {
+                    "s"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
 }
 
 fn render_change(out: &mut String, step: usize, c: &Change) {
-    let where_ = c
-        .node
-        .as_ref()
-        .map(|n| format!(" on {n}"))
-        .unwrap_or_default();
     let what = match c.action {
         Action::Create => "will be created".to_string(),
         Action::Update => "will be updated in place".to_string(),
@@ -134,46 +210,117 @@ fn render_change(out: &mut String, step: usize, c: &Change) {
         ),
         Action::NoOp => "is unchanged".to_string(),
     };
-    let _ = writeln!(out, "  # {step}. {} ({}{where_}) {what}", c.address, c.kind);
+    let _ = writeln!(
+        out,
+        "  # {step}. {} ({}{}) {what}",
+        c.address,
+        c.kind,
+        on(&c.node)
+    );
     let _ = writeln!(out, "{:>5} {}", c.action.symbol(), c.address);
     for d in &c.drift {
         let _ = writeln!(out, "      ! drift: {d}");
     }
-    let width = c.attributes.iter().map(|a| a.path.len()).max().unwrap_or(0);
-    for a in &c.attributes {
-        let _ = writeln!(out, "      {}", attr_line(c.action, a, width));
+    let groups = group(&c.attributes);
+    let width = groups
+        .iter()
+        .map(|g| g.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    for g in &groups {
+        let (sign, text) = match g.entries.as_slice() {
+            [(None, a)] => change_text(a, ATTR_COL),
+            entries => (Sign::Change, map_entries(c, g.name, entries)),
+        };
+        let forces =
+            c.action == Action::Replace && g.entries.iter().any(|(_, a)| a.forces_replacement);
+        let text = if forces {
+            diff::mark_first_line(&text, "   # forces replacement")
+        } else {
+            text
+        };
+        let _ = writeln!(
+            out,
+            "{}{} {:width$} = {text}",
+            " ".repeat(ATTR_COL),
+            sign.char(),
+            g.name
+        );
     }
 }
 
-fn attr_line(action: Action, a: &AttrChange, width: usize) -> String {
-    let show = |v: &Option<serde_json::Value>| -> String {
-        match v {
-            _ if a.sensitive => "(sensitive)".into(),
-            Some(v) => value(v),
-            None => "null".into(),
+/// One top-level attribute: either the whole value, or the changed keys of a map
+/// (`env.HF_TOKEN`, `env.NODE_IP`), which the plan lists one by one.
+struct Group<'a> {
+    name: &'a str,
+    entries: Vec<(Option<&'a str>, &'a AttrChange)>,
+}
+
+fn group(attributes: &[AttrChange]) -> Vec<Group<'_>> {
+    let mut out: Vec<Group> = Vec::new();
+    for a in attributes {
+        let (name, sub) = match a.path.split_once('.') {
+            Some((n, s)) => (n, Some(s)),
+            None => (a.path.as_str(), None),
+        };
+        match out.last_mut() {
+            Some(g)
+                if sub.is_some()
+                    && g.name == name
+                    && g.entries.iter().all(|(s, _)| s.is_some()) =>
+            {
+                g.entries.push((sub, a))
+            }
+            _ => out.push(Group {
+                name,
+                entries: vec![(sub, a)],
+            }),
         }
-    };
-    let path = format!("{:width$}", a.path, width = width);
-    let line = match (action, &a.before, &a.after) {
-        (Action::Create | Action::Run, None, Some(_)) => format!("+ {path} = {}", show(&a.after)),
-        (_, None, Some(_)) => format!("+ {path} = {}", show(&a.after)),
-        (_, Some(_), None) => format!("- {path} = {}", show(&a.before)),
-        _ => format!("~ {path} = {} → {}", show(&a.before), show(&a.after)),
-    };
-    if a.forces_replacement && action == Action::Replace {
-        format!("{line}   # forces replacement")
-    } else {
-        line
+    }
+    out
+}
+
+/// One attribute's (or map entry's) sign and value: added, removed, or what changed in it.
+/// A value flagged sensitive shows as `(sensitive)`, except for an object, whose secrets the
+/// plan already holds as hashes (so its plain entries can be shown).
+fn change_text(a: &AttrChange, col: usize) -> (Sign, String) {
+    match (&a.before, &a.after) {
+        (None, Some(v)) if a.sensitive => (Sign::Add, diff::sensitive_value(v, Sign::Add, col)),
+        (None, Some(v)) => (Sign::Add, diff::value(v, Sign::Add, col)),
+        (Some(v), None) if a.sensitive => {
+            (Sign::Remove, diff::sensitive_value(v, Sign::Remove, col))
+        }
+        (Some(v), None) => (Sign::Remove, diff::value(v, Sign::Remove, col)),
+        (Some(b), Some(v)) if a.sensitive && !(b.is_object() && v.is_object()) => {
+            (Sign::Change, format!("{SENSITIVE} → {SENSITIVE}"))
+        }
+        (Some(b), Some(v)) => (Sign::Change, diff::diff(b, v, col)),
+        (None, None) => (Sign::Change, "null".into()),
     }
 }
 
-/// A JSON value on one line; long values are cut so one attribute cannot flood the screen.
+/// The changed keys of a map, and how many others it keeps as they are.
+fn map_entries(c: &Change, name: &str, entries: &[(Option<&str>, &AttrChange)]) -> String {
+    let lines = entries
+        .iter()
+        .map(|(k, a)| {
+            let (sign, text) = change_text(a, ATTR_COL + 4);
+            (sign, k.unwrap_or_default(), text)
+        })
+        .collect();
+    let total = c
+        .after
+        .as_ref()
+        .and_then(|v| v.get(name))
+        .and_then(|v| v.as_object())
+        .map_or(0, |m| m.len());
+    let present = entries.iter().filter(|(_, a)| a.after.is_some()).count();
+    let unchanged = total.saturating_sub(present);
+    let folded = (unchanged > 0).then(|| diff::hidden(unchanged, Noun::Elements));
+    diff::block(lines, folded, ATTR_COL)
+}
+
+/// A JSON value on one line, in full: a reviewer must see all of it (`state show`, outputs).
 pub fn value(v: &serde_json::Value) -> String {
-    let s = serde_json::to_string(v).unwrap_or_default();
-    if s.chars().count() > 240 {
-        let cut: String = s.chars().take(240).collect();
-        format!("{cut}…")
-    } else {
-        s
-    }
+    serde_json::to_string(v).unwrap_or_default()
 }

@@ -58,6 +58,11 @@ pub struct ResourceState {
     /// reverse order.
     #[serde(default)]
     pub depends_on: Vec<String>,
+    /// Wall-clock seconds the last apply that ran this resource's step took, from the step's
+    /// start until it completed (a container's ready check or a probe's pass included). Plans
+    /// read it to tell how long the same step and the outage it causes will take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_apply_secs: Option<f64>,
 }
 
 /// A recorded output value.
@@ -431,6 +436,7 @@ mod tests {
                 config: json!({"image": "vllm", "token": hash_sensitive(&json!("secret"))}),
                 attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]),
                 depends_on: vec!["attachment.fabric[\"spark2\"]".into()],
+                last_apply_secs: Some(12.5),
             },
         );
         s.outputs.insert(

@@ -32,6 +32,13 @@ impl Kind for Attachment {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Update
     }
+    fn disruption(&self, replaced: bool) -> Option<&'static str> {
+        Some(if replaced {
+            "is replaced: its fabric address is removed and added again"
+        } else {
+            "is removed: its fabric address goes away"
+        })
+    }
     fn dot_shape(&self) -> &'static str {
         "cds"
     }

@@ -1,0 +1,320 @@
+//! What a plan does to the running deployment: which containers stop or are replaced and where,
+//! which endpoints are down from which step until which probe passes, what keeps running, and
+//! how long the disruption should last, judged by the durations the last apply recorded. Pure:
+//! computed from the plan, the configuration, its graph and the state.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Action, Plan};
+use crate::config::{Config, ResourceKind};
+use crate::kinds::Lifecycle;
+use petgraph::graph::NodeIndex;
+use petgraph::Direction;
+
+use crate::graph::Graph;
+use crate::state::State;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Impact {
+    /// Running containers (and fabric addresses) the plan stops, replaces or removes.
+    #[serde(default)]
+    pub stopped: Vec<Stop>,
+    /// Endpoints that stop answering, grouped by when they go down and what brings them back.
+    #[serde(default)]
+    pub unavailable: Vec<Outage>,
+    /// Running containers the plan does not touch.
+    #[serde(default)]
+    pub keeps_running: Vec<Running>,
+    /// Seconds from the start of the first disruptive step until every endpoint is back;
+    /// `None` when a step on the way has no recorded duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage_secs: Option<f64>,
+    /// Steps on the way to an endpoint's return with no recorded duration (why an expected
+    /// time is unknown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmeasured: Vec<String>,
+}
+
+impl Impact {
+    pub fn is_disruptive(&self) -> bool {
+        !self.stopped.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stop {
+    /// The step number, as the plan text numbers its actions (from 1).
+    pub step: usize,
+    pub address: String,
+    pub kind: ResourceKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `replace` or `delete`.
+    pub action: Action,
+    /// What the step took the last time an apply ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outage {
+    /// `output.endpoint`, `probe.hello`: what stops answering.
+    pub endpoints: Vec<String>,
+    /// The first step that takes them down, and its resource.
+    pub from_step: usize,
+    pub cause: String,
+    /// The probe whose pass brings them back, or, with no probe watching them, the replacement
+    /// whose ready check does (`None` only when neither exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_step: Option<usize>,
+    /// Seconds from the start of `from_step` until `until` passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// When a step starts and ends, in seconds after the apply starts, if every step it waits for
+/// has a recorded duration.
+#[derive(Clone, Copy)]
+struct Window {
+    start: Option<f64>,
+    end: Option<f64>,
+}
+
+fn disrupts(kind: ResourceKind, action: Action) -> bool {
+    matches!(action, Action::Replace | Action::Delete)
+        && kind.kind().disruption(action == Action::Replace).is_some()
+}
+
+pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Impact {
+    let steps: Vec<&super::Change> = plan
+        .changes
+        .iter()
+        .filter(|c| c.action.is_change())
+        .collect();
+    let step_of: HashMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.address.as_str(), i + 1))
+        .collect();
+    let actions: HashMap<&str, Action> = plan
+        .changes
+        .iter()
+        .map(|c| (c.address.as_str(), c.action))
+        .collect();
+    let recorded = |a: &str| state.resources.get(a).and_then(|r| r.last_apply_secs);
+
+    let stopped: Vec<Stop> = steps
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            disrupts(c.kind, c.action)
+                && (c.orphan.is_some() || state.resources.contains_key(&c.address))
+        })
+        .map(|(i, c)| Stop {
+            step: i + 1,
+            address: c.address.clone(),
+            kind: c.kind,
+            node: c.node.clone(),
+            action: c.action,
+            // A deletion's duration is never recorded (its state entry goes with it).
+            expected_secs: (c.action == Action::Replace)
+                .then(|| recorded(&c.address))
+                .flatten(),
+        })
+        .collect();
+
+    // Steps wait for every deletion and for the changed steps behind them, through unchanged
+    // resources too, as the executor orders them; a window is known when every duration on
+    // the way is. A deletion's duration is never recorded, so any deletion makes them unknown.
+    let has_deletes = steps.iter().any(|c| c.action == Action::Delete);
+    let base = if has_deletes { None } else { Some(0.0f64) };
+    let node_of: HashMap<&str, NodeIndex> = graph
+        .graph
+        .node_indices()
+        .map(|i| (graph.graph[i].as_str(), i))
+        .collect();
+    // When everything a resource waits for is done, and for a step when it starts and ends.
+    let mut done: HashMap<&str, Option<f64>> = HashMap::new();
+    let mut windows: HashMap<&str, Window> = HashMap::new();
+    for address in graph.order() {
+        let Some(&i) = node_of.get(address.as_str()) else {
+            continue;
+        };
+        let address = graph.graph[i].as_str();
+        let mut start = base;
+        for p in graph.graph.neighbors_directed(i, Direction::Incoming) {
+            let before = done.get(graph.graph[p].as_str()).copied().flatten();
+            start = start.zip(before).map(|(s, e)| s.max(e));
+        }
+        let finish = match actions.get(address) {
+            Some(a) if a.is_change() => {
+                let end = start.zip(recorded(address)).map(|(s, d)| s + d);
+                windows.insert(address, Window { start, end });
+                end
+            }
+            _ => start,
+        };
+        done.insert(address, finish);
+    }
+
+    let disrupted: HashMap<&str, usize> = stopped
+        .iter()
+        .map(|s| (s.address.as_str(), s.step))
+        .collect();
+    let probes: Vec<&str> = steps
+        .iter()
+        .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
+        .map(|c| c.address.as_str())
+        .collect();
+    let ancestors: HashMap<&str, BTreeSet<String>> =
+        probes.iter().map(|p| (*p, graph.ancestors(p))).collect();
+    // What each endpoint depends on and which of it goes down.
+    let mut endpoints: Vec<(String, BTreeSet<String>)> = Vec::new();
+    for p in &probes {
+        endpoints.push((p.to_string(), ancestors[p].clone()));
+    }
+    for o in &config.outputs {
+        let mut deps: BTreeSet<String> = o.deps.clone();
+        for d in &o.deps {
+            deps.extend(graph.ancestors(d));
+        }
+        endpoints.push((format!("output.{}", o.name), deps));
+    }
+    let mut groups: BTreeMap<(usize, String, Option<String>), Vec<String>> = BTreeMap::new();
+    for (name, deps) in &endpoints {
+        let causes: Vec<(&str, usize)> = deps
+            .iter()
+            .filter_map(|d| disrupted.get_key_value(d.as_str()))
+            .map(|(a, step)| (*a, *step))
+            .collect();
+        let Some(&(first, first_step)) = causes.iter().min_by_key(|(_, step)| *step) else {
+            continue;
+        };
+        let until = if name.starts_with("probe.") {
+            Some(name.clone())
+        } else {
+            // The last probe that depends on everything the output shows watches it.
+            let direct: Option<&BTreeSet<String>> = config
+                .outputs
+                .iter()
+                .find(|o| format!("output.{}", o.name) == *name)
+                .map(|o| &o.deps);
+            probes
+                .iter()
+                .filter(|p| direct.is_some_and(|d| !d.is_empty() && d.is_subset(&ancestors[*p])))
+                .max_by_key(|p| step_of.get(**p))
+                .map(|p| p.to_string())
+                .or_else(|| {
+                    // No probe watches it: back when the last replacement it waits for is ready.
+                    causes
+                        .iter()
+                        .filter(|(c, _)| actions.get(*c) == Some(&Action::Replace))
+                        .max_by_key(|(_, step)| *step)
+                        .map(|(c, _)| c.to_string())
+                })
+        };
+        groups
+            .entry((first_step, first.to_string(), until))
+            .or_default()
+            .push(name.clone());
+    }
+    let mut unavailable: Vec<Outage> = groups
+        .into_iter()
+        .map(|((from_step, cause, until), mut endpoints)| {
+            endpoints.sort_by_key(|e| (!e.starts_with("output."), e.clone()));
+            let expected_secs = until.as_deref().and_then(|u| {
+                let (from, to) = (windows.get(cause.as_str())?, windows.get(u)?);
+                Some(to.end? - from.start?)
+            });
+            Outage {
+                until_step: until.as_deref().and_then(|u| step_of.get(u).copied()),
+                endpoints,
+                from_step,
+                cause,
+                until,
+                expected_secs,
+            }
+        })
+        .collect();
+    // Everything the returns of the endpoints wait for, each set walked once.
+    let mut on_the_way: HashSet<String> = HashSet::new();
+    let ends: BTreeSet<&str> = unavailable
+        .iter()
+        .filter_map(|o| o.until.as_deref())
+        .collect();
+    for u in ends {
+        match ancestors.get(u) {
+            Some(set) => on_the_way.extend(set.iter().cloned()),
+            None => on_the_way.extend(graph.ancestors(u)),
+        }
+        on_the_way.insert(u.to_string());
+    }
+    let unmeasured: Vec<&str> = steps
+        .iter()
+        .filter(|c| {
+            let waited = c.action == Action::Delete || on_the_way.contains(&c.address);
+            waited && (c.action == Action::Delete || recorded(&c.address).is_none())
+        })
+        .map(|c| c.address.as_str())
+        .collect();
+    unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
+    let outage_secs = if unavailable.is_empty() || unavailable.iter().any(|o| o.until.is_none()) {
+        None
+    } else {
+        let starts: Option<Vec<f64>> = unavailable
+            .iter()
+            .map(|o| windows.get(o.cause.as_str()).and_then(|w| w.start))
+            .collect();
+        let ends: Option<Vec<f64>> = unavailable
+            .iter()
+            .map(|o| {
+                o.until
+                    .as_deref()
+                    .and_then(|u| windows.get(u))
+                    .and_then(|w| w.end)
+            })
+            .collect();
+        starts.zip(ends).map(|(s, e)| {
+            e.iter().copied().fold(0.0, f64::max) - s.iter().copied().fold(f64::INFINITY, f64::min)
+        })
+    };
+
+    let keeps_running = if stopped.is_empty() {
+        Vec::new()
+    } else {
+        config
+            .resources
+            .iter()
+            .filter(|r| r.kind.kind().disrupts_when_replaced())
+            .filter(|r| {
+                state.resources.contains_key(&r.address)
+                    && matches!(
+                        actions.get(r.address.as_str()),
+                        None | Some(Action::NoOp) | Some(Action::Update)
+                    )
+            })
+            .map(|r| Running {
+                address: r.address.clone(),
+                node: r.node.clone(),
+            })
+            .collect()
+    };
+    Impact {
+        stopped,
+        unavailable,
+        keeps_running,
+        outage_secs,
+        unmeasured: unmeasured.into_iter().map(String::from).collect(),
+    }
+}
