@@ -43,9 +43,9 @@ locals {
   signatures = {
     gpu = merge(
       {
-        "Watchdog caught collective operation timeout" = "an NCCL collective hung until NCCL's timeout: two NCCL builds of the same version in one image (a pip wheel and the system library) wedged serving after 20-26 min; run one image with one NCCL on every node (the same image ID), and check the fabric link (speed, MTU) between the nodes"
-        "cudaErrorUnsupportedPtxVersion"               = "the image's CUDA toolchain is newer than this node's NVIDIA driver: use an image built for the driver the nodes run (sparkform nodes shows it), or update the driver on every node"
-        "nvidia-container-cli: .*driver not loaded"    = "the NVIDIA kernel modules are not loaded on this node, usually after a kernel update without them: boot a kernel that has them (or reinstall the driver), with the same driver version on every node. `Failed to initialize NVML: Unknown Error` is another cause (the cgroup driver)"
+        "Watchdog caught collective operation timeout"                                  = "an NCCL collective hung until NCCL's timeout: two NCCL builds of the same version in one image (a pip wheel and the system library) wedged serving after 20-26 min; run one image with one NCCL on every node (the same image ID), and check the fabric link (speed, MTU) between the nodes"
+        "cudaErrorUnsupportedPtxVersion|PTX was compiled with an unsupported toolchain" = "the image's CUDA toolchain is newer than this node's NVIDIA driver: use an image built for the driver the nodes run (sparkform nodes shows it), or update the driver on every node"
+        "nvidia-container-cli: .*driver not loaded"                                     = "the NVIDIA kernel modules are not loaded on this node, usually after a kernel update without them: boot a kernel that has them (or reinstall the driver), with the same driver version on every node. `Failed to initialize NVML: Unknown Error` is another cause (the cgroup driver)"
       },
       local.detect_socket_fallback ? {
         "NET/Socket : Using|Using network Socket" = "NCCL runs over TCP sockets, not RoCE: the container needs /dev/infiniband, IPC_LOCK and an unlimited memlock limit (rdma = true), NCCL_IB_HCA must name RoCE devices that exist and are up (ibdev2netdev), and NCCL_IB_DISABLE must not be 1; set nccl_socket_fallback = \"allow\" to accept sockets"
