@@ -31,6 +31,7 @@ lines vLLM and torch.distributed print:
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -298,6 +299,10 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
+    # SIGTERM ends the server, as in vLLM (uvicorn): as PID 1 of its container (the mp ranks
+    # have their own PID namespace) the default action would be ignored, and every `docker
+    # stop` would wait for its kill timeout.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = parse(sys.argv[1:])
     State.served = args.served_model_name or args.model
     log(f"vllm stand-in: serve {args.model} as {State.served} on {args.host}:{args.port}, "
