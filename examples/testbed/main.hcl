@@ -86,6 +86,7 @@ module "qwen" {
   hf_cache               = "/tmp/sparkform-hf-cache"
   shm_size               = "1g"
   gpu_devices            = false
+  rdma                   = false # the testbed's nodes have no /dev/infiniband
   ray_args               = ["--object-store-memory=100000000", "--num-cpus=1"]
   health_timeout         = "5m"
 }

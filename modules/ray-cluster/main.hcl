@@ -1,67 +1,57 @@
+module "fabric" {
+  source               = "../fabric-env"
+  network              = var.network
+  nodes                = concat([var.head], var.workers)
+  head_address         = var.head_address
+  extra_env            = var.extra_env
+  shm_size             = var.shm_size
+  hf_cache             = var.hf_cache
+  gpu_devices          = var.gpu_devices
+  rdma                 = var.rdma
+  nccl_ib_hca          = var.nccl_ib_hca
+  nccl_socket_fallback = var.nccl_socket_fallback
+  # Ray's memory monitor killed vLLM during CUDA graph capture on unified-memory nodes.
+  launcher_env = { RAY_memory_monitor_refresh_ms = "0" }
+}
+
 locals {
-  # Each node's attachment to the fabric, by node name.
-  attach     = { for a in values(var.network.attach) : a.node.name => a }
-  head_ip    = var.head_address == null ? local.attach[var.head.name].address : var.head_address
-  workers    = { for w in var.workers : w.name => w }
-  all_nodes  = concat([var.head], var.workers)
-  interfaces = distinct([for n in local.all_nodes : local.attach[n.name].interface])
-  gpus_total = sum([for n in local.all_nodes : n.gpus == null ? 0 : n.gpus])
-
-  # Every container talks over the fabric: Ray, NCCL, Gloo, UCX and TensorPipe all pick the
-  # fabric interface instead of the default route, and Ray's memory monitor stays off (it killed
-  # vLLM during CUDA graph capture on unified-memory nodes).
-  fabric_env = {
-    NCCL_SOCKET_IFNAME            = local.interfaces[0]
-    GLOO_SOCKET_IFNAME            = local.interfaces[0]
-    UCX_NET_DEVICES               = local.interfaces[0]
-    TP_SOCKET_IFNAME              = local.interfaces[0]
-    RAY_memory_monitor_refresh_ms = "0"
-    HF_HOME                       = "/root/.cache/huggingface"
-  }
-}
-
-check "head_on_fabric" {
-  condition     = cidrcontains(var.network.subnet, local.head_ip)
-  error_message = "the Ray head address ${local.head_ip} is not in the fabric subnet ${var.network.subnet} of network ${var.network.name}: Ray, NCCL and Gloo would talk over the management network, where the workers cannot reach the head (the first failure of the manual deployment). Leave head_address unset to use the head node's fabric address"
-}
-
-check "every_node_on_fabric" {
-  condition     = length([for n in local.all_nodes : n.name if !contains(keys(local.attach), n.name)]) == 0
-  error_message = "every Ray node needs an attachment to network ${var.network.name}; missing: ${join(", ", [for n in local.all_nodes : n.name if !contains(keys(local.attach), n.name)])}"
-}
-
-check "same_interface_everywhere" {
-  condition     = length(local.interfaces) == 1
-  error_message = "the fabric interface differs between nodes (${join(", ", local.interfaces)}); vLLM copies NCCL_SOCKET_IFNAME from the driver to every worker, so all nodes must use the same interface name"
+  head_ip   = module.fabric.head_ip
+  workers   = { for w in var.workers : w.name => w }
+  all_nodes = concat([var.head], var.workers)
+  # The GPUs each node offers Ray: its declared count, none when unknown.
+  num_gpus   = { for n in local.all_nodes : n.name => n.gpus == null ? 0 : n.gpus }
+  gpus_total = sum(values(local.num_gpus))
 }
 
 container "ray_head" {
   node         = var.head
   name         = "${var.container_prefix}-ray-head"
   image        = var.image
-  network_mode = "host"
-  ipc_mode     = "host"
+  network_mode = module.fabric.network_mode
+  ipc_mode     = module.fabric.ipc_mode
   pid_mode     = "host"
-  shm_size     = var.shm_size
-  gpus         = var.gpu_devices && var.head.gpus != null ? "all" : null
-  volumes      = ["${var.hf_cache}:/root/.cache/huggingface", "${var.ray_tmp}:/tmp/ray"]
-  env = merge(local.fabric_env, var.extra_env, {
-    VLLM_HOST_IP = local.head_ip
-  })
+  shm_size     = module.fabric.shm_size
+  gpus         = module.fabric.gpus[var.head.name]
+  devices      = module.fabric.devices
+  cap_add      = module.fabric.cap_add
+  ulimits      = module.fabric.ulimits
+  volumes      = concat(module.fabric.volumes, ["${var.ray_tmp}:/tmp/ray"])
+  env          = module.fabric.node_env[var.head.name]
   command = concat([
     "ray", "start", "--head", "--block",
     "--node-ip-address=${local.head_ip}",
     "--port=${var.ray_port}",
-    "--num-gpus=${var.head.gpus == null ? 0 : var.head.gpus}",
+    "--num-gpus=${local.num_gpus[var.head.name]}",
     "--disable-usage-stats",
     "--include-dashboard=false",
   ], var.ray_args)
   restart = "no"
 
   ready {
-    exec     = ["ray", "status", "--address=${local.head_ip}:${var.ray_port}"]
-    timeout  = "2m"
-    interval = "2s"
+    exec        = ["ray", "status", "--address=${local.head_ip}:${var.ray_port}"]
+    timeout     = "2m"
+    interval    = "2s"
+    fail_on_log = module.fabric.signatures.ray
   }
 }
 
@@ -70,20 +60,21 @@ container "ray_worker" {
   node         = each.value
   name         = "${var.container_prefix}-ray-worker-${each.key}"
   image        = var.image
-  network_mode = "host"
-  ipc_mode     = "host"
+  network_mode = module.fabric.network_mode
+  ipc_mode     = module.fabric.ipc_mode
   pid_mode     = "host"
-  shm_size     = var.shm_size
-  gpus         = var.gpu_devices && each.value.gpus != null ? "all" : null
-  volumes      = ["${var.hf_cache}:/root/.cache/huggingface"]
-  env = merge(local.fabric_env, var.extra_env, {
-    VLLM_HOST_IP = local.attach[each.key].address
-  })
+  shm_size     = module.fabric.shm_size
+  gpus         = module.fabric.gpus[each.key]
+  devices      = module.fabric.devices
+  cap_add      = module.fabric.cap_add
+  ulimits      = module.fabric.ulimits
+  volumes      = module.fabric.volumes
+  env          = module.fabric.node_env[each.key]
   command = concat([
     "ray", "start", "--block",
     "--address=${local.head_ip}:${var.ray_port}",
-    "--node-ip-address=${local.attach[each.key].address}",
-    "--num-gpus=${each.value.gpus == null ? 0 : each.value.gpus}",
+    "--node-ip-address=${module.fabric.addresses[each.key]}",
+    "--num-gpus=${local.num_gpus[each.key]}",
     "--disable-usage-stats",
   ], var.ray_args)
   restart              = "no"
@@ -98,7 +89,7 @@ probe "ray_members" {
     container = container.ray_head
     command = [
       "python3", "-c", file("ray_members.py"),
-      join(",", [for n in local.all_nodes : local.attach[n.name].address]),
+      join(",", [for n in local.all_nodes : module.fabric.addresses[n.name]]),
       tostring(local.gpus_total),
     ]
   }

@@ -11,11 +11,11 @@ output "address" {
 }
 
 output "fabric_env" {
-  value = local.fabric_env
+  value = module.fabric.env
 }
 
 output "interface" {
-  value = local.interfaces[0]
+  value = module.fabric.interface
 }
 
 output "gpus_total" {
@@ -24,4 +24,21 @@ output "gpus_total" {
 
 output "members" {
   value = probe.ray_members
+}
+
+# The fabric's container settings and log signatures, for the containers that join this cluster
+# (vLLM's driver in ../vllm-ray), so they are written once in ../fabric-env.
+output "fabric" {
+  value = {
+    network_mode = module.fabric.network_mode
+    ipc_mode     = module.fabric.ipc_mode
+    shm_size     = module.fabric.shm_size
+    gpus         = module.fabric.gpus
+    devices      = module.fabric.devices
+    cap_add      = module.fabric.cap_add
+    ulimits      = module.fabric.ulimits
+    volumes      = module.fabric.volumes
+    signatures   = module.fabric.signatures
+    benign_log   = module.fabric.benign_log
+  }
 }

@@ -73,3 +73,21 @@ variable "ray_args" {
   default     = []
   description = "Extra arguments for every `ray start` (e.g. --object-store-memory=100000000)."
 }
+
+variable "rdma" {
+  type        = bool
+  default     = true
+  description = "Give every container the RDMA devices, IPC_LOCK and an unlimited memlock limit (NCCL over RoCE). False only on nodes without RDMA devices."
+}
+
+variable "nccl_ib_hca" {
+  type        = string
+  default     = null
+  description = "NCCL_IB_HCA for every container (both twin devices of the port with one cable)."
+}
+
+variable "nccl_socket_fallback" {
+  type        = string
+  default     = "fail"
+  description = "\"fail\" or \"allow\": whether a log showing NCCL on TCP sockets instead of RoCE fails the ready check."
+}

@@ -5,7 +5,7 @@ output "endpoint" {
 }
 
 output "served_model_name" {
-  value      = local.served_name
+  value      = module.serve.served_name
   depends_on = [container.vllm]
 }
 

@@ -48,13 +48,9 @@ variable "pipeline_parallel_size" {
 }
 
 variable "gpu_memory_utilization" {
-  type    = number
-  default = 0.80
-
-  validation {
-    condition     = var.gpu_memory_utilization > 0 && var.gpu_memory_utilization <= 0.95
-    error_message = "gpu_memory_utilization must be in (0, 0.95]"
-  }
+  type        = number
+  default     = 0.80
+  description = "In (0, 0.95]; at most 0.85 on unified-memory nodes."
 }
 
 variable "overhead_gib" {
@@ -112,4 +108,22 @@ variable "head_address" {
 variable "ray_args" {
   type    = list(string)
   default = []
+}
+
+variable "rdma" {
+  type        = bool
+  default     = true
+  description = "Give every container the RDMA devices, IPC_LOCK and an unlimited memlock limit (NCCL over RoCE). False only on nodes without RDMA devices."
+}
+
+variable "nccl_ib_hca" {
+  type        = string
+  default     = null
+  description = "NCCL_IB_HCA for every container (both twin devices of the port with one cable)."
+}
+
+variable "nccl_socket_fallback" {
+  type        = string
+  default     = "fail"
+  description = "\"fail\" or \"allow\": whether a log showing NCCL on TCP sockets instead of RoCE fails the ready check."
 }

@@ -1,26 +1,46 @@
 #!/usr/bin/env python3
-"""A stand-in for `vllm serve` on the testbed: the same command line, the same Ray behaviour
-(join the running cluster, reserve TP x PP {GPU: 1} bundles in a placement group, one actor per
-bundle), and the OpenAI endpoints sparkform's probes use. It loads no model and downloads
-nothing: the chat reply names the served model and the node IPs of its bundles.
+"""A stand-in for `vllm serve` on the testbed: the same command line, and the OpenAI endpoints
+sparkform's probes use. It loads no model and downloads nothing. Two modes, as vLLM's
+distributed executor backends:
 
-Failure modes the real vLLM shows are reproduced where sparkform must catch them:
+- Ray (`--distributed-executor-backend ray`): join the running cluster, reserve TP x PP
+  {GPU: 1} bundles in a placement group, one actor per bundle; the chat reply names the node
+  IPs of the bundles.
+- Multiprocessing across nodes (`--nnodes N > 1`, the `mp` backend): rank 0 hosts the process
+  group's store on --master-port (all addresses, as torch's TCPStore), the other ranks
+  (`--headless --node-rank R`) connect to --master-addr:--master-port the way a TCPStore client
+  does (the kernel picks the source address, which is VLLM_HOST_IP on a healthy fabric) and
+  announce their rank and VLLM_HOST_IP. Rank 0 answers /health and chat completions only once
+  every rank has joined; the chat reply names every rank's fabric address (as rank 0 saw the
+  connection). Ray is never imported.
+
+Failure modes the real vLLM shows are reproduced where sparkform must catch them, with the
+lines vLLM and torch.distributed print:
 - without RAY_ADDRESS, ray.init() starts a private cluster with no GPUs and the placement group
   waits, logging "Waiting for creating a placement group of specs ...";
-- a model whose name contains "unsupported-arch" fails like an architecture vLLM lacks.
+- a model whose name contains "unsupported-arch" fails like an architecture vLLM lacks;
+- a headless rank retries "The client socket has failed to connect to ..." and gives up with
+  "DistNetworkError: The client socket has timed out after ...ms while trying to connect to";
+- rank 0 gives up with "DistStoreError: Timed out after N seconds waiting for clients. k/N
+  clients joined." when a rank never arrives (--distributed-timeout-seconds, default 600);
+- a headless rank whose rank 0 went away logs torch's heartbeat warning "... (maybe TCPStore
+  server has shut down too early) ..." (and, like torch, does not exit);
+- rank 0 warns when a rank's connection comes from another address than the one it announces.
 """
 
 import argparse
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def log(msg):
-    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} {msg}", flush=True)
+def log(msg, level="INFO"):
+    print(f"{level} {time.strftime('%m-%d %H:%M:%S')} {msg}", flush=True)
 
 
 def parse(argv):
@@ -39,6 +59,12 @@ def parse(argv):
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--distributed-timeout-seconds", type=int, default=600)
     args, unknown = p.parse_known_args(argv[1:])
     if unknown:
         log(f"ignoring options the stand-in does not model: {' '.join(unknown)}")
@@ -49,7 +75,116 @@ class State:
     healthy = False
     ips = []
     served = ""
+    # What the chat reply says runs the model ("Ray workers" or "ranks").
+    placed = "Ray workers"
     lock = threading.Lock()
+
+
+def warn(msg):
+    print(f"[W{time.strftime('%m%d %H:%M:%S')} socket.cpp:{os.getpid()}] {msg}", flush=True)
+
+
+def serve_rank0(args):
+    """Rank 0 of the mp backend: the store on the master port, healthy once every rank joined."""
+    world = args.nnodes
+    me = os.environ.get("VLLM_HOST_IP") or args.master_addr
+    joined = {0: me}
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", args.master_port))
+    srv.listen(64)
+    log(f"rank 0 of {world}: the process group's store listens on port {args.master_port}, master address {args.master_addr}")
+    conns = []
+
+    def client(conn, peer):
+        # A client that says nothing (a TCP ready check) is not a rank.
+        conn.settimeout(30)
+        try:
+            line = conn.makefile("r").readline().split()
+        except OSError:
+            line = []
+        if len(line) != 3 or line[0] != "rank":
+            conn.close()
+            return
+        rank, announced = int(line[1]), line[2]
+        if announced != peer:
+            warn(f"[c10d] rank {rank} announced {announced} but connected from {peer}: its "
+                 "connection to the master leaves from another address")
+        conn.settimeout(None)
+        with State.lock:
+            if rank in joined or State.healthy:
+                # torch.distributed cannot take a rank into a group that has formed.
+                log(f"rank {rank} connected from {peer}, but the process group has already "
+                    "formed: every rank must start again, together", "ERROR")
+                conn.close()
+                return
+            conns.append(conn)
+            joined[rank] = peer
+            n = len(joined)
+            if n == world:
+                State.ips = [joined[r] for r in sorted(joined)]
+                State.healthy = True
+        log(f"rank {rank} joined from {peer} ({n}/{world})")
+        if n == world:
+            log(f"all {world} ranks joined: {', '.join(State.ips)}")
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        with State.lock:
+            State.healthy = False
+        log(f"rank {rank} at {peer} went away: the engine cannot go on without it", "ERROR")
+
+    def accept():
+        while True:
+            conn, (peer, _) = srv.accept()
+            threading.Thread(target=client, args=(conn, peer), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    start = time.time()
+    while time.time() - start < args.distributed_timeout_seconds:
+        with State.lock:
+            if State.healthy:
+                return conns
+        time.sleep(0.5)
+    with State.lock:
+        n = len(joined)
+    log(f"torch.distributed.DistStoreError: Timed out after {args.distributed_timeout_seconds + 1} "
+        f"seconds waiting for clients. {n}/{world} clients joined.", "ERROR")
+    sys.exit(1)
+
+
+def serve_headless(args):
+    """A headless rank: join rank 0's store, then wait; warn as torch does when it goes away."""
+    me = os.environ.get("VLLM_HOST_IP", "")
+    deadline = time.time() + args.distributed_timeout_seconds
+    while True:
+        try:
+            conn = socket.create_connection((args.master_addr, args.master_port), timeout=5)
+            conn.settimeout(None)
+            break
+        except OSError as e:
+            if time.time() >= deadline:
+                log(f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                    f"{args.distributed_timeout_seconds * 1000}ms while trying to connect to "
+                    f"({args.master_addr}, {args.master_port}).", "ERROR")
+                sys.exit(1)
+            warn(f"[c10d] The client socket has failed to connect to [{args.master_addr}]:"
+                 f"{args.master_port} (errno: {e.errno or 0} - {e.strerror or e}).")
+            time.sleep(1)
+    conn.sendall(f"rank {args.node_rank} {me}\n".encode())
+    source = conn.getsockname()[0]
+    log(f"rank {args.node_rank} of {args.nnodes} (headless) joined {args.master_addr}:{args.master_port} from {source}")
+    try:
+        while conn.recv(4096):
+            pass
+    except OSError:
+        pass
+    while True:
+        warn(f"[PG ID 0 PG GUID 0 Rank {args.node_rank}] Failed to check the \"should dump\" flag on "
+             "TCPStore, (maybe TCPStore server has shut down too early), with error: Connection reset by peer")
+        time.sleep(30)
 
 
 def start_ray(args):
@@ -57,9 +192,6 @@ def start_ray(args):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if "unsupported-arch" in args.model:
-        log(f"ValueError: Model architectures ['UnsupportedForCausalLM'] are not supported for now.")
-        sys.exit(1)
     world = args.tensor_parallel_size * args.pipeline_parallel_size
     address = os.environ.get("RAY_ADDRESS")
     if address:
@@ -154,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
         if not healthy:
             self.reply(503, {"error": {"message": "the engine is not ready", "code": 503}})
             return
-        text = (f"Hello! I am {State.served}, served by a vLLM stand-in whose Ray workers run on "
+        text = (f"Hello! I am {State.served}, served by a vLLM stand-in whose {State.placed} run on "
                 f"{', '.join(sorted(set(ips)))}.")
         self.reply(200, {
             "id": f"chatcmpl-{int(time.time() * 1000)}",
@@ -167,11 +299,32 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
+    # SIGTERM ends the server, as in vLLM (uvicorn): as PID 1 of its container (the mp ranks
+    # have their own PID namespace) the default action would be ignored, and every `docker
+    # stop` would wait for its kill timeout.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = parse(sys.argv[1:])
     State.served = args.served_model_name or args.model
     log(f"vllm stand-in: serve {args.model} as {State.served} on {args.host}:{args.port}, "
         f"VLLM_HOST_IP={os.environ.get('VLLM_HOST_IP')}, RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}, "
+        f"backend={args.distributed_executor_backend}, nnodes={args.nnodes}, node_rank={args.node_rank}, "
         f"NCCL_SOCKET_IFNAME={os.environ.get('NCCL_SOCKET_IFNAME')}")
+    if "unsupported-arch" in args.model:
+        log("ValueError: Model architectures ['UnsupportedForCausalLM'] are not supported for now.")
+        sys.exit(1)
+    if args.nnodes > 1 and args.distributed_executor_backend != "ray":
+        State.placed = "ranks"
+        if args.headless or args.node_rank > 0:
+            serve_headless(args)
+            return
+        keep = serve_rank0(args)
+        # As vLLM, the API server starts once the engine (every rank) is up.
+        server = ThreadingHTTPServer((args.host, args.port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        log("Application startup complete.")
+        while True:
+            time.sleep(3600)
+        del keep
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = start_ray(args)

@@ -1,0 +1,94 @@
+# The seed deployment without Ray: two DGX Sparks behind a jump host, linked by a ConnectX-7
+# RoCE cable, serving Qwen3.5-122B-A10B-FP8 with tensor parallelism 2 over vLLM's
+# multiprocessing backend (modules/vllm-mp): rank 0 on spark1 serves the API, spark2 runs
+# headless.
+#
+# The image is vLLM's own vllm/vllm-openai:v0.21.0: its release tags are multi-arch (arm64
+# included), CUDA 13 is their default since v0.20.0 (GB10's sm_121 kernels need it; it needs
+# NVIDIA driver 580 or later), it has no Ray (stock images dropped it in v0.18), and it knows
+# Qwen3.5's architecture. Pin a digest once you have pulled it, and pull the same one on both
+# nodes: the ranks must run the same image ID.
+
+jump "proxmox" {
+  address = "10.1.230.180"
+  user    = "root"
+}
+
+node "spark1" {
+  address        = "spark1"
+  user           = "nvidia"
+  jump           = jump.proxmox
+  gpus           = 1
+  memory_gib     = 120
+  unified_memory = true
+}
+
+node "spark2" {
+  address        = "spark2"
+  user           = "nvidia"
+  jump           = jump.proxmox
+  gpus           = 1
+  memory_gib     = 120
+  unified_memory = true
+}
+
+network "roce" {
+  subnet = "192.168.200.0/24"
+  mtu    = 9000
+
+  attach "spark1" {
+    node      = node.spark1
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.1"
+  }
+  attach "spark2" {
+    node      = node.spark2
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.2"
+  }
+}
+
+module "qwen" {
+  source                 = "../../modules/vllm-mp"
+  image                  = "vllm/vllm-openai:v0.21.0"
+  network                = network.roce
+  head                   = node.spark1
+  workers                = [node.spark2]
+  model                  = "Qwen/Qwen3.5-122B-A10B-FP8"
+  model_size_gib         = 111
+  tensor_parallel_size   = 2
+  gpu_memory_utilization = 0.80
+  port                   = 30000
+  extra_args             = ["--enable-auto-tool-choice", "--reasoning-parser", "qwen3"]
+  # Both RoCE devices of the cabled port (ibdev2netdev names them): one alone carries about
+  # 3 GB/s.
+  nccl_ib_hca = "rocep1s0f0,roceP2p1s0f0"
+  extra_env = {
+    # Weights were copied to both nodes beforehand; do not download at start.
+    HF_HUB_OFFLINE = "1"
+  }
+}
+
+# Only a real chat completion proves that the model generates tokens.
+probe "hello" {
+  http {
+    via    = node.spark1
+    url    = "${module.qwen.endpoint}/v1/chat/completions"
+    method = "POST"
+    json = {
+      model      = module.qwen.served_model_name
+      max_tokens = 256
+      messages   = [{ role = "user", content = "Hello! What model are you? Reply briefly." }]
+    }
+  }
+  expect {
+    status    = 200
+    json_path = "choices[0].message.content"
+    matches   = "(?i)qwen"
+  }
+  timeout = "30m"
+}
+
+output "endpoint" {
+  value = module.qwen.endpoint
+}

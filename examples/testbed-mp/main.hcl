@@ -1,0 +1,117 @@
+# vLLM across the testbed's two nodes without Ray (modules/vllm-mp), after
+# `tests/testbed/testbed up && testbed ray`: the same jump host, nodes and fabric as
+# examples/testbed, and the vLLM stand-in in its multiprocessing mode (rank 0 on node1 hosts the
+# master port, node2 joins it headless; rank 0 answers only once every rank has joined).
+
+variable "testbed_dir" {
+  type        = string
+  default     = "/tmp/sparkform-testbed"
+  description = "Where `testbed up` keeps its keys and known_hosts (SPARKFORM_TESTBED_DIR)."
+}
+
+variable "model" {
+  type    = string
+  default = "Qwen/Qwen3-0.6B"
+}
+
+variable "max_model_len" {
+  type    = number
+  default = 8192
+}
+
+variable "probe_timeout" {
+  type    = string
+  default = "2m"
+}
+
+variable "rendezvous_timeout" {
+  type    = string
+  default = "1m"
+}
+
+jump "testbed" {
+  address       = "127.0.0.1"
+  user          = "root"
+  port          = 2222
+  identity_file = "${var.testbed_dir}/id_ed25519"
+  known_hosts   = "${var.testbed_dir}/known_hosts"
+}
+
+node "node1" {
+  address       = "sf-node1"
+  user          = "root"
+  jump          = jump.testbed
+  identity_file = "${var.testbed_dir}/id_ed25519"
+  known_hosts   = "${var.testbed_dir}/known_hosts"
+  gpus          = 1
+}
+
+node "node2" {
+  address       = "sf-node2"
+  user          = "root"
+  jump          = jump.testbed
+  identity_file = "${var.testbed_dir}/id_ed25519"
+  known_hosts   = "${var.testbed_dir}/known_hosts"
+  gpus          = 1
+}
+
+network "roce" {
+  subnet = "192.168.200.0/24"
+  mtu    = 9000
+
+  attach "node1" {
+    node      = node.node1
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.1"
+  }
+  attach "node2" {
+    node      = node.node2
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.2"
+  }
+}
+
+module "qwen" {
+  source                 = "../../modules/vllm-mp"
+  image                  = "sparkform-testbed/ray:latest"
+  network                = network.roce
+  head                   = node.node1
+  workers                = [node.node2]
+  model                  = var.model
+  tensor_parallel_size   = 2
+  gpu_memory_utilization = 0.80
+  max_model_len          = var.max_model_len
+  port                   = 30000
+  hf_cache               = "/tmp/sparkform-hf-cache"
+  shm_size               = "1g"
+  gpu_devices            = false
+  rdma                   = false # the testbed's nodes have no /dev/infiniband
+  health_timeout         = "3m"
+  start_timeout          = "2m"
+  rendezvous_timeout     = var.rendezvous_timeout
+}
+
+# The stand-in's answer names the fabric address of every rank that joined rank 0.
+probe "hello" {
+  http {
+    via    = node.node1
+    url    = "${module.qwen.endpoint}/v1/chat/completions"
+    method = "POST"
+    json = {
+      model      = module.qwen.served_model_name
+      max_tokens = 64
+      messages   = [{ role = "user", content = "Hello! What model are you? Reply briefly." }]
+    }
+  }
+  expect {
+    status    = 200
+    json_path = "choices[0].message.content"
+    matches   = "(?i)qwen"
+  }
+  timeout  = var.probe_timeout
+  interval = "2s"
+}
+
+output "endpoint" {
+  value = module.qwen.endpoint
+}

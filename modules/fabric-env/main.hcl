@@ -1,0 +1,104 @@
+locals {
+  attach     = { for a in values(var.network.attach) : a.node.name => a }
+  head       = var.nodes[0]
+  head_ip    = var.head_address == null ? local.attach[local.head.name].address : var.head_address
+  missing    = [for n in var.nodes : n.name if !contains(keys(local.attach), n.name)]
+  interfaces = distinct([for n in var.nodes : local.attach[n.name].interface])
+
+  # Without RDMA devices NCCL can only use sockets, so there is nothing to detect.
+  detect_socket_fallback = var.rdma && var.nccl_socket_fallback == "fail"
+
+  # NCCL, Gloo, UCX and TensorPipe pick the fabric interface instead of the default route.
+  env = merge(
+    {
+      NCCL_SOCKET_IFNAME = local.interfaces[0]
+      GLOO_SOCKET_IFNAME = local.interfaces[0]
+      UCX_NET_DEVICES    = local.interfaces[0]
+      TP_SOCKET_IFNAME   = local.interfaces[0]
+      HF_HOME            = "/root/.cache/huggingface"
+    },
+    var.nccl_ib_hca == null ? {} : { NCCL_IB_HCA = var.nccl_ib_hca },
+    # NCCL names the transport it chose only at INFO level; the fallback signature needs it.
+    local.detect_socket_fallback ? { NCCL_DEBUG = "INFO" } : {},
+    var.launcher_env,
+    var.extra_env,
+  )
+
+  # VLLM_HOST_IP must be each container's own fabric address: neither Ray nor torch.distributed
+  # carries it from the head to the other nodes, and without it vLLM advertises the default route.
+  node_env = {
+    for n in var.nodes : n.name => merge(local.env, {
+      VLLM_HOST_IP = n.name == local.head.name ? local.head_ip : local.attach[n.name].address
+    })
+  }
+
+  # Without /dev/infiniband or IPC_LOCK (to pin its buffers), NCCL silently falls back to TCP.
+  devices = var.rdma ? ["/dev/infiniband"] : null
+  cap_add = var.rdma ? ["IPC_LOCK"] : null
+  ulimits = var.rdma ? { memlock = "-1" } : null
+
+  # Known failures, by the log line that shows them, with the fix. Each group applies where its
+  # software runs: `gpu` and `vllm` in every vLLM container, `ray` in Ray's, `mp` in the ranks
+  # of vLLM's multiprocessing backend. A pattern must match no line of `benign_log`.
+  signatures = {
+    gpu = merge(
+      {
+        "Watchdog caught collective operation timeout"                                  = "an NCCL collective hung until NCCL's timeout: two NCCL builds of the same version in one image (a pip wheel and the system library) wedged serving after 20-26 min; run one image with one NCCL on every node (the same image ID), and check the fabric link (speed, MTU) between the nodes"
+        "cudaErrorUnsupportedPtxVersion|PTX was compiled with an unsupported toolchain" = "the image's CUDA toolchain is newer than this node's NVIDIA driver: use an image built for the driver the nodes run (sparkform nodes shows it), or update the driver on every node"
+        "nvidia-container-cli: .*driver not loaded"                                     = "the NVIDIA kernel modules are not loaded on this node, usually after a kernel update without them: boot a kernel that has them (or reinstall the driver), with the same driver version on every node. `Failed to initialize NVML: Unknown Error` is another cause (the cgroup driver)"
+      },
+      local.detect_socket_fallback ? {
+        "NET/Socket : Using|Using network Socket" = "NCCL runs over TCP sockets, not RoCE: the container needs /dev/infiniband, IPC_LOCK and an unlimited memlock limit (rdma = true), NCCL_IB_HCA must name RoCE devices that exist and are up (ibdev2netdev), and NCCL_IB_DISABLE must not be 1; set nccl_socket_fallback = \"allow\" to accept sockets"
+      } : {},
+    )
+    vllm = {
+      "Available KV cache memory: -"                   = "the weights leave no memory for the KV cache on this rank: raise gpu_memory_utilization (at most 0.85-0.90 on GB10), lower max_model_len, or spread the model over more nodes"
+      "CUDA out of memory|CUDA error: out of memory"   = "the GPU ran out of memory while vLLM loaded or profiled: right after a restart the previous vLLM (an orphan VLLM::EngineCore process) may still hold the node's memory, so wait until the node's available memory is back and apply again; otherwise lower gpu_memory_utilization or max_model_len"
+      "Gloo connectFullMesh failed"                    = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
+      "Model architectures \\[.*\\] are not supported" = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
+      "Free memory on device .* is less than desired"  = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
+    }
+    ray = {
+      "Waiting for creating a placement group of specs"                                                       = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
+      "(?i)(killed due to the node running low on memory|ray\\.exceptions\\.OutOfMemoryError|memory monitor)" = "Ray's memory monitor killed a worker: keep RAY_memory_monitor_refresh_ms=0 in every container and lower gpu_memory_utilization (≤ 0.85 on GB10)"
+      "Version mismatch: The cluster was started with"                                                        = "the nodes run different Ray (or Python) versions: run the same image, with the same image ID, on every node"
+      "ray: (command )?not found"                                                                             = "this image has no Ray (stock vLLM images dropped it around v0.18, NVIDIA's vLLM container lacks it): deploy with modules/vllm-mp, vLLM's multiprocessing backend across nodes, or use an image with Ray"
+    }
+    mp = {
+      "The client socket has timed out after \\d+ms while trying to connect to" = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
+      "Timed out after \\d+ seconds waiting for clients"                        = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
+      "TCPStore server has shut down too early"                                 = "rank 0 went away while this rank waited for it: rank 0's log has the cause; the ranks are one process group, so all of them start again with the next apply"
+    }
+  }
+
+  # Lines that look alarming but are normal on DGX Spark (GB10, ConnectX-7): never add a pattern
+  # that matches them.
+  benign_log = [
+    "Using default MoE config. Performance might be sub-optimal! Config file not found at /usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/fused_moe/configs/E=256,N=512,device_name=NVIDIA_GB10.json",
+    "GDS is not supported in this platform",
+    "NCCL INFO GPU Direct RDMA Disabled for HCA 0 'rocep1s0f1'",
+    "WARNING 07-14 10:02:11 [custom_all_reduce.py:87] CustomAllreduce is disabled because this process group spans across nodes.",
+    "No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).",
+  ]
+}
+
+check "head_on_fabric" {
+  condition     = cidrcontains(var.network.subnet, local.head_ip)
+  error_message = "the head address ${local.head_ip} is not in the fabric subnet ${var.network.subnet} of network ${var.network.name}: Ray or torch.distributed, NCCL and Gloo would talk over the management network, where the other nodes cannot reach the head (the first failure of the manual deployment). Leave head_address unset to use the head node's fabric address"
+}
+
+check "every_node_on_fabric" {
+  condition     = length(local.missing) == 0
+  error_message = "every node needs an attachment to network ${var.network.name}; missing: ${join(", ", local.missing)}"
+}
+
+check "same_interface_everywhere" {
+  condition     = length(local.interfaces) == 1
+  error_message = "the fabric interface differs between nodes (${join(", ", local.interfaces)}); vLLM copies NCCL_SOCKET_IFNAME from the head to every other process, so all nodes must use the same interface name"
+}
+
+check "no_pinned_gid_index" {
+  condition     = !contains(keys(var.extra_env), "NCCL_IB_GID_INDEX")
+  error_message = "extra_env pins NCCL_IB_GID_INDEX=${lookup(var.extra_env, "NCCL_IB_GID_INDEX", "")}: the RoCE GID index moves with firmware and driver updates (3 became 4 on DGX Spark), and NCCL then fails with `ibv_modify_qp failed`; leave it unset so NCCL finds the RoCE v2 GID itself"
+  severity      = "warning"
+}

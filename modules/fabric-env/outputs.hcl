@@ -1,0 +1,67 @@
+output "head_ip" {
+  value = local.head_ip
+}
+
+output "addresses" {
+  description = "Each node's fabric address, by node name."
+  value       = { for n in var.nodes : n.name => local.attach[n.name].address }
+}
+
+output "interface" {
+  value = local.interfaces[0]
+}
+
+output "env" {
+  description = "The environment every container shares (without VLLM_HOST_IP)."
+  value       = local.env
+}
+
+output "node_env" {
+  description = "The whole environment of a container, by the name of its node (VLLM_HOST_IP included)."
+  value       = local.node_env
+}
+
+output "gpus" {
+  description = "The `gpus` attribute of a container, by the name of its node."
+  value       = { for n in var.nodes : n.name => var.gpu_devices && n.gpus != null ? "all" : null }
+}
+
+# Host network: every process binds and advertises its node's own fabric address, which a bridge
+# network would hide. Host IPC: NCCL and vLLM share memory between the processes of a node.
+output "network_mode" {
+  value = "host"
+}
+
+output "ipc_mode" {
+  value = "host"
+}
+
+output "shm_size" {
+  value = var.shm_size
+}
+
+output "volumes" {
+  value = ["${var.hf_cache}:/root/.cache/huggingface"]
+}
+
+output "devices" {
+  value = local.devices
+}
+
+output "cap_add" {
+  value = local.cap_add
+}
+
+output "ulimits" {
+  value = local.ulimits
+}
+
+output "signatures" {
+  description = "fail_on_log patterns by where they apply: gpu, vllm, ray, mp."
+  value       = local.signatures
+}
+
+output "benign_log" {
+  description = "Log lines that are normal on DGX Spark; no signature matches them."
+  value       = local.benign_log
+}

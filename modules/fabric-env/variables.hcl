@@ -1,0 +1,74 @@
+# What every container of a multi-node GPU deployment on a fabric needs, whatever launches it
+# (Ray in ../ray-cluster, vLLM's multiprocessing backend in ../vllm-mp): the fabric address and
+# interface of each node, the environment that pins NCCL, Gloo, UCX and TensorPipe to the fabric,
+# the RDMA devices and limits NCCL needs to use RoCE, and the log lines of known failures.
+# It has no resources: the launchers read its outputs, so each fix is written here once.
+
+variable "network" {
+  type        = any
+  description = "The fabric network (network.roce): its attachments give each node's address and interface."
+}
+
+variable "nodes" {
+  type        = any
+  description = "Every node of the deployment, the head first ([node.spark1, node.spark2])."
+}
+
+variable "head_address" {
+  type        = string
+  default     = null
+  description = "The address the head listens on for the other nodes; by default the head node's fabric address. Set only to override, and only within the fabric subnet."
+}
+
+variable "extra_env" {
+  type        = map(string)
+  default     = {}
+  description = "More environment for every container; wins over everything but VLLM_HOST_IP."
+}
+
+variable "launcher_env" {
+  type        = map(string)
+  default     = {}
+  description = "Environment the launcher needs in every container (Ray's memory monitor switch); extra_env wins over it."
+}
+
+variable "shm_size" {
+  type        = string
+  default     = "16g"
+  description = "Shared memory (/dev/shm) of every container: NCCL and vLLM's message queues live there, and Docker's 64 MiB default is too small."
+}
+
+variable "hf_cache" {
+  type        = string
+  default     = "/root/.cache/huggingface"
+  description = "Host folder with the Hugging Face cache, mounted in every container."
+}
+
+variable "gpu_devices" {
+  type        = bool
+  default     = true
+  description = "Hand the nodes' GPUs to the containers. False on test beds without GPUs."
+}
+
+variable "rdma" {
+  type        = bool
+  default     = true
+  description = "Give every container the RDMA devices (/dev/infiniband), IPC_LOCK and an unlimited memlock limit, so NCCL can use RoCE. False only where the nodes have no RDMA devices (the testbed)."
+}
+
+variable "nccl_ib_hca" {
+  type        = string
+  default     = null
+  description = "NCCL_IB_HCA for every container, e.g. \"rocep1s0f1,roceP2p1s0f1\": with one cable, list both twin devices of the port (one alone gives about 3 GB/s). Unset lets NCCL use every device it finds."
+}
+
+variable "nccl_socket_fallback" {
+  type        = string
+  default     = "fail"
+  description = "\"fail\": NCCL_DEBUG=INFO is set and a log showing NCCL on TCP sockets instead of RoCE fails the ready check; \"allow\": neither. Without rdma it is always allowed."
+
+  validation {
+    condition     = contains(["fail", "allow"], var.nccl_socket_fallback)
+    error_message = "nccl_socket_fallback must be \"fail\" or \"allow\""
+  }
+}

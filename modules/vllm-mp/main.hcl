@@ -1,0 +1,134 @@
+module "fabric" {
+  source               = "../fabric-env"
+  network              = var.network
+  nodes                = concat([var.head], var.workers)
+  head_address         = var.head_address
+  extra_env            = var.extra_env
+  shm_size             = var.shm_size
+  hf_cache             = var.hf_cache
+  gpu_devices          = var.gpu_devices
+  rdma                 = var.rdma
+  nccl_ib_hca          = var.nccl_ib_hca
+  nccl_socket_fallback = var.nccl_socket_fallback
+}
+
+module "serve" {
+  source                 = "../vllm-serve"
+  model                  = var.model
+  served_model_name      = var.served_model_name
+  nodes                  = concat([var.head], var.workers)
+  model_size_gib         = var.model_size_gib
+  tensor_parallel_size   = var.tensor_parallel_size
+  pipeline_parallel_size = var.pipeline_parallel_size
+  gpu_memory_utilization = var.gpu_memory_utilization
+  overhead_gib           = var.overhead_gib
+  max_model_len          = var.max_model_len
+  port                   = var.port
+  extra_args             = var.extra_args
+}
+
+locals {
+  master = module.fabric.head_ip
+  ranks  = { for i, w in var.workers : w.name => { node = w, rank = i + 1 } }
+  mp_args = [
+    "--distributed-executor-backend", "mp",
+    "--nnodes", tostring(length(var.workers) + 1),
+    "--master-addr", local.master,
+    "--master-port", tostring(var.master_port),
+  ]
+  s           = module.fabric.signatures
+  fail_on_log = merge(local.s.gpu, local.s.vllm, local.s.mp)
+}
+
+check "workers_present" {
+  condition     = length(var.workers) > 0
+  error_message = "vllm-mp spreads vLLM over several nodes and needs at least one worker; on one node run vLLM in a plain container"
+}
+
+# Order, so that no rank ever waits on a dead peer. Rank 0 goes first: its container counts as
+# ready once the master port is open, long before /health (which answers only once every rank
+# has joined and the weights are loaded), so the headless ranks start right after it instead of
+# waiting for its readiness. Each headless rank is ready when rank 0 answers /health, and its
+# own log is watched meanwhile. A changed flag is in every rank's command, and a new rank 0
+# replaces the others anyway: the old rank 0 is stopped before the new one opens the port, and
+# each old headless rank before its successor starts, so a new rank can only join the new rank 0.
+container "rank0" {
+  node         = var.head
+  name         = "${var.container_prefix}-vllm-${var.head.name}"
+  image        = var.image
+  network_mode = module.fabric.network_mode
+  ipc_mode     = module.fabric.ipc_mode
+  shm_size     = module.fabric.shm_size
+  gpus         = module.fabric.gpus[var.head.name]
+  devices      = module.fabric.devices
+  cap_add      = module.fabric.cap_add
+  ulimits      = module.fabric.ulimits
+  volumes      = module.fabric.volumes
+  env          = module.fabric.node_env[var.head.name]
+  command      = concat(module.serve.serve_args, local.mp_args, ["--node-rank", "0"], module.serve.server_args)
+  restart      = "no"
+
+  ready {
+    tcp         = "${local.master}:${var.master_port}"
+    timeout     = var.start_timeout
+    interval    = "2s"
+    fail_on_log = local.fail_on_log
+  }
+}
+
+container "rank" {
+  for_each     = local.ranks
+  node         = each.value.node
+  name         = "${var.container_prefix}-vllm-${each.key}"
+  image        = var.image
+  network_mode = module.fabric.network_mode
+  ipc_mode     = module.fabric.ipc_mode
+  shm_size     = module.fabric.shm_size
+  gpus         = module.fabric.gpus[each.key]
+  devices      = module.fabric.devices
+  cap_add      = module.fabric.cap_add
+  ulimits      = module.fabric.ulimits
+  volumes      = module.fabric.volumes
+  env          = module.fabric.node_env[each.key]
+  command = concat(
+    module.serve.serve_args,
+    local.mp_args,
+    ["--node-rank", tostring(each.value.rank), "--headless"],
+    module.serve.server_args,
+  )
+  restart = "no"
+
+  ready {
+    http        = "http://${local.master}:${var.port}/health"
+    status      = 200
+    timeout     = var.health_timeout
+    interval    = "5s"
+    fail_on_log = local.fail_on_log
+  }
+
+  depends_on           = [container.rank0]
+  replace_triggered_by = [container.rank0]
+}
+
+# Rendezvous gate: every headless rank holds a connection to rank 0's master port from its own
+# planned fabric address, and nothing else has joined. A rank whose connection leaves from
+# another address (a second address on its fabric interface that comes first, a route over the
+# management network) is named with that address.
+probe "rendezvous" {
+  exec {
+    container = container.rank0
+    command = [
+      "python3", "-c", file("rendezvous.py"),
+      tostring(var.master_port),
+      local.master,
+      join(",", [for w in var.workers : module.fabric.addresses[w.name]]),
+    ]
+  }
+  expect {
+    exit_code       = 0
+    stdout_contains = "rendezvous-ok"
+  }
+  timeout    = var.rendezvous_timeout
+  interval   = "2s"
+  depends_on = [container.rank]
+}

@@ -1,0 +1,18 @@
+# Readers of the endpoint wait for the whole process group, checked by the rendezvous gate.
+output "endpoint" {
+  value      = "http://${local.master}:${var.port}"
+  depends_on = [probe.rendezvous]
+}
+
+output "served_model_name" {
+  value      = module.serve.served_name
+  depends_on = [probe.rendezvous]
+}
+
+output "master" {
+  value = "${local.master}:${var.master_port}"
+}
+
+output "rendezvous" {
+  value = probe.rendezvous
+}

@@ -1,0 +1,46 @@
+locals {
+  served_name = var.served_model_name == null ? var.model : var.served_model_name
+  gpus_needed = var.tensor_parallel_size * var.pipeline_parallel_size
+  gpus_total  = sum([for n in var.nodes : n.gpus == null ? 0 : n.gpus])
+  min_memory  = min([for n in var.nodes : n.memory_gib == null ? 0 : n.memory_gib]...)
+  per_node    = var.model_size_gib == null ? 0 : var.model_size_gib / length(var.nodes) + var.overhead_gib
+  large_model = var.model_size_gib == null ? true : var.model_size_gib >= var.large_model_gib
+
+  serve_args = [
+    "vllm", "serve", var.model,
+    "--tensor-parallel-size", tostring(var.tensor_parallel_size),
+    "--pipeline-parallel-size", tostring(var.pipeline_parallel_size),
+  ]
+  server_args = concat(
+    [
+      "--host", "0.0.0.0",
+      "--port", tostring(var.port),
+      "--served-model-name", local.served_name,
+      "--gpu-memory-utilization", tostring(var.gpu_memory_utilization),
+    ],
+    var.max_model_len == null ? [] : ["--max-model-len", tostring(var.max_model_len)],
+    var.extra_args,
+  )
+}
+
+check "parallelism_matches_gpus" {
+  condition     = local.gpus_needed == local.gpus_total
+  error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${local.gpus_total} GPUs; vLLM would wait forever for the missing ones"
+}
+
+check "utilization_on_unified_memory" {
+  condition     = var.gpu_memory_utilization <= 0.85 || length([for n in var.nodes : n.name if n.unified_memory == true]) == 0
+  error_message = "gpu_memory_utilization ${var.gpu_memory_utilization} is above 0.85 on unified-memory nodes: the GPU shares memory with the OS (a desktop session alone takes 2-3 GiB), and CUDA graph capture has been killed there at 95%"
+  severity      = "warning"
+}
+
+check "model_fits" {
+  condition     = var.model_size_gib == null || local.per_node <= local.min_memory * var.gpu_memory_utilization
+  error_message = "the model needs about ${local.per_node} GiB per node (weights split over ${length(var.nodes)} nodes plus ${var.overhead_gib} GiB), more than ${local.min_memory} GiB × ${var.gpu_memory_utilization}; add nodes or raise gpu_memory_utilization"
+}
+
+check "enforce_eager_on_a_large_model" {
+  condition     = !(contains(var.extra_args, "--enforce-eager") && local.large_model)
+  error_message = "--enforce-eager in extra_args: on a large model it cost about 55% of throughput in one report and did not cure wedged servers in another; remove it unless CUDA graph capture itself fails"
+  severity      = "warning"
+}

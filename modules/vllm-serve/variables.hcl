@@ -1,0 +1,69 @@
+# The part of `vllm serve` that does not depend on how vLLM reaches the other nodes: the model,
+# its parallelism, memory and server flags, and the plan-time checks on them. ../vllm-ray and
+# ../vllm-mp put their launcher's flags between `serve_args` and `server_args`.
+
+variable "model" {
+  type        = string
+  description = "Hugging Face model id, e.g. Qwen/Qwen3.5-122B-A10B-FP8."
+}
+
+variable "served_model_name" {
+  type    = string
+  default = null
+}
+
+variable "nodes" {
+  type        = any
+  description = "Every node the model is spread over."
+}
+
+variable "model_size_gib" {
+  type    = number
+  default = null
+}
+
+variable "tensor_parallel_size" {
+  type    = number
+  default = 1
+}
+
+variable "pipeline_parallel_size" {
+  type    = number
+  default = 1
+}
+
+variable "gpu_memory_utilization" {
+  type    = number
+  default = 0.80
+
+  validation {
+    condition     = var.gpu_memory_utilization > 0 && var.gpu_memory_utilization <= 0.95
+    error_message = "gpu_memory_utilization must be in (0, 0.95]"
+  }
+}
+
+variable "overhead_gib" {
+  type    = number
+  default = 8
+}
+
+variable "max_model_len" {
+  type    = number
+  default = null
+}
+
+variable "port" {
+  type    = number
+  default = 8000
+}
+
+variable "extra_args" {
+  type    = list(string)
+  default = []
+}
+
+variable "large_model_gib" {
+  type        = number
+  default     = 30
+  description = "From this size on (or when the size is unknown) --enforce-eager earns a plan warning."
+}
