@@ -1193,7 +1193,13 @@ def cmd_pull(args):
     emit("result", mode="pull", repo=args.repo, commit=args.commit, snapshot=snap,
          manifest_path=rec.path, bytes_total=total, bytes_copied=got, files_copied=len(todo),
          files_skipped=skipped, seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
-         hashed=args.hash, config=config_facts(os.path.join(snap, "config.json")))
+         cpu_seconds=round(cpu_seconds(), 3), hashed=args.hash,
+         config=config_facts(os.path.join(snap, "config.json")))
+
+
+def cpu_seconds():
+    t = os.times()
+    return t.user + t.system
 
 
 # ------------------------------------------------------------------ observe
