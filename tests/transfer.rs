@@ -231,8 +231,15 @@ impl Serve {
     fn port(&self) -> String {
         self.port.to_string()
     }
-    /// The served events so far (stops it first).
+    /// Everything it printed: asks it to stop (POST /stop), so every transfer's event is out.
     fn stop(mut self) -> Vec<Value> {
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            let _ = c.write_all(b"POST /stop HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let mut rest = String::new();
@@ -910,4 +917,27 @@ fn download_with_huggingface_hub_fetches_each_file_once_and_verifies() {
             .count(),
         n
     );
+    // one flipped byte in the cache: caught by --deep, removed, fetched once more, verified
+    let shard = "model-00002-of-00003.safetensors";
+    let snap = cache
+        .join("models--testbed--standin-qwen3/snapshots")
+        .join(&commit)
+        .join(shard);
+    let blob = std::fs::canonicalize(&snap).unwrap();
+    let mut data = std::fs::read(&blob).unwrap();
+    data[5000] ^= 0x04;
+    std::fs::write(&blob, &data).unwrap();
+    let o = run_with(
+        &hf_py,
+        &["download", HUB_REPO, &commit, "--cache", &c, "--deep"],
+        "",
+        &env,
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.result()["files_refetched"], json!([shard]));
+    let again = parse_lines(&hub.get(&sys_py, "/_standin/log"))
+        .into_iter()
+        .filter(|e| e["method"] == "GET" && e["file"] == shard)
+        .count();
+    assert_eq!(again, 2, "the corrupted shard is fetched once more");
 }

@@ -48,7 +48,8 @@ refs}), on every node, so vLLM finds the snapshot with HF_HUB_OFFLINE=1. The ver
 of a node is CACHE/models--ORG--NAME/sparkform/COMMIT.json (not under snapshots/, which the
 hub's cache scanner requires to hold folders only). A file is in it only once its bytes
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
-it (--deep rereads). pull writes blobs/BLOB.sparkform-partial, hashing while it streams, and
+it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream: sha256 is sequential,
+so splitting a file would need a second read pass to hash it. pull writes blobs/BLOB.sparkform-partial, hashing while it streams, and
 renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
 that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
 
@@ -59,6 +60,7 @@ the command line. It is never printed.
 
 import argparse
 import fnmatch
+import glob
 import hashlib
 import http.client
 import http.server
@@ -720,40 +722,50 @@ def cmd_download(args):
                         done += s
             progress.set_done(min(done, total), active)
 
+    def fetch(files):
+        if not files:
+            return
+        # exact paths, escaped: a "[" in a file name is not a pattern
+        kw = dict(revision=args.commit, cache_dir=cache, max_workers=args.jobs,
+                  allow_patterns=[glob.escape(f["path"]) for f in files], token=token or False)
+        try:
+            snapshot_download(args.repo, **kw)
+        except Exception as e:   # the hub's client raises many types; its message says which
+            name = type(e).__name__
+            code = EXIT_NOTFOUND if "NotFound" in name else EXIT_REMOTE
+            if isinstance(e, OSError) and getattr(e, "errno", None) is not None:
+                code = EXIT_IO
+            raise Fail(code, "huggingface_hub %s could not download %s at %s: %s: %s"
+                       % (huggingface_hub.__version__, args.repo, args.commit, name,
+                          str(e).splitlines()[0] if str(e) else ""))
+
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     t0 = time.monotonic()
+    refetched = []
     try:
-        if todo:
-            kw = dict(revision=args.commit, cache_dir=cache, max_workers=args.jobs,
-                      allow_patterns=[f["path"] for f in todo])
-            if token:
-                kw["token"] = token
-            else:
-                kw["token"] = False
-            try:
-                snapshot_download(args.repo, **kw)
-            except Exception as e:   # the hub's client raises many types; its message says which
-                name = type(e).__name__
-                code = EXIT_NOTFOUND if "NotFound" in name else EXIT_REMOTE
-                if isinstance(e, OSError) and getattr(e, "errno", None) is not None:
-                    code = EXIT_IO
-                raise Fail(code, "huggingface_hub %s could not download %s at %s: %s: %s"
-                           % (huggingface_hub.__version__, args.repo, args.commit, name,
-                              str(e).splitlines()[0] if str(e) else ""))
+        fetch(todo)
+        rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
+        if problems:
+            # what failed its check was removed (blob and pointer): fetched once more, checked again
+            bad = {p["path"] for p in problems}
+            refetched = [f for f in manifest["files"] if f["path"] in bad]
+            emit("warning", message="%d file(s) failed verification and are fetched again: %s"
+                 % (len(problems), problem_text(problems)))
+            fetch(refetched)
+            rec, problems = verify_snapshot(cache, manifest, False, remove_bad=True)
     finally:
         stop.set()
         t.join()
-    rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
     if problems:
-        raise Fail(EXIT_VERIFY, "%d file(s) of %s at %s failed verification and were removed: %s"
+        raise Fail(EXIT_VERIFY, "%d file(s) of %s at %s failed verification twice and were removed: %s"
                    % (len(problems), args.repo, args.commit, problem_text(problems)))
     write_ref(cache, args.repo, args.ref, args.commit)
     wall = time.monotonic() - t0
-    got = sum(f["size"] for f in todo)
+    got = sum(f["size"] for f in todo) + sum(f["size"] for f in refetched)
     emit("result", mode="download", repo=args.repo, commit=args.commit, snapshot=snap,
          manifest_path=rec.path, bytes_total=total, bytes_downloaded=got,
-         files_downloaded=len(todo), seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
+         files_downloaded=len(todo), files_refetched=[f["path"] for f in refetched], seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
          config=config_facts(os.path.join(snap, "config.json")), manifest=rec.manifest())
 
 
@@ -892,7 +904,7 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
                     break
                 sent += n
                 st.touch()
-                if st.max_rate:
+                if st.max_rate and sent < length:
                     ahead = sent / st.max_rate - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
