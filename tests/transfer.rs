@@ -941,3 +941,63 @@ fn download_with_huggingface_hub_fetches_each_file_once_and_verifies() {
         .count();
     assert_eq!(again, 2, "the corrupted shard is fetched once more");
 }
+
+#[test]
+fn remove_deletes_one_commit_and_keeps_blobs_another_snapshot_uses() {
+    let Some(py) = python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("c");
+    let files = sample_files();
+    let manifest = make_source(&cache, &files);
+    let c = cache_arg(&cache);
+    let o = run_with(
+        &py,
+        &[
+            "verify",
+            "--cache",
+            &c,
+            "--repo",
+            REPO,
+            "--commit",
+            COMMIT,
+            "--ref",
+            "main",
+            "--manifest",
+            "-",
+        ],
+        &manifest.to_string(),
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    // another commit's snapshot that shares the tokenizer's blob
+    let shared = sha256(&files[1].1);
+    let other = storage(&cache).join("snapshots").join("f".repeat(40));
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../blobs/{shared}"),
+        other.join("tokenizer.json"),
+    )
+    .unwrap();
+    let o = run(
+        &py,
+        &["remove", "--cache", &c, "--repo", REPO, "--commit", COMMIT],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let r = o.result();
+    assert_eq!(r["blobs_removed"], files.len() - 1);
+    assert_eq!(r["blobs_kept_shared"], 1);
+    assert_eq!(r["refs_removed"], json!(["main"]));
+    let st = storage(&cache);
+    assert!(!st.join("snapshots").join(COMMIT).exists());
+    assert!(!st.join(format!("sparkform/{COMMIT}.json")).exists());
+    assert!(!st.join("refs/main").exists());
+    let left: Vec<String> = std::fs::read_dir(st.join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec![shared.clone()]);
+    assert_eq!(
+        std::fs::read(other.join("tokenizer.json")).unwrap(),
+        files[1].1
+    );
+}

@@ -14,6 +14,7 @@ Modes (stdout: one JSON object per line; stderr: what went wrong, for a person):
   serve ADDRESS PORT             serves a verified snapshot's files (ranged GETs) to peers
   pull PEER PORT                 fetches a verified snapshot from a peer that serves it
   observe                        what the cache holds, compared with the manifest
+  remove                         deletes one commit's snapshot (blobs other snapshots use stay)
 
 Every JSON line has an "event": "progress" (bytes_done, bytes_total, rate_bps, files: the
 files in flight with done/total), "file" (one file finished: verified, skipped or failed),
@@ -1266,6 +1267,66 @@ def cmd_observe(args):
          config=config_facts(os.path.join(snap, "config.json")) if not missing else None)
 
 
+# ------------------------------------------------------------------ remove
+
+def cmd_remove(args):
+    """Removes one commit's snapshot from a node: its folder, its record, the refs that point at
+    it, its partial files, and the blobs no other snapshot links to (blobs are shared by name)."""
+    cache = cache_of(args)
+    storage = storage_folder(cache, args.repo)
+    snaps = os.path.join(storage, "snapshots")
+    snap = os.path.join(snaps, args.commit)
+
+    def blobs_of(folder):
+        out = set()
+        for root, _, names in os.walk(folder):
+            for n in names:
+                p = os.path.join(root, n)
+                if os.path.islink(p):
+                    out.add(os.path.basename(os.readlink(p)))
+        return out
+
+    mine = blobs_of(snap) if os.path.isdir(snap) else set()
+    rec = read_json_file(verified_path(cache, args.repo, args.commit), "verified manifest")
+    if isinstance(rec, dict):
+        mine |= {f.get("blob") for f in (rec.get("expected") or []) + (rec.get("files") or [])
+                 if isinstance(f, dict) and f.get("blob")}
+    others = set()
+    for c in os.listdir(snaps) if os.path.isdir(snaps) else []:
+        if c != args.commit:
+            others |= blobs_of(os.path.join(snaps, c))
+    freed = 0
+    blobs = os.path.join(storage, "blobs")
+    for b in sorted(mine - others):
+        for p in (os.path.join(blobs, b), os.path.join(blobs, b + PARTIAL)):
+            try:
+                freed += os.path.getsize(p)
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    if os.path.isdir(snap):
+        for root, dirs, names in os.walk(snap, topdown=False):
+            for n in names:
+                os.unlink(os.path.join(root, n))
+            for d in dirs:
+                os.rmdir(os.path.join(root, d))
+        os.rmdir(snap)
+    refs = []
+    for root, _, names in os.walk(os.path.join(storage, "refs")):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p) as fh:
+                if fh.read().strip() == args.commit:
+                    os.unlink(p)
+                    refs.append(os.path.relpath(p, os.path.join(storage, "refs")))
+    try:
+        os.unlink(verified_path(cache, args.repo, args.commit))
+    except FileNotFoundError:
+        pass
+    emit("result", mode="remove", repo=args.repo, commit=args.commit, bytes_freed=freed,
+         blobs_removed=len(mine - others), blobs_kept_shared=len(mine & others), refs_removed=refs)
+
+
 # ------------------------------------------------------------------ arguments
 
 class Parser(argparse.ArgumentParser):
@@ -1343,6 +1404,11 @@ def parser():
     o.add_argument("--commit", required=True)
     o.add_argument("--deep", action="store_true", help="also compare checksums")
     common(o, manifest=True, filters=False)
+
+    rm = sub.add_parser("remove", help="remove a commit's snapshot (blobs other snapshots share are kept)")
+    rm.add_argument("--repo", required=True)
+    rm.add_argument("--commit", required=True)
+    common(rm, filters=False)
     return p
 
 
@@ -1350,7 +1416,7 @@ def main(argv):
     try:
         args = parser().parse_args(argv)
         if not args.mode:
-            raise Fail(EXIT_USAGE, "a mode is needed: resolve, download, verify, serve, pull or observe (see --help)")
+            raise Fail(EXIT_USAGE, "a mode is needed: resolve, download, verify, serve, pull, observe or remove (see --help)")
         if hasattr(args, "port") and not 0 <= args.port <= 65535:
             raise Fail(EXIT_USAGE, "port %d is not 0..65535" % args.port)
         if getattr(args, "commit", None) is not None and args.mode != "download" \
@@ -1359,7 +1425,7 @@ def main(argv):
         if args.mode == "pull" and not args.hash:
             emit("warning", message="--no-hash: files are copied without verification (benchmarks only)")
         {"resolve": cmd_resolve, "download": cmd_download, "verify": cmd_verify, "serve": cmd_serve,
-         "pull": cmd_pull, "observe": cmd_observe}[args.mode](args)
+         "pull": cmd_pull, "observe": cmd_observe, "remove": cmd_remove}[args.mode](args)
         return 0
     except Fail as e:
         emit("error", code=e.code, message=e.message)
