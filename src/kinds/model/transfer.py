@@ -288,19 +288,26 @@ def mismatch(f, digests, size):
     return None
 
 
-def hash_file(path, f):
-    hs = hashers_for(f)
+def feed(hs, path, limit=None):
+    """Feeds the file's first `limit` bytes (all of it by default) to the hashers; returns how
+    many it read."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     size = 0
     with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf)
+        while limit is None or size < limit:
+            n = fh.readinto(view if limit is None else view[:min(limit - size, CHUNK)])
             if not n:
                 break
             size += n
             for h in hs.values():
                 h.update(view[:n])
+    return size
+
+
+def hash_file(path, f):
+    hs = hashers_for(f)
+    size = feed(hs, path)
     return {k: h.hexdigest() for k, h in hs.items()}, size
 
 
@@ -1028,16 +1035,7 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
         try:
             if have and hashing:
                 # the kept prefix is hashed once here: the hash state of a killed run is lost
-                with open(partial, "rb", buffering=0) as r:
-                    left = have
-                    buf = bytearray(CHUNK)
-                    while left:
-                        n = r.readinto(memoryview(buf)[:min(left, CHUNK)])
-                        if not n:
-                            break
-                        for h in hs.values():
-                            h.update(memoryview(buf)[:n])
-                        left -= n
+                feed(hs, partial, have)
             progress.start(f["path"], f["size"], have)
             got = have
             if have < f["size"]:
@@ -1061,7 +1059,8 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
                         chunk = view[:n]
                         for h in hs.values():
                             h.update(chunk)
-                        fh.write(chunk)
+                        while chunk:   # an unbuffered write may take less than it is given
+                            chunk = chunk[fh.write(chunk):]
                         got += n
                         progress.add(f["path"], n)
                 except (OSError, http.client.HTTPException) as e:
