@@ -1,17 +1,28 @@
 //! Lowering `network` blocks and their `attach` blocks into attachment resources
 //! (`kinds::attachment`).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-impl Loader {
-    pub(super) fn eval_network(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
-        let (attrs, ctx) = self.simple_block(scope, i, &schema::NETWORK)?;
-        let item = &scope.items[i];
+use hcl::{Map, Value};
+
+use super::{ATTACH, NETWORK};
+use crate::config::lowering::*;
+use crate::diag::{Diag, Span};
+use crate::kinds::attachment;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    cx.eval_network()
+}
+
+impl dyn Engine<'_> + '_ {
+    fn eval_network(&mut self) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(&NETWORK)?;
+        let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let address = format!("{}network.{}", scope.prefix, name);
+        let address = format!("{}network.{}", self.prefix(), name);
         let subnet_text = attrs.string("subnet").unwrap_or_default();
         let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
             Ok(net) if net.trunc() == net => Some(net),
@@ -61,7 +72,7 @@ impl Loader {
             let aname = label.as_str().to_string();
             let aheader = header_span(&file, ab);
             if attach_values.contains_key(&aname) {
-                self.diags.push(
+                self.diag(
                     Diag::error(
                         "config::duplicate",
                         format!("duplicate attachment `{aname}` in network `{name}`"),
@@ -73,19 +84,11 @@ impl Loader {
             }
             // Each attachment is evaluated with the parts of other blocks it refers to, not the
             // whole network's references: with N attachments that would cost N² copies.
-            let mut attach_refs = Vec::new();
-            let mut attach_calls = false;
-            for attr in ab.body.attributes() {
-                let c = refs::collect(&attr.value);
-                attach_calls |= !c.funcs.is_empty();
-                attach_refs.extend(c.refs);
-            }
-            let Some(mut actx) = self.context_for(scope, &attach_refs) else {
+            let Some(actx) = self.body_context(&ab.body) else {
                 ok = false;
                 continue;
             };
-            actx.skip_functions = !attach_calls;
-            let Some(a) = self.eval_body(&actx, scope, &file, &ab.body, &schema::ATTACH) else {
+            let Some(a) = self.eval_body(&actx, &file, &ab.body, &ATTACH) else {
                 ok = false;
                 continue;
             };
@@ -118,7 +121,7 @@ impl Loader {
             if let Some(ip) = ip {
                 let aspan = a.spans.get("address").cloned().unwrap_or(aheader.clone());
                 if !subnet.contains(&ip) {
-                    self.diags.push(
+                    self.diag(
                         Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
                             .label(&aspan, format!("not in {subnet}"))
                             .maybe_label(attrs.spans.get("subnet"), "the network's subnet")
@@ -128,7 +131,7 @@ impl Loader {
                 } else if ip == subnet.network()
                     && subnet.prefix_len() < subnet.max_prefix_len() - 1
                 {
-                    self.diags.push(
+                    self.diag(
                         Diag::error(
                             "config::invalid_value",
                             format!(
@@ -143,7 +146,7 @@ impl Loader {
                     );
                     good = false;
                 } else if let Some((other, ospan)) = seen_addr.get(&ip) {
-                    self.diags.push(
+                    self.diag(
                         Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
                             .label(&aspan, format!("{ip} again"))
                             .label(ospan, format!("{ip} first used here"))
@@ -155,7 +158,7 @@ impl Loader {
                 }
             }
             if let Some((other, ospan)) = seen_node.get(&node) {
-                self.diags.push(
+                self.diag(
                     Diag::error("config::duplicate_attachment", format!("{node} is attached to network `{name}` twice (`{other}` and `{aname}`)"))
                         .label(&aheader, "second attachment")
                         .label(ospan, "first attachment")
@@ -181,8 +184,8 @@ impl Loader {
             }
             .to_json();
             let mut deps = ctx.deps.clone();
-            deps.extend(scope.extra_deps.iter().cloned());
-            self.config.resources.push(Resource {
+            deps.extend(self.extra_deps().iter().cloned());
+            self.add_resource(Resource {
                 address: res_address.clone(),
                 kind: ResourceKind::Attachment,
                 node: Some(node.clone()),
@@ -192,7 +195,6 @@ impl Loader {
                 replace_triggered_by: BTreeSet::new(),
                 span: aheader,
             });
-            scope.all_resources.insert(res_address.clone());
             names.push(res_address.clone());
             let mut av = Map::new();
             // The attachment value carries the node object so modules can read `attach.x.node.name`.
@@ -214,17 +216,14 @@ impl Loader {
         if !ok {
             return None;
         }
-        self.config.networks.insert(
-            address.clone(),
-            Network {
-                address: address.clone(),
-                name: name.clone(),
-                subnet,
-                mtu,
-                attachments: names,
-                span: header,
-            },
-        );
+        self.add_network(Network {
+            address: address.clone(),
+            name: name.clone(),
+            subnet,
+            mtu,
+            attachments: names,
+            span: header,
+        });
         let mut value = Map::new();
         value.insert("kind".into(), "network".into());
         value.insert("id".into(), address.into());
@@ -244,6 +243,18 @@ impl Loader {
             all_resources: BTreeSet::new(),
         })
     }
+}
 
-    // ----- containers -----
+fn first_host(net: &ipnet::IpNet) -> String {
+    net.hosts()
+        .next()
+        .map(|h| h.to_string())
+        .unwrap_or_else(|| net.network().to_string())
+}
+
+fn last_host(net: &ipnet::IpNet) -> String {
+    match net {
+        ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
+        ipnet::IpNet::V6(n) => n.broadcast().to_string(),
+    }
 }
