@@ -44,6 +44,8 @@ node "node1" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  # The testbed nodes have no GPU: the declared one is logical, for the placement checks.
+  gpu_devices   = false
 }
 
 node "node2" {
@@ -53,6 +55,8 @@ node "node2" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  # The testbed nodes have no GPU: the declared one is logical, for the placement checks.
+  gpu_devices   = false
 }
 
 network "roce" {
@@ -84,7 +88,6 @@ module "qwen" {
   port                   = 30000
   hf_cache               = "/tmp/sparkform-hf-cache"
   shm_size               = "1g"
-  gpu_devices            = false
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   health_timeout         = "3m"
   start_timeout          = "2m"
