@@ -6,7 +6,9 @@ mod common;
 
 use common::testbed::{sparkform, testbed, Testbed};
 
-const EXAMPLE: &str = "examples/testbed-mp";
+// The Ray example: the testbed image the coordinator built has a stand-in without the
+// multiprocessing mode; the check is the container kind's, the same for both launchers.
+const EXAMPLE: &str = "examples/testbed";
 const IMAGE: &str = "sparkform-testbed/ray:latest";
 const OTHER: &str = "sparkform-testbed/tiny:latest";
 
