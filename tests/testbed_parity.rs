@@ -13,9 +13,12 @@ const IMAGE: &str = "sparkform-testbed/ray:latest";
 const OTHER: &str = "sparkform-testbed/tiny:latest";
 
 fn image_id(tb: &Testbed, node: &str, image: &str) -> String {
-    tb.ssh(node, &format!("docker image inspect -f '{{{{.Id}}}}' {image}"))
-        .trim()
-        .to_string()
+    tb.ssh(
+        node,
+        &format!("docker image inspect -f '{{{{.Id}}}}' {image}"),
+    )
+    .trim()
+    .to_string()
 }
 
 fn short(id: &str) -> String {
@@ -81,9 +84,15 @@ fn image_parity_on_the_testbed() {
         let all = format!("{out}\n{err}");
         assert_ne!(code, 0, "{all}");
         assert!(all.contains("node parity"), "{all}");
-        assert!(all.contains(&short(&good)) && all.contains(&short(&other)), "both IDs: {all}");
+        assert!(
+            all.contains(&short(&good)) && all.contains(&short(&other)),
+            "both IDs: {all}"
+        );
         for node in ["sf-node1", "sf-node2"] {
-            assert!(ours(&tb, node).is_empty(), "a container was created on {node}: {all}");
+            assert!(
+                ours(&tb, node).is_empty(),
+                "a container was created on {node}: {all}"
+            );
         }
         drop(retag);
     }
@@ -114,15 +123,23 @@ fn nodes_shows_the_testbed_alike_and_explains_it() {
     assert_eq!(code, 0, "{out}\n{err}");
     let id = short(&image_id(&tb, "sf-node1", IMAGE));
     for node in ["node.node1", "node.node2"] {
-        assert!(out.contains(&format!("{node}: image {IMAGE}: {id}")), "{out}");
+        assert!(
+            out.contains(&format!("{node}: image {IMAGE}: {id}")),
+            "{out}"
+        );
         assert!(out.contains(&format!("{node}: memlock: ")), "{out}");
         assert!(out.contains(&format!("{node}: rdma: none")), "{out}");
         assert!(
-            out.contains(&format!("- {node}: declares 1 logical GPU without devices (gpu_devices = false)")),
+            out.contains(&format!(
+                "- {node}: declares 1 logical GPU without devices (gpu_devices = false)"
+            )),
             "{out}"
         );
     }
-    assert!(out.contains("KERNEL") && out.contains("DRIVER") && out.contains("CUDA"), "{out}");
+    assert!(
+        out.contains("KERNEL") && out.contains("DRIVER") && out.contains("CUDA"),
+        "{out}"
+    );
     // The nodes are alike and the definitions say what to expect: no warning at all.
     assert!(!out.lines().any(|l| l.starts_with("! ")), "{out}");
 }

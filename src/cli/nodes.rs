@@ -151,7 +151,9 @@ fn render_text(config: &Config, results: &Results) -> String {
                 None => "0".into(),
                 Some(g) => format!("{} × {}", f.gpus.len(), g.name),
             },
-            f.nvidia.as_ref().map_or("none".into(), |n| n.driver.clone()),
+            f.nvidia
+                .as_ref()
+                .map_or("none".into(), |n| n.driver.clone()),
             f.nvidia
                 .as_ref()
                 .and_then(|n| n.cuda.clone())
@@ -194,9 +196,15 @@ fn render_text(config: &Config, results: &Results) -> String {
             .iter()
             .filter(|i| i.name != "lo")
             .map(|i| {
-                format!("{} mtu {} {} {}", i.name, i.mtu, i.state, i.addresses.join(" "))
-                    .trim_end()
-                    .to_string()
+                format!(
+                    "{} mtu {} {} {}",
+                    i.name,
+                    i.mtu,
+                    i.state,
+                    i.addresses.join(" ")
+                )
+                .trim_end()
+                .to_string()
             })
             .collect();
         notes.push(format!("{name}: interfaces: {}", ifaces.join("; ")));
@@ -228,7 +236,11 @@ mod tests {
 
     fn config(gpu_devices: bool) -> Config {
         let dir = tempfile::tempdir().unwrap();
-        let flag = if gpu_devices { "" } else { "gpu_devices = false" };
+        let flag = if gpu_devices {
+            ""
+        } else {
+            "gpu_devices = false"
+        };
         std::fs::write(
             dir.path().join("main.hcl"),
             format!(
@@ -267,18 +279,30 @@ mod tests {
     fn shows_the_driver_stack_and_flags_what_differs() {
         let c = config(true);
         let results: Results = [
-            ("node.a".to_string(), Ok(facts("580.95.05", "sha256:1111111111111111"))),
-            ("node.b".to_string(), Ok(facts("580.82.07", "sha256:2222222222222222"))),
+            (
+                "node.a".to_string(),
+                Ok(facts("580.95.05", "sha256:1111111111111111")),
+            ),
+            (
+                "node.b".to_string(),
+                Ok(facts("580.82.07", "sha256:2222222222222222")),
+            ),
         ]
         .into();
         let text = render_text(&c, &results);
         assert!(text.contains("580.95.05"), "{text}");
-        assert!(text.contains("node.a: rdma: rocep1s0f0 → enp1s0f0np0"), "{text}");
+        assert!(
+            text.contains("node.a: rdma: rocep1s0f0 → enp1s0f0np0"),
+            "{text}"
+        );
         assert!(
             text.contains("node.a: memlock: 8 MiB (ssh user), unlimited (dockerd's own) (containers by default)"),
             "{text}"
         );
-        assert!(text.contains("node.b: image vllm:26.01: sha256:222222222222"), "{text}");
+        assert!(
+            text.contains("node.b: image vllm:26.01: sha256:222222222222"),
+            "{text}"
+        );
         assert!(
             text.contains("! NVIDIA driver differs: node.a 580.95.05, node.b 580.82.07"),
             "{text}"
@@ -288,7 +312,10 @@ mod tests {
             "{text}"
         );
         // Declared GPUs with devices expected, none found: a real disagreement.
-        assert!(text.contains("! node.a: declares 1 GPU, the machine shows 0"), "{text}");
+        assert!(
+            text.contains("! node.a: declares 1 GPU, the machine shows 0"),
+            "{text}"
+        );
         let json: serde_json::Value = serde_json::from_str(&render_json(&c, &results)).unwrap();
         assert_eq!(json["differences"].as_array().unwrap().len(), 2, "{json}");
     }
@@ -298,7 +325,11 @@ mod tests {
         let c = config(false);
         let mut f = facts("580.95.05", "sha256:1111111111111111");
         f.nvidia = None;
-        let results: Results = [("node.a".to_string(), Ok(f.clone())), ("node.b".to_string(), Ok(f))].into();
+        let results: Results = [
+            ("node.a".to_string(), Ok(f.clone())),
+            ("node.b".to_string(), Ok(f)),
+        ]
+        .into();
         let text = render_text(&c, &results);
         assert!(!text.contains("! "), "no warning expected:\n{text}");
         assert!(

@@ -206,9 +206,7 @@ async fn rdma_devices(host: &dyn Host) -> Result<Vec<RdmaDevice>, HostError> {
 
 /// `cat` inherits the ssh session's limits: its own are the user's.
 async fn own_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
-    let out = host
-        .exec(&Cmd::new("cat").arg("/proc/self/limits"))
-        .await?;
+    let out = host.exec(&Cmd::new("cat").arg("/proc/self/limits")).await?;
     Ok(out.success().then(|| parse_memlock(&out.stdout)).flatten())
 }
 
@@ -222,7 +220,12 @@ async fn docker_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
         }
     }
     let pid = host.exec(&Cmd::new("pidof").arg("dockerd")).await?;
-    let Some(pid) = pid.stdout.split_whitespace().next().filter(|_| pid.success()) else {
+    let Some(pid) = pid
+        .stdout
+        .split_whitespace()
+        .next()
+        .filter(|_| pid.success())
+    else {
         return Ok(None);
     };
     let limits = host
@@ -325,7 +328,10 @@ pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
     };
     compare(
         "kernel".into(),
-        facts.iter().map(|(n, f)| (n, Some(f.kernel.clone()))).collect(),
+        facts
+            .iter()
+            .map(|(n, f)| (n, Some(f.kernel.clone())))
+            .collect(),
     );
     // Without any driver there is nothing to compare (the testbed); one node without it is.
     if facts.values().any(|f| f.nvidia.is_some()) {
@@ -350,7 +356,12 @@ pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
             format!("image {image}"),
             facts
                 .iter()
-                .map(|(n, f)| (n, f.images.get(image).cloned().flatten().map(|i| short_id(&i))))
+                .map(|(n, f)| {
+                    (
+                        n,
+                        f.images.get(image).cloned().flatten().map(|i| short_id(&i)),
+                    )
+                })
                 .collect(),
         );
     }
@@ -528,15 +539,22 @@ mod tests {
 Max open files            1024                 1048576              files\n\
 Max locked memory         8388608              8388608              bytes\n";
         assert_eq!(parse_memlock(limits).as_deref(), Some("8 MiB"));
-        let unlimited = "Max locked memory         unlimited            unlimited            bytes\n";
+        let unlimited =
+            "Max locked memory         unlimited            unlimited            bytes\n";
         assert_eq!(parse_memlock(unlimited).as_deref(), Some("unlimited"));
         let mixed = "Max locked memory         65536            unlimited            bytes\n";
         assert_eq!(parse_memlock(mixed).as_deref(), Some("64 KiB/unlimited"));
         assert_eq!(
-            daemon_default_memlock(r#"{"default-ulimits":{"memlock":{"Name":"memlock","Soft":-1,"Hard":-1}}}"#).as_deref(),
+            daemon_default_memlock(
+                r#"{"default-ulimits":{"memlock":{"Name":"memlock","Soft":-1,"Hard":-1}}}"#
+            )
+            .as_deref(),
             Some("unlimited")
         );
-        assert_eq!(daemon_default_memlock(r#"{"log-driver":"json-file"}"#), None);
+        assert_eq!(
+            daemon_default_memlock(r#"{"log-driver":"json-file"}"#),
+            None
+        );
     }
 
     fn facts(kernel: &str, driver: Option<&str>, image: Option<&str>) -> Facts {
@@ -563,13 +581,22 @@ Max locked memory         8388608              8388608              bytes\n";
     #[test]
     fn flags_what_differs_between_nodes() {
         let same: BTreeMap<String, Facts> = [
-            ("node.a".to_string(), facts("6.11", None, Some("sha256:aaaa"))),
-            ("node.b".to_string(), facts("6.11", None, Some("sha256:aaaa"))),
+            (
+                "node.a".to_string(),
+                facts("6.11", None, Some("sha256:aaaa")),
+            ),
+            (
+                "node.b".to_string(),
+                facts("6.11", None, Some("sha256:aaaa")),
+            ),
         ]
         .into();
         assert!(differences(&same).is_empty(), "{:?}", differences(&same));
         let differ: BTreeMap<String, Facts> = [
-            ("node.a".to_string(), facts("6.11", Some("580.95.05"), Some("sha256:aaaaaaaaaaaaaaaa"))),
+            (
+                "node.a".to_string(),
+                facts("6.11", Some("580.95.05"), Some("sha256:aaaaaaaaaaaaaaaa")),
+            ),
             ("node.b".to_string(), facts("6.8", Some("570.1"), None)),
         ]
         .into();

@@ -1216,9 +1216,16 @@ fn judge_parity(
                 .iter()
                 .map(|(n, id)| format!("{n} has {}", facts::short_id(id)))
                 .collect();
-            problems.push(format!("image {image} is not the same on every node: {}", each.join(", ")));
+            problems.push(format!(
+                "image {image} is not the same on every node: {}",
+                each.join(", ")
+            ));
         } else if let Some(id) = distinct.first() {
-            fine.push(format!("{image} is {} on {} node(s)", facts::short_id(id), on.len()));
+            fine.push(format!(
+                "{image} is {} on {} node(s)",
+                facts::short_id(id),
+                on.len()
+            ));
         }
     }
     let drivers: Vec<(&str, &str)> = seen
@@ -1232,9 +1239,15 @@ fn judge_parity(
         .collect();
     let distinct: std::collections::BTreeSet<&str> = drivers.iter().map(|(_, d)| *d).collect();
     if distinct.len() > 1 || (!drivers.is_empty() && !without.is_empty()) {
-        let mut each: Vec<String> = drivers.iter().map(|(n, d)| format!("{n} has {d}")).collect();
+        let mut each: Vec<String> = drivers
+            .iter()
+            .map(|(n, d)| format!("{n} has {d}"))
+            .collect();
         each.extend(without.iter().map(|n| format!("{n} has none")));
-        problems.push(format!("the NVIDIA driver differs between the nodes: {}", each.join(", ")));
+        problems.push(format!(
+            "the NVIDIA driver differs between the nodes: {}",
+            each.join(", ")
+        ));
     } else if let Some(d) = distinct.first() {
         fine.push(format!("NVIDIA driver {d} everywhere"));
     } else {
@@ -1265,19 +1278,36 @@ mod tests {
     #[test]
     fn parity_refuses_different_image_ids_naming_both() {
         let seen: BTreeMap<String, NodeParity> = [
-            ("node.a".into(), node(&[("vllm:x", Some("sha256:aaaaaaaaaaaaaaaa"))], None)),
-            ("node.b".into(), node(&[("vllm:x", Some("sha256:bbbbbbbbbbbbbbbb"))], None)),
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaaaaaaaaaaaaaa"))], None),
+            ),
+            (
+                "node.b".into(),
+                node(&[("vllm:x", Some("sha256:bbbbbbbbbbbbbbbb"))], None),
+            ),
         ]
         .into();
         let e = judge_parity(&seen).unwrap_err();
-        assert!(e.message.contains("node.a has sha256:aaaaaaaaaaaa"), "{}", e.message);
-        assert!(e.message.contains("node.b has sha256:bbbbbbbbbbbb"), "{}", e.message);
+        assert!(
+            e.message.contains("node.a has sha256:aaaaaaaaaaaa"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("node.b has sha256:bbbbbbbbbbbb"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn parity_passes_alike_nodes_and_skips_a_missing_image_or_driver() {
         let seen: BTreeMap<String, NodeParity> = [
-            ("node.a".into(), node(&[("vllm:x", Some("sha256:aaaa"))], None)),
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaa"))], None),
+            ),
             ("node.b".into(), node(&[("vllm:x", None)], None)),
         ]
         .into();
