@@ -7,18 +7,18 @@ jump "proxmox" {
 }
 
 node "spark1" {
-  address    = "spark1"
-  user       = "nvidia"
-  jump       = jump.proxmox
+  address        = "spark1"
+  user           = "nvidia"
+  jump           = jump.proxmox
   gpus           = 1
   memory_gib     = 120
   unified_memory = true
 }
 
 node "spark2" {
-  address    = "spark2"
-  user       = "nvidia"
-  jump       = jump.proxmox
+  address        = "spark2"
+  user           = "nvidia"
+  jump           = jump.proxmox
   gpus           = 1
   memory_gib     = 120
   unified_memory = true

@@ -45,8 +45,7 @@ node "node1" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
-  # The testbed nodes have no GPU: the declared one is logical, for the placement checks.
-  gpu_devices   = false
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 node "node2" {
@@ -56,8 +55,7 @@ node "node2" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
-  # The testbed nodes have no GPU: the declared one is logical, for the placement checks.
-  gpu_devices   = false
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 network "roce" {
