@@ -6,6 +6,7 @@ mod destroy;
 mod fmt;
 mod force_unlock;
 mod graph;
+mod logs;
 mod nodes;
 mod output;
 mod plan;
@@ -51,6 +52,7 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     Destroy(destroy::DestroyArgs),
     Verify(verify::VerifyArgs),
+    Logs(logs::LogsArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -232,6 +234,7 @@ pub fn main() -> ExitCode {
         Command::Apply(a) => apply::run(a),
         Command::Destroy(a) => destroy::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Logs(a) => logs::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),
