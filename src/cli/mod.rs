@@ -12,6 +12,7 @@ mod output;
 mod plan;
 mod show;
 mod state;
+mod tunnel;
 mod validate;
 mod verify;
 
@@ -53,6 +54,7 @@ pub enum Command {
     Destroy(destroy::DestroyArgs),
     Verify(verify::VerifyArgs),
     Logs(logs::LogsArgs),
+    Tunnel(tunnel::TunnelArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -235,6 +237,7 @@ pub fn main() -> ExitCode {
         Command::Destroy(a) => destroy::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Logs(a) => logs::run(a),
+        Command::Tunnel(a) => tunnel::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),

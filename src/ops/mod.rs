@@ -7,6 +7,7 @@ pub mod logs;
 pub mod nodes;
 pub mod plan;
 pub mod refresh;
+pub mod tunnel;
 pub mod verify;
 
 use std::sync::Arc;
