@@ -12,6 +12,7 @@ mod output;
 mod plan;
 mod show;
 mod state;
+mod status;
 mod tunnel;
 mod validate;
 mod verify;
@@ -55,6 +56,7 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     Logs(logs::LogsArgs),
     Tunnel(tunnel::TunnelArgs),
+    Status(status::StatusArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -238,6 +240,7 @@ pub fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a),
         Command::Logs(a) => logs::run(a),
         Command::Tunnel(a) => tunnel::run(a),
+        Command::Status(a) => status::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),
