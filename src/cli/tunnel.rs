@@ -87,7 +87,9 @@ pub fn run(args: TunnelArgs) -> ExitCode {
     };
     let opts = args.connect.options();
     rt.block_on(async {
-        let pool = crate::hosts::HostPool::connect(&config, &[target.node.clone()], &opts).await;
+        let pool =
+            crate::hosts::HostPool::connect(&config, std::slice::from_ref(&target.node), &opts)
+                .await;
         let code = match pool.get(&target.node) {
             Err(e) => {
                 eprintln!("Error: {e}");

@@ -129,21 +129,8 @@ pub async fn merge(
     let mut queues: Vec<VecDeque<(Instant, LogLine)>> = vec![VecDeque::new(); sources];
     let mut open = vec![true; sources];
     loop {
-        loop {
-            let Some(min) = (0..sources)
-                .filter(|&i| !queues[i].is_empty())
-                .min_by_key(|&i| queues[i].front().map(|(_, l)| l.time))
-            else {
-                break;
-            };
-            let waited = queues[min].front().map(|(at, _)| at.elapsed());
-            let overdue = matches!((grace, waited), (Some(g), Some(w)) if w >= g);
-            let full = queues.iter().any(|q| q.len() >= QUEUE_CAP);
-            let blocked = (0..sources).any(|j| open[j] && queues[j].is_empty());
-            if blocked && !overdue && !full {
-                break;
-            }
-            if let Some((_, l)) = queues[min].pop_front() {
+        while let Some(i) = ready(&queues, &open, grace) {
+            if let Some((_, l)) = queues[i].pop_front() {
                 out(l);
             }
         }
@@ -171,6 +158,27 @@ pub async fn merge(
             None => open.iter_mut().for_each(|o| *o = false),
         }
     }
+}
+
+/// The source whose first line goes out next, if it may go now: the oldest line goes once no
+/// open source could still send an older one, its queue is full, or a line waited `grace`.
+fn ready(
+    queues: &[VecDeque<(Instant, LogLine)>],
+    open: &[bool],
+    grace: Option<Duration>,
+) -> Option<usize> {
+    let min = (0..queues.len())
+        .filter(|&i| !queues[i].is_empty())
+        .min_by_key(|&i| queues[i].front().map(|(_, l)| l.time))?;
+    let overdue = grace.is_some_and(|g| {
+        queues
+            .iter()
+            .filter_map(|q| q.front())
+            .any(|(at, _)| at.elapsed() >= g)
+    });
+    let full = queues.iter().any(|q| q.len() >= QUEUE_CAP);
+    let blocked = (0..queues.len()).any(|j| open[j] && queues[j].is_empty());
+    (!blocked || overdue || full).then_some(min)
 }
 
 /// Run `logs`: events arrive on `events` in order until the logs end or `cancel` fires.
@@ -256,17 +264,17 @@ impl Source {
                 _ = self.cancel.cancelled() => break,
             };
             match found {
+                // The container we read has stopped: wait for it or its successor.
                 Some((id, running))
                     if self.follow && !running && current.as_deref() == Some(&id) =>
                 {
-                    // The container we read has stopped: wait for its successor.
                     if !waiting_said {
                         let _ = self.notes.send(LogEvent::Note(format!(
                             "{}: the container stopped; waiting for it or its replacement",
                             self.target.address
                         )));
-                        waiting_said = true;
                     }
+                    waiting_said = true;
                 }
                 Some((id, _)) => {
                     if current.is_some() && current.as_deref() != Some(&id) {

@@ -97,8 +97,7 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
             }
         }
     });
-    let seen: Vec<Option<BTreeMap<String, (Option<String>, Seen)>>> =
-        futures_util::future::join_all(looks).await;
+    let seen: Vec<Option<Looked>> = futures_util::future::join_all(looks).await;
     let mut resources = Vec::new();
     let mut node_status = Vec::new();
     for (n, s) in nodes.iter().zip(seen) {
@@ -173,8 +172,11 @@ pub fn outputs(state: &State) -> BTreeMap<String, serde_json::Value> {
         .collect()
 }
 
+/// What one node shows, by address: (recorded ID, what is seen).
+type Looked = BTreeMap<String, (Option<String>, Seen)>;
+
 /// One node: containers by inspecting their recorded IDs, everything else by its kind's observe.
-async fn look(host: &dyn Host, state: &State) -> BTreeMap<String, (Option<String>, Seen)> {
+async fn look(host: &dyn Host, state: &State) -> Looked {
     let mine: Vec<(String, ResourceState)> = state
         .resources
         .iter()
