@@ -163,6 +163,12 @@ pub fn bind_address(
     Ok(SocketAddr::new(ip, port))
 }
 
+/// What follows the authority in a URL, as written: `http://h:1` → ``, `http://h:1/x` → `/x`.
+fn path_as_written(url: &str) -> &str {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    rest.find(['/', '?']).map_or("", |i| &rest[i..])
+}
+
 /// An open tunnel: a local listener in front of a node's forward.
 pub struct Tunnel {
     listener: TcpListener,
@@ -192,7 +198,7 @@ impl Tunnel {
             Err(e) => return Err(format!("cannot listen on {bind}: {e}")),
         };
         let local = listener.local_addr().map_err(|e| e.to_string())?;
-        let url = format!("http://{local}{}", target.path);
+        let url = format!("http://{local}{}", path_as_written(&target.url));
         Ok(Tunnel {
             listener,
             endpoint,
@@ -341,6 +347,16 @@ output "other" { value = "not a url" }
             e.contains("output endpoint") && e.contains("probe.hello"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_local_url_keeps_the_path_as_written() {
+        assert_eq!(path_as_written("http://10.0.0.1:30000"), "");
+        assert_eq!(
+            path_as_written("http://10.0.0.1:30000/v1/x?a=1"),
+            "/v1/x?a=1"
+        );
+        assert_eq!(path_as_written("http://h?q"), "?q");
     }
 
     #[test]
