@@ -71,9 +71,12 @@ impl Loader {
                                 None => (rheader.clone(), "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
                             };
                             self.diags.push(
-                                Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
-                                    .label(&span, msg.clone())
-                                    .help(help),
+                                Diag::error(
+                                    "config::invalid_value",
+                                    format!("invalid ready check in container `{name}`"),
+                                )
+                                .label(&span, msg.clone())
+                                .help(help),
                             );
                             ready_ok = false;
                         }

@@ -115,14 +115,6 @@ impl PhaseWatch {
     }
 }
 
-/// A phase as a progress line shows it: `loading weights 45%`.
-pub fn describe(label: &str, percent: Option<f64>) -> String {
-    match percent {
-        Some(p) => format!("{label} {p:.0}%"),
-        None => label.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,7 +162,7 @@ mod tests {
         let mut seen = Vec::new();
         for l in VLLM_START {
             for ph in w.feed(&format!("{l}\n")) {
-                seen.push(describe(&ph.label, ph.percent));
+                seen.push(crate::events::phase_text(&ph.label, ph.percent));
             }
         }
         assert_eq!(
@@ -206,14 +198,21 @@ mod tests {
             .is_empty());
         let ch = w.feed("Loading safetensors checkpoint shards:  20%\rLoading safetensors checkpoint shards:  30%\r\n");
         assert_eq!(ch[0].percent, Some(30.0));
-        assert_eq!(w.current().map(|c| c.label.as_str()), Some("loading weights"));
+        assert_eq!(
+            w.current().map(|c| c.label.as_str()),
+            Some("loading weights")
+        );
     }
 
     #[test]
     fn patterns_are_checked() {
         assert!(check_pattern("Loading (\\d+)%").is_ok());
-        assert!(check_pattern("(unclosed").unwrap_err().contains("not a regular expression"));
-        assert!(check_pattern("(a)(b)").unwrap_err().contains("2 capture groups"));
+        assert!(check_pattern("(unclosed")
+            .unwrap_err()
+            .contains("not a regular expression"));
+        assert!(check_pattern("(a)(b)")
+            .unwrap_err()
+            .contains("2 capture groups"));
         assert!(check_pattern("(?:a)(\\d+)").is_ok());
     }
 }
