@@ -61,7 +61,31 @@ impl Running {
         }
     }
 
-    /// Its live line, uncut: the terminal's width cuts it when drawn.
+    /// Its live line for a terminal `width` columns wide. What it is doing matters most: when
+    /// the whole line does not fit, the address loses its module path and the action and
+    /// timeout go; the terminal's width cuts what still does not fit.
+    fn live_line_for(&self, address: &str, width: usize) -> String {
+        let full = self.live_line(address);
+        // The spinner and its indent take 4 columns.
+        if console::measure_text_width(&full) + 4 <= width {
+            return full;
+        }
+        let short = address
+            .rsplit_once("module.")
+            .and_then(|(_, rest)| rest.split_once('.'))
+            .map_or(address, |(_, r)| r);
+        let mut line = format!("{short} {}s", self.started.elapsed().as_secs());
+        let doing = self.doing();
+        if !doing.is_empty() {
+            line.push_str(&format!(" {doing}"));
+        }
+        if let Some(l) = &self.log {
+            line.push_str(&format!(" │ {l}"));
+        }
+        line
+    }
+
+    /// Its live line, uncut.
     fn live_line(&self, address: &str) -> String {
         let mut line = format!(
             "{address}  {:>4}s  {}",
@@ -194,6 +218,9 @@ pub fn spawn(
                     }
                     keep
                 });
+                let width = console::Term::stdout()
+                    .size_checked()
+                    .map_or(80, |(_, cols)| cols as usize);
                 for (address, r) in &running {
                     let bar = bars.entry(address.clone()).or_insert_with(|| {
                         m.add(
@@ -201,7 +228,7 @@ pub fn spawn(
                                 .with_style(spinner_style("  {spinner} {wide_msg}")),
                         )
                     });
-                    bar.set_message(r.live_line(address));
+                    bar.set_message(r.live_line_for(address, width));
                     bar.tick();
                 }
             }
@@ -467,6 +494,29 @@ mod tests {
             Mode::Plain,
         );
         assert_eq!(next.len(), 1, "{next:?}");
+    }
+
+    #[test]
+    fn a_narrow_terminal_keeps_what_a_step_does() {
+        let mut r = Running::new("create");
+        r.phase = Some((
+            "loading weights".into(),
+            "loading weights 45%".into(),
+            Instant::now(),
+        ));
+        r.timeout = Some(900);
+        let address = "module.qwen.module.ray.container.ray_worker[\"node2\"]";
+        assert!(r
+            .live_line_for(address, 200)
+            .starts_with("module.qwen.module.ray.container.ray_worker[\"node2\"]     0s  create: loading weights 45% (0 s) (timeout 900 s)"));
+        assert_eq!(
+            r.live_line_for(address, 40),
+            "container.ray_worker[\"node2\"] 0s loading weights 45% (0 s)"
+        );
+        assert_eq!(
+            r.live_line_for("probe.hello", 40),
+            "probe.hello 0s loading weights 45% (0 s)"
+        );
     }
 
     #[test]
