@@ -18,13 +18,13 @@ output "progress" {
   # a worker's lines do not matter. The weight and graph bars are tqdm's, in vLLM's plain bar
   # format: one line per update, its percentage captured.
   value = {
-    "Starting to load model"                              = "loading the model"
-    "Loading safetensors checkpoint shards: +(\\d+)%"     = "loading weights"
-    "Loading weights took|Model loading took"             = "weights loaded"
-    "Memory profiling takes|Available KV cache memory:"   = "memory profiled"
-    "Capturing CUDA graphs [^:]*: +(\\d+)%"               = "capturing CUDA graphs"
-    "Graph capturing finished in"                         = "CUDA graphs captured"
-    "Starting vLLM API server"                            = "starting the API server"
-    "Application startup complete"                        = "API server up"
+    "Starting to load model"                            = "loading the model"
+    "Loading safetensors checkpoint shards: +(\\d+)%"   = "loading weights"
+    "Loading weights took|Model loading took"           = "weights loaded"
+    "Memory profiling takes|Available KV cache memory:" = "memory profiled"
+    "Capturing CUDA graphs [^:]*: +(\\d+)%"             = "capturing CUDA graphs"
+    "Graph capturing finished in"                       = "CUDA graphs captured"
+    "Starting vLLM API server"                          = "starting the API server"
+    "Application startup complete"                      = "API server up"
   }
 }
