@@ -39,6 +39,16 @@ pub enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_secs: Option<u64>,
     },
+    /// A container waiting to be ready entered a phase of its start (a `progress` pattern
+    /// matched its log), or its percentage moved.
+    Phase {
+        address: String,
+        phase: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        percent: Option<f64>,
+        /// The log line that showed it.
+        line: String,
+    },
     StepDone {
         address: String,
         action: String,
@@ -81,6 +91,14 @@ pub enum Event {
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
+}
+
+/// A phase as a progress line shows it: `loading weights 45%`.
+pub fn phase_text(label: &str, percent: Option<f64>) -> String {
+    match percent {
+        Some(p) => format!("{label} {p:.0}%"),
+        None => label.to_string(),
+    }
 }
 
 pub type Sender = tokio::sync::mpsc::UnboundedSender<Event>;

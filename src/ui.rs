@@ -34,7 +34,76 @@ struct Running {
     message: String,
     log: Option<String>,
     timeout: Option<u64>,
+    /// The latest phase of its start (`loading weights 45%`) and since when it is in it.
+    phase: Option<(String, String, Instant)>,
     last_printed: Instant,
+}
+
+impl Running {
+    fn new(action: &str) -> Running {
+        Running {
+            started: Instant::now(),
+            action: action.to_string(),
+            message: String::new(),
+            log: None,
+            timeout: None,
+            phase: None,
+            last_printed: Instant::now(),
+        }
+    }
+
+    /// What it is doing: the phase of its start when one is known (more telling than the
+    /// check that did not pass yet), else the step's last word.
+    fn doing(&self) -> String {
+        match &self.phase {
+            Some((_, shown, since)) => format!("{shown} ({} s)", since.elapsed().as_secs()),
+            None => self.message.clone(),
+        }
+    }
+
+    /// Its live line for a terminal `width` columns wide. What it is doing matters most: when
+    /// the whole line does not fit, the address loses its module path and the action and
+    /// timeout go; the terminal's width cuts what still does not fit.
+    fn live_line_for(&self, address: &str, width: usize) -> String {
+        let full = self.live_line(address);
+        // The spinner and its indent take 4 columns.
+        if console::measure_text_width(&full) + 4 <= width {
+            return full;
+        }
+        let short = address
+            .rsplit_once("module.")
+            .and_then(|(_, rest)| rest.split_once('.'))
+            .map_or(address, |(_, r)| r);
+        let mut line = format!("{short} {}s", self.started.elapsed().as_secs());
+        let doing = self.doing();
+        if !doing.is_empty() {
+            line.push_str(&format!(" {doing}"));
+        }
+        if let Some(l) = &self.log {
+            line.push_str(&format!(" │ {l}"));
+        }
+        line
+    }
+
+    /// Its live line, uncut.
+    fn live_line(&self, address: &str) -> String {
+        let mut line = format!(
+            "{address}  {:>4}s  {}",
+            self.started.elapsed().as_secs(),
+            self.action
+        );
+        let doing = self.doing();
+        if !doing.is_empty() {
+            line.push_str(&format!(": {doing}"));
+        }
+        if let Some(t) = self.timeout {
+            line.push_str(&format!(" (timeout {t} s)"));
+        }
+        if let Some(l) = &self.log {
+            line.push_str(&format!(" │ {l}"));
+        }
+        line
+    }
 }
 
 /// The line for what happens before an apply (a lock taken over, a refresh), if `e` is such.
@@ -54,25 +123,52 @@ pub fn note(e: &Event) -> Option<String> {
     }
 }
 
-/// Draw the notes of the work before an apply on stderr until the channel closes.
+/// Draw the notes of the work before an apply on stderr until the channel closes. On a
+/// terminal, a refresh shows a spinner with its time until it ends, then its line stays.
 pub fn spawn_notes(
     json: bool,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
 ) -> tokio::task::JoinHandle<()> {
+    use std::io::IsTerminal;
+    let live = !json && std::io::stderr().is_terminal();
     tokio::spawn(async move {
+        let mut spinner: Option<(indicatif::ProgressBar, String)> = None;
         while let Some(e) = rx.recv().await {
             // A taken-over lock is worth knowing even when stdout is JSON.
             if json && matches!(e, Event::Refreshing { .. }) {
                 continue;
             }
-            if let Some(line) = note(&e) {
+            let Some(line) = note(&e) else { continue };
+            if live && matches!(e, Event::Refreshing { .. }) {
+                let bar = indicatif::ProgressBar::with_draw_target(
+                    None,
+                    indicatif::ProgressDrawTarget::stderr(),
+                )
+                .with_style(spinner_style("{spinner} {wide_msg}"))
+                .with_message(line.clone());
+                bar.enable_steady_tick(Duration::from_millis(200));
+                spinner = Some((bar, line));
+            } else if let Some((bar, _)) = &spinner {
+                bar.suspend(|| eprintln!("{line}"));
+            } else {
                 eprintln!("{line}");
             }
+        }
+        if let Some((bar, line)) = spinner {
+            bar.finish_and_clear();
+            eprintln!("{line}");
         }
     })
 }
 
-/// Draw events until the channel closes.
+fn spinner_style(template: &str) -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner())
+        .tick_chars("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏ ")
+}
+
+/// Draw events until the channel closes. Live lines are indicatif's: it knows the terminal's
+/// width (a line is cut, never wrapped), redraws on resize and prints finished lines above.
 pub fn spawn(
     mode: Mode,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
@@ -80,49 +176,68 @@ pub fn spawn(
     tokio::spawn(async move {
         let start = Instant::now();
         let mut running: BTreeMap<String, Running> = BTreeMap::new();
-        let mut drawn_lines = 0usize;
+        let multi = (mode == Mode::Live).then(|| {
+            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stdout())
+        });
+        let mut bars: BTreeMap<String, indicatif::ProgressBar> = BTreeMap::new();
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             let event = tokio::select! {
                 e = rx.recv() => match e { Some(e) => Some(e), None => break },
                 _ = tick.tick() => None,
             };
-            let mut out = std::io::stdout().lock();
-            if mode == Mode::Live && drawn_lines > 0 {
-                let _ = write!(out, "\x1b[{drawn_lines}A\x1b[J");
-                drawn_lines = 0;
-            }
             if let Some(e) = event {
                 if mode == Mode::Json {
+                    let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "{}", serde_json::to_string(&e).unwrap_or_default());
+                    let _ = out.flush();
                     continue;
                 }
-                for line in lines(&e, start, &mut running, mode) {
-                    let _ = writeln!(out, "{line}");
+                let printed = lines(&e, start, &mut running, mode);
+                match &multi {
+                    Some(m) => {
+                        for line in printed {
+                            let _ = m.println(line);
+                        }
+                    }
+                    None => {
+                        let mut out = std::io::stdout().lock();
+                        for line in printed {
+                            let _ = writeln!(out, "{line}");
+                        }
+                        let _ = out.flush();
+                    }
                 }
             }
-            if mode == Mode::Live {
+            if let Some(m) = &multi {
+                bars.retain(|address, bar| {
+                    let keep = running.contains_key(address);
+                    if !keep {
+                        bar.finish_and_clear();
+                        m.remove(bar);
+                    }
+                    keep
+                });
+                let width = console::Term::stdout()
+                    .size_checked()
+                    .map_or(80, |(_, cols)| cols as usize);
                 for (address, r) in &running {
-                    let mut line = format!(
-                        "  … {address}  {:>4}s  {}",
-                        r.started.elapsed().as_secs(),
-                        r.action
-                    );
-                    if !r.message.is_empty() {
-                        line.push_str(&format!(": {}", r.message));
-                    }
-                    if let Some(t) = r.timeout {
-                        line.push_str(&format!(" (timeout {t} s)"));
-                    }
-                    if let Some(l) = &r.log {
-                        line.push_str(&format!(" │ {l}"));
-                    }
-                    let cut: String = line.chars().take(160).collect();
-                    let _ = writeln!(out, "{cut}");
-                    drawn_lines += 1;
+                    let bar = bars.entry(address.clone()).or_insert_with(|| {
+                        m.add(
+                            indicatif::ProgressBar::new_spinner()
+                                .with_style(spinner_style("  {spinner} {wide_msg}")),
+                        )
+                    });
+                    bar.set_message(r.live_line_for(address, width));
+                    bar.tick();
                 }
             }
-            let _ = out.flush();
+        }
+        if let Some(m) = multi {
+            for bar in bars.values() {
+                bar.finish_and_clear();
+            }
+            let _ = m.clear();
         }
     })
 }
@@ -146,17 +261,7 @@ fn lines(
             if *steps == 1 { "" } else { "s" }
         )],
         Event::StepStarted { address, action } => {
-            running.insert(
-                address.clone(),
-                Running {
-                    started: Instant::now(),
-                    action: action.clone(),
-                    message: String::new(),
-                    log: None,
-                    timeout: None,
-                    last_printed: Instant::now(),
-                },
-            );
+            running.insert(address.clone(), Running::new(action));
             if mode == Mode::Plain {
                 vec![format!("{t} {address}: {action}…")]
             } else {
@@ -180,14 +285,44 @@ fn lines(
             if mode == Mode::Plain && r.last_printed.elapsed() >= Duration::from_secs(10) {
                 r.last_printed = Instant::now();
                 let mut l = format!(
-                    "{t} {address}: still {} after {} s: {message}",
+                    "{t} {address}: still {} after {} s: {}",
                     r.action,
-                    r.started.elapsed().as_secs()
+                    r.started.elapsed().as_secs(),
+                    r.doing()
                 );
                 if let Some(log) = &r.log {
                     l.push_str(&format!(" │ {log}"));
                 }
                 return vec![l];
+            }
+            Vec::new()
+        }
+        Event::Phase {
+            address,
+            phase,
+            percent,
+            line,
+        } => {
+            let Some(r) = running.get_mut(address) else {
+                return Vec::new();
+            };
+            let shown = crate::events::phase_text(phase, *percent);
+            let new_phase = r.phase.as_ref().is_none_or(|(label, _, _)| label != phase);
+            let since = match &r.phase {
+                Some((label, _, since)) if label == phase => *since,
+                _ => Instant::now(),
+            };
+            r.phase = Some((phase.clone(), shown.clone(), since));
+            r.log = Some(line.clone());
+            // A plain line for each new phase; its percentages only as often as progress.
+            if mode == Mode::Plain
+                && (new_phase || r.last_printed.elapsed() >= Duration::from_secs(10))
+            {
+                r.last_printed = Instant::now();
+                return vec![format!(
+                    "{t} {address}: {shown} (after {} s)",
+                    r.started.elapsed().as_secs()
+                )];
             }
             Vec::new()
         }
@@ -300,6 +435,103 @@ mod tests {
         );
         assert_eq!(failed[2], "        │ last line");
         assert!(running.is_empty());
+    }
+
+    #[test]
+    fn a_phase_replaces_the_failed_check_and_prints_once_per_label() {
+        let start = Instant::now();
+        let mut running = BTreeMap::new();
+        lines(
+            &Event::StepStarted {
+                address: "container.vllm".into(),
+                action: "create".into(),
+            },
+            start,
+            &mut running,
+            Mode::Plain,
+        );
+        let progress = Event::StepProgress {
+            address: "container.vllm".into(),
+            message: "waiting for `GET http://10.0.0.1:8000/health`: answered 503".into(),
+            log: None,
+            timeout_secs: Some(900),
+        };
+        lines(&progress, start, &mut running, Mode::Plain);
+        assert!(running["container.vllm"]
+            .live_line("container.vllm")
+            .contains("answered 503"));
+        let phase = |percent: f64| Event::Phase {
+            address: "container.vllm".into(),
+            phase: "loading weights".into(),
+            percent: Some(percent),
+            line: format!("Loading safetensors checkpoint shards: {percent}% Completed"),
+        };
+        let first = lines(&phase(7.0), start, &mut running, Mode::Plain);
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert!(
+            first[0].contains("container.vllm: loading weights 7%"),
+            "{first:?}"
+        );
+        // The next percentage within 10 s updates the line without printing one.
+        assert!(lines(&phase(50.0), start, &mut running, Mode::Plain).is_empty());
+        lines(&progress, start, &mut running, Mode::Plain);
+        let live = running["container.vllm"].live_line("container.vllm");
+        assert!(live.contains("create: loading weights 50% (0 s)"), "{live}");
+        assert!(!live.contains("503"), "{live}");
+        assert!(
+            live.contains("(timeout 900 s) │ Loading safetensors"),
+            "{live}"
+        );
+        let next = lines(
+            &Event::Phase {
+                address: "container.vllm".into(),
+                phase: "capturing CUDA graphs".into(),
+                percent: None,
+                line: "Capturing CUDA graphs".into(),
+            },
+            start,
+            &mut running,
+            Mode::Plain,
+        );
+        assert_eq!(next.len(), 1, "{next:?}");
+    }
+
+    #[test]
+    fn a_narrow_terminal_keeps_what_a_step_does() {
+        let mut r = Running::new("create");
+        r.phase = Some((
+            "loading weights".into(),
+            "loading weights 45%".into(),
+            Instant::now(),
+        ));
+        r.timeout = Some(900);
+        let address = "module.qwen.module.ray.container.ray_worker[\"node2\"]";
+        assert!(r
+            .live_line_for(address, 200)
+            .starts_with("module.qwen.module.ray.container.ray_worker[\"node2\"]     0s  create: loading weights 45% (0 s) (timeout 900 s)"));
+        assert_eq!(
+            r.live_line_for(address, 40),
+            "container.ray_worker[\"node2\"] 0s loading weights 45% (0 s)"
+        );
+        assert_eq!(
+            r.live_line_for("probe.hello", 40),
+            "probe.hello 0s loading weights 45% (0 s)"
+        );
+    }
+
+    #[test]
+    fn phase_events_in_json() {
+        let e = Event::Phase {
+            address: "module.llm.container.vllm".into(),
+            phase: "loading weights".into(),
+            percent: Some(45.0),
+            line: "Loading safetensors checkpoint shards:  45% Completed".into(),
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
+        assert_eq!(v["event"], "phase");
+        assert_eq!(v["phase"], "loading weights");
+        assert_eq!(v["percent"], 45.0);
     }
 
     #[test]

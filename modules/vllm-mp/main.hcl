@@ -73,6 +73,7 @@ container "rank0" {
     timeout     = var.start_timeout
     interval    = "2s"
     fail_on_log = local.fail_on_log
+    progress    = module.serve.progress
   }
 }
 
@@ -104,6 +105,7 @@ container "rank" {
     timeout     = var.health_timeout
     interval    = "5s"
     fail_on_log = local.fail_on_log
+    progress    = module.serve.progress
   }
 
   depends_on           = [container.rank0]

@@ -69,6 +69,7 @@ container "vllm" {
     interval = "5s"
     # Ray forwards its workers' output (NCCL's included) to this driver's log.
     fail_on_log = merge(local.fabric.signatures.gpu, local.fabric.signatures.vllm, local.fabric.signatures.ray)
+    progress    = module.serve.progress
   }
 
   depends_on           = [module.ray.members]

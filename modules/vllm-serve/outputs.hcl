@@ -11,3 +11,20 @@ output "server_args" {
   description = "The server, memory and extra flags, after the launcher's."
   value       = local.server_args
 }
+
+output "progress" {
+  description = "`progress` patterns for a ready block: the phases of a vLLM start, as vLLM (0.8 to 0.21) logs them."
+  # Each key is matched anywhere in a line, so the prefixes Ray and the engine core put before
+  # a worker's lines do not matter. The weight and graph bars are tqdm's, in vLLM's plain bar
+  # format: one line per update, its percentage captured.
+  value = {
+    "Starting to load model"                            = "loading the model"
+    "Loading safetensors checkpoint shards: +(\\d+)%"   = "loading weights"
+    "Loading weights took|Model loading took"           = "weights loaded"
+    "Memory profiling takes|Available KV cache memory:" = "memory profiled"
+    "Capturing CUDA graphs [^:]*: +(\\d+)%"             = "capturing CUDA graphs"
+    "Graph capturing finished in"                       = "CUDA graphs captured"
+    "Starting vLLM API server"                          = "starting the API server"
+    "Application startup complete"                      = "API server up"
+  }
+}

@@ -71,8 +71,39 @@ def parse(argv):
     return args
 
 
+def load_phases(args):
+    """The lines vLLM prints while it starts, in its order, with short delays (the stand-in's
+    VLLM_STANDIN_PHASE_SECS each, 0.4 by default) so that a watcher sees the phases change. The
+    weight bar is tqdm's in vLLM's plain bar format, one line per update."""
+    try:
+        pause = float(os.environ.get("VLLM_STANDIN_PHASE_SECS", "0.4"))
+    except ValueError:
+        pause = 0.4
+    prefix = "(EngineCore_DP0 pid=%d) " % os.getpid()
+    log(f"{prefix}[gpu_model_runner.py:2338] Starting to load model {args.model}...")
+    shards = 4
+    started = time.time()
+    for i in range(shards + 1):
+        time.sleep(pause)
+        print(f"{prefix}Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed "
+              f"| {i}/{shards} [00:0{i}<00:0{shards - i}, 1.00s/it]", flush=True)
+    took = time.time() - started
+    log(f"{prefix}[default_loader.py:267] Loading weights took {took:.2f} seconds")
+    log(f"{prefix}[gpu_model_runner.py:2392] Model loading took 0.01 GiB memory and {took + 0.1:.6f} seconds")
+    time.sleep(pause)
+    log(f"{prefix}[gpu_worker.py:298] Available KV cache memory: 1.00 GiB")
+    for i, n in enumerate((1, 2)):
+        time.sleep(pause)
+        print(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {50 * n:3d}%|{'█' * 5 * n}{' ' * (10 - 5 * n)}| {n}/2 [00:0{n}<00:00,  1.00it/s]", flush=True)
+    log(f"{prefix}[gpu_model_runner.py:3480] Graph capturing finished in {2 * pause:.0f} secs, took 0.01 GiB")
+    time.sleep(pause)
+    log(f"[api_server.py:1971] Starting vLLM API server 0 on http://{args.host}:{args.port}")
+
+
 class State:
     healthy = False
+    # The engine is loaded ("Application startup complete."): /health answers 200 only then.
+    loaded = False
     ips = []
     served = ""
     # What the chat reply says runs the model ("Ray workers" or "ranks").
@@ -259,7 +290,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             with State.lock:
-                ok = State.healthy
+                ok = State.healthy and State.loaded
             self.reply(200 if ok else 503, None)
         elif self.path == "/v1/models":
             self.reply(200, {"object": "list", "data": [
@@ -282,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
                                        "type": "NotFoundError", "code": 404}})
             return
         with State.lock:
-            healthy, ips = State.healthy, list(State.ips)
+            healthy, ips = State.healthy and State.loaded, list(State.ips)
         if not healthy:
             self.reply(503, {"error": {"message": "the engine is not ready", "code": 503}})
             return
@@ -318,9 +349,11 @@ def main():
             serve_headless(args)
             return
         keep = serve_rank0(args)
+        load_phases(args)
         # As vLLM, the API server starts once the engine (every rank) is up.
         server = ThreadingHTTPServer((args.host, args.port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        State.loaded = True
         log("Application startup complete.")
         while True:
             time.sleep(3600)
@@ -328,6 +361,8 @@ def main():
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = start_ray(args)
+    load_phases(args)
+    State.loaded = True
     log("Application startup complete.")
     while True:
         time.sleep(3600)

@@ -72,10 +72,21 @@ impl dyn Engine<'_> + '_ {
                     Some(r) => match container::ready_config(&r.values) {
                         Ok(v) => ready.push(v),
                         Err(msg) => {
+                            // A bad pattern is pointed at in its attribute.
+                            let pattern_attr = ["fail_on_log", "progress"]
+                                .into_iter()
+                                .find(|a| msg.starts_with(&format!("{a} pattern")));
+                            let (span, help) = match pattern_attr.and_then(|a| r.spans.get(a)) {
+                                Some(s) => (s.clone(), "patterns are Rust regular expressions (the `regex` crate's syntax); escape a literal ( or . with \\\\"),
+                                None => (rheader.clone(), "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
+                            };
                             self.diag(
-                                Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
-                                    .label(&rheader, msg.clone())
-                                    .help("a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
+                                Diag::error(
+                                    "config::invalid_value",
+                                    format!("invalid ready check in container `{name}`"),
+                                )
+                                .label(&span, msg.clone())
+                                .help(help),
                             );
                             ready_ok = false;
                         }

@@ -263,12 +263,46 @@ async fn ensure_image(
             None,
             None,
         );
+        // Bytes done and total per layer, summed: the engine reports each layer apart.
+        let mut layers: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
+        let mut last_report: Option<Instant> = None;
         while let Some(item) = stream.next().await {
             let info =
                 item.map_err(|e| StepError::new(format!("{node}: pulling {image} failed: {e}")))?;
-            if let Some(status) = info.status {
-                cx.progress(format!("pulling {image}: {status}"), None, None);
+            // Extracting reports its own bytes for the same layer: only downloads count.
+            let downloading = info
+                .status
+                .as_deref()
+                .is_some_and(|s| s.starts_with("Downloading"));
+            if let (Some(id), Some(d), true) = (&info.id, &info.progress_detail, downloading) {
+                if let (Some(cur), Some(total)) = (d.current, d.total) {
+                    if total > 0 {
+                        layers.insert(id.clone(), (cur.min(total), total));
+                    }
+                }
             }
+            if let (Some(id), Some(status)) = (&info.id, &info.status) {
+                // A finished layer reports no detail any more: count it as whole.
+                if status.starts_with("Download complete") || status.starts_with("Pull complete") {
+                    if let Some(l) = layers.get_mut(id) {
+                        l.0 = l.1;
+                    }
+                }
+            }
+            // An event a second is enough for a line, and keeps `--json` readable.
+            if last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                continue;
+            }
+            last_report = Some(Instant::now());
+            let message = if layers.is_empty() {
+                format!(
+                    "pulling {image}: {}",
+                    info.status.as_deref().unwrap_or("starting")
+                )
+            } else {
+                pull_progress(image, &layers)
+            };
+            cx.progress(message, None, None);
         }
     } else {
         return Err(StepError::new(format!("image {image} is not on {node}"))
@@ -283,6 +317,21 @@ async fn ensure_image(
                 "{node}: image {image} is still missing after loading it: {e}"
             ))
         })
+}
+
+/// `pulling IMAGE: 1.20 GiB / 3.40 GiB (35%, 4 layers)`.
+fn pull_progress(image: &str, layers: &std::collections::BTreeMap<String, (i64, i64)>) -> String {
+    let (done, total) = layers.values().fold((0u64, 0u64), |(d, t), (c, n)| {
+        (d + (*c).max(0) as u64, t + (*n).max(0) as u64)
+    });
+    format!(
+        "pulling {image}: {} / {} ({}%, {} layer{})",
+        indicatif::BinaryBytes(done),
+        indicatif::BinaryBytes(total),
+        (done * 100).checked_div(total).unwrap_or(0),
+        layers.len(),
+        if layers.len() == 1 { "" } else { "s" }
+    )
 }
 
 async fn load_archive(docker: &bollard::Docker, path: &std::path::Path) -> Result<(), StepError> {
@@ -560,6 +609,69 @@ async fn fail_on_log(
     Ok(())
 }
 
+/// Follows a starting container's log, so that every phase its `progress` patterns name is
+/// seen (and reported as an event) even when it lasts less than a check interval.
+struct LogFollow<S> {
+    stream: Option<S>,
+    watch: super::progress::PhaseWatch,
+    label: Option<String>,
+    since: Instant,
+}
+
+impl<S> LogFollow<S>
+where
+    S: futures_util::Stream<Item = Result<bollard::container::LogOutput, bollard::errors::Error>>
+        + Unpin,
+{
+    /// Read what the log says until `deadline` or the apply is cancelled.
+    async fn read_until(&mut self, cx: &StepCx<'_>, deadline: tokio::time::Instant) {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    _ = cx.cancel.cancelled() => {}
+                }
+                return;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = cx.cancel.cancelled() => return,
+                chunk = stream.next() => match chunk {
+                    Some(Ok(chunk)) => {
+                        for p in self.watch.feed(&chunk.to_string()) {
+                            // A phase's time runs from its first line, not its last percentage.
+                            if self.label.as_deref() != Some(p.label.as_str()) {
+                                self.label = Some(p.label.clone());
+                                self.since = Instant::now();
+                            }
+                            crate::events::emit(cx.events, crate::events::Event::Phase {
+                                address: cx.address.to_string(),
+                                phase: p.label,
+                                percent: p.percent,
+                                line: p.line,
+                            });
+                        }
+                    }
+                    // The container ended its log or the node dropped the stream: the checks
+                    // that follow say which.
+                    _ => self.stream = None,
+                },
+            }
+        }
+    }
+
+    /// What the container does, for its progress line: the latest phase seen and since when.
+    fn doing(&self) -> Option<String> {
+        self.watch.current().map(|p| {
+            format!(
+                "{} ({} s)",
+                crate::events::phase_text(&p.label, p.percent),
+                self.since.elapsed().as_secs()
+            )
+        })
+    }
+}
+
 /// Wait until every ready check passes, the container dies, the timeout passes or the apply is
 /// cancelled.
 async fn wait_ready(
@@ -569,6 +681,32 @@ async fn wait_ready(
     name: &str,
     checks: &[serde_json::Value],
 ) -> Result<(), StepError> {
+    // One follower for all the checks: the phases of a start run across them.
+    let mut follow = LogFollow {
+        stream: Some(Box::pin(docker.logs(
+            id,
+            Some(q::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: true,
+                tail: "all".into(),
+                ..Default::default()
+            }),
+        ))),
+        watch: super::progress::PhaseWatch::new(
+            // The patterns of all the checks: a later check's phases may start during an
+            // earlier one.
+            Some(&serde_json::Value::Object(
+                checks
+                    .iter()
+                    .filter_map(|c| c.get("progress").and_then(|p| p.as_object()))
+                    .flat_map(|m| m.clone())
+                    .collect(),
+            )),
+        ),
+        label: None,
+        since: Instant::now(),
+    };
     for check in checks {
         let timeout =
             Duration::from_secs(check.get("timeout").and_then(|v| v.as_u64()).unwrap_or(300));
@@ -625,19 +763,27 @@ async fn wait_ready(
                 .details(logs)
                 .help("raise the ready block's timeout if it is only slow; the log lines above are the container's last 40"));
             }
-            let log = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 1))
-                .await
-                .ok()
-                .and_then(|mut l| l.pop());
+            let log = match follow.watch.last_line() {
+                Some(l) => Some(l.to_string()),
+                None if follow.stream.is_none() => {
+                    tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 1))
+                        .await
+                        .ok()
+                        .and_then(|mut l| l.pop())
+                }
+                None => None,
+            };
             cx.progress(
-                format!("waiting for `{what}`: {last}"),
+                // What it is doing says more than the check that did not pass yet.
+                follow
+                    .doing()
+                    .unwrap_or_else(|| format!("waiting for `{what}`: {last}")),
                 log,
                 Some(timeout.as_secs()),
             );
-            tokio::select! {
-                _ = tokio::time::sleep(backoff.next_wait()) => {}
-                _ = cx.cancel.cancelled() => {}
-            }
+            follow
+                .read_until(cx, tokio::time::Instant::now() + backoff.next_wait())
+                .await;
         }
     }
     Ok(())
@@ -801,6 +947,12 @@ impl Machine for ContainerMachine {
                         ..Applied::default()
                     });
                 }
+                // `docker stop` waits up to the stop timeout for the process to end.
+                cx.progress(
+                    format!("stopping {name}"),
+                    None,
+                    Some(stop_secs(cx).max(0) as u64),
+                );
                 let aside = set_aside(&docker, &old, &name, stop_secs(cx)).await?;
                 Ok(Applied {
                     attributes: Default::default(),
@@ -1356,5 +1508,16 @@ mod tests {
         let note = image_moved("node.a", &r, &c, &moved).unwrap();
         assert!(note.contains("now sha256:cccccccccccc"), "{note}");
         assert!(note.contains("runs sha256:aaaaaaaaaaaa"), "{note}");
+    }
+
+    #[test]
+    fn pull_progress_sums_the_layers() {
+        let mut layers = std::collections::BTreeMap::new();
+        layers.insert("a".to_string(), (512 * 1024 * 1024, 1024 * 1024 * 1024));
+        layers.insert("b".to_string(), (0, 1024 * 1024 * 1024));
+        assert_eq!(
+            pull_progress("vllm/vllm-openai:v0.21.0", &layers),
+            "pulling vllm/vllm-openai:v0.21.0: 512.00 MiB / 2.00 GiB (25%, 2 layers)"
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 pub(crate) mod lower;
 pub mod machine;
+pub mod progress;
 
 use super::{Kind, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
@@ -19,6 +20,7 @@ pub static READY: BlockSpec = spec(
         opt("timeout", schema::Kind::Duration),
         opt("interval", schema::Kind::Duration),
         opt("fail_on_log", schema::Kind::MapStr),
+        opt("progress", schema::Kind::MapStr),
     ],
     &[],
 );
@@ -196,6 +198,11 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
                     "fail_on_log pattern {p:?} is not a regular expression: {e}"
                 ));
             }
+        }
+    }
+    if let Some(Value::Object(patterns)) = values.get("progress") {
+        for p in patterns.keys() {
+            progress::check_pattern(p)?;
         }
     }
     let mut out = serde_json::Map::new();
