@@ -113,7 +113,9 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     )
 }
 
-fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
+/// The definitions and their graph, warnings drawn (text) or printed as a JSON line; `None`
+/// once the errors are reported.
+pub fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
     let vars = match ca.var_inputs() {
         Ok(v) => v,
         Err(d) => {
@@ -125,6 +127,13 @@ fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
         Ok((c, g)) => {
             if !json {
                 report_warnings(&c.warnings);
+            } else if !c.warnings.is_empty() {
+                // A line of its own ahead of the progress lines, tagged like them.
+                let line = serde_json::json!({
+                    "event": "diagnostics",
+                    "diagnostics": super::diagnostics_values(&c.warnings),
+                });
+                println!("{line}");
             }
             Some((c, g))
         }

@@ -36,7 +36,8 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let (config, graph) = match args.config.workspace().load(&vars) {
+    let ws = args.config.workspace();
+    let (config, graph) = match ws.load(&vars) {
         Ok(x) => x,
         Err(d) => {
             report_diagnostics(&d, args.json);
@@ -45,6 +46,34 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     };
     if let Some(t) = crate::ops::verify::unknown_targets(&config, &args.target).first() {
         eprintln!("Error: -target {t}: no such probe");
+        return ExitCode::from(1);
+    }
+    let deploy_hint = format!(
+        "  help: deploy it first with `sparkform apply {}`",
+        ws.dir.display()
+    );
+    let state = match ws.state() {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            eprintln!(
+                "Error: {}, so there is nothing to verify.\n{deploy_hint}",
+                ws.nothing_applied()
+            );
+            return ExitCode::from(1);
+        }
+        Err(e) => return super::report_error(e),
+    };
+    let undeployed = crate::ops::verify::undeployed(&config, &graph, &state, &args.target);
+    if !undeployed.is_empty() {
+        for (probe, missing) in &undeployed {
+            eprintln!(
+                "Error: {probe} cannot run: {} {} not deployed (not in {}).",
+                missing.join(", "),
+                if missing.len() == 1 { "is" } else { "are" },
+                ws.state_path.display()
+            );
+        }
+        eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
         return ExitCode::from(1);
     }
     let rt = match super::runtime() {
