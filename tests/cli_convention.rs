@@ -220,6 +220,14 @@ fn verify_with_nothing_deployed_says_so_at_once() {
         stderr.contains("sparkform apply ../deploy"),
         "the hint says how to deploy: {stderr}"
     );
+    // A state that records nothing (everything destroyed or rolled back) is the same.
+    bed.store().write(&mut State::new()).unwrap();
+    let (code, _, stderr) = bed.run(&["verify", "../deploy"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("records nothing: nothing is deployed"),
+        "{stderr}"
+    );
     // A probe whose dependency the state does not record is refused by name, without
     // retrying: its 5 s timeout would otherwise run out first.
     let mut state = bed.applied();

@@ -63,12 +63,25 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         }
         Err(e) => return super::report_error(e),
     };
+    if state.resources.is_empty() {
+        eprintln!(
+            "Error: the state at {} records nothing: nothing is deployed, so there is nothing to verify.\n{deploy_hint}",
+            ws.state_path.display()
+        );
+        return ExitCode::from(1);
+    }
     let undeployed = crate::ops::verify::undeployed(&config, &graph, &state, &args.target);
     if !undeployed.is_empty() {
         for (probe, missing) in &undeployed {
+            // The first few name the problem; a whole module's worth would bury it.
+            let named: Vec<&str> = missing.iter().take(3).map(String::as_str).collect();
+            let more = match missing.len().saturating_sub(named.len()) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
             eprintln!(
-                "Error: {probe} cannot run: {} {} not deployed (not in {}).",
-                missing.join(", "),
+                "Error: {probe} cannot run: {}{more} {} not deployed (not in {}).",
+                named.join(", "),
                 if missing.len() == 1 { "is" } else { "are" },
                 ws.state_path.display()
             );
