@@ -27,6 +27,30 @@ impl Workspace {
         }
     }
 
+    /// Whether the definitions folder can be this deployment's: it exists and is a folder.
+    /// The error says what the path is instead and what to give.
+    pub fn check_folder(&self) -> Result<(), String> {
+        let dir = self.dir.display();
+        match std::fs::metadata(&self.dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(format!(
+                "{dir} is a file, not a folder: give the folder holding the deployment's .hcl files (its state is FOLDER/{DEFAULT_STATE_FILE})"
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "no folder {dir}: give the folder holding the deployment's .hcl files (its state is FOLDER/{DEFAULT_STATE_FILE}), or the state file with -state PATH"
+            )),
+            Err(e) => Err(format!("cannot read the folder {dir}: {e}")),
+        }
+    }
+
+    /// What every command says when the state file does not exist.
+    pub fn nothing_applied(&self) -> String {
+        format!(
+            "No state at {}: nothing has been applied",
+            self.state_path.display()
+        )
+    }
+
     pub fn store(&self) -> StateStore {
         StateStore::new(self.state_path.clone())
     }

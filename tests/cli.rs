@@ -182,35 +182,35 @@ fn stale_planfile_is_refused() {
 fn state_commands_and_corrupt_state() {
     let dir = cluster();
     let d = dir.path().to_str().unwrap();
-    let (code, _, _) = out(sparkform().args(["state", "list", "--dir", d]));
+    let (code, _, _) = out(sparkform().args(["state", "list", d]));
     assert_eq!(code, 0);
     let store = StateStore::new(dir.path().join("state/sparkform.json"));
     let mut state = common::applied(dir.path());
     store.write(&mut state).unwrap();
-    let (code, stdout, _) = out(sparkform().args(["state", "list", "--dir", d]));
+    let (code, stdout, _) = out(sparkform().args(["state", "list", d]));
     assert_eq!(code, 0);
     assert!(
         stdout.lines().any(|l| l == "container.worker[\"n2\"]"),
         "{stdout}"
     );
-    let (code, stdout, _) = out(sparkform().args(["state", "show", "container.head", "--dir", d]));
+    let (code, stdout, _) = out(sparkform().args(["state", "show", "container.head", d]));
     assert_eq!(code, 0);
     assert!(
         stdout.contains("image") && stdout.contains("sha256:"),
         "{stdout}"
     );
     assert!(!stdout.contains("hf_plan_fixture_secret"), "{stdout}");
-    let (code, _, stderr) = out(sparkform().args(["state", "show", "container.haed", "--dir", d]));
+    let (code, _, stderr) = out(sparkform().args(["state", "show", "container.haed", d]));
     assert_eq!(code, 1);
     assert!(stderr.contains("Did you mean container.head?"), "{stderr}");
-    let (code, stdout, _) = out(sparkform().args(["output", "--dir", d]));
+    let (code, stdout, _) = out(sparkform().args(["output", d]));
     assert_eq!(code, 0);
     assert!(
         stdout.contains("endpoint = \"http://192.168.200.1:8000\"")
             && stdout.contains("token = (sensitive)"),
         "{stdout}"
     );
-    let (code, stdout, _) = out(sparkform().args(["output", "endpoint", "--dir", d]));
+    let (code, stdout, _) = out(sparkform().args(["output", "endpoint", d]));
     assert_eq!((code, stdout.trim()), (0, "http://192.168.200.1:8000"));
     // A corrupt state is an error that names the line, and plan refuses to go on.
     std::fs::write(

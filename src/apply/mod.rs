@@ -43,7 +43,15 @@ pub struct ApplyRequest<'a> {
 pub struct ApplyOutcome {
     pub ok: bool,
     pub failures: Vec<(String, StepError)>,
+    /// Cancelled from outside (Ctrl-C) before any step failed.
+    pub interrupted: bool,
+    /// Steps that were running when the run was interrupted and did not finish: stopped, not
+    /// failed, so not in `failures`.
+    pub stopped: Vec<String>,
     pub rolled_back: bool,
+    /// Undos that succeeded, of how many completed steps had one to run.
+    pub undone: usize,
+    pub to_undo: usize,
     pub undo_failures: Vec<(String, StepError)>,
     /// Warnings from cleaning up after success (an old container that would not go away).
     pub warnings: Vec<String>,
@@ -298,7 +306,11 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let mut outcome = ApplyOutcome {
         ok: true,
         failures: Vec::new(),
+        interrupted: false,
+        stopped: Vec::new(),
         rolled_back: false,
+        undone: 0,
+        to_undo: 0,
         undo_failures: Vec::new(),
         warnings: Vec::new(),
         state: before.clone(),
@@ -372,9 +384,11 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let mut stopping = false;
     let parallelism = req.parallelism.max(1);
     loop {
+        // This loop cancels only once it is stopping: a cancel seen before is the caller's.
         if req.cancel.is_cancelled() && !stopping {
             stopping = true;
             outcome.ok = false;
+            outcome.interrupted = true;
             emit(
                 &req.events,
                 Event::Stopping {
@@ -446,6 +460,30 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                     }
                 }
             }
+            Err(e) if outcome.interrupted || (req.cancel.is_cancelled() && !stopping) => {
+                // Cancelled from outside: the step was stopped, whatever it says went wrong
+                // (a probe reports its last attempt).
+                if !stopping {
+                    stopping = true;
+                    outcome.ok = false;
+                    outcome.interrupted = true;
+                    emit(
+                        &req.events,
+                        Event::Stopping {
+                            reason: "interrupted".into(),
+                        },
+                    );
+                }
+                emit(
+                    &req.events,
+                    Event::StepFailed {
+                        address: step.address.clone(),
+                        elapsed,
+                        error: format!("interrupted before it finished (it was at: {})", e.message),
+                    },
+                );
+                outcome.stopped.push(step.address.clone());
+            }
             Err(e) => {
                 emit(
                     &req.events,
@@ -504,21 +542,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         )
         .await;
     }
-    let summary = if outcome.ok {
-        format!(
-            "{} step{} done",
-            completed.len(),
-            if completed.len() == 1 { "" } else { "s" }
-        )
-    } else if outcome.rolled_back {
-        format!(
-            "failed; {} step{} rolled back",
-            completed.len(),
-            if completed.len() == 1 { "" } else { "s" }
-        )
-    } else {
-        "failed; nothing rolled back (--no-rollback)".to_string()
-    };
+    let summary = finished_summary(&outcome, completed.len());
     emit(
         &req.events,
         Event::Finished {
@@ -535,6 +559,32 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     }
     outcome.state = state;
     outcome
+}
+
+/// The last line's words, counting what `RollbackStarted` counted.
+fn finished_summary(outcome: &ApplyOutcome, completed: usize) -> String {
+    let steps = |n: usize| format!("{n} step{}", if n == 1 { "" } else { "s" });
+    if outcome.ok {
+        return format!("{} done", steps(completed));
+    }
+    let how = if outcome.interrupted {
+        "interrupted"
+    } else {
+        "failed"
+    };
+    if !outcome.rolled_back {
+        return format!("{how}; nothing rolled back (--no-rollback)");
+    }
+    if outcome.undone == outcome.to_undo {
+        format!("{how}; {} rolled back", steps(outcome.undone))
+    } else {
+        format!(
+            "{how}; {} of {} rolled back, {} could not be undone",
+            outcome.undone,
+            steps(outcome.to_undo),
+            outcome.to_undo - outcome.undone
+        )
+    }
 }
 
 /// Undo this apply's completed steps, each once every step that depended on it is undone
@@ -554,6 +604,7 @@ async fn rollback(
         .iter()
         .filter(|(_, s, _)| matches!(s.kind, StepKind::Resource(_)))
         .collect();
+    outcome.to_undo = undoable.len();
     emit(
         &req.events,
         Event::RollbackStarted {
@@ -593,6 +644,7 @@ async fn rollback(
         let address = &undoable[k].1.address;
         match result {
             Ok(summary) => {
+                outcome.undone += 1;
                 emit(
                     &req.events,
                     Event::UndoDone {

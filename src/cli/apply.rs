@@ -113,7 +113,9 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     )
 }
 
-fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
+/// The definitions and their graph, warnings drawn (text) or printed as a JSON line; `None`
+/// once the errors are reported.
+pub fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
     let vars = match ca.var_inputs() {
         Ok(v) => v,
         Err(d) => {
@@ -125,6 +127,13 @@ fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
         Ok((c, g)) => {
             if !json {
                 report_warnings(&c.warnings);
+            } else if !c.warnings.is_empty() {
+                // A line of its own ahead of the progress lines, tagged like them.
+                let line = serde_json::json!({
+                    "event": "diagnostics",
+                    "diagnostics": super::diagnostics_values(&c.warnings),
+                });
+                println!("{line}");
             }
             Some((c, g))
         }
@@ -218,7 +227,11 @@ pub fn execute(
         let cancel = tokio_util::sync::CancellationToken::new();
         let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {
             Interrupt::Stopping => eprintln!("\nInterrupted: finishing or stopping running steps, then rolling back. Press Ctrl-C again to exit at once (the state file says what exists)."),
-            Interrupt::Exiting => eprintln!("Exiting now."),
+            Interrupt::Exiting => {
+                eprintln!("Exiting now.");
+                // The process exits next: no master connection may outlive it.
+                crate::hosts::lifetime::shutdown();
+            }
         });
         let outcome = prepared
             .apply(
@@ -291,18 +304,104 @@ fn report(outcome: &apply::ApplyOutcome, plan: &Plan, operation: &str, json: boo
             ExitCode::SUCCESS
         };
     }
-    eprintln!();
-    for (address, e) in &outcome.failures {
-        eprintln!("Error: {address}: {}", e.render());
-    }
-    if outcome.rolled_back {
-        if outcome.undo_failures.is_empty() {
-            eprintln!("\nRolled back: the machines and the state are as they were before this {operation}.");
-        } else {
-            eprintln!("\nRollback incomplete: {} step{} could not be undone; the state records what exists. Run `sparkform plan` to see it.", outcome.undo_failures.len(), if outcome.undo_failures.len() == 1 { "" } else { "s" });
-        }
-    } else {
-        eprintln!("\nNot rolled back (--no-rollback): the state records what was done. Run `sparkform plan` to see it.");
+    eprint!("{}", ending(outcome, operation));
+    if outcome.interrupted {
+        // 128 + SIGINT, as a shell reports a command ended by Ctrl-C.
+        return ExitCode::from(130);
     }
     ExitCode::from(1)
+}
+
+/// What a run that did not succeed ends with: interrupted or the errors, then what was rolled
+/// back, with the counts the progress lines used.
+fn ending(outcome: &apply::ApplyOutcome, operation: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("\n");
+    if outcome.interrupted {
+        let _ = writeln!(
+            out,
+            "Interrupted: the {operation} stopped on Ctrl-C{}.",
+            if outcome.stopped.is_empty() {
+                String::new()
+            } else {
+                format!(" while {} ran", outcome.stopped.join(", "))
+            }
+        );
+    }
+    for (address, e) in &outcome.failures {
+        let _ = writeln!(out, "Error: {address}: {}", e.render());
+    }
+    let steps = |n: usize| format!("{n} step{}", if n == 1 { "" } else { "s" });
+    if !outcome.rolled_back {
+        out.push_str("\nNot rolled back (--no-rollback): the state records what was done. Run `sparkform plan` to see it.\n");
+    } else if outcome.undo_failures.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRolled back {}: the machines and the state are as they were before this {operation}.",
+            steps(outcome.undone)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "\nRollback incomplete: {} of {} undone, {} could not be; the state records what exists. Run `sparkform plan` to see it.",
+            outcome.undone,
+            steps(outcome.to_undo),
+            outcome.undo_failures.len()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ending;
+    use crate::apply::ApplyOutcome;
+    use crate::kinds::machine::StepError;
+    use crate::state::State;
+
+    fn outcome() -> ApplyOutcome {
+        ApplyOutcome {
+            ok: false,
+            failures: Vec::new(),
+            interrupted: false,
+            stopped: Vec::new(),
+            rolled_back: true,
+            undone: 4,
+            to_undo: 4,
+            undo_failures: Vec::new(),
+            warnings: Vec::new(),
+            state: State::new(),
+            state_error: None,
+        }
+    }
+
+    #[test]
+    fn an_interrupted_run_says_so_and_blames_no_step() {
+        let mut o = outcome();
+        o.interrupted = true;
+        o.stopped = vec!["probe.ray_members".into()];
+        let text = ending(&o, "apply");
+        assert!(
+            text.contains("Interrupted: the apply stopped on Ctrl-C while probe.ray_members ran."),
+            "{text}"
+        );
+        assert!(!text.contains("Error"), "{text}");
+        assert!(text.contains("Rolled back 4 steps: the machines and the state are as they were before this apply."), "{text}");
+    }
+
+    #[test]
+    fn a_failed_destroy_names_the_error_and_the_undone_count() {
+        let mut o = outcome();
+        o.failures = vec![("container.web".into(), StepError::new("boom"))];
+        o.undone = 2;
+        o.to_undo = 3;
+        o.undo_failures = vec![("container.db".into(), StepError::new("gone"))];
+        let text = ending(&o, "destroy");
+        assert!(text.contains("Error: container.web: boom"), "{text}");
+        assert!(!text.contains("Interrupted"), "{text}");
+        assert!(
+            text.contains("Rollback incomplete: 2 of 3 steps undone, 1 could not be"),
+            "{text}"
+        );
+    }
 }

@@ -26,21 +26,10 @@ pub struct DestroyArgs {
 
 pub fn run(args: DestroyArgs) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
-    let vars = match ca.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            super::report_diagnostics(&crate::diag::Diagnostics(vec![*d]), args.common.json);
-            return ExitCode::from(1);
-        }
+    let Some((config, graph)) = super::apply::load(&ca, args.common.json) else {
+        return ExitCode::from(1);
     };
     let ws = ca.workspace();
-    let (config, graph) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            super::report_diagnostics(&d, args.common.json);
-            return ExitCode::from(1);
-        }
-    };
     execute(
         &args.common,
         &ws,

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::report_error;
-use crate::workspace::Workspace;
 
 /// Remove the state lock with this ID (after a crash)
 #[derive(Args, Debug)]
@@ -19,16 +18,18 @@ lock of a process that is still running lets two writers in: make sure it is gon
 pub struct ForceUnlockArgs {
     /// The lock ID from the "state is locked" error
     pub id: String,
-    /// Folder holding the .hcl definitions
-    #[arg(default_value = ".")]
-    pub dir: PathBuf,
-    /// State file (default: DIR/state/sparkform.json)
-    #[arg(long = "state", value_name = "PATH")]
-    pub state: Option<PathBuf>,
+    /// Folder holding the .hcl definitions; its state is DIR/state/sparkform.json [default: .]
+    #[arg(value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub file: super::StateFile,
 }
 
 pub fn run(args: ForceUnlockArgs) -> ExitCode {
-    let ws = Workspace::new(&args.dir, args.state.as_deref());
+    let ws = match args.file.workspace(args.dir.as_deref()) {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
     match ws.store().force_unlock(&args.id) {
         Ok(info) => {
             println!(

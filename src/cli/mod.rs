@@ -116,6 +116,48 @@ impl ConfigArgs {
     }
 }
 
+/// The state file of commands that only read the state, and the `--dir` spelling of their
+/// folder that scripts written before the folder became positional still use.
+#[derive(Args, Debug, Clone)]
+pub struct StateFile {
+    /// State file (default: DIR/state/sparkform.json)
+    #[arg(long = "state", value_name = "PATH")]
+    pub state: Option<PathBuf>,
+    /// The folder, as older scripts give it; DIR is the way now
+    #[arg(long = "dir", value_name = "DIR", hide = true)]
+    pub old_dir: Option<PathBuf>,
+}
+
+impl StateFile {
+    /// The deployment whose folder is `dir` (or `--dir`, or the current folder). A folder
+    /// that was named must exist; the default one need not when `-state` names the file.
+    pub fn workspace(&self, dir: Option<&std::path::Path>) -> Result<Workspace, ExitCode> {
+        let named = match (dir, self.old_dir.as_deref()) {
+            (Some(a), Some(b)) if a != b => {
+                eprintln!(
+                    "Error: two folders given, {} and --dir {}; give the deployment's folder once, as the DIR argument.",
+                    a.display(),
+                    b.display()
+                );
+                return Err(ExitCode::from(1));
+            }
+            (Some(a), _) | (None, Some(a)) => Some(a),
+            (None, None) => None,
+        };
+        let ws = Workspace::new(
+            named.unwrap_or(std::path::Path::new(".")),
+            self.state.as_deref(),
+        );
+        if named.is_some() || self.state.is_none() {
+            if let Err(message) = ws.check_folder() {
+                eprintln!("Error: {message}");
+                return Err(ExitCode::from(1));
+            }
+        }
+        Ok(ws)
+    }
+}
+
 /// How to reach the machines.
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
@@ -322,8 +364,10 @@ pub fn report_error(e: impl miette::Diagnostic + Send + Sync + 'static) -> ExitC
     ExitCode::from(1)
 }
 
-pub fn diagnostics_json(diags: &[Diag]) -> String {
-    let items: Vec<serde_json::Value> = diags
+/// Each diagnostic as JSON: severity, message, where (the first label's file, line and column,
+/// so a reader need not dig into `labels`), code, help and every label.
+pub fn diagnostics_values(diags: &[Diag]) -> Vec<serde_json::Value> {
+    diags
         .iter()
         .map(|d| {
             let labels: Vec<serde_json::Value> = d
@@ -338,18 +382,30 @@ pub fn diagnostics_json(diags: &[Diag]) -> String {
                     }))
                 })
                 .collect();
+            let at = |key: &str| {
+                labels
+                    .first()
+                    .map_or(serde_json::Value::Null, |l| l[key].clone())
+            };
             serde_json::json!({
                 "severity": match d.severity { miette::Severity::Error => "error", miette::Severity::Warning => "warning", miette::Severity::Advice => "advice" },
                 "code": d.code,
                 "message": d.message,
+                "file": at("file"),
+                "line": at("line"),
+                "column": at("column"),
                 "help": d.help,
                 "labels": labels,
             })
         })
-        .collect();
-    serde_json::to_string_pretty(
-        &serde_json::json!({ "valid": !diags.iter().any(Diag::is_error), "diagnostics": items }),
-    )
+        .collect()
+}
+
+pub fn diagnostics_json(diags: &[Diag]) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "valid": !diags.iter().any(Diag::is_error),
+        "diagnostics": diagnostics_values(diags),
+    }))
     .unwrap_or_default()
 }
 

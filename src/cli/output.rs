@@ -1,5 +1,6 @@
 //! `sparkform output`: the outputs recorded by the last apply.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -12,28 +13,48 @@ use crate::plan::render;
 #[command(
     long_about = "Print the root module's outputs as recorded by the last apply. Sensitive outputs are \
 stored only as hashes and print as (sensitive). With NAME, print that output's value alone (a \
-string without quotes), for scripts.",
-    after_help = "Examples:\n  sparkform output --dir examples/testbed\n  curl \"$(sparkform output endpoint --dir examples/testbed)/v1/models\""
+string without quotes), for scripts. Given one argument, a folder (a path with a `/`, `.`, or a \
+folder holding .hcl files) is DIR and anything else NAME.",
+    after_help = "Examples:\n  sparkform output examples/testbed\n  curl \"$(sparkform output endpoint examples/testbed)/v1/models\""
 )]
 pub struct OutputArgs {
     /// Print only this output
     pub name: Option<String>,
+    /// Folder holding the .hcl definitions; its state is DIR/state/sparkform.json [default: .]
+    #[arg(value_name = "DIR")]
+    pub dir: Option<PathBuf>,
     #[command(flatten)]
-    pub location: super::state::StateArgs,
+    pub file: super::StateFile,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(args: OutputArgs) -> ExitCode {
-    let ws = args.location.workspace();
+/// Output names are identifiers, so an argument with a `/` or a dot, or a folder of
+/// definitions, can only have been meant as the folder.
+fn is_folder(arg: &str) -> bool {
+    let path = Path::new(arg);
+    arg.contains('/')
+        || arg.starts_with('.')
+        || std::fs::read_dir(path).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == "hcl"))
+        })
+}
+
+pub fn run(mut args: OutputArgs) -> ExitCode {
+    if args.dir.is_none() && args.name.as_deref().is_some_and(is_folder) {
+        args.dir = args.name.take().map(PathBuf::from);
+    }
+    let ws = match args.file.workspace(args.dir.as_deref()) {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
     let state = match ws.state() {
         Ok(Some(s)) => s,
         Ok(None) => {
-            eprintln!(
-                "No state at {}: nothing has been applied, so there are no outputs.",
-                ws.state_path.display()
-            );
+            eprintln!("{}, so there are no outputs.", ws.nothing_applied());
             return ExitCode::from(1);
         }
         Err(e) => return report_error(e),

@@ -105,6 +105,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
     if args.json {
         let doc = serde_json::json!({
             "format_version": 1,
+            "diagnostics": super::diagnostics_values(&config.warnings),
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
             "plan": plan,
         });

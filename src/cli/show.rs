@@ -9,25 +9,37 @@ use super::report_error;
 use crate::plan::planfile::PlanFile;
 use crate::plan::render;
 
-/// Show the recorded state, or a plan file made by `plan -out`
+/// Show the recorded state of a deployment, or a plan file made by `plan -out`
 #[derive(Args, Debug)]
 #[command(
-    long_about = "Without FILE, show every resource of the recorded state with its attributes (sensitive \
-values appear only as hashes there). With FILE, show the saved plan and the state it was made against.",
-    after_help = "Examples:\n  sparkform show --dir examples/testbed\n  sparkform show testbed.plan\n  sparkform show testbed.plan --json"
+    long_about = "Given a folder (the current one by default), show every resource of its recorded \
+state with its attributes (sensitive values appear only as hashes there). Given a plan file, show \
+the saved plan and the state it was made against.",
+    after_help = "Examples:\n  sparkform show examples/testbed\n  sparkform show testbed.plan\n  sparkform show testbed.plan --json"
 )]
 pub struct ShowArgs {
-    /// A plan file from `plan -out`; without it, the state is shown
-    pub file: Option<PathBuf>,
+    /// The deployment's folder (its state is PATH/state/sparkform.json), or a plan file from
+    /// `plan -out` [default: .]
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
     #[command(flatten)]
-    pub location: super::state::StateArgs,
+    pub file: super::StateFile,
     /// Print JSON on stdout
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: ShowArgs) -> ExitCode {
-    if let Some(file) = &args.file {
+    if let Some(path) = &args.path {
+        if !path.is_dir() && !path.is_file() {
+            eprintln!(
+                "Error: {} is neither a folder nor a plan file.\n  help: give the deployment's folder (`sparkform show examples/testbed`) or a file from `sparkform plan -out FILE` (`sparkform show testbed.plan`)",
+                path.display()
+            );
+            return ExitCode::from(1);
+        }
+    }
+    if let Some(file) = args.path.as_ref().filter(|p| p.is_file()) {
         let pf = match PlanFile::read(file) {
             Ok(p) => p,
             Err(e) => return report_error(e),
@@ -49,17 +61,17 @@ pub fn run(args: ShowArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let ws = args.location.workspace();
+    let ws = match args.file.workspace(args.path.as_deref()) {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
     match ws.state() {
         Err(e) => report_error(e),
         Ok(None) => {
             if args.json {
                 println!("null");
             } else {
-                println!(
-                    "No state at {}: nothing has been applied.",
-                    ws.state_path.display()
-                );
+                println!("{}.", ws.nothing_applied());
             }
             ExitCode::SUCCESS
         }

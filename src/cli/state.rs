@@ -14,11 +14,11 @@ use crate::workspace::Workspace;
 #[derive(Subcommand, Debug)]
 pub enum StateCommand {
     /// List the addresses of every recorded resource
-    #[command(after_help = "Example:\n  sparkform state list --dir examples/testbed")]
+    #[command(after_help = "Example:\n  sparkform state list examples/testbed")]
     List(StateArgs),
     /// Show one recorded resource with its attributes
     #[command(
-        after_help = "Example:\n  sparkform state show 'module.qwen.container.vllm' --dir examples/testbed"
+        after_help = "Example:\n  sparkform state show 'module.qwen.container.vllm' examples/testbed"
     )]
     Show {
         /// Resource address, as `state list` prints it
@@ -30,17 +30,16 @@ pub enum StateCommand {
 
 #[derive(Args, Debug)]
 pub struct StateArgs {
-    /// Folder holding the definitions (for the default state location)
-    #[arg(long, default_value = ".")]
-    pub dir: PathBuf,
-    /// State file (default: DIR/state/sparkform.json)
-    #[arg(long = "state", value_name = "PATH")]
-    pub state: Option<PathBuf>,
+    /// Folder holding the .hcl definitions; its state is DIR/state/sparkform.json [default: .]
+    #[arg(value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub file: super::StateFile,
 }
 
 impl StateArgs {
-    pub fn workspace(&self) -> Workspace {
-        Workspace::new(&self.dir, self.state.as_deref())
+    pub fn workspace(&self) -> Result<Workspace, ExitCode> {
+        self.file.workspace(self.dir.as_deref())
     }
 }
 
@@ -49,14 +48,14 @@ pub fn run(cmd: StateCommand) -> ExitCode {
         StateCommand::List(a) => (a, None),
         StateCommand::Show { address, args } => (args, Some(address)),
     };
-    let ws = args.workspace();
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
     let state = match ws.state() {
         Ok(Some(s)) => s,
         Ok(None) => {
-            eprintln!(
-                "No state at {}: nothing has been applied.",
-                ws.state_path.display()
-            );
+            eprintln!("{}.", ws.nothing_applied());
             return if address.is_some() {
                 ExitCode::from(1)
             } else {

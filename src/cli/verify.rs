@@ -36,7 +36,8 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let (config, graph) = match args.config.workspace().load(&vars) {
+    let ws = args.config.workspace();
+    let (config, graph) = match ws.load(&vars) {
         Ok(x) => x,
         Err(d) => {
             report_diagnostics(&d, args.json);
@@ -45,6 +46,47 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     };
     if let Some(t) = crate::ops::verify::unknown_targets(&config, &args.target).first() {
         eprintln!("Error: -target {t}: no such probe");
+        return ExitCode::from(1);
+    }
+    let deploy_hint = format!(
+        "  help: deploy it first with `sparkform apply {}`",
+        ws.dir.display()
+    );
+    let state = match ws.state() {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            eprintln!(
+                "Error: {}, so there is nothing to verify.\n{deploy_hint}",
+                ws.nothing_applied()
+            );
+            return ExitCode::from(1);
+        }
+        Err(e) => return super::report_error(e),
+    };
+    if state.resources.is_empty() {
+        eprintln!(
+            "Error: the state at {} records nothing: nothing is deployed, so there is nothing to verify.\n{deploy_hint}",
+            ws.state_path.display()
+        );
+        return ExitCode::from(1);
+    }
+    let undeployed = crate::ops::verify::undeployed(&config, &graph, &state, &args.target);
+    if !undeployed.is_empty() {
+        for (probe, missing) in &undeployed {
+            // The first few name the problem; a whole module's worth would bury it.
+            let named: Vec<&str> = missing.iter().take(3).map(String::as_str).collect();
+            let more = match missing.len().saturating_sub(named.len()) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            eprintln!(
+                "Error: {probe} cannot run: {}{more} {} not deployed (not in {}).",
+                named.join(", "),
+                if missing.len() == 1 { "is" } else { "are" },
+                ws.state_path.display()
+            );
+        }
+        eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
         return ExitCode::from(1);
     }
     let rt = match super::runtime() {

@@ -428,6 +428,8 @@ async fn start_jump_master(
         .arg("-E")
         .arg(&log)
         .args(super::lifetime::master_options())
+        // Its own process group, so the terminal's Ctrl-C leaves it up for the rollback.
+        .process_group(0)
         .arg(&t.alias)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

@@ -59,6 +59,10 @@ impl SshHost {
             .arg("-S")
             .arg(&master)
             .args(lifetime::master_options())
+            // Its own process group: the terminal's Ctrl-C must not reach the ProxyJump
+            // helper it leaves behind when it goes to the background, or the rollback that
+            // Ctrl-C starts finds the node unreachable.
+            .process_group(0)
             .arg(alias)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

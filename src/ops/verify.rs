@@ -7,9 +7,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Resource};
 use crate::events::{emit, Event, Sender};
+use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{container_index, machine, StepError};
 use crate::kinds::Lifecycle;
+use crate::state::State;
 
 /// The `-target`s that are not a probe of the configuration.
 pub fn unknown_targets(config: &Config, targets: &[String]) -> Vec<String> {
@@ -22,6 +24,42 @@ pub fn unknown_targets(config: &Config, targets: &[String]) -> Vec<String> {
                 .any(|r| &r.address == *t && r.kind.kind().lifecycle() == Lifecycle::Runs)
         })
         .cloned()
+        .collect()
+}
+
+/// The probes to verify (all, or the `targets`) whose deployed dependencies (containers,
+/// attachments: everything but other probes) the state does not record, each with what it
+/// lacks. A probe listed here would only retry against something that is not there.
+pub fn undeployed(
+    config: &Config,
+    graph: &Graph,
+    state: &State,
+    targets: &[String],
+) -> Vec<(String, Vec<String>)> {
+    let deployed_kind: HashMap<&str, bool> = config
+        .resources
+        .iter()
+        .map(|r| {
+            (
+                r.address.as_str(),
+                r.kind.kind().lifecycle() != Lifecycle::Runs,
+            )
+        })
+        .collect();
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| targets.is_empty() || targets.contains(&r.address))
+        .filter_map(|p| {
+            let missing: Vec<String> = graph
+                .ancestors(&p.address)
+                .into_iter()
+                .filter(|a| deployed_kind.get(a.as_str()).copied().unwrap_or(false))
+                .filter(|a| !state.resources.contains_key(a))
+                .collect();
+            (!missing.is_empty()).then(|| (p.address.clone(), missing))
+        })
         .collect()
 }
 

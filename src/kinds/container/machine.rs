@@ -957,7 +957,7 @@ impl Machine for ContainerMachine {
                 Ok(Applied {
                     attributes: Default::default(),
                     undo: serde_json::json!({ "previous": old, "name": name, "aside": aside }),
-                    summary: format!("stopped {name} (removed when the apply succeeds)"),
+                    summary: format!("stopped {name}; removed once every step has succeeded"),
                 })
             }
             Action::Update => {
