@@ -680,6 +680,30 @@ fn container_request(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn it_serves_while_it_lives_and_leaves_nothing() {
+        let d = FakeDocker::start().unwrap();
+        let docker = crate::hosts::docker_on_socket("node.a", d.socket())
+            .await
+            .unwrap();
+        assert_eq!(docker.ping().await.unwrap(), "OK");
+        assert!(docker
+            .inspect_container(
+                "nope",
+                None::<bollard::query_parameters::InspectContainerOptions>
+            )
+            .await
+            .is_err());
+        assert_eq!(
+            d.requests(),
+            ["GET /version", "GET /_ping", "GET /containers/nope/json"]
+        );
+        let dir = d.socket().parent().unwrap().to_path_buf();
+        drop(d);
+        assert!(!dir.exists(), "the socket's folder goes with the fake");
+        assert!(docker.ping().await.is_err(), "and nothing answers any more");
+    }
+
     #[test]
     fn queries_are_unescaped() {
         assert_eq!(
