@@ -61,6 +61,7 @@ pub static NODE: BlockSpec = spec(
         opt("memory_gib", Kind::Num),
         opt("labels", Kind::MapStr),
         opt("unified_memory", Kind::Bool),
+        opt("gpu_devices", Kind::Bool),
     ],
     &[],
 );
