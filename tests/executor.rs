@@ -605,8 +605,9 @@ async fn rollback_puts_back_only_what_the_apply_took_off() {
 
 use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 
-/// A network on two nodes (2 attachments, its fabric check), a head container after it, a
-/// worker and a sidecar after the head, and a probe in the head after both: 7 steps.
+/// A network on two nodes (2 attachments, its fabric check), the containers' node parity
+/// check, a head container after the network, a worker after the head, and a probe in the
+/// head after the worker: 7 steps.
 const SERVING: &str = r#"
 node "n1" { address = "10.0.0.1" }
 node "n2" { address = "10.0.0.2" }
@@ -649,16 +650,10 @@ container "worker" {
   }
 }
 
-container "sidecar" {
-  node       = node.n1
-  image      = "metrics:1"
-  depends_on = [container.head]
-}
-
 probe "serving" {
   timeout    = "2s"
   interval   = "1s"
-  depends_on = [container.worker, container.sidecar]
+  depends_on = [container.worker]
   exec {
     container = container.head
     command   = ["curl", "-sf", "localhost:8000/v1/models"]
@@ -703,7 +698,7 @@ async fn containers_start_on_the_fake_engine_labelled_and_ready() {
     let r = run(&bed, vec![n1, n2], 1, true, CancellationToken::new()).await;
     assert!(r.outcome.ok, "{:?}", r.outcome.failures);
     assert_eq!(r.done().len(), 7, "{:?}", r.done());
-    assert_eq!(running(&d1), ["head", "sidecar"]);
+    assert_eq!(running(&d1), ["head"]);
     assert_eq!(running(&d2), ["worker"]);
     let head = d1.container("head").unwrap();
     assert_eq!(
@@ -742,10 +737,7 @@ fn break_serving(n1: &FakeHost, n2: &FakeHost, d1: &FakeDocker, d2: &FakeDocker,
             Answer::Exit(1, "100% packet loss".into(), String::new()),
         ),
         "container.head" => d1.fault("head", Fault::CreateFails("no space left on device".into())),
-        "container.sidecar" => d1.fault(
-            "sidecar",
-            Fault::CreateFails("no space left on device".into()),
-        ),
+        "containers (node parity)" => d2.image("ray:1", "sha256:another-build"),
         "container.worker" => d2.fault(
             "worker",
             Fault::CreateFails("no space left on device".into()),
@@ -760,6 +752,11 @@ fn break_serving(n1: &FakeHost, n2: &FakeHost, d1: &FakeDocker, d2: &FakeDocker,
         ),
         other => panic!("no such step {other}"),
     }
+}
+
+/// The checks (`network.a (fabric check)`, `containers (node parity)`) record and undo nothing.
+fn is_check(address: &str) -> bool {
+    address.ends_with(')')
 }
 
 fn names(d: &FakeDocker) -> Vec<String> {
@@ -778,7 +775,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
             .started()
     };
     assert_eq!(order.len(), 7, "{order:?}");
-    let containers = ["container.head", "container.sidecar", "container.worker"];
+    let containers = ["container.head", "container.worker"];
     for (k, failing) in order.iter().enumerate() {
         // With rollback: what was done is undone, latest first; no container is left.
         let bed = Bed::new(SERVING);
@@ -797,7 +794,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
         assert_eq!(r.started(), order[..=k], "step {k}");
         let mut expected: Vec<String> = order[..k]
             .iter()
-            .filter(|a| !a.ends_with("(fabric check)"))
+            .filter(|a| !is_check(a))
             .cloned()
             .collect();
         expected.reverse();
@@ -835,7 +832,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
         let recorded: Vec<String> = bed.state().resources.keys().cloned().collect();
         let mut done: Vec<String> = order[..k]
             .iter()
-            .filter(|a| !a.ends_with("(fabric check)"))
+            .filter(|a| !is_check(a))
             .cloned()
             .collect();
         done.sort();
@@ -884,7 +881,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
             "step {k}: {:?}",
             r.started()
         );
-        assert_eq!(running(&d1), ["head", "sidecar"], "step {k}");
+        assert_eq!(running(&d1), ["head"], "step {k}");
         assert_eq!(running(&d2), ["worker"], "step {k}");
     }
 }
@@ -904,13 +901,9 @@ async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_th
     assert!(r.outcome.ok, "{:?}", r.outcome.failures);
     let before: Vec<_> = d1.containers().into_iter().chain(d2.containers()).collect();
 
-    // A new image for every container: head, worker and sidecar are replaced, the probe
-    // runs after them and fails.
-    bed.rewrite(
-        &SERVING
-            .replace("ray:1", "ray:2")
-            .replace("metrics:1", "metrics:2"),
-    );
+    // A new image for every container: head and worker are replaced, the probe runs after
+    // them and fails.
+    bed.rewrite(&SERVING.replace("ray:1", "ray:2"));
     d1.fault(
         "head",
         Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
@@ -925,10 +918,8 @@ async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_th
     .await;
     assert!(!r.outcome.ok && r.outcome.rolled_back);
     assert_eq!(r.outcome.failures[0].0, "probe.serving");
-    // The head is undone last: worker and sidecar depend on it.
-    let undone = r.undone();
-    assert_eq!(undone.len(), 3, "{undone:?}");
-    assert_eq!(undone[2], "container.head", "{undone:?}");
+    // The head is undone last: the worker depends on it.
+    assert_eq!(r.undone(), ["container.worker", "container.head"]);
     assert!(
         r.outcome.undo_failures.is_empty(),
         "{:?}",
@@ -1037,9 +1028,10 @@ async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
 async fn an_engine_that_disappears_fails_the_step_on_its_node() {
     let bed = Bed::new(SERVING);
     let (n1, n2, _d1, d2) = two_with_docker(&bed);
-    // The worker's engine answers the version and the image, then goes away (at the lookup of
-    // a container by the worker's name, which the machine takes as "none").
-    d2.disappear_at(3);
+    // The worker's engine answers the parity check (version, image) and the worker's step
+    // (version, image), then goes away (at the lookup of a container by the worker's name,
+    // which the machine takes as "none").
+    d2.disappear_at(5);
     let r = run(&bed, vec![n1, n2], 1, true, CancellationToken::new()).await;
     assert!(!r.outcome.ok);
     let (failed, e) = &r.outcome.failures[0];

@@ -6,7 +6,7 @@
 //!
 //! Faults it takes: creating a container fails, a container never becomes ready (every exec in
 //! it exits 1), a container exits right after it starts with log lines, the engine disappears
-//! at its k-th request (it then drops every connection). The server's tasks and the folder end
+//! at its k-th request (it then drops every connection), an image that is another build. The server's tasks and the folder end
 //! when the [`FakeDocker`] is dropped.
 
 use std::collections::BTreeMap;
@@ -62,6 +62,8 @@ struct Engine {
     containers: Vec<Container>,
     execs: BTreeMap<String, Exec>,
     faults: Vec<(String, Fault)>,
+    /// Image IDs other than the default `sha256:NAME`.
+    images: BTreeMap<String, String>,
     requests: Vec<String>,
     gone_at: Option<usize>,
     gone: bool,
@@ -192,9 +194,19 @@ impl FakeDocker {
         lock(&self.engine).faults.push((name.to_string(), fault));
     }
 
-    /// Take every fault back (the machine is repaired).
+    /// The ID this engine gives the image `name` (by default `sha256:NAME`): a node with
+    /// another build of the same tag.
+    pub fn image(&self, name: &str, id: &str) {
+        lock(&self.engine)
+            .images
+            .insert(name.to_string(), id.to_string());
+    }
+
+    /// Take every fault back, other image builds included (the machine is repaired).
     pub fn heal(&self) {
-        lock(&self.engine).faults.clear();
+        let mut e = lock(&self.engine);
+        e.faults.clear();
+        e.images.clear();
     }
 
     /// The engine stops answering at its `k`-th request (from 1), and for good.
@@ -421,10 +433,12 @@ async fn handle(
         // Every image is there: `images/NAME[/MORE]/json`, the name may hold slashes.
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => {
             let name = unescape(&name.join("/"));
-            reply(
-                StatusCode::OK,
-                json!({ "Id": format!("sha256:{name}"), "RepoTags": [name] }),
-            )
+            let id = e
+                .images
+                .get(&name)
+                .cloned()
+                .unwrap_or_else(|| format!("sha256:{name}"));
+            reply(StatusCode::OK, json!({ "Id": id, "RepoTags": [name] }))
         }
         (&Method::POST, ["containers", "create"]) => {
             let name = q.get("name").cloned().unwrap_or_default();
