@@ -5,9 +5,10 @@
 //! `bollard::Docker` talks to it, so the machines' code is the code that runs on a node.
 //!
 //! Faults it takes: creating a container fails, a container never becomes ready (every exec in
-//! it exits 1), a container exits right after it starts with log lines, the engine disappears
-//! at its k-th request (it then drops every connection), an image that is another build. The server's tasks and the folder end
-//! when the [`FakeDocker`] is dropped.
+//! it exits 1), a container exits right after it starts with log lines, a command in it fails,
+//! an image is another build than on the other nodes, the engine disappears at its k-th
+//! request (it then drops every connection). The server's tasks and the folder end when the
+//! [`FakeDocker`] is dropped.
 
 use std::collections::BTreeMap;
 use std::io::Cursor;
