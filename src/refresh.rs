@@ -51,6 +51,26 @@ pub async fn connect_and_refresh(
     (pool, result)
 }
 
+/// Observe the recorded resources on hosts already connected (tests on fake nodes; an apply that
+/// has its pool): the same observation as [`connect_and_refresh`].
+pub async fn refresh_hosts(
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for h in hosts {
+        let _ = tx.send(h);
+    }
+    drop(tx);
+    let (mut out, errors) = observe_as_connected(state, rx).await;
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    out.orphans
+        .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
+    Ok(out)
+}
+
 /// What the nodes said, plus an error for every node that could not be reached.
 fn finish(
     observed: (Observations, Vec<std::sync::Arc<HostError>>),

@@ -600,3 +600,543 @@ async fn rollback_puts_back_only_what_the_apply_took_off() {
     assert_eq!(eth1.addresses, ["192.168.10.1/24"], "{eth1:?}");
     assert_eq!(eth1.mtu, 9000);
 }
+
+// ----- containers, on a fake Docker Engine (`hosts::fake_docker`) -----
+
+use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+
+/// A network on two nodes (2 attachments, its fabric check), the containers' node parity
+/// check, a head container after the network, a worker after the head, and a probe in the
+/// head after the worker: 7 steps.
+const SERVING: &str = r#"
+node "n1" { address = "10.0.0.1" }
+node "n2" { address = "10.0.0.2" }
+
+network "a" {
+  subnet = "192.168.10.0/24"
+  mtu    = 9000
+  attach "n1" {
+    node      = node.n1
+    interface = "eth1"
+    address   = "192.168.10.1"
+  }
+  attach "n2" {
+    node      = node.n2
+    interface = "eth1"
+    address   = "192.168.10.2"
+  }
+}
+
+container "head" {
+  node       = node.n1
+  image      = "ray:1"
+  depends_on = [network.a]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+container "worker" {
+  node    = node.n2
+  image   = "ray:1"
+  command = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
+  depends_on = [container.head]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+probe "serving" {
+  timeout    = "2s"
+  interval   = "1s"
+  depends_on = [container.worker]
+  exec {
+    container = container.head
+    command   = ["curl", "-sf", "localhost:8000/v1/models"]
+  }
+}
+"#;
+
+/// Two fake nodes, each with its fake Docker Engine.
+fn two_with_docker(
+    bed: &Bed,
+) -> (
+    Arc<FakeHost>,
+    Arc<FakeHost>,
+    Arc<FakeDocker>,
+    Arc<FakeDocker>,
+) {
+    let d1 = Arc::new(FakeDocker::start().unwrap());
+    let d2 = Arc::new(FakeDocker::start().unwrap());
+    (
+        Arc::new(bed.node("node.n1").docker_engine(d1.clone())),
+        Arc::new(bed.node("node.n2").docker_engine(d2.clone())),
+        d1,
+        d2,
+    )
+}
+
+fn running(d: &FakeDocker) -> Vec<String> {
+    let mut v: Vec<String> = d
+        .containers()
+        .into_iter()
+        .filter(|c| c.running)
+        .map(|c| c.name)
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn containers_start_on_the_fake_engine_labelled_and_ready() {
+    let bed = Bed::new(SERVING);
+    let (n1, n2, d1, d2) = two_with_docker(&bed);
+    let r = run(&bed, vec![n1, n2], 1, true, CancellationToken::new()).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    assert_eq!(r.done().len(), 7, "{:?}", r.done());
+    assert_eq!(running(&d1), ["head"]);
+    assert_eq!(running(&d2), ["worker"]);
+    let head = d1.container("head").unwrap();
+    assert_eq!(
+        head.labels.get("sparkform.address").map(String::as_str),
+        Some("container.head")
+    );
+    assert_eq!(
+        head.labels.get("sparkform.lineage"),
+        Some(&bed.state().lineage)
+    );
+    // The ready check and the probe ran in the head.
+    assert!(
+        d1.requests()
+            .iter()
+            .filter(|r| r.starts_with("POST /exec/"))
+            .count()
+            >= 2
+    );
+    assert!(!bed.plan().has_changes());
+}
+
+/// Make the step at `address` of [`SERVING`] fail.
+fn break_serving(n1: &FakeHost, n2: &FakeHost, d1: &FakeDocker, d2: &FakeDocker, address: &str) {
+    let fail = || {
+        Answer::Exit(
+            2,
+            String::new(),
+            "RTNETLINK answers: Operation not permitted".into(),
+        )
+    };
+    match address {
+        "network.a.attach.n1" => n1.on(&["ip", "addr", "replace", "192.168.10.1/24"], fail()),
+        "network.a.attach.n2" => n2.on(&["ip", "addr", "replace", "192.168.10.2/24"], fail()),
+        "network.a (fabric check)" => n1.on(
+            &["ping", "-M", "do", "-s", "8972"],
+            Answer::Exit(1, "100% packet loss".into(), String::new()),
+        ),
+        "container.head" => d1.fault("head", Fault::CreateFails("no space left on device".into())),
+        "containers (node parity)" => d2.image("ray:1", "sha256:another-build"),
+        "container.worker" => d2.fault(
+            "worker",
+            Fault::CreateFails("no space left on device".into()),
+        ),
+        "probe.serving" => d1.fault(
+            "head",
+            Fault::ExecExits(
+                "curl".into(),
+                7,
+                "curl: (7) Failed to connect to localhost port 8000".into(),
+            ),
+        ),
+        other => panic!("no such step {other}"),
+    }
+}
+
+/// The checks (`network.a (fabric check)`, `containers (node parity)`) record and undo nothing.
+fn is_check(address: &str) -> bool {
+    address.ends_with(')')
+}
+
+fn names(d: &FakeDocker) -> Vec<String> {
+    let mut v: Vec<String> = d.containers().into_iter().map(|c| c.name).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves_a_journal() {
+    let order = {
+        let bed = Bed::new(SERVING);
+        let (n1, n2, _d1, _d2) = two_with_docker(&bed);
+        run(&bed, vec![n1, n2], 1, true, CancellationToken::new())
+            .await
+            .started()
+    };
+    assert_eq!(order.len(), 7, "{order:?}");
+    let containers = ["container.head", "container.worker"];
+    for (k, failing) in order.iter().enumerate() {
+        // With rollback: what was done is undone, latest first; no container is left.
+        let bed = Bed::new(SERVING);
+        let (n1, n2, d1, d2) = two_with_docker(&bed);
+        break_serving(&n1, &n2, &d1, &d2, failing);
+        let r = run(
+            &bed,
+            vec![n1.clone(), n2.clone()],
+            1,
+            true,
+            CancellationToken::new(),
+        )
+        .await;
+        assert!(!r.outcome.ok && r.outcome.rolled_back, "step {k}");
+        assert_eq!(r.outcome.failures[0].0, *failing, "step {k}");
+        assert_eq!(r.started(), order[..=k], "step {k}");
+        let mut expected: Vec<String> = order[..k]
+            .iter()
+            .filter(|a| !is_check(a))
+            .cloned()
+            .collect();
+        expected.reverse();
+        assert_eq!(r.undone(), expected, "failing at step {k} ({failing})");
+        assert!(
+            r.outcome.undo_failures.is_empty(),
+            "{:?}",
+            r.outcome.undo_failures
+        );
+        assert!(bed.state().resources.is_empty(), "step {k}");
+        assert!(
+            names(&d1).is_empty() && names(&d2).is_empty(),
+            "step {k}: {:?} {:?}",
+            names(&d1),
+            names(&d2)
+        );
+        for i in n1.interfaces().iter().chain(n2.interfaces().iter()) {
+            assert_eq!((i.mtu, i.addresses.len()), (1500, 0), "step {k}: {i:?}");
+        }
+
+        // Without rollback: the journal records the resource steps done; the containers it
+        // records run; the next plan creates the rest; the next apply does only the rest.
+        let bed = Bed::new(SERVING);
+        let (n1, n2, d1, d2) = two_with_docker(&bed);
+        break_serving(&n1, &n2, &d1, &d2, failing);
+        let r = run(
+            &bed,
+            vec![n1.clone(), n2.clone()],
+            1,
+            false,
+            CancellationToken::new(),
+        )
+        .await;
+        assert!(!r.outcome.ok && !r.outcome.rolled_back);
+        let recorded: Vec<String> = bed.state().resources.keys().cloned().collect();
+        let mut done: Vec<String> = order[..k]
+            .iter()
+            .filter(|a| !is_check(a))
+            .cloned()
+            .collect();
+        done.sort();
+        assert_eq!(recorded, done, "step {k}");
+        let up: Vec<String> = running(&d1)
+            .into_iter()
+            .chain(running(&d2))
+            .map(|n| format!("container.{n}"))
+            .collect();
+        let mut want_up: Vec<String> = done
+            .iter()
+            .filter(|a| containers.contains(&a.as_str()))
+            .cloned()
+            .collect();
+        want_up.sort();
+        let mut up_sorted = up.clone();
+        up_sorted.sort();
+        assert_eq!(up_sorted, want_up, "step {k}");
+        for c in &bed.plan().changes {
+            let want = if done.contains(&c.address) {
+                Action::NoOp
+            } else if c.address.starts_with("probe.") {
+                Action::Run
+            } else {
+                Action::Create
+            };
+            assert_eq!(c.action, want, "step {k}: {}", c.address);
+        }
+        d1.heal();
+        d2.heal();
+        let healed: Vec<Arc<FakeHost>> = [(&n1, &d1), (&n2, &d2)]
+            .iter()
+            .map(|(old, d)| {
+                let mut h = FakeHost::new(sparkform::hosts::Host::node(old.as_ref()), &bed.world);
+                for i in old.interfaces() {
+                    let addrs: Vec<&str> = i.addresses.iter().map(String::as_str).collect();
+                    h = h.interface(&i.name, i.mtu, &addrs);
+                }
+                Arc::new(h.docker_engine((*d).clone()))
+            })
+            .collect();
+        let r = run(&bed, healed, 1, false, CancellationToken::new()).await;
+        assert!(r.outcome.ok, "step {k}: {:?}", r.outcome.failures);
+        assert!(
+            !r.started().iter().any(|a| done.contains(a)),
+            "step {k}: {:?}",
+            r.started()
+        );
+        assert_eq!(running(&d1), ["head"], "step {k}");
+        assert_eq!(running(&d2), ["worker"], "step {k}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_them() {
+    let mut bed = Bed::new(SERVING);
+    let (n1, n2, d1, d2) = two_with_docker(&bed);
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let before: Vec<_> = d1.containers().into_iter().chain(d2.containers()).collect();
+
+    // A new image for every container: head and worker are replaced, the probe runs after
+    // them and fails.
+    bed.rewrite(&SERVING.replace("ray:1", "ray:2"));
+    d1.fault(
+        "head",
+        Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
+    );
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    assert_eq!(r.outcome.failures[0].0, "probe.serving");
+    // The head is undone last: the worker depends on it.
+    assert_eq!(r.undone(), ["container.worker", "container.head"]);
+    assert!(
+        r.outcome.undo_failures.is_empty(),
+        "{:?}",
+        r.outcome.undo_failures
+    );
+    // The very containers of before, by id, under their names, running; nothing set aside.
+    let after: Vec<_> = d1.containers().into_iter().chain(d2.containers()).collect();
+    assert_eq!(after.len(), before.len(), "{after:#?}");
+    for b in &before {
+        let a = after
+            .iter()
+            .find(|a| a.id == b.id)
+            .expect("the previous container is kept");
+        assert_eq!((&a.name, &a.image, a.running), (&b.name, &b.image, true));
+    }
+    // The state still records them: nothing to do for the old definitions.
+    bed.rewrite(SERVING);
+    assert!(!bed.plan().has_changes());
+}
+
+#[tokio::test]
+async fn a_container_that_never_becomes_ready_fails_at_its_timeout_with_its_log_lines() {
+    let bed = Bed::new(SERVING);
+    let (n1, n2, d1, _d2) = two_with_docker(&bed);
+    d1.fault("head", Fault::NeverReady);
+    let started = std::time::Instant::now();
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    let (failed, e) = &r.outcome.failures[0];
+    assert_eq!(failed, "container.head");
+    assert!(
+        e.message.contains("was not ready after 2 s"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("exec ray status"), "{}", e.message);
+    assert!(
+        e.details.iter().any(|l| l.contains("head started")),
+        "{:?}",
+        e.details
+    );
+    assert!(names(&d1).is_empty(), "{:?}", names(&d1));
+    assert!(bed.state().resources.is_empty());
+
+    // One that exits right after it starts fails at once, with what it logged.
+    let bed = Bed::new(SERVING);
+    let (n1, n2, d1, _d2) = two_with_docker(&bed);
+    d1.fault(
+        "head",
+        Fault::ExitsAfterStart(1, vec!["ValueError: model not found".into()]),
+    );
+    let r = run(&bed, vec![n1, n2], 2, true, CancellationToken::new()).await;
+    let (failed, e) = &r.outcome.failures[0];
+    assert_eq!(failed, "container.head");
+    assert!(
+        e.message.contains("exited with code 1 before it was ready"),
+        "{}",
+        e.message
+    );
+    assert_eq!(e.details, ["ValueError: model not found"]);
+    assert!(names(&d1).is_empty());
+}
+
+#[tokio::test]
+async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
+    let bed = Bed::new(&SERVING.replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));
+    let (n1, n2, d1, d2) = two_with_docker(&bed);
+    d1.fault("head", Fault::NeverReady);
+    let cancel = CancellationToken::new();
+    let (c, engine) = (cancel.clone(), d1.clone());
+    tokio::spawn(async move {
+        // Once the head's ready check has failed, press Ctrl-C.
+        while !engine
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /exec/"))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c.cancel();
+    });
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        run(&bed, vec![n1, n2], 2, true, cancel),
+    )
+    .await
+    .expect("a cancelled apply returns instead of waiting 10 minutes");
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    assert!(r.events.iter().any(|e| matches!(e, Event::Stopping { .. })));
+    let (failed, e) = &r.outcome.failures[0];
+    assert_eq!(failed, "container.head");
+    assert!(e.message.contains("cancelled"), "{}", e.message);
+    assert!(names(&d1).is_empty() && names(&d2).is_empty());
+    assert!(bed.state().resources.is_empty());
+}
+
+#[tokio::test]
+async fn an_engine_that_disappears_fails_the_step_on_its_node() {
+    let bed = Bed::new(SERVING);
+    let (n1, n2, _d1, d2) = two_with_docker(&bed);
+    // The worker's engine answers the parity check (version, image) and the worker's step
+    // (version, image), then goes away (at the lookup of a container by the worker's name,
+    // which the machine takes as "none").
+    d2.disappear_at(5);
+    let r = run(&bed, vec![n1, n2], 1, true, CancellationToken::new()).await;
+    assert!(!r.outcome.ok);
+    let (failed, e) = &r.outcome.failures[0];
+    assert_eq!(failed, "container.worker");
+    assert!(
+        e.render()
+            .starts_with("node.n2: cannot create container worker: the connection to the node's Docker Engine was lost"),
+        "{}",
+        e.render()
+    );
+    assert!(e.render().contains("run apply again"), "{}", e.render());
+    assert!(
+        r.undone().contains(&"container.head".to_string()),
+        "{:?}",
+        r.undone()
+    );
+}
+
+#[tokio::test]
+async fn refresh_on_fake_nodes_finds_an_untracked_container_and_a_drifted_one() {
+    let bed = Bed::new(SERVING);
+    let (n1, n2, d1, d2) = two_with_docker(&bed);
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let state = bed.state();
+    let hosts = || {
+        vec![
+            (
+                "node.n1".to_string(),
+                n1.clone() as Arc<dyn sparkform::hosts::Host>,
+            ),
+            (
+                "node.n2".to_string(),
+                n2.clone() as Arc<dyn sparkform::hosts::Host>,
+            ),
+        ]
+    };
+    let seen = sparkform::refresh::refresh_hosts(&state, hosts())
+        .await
+        .unwrap();
+    assert!(seen.orphans.is_empty(), "{:?}", seen.orphans);
+    assert!(
+        seen.resources
+            .values()
+            .all(|o| *o == plan::Observed::InSync),
+        "{:?}",
+        seen.resources
+    );
+
+    // An interrupted run left a labelled head on n1; someone stopped the worker on n2.
+    d1.add(
+        "head-sparkform-old-123456789abc",
+        "ray:1",
+        &[
+            ("sparkform.lineage", &state.lineage),
+            ("sparkform.address", "container.head"),
+        ],
+        false,
+    );
+    d2.stop("worker");
+    let seen = sparkform::refresh::refresh_hosts(&state, hosts())
+        .await
+        .unwrap();
+    assert_eq!(seen.orphans.len(), 1, "{:?}", seen.orphans);
+    assert_eq!(
+        (
+            seen.orphans[0].node.as_str(),
+            seen.orphans[0].address.as_str()
+        ),
+        ("node.n1", "container.head")
+    );
+    assert!(
+        matches!(
+            seen.resources.get("container.worker"),
+            Some(plan::Observed::Drifted(_))
+        ),
+        "{:?}",
+        seen.resources
+    );
+    assert_eq!(
+        seen.resources.get("container.head"),
+        Some(&plan::Observed::InSync)
+    );
+    // The plan with what refresh saw replaces the worker and explains the untracked one.
+    let p = plan::plan(
+        &bed.config,
+        &bed.graph,
+        &state,
+        &PlanOptions {
+            observations: Some(seen),
+            ..PlanOptions::default()
+        },
+    )
+    .unwrap();
+    let worker = p
+        .changes
+        .iter()
+        .find(|c| c.address == "container.worker")
+        .unwrap();
+    assert_eq!(worker.action, Action::Replace);
+}

@@ -4,7 +4,8 @@
 //! after its k-th command. A [`FakeWorld`] shared by the nodes records every command in the
 //! order they ran and how many ran at once.
 //!
-//! It has no Docker Engine: `docker()` fails like an engine that is not installed.
+//! Its Docker Engine is a [`FakeDocker`] given with [`FakeHost::docker_engine`]; without one,
+//! `docker()` fails like an engine that is not installed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::facts::Interface;
+use super::fake_docker::FakeDocker;
 use super::{Cmd, Endpoint, Host, HostError, Output};
 
 /// What a scripted command answers.
@@ -87,6 +89,7 @@ pub struct FakeHost {
     /// How long each command takes, so that overlapping steps overlap.
     latency: Duration,
     state: Mutex<NodeState>,
+    docker: Option<Arc<FakeDocker>>,
 }
 
 impl FakeHost {
@@ -102,7 +105,14 @@ impl FakeHost {
                 gone_at: None,
                 gone: false,
             }),
+            docker: None,
         }
+    }
+
+    /// The node's Docker Engine.
+    pub fn docker_engine(mut self, engine: Arc<FakeDocker>) -> Self {
+        self.docker = Some(engine);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, NodeState> {
@@ -307,6 +317,12 @@ impl Host for FakeHost {
     }
 
     async fn docker(&self) -> Result<bollard::Docker, HostError> {
+        if self.lock().gone {
+            return Err(self.lost());
+        }
+        if let Some(engine) = &self.docker {
+            return super::docker_on_socket(&self.node, engine.socket()).await;
+        }
         Err(HostError::Docker {
             node: self.node.clone(),
             message: "the fake node has no Docker Engine".into(),

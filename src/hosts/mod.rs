@@ -4,6 +4,7 @@
 
 pub mod facts;
 pub mod fake;
+pub mod fake_docker;
 pub mod lifetime;
 pub mod local;
 pub mod pool;
