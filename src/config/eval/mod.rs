@@ -264,6 +264,16 @@ impl Loader {
             let value = crate::config::functions::with_base_dir(&files.dir, || {
                 self.eval_item(&mut scope, i, &mut result)
             });
+            if let Some(ev) = &value {
+                if ev.sensitive {
+                    note_secrets(&ev.value);
+                }
+                for k in &ev.sensitive_keys {
+                    if let Value::Object(m) = &ev.value {
+                        m.get(k).into_iter().for_each(note_secrets);
+                    }
+                }
+            }
             scope.values[i] = value;
         }
         result.all_resources = scope.all_resources.clone();
@@ -954,6 +964,9 @@ impl Loader {
             self.diags.push(d);
             return None;
         };
+        if sensitive {
+            note_secrets(&value);
+        }
         // validation blocks see only this variable.
         let mut self_ctx = Ctx::default();
         let mut obj = Map::new();
@@ -1059,7 +1072,7 @@ impl Loader {
 
     fn eval_expr(&mut self, ctx: &Ctx, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
         let hctx = ctx.hcl();
-        self.eval_in(&hctx, file, expr)
+        self.eval_in(&hctx, ctx.sensitive, file, expr)
     }
 
     /// Evaluate with a prepared context: blocks build one for all their attributes, since
@@ -1067,6 +1080,7 @@ impl Loader {
     fn eval_in(
         &mut self,
         hctx: &Context<'_>,
+        sensitive: bool,
         file: &Arc<SourceFile>,
         expr: &Expression,
     ) -> Option<Value> {
@@ -1075,7 +1089,13 @@ impl Loader {
             Ok(v) => Some(v),
             Err(e) => {
                 let span = span_of(file, expr.span());
-                let msg = super::arith::message(&e);
+                // Static taint: an expression over a sensitive value gets a message that
+                // says what failed without the values (a function's message quotes them).
+                let msg = if sensitive {
+                    super::arith::sensitive_message(&e)
+                } else {
+                    super::arith::message(&e)
+                };
                 self.diags.push(
                     Diag::error("config::eval", format!("cannot evaluate expression: {msg}"))
                         .label(&span, msg),
@@ -1104,15 +1124,24 @@ impl Loader {
             if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
                 continue;
             }
-            let Some(v) = self.eval_in(&hctx, file, &attr.value) else {
+            let tainted = ctx.sensitive && scope.refs_sensitive(&refs::collect(&attr.value).refs);
+            let Some(v) = self.eval_in(&hctx, tainted, file, &attr.value) else {
                 ok = false;
                 continue;
             };
+
             let span = span_of(file, attr.value.span());
             match self.convert_kind(&v, a.kind) {
                 Ok(converted) => {
-                    if ctx.sensitive {
+                    if tainted {
+                        let before = out.sensitive.len();
                         self.mark_sensitive(scope, attr, &mut out);
+                        for path in &out.sensitive[before..] {
+                            let part = path[1..]
+                                .iter()
+                                .try_fold(&v, |cur, k| cur.as_object()?.get(k));
+                            part.into_iter().for_each(note_secrets);
+                        }
                     }
                     if matches!(a.kind, Kind::Node | Kind::Jump | Kind::Container) {
                         out.raw.insert(key.to_string(), v);
@@ -1122,7 +1151,7 @@ impl Loader {
                     out.spans.insert(key.to_string(), span);
                 }
                 Err(msg) => {
-                    let msg = if ctx.sensitive {
+                    let msg = if tainted {
                         format!("expected {}", a.kind.describe())
                     } else {
                         msg
@@ -1669,6 +1698,23 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
     let bytes = n * mult as f64;
     (bytes < 1e18).then_some(bytes as u64)
+}
+
+/// Tell the diagnostics the text of every part of a sensitive value, keys included, so that no
+/// message built afterwards shows it (see [`crate::diag::note_secret`]).
+fn note_secrets(v: &Value) {
+    match v {
+        Value::String(s) => crate::diag::note_secret(s),
+        Value::Number(n) => crate::diag::note_secret(&n.to_string()),
+        Value::Array(a) => a.iter().for_each(note_secrets),
+        Value::Object(m) => {
+            for (k, v) in m {
+                crate::diag::note_secret(k);
+                note_secrets(v);
+            }
+        }
+        Value::Null | Value::Bool(_) => {}
+    }
 }
 
 fn value_text(v: &Value) -> String {
