@@ -365,7 +365,8 @@ pub fn plan(
         let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
         let after = recorded_config(r, opts.key.as_ref());
         let hash = config_hash(&after);
-        if !r.sensitive.is_empty() && opts.key.is_none() {
+        // Nothing recorded, nothing to compare: a create needs no explaining.
+        if !r.sensitive.is_empty() && opts.key.is_none() && state.resources.contains_key(address) {
             note(&mut notes, NOTE_NO_KEY);
         }
         if state
@@ -740,7 +741,7 @@ fn output_changes(
     let mut out = Vec::new();
     for o in &config.outputs {
         let after = output_value_recorded(&o.value, o.sensitive, key);
-        if o.sensitive && key.is_none() {
+        if o.sensitive && key.is_none() && state.outputs.contains_key(&o.name) {
             note(notes, NOTE_NO_KEY);
         }
         if let Some(b) = state.outputs.get(&o.name).filter(|_| o.sensitive) {

@@ -17,6 +17,7 @@ impl Loader {
         let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
             None => vec![(None, Value::Null)],
             Some(fe) => {
+                self.refuse_sensitive_for_each(scope, &file, fe, &format!("container `{name}`"))?;
                 let v = self.eval_expr(&ctx, &file, &fe.value)?;
                 let span = span_of(&file, fe.value.span());
                 match for_each_instances(&v) {
@@ -54,6 +55,10 @@ impl Loader {
                 ok = false;
                 continue;
             };
+            if !self.refuse_sensitive_name(&attrs, "name") {
+                ok = false;
+                continue;
+            }
             let mut ready = Vec::new();
             let mut ready_ok = true;
             for rb in block.body.get_blocks("ready") {

@@ -1285,6 +1285,50 @@ impl Loader {
         self.diags.push(d);
     }
 
+    /// A `for_each` over a value derived from a sensitive variable would put it in resource
+    /// addresses (plans, state keys, graphs): an error, as in Terraform. `None` when refused.
+    fn refuse_sensitive_for_each(
+        &mut self,
+        scope: &Scope<'_>,
+        file: &Arc<SourceFile>,
+        fe: &Attribute,
+        what: &str,
+    ) -> Option<()> {
+        if !scope.refs_sensitive(&refs::collect(&fe.value).refs) {
+            return Some(());
+        }
+        let span = span_of(file, fe.value.span());
+        self.diags.push(
+            Diag::error(
+                "config::sensitive_for_each",
+                format!("the for_each of {what} is derived from a sensitive value"),
+            )
+            .label(&span, "its keys would show in resource addresses, plans and the state")
+            .help("iterate over values that are not secret (node names, say) and look the secrets up inside the block"),
+        );
+        None
+    }
+
+    /// A name derived from a sensitive value would be shown everywhere the resource is: an
+    /// error. False when refused.
+    fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool {
+        if !attrs.is_sensitive(key) {
+            return true;
+        }
+        self.diags.push(
+            Diag::error(
+                "config::sensitive_name",
+                format!("`{key}` is derived from a sensitive value"),
+            )
+            .maybe_label(
+                attrs.spans.get(key),
+                "names show in plans, on the machines and in `docker ps`",
+            )
+            .help("name it from values that are not secret"),
+        );
+        false
+    }
+
     /// Resources named by `depends_on` / `replace_triggered_by`.
     fn edge_deps(
         &mut self,
