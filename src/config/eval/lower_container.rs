@@ -67,9 +67,16 @@ impl Loader {
                     Some(r) => match container::ready_config(&r.values) {
                         Ok(v) => ready.push(v),
                         Err(msg) => {
+                            // A bad URL is shown where it is written.
+                            let at = match r.values.get("http") {
+                                Some(Value::String(u)) if crate::schema::parse_url(u).is_err() => {
+                                    r.spans.get("http").unwrap_or(&rheader)
+                                }
+                                _ => &rheader,
+                            };
                             self.diags.push(
                                 Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
-                                    .label(&rheader, msg.clone())
+                                    .label(at, msg.clone())
                                     .help("a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
                             );
                             ready_ok = false;

@@ -142,6 +142,9 @@ impl Loader {
                         )),
                     );
                     good = false;
+                } else if let Some(d) = broadcast_address(&subnet, ip, &aname, &aspan) {
+                    self.diags.push(d);
+                    good = false;
                 } else if let Some((other, ospan)) = seen_addr.get(&ip) {
                     self.diags.push(
                         Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
@@ -154,6 +157,7 @@ impl Loader {
                     seen_addr.insert(ip, (aname.clone(), aspan));
                 }
             }
+            self.warn_management_subnet(&name, &subnet, &node, &aheader, attrs.spans.get("subnet"));
             if let Some((other, ospan)) = seen_node.get(&node) {
                 self.diags.push(
                     Diag::error("config::duplicate_attachment", format!("{node} is attached to network `{name}` twice (`{other}` and `{aname}`)"))

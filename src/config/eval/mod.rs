@@ -1768,6 +1768,62 @@ fn value_text(v: &Value) -> String {
     }
 }
 
+/// An attachment on the subnet's broadcast address: the kernel would take every packet sent
+/// to the subnet as its own. (`/31` and `/32` have no broadcast address.)
+fn broadcast_address(
+    subnet: &ipnet::IpNet,
+    ip: std::net::IpAddr,
+    aname: &str,
+    span: &Span,
+) -> Option<Diag> {
+    let ipnet::IpNet::V4(n) = subnet else {
+        return None;
+    };
+    if n.prefix_len() >= 31 || ip != std::net::IpAddr::V4(n.broadcast()) {
+        return None;
+    }
+    Some(
+        Diag::error(
+            "config::invalid_value",
+            format!("attachment `{aname}`: {ip} is the broadcast address of {subnet}"),
+        )
+        .label(span, "broadcast address")
+        .help(format!("the last usable address is {}", last_host(subnet))),
+    )
+}
+
+impl Loader {
+    /// A fabric whose subnet holds a node's own SSH address is the management network: the
+    /// attachment would add a second address to the network the node is reached by, and the
+    /// traffic meant for the fabric would go out through the management interface.
+    fn warn_management_subnet(
+        &mut self,
+        network: &str,
+        subnet: &ipnet::IpNet,
+        node: &str,
+        attach: &Span,
+        subnet_span: Option<&Span>,
+    ) {
+        let Some(n) = self.config.nodes.get(node) else {
+            return;
+        };
+        let Ok(ip) = n.host.parse::<std::net::IpAddr>() else {
+            return;
+        };
+        if !subnet.contains(&ip) {
+            return;
+        }
+        let d = Diag::warning(
+            "config::fabric_is_management",
+            format!("network `{network}`: its subnet {subnet} contains {node}'s SSH address {ip}"),
+        )
+        .label(attach, format!("{node} is reached over SSH at {ip}, inside {subnet}"))
+        .maybe_label(subnet_span, "the fabric's subnet")
+        .help("that is the management network: give the fabric its own subnet on the high-speed interfaces (e.g. 192.168.200.0/24)");
+        self.diags.push(d);
+    }
+}
+
 fn first_host(net: &ipnet::IpNet) -> String {
     net.hosts()
         .next()
