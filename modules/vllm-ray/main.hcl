@@ -19,7 +19,7 @@ module "serve" {
   source                 = "../vllm-serve"
   model                  = var.model
   served_model_name      = var.served_model_name
-  nodes                  = concat([var.head], var.workers)
+  nodes                  = module.ray.nodes
   model_size_gib         = var.model_size_gib
   tensor_parallel_size   = var.tensor_parallel_size
   pipeline_parallel_size = var.pipeline_parallel_size
