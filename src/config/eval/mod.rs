@@ -1173,6 +1173,17 @@ impl Loader {
     fn mark_sensitive(&self, scope: &Scope<'_>, attr: &Attribute, out: &mut Attrs) {
         let key = attr.key.as_str().to_string();
         if let Expression::Object(obj) = &attr.value {
+            // A key derived from a secret hides the whole object: keys show in plans.
+            let secret_key = obj.iter().any(|(k, _)| match k {
+                hcl_edit::expr::ObjectKey::Expression(e) => {
+                    scope.refs_sensitive(&refs::collect(e).refs)
+                }
+                hcl_edit::expr::ObjectKey::Ident(_) => false,
+            });
+            if secret_key {
+                out.sensitive.push(vec![key]);
+                return;
+            }
             for (k, v) in obj.iter() {
                 let c = refs::collect(v.expr());
                 if scope.refs_sensitive(&c.refs) {
