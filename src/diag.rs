@@ -816,6 +816,27 @@ mod tests {
     }
 
     #[test]
+    fn noted_secrets_are_scrubbed_before_long_values_are_cut_and_masked_in_snippets() {
+        forget_secrets();
+        let secret = format!("tok-{}", "k".repeat(100));
+        note_secret(&secret);
+        note_secret("abc");
+        let d = Diag::error("t", format!("bad value {secret:?} and abc"))
+            .help(format!("was {}", secret.replace('-', "-")));
+        assert_eq!(d.message, "bad value \"(sensitive value)\" and abc");
+        assert_eq!(d.help.as_deref(), Some("was (sensitive value)"));
+        let text = format!("x = \"{secret}\" + y\n");
+        let f = file(&text);
+        let at = text.find("+ y").unwrap_or(0);
+        let out =
+            render_plain(&[Diag::error("t", "bad").label(&Span::new(&f, at..at + 3), "here")]);
+        assert!(!out.contains("tok-k") && out.contains("\"****"), "{out}");
+        forget_secrets();
+        let d = Diag::error("t", format!("bad value {secret:?}"));
+        assert!(d.message.contains("tok-kkk"), "forgotten: {}", d.message);
+    }
+
+    #[test]
     fn messages_escape_control_bytes_and_cut_long_values() {
         let value = format!("{:?}", "x".repeat(5000));
         let d = Diag::error("t", format!("invalid `a`: {value} is \x1b[31mbad\u{202e}"))
