@@ -822,7 +822,7 @@ mod tests {
         note_secret(&secret);
         note_secret("abc");
         let d = Diag::error("t", format!("bad value {secret:?} and abc"))
-            .help(format!("was {}", secret.replace('-', "-")));
+            .help(format!("was {secret}"));
         assert_eq!(d.message, "bad value \"(sensitive value)\" and abc");
         assert_eq!(d.help.as_deref(), Some("was (sensitive value)"));
         let text = format!("x = \"{secret}\" + y\n");
