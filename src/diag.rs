@@ -821,8 +821,8 @@ mod tests {
         let secret = format!("tok-{}", "k".repeat(100));
         note_secret(&secret);
         note_secret("abc");
-        let d = Diag::error("t", format!("bad value {secret:?} and abc"))
-            .help(format!("was {secret}"));
+        let d =
+            Diag::error("t", format!("bad value {secret:?} and abc")).help(format!("was {secret}"));
         assert_eq!(d.message, "bad value \"(sensitive value)\" and abc");
         assert_eq!(d.help.as_deref(), Some("was (sensitive value)"));
         let text = format!("x = \"{secret}\" + y\n");

@@ -42,8 +42,13 @@ fn launcher(kind: &str, head: &str, workers: &[&str], extra: &str) -> String {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("modules")
         .join(kind);
+    // What the user meant: one GPU per distinct node.
+    let mut distinct: Vec<&str> = vec![head];
+    distinct.extend(workers.iter().filter(|w| **w != head));
+    distinct.sort_unstable();
+    distinct.dedup();
+    let gpus = distinct.len();
     let workers: Vec<String> = workers.iter().map(|w| format!("node.{w}")).collect();
-    let gpus = 1 + workers.len();
     format!(
         "module \"m\" {{\n  source = {:?}\n  image = \"img\"\n  network = network.roce\n  head = node.{head}\n  workers = [{}]\n  model = \"m\"\n  tensor_parallel_size = {gpus}\n  gpu_memory_utilization = 0.8\n{extra}}}\n",
         src.display().to_string(),

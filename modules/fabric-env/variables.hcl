@@ -21,7 +21,7 @@ variable "nodes" {
     error_message = "the head node ${var.nodes[0].name} is also listed in workers: the head runs its own share of the model; remove ${var.nodes[0].name} from workers"
   }
   validation {
-    condition = length(distinct([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])) == length([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])
+    condition     = length(distinct([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])) == length([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])
     error_message = "a worker is listed twice in workers (${join(", ", distinct([for i, n in var.nodes : n.name if i > 0 && length([for m in var.nodes : m if m.name == n.name]) > 1]))}): each node runs one worker; list it once"
   }
 }
