@@ -103,7 +103,7 @@ impl Bed {
             &self.config,
             &self.graph,
             &self.state(),
-            &PlanOptions::default(),
+            &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
         )
         .unwrap()
     }

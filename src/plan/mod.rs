@@ -157,6 +157,16 @@ pub struct PlanOptions {
     pub key: Option<HashKey>,
 }
 
+impl PlanOptions {
+    /// No options but the deployment's key.
+    pub fn with_key(key: HashKey) -> Self {
+        PlanOptions {
+            key: Some(key),
+            ..PlanOptions::default()
+        }
+    }
+}
+
 /// The note of a plan made without the key, when a sensitive value is at stake.
 pub const NOTE_NO_KEY: &str = "the deployment's key for sensitive values (sparkform.key beside the state) is missing: every sensitive value plans as changed; an apply creates a new key and records them under it";
 /// The note of a plan over a state written before hashes were keyed.
