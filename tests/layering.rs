@@ -7,7 +7,16 @@ use std::path::{Path, PathBuf};
 
 /// Layers that do no I/O besides reading definitions and the state.
 const PURE: &[&str] = &[
-    "config", "graph", "plan", "kinds", "schema", "state", "diag",
+    "config",
+    "config::lowering",
+    "config::model",
+    "graph",
+    "plan",
+    "kinds",
+    "kinds::lower",
+    "schema",
+    "state",
+    "diag",
 ];
 /// Layers a pure layer must never reach.
 const MACHINE: &[&str] = &[
@@ -53,11 +62,23 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
 }
 
 /// The layer of a module path: its top-level module, with the machine halves of the kinds
-/// (`kinds::machine`, `kinds::<kind>::machine`) apart from the pure halves.
+/// (`kinds::machine`, `kinds::<kind>::machine`) and their lowering halves (`kinds::lower`,
+/// `kinds::<kind>::lower`) apart from the pure halves, and the model of a configuration and
+/// the engine's interface for the lowering (`config::model`, `config::lowering`) apart from
+/// the engine that uses the lowering.
 fn layer_of(path: &[String]) -> Option<String> {
     let top = path.first()?;
-    if top == "kinds" && path.iter().skip(1).take(2).any(|p| p == "machine") {
-        return Some("kinds::machine".into());
+    if top == "kinds" {
+        for half in ["machine", "lower"] {
+            if path.iter().skip(1).take(2).any(|p| p == half) {
+                return Some(format!("kinds::{half}"));
+            }
+        }
+    }
+    if top == "config" {
+        if let Some(sub @ ("model" | "lowering")) = path.get(1).map(String::as_str) {
+            return Some(format!("config::{sub}"));
+        }
     }
     Some(top.clone())
 }
@@ -255,6 +276,15 @@ fn the_reader_sees_edges_and_layers() {
     let edges = layer_edges();
     assert!(edges["plan"].iter().any(|(to, _)| to == "kinds"));
     assert!(edges["kinds::machine"].iter().any(|(to, _)| to == "hosts"));
+    // The engine dispatches to the kinds' lowering, which uses the engine's interface.
+    assert!(edges["config"].iter().any(|(to, _)| to == "kinds::lower"));
+    assert!(edges["kinds::lower"]
+        .iter()
+        .any(|(to, _)| to == "config::lowering"));
+    assert_eq!(
+        layer_of(&["kinds".into(), "probe".into(), "lower".into()]).as_deref(),
+        Some("kinds::lower")
+    );
 }
 
 #[test]

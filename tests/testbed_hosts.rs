@@ -332,7 +332,7 @@ async fn facts_match_the_testbed_and_nodes_flags_a_missing_interface() {
     );
     let (c, d) = load(&text);
     let pool = HostPool::connect(&c, &nodes(&c), &opts()).await;
-    let f = facts::gather(pool.get("node.n1").unwrap().as_ref())
+    let f = facts::gather(pool.get("node.n1").unwrap().as_ref(), &[])
         .await
         .unwrap();
     assert!(f.os.contains("Debian"), "{}", f.os);

@@ -7,19 +7,21 @@ jump "proxmox" {
 }
 
 node "spark1" {
-  address    = "spark1"
-  user       = "nvidia"
-  jump       = jump.proxmox
-  gpus       = 1
-  memory_gib = 120
+  address        = "spark1"
+  user           = "nvidia"
+  jump           = jump.proxmox
+  gpus           = 1
+  memory_gib     = 120
+  unified_memory = true
 }
 
 node "spark2" {
-  address    = "spark2"
-  user       = "nvidia"
-  jump       = jump.proxmox
-  gpus       = 1
-  memory_gib = 120
+  address        = "spark2"
+  user           = "nvidia"
+  jump           = jump.proxmox
+  gpus           = 1
+  memory_gib     = 120
+  unified_memory = true
 }
 
 network "roce" {

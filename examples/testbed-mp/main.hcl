@@ -44,6 +44,7 @@ node "node1" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 node "node2" {
@@ -53,6 +54,7 @@ node "node2" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 network "roce" {
@@ -84,7 +86,6 @@ module "qwen" {
   port                   = 30000
   hf_cache               = "/tmp/sparkform-hf-cache"
   shm_size               = "1g"
-  gpu_devices            = false
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   health_timeout         = "3m"
   start_timeout          = "2m"

@@ -45,6 +45,7 @@ node "node1" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 node "node2" {
@@ -54,6 +55,7 @@ node "node2" {
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
+  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
 }
 
 network "roce" {
@@ -85,7 +87,6 @@ module "qwen" {
   port                   = 30000
   hf_cache               = "/tmp/sparkform-hf-cache"
   shm_size               = "1g"
-  gpu_devices            = false
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   ray_args               = ["--object-store-memory=100000000", "--num-cpus=1"]
   health_timeout         = "5m"

@@ -33,7 +33,7 @@ output "node_env" {
 
 output "gpus" {
   description = "The `gpus` attribute of a container, by the name of its node."
-  value       = { for n in var.nodes : n.name => var.gpu_devices && n.gpus != null ? "all" : null }
+  value       = { for n in var.nodes : n.name => var.gpu_devices && n.gpu_devices && n.gpus != null ? "all" : null }
 }
 
 # Host network: every process binds and advertises its node's own fabric address, which a bridge

@@ -99,6 +99,7 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
         })
         .collect();
     let mut check_of: HashMap<String, usize> = HashMap::new();
+    let mut preflight_of: HashMap<String, Vec<usize>> = HashMap::new();
     for (owner, check) in checks {
         let at = steps.len();
         steps.push(Step {
@@ -131,6 +132,9 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
         for a in check.covers {
             check_of.insert(a, at);
         }
+        for a in check.before {
+            preflight_of.entry(a).or_default().push(at);
+        }
     }
     let deletes: Vec<usize> = (0..steps.len())
         .filter(|&i| steps[i].change.action == Action::Delete)
@@ -159,6 +163,9 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
                     deps.insert(m);
                 }
             }
+        }
+        if let Some(pre) = preflight_of.get(&steps[i].address) {
+            deps.extend(pre.iter().copied());
         }
         deps.remove(&i);
         steps[i].deps = deps;

@@ -6,11 +6,14 @@ mod destroy;
 mod fmt;
 mod force_unlock;
 mod graph;
+mod logs;
 mod nodes;
 mod output;
 mod plan;
 mod show;
 mod state;
+mod status;
+mod tunnel;
 mod validate;
 mod verify;
 
@@ -51,6 +54,9 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     Destroy(destroy::DestroyArgs),
     Verify(verify::VerifyArgs),
+    Logs(logs::LogsArgs),
+    Tunnel(tunnel::TunnelArgs),
+    Status(status::StatusArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -232,6 +238,9 @@ pub fn main() -> ExitCode {
         Command::Apply(a) => apply::run(a),
         Command::Destroy(a) => destroy::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Logs(a) => logs::run(a),
+        Command::Tunnel(a) => tunnel::run(a),
+        Command::Status(a) => status::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),

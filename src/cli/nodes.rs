@@ -6,17 +6,24 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{report_diagnostics, ConfigArgs, ConnectArgs};
+use std::collections::BTreeMap;
+
+use crate::config::Config;
 use crate::diag::Diagnostics;
 use crate::hosts::facts::{self, Facts};
 use crate::ops::nodes::NodeFacts;
 
-/// Connect to every node and show its facts (OS, CPUs, memory, GPUs, Docker, interfaces)
+/// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images, interfaces)
 #[derive(Args, Debug)]
 #[command(
     long_about = "Connect to every node (through its jump host, with strict host-key checking) in parallel \
-and show its OS, architecture, CPUs, memory, GPUs, Docker Engine and network interfaces. Lines \
-marked `!` are where the definitions disagree with the machine: declared GPUs or memory, an \
-attachment's interface that does not exist. Exits 1 when a node cannot be reached.",
+and show its OS, kernel, architecture, CPUs, memory, GPUs, NVIDIA driver and CUDA version, RDMA \
+devices and their interfaces, the locked-memory limit (the ssh user's and the one containers get \
+from Docker), the Docker Engine, the IDs of the images the definitions use, and the network \
+interfaces. Lines marked `!` are where the nodes differ from each other (kernel, driver, CUDA, \
+image IDs) or from the definitions (declared GPUs or memory, an attachment's interface that does \
+not exist); lines marked `-` explain expected differences (logical GPUs with `gpu_devices = \
+false`, no NVIDIA driver, no RDMA device). Exits 1 when a node cannot be reached.",
     after_help = "Example:\n  sparkform nodes examples/testbed\n  sparkform nodes examples/testbed --json"
 )]
 pub struct NodesArgs {
@@ -66,65 +73,11 @@ pub fn run(args: NodesArgs) -> ExitCode {
                     (name, r)
                 })
                 .collect();
-        let mut unreachable = false;
+        let unreachable = results.values().any(|r| r.is_err());
         if args.json {
-            let doc: serde_json::Map<String, serde_json::Value> = results
-                .iter()
-                .map(|(name, r)| {
-                    let v = match r {
-                        Ok(f) => serde_json::json!({
-                            "facts": f,
-                            "disagreements": config.nodes.get(name).map(|n| facts::disagreements(&config, n, f)).unwrap_or_default(),
-                        }),
-                        Err(e) => {
-                            unreachable = true;
-                            serde_json::json!({ "error": e })
-                        }
-                    };
-                    (name.clone(), v)
-                })
-                .collect();
-            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            println!("{}", render_json(&config, &results));
         } else {
-            let mut rows = vec![vec!["NODE".to_string(), "OS".into(), "ARCH".into(), "CPUS".into(), "MEMORY".into(), "GPUS".into(), "DOCKER".into()]];
-            let mut notes = Vec::new();
-            for (name, r) in &results {
-                match r {
-                    Ok(f) => {
-                        rows.push(vec![
-                            name.clone(),
-                            f.os.clone(),
-                            f.arch.clone(),
-                            f.cpus.to_string(),
-                            format!("{:.1} GiB", f.memory_gib),
-                            if f.gpus.is_empty() { "0".into() } else { format!("{} × {}", f.gpus.len(), f.gpus[0].name) },
-                            f.docker.clone().unwrap_or_else(|_| "unavailable".into()),
-                        ]);
-                        let ifaces: Vec<String> = f
-                            .interfaces
-                            .iter()
-                            .filter(|i| i.name != "lo")
-                            .map(|i| format!("{} mtu {} {} {}", i.name, i.mtu, i.state, i.addresses.join(" ")).trim_end().to_string())
-                            .collect();
-                        notes.push(format!("{name}: interfaces: {}", ifaces.join("; ")));
-                        if let Some(n) = config.nodes.get(name) {
-                            for d in facts::disagreements(&config, n, f) {
-                                notes.push(format!("! {name}: {d}"));
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        unreachable = true;
-                        rows.push(vec![name.clone(), "unreachable".into(), String::new(), String::new(), String::new(), String::new(), String::new()]);
-                        notes.push(format!("! {name}: {e}"));
-                    }
-                }
-            }
-            print!("{}", super::table(&rows));
-            println!();
-            for n in notes {
-                println!("{n}");
-            }
+            print!("{}", render_text(&config, &results));
         }
         if unreachable {
             ExitCode::from(1)
@@ -132,4 +85,257 @@ pub fn run(args: NodesArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
     })
+}
+
+type Results = BTreeMap<String, Result<Facts, String>>;
+
+fn reached(results: &Results) -> BTreeMap<String, Facts> {
+    results
+        .iter()
+        .filter_map(|(n, r)| Some((n.clone(), r.as_ref().ok()?.clone())))
+        .collect()
+}
+
+fn render_json(config: &Config, results: &Results) -> String {
+    let nodes: serde_json::Map<String, serde_json::Value> = results
+        .iter()
+        .map(|(name, r)| {
+            let v = match r {
+                Ok(f) => {
+                    let node = config.nodes.get(name);
+                    serde_json::json!({
+                        "facts": f,
+                        "disagreements": node.map(|n| facts::disagreements(config, n, f)).unwrap_or_default(),
+                        "explanations": node.map(|n| facts::explanations(n, f)).unwrap_or_default(),
+                    })
+                }
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+            (name.clone(), v)
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "nodes": nodes,
+        "differences": facts::differences(&reached(results)),
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// The table, each node's details, then what differs between the nodes. Pure.
+fn render_text(config: &Config, results: &Results) -> String {
+    let mut rows = vec![[
+        "NODE", "OS", "KERNEL", "ARCH", "CPUS", "MEMORY", "GPUS", "DRIVER", "CUDA", "DOCKER",
+    ]
+    .map(String::from)
+    .to_vec()];
+    let mut notes = Vec::new();
+    for (name, r) in results {
+        let f = match r {
+            Ok(f) => f,
+            Err(e) => {
+                let mut row = vec![name.clone(), "unreachable".into()];
+                row.resize(rows[0].len(), String::new());
+                rows.push(row);
+                notes.push(format!("! {name}: {e}"));
+                continue;
+            }
+        };
+        rows.push(vec![
+            name.clone(),
+            f.os.clone(),
+            f.kernel.clone(),
+            f.arch.clone(),
+            f.cpus.to_string(),
+            format!("{:.1} GiB", f.memory_gib),
+            match f.gpus.first() {
+                None => "0".into(),
+                Some(g) => format!("{} × {}", f.gpus.len(), g.name),
+            },
+            f.nvidia
+                .as_ref()
+                .map_or("none".into(), |n| n.driver.clone()),
+            f.nvidia
+                .as_ref()
+                .and_then(|n| n.cuda.clone())
+                .unwrap_or_else(|| "none".into()),
+            f.docker.clone().unwrap_or_else(|_| "unavailable".into()),
+        ]);
+        let rdma: Vec<String> = f
+            .rdma
+            .iter()
+            .map(|d| {
+                if d.netdevs.is_empty() {
+                    d.name.clone()
+                } else {
+                    format!("{} → {}", d.name, d.netdevs.join(" "))
+                }
+            })
+            .collect();
+        notes.push(format!(
+            "{name}: rdma: {}",
+            if rdma.is_empty() {
+                "none".into()
+            } else {
+                rdma.join(", ")
+            }
+        ));
+        notes.push(format!(
+            "{name}: memlock: {} (ssh user), {} (containers by default)",
+            f.memlock.as_deref().unwrap_or("unknown"),
+            f.docker_memlock.as_deref().unwrap_or("unknown")
+        ));
+        for (image, id) in &f.images {
+            notes.push(format!(
+                "{name}: image {image}: {}",
+                id.as_deref()
+                    .map_or("not on this node".into(), facts::short_id)
+            ));
+        }
+        let ifaces: Vec<String> = f
+            .interfaces
+            .iter()
+            .filter(|i| i.name != "lo")
+            .map(|i| {
+                format!(
+                    "{} mtu {} {} {}",
+                    i.name,
+                    i.mtu,
+                    i.state,
+                    i.addresses.join(" ")
+                )
+                .trim_end()
+                .to_string()
+            })
+            .collect();
+        notes.push(format!("{name}: interfaces: {}", ifaces.join("; ")));
+        if let Some(n) = config.nodes.get(name) {
+            for e in facts::explanations(n, f) {
+                notes.push(format!("- {name}: {e}"));
+            }
+            for d in facts::disagreements(config, n, f) {
+                notes.push(format!("! {name}: {d}"));
+            }
+        }
+    }
+    for d in facts::differences(&reached(results)) {
+        notes.push(format!("! {d}"));
+    }
+    let mut out = super::table(&rows);
+    out.push('\n');
+    for n in notes {
+        out.push_str(&n);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hosts::facts::{Nvidia, RdmaDevice};
+
+    fn config(gpu_devices: bool) -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = if gpu_devices {
+            ""
+        } else {
+            "gpu_devices = false"
+        };
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            format!(
+                "node \"a\" {{\n  address = \"10.0.0.1\"\n  gpus = 1\n  {flag}\n}}\nnode \"b\" {{\n  address = \"10.0.0.2\"\n  gpus = 1\n  {flag}\n}}\n"
+            ),
+        )
+        .unwrap();
+        crate::config::load(dir.path(), &Default::default()).unwrap()
+    }
+
+    fn facts(driver: &str, image: &str) -> Facts {
+        Facts {
+            os: "Ubuntu 24.04.3 LTS".into(),
+            kernel: "6.11.0-1016-nvidia".into(),
+            arch: "aarch64".into(),
+            cpus: 20,
+            memory_gib: 119.7,
+            gpus: Vec::new(),
+            nvidia: Some(Nvidia {
+                driver: driver.into(),
+                cuda: Some("13.0".into()),
+            }),
+            rdma: vec![RdmaDevice {
+                name: "rocep1s0f0".into(),
+                netdevs: vec!["enp1s0f0np0".into()],
+            }],
+            memlock: Some("8 MiB".into()),
+            docker_memlock: Some("unlimited (dockerd's own)".into()),
+            docker: Ok("28.2.2 (API 1.50)".into()),
+            images: [("vllm:26.01".to_string(), Some(image.to_string()))].into(),
+            interfaces: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn shows_the_driver_stack_and_flags_what_differs() {
+        let c = config(true);
+        let results: Results = [
+            (
+                "node.a".to_string(),
+                Ok(facts("580.95.05", "sha256:1111111111111111")),
+            ),
+            (
+                "node.b".to_string(),
+                Ok(facts("580.82.07", "sha256:2222222222222222")),
+            ),
+        ]
+        .into();
+        let text = render_text(&c, &results);
+        assert!(text.contains("580.95.05"), "{text}");
+        assert!(
+            text.contains("node.a: rdma: rocep1s0f0 → enp1s0f0np0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node.a: memlock: 8 MiB (ssh user), unlimited (dockerd's own) (containers by default)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node.b: image vllm:26.01: sha256:222222222222"),
+            "{text}"
+        );
+        assert!(
+            text.contains("! NVIDIA driver differs: node.a 580.95.05, node.b 580.82.07"),
+            "{text}"
+        );
+        assert!(
+            text.contains("! image vllm:26.01 differs: node.a sha256:111111111111, node.b sha256:222222222222"),
+            "{text}"
+        );
+        // Declared GPUs with devices expected, none found: a real disagreement.
+        assert!(
+            text.contains("! node.a: declares 1 GPU, the machine shows 0"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render_json(&c, &results)).unwrap();
+        assert_eq!(json["differences"].as_array().unwrap().len(), 2, "{json}");
+    }
+
+    #[test]
+    fn logical_gpus_are_explained_not_warned_about() {
+        let c = config(false);
+        let mut f = facts("580.95.05", "sha256:1111111111111111");
+        f.nvidia = None;
+        let results: Results = [
+            ("node.a".to_string(), Ok(f.clone())),
+            ("node.b".to_string(), Ok(f)),
+        ]
+        .into();
+        let text = render_text(&c, &results);
+        assert!(!text.contains("! "), "no warning expected:\n{text}");
+        assert!(
+            text.contains("- node.a: declares 1 logical GPU without devices (gpu_devices = false)"),
+            "{text}"
+        );
+        assert!(text.contains("- node.b: no NVIDIA driver"), "{text}");
+    }
 }

@@ -4,6 +4,7 @@ mod arith;
 mod eval;
 pub mod functions;
 pub mod limits;
+pub(crate) mod lowering;
 mod model;
 mod parse;
 pub mod refs;

@@ -53,6 +53,8 @@ pub struct Node {
     pub gpus: Option<u32>,
     pub memory_gib: Option<f64>,
     pub unified_memory: bool,
+    /// False when the declared GPUs are logical (a test bed): no device is expected.
+    pub gpu_devices: bool,
     pub labels: BTreeMap<String, String>,
     pub span: Span,
 }

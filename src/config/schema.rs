@@ -1,7 +1,7 @@
 //! What each block may contain. The resource kinds declare their own blocks (`kinds::*`); this
 //! lists the others and the top level.
 
-pub use crate::kinds::attachment::ATTACH;
+pub use crate::kinds::attachment::{ATTACH, NETWORK};
 pub use crate::kinds::container::{CONTAINER, READY};
 pub use crate::kinds::probe::{EXPECT, PROBE, PROBE_EXEC, PROBE_HTTP, PROBE_TCP};
 use crate::schema::{opt, req, spec};
@@ -61,19 +61,9 @@ pub static NODE: BlockSpec = spec(
         opt("memory_gib", Kind::Num),
         opt("labels", Kind::MapStr),
         opt("unified_memory", Kind::Bool),
+        opt("gpu_devices", Kind::Bool),
     ],
     &[],
-);
-
-pub static NETWORK: BlockSpec = spec(
-    "network",
-    &["name"],
-    &[req("subnet", Kind::Str), opt("mtu", Kind::Num)],
-    &[Child {
-        name: "attach",
-        spec: &ATTACH,
-        multiple: true,
-    }],
 );
 
 pub static CHECK: BlockSpec = spec(
@@ -115,9 +105,22 @@ pub static LOCALS: BlockSpec = BlockSpec {
     open: true,
 };
 
-pub static TOP_LEVEL: &[&BlockSpec] = &[
-    &VARIABLE, &LOCALS, &JUMP, &NODE, &NETWORK, &CONTAINER, &PROBE, &CHECK, &MODULE, &OUTPUT,
-];
+macro_rules! top_level {
+    ($($variant:ident => $module:ident,)*) => {
+        /// Every top-level block; the resource kinds' come from the registry, in its order.
+        pub static TOP_LEVEL: &[&BlockSpec] = &[
+            &VARIABLE,
+            &LOCALS,
+            &JUMP,
+            &NODE,
+            $(crate::kinds::$module::TOP_BLOCK,)*
+            &CHECK,
+            &MODULE,
+            &OUTPUT,
+        ];
+    };
+}
+crate::kinds::for_each_kind!(top_level);
 
 pub fn top_level(kind: &str) -> Option<&'static BlockSpec> {
     TOP_LEVEL.iter().copied().find(|s| s.kind == kind)

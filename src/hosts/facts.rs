@@ -1,4 +1,7 @@
-//! What a node is: OS, architecture, CPUs, memory, GPUs, Docker, interfaces.
+//! What a node is: OS, kernel, architecture, CPUs, memory, GPUs and their driver, RDMA
+//! devices, memlock limits, Docker and the images the definitions use, interfaces.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -21,15 +24,41 @@ pub struct Gpu {
     pub memory_mib: Option<u64>,
 }
 
+/// What `nvidia-smi` says about the driver stack.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Nvidia {
+    pub driver: String,
+    /// The highest CUDA version the driver supports.
+    pub cuda: Option<String>,
+}
+
+/// An RDMA device (`/sys/class/infiniband/mlx5_0`) and the network interfaces it drives.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RdmaDevice {
+    pub name: String,
+    pub netdevs: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Facts {
     pub os: String,
+    pub kernel: String,
     pub arch: String,
     pub cpus: u32,
     pub memory_gib: f64,
     pub gpus: Vec<Gpu>,
+    /// None when the node has no NVIDIA driver (`nvidia-smi` missing or failing).
+    pub nvidia: Option<Nvidia>,
+    pub rdma: Vec<RdmaDevice>,
+    /// The locked-memory limit of the ssh user's processes (`ulimit -l`).
+    pub memlock: Option<String>,
+    /// The locked-memory limit containers get by default: daemon.json's `default-ulimits`,
+    /// else what dockerd itself runs with (containers inherit it).
+    pub docker_memlock: Option<String>,
     /// `28.2.2 (API 1.50)`, or why it could not be read.
     pub docker: Result<String, String>,
+    /// Image reference → image ID on this node (None: not there).
+    pub images: BTreeMap<String, Option<String>>,
     pub interfaces: Vec<Interface>,
 }
 
@@ -40,11 +69,13 @@ fn other(node: &str, message: String) -> HostError {
     }
 }
 
-/// Gather facts; the commands run in parallel over the node's one connection.
-pub async fn gather(host: &dyn Host) -> Result<Facts, HostError> {
+/// Gather facts, with the IDs of `images` there; the commands run in parallel over the node's
+/// one connection.
+pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostError> {
     let node = host.node().to_string();
     let os_release = Cmd::new("cat").arg("/etc/os-release");
     let uname = Cmd::new("uname").arg("-m");
+    let kernel = Cmd::new("uname").arg("-r");
     let nproc = Cmd::new("nproc");
     let meminfo = Cmd::new("cat").arg("/proc/meminfo");
     let ip = Cmd::new("ip").args(["-j", "addr"]);
@@ -61,6 +92,15 @@ pub async fn gather(host: &dyn Host) -> Result<Facts, HostError> {
         host.exec(&smi),
         docker_version(host),
     );
+    let (kernel, nvidia, rdma, memlock, docker_memlock, images) = tokio::join!(
+        host.exec(&kernel),
+        nvidia(host),
+        rdma_devices(host),
+        own_memlock(host),
+        docker_memlock(host),
+        image_ids(host, images),
+    );
+    let kernel = kernel?.stdout.trim().to_string();
     let os = os?;
     let os = os
         .stdout
@@ -94,13 +134,260 @@ pub async fn gather(host: &dyn Host) -> Result<Facts, HostError> {
     };
     Ok(Facts {
         os,
+        kernel,
         arch,
         cpus,
         memory_gib: memory_kib / 1024.0 / 1024.0,
         gpus,
+        nvidia: nvidia?,
+        rdma: rdma?,
+        memlock: memlock?,
+        docker_memlock: docker_memlock?,
         docker,
+        images,
         interfaces,
     })
+}
+
+/// The driver and CUDA version from `nvidia-smi`'s header; None where there is no driver.
+pub async fn nvidia(host: &dyn Host) -> Result<Option<Nvidia>, HostError> {
+    let out = host.exec(&Cmd::new("nvidia-smi")).await?;
+    Ok(if out.success() {
+        parse_smi_header(&out.stdout)
+    } else {
+        None
+    })
+}
+
+/// `| NVIDIA-SMI 580.95.05   Driver Version: 580.95.05   CUDA Version: 13.0 |`
+pub fn parse_smi_header(text: &str) -> Option<Nvidia> {
+    let after = |key: &str| {
+        text.split_once(key).and_then(|(_, rest)| {
+            rest.split_whitespace()
+                .next()
+                .map(|v| v.trim_matches('|').to_string())
+                .filter(|v| !v.is_empty())
+        })
+    };
+    Some(Nvidia {
+        driver: after("Driver Version:")?,
+        cuda: after("CUDA Version:"),
+    })
+}
+
+async fn rdma_devices(host: &dyn Host) -> Result<Vec<RdmaDevice>, HostError> {
+    const CLASS: &str = "/sys/class/infiniband";
+    let list = host.exec(&Cmd::new("ls").arg(CLASS)).await?;
+    if !list.success() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = list.stdout.split_whitespace().map(str::to_string).collect();
+    let nets = futures_util::future::join_all(names.iter().map(|n| {
+        let cmd = Cmd::new("ls").arg(format!("{CLASS}/{n}/device/net"));
+        async move { host.exec(&cmd).await }
+    }))
+    .await;
+    names
+        .into_iter()
+        .zip(nets)
+        .map(|(name, net)| {
+            let net = net?;
+            Ok(RdmaDevice {
+                name,
+                netdevs: if net.success() {
+                    net.stdout.split_whitespace().map(str::to_string).collect()
+                } else {
+                    Vec::new()
+                },
+            })
+        })
+        .collect()
+}
+
+/// `cat` inherits the ssh session's limits: its own are the user's.
+async fn own_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
+    let out = host.exec(&Cmd::new("cat").arg("/proc/self/limits")).await?;
+    Ok(out.success().then(|| parse_memlock(&out.stdout)).flatten())
+}
+
+async fn docker_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
+    let daemon = host
+        .exec(&Cmd::new("cat").arg("/etc/docker/daemon.json"))
+        .await?;
+    if daemon.success() {
+        if let Some(m) = daemon_default_memlock(&daemon.stdout) {
+            return Ok(Some(format!("{m} (daemon.json default-ulimits)")));
+        }
+    }
+    let pid = host.exec(&Cmd::new("pidof").arg("dockerd")).await?;
+    let Some(pid) = pid
+        .stdout
+        .split_whitespace()
+        .next()
+        .filter(|_| pid.success())
+    else {
+        return Ok(None);
+    };
+    let limits = host
+        .exec(&Cmd::new("cat").arg(format!("/proc/{pid}/limits")))
+        .await?;
+    Ok(limits
+        .success()
+        .then(|| parse_memlock(&limits.stdout))
+        .flatten()
+        .map(|m| format!("{m} (dockerd's own)")))
+}
+
+/// The `Max locked memory` line of `/proc/PID/limits`, as `soft` or `soft/hard`.
+pub fn parse_memlock(limits: &str) -> Option<String> {
+    let rest = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max locked memory"))?;
+    let mut fields = rest.split_whitespace();
+    let soft = human_limit(fields.next()?);
+    let hard = human_limit(fields.next()?);
+    Some(if soft == hard {
+        soft
+    } else {
+        format!("{soft}/{hard}")
+    })
+}
+
+fn human_limit(v: &str) -> String {
+    match v.parse::<u64>() {
+        Ok(b) if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        Ok(b) if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        Ok(b) if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        Ok(b) => format!("{b} B"),
+        Err(_) => v.to_string(),
+    }
+}
+
+fn daemon_default_memlock(json: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let m = v.get("default-ulimits")?.get("memlock")?;
+    let one = |k: &str| {
+        m.get(k).and_then(|x| x.as_i64()).map(|n| {
+            if n < 0 {
+                "unlimited".to_string()
+            } else {
+                human_limit(&n.to_string())
+            }
+        })
+    };
+    let (soft, hard) = (one("Soft")?, one("Hard")?);
+    Some(if soft == hard {
+        soft
+    } else {
+        format!("{soft}/{hard}")
+    })
+}
+
+/// The ID each image reference resolves to on the node (None: the node does not have it).
+pub async fn image_ids(host: &dyn Host, images: &[String]) -> BTreeMap<String, Option<String>> {
+    let Ok(docker) = host.docker().await else {
+        return images.iter().map(|i| (i.clone(), None)).collect();
+    };
+    let ids = futures_util::future::join_all(images.iter().map(|i| docker.inspect_image(i))).await;
+    images
+        .iter()
+        .cloned()
+        .zip(ids.into_iter().map(|r| r.ok().and_then(|i| i.id)))
+        .collect()
+}
+
+/// The image references the definitions' resources use, for `gather`.
+pub fn images_of(config: &Config) -> Vec<String> {
+    let set: BTreeSet<String> = config
+        .resources
+        .iter()
+        .filter_map(|r| r.config.get("image")?.as_str().map(str::to_string))
+        .collect();
+    set.into_iter().collect()
+}
+
+/// An image ID as people compare them: `sha256:` and 12 hex digits.
+pub fn short_id(id: &str) -> String {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    format!("sha256:{}", hex.chars().take(12).collect::<String>())
+}
+
+/// What differs between nodes that should be alike (kernel, driver, CUDA, image IDs), one
+/// line per property naming each node's value. Pure.
+pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut compare = |what: String, values: Vec<(&String, Option<String>)>| {
+        let distinct: BTreeSet<&Option<String>> = values.iter().map(|(_, v)| v).collect();
+        if distinct.len() > 1 {
+            let each: Vec<String> = values
+                .iter()
+                .map(|(n, v)| format!("{n} {}", v.as_deref().unwrap_or("none")))
+                .collect();
+            out.push(format!("{what} differs: {}", each.join(", ")));
+        }
+    };
+    compare(
+        "kernel".into(),
+        facts
+            .iter()
+            .map(|(n, f)| (n, Some(f.kernel.clone())))
+            .collect(),
+    );
+    // Without any driver there is nothing to compare (the testbed); one node without it is.
+    if facts.values().any(|f| f.nvidia.is_some()) {
+        compare(
+            "NVIDIA driver".into(),
+            facts
+                .iter()
+                .map(|(n, f)| (n, f.nvidia.as_ref().map(|v| v.driver.clone())))
+                .collect(),
+        );
+        compare(
+            "CUDA version".into(),
+            facts
+                .iter()
+                .map(|(n, f)| (n, f.nvidia.as_ref().and_then(|v| v.cuda.clone())))
+                .collect(),
+        );
+    }
+    let images: BTreeSet<&String> = facts.values().flat_map(|f| f.images.keys()).collect();
+    for image in images {
+        compare(
+            format!("image {image}"),
+            facts
+                .iter()
+                .map(|(n, f)| {
+                    (
+                        n,
+                        f.images.get(image).cloned().flatten().map(|i| short_id(&i)),
+                    )
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+/// Differences from the definitions that are expected and why, so they are not taken for
+/// warnings. Pure.
+pub fn explanations(node: &Node, facts: &Facts) -> Vec<String> {
+    let mut out = Vec::new();
+    if !node.gpu_devices {
+        if let Some(g) = node.gpus {
+            out.push(format!(
+                "declares {g} logical GPU{} without devices (gpu_devices = false); the machine shows {}",
+                if g == 1 { "" } else { "s" },
+                facts.gpus.len()
+            ));
+        }
+    }
+    if facts.nvidia.is_none() {
+        out.push("no NVIDIA driver: driver and CUDA parity are not checked here".into());
+    }
+    if facts.rdma.is_empty() {
+        out.push("no RDMA devices (/sys/class/infiniband is empty): NCCL uses TCP sockets".into());
+    }
+    out
 }
 
 async fn docker_version(host: &dyn Host) -> Result<String, String> {
@@ -165,7 +452,7 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
 /// Where the definitions disagree with the machine. Pure, for `sparkform nodes`.
 pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(g) = node.gpus {
+    if let Some(g) = node.gpus.filter(|_| node.gpu_devices) {
         let found = facts.gpus.len() as u32;
         if g != found {
             out.push(format!(
@@ -230,6 +517,98 @@ mod tests {
         assert_eq!(i[0].addresses, vec!["127.0.0.1/8"]);
         assert_eq!((i[1].name.as_str(), i[1].mtu), ("enp1s0f0np0", 9000));
         assert!(parse_ip_addr("not json").is_err());
+    }
+
+    #[test]
+    fn reads_the_driver_and_cuda_version() {
+        let header = "+-----------------------------------------------------------------------------------------+\n\
+| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |\n";
+        assert_eq!(
+            parse_smi_header(header),
+            Some(Nvidia {
+                driver: "580.95.05".into(),
+                cuda: Some("13.0".into())
+            })
+        );
+        assert_eq!(parse_smi_header("command not found"), None);
+    }
+
+    #[test]
+    fn reads_memlock_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+Max open files            1024                 1048576              files\n\
+Max locked memory         8388608              8388608              bytes\n";
+        assert_eq!(parse_memlock(limits).as_deref(), Some("8 MiB"));
+        let unlimited =
+            "Max locked memory         unlimited            unlimited            bytes\n";
+        assert_eq!(parse_memlock(unlimited).as_deref(), Some("unlimited"));
+        let mixed = "Max locked memory         65536            unlimited            bytes\n";
+        assert_eq!(parse_memlock(mixed).as_deref(), Some("64 KiB/unlimited"));
+        assert_eq!(
+            daemon_default_memlock(
+                r#"{"default-ulimits":{"memlock":{"Name":"memlock","Soft":-1,"Hard":-1}}}"#
+            )
+            .as_deref(),
+            Some("unlimited")
+        );
+        assert_eq!(
+            daemon_default_memlock(r#"{"log-driver":"json-file"}"#),
+            None
+        );
+    }
+
+    fn facts(kernel: &str, driver: Option<&str>, image: Option<&str>) -> Facts {
+        Facts {
+            os: "Ubuntu 24.04".into(),
+            kernel: kernel.into(),
+            arch: "aarch64".into(),
+            cpus: 20,
+            memory_gib: 119.6,
+            gpus: Vec::new(),
+            nvidia: driver.map(|d| Nvidia {
+                driver: d.into(),
+                cuda: Some("13.0".into()),
+            }),
+            rdma: Vec::new(),
+            memlock: None,
+            docker_memlock: None,
+            docker: Ok("28.2.2".into()),
+            images: [("vllm:x".to_string(), image.map(str::to_string))].into(),
+            interfaces: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn flags_what_differs_between_nodes() {
+        let same: BTreeMap<String, Facts> = [
+            (
+                "node.a".to_string(),
+                facts("6.11", None, Some("sha256:aaaa")),
+            ),
+            (
+                "node.b".to_string(),
+                facts("6.11", None, Some("sha256:aaaa")),
+            ),
+        ]
+        .into();
+        assert!(differences(&same).is_empty(), "{:?}", differences(&same));
+        let differ: BTreeMap<String, Facts> = [
+            (
+                "node.a".to_string(),
+                facts("6.11", Some("580.95.05"), Some("sha256:aaaaaaaaaaaaaaaa")),
+            ),
+            ("node.b".to_string(), facts("6.8", Some("570.1"), None)),
+        ]
+        .into();
+        let d = differences(&differ);
+        assert_eq!(
+            d,
+            [
+                "kernel differs: node.a 6.11, node.b 6.8",
+                "NVIDIA driver differs: node.a 580.95.05, node.b 570.1",
+                "image vllm:x differs: node.a sha256:aaaaaaaaaaaa, node.b none",
+            ]
+        );
     }
 
     #[test]

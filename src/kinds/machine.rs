@@ -241,6 +241,8 @@ pub struct Check {
     pub after: Vec<String>,
     /// The resources whose dependents wait for it.
     pub covers: Vec<String>,
+    /// The changed resources that themselves wait for it (a preflight before they start).
+    pub before: Vec<String>,
     /// The nodes it uses.
     pub nodes: Vec<String>,
     pub run: Arc<dyn CheckRun>,

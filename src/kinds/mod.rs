@@ -8,6 +8,7 @@
 
 pub mod attachment;
 pub mod container;
+pub(crate) mod lower;
 pub mod machine;
 pub mod probe;
 
@@ -51,6 +52,14 @@ macro_rules! define_kinds {
                     $(KindId::$variant => &$module::KIND,)*
                 }
             }
+
+            /// The top-level block that declares resources of the kind (`network` for
+            /// attachments).
+            pub fn top_block(self) -> &'static BlockSpec {
+                match self {
+                    $(KindId::$variant => $module::TOP_BLOCK,)*
+                }
+            }
         }
     };
 }
@@ -59,6 +68,14 @@ for_each_kind!(define_kinds);
 impl KindId {
     pub fn parse(s: &str) -> Option<Self> {
         KindId::ALL.iter().copied().find(|k| k.as_str() == s)
+    }
+
+    /// The kind whose top-level block is `block`.
+    pub fn declared_by(block: &str) -> Option<Self> {
+        KindId::ALL
+            .iter()
+            .copied()
+            .find(|k| k.top_block().kind == block)
     }
 }
 

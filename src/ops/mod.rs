@@ -3,9 +3,12 @@
 //! these and renders what comes back; anything else can run an apply the same way.
 
 pub mod apply;
+pub mod logs;
 pub mod nodes;
 pub mod plan;
 pub mod refresh;
+pub mod status;
+pub mod tunnel;
 pub mod verify;
 
 use std::sync::Arc;

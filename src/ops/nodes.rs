@@ -21,11 +21,17 @@ pub enum NodeFacts {
 pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, NodeFacts> {
     let names: Vec<String> = config.nodes.keys().cloned().collect();
     let pool = HostPool::connect(config, &names, opts).await;
+    let images = facts::images_of(config);
     let mut tasks = crate::tasks::KeyedTasks::new();
     for (name, host) in pool.connected() {
         let host = host.clone();
+        let images = images.clone();
         tasks.spawn(name.clone(), async move {
-            tokio::time::timeout(Duration::from_secs(60), facts::gather(host.as_ref())).await
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                facts::gather(host.as_ref(), &images),
+            )
+            .await
         });
     }
     let mut results = BTreeMap::new();

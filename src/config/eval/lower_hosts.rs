@@ -145,6 +145,7 @@ impl Loader {
             gpus,
             memory_gib: memory,
             unified_memory: attrs.values.get("unified_memory") == Some(&Value::Bool(true)),
+            gpu_devices: attrs.values.get("gpu_devices") != Some(&Value::Bool(false)),
             labels: attrs.string_map("labels"),
             span: header,
         };
@@ -161,6 +162,9 @@ impl Loader {
         ] {
             value.entry(k.to_string()).or_insert(Value::Null);
         }
+        value
+            .entry("gpu_devices".to_string())
+            .or_insert(Value::Bool(true));
         value.insert("kind".into(), "node".into());
         value.insert("id".into(), address.into());
         value.insert("name".into(), name.into());

@@ -16,21 +16,20 @@ use hcl_edit::structure::{Attribute, Block, Body, Structure};
 use hcl_edit::Span as _;
 use petgraph::graph::{DiGraph, NodeIndex};
 
-use super::model::{Config, Jump, Network, Node, Output, Resource, ResourceKind};
+pub(super) use super::lowering::*;
+use super::model::{Config, Jump, Node, Output};
 use super::parse::{read_folder, ModuleFiles};
 use super::refs::{self, Ref, Step};
 use super::schema::{self, BlockSpec, Kind};
 use super::types::{self, Type};
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
-use crate::kinds::{attachment, container, probe};
+use crate::kinds::KindId;
 
-// The lowering of each kind of block, one file each; the engine is this file.
-mod lower_container;
+// The lowering of each block that is no resource kind, one file each; the engine is this file.
+// The resource kinds lower their own blocks (`kinds::<kind>::lower`).
 mod lower_hosts;
 mod lower_module;
-mod lower_network;
 mod lower_outputs;
-mod lower_probe;
 
 /// The value of a variable handed to a module (or to the root from the command line).
 #[derive(Debug, Clone)]
@@ -50,9 +49,8 @@ enum Root {
     Local,
     Jump,
     Node,
-    Network,
-    Container,
-    Probe,
+    /// The top-level block of a resource kind (`network` declares attachments).
+    Resource(KindId),
     Module,
     Check,
     Output,
@@ -65,11 +63,8 @@ impl Root {
             "local" => Root::Local,
             "jump" => Root::Jump,
             "node" => Root::Node,
-            "network" => Root::Network,
-            "container" => Root::Container,
-            "probe" => Root::Probe,
             "module" => Root::Module,
-            _ => return None,
+            other => Root::Resource(KindId::declared_by(other)?),
         })
     }
 
@@ -79,9 +74,7 @@ impl Root {
             Root::Local => "local",
             Root::Jump => "jump",
             Root::Node => "node",
-            Root::Network => "network",
-            Root::Container => "container",
-            Root::Probe => "probe",
+            Root::Resource(k) => k.top_block().kind,
             Root::Module => "module",
             Root::Check => "check",
             Root::Output => "output",
@@ -98,33 +91,15 @@ impl Root {
     }
 }
 
-const REFERABLE: &[&str] = &[
-    "var",
-    "local",
-    "jump",
-    "node",
-    "network",
-    "container",
-    "probe",
-    "module",
-    "each",
-];
-
-/// Which resources a part of a value depends on.
-#[derive(Debug, Clone)]
-enum DepTree {
-    Leaf(BTreeSet<String>),
-    Keyed(BTreeMap<String, DepTree>),
+/// What a reference can start with: the resource kinds' blocks come from the registry.
+fn referable() -> impl Iterator<Item = &'static str> {
+    ["var", "local", "jump", "node"]
+        .into_iter()
+        .chain(KindId::ALL.iter().map(|k| k.top_block().kind))
+        .chain(["module", "each"])
 }
 
 impl DepTree {
-    fn collect_all(&self, out: &mut BTreeSet<String>) {
-        match self {
-            DepTree::Leaf(s) => out.extend(s.iter().cloned()),
-            DepTree::Keyed(m) => m.values().for_each(|t| t.collect_all(out)),
-        }
-    }
-
     fn resolve(&self, path: &[Step], out: &mut BTreeSet<String>) {
         match (self, path.first()) {
             (DepTree::Keyed(m), Some(Step::Key(k))) => match m.get(k) {
@@ -150,17 +125,6 @@ struct Item<'m> {
     broken: bool,
     /// Whether any evaluated expression of the item calls a function.
     calls_functions: bool,
-}
-
-#[derive(Debug, Clone)]
-struct Evaluated {
-    value: Value,
-    sensitive: bool,
-    /// For modules: which outputs are sensitive.
-    sensitive_keys: HashSet<String>,
-    deps: DepTree,
-    /// For modules: every resource inside, for `depends_on = [module.x]`.
-    all_resources: BTreeSet<String>,
 }
 
 /// What a module instance gives its caller.
@@ -739,10 +703,21 @@ impl Loader {
                 &span,
                 format!("`{}` is not something that can be referred to", r.root),
             );
-            d = match did_you_mean(&r.root, REFERABLE.iter().copied()) {
+            d = match did_you_mean(&r.root, referable()) {
                 Some(s) => d.help(format!("did you mean `{s}`?")),
-                None if r.root == "output" => d.help("a module's outputs are read as module.NAME.OUTPUT"),
-                None => d.help("references start with var., local., node., jump., network., container., probe. or module."),
+                None if r.root == "output" => {
+                    d.help("a module's outputs are read as module.NAME.OUTPUT")
+                }
+                None => {
+                    let kinds: Vec<String> = KindId::ALL
+                        .iter()
+                        .map(|k| format!("{}.", k.top_block().kind))
+                        .collect();
+                    d.help(format!(
+                        "references start with var., local., node., jump., {} or module.",
+                        kinds.join(", ")
+                    ))
+                }
             };
             return Err(Box::new(d));
         };
@@ -794,9 +769,9 @@ impl Loader {
         }
     }
 
-    fn eval_item(
+    fn eval_item<'m>(
         &mut self,
-        scope: &mut Scope<'_>,
+        scope: &mut Scope<'m>,
         i: usize,
         result: &mut ModuleResult,
     ) -> Option<Evaluated> {
@@ -806,9 +781,11 @@ impl Loader {
             Root::Local => self.eval_local(scope, i),
             Root::Jump => self.eval_jump(scope, i),
             Root::Node => self.eval_node(scope, i),
-            Root::Network => self.eval_network(scope, i),
-            Root::Container => self.eval_container(scope, i),
-            Root::Probe => self.eval_probe(scope, i),
+            Root::Resource(k) => crate::kinds::lower::lower(k)(&mut Lowering {
+                loader: self,
+                scope,
+                i,
+            }),
             Root::Module => self.eval_module_call(scope, i),
             Root::Check => {
                 self.eval_check(scope, i);
@@ -1394,10 +1371,7 @@ impl Loader {
                 } else {
                     ev.deps.resolve(&r.path[1..], &mut out);
                 }
-                if !matches!(
-                    root,
-                    Root::Container | Root::Probe | Root::Network | Root::Module
-                ) {
+                if !matches!(root, Root::Resource(_) | Root::Module) {
                     let span = Span::new(&item.file, r.span.clone());
                     self.diags.push(
                         Diag::error("config::type", format!("`{attr_name}` must name resources"))
@@ -1457,15 +1431,94 @@ impl Scope<'_> {
     }
 }
 
-#[derive(Default)]
-struct Ctx {
-    vars: BTreeMap<&'static str, Value>,
-    each: Option<Value>,
-    deps: BTreeSet<String>,
-    sensitive: bool,
-    /// Set when the expressions call no function: most blocks do not, and the function table
-    /// is the costliest part of a context. Off by default, so a context has the functions.
-    skip_functions: bool,
+/// One item as the lowering of a resource kind's block sees the engine.
+struct Lowering<'l, 's, 'm> {
+    loader: &'l mut Loader,
+    scope: &'s mut Scope<'m>,
+    i: usize,
+}
+
+impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
+    fn item(&self) -> ItemRef<'m> {
+        let it = &self.scope.items[self.i];
+        ItemRef {
+            block: it.block,
+            file: it.file.clone(),
+            name: it.name.clone(),
+            header: it.header.clone(),
+        }
+    }
+    fn prefix(&self) -> &str {
+        &self.scope.prefix
+    }
+    fn path(&self) -> &[String] {
+        &self.scope.path
+    }
+    fn extra_deps(&self) -> &BTreeSet<String> {
+        &self.scope.extra_deps
+    }
+    fn diag(&mut self, d: Diag) {
+        self.loader.diags.push(d);
+    }
+    fn item_context(&self) -> Option<Ctx> {
+        self.loader.item_context(self.scope, self.i)
+    }
+    fn body_context(&self, body: &Body) -> Option<Ctx> {
+        // Each nested block is evaluated with the parts of other blocks it refers to, not the
+        // whole item's references: with N nested blocks that would cost N² copies.
+        let mut refs = Vec::new();
+        let mut calls = false;
+        for attr in body.attributes() {
+            let c = refs::collect(&attr.value);
+            calls |= !c.funcs.is_empty();
+            refs.extend(c.refs);
+        }
+        let mut ctx = self.loader.context_for(self.scope, &refs)?;
+        ctx.skip_functions = !calls;
+        Some(ctx)
+    }
+    fn simple_block(&mut self, spec: &BlockSpec) -> Option<(Attrs, Ctx)> {
+        self.loader.simple_block(self.scope, self.i, spec)
+    }
+    fn edge_deps(&mut self, attr_name: &str) -> Option<BTreeSet<String>> {
+        self.loader.edge_deps(self.scope, self.i, attr_name)
+    }
+    fn eval_expr(&mut self, ctx: &Ctx, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
+        self.loader.eval_expr(ctx, file, expr)
+    }
+    fn eval_body(
+        &mut self,
+        ctx: &Ctx,
+        file: &Arc<SourceFile>,
+        body: &Body,
+        spec: &BlockSpec,
+    ) -> Option<Attrs> {
+        self.loader.eval_body(ctx, self.scope, file, body, spec)
+    }
+    fn value_error(&mut self, attrs: &Attrs, key: &str, message: String, help: &str) {
+        self.loader.value_error(attrs, key, message, help);
+    }
+    fn for_each_instances(&self, v: &Value) -> Result<Vec<(String, Value)>, String> {
+        for_each_instances(v)
+    }
+    fn refuse_sensitive_for_each(&mut self, fe: &Attribute, what: &str) -> Option<()> {
+        let file = self.scope.items[self.i].file.clone();
+        self.loader
+            .refuse_sensitive_for_each(self.scope, &file, fe, what)
+    }
+    fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool {
+        self.loader.refuse_sensitive_name(attrs, key)
+    }
+    fn node_host(&self, node: &str) -> Option<String> {
+        self.loader.config.nodes.get(node).map(|n| n.host.clone())
+    }
+    fn add_resource(&mut self, r: Resource) {
+        self.scope.all_resources.insert(r.address.clone());
+        self.loader.config.resources.push(r);
+    }
+    fn add_network(&mut self, n: Network) {
+        self.loader.config.networks.insert(n.address.clone(), n);
+    }
 }
 
 impl Ctx {
@@ -1492,75 +1545,6 @@ impl Ctx {
         }
         hctx
     }
-}
-
-/// Evaluated attributes of one block.
-#[derive(Default)]
-struct Attrs {
-    /// Converted values (references replaced by the address they name).
-    values: Map<String, Value>,
-    /// The values as evaluated, before reference conversion (node objects and the like).
-    raw: Map<String, Value>,
-    spans: HashMap<String, Span>,
-    sensitive: Vec<Vec<String>>,
-}
-
-impl Attrs {
-    fn string(&self, k: &str) -> Option<String> {
-        self.values
-            .get(k)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    }
-    fn number(&self, k: &str) -> Option<f64> {
-        match self.values.get(k) {
-            Some(Value::Number(n)) => n.as_f64(),
-            _ => None,
-        }
-    }
-    fn string_map(&self, k: &str) -> BTreeMap<String, String> {
-        match self.values.get(k) {
-            Some(Value::Object(m)) => m
-                .iter()
-                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
-                .collect(),
-            _ => BTreeMap::new(),
-        }
-    }
-    fn is_sensitive(&self, k: &str) -> bool {
-        self.sensitive
-            .iter()
-            .any(|p| p.first().is_some_and(|f| f == k))
-    }
-    fn to_object(&self) -> Map<String, Value> {
-        let mut m = self.values.clone();
-        for (k, v) in &self.raw {
-            m.insert(k.clone(), v.clone());
-        }
-        m
-    }
-}
-
-fn span_of(file: &Arc<SourceFile>, range: Option<std::ops::Range<usize>>) -> Span {
-    Span::new(file, range.unwrap_or(0..0))
-}
-
-/// The span of `kind "label" {`, which reads better in a report than the whole block.
-fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
-    let start = block
-        .ident
-        .span()
-        .map(|r| r.start)
-        .or_else(|| block.span().map(|r| r.start))
-        .unwrap_or(0);
-    let end = block
-        .labels
-        .last()
-        .and_then(|l| l.span())
-        .map(|r| r.end)
-        .or_else(|| block.ident.span().map(|r| r.end))
-        .unwrap_or(start);
-    Span::new(file, start..end)
 }
 
 pub fn valid_name(s: &str) -> bool {
@@ -1776,76 +1760,6 @@ fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
-    }
-}
-
-/// An attachment on the subnet's broadcast address: the kernel would take every packet sent
-/// to the subnet as its own. (`/31` and `/32` have no broadcast address.)
-fn broadcast_address(
-    subnet: &ipnet::IpNet,
-    ip: std::net::IpAddr,
-    aname: &str,
-    span: &Span,
-) -> Option<Diag> {
-    let ipnet::IpNet::V4(n) = subnet else {
-        return None;
-    };
-    if n.prefix_len() >= 31 || ip != std::net::IpAddr::V4(n.broadcast()) {
-        return None;
-    }
-    Some(
-        Diag::error(
-            "config::invalid_value",
-            format!("attachment `{aname}`: {ip} is the broadcast address of {subnet}"),
-        )
-        .label(span, "broadcast address")
-        .help(format!("the last usable address is {}", last_host(subnet))),
-    )
-}
-
-impl Loader {
-    /// A fabric whose subnet holds a node's own SSH address is the management network: the
-    /// attachment would add a second address to the network the node is reached by, and the
-    /// traffic meant for the fabric would go out through the management interface.
-    fn warn_management_subnet(
-        &mut self,
-        network: &str,
-        subnet: &ipnet::IpNet,
-        node: &str,
-        attach: &Span,
-        subnet_span: Option<&Span>,
-    ) {
-        let Some(n) = self.config.nodes.get(node) else {
-            return;
-        };
-        let Ok(ip) = n.host.parse::<std::net::IpAddr>() else {
-            return;
-        };
-        if !subnet.contains(&ip) {
-            return;
-        }
-        let d = Diag::warning(
-            "config::fabric_is_management",
-            format!("network `{network}`: its subnet {subnet} contains {node}'s SSH address {ip}"),
-        )
-        .label(attach, format!("{node} is reached over SSH at {ip}, inside {subnet}"))
-        .maybe_label(subnet_span, "the fabric's subnet")
-        .help("that is the management network: give the fabric its own subnet on the high-speed interfaces (e.g. 192.168.200.0/24)");
-        self.diags.push(d);
-    }
-}
-
-fn first_host(net: &ipnet::IpNet) -> String {
-    net.hosts()
-        .next()
-        .map(|h| h.to_string())
-        .unwrap_or_else(|| net.network().to_string())
-}
-
-fn last_host(net: &ipnet::IpNet) -> String {
-    match net {
-        ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
-        ipnet::IpNet::V6(n) => n.broadcast().to_string(),
     }
 }
 

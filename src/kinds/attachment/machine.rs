@@ -280,7 +280,11 @@ impl Machine for AttachmentMachine {
                 .filter(|a| changed(a))
                 .cloned()
                 .collect();
-            if after.is_empty() || net.attachments.len() < 2 {
+            // The fabric may have changed under unchanged attachments (a switch port's MTU, a
+            // cable): whatever starts on it in this apply is checked first.
+            if net.attachments.len() < 2
+                || (after.is_empty() && !dependent_changed(config, &net.attachments, changed))
+            {
                 continue;
             }
             let members: Vec<Member> = net
@@ -293,6 +297,7 @@ impl Machine for AttachmentMachine {
                 address: format!("{} (fabric check)", net.address),
                 after,
                 covers: net.attachments.clone(),
+                before: Vec::new(),
                 nodes: members.iter().map(|m| m.node.clone()).collect(),
                 run: Arc::new(Mesh {
                     members,
@@ -301,6 +306,25 @@ impl Machine for AttachmentMachine {
             });
         }
         out
+    }
+}
+
+/// Whether a changed resource depends, directly or through others, on one of `on`.
+fn dependent_changed(config: &Config, on: &[String], changed: &dyn Fn(&str) -> bool) -> bool {
+    let mut reached: std::collections::BTreeSet<&str> = on.iter().map(String::as_str).collect();
+    loop {
+        let before = reached.len();
+        for r in &config.resources {
+            if r.deps.iter().any(|d| reached.contains(d.as_str())) {
+                if changed(&r.address) {
+                    return true;
+                }
+                reached.insert(&r.address);
+            }
+        }
+        if reached.len() == before {
+            return false;
+        }
     }
 }
 

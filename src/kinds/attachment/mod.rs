@@ -1,11 +1,12 @@
 //! A fabric attachment: an address and MTU on one interface of one node.
 
+pub(crate) mod lower;
 pub mod machine;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Kind, OnDrift};
-use crate::schema::{self, req, spec, BlockSpec};
+use crate::schema::{self, opt, req, spec, BlockSpec, Child};
 
 /// The block that declares it.
 pub static ATTACH: BlockSpec = spec(
@@ -18,6 +19,23 @@ pub static ATTACH: BlockSpec = spec(
     ],
     &[],
 );
+
+/// The top-level block: a network's attachments are its `attach` blocks.
+pub static NETWORK: BlockSpec = spec(
+    "network",
+    &["name"],
+    &[
+        req("subnet", schema::Kind::Str),
+        opt("mtu", schema::Kind::Num),
+    ],
+    &[Child {
+        name: "attach",
+        spec: &ATTACH,
+        multiple: true,
+    }],
+);
+
+pub static TOP_BLOCK: &BlockSpec = &NETWORK;
 
 pub struct Attachment;
 pub static KIND: Attachment = Attachment;

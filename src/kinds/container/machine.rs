@@ -13,9 +13,11 @@ use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
 use super::{LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
-use crate::config::Resource;
-use crate::hosts::{Host, HostError};
-use crate::kinds::machine::{Applied, Backoff, Machine, NodeObservations, StepCx, StepError};
+use crate::config::{Config, Resource};
+use crate::hosts::{facts, Host, HostError, HostPool};
+use crate::kinds::machine::{
+    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, StepCx, StepError,
+};
 use crate::plan::{Action, Observed, Orphan};
 use crate::state::ResourceState;
 
@@ -979,7 +981,18 @@ impl Machine for ContainerMachine {
                 message: format!("cannot list containers: {e}"),
                 help: None,
             })?;
-        Ok(judge(node, recorded, &list))
+        let images: Vec<String> = recorded
+            .iter()
+            .filter_map(|(_, r)| r.config.get("image")?.as_str().map(str::to_string))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let now = facts::image_ids(host, &images).await;
+        Ok(judge(node, recorded, &list, &now))
+    }
+
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        parity_check(config, changed).into_iter().collect()
     }
 
     fn exec_target(&self, r: &Resource) -> Option<(String, String)> {
@@ -992,6 +1005,7 @@ fn judge(
     node: &str,
     recorded: &[(String, ResourceState)],
     list: &[bollard::models::ContainerSummary],
+    images_now: &std::collections::BTreeMap<String, Option<String>>,
 ) -> NodeObservations {
     let mut out = std::collections::BTreeMap::new();
     let recorded_ids: HashMap<&str, &str> = recorded
@@ -1046,6 +1060,7 @@ fn judge(
                 if hash.is_some_and(|h| *h != r.config_hash) {
                     notes.push(format!("container {} was created from another configuration than the state records", summary_name(c)));
                 }
+                notes.extend(image_moved(node, r, c, images_now));
                 if notes.is_empty() {
                     Observed::InSync
                 } else {
@@ -1077,4 +1092,269 @@ fn summary_name(c: &bollard::models::ContainerSummary) -> String {
         .and_then(|n| n.first())
         .map(|n| n.trim_start_matches('/').to_string())
         .unwrap_or_else(|| c.id.clone().unwrap_or_default())
+}
+
+/// A pull or `docker tag` on the node since the apply: the reference names another image than
+/// the one the container was created from, so a new container would run something else.
+fn image_moved(
+    node: &str,
+    r: &ResourceState,
+    c: &bollard::models::ContainerSummary,
+    images_now: &std::collections::BTreeMap<String, Option<String>>,
+) -> Option<String> {
+    let image = r.config.get("image")?.as_str()?;
+    let runs = r
+        .attributes
+        .get("image_id")
+        .and_then(|v| v.as_str())
+        .filter(|v| !v.is_empty())
+        .or(c.image_id.as_deref())?;
+    let now = images_now.get(image)?.as_deref()?;
+    (now != runs).then(|| {
+        format!(
+            "image {image} on {node} is now {} (pulled or retagged); the container runs {}",
+            facts::short_id(now),
+            facts::short_id(runs)
+        )
+    })
+}
+
+/// One preflight before the first changed container of an apply starts: every image reference
+/// is the same image ID on every node that runs it, and the nodes run one NVIDIA driver
+/// version. A rank on another build or driver fails late and obscurely (NCCL, a version
+/// mismatch); here it fails before anything changed.
+fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> Option<Check> {
+    let containers: Vec<&Resource> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == crate::kinds::KindId::Container)
+        .collect();
+    let before: Vec<String> = containers
+        .iter()
+        .filter(|r| changed(&r.address))
+        .map(|r| r.address.clone())
+        .collect();
+    if before.is_empty() {
+        return None;
+    }
+    // Every container counts, changed or not: a new rank must match the ranks already running.
+    let mut images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for r in &containers {
+        if let (Some(node), Some(image)) = (&r.node, r.config.get("image").and_then(|v| v.as_str()))
+        {
+            images
+                .entry(node.clone())
+                .or_default()
+                .insert(image.to_string());
+        }
+    }
+    Some(Check {
+        address: "containers (node parity)".into(),
+        after: Vec::new(),
+        covers: Vec::new(),
+        before,
+        nodes: images.keys().cloned().collect(),
+        run: std::sync::Arc::new(Parity { images }),
+    })
+}
+
+struct Parity {
+    /// Node → the image references its containers use.
+    images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+/// What one node said for the parity check.
+type NodeParity = (
+    std::collections::BTreeMap<String, Option<String>>,
+    Option<String>,
+);
+
+#[async_trait]
+impl CheckRun for Parity {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        let mut tasks = crate::tasks::KeyedTasks::new();
+        for (node, images) in &self.images {
+            let host = pool.get(node)?;
+            let images: Vec<String> = images.iter().cloned().collect();
+            tasks.spawn(node.clone(), async move {
+                let (ids, nvidia) = tokio::join!(
+                    facts::image_ids(host.as_ref(), &images),
+                    facts::nvidia(host.as_ref())
+                );
+                Ok::<NodeParity, HostError>((ids, nvidia?.map(|n| n.driver)))
+            });
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        while let Some((node, r)) = tasks.next().await {
+            let r = r.map_err(|panic| StepError::new(format!("{node}: {panic}")))?;
+            seen.insert(node, r?);
+        }
+        judge_parity(&seen)
+    }
+}
+
+/// The parity verdict from what every node said. Pure.
+fn judge_parity(
+    seen: &std::collections::BTreeMap<String, NodeParity>,
+) -> Result<String, StepError> {
+    let mut problems = Vec::new();
+    let mut fine = Vec::new();
+    let mut by_image: std::collections::BTreeMap<&str, Vec<(&str, &str)>> = Default::default();
+    for (node, (ids, _)) in seen {
+        for (image, id) in ids {
+            // A node without the image loads or pulls it in its own step.
+            if let Some(id) = id {
+                by_image.entry(image).or_default().push((node, id));
+            }
+        }
+    }
+    for (image, on) in &by_image {
+        let distinct: std::collections::BTreeSet<&str> = on.iter().map(|(_, id)| *id).collect();
+        if distinct.len() > 1 {
+            let each: Vec<String> = on
+                .iter()
+                .map(|(n, id)| format!("{n} has {}", facts::short_id(id)))
+                .collect();
+            problems.push(format!(
+                "image {image} is not the same on every node: {}",
+                each.join(", ")
+            ));
+        } else if let Some(id) = distinct.first() {
+            fine.push(format!(
+                "{image} is {} on {} node(s)",
+                facts::short_id(id),
+                on.len()
+            ));
+        }
+    }
+    let drivers: Vec<(&str, &str)> = seen
+        .iter()
+        .filter_map(|(n, (_, d))| Some((n.as_str(), d.as_deref()?)))
+        .collect();
+    let without: Vec<&str> = seen
+        .iter()
+        .filter(|(_, (_, d))| d.is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let distinct: std::collections::BTreeSet<&str> = drivers.iter().map(|(_, d)| *d).collect();
+    if distinct.len() > 1 || (!drivers.is_empty() && !without.is_empty()) {
+        let mut each: Vec<String> = drivers
+            .iter()
+            .map(|(n, d)| format!("{n} has {d}"))
+            .collect();
+        each.extend(without.iter().map(|n| format!("{n} has none")));
+        problems.push(format!(
+            "the NVIDIA driver differs between the nodes: {}",
+            each.join(", ")
+        ));
+    } else if let Some(d) = distinct.first() {
+        fine.push(format!("NVIDIA driver {d} everywhere"));
+    } else {
+        fine.push("no NVIDIA driver on any node: driver parity not checked".into());
+    }
+    if problems.is_empty() {
+        return Ok(fine.join("; "));
+    }
+    Err(StepError::new(format!("node parity: {}", problems.join("; ")))
+        .help("every rank must run the same build on the same driver: load or pull the same image on every node (or pin it by digest, REPO@sha256:…), and install one driver version everywhere; `sparkform nodes` shows what each node has"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(images: &[(&str, Option<&str>)], driver: Option<&str>) -> NodeParity {
+        (
+            images
+                .iter()
+                .map(|(i, id)| (i.to_string(), id.map(str::to_string)))
+                .collect(),
+            driver.map(str::to_string),
+        )
+    }
+
+    #[test]
+    fn parity_refuses_different_image_ids_naming_both() {
+        let seen: BTreeMap<String, NodeParity> = [
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaaaaaaaaaaaaaa"))], None),
+            ),
+            (
+                "node.b".into(),
+                node(&[("vllm:x", Some("sha256:bbbbbbbbbbbbbbbb"))], None),
+            ),
+        ]
+        .into();
+        let e = judge_parity(&seen).unwrap_err();
+        assert!(
+            e.message.contains("node.a has sha256:aaaaaaaaaaaa"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("node.b has sha256:bbbbbbbbbbbb"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn parity_passes_alike_nodes_and_skips_a_missing_image_or_driver() {
+        let seen: BTreeMap<String, NodeParity> = [
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaa"))], None),
+            ),
+            ("node.b".into(), node(&[("vllm:x", None)], None)),
+        ]
+        .into();
+        let ok = judge_parity(&seen).unwrap();
+        assert!(ok.contains("no NVIDIA driver on any node"), "{ok}");
+    }
+
+    #[test]
+    fn parity_refuses_different_drivers() {
+        let seen: BTreeMap<String, NodeParity> = [
+            ("node.a".into(), node(&[], Some("580.95.05"))),
+            ("node.b".into(), node(&[], Some("580.82.07"))),
+        ]
+        .into();
+        let e = judge_parity(&seen).unwrap_err();
+        assert!(
+            e.message
+                .contains("node.a has 580.95.05, node.b has 580.82.07"),
+            "{}",
+            e.message
+        );
+        let one_without: BTreeMap<String, NodeParity> = [
+            ("node.a".into(), node(&[], Some("580.95.05"))),
+            ("node.b".into(), node(&[], None)),
+        ]
+        .into();
+        assert!(judge_parity(&one_without).is_err());
+    }
+
+    #[test]
+    fn a_retagged_image_is_drift() {
+        let r: ResourceState = serde_json::from_value(serde_json::json!({
+            "kind": "container",
+            "node": "node.a",
+            "config": { "image": "vllm:x", "name": "rank" },
+            "config_hash": "h",
+            "attributes": { "image_id": "sha256:aaaaaaaaaaaaaaaa" }
+        }))
+        .unwrap();
+        let c = bollard::models::ContainerSummary::default();
+        let same: BTreeMap<String, Option<String>> =
+            [("vllm:x".into(), Some("sha256:aaaaaaaaaaaaaaaa".into()))].into();
+        assert_eq!(image_moved("node.a", &r, &c, &same), None);
+        let moved: BTreeMap<String, Option<String>> =
+            [("vllm:x".into(), Some("sha256:cccccccccccccccc".into()))].into();
+        let note = image_moved("node.a", &r, &c, &moved).unwrap();
+        assert!(note.contains("now sha256:cccccccccccc"), "{note}");
+        assert!(note.contains("runs sha256:aaaaaaaaaaaa"), "{note}");
+    }
 }

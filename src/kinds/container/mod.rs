@@ -1,5 +1,6 @@
 //! A container on a node's Docker Engine.
 
+pub(crate) mod lower;
 pub mod machine;
 
 use super::{Kind, OnDrift};
@@ -60,6 +61,9 @@ pub static CONTAINER: BlockSpec = spec(
         multiple: true,
     }],
 );
+
+/// The top-level block that declares it.
+pub static TOP_BLOCK: &BlockSpec = &CONTAINER;
 
 use hcl::{Map, Value};
 

@@ -1,5 +1,6 @@
 //! A probe: an HTTP request, a command or a TCP connection whose answer gates the apply.
 
+pub(crate) mod lower;
 pub mod machine;
 
 use super::{Kind, Lifecycle, OnDrift};
@@ -87,6 +88,9 @@ pub static PROBE: BlockSpec = spec(
         },
     ],
 );
+
+/// The top-level block that declares it.
+pub static TOP_BLOCK: &BlockSpec = &PROBE;
 
 use std::collections::BTreeMap;
 

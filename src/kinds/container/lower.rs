@@ -1,29 +1,41 @@
 //! Lowering `container` blocks (with `for_each` and `ready`) into container resources
 //! (`kinds::container` builds and checks the desired configuration).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-impl Loader {
-    pub(super) fn eval_container(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
-        let item = &scope.items[i];
+use hcl::{Map, Value};
+use hcl_edit::Span as _;
+
+use super::{CONTAINER, READY};
+use crate::config::lowering::*;
+use crate::diag::Diag;
+use crate::kinds::container;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    cx.eval_container()
+}
+
+impl dyn Engine<'_> + '_ {
+    fn eval_container(&mut self) -> Option<Evaluated> {
+        let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let mut ctx = self.item_context(scope, i)?;
-        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
-        let replace_by = self.edge_deps(scope, i, "replace_triggered_by")?;
-        let base = format!("{}container.{}", scope.prefix, name);
+        let mut ctx = self.item_context()?;
+        let edge_deps = self.edge_deps("depends_on")?;
+        let replace_by = self.edge_deps("replace_triggered_by")?;
+        let base = format!("{}container.{}", self.prefix(), name);
         let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
             None => vec![(None, Value::Null)],
             Some(fe) => {
-                self.refuse_sensitive_for_each(scope, &file, fe, &format!("container `{name}`"))?;
+                self.refuse_sensitive_for_each(fe, &format!("container `{name}`"))?;
                 let v = self.eval_expr(&ctx, &file, &fe.value)?;
                 let span = span_of(&file, fe.value.span());
-                match for_each_instances(&v) {
+                match self.for_each_instances(&v) {
                     Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
                     Err(msg) => {
-                        self.diags.push(
+                        self.diag(
                             Diag::error(
                                 "config::for_each",
                                 format!("invalid for_each in container `{name}`"),
@@ -49,9 +61,7 @@ impl Loader {
                 m.insert("value".into(), each_value.clone());
                 Value::Object(m)
             });
-            let Some(mut attrs) =
-                self.eval_body(&ctx, scope, &file, &block.body, &schema::CONTAINER)
-            else {
+            let Some(mut attrs) = self.eval_body(&ctx, &file, &block.body, &CONTAINER) else {
                 ok = false;
                 continue;
             };
@@ -63,7 +73,7 @@ impl Loader {
             let mut ready_ok = true;
             for rb in block.body.get_blocks("ready") {
                 let rheader = header_span(&file, rb);
-                match self.eval_body(&ctx, scope, &file, &rb.body, &schema::READY) {
+                match self.eval_body(&ctx, &file, &rb.body, &READY) {
                     Some(r) => match container::ready_config(&r.values) {
                         Ok(v) => ready.push(v),
                         Err(msg) => {
@@ -74,7 +84,7 @@ impl Loader {
                                 }
                                 _ => &rheader,
                             };
-                            self.diags.push(
+                            self.diag(
                                 Diag::error("config::invalid_value", format!("invalid ready check in container `{name}`"))
                                     .label(at, msg.clone())
                                     .help("a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
@@ -96,7 +106,7 @@ impl Loader {
             let docker_name = match attrs.string("name") {
                 Some(n) => n,
                 None => {
-                    let mut parts = scope.path.clone();
+                    let mut parts = self.path().to_vec();
                     parts.push(name.clone());
                     if let Some(k) = &key {
                         parts.push(k.clone());
@@ -126,7 +136,7 @@ impl Loader {
                     } else {
                         format!("invalid `{}`: {}", p.attribute, p.message)
                     };
-                    self.diags.push(
+                    self.diag(
                         Diag::error(
                             "config::invalid_value",
                             format!(
@@ -146,9 +156,9 @@ impl Loader {
             let config = container::desired_config(&attrs.values, ready);
             let mut deps = ctx.deps.clone();
             deps.extend(edge_deps.iter().cloned());
-            deps.extend(scope.extra_deps.iter().cloned());
+            deps.extend(self.extra_deps().iter().cloned());
             deps.remove(&address);
-            self.config.resources.push(Resource {
+            self.add_resource(Resource {
                 address: address.clone(),
                 kind: ResourceKind::Container,
                 node: Some(node.clone()),
@@ -158,7 +168,6 @@ impl Loader {
                 replace_triggered_by: replace_by.clone(),
                 span: header.clone(),
             });
-            scope.all_resources.insert(address.clone());
             let mut value = attrs.to_object();
             value.insert(
                 "node".into(),

@@ -1,24 +1,35 @@
 //! Lowering `probe` blocks into probe resources (`kinds::probe` builds and checks the
 //! desired configuration).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-impl Loader {
-    pub(super) fn eval_probe(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
-        let item = &scope.items[i];
+use hcl::{Map, Value};
+
+use super::PROBE;
+use crate::config::lowering::*;
+use crate::diag::Diag;
+use crate::kinds::probe;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    cx.eval_probe()
+}
+
+impl dyn Engine<'_> + '_ {
+    fn eval_probe(&mut self) -> Option<Evaluated> {
+        let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let ctx = self.item_context(scope, i)?;
-        let edge_deps = self.edge_deps(scope, i, "depends_on")?;
-        let attrs = self.eval_body(&ctx, scope, &file, &block.body, &schema::PROBE)?;
+        let ctx = self.item_context()?;
+        let edge_deps = self.edge_deps("depends_on")?;
+        let attrs = self.eval_body(&ctx, &file, &block.body, &PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
         let mut ok = true;
         for kind in ["http", "exec", "tcp", "expect"] {
             if let Some(b) = block.body.get_blocks(kind).next() {
-                let spec = schema::PROBE.child(kind).map(|c| c.spec)?;
-                match self.eval_body(&ctx, scope, &file, &b.body, spec) {
+                let spec = PROBE.child(kind).map(|c| c.spec)?;
+                match self.eval_body(&ctx, &file, &b.body, spec) {
                     Some(a) => {
                         parts.insert(kind, a);
                     }
@@ -29,7 +40,7 @@ impl Loader {
         if !ok {
             return None;
         }
-        let address = format!("{}probe.{}", scope.prefix, name);
+        let address = format!("{}probe.{}", self.prefix(), name);
         let mut sensitive = Vec::new();
         for (k, a) in &parts {
             for p in &a.sensitive {
@@ -61,7 +72,7 @@ impl Loader {
                     .and_then(|a| a.spans.get(p.attribute))
                     .cloned()
                     .unwrap_or(header.clone());
-                self.diags.push(
+                self.diag(
                     Diag::error(
                         "config::invalid_value",
                         format!("probe `{name}`: {}", p.message),
@@ -74,8 +85,8 @@ impl Loader {
         };
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
-        deps.extend(scope.extra_deps.iter().cloned());
-        self.config.resources.push(Resource {
+        deps.extend(self.extra_deps().iter().cloned());
+        self.add_resource(Resource {
             address: address.clone(),
             kind: ResourceKind::Probe,
             node,
@@ -85,7 +96,6 @@ impl Loader {
             replace_triggered_by: BTreeSet::new(),
             span: header,
         });
-        scope.all_resources.insert(address.clone());
         let mut value = Map::new();
         value.insert("kind".into(), "probe".into());
         value.insert("id".into(), address.clone().into());
@@ -98,6 +108,4 @@ impl Loader {
             all_resources: BTreeSet::new(),
         })
     }
-
-    // ----- checks and outputs -----
 }

@@ -1,17 +1,28 @@
 //! Lowering `network` blocks and their `attach` blocks into attachment resources
 //! (`kinds::attachment`).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-impl Loader {
-    pub(super) fn eval_network(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
-        let (attrs, ctx) = self.simple_block(scope, i, &schema::NETWORK)?;
-        let item = &scope.items[i];
+use hcl::{Map, Value};
+
+use super::{ATTACH, NETWORK};
+use crate::config::lowering::*;
+use crate::diag::{Diag, Span};
+use crate::kinds::attachment;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    cx.eval_network()
+}
+
+impl dyn Engine<'_> + '_ {
+    fn eval_network(&mut self) -> Option<Evaluated> {
+        let (attrs, ctx) = self.simple_block(&NETWORK)?;
+        let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
         let name = item.name.clone();
         let header = item.header.clone();
-        let address = format!("{}network.{}", scope.prefix, name);
+        let address = format!("{}network.{}", self.prefix(), name);
         let subnet_text = attrs.string("subnet").unwrap_or_default();
         let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
             Ok(net) if net.trunc() == net => Some(net),
@@ -61,7 +72,7 @@ impl Loader {
             let aname = label.as_str().to_string();
             let aheader = header_span(&file, ab);
             if attach_values.contains_key(&aname) {
-                self.diags.push(
+                self.diag(
                     Diag::error(
                         "config::duplicate",
                         format!("duplicate attachment `{aname}` in network `{name}`"),
@@ -73,19 +84,11 @@ impl Loader {
             }
             // Each attachment is evaluated with the parts of other blocks it refers to, not the
             // whole network's references: with N attachments that would cost N² copies.
-            let mut attach_refs = Vec::new();
-            let mut attach_calls = false;
-            for attr in ab.body.attributes() {
-                let c = refs::collect(&attr.value);
-                attach_calls |= !c.funcs.is_empty();
-                attach_refs.extend(c.refs);
-            }
-            let Some(mut actx) = self.context_for(scope, &attach_refs) else {
+            let Some(actx) = self.body_context(&ab.body) else {
                 ok = false;
                 continue;
             };
-            actx.skip_functions = !attach_calls;
-            let Some(a) = self.eval_body(&actx, scope, &file, &ab.body, &schema::ATTACH) else {
+            let Some(a) = self.eval_body(&actx, &file, &ab.body, &ATTACH) else {
                 ok = false;
                 continue;
             };
@@ -118,7 +121,7 @@ impl Loader {
             if let Some(ip) = ip {
                 let aspan = a.spans.get("address").cloned().unwrap_or(aheader.clone());
                 if !subnet.contains(&ip) {
-                    self.diags.push(
+                    self.diag(
                         Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
                             .label(&aspan, format!("not in {subnet}"))
                             .maybe_label(attrs.spans.get("subnet"), "the network's subnet")
@@ -128,7 +131,7 @@ impl Loader {
                 } else if ip == subnet.network()
                     && subnet.prefix_len() < subnet.max_prefix_len() - 1
                 {
-                    self.diags.push(
+                    self.diag(
                         Diag::error(
                             "config::invalid_value",
                             format!(
@@ -143,10 +146,10 @@ impl Loader {
                     );
                     good = false;
                 } else if let Some(d) = broadcast_address(&subnet, ip, &aname, &aspan) {
-                    self.diags.push(d);
+                    self.diag(d);
                     good = false;
                 } else if let Some((other, ospan)) = seen_addr.get(&ip) {
-                    self.diags.push(
+                    self.diag(
                         Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
                             .label(&aspan, format!("{ip} again"))
                             .label(ospan, format!("{ip} first used here"))
@@ -157,9 +160,18 @@ impl Loader {
                     seen_addr.insert(ip, (aname.clone(), aspan));
                 }
             }
-            self.warn_management_subnet(&name, &subnet, &node, &aheader, attrs.spans.get("subnet"));
+            if let Some(d) = management_subnet(
+                &name,
+                &subnet,
+                &node,
+                self.node_host(&node),
+                &aheader,
+                attrs.spans.get("subnet"),
+            ) {
+                self.diag(d);
+            }
             if let Some((other, ospan)) = seen_node.get(&node) {
-                self.diags.push(
+                self.diag(
                     Diag::error("config::duplicate_attachment", format!("{node} is attached to network `{name}` twice (`{other}` and `{aname}`)"))
                         .label(&aheader, "second attachment")
                         .label(ospan, "first attachment")
@@ -185,8 +197,8 @@ impl Loader {
             }
             .to_json();
             let mut deps = ctx.deps.clone();
-            deps.extend(scope.extra_deps.iter().cloned());
-            self.config.resources.push(Resource {
+            deps.extend(self.extra_deps().iter().cloned());
+            self.add_resource(Resource {
                 address: res_address.clone(),
                 kind: ResourceKind::Attachment,
                 node: Some(node.clone()),
@@ -196,7 +208,6 @@ impl Loader {
                 replace_triggered_by: BTreeSet::new(),
                 span: aheader,
             });
-            scope.all_resources.insert(res_address.clone());
             names.push(res_address.clone());
             let mut av = Map::new();
             // The attachment value carries the node object so modules can read `attach.x.node.name`.
@@ -218,17 +229,14 @@ impl Loader {
         if !ok {
             return None;
         }
-        self.config.networks.insert(
-            address.clone(),
-            Network {
-                address: address.clone(),
-                name: name.clone(),
-                subnet,
-                mtu,
-                attachments: names,
-                span: header,
-            },
-        );
+        self.add_network(Network {
+            address: address.clone(),
+            name: name.clone(),
+            subnet,
+            mtu,
+            attachments: names,
+            span: header,
+        });
         let mut value = Map::new();
         value.insert("kind".into(), "network".into());
         value.insert("id".into(), address.into());
@@ -248,6 +256,68 @@ impl Loader {
             all_resources: BTreeSet::new(),
         })
     }
+}
 
-    // ----- containers -----
+/// An attachment on the subnet's broadcast address: the kernel would take every packet sent
+/// to the subnet as its own. (`/31` and `/32` have no broadcast address.)
+fn broadcast_address(
+    subnet: &ipnet::IpNet,
+    ip: std::net::IpAddr,
+    aname: &str,
+    span: &Span,
+) -> Option<Diag> {
+    let ipnet::IpNet::V4(n) = subnet else {
+        return None;
+    };
+    if n.prefix_len() >= 31 || ip != std::net::IpAddr::V4(n.broadcast()) {
+        return None;
+    }
+    Some(
+        Diag::error(
+            "config::invalid_value",
+            format!("attachment `{aname}`: {ip} is the broadcast address of {subnet}"),
+        )
+        .label(span, "broadcast address")
+        .help(format!("the last usable address is {}", last_host(subnet))),
+    )
+}
+
+/// A fabric whose subnet holds a node's own SSH address is the management network: the
+/// attachment would add a second address to the network the node is reached by, and the
+/// traffic meant for the fabric would go out through the management interface.
+fn management_subnet(
+    network: &str,
+    subnet: &ipnet::IpNet,
+    node: &str,
+    host: Option<String>,
+    attach: &Span,
+    subnet_span: Option<&Span>,
+) -> Option<Diag> {
+    let ip: std::net::IpAddr = host?.parse().ok()?;
+    if !subnet.contains(&ip) {
+        return None;
+    }
+    Some(
+        Diag::warning(
+            "config::fabric_is_management",
+            format!("network `{network}`: its subnet {subnet} contains {node}'s SSH address {ip}"),
+        )
+        .label(attach, format!("{node} is reached over SSH at {ip}, inside {subnet}"))
+        .maybe_label(subnet_span, "the fabric's subnet")
+        .help("that is the management network: give the fabric its own subnet on the high-speed interfaces (e.g. 192.168.200.0/24)"),
+    )
+}
+
+fn first_host(net: &ipnet::IpNet) -> String {
+    net.hosts()
+        .next()
+        .map(|h| h.to_string())
+        .unwrap_or_else(|| net.network().to_string())
+}
+
+fn last_host(net: &ipnet::IpNet) -> String {
+    match net {
+        ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
+        ipnet::IpNet::V6(n) => n.broadcast().to_string(),
+    }
 }

@@ -1,0 +1,229 @@
+//! `sparkform logs`: the deployment's container logs, merged in time order.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::{report_diagnostics, ConfigArgs, ConnectArgs};
+use crate::diag::Diagnostics;
+use crate::ops::logs::{fatal_match, LogEvent, LogLine, LogsRequest};
+
+/// Show the logs of the deployment's containers, from every node, merged in time order
+#[derive(Args, Debug)]
+#[command(
+    long_about = "Show the logs of the deployment's containers (all, or the given addresses; a \
+for_each block's address names every instance, a module's every container in it) from every node \
+at once, merged in time order, each line prefixed by its address. Lines matching a ready block's \
+fail_on_log pattern are highlighted and their fix is printed. With -f, follow until Ctrl-C, across \
+a container's replacement.",
+    after_help = "Example:\n  sparkform logs examples/testbed\n  sparkform logs examples/testbed module.qwen.container.ray_worker -f --since 10m"
+)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Container addresses (default: all)
+    #[arg(value_name = "ADDRESS")]
+    pub addresses: Vec<String>,
+    /// Follow the logs until Ctrl-C
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only lines newer than this (30s, 10m, 2h)
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Start with at most N lines per container
+    #[arg(long, value_name = "N")]
+    pub tail: Option<usize>,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+const COLOURS: &[&str] = &["36", "33", "35", "32", "34", "96", "93", "95"];
+
+/// How a line reads: `address │ text`, the address coloured and a fatal line in bold red on a
+/// terminal.
+pub fn render(line: &LogLine, width: usize, colour: Option<&str>, fatal: bool) -> String {
+    match colour {
+        Some(c) if fatal => format!(
+            "\x1b[{c}m{:<width$}\x1b[0m │ \x1b[1;31m{}\x1b[0m",
+            line.address, line.text
+        ),
+        Some(c) => format!("\x1b[{c}m{:<width$}\x1b[0m │ {}", line.address, line.text),
+        None => format!("{:<width$} │ {}", line.address, line.text),
+    }
+}
+
+pub fn run(args: LogsArgs) -> ExitCode {
+    // The folder is optional: a first positional that is an address is one.
+    let mut args = args;
+    if looks_like_address(&args.config.dir.to_string_lossy()) && !args.config.dir.is_dir() {
+        let a = args.config.dir.to_string_lossy().into_owned();
+        args.addresses.insert(0, a);
+        args.config.dir = ".".into();
+    }
+    let since_secs = match args.since.as_deref().map(crate::config::parse_duration) {
+        None => None,
+        Some(Some(s)) => Some(s),
+        Some(None) => {
+            eprintln!(
+                "Error: --since {:?} is not a duration\n  help: write e.g. 30s, 10m, 2h",
+                args.since.unwrap_or_default()
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let vars = match args.config.var_inputs() {
+        Ok(v) => v,
+        Err(d) => {
+            report_diagnostics(&Diagnostics(vec![*d]), false);
+            return ExitCode::from(1);
+        }
+    };
+    let ws = args.config.workspace();
+    let (config, _) = match ws.load(&vars) {
+        Ok(x) => x,
+        Err(d) => {
+            report_diagnostics(&d, false);
+            return ExitCode::from(1);
+        }
+    };
+    let lineage = ws.state().ok().flatten().map(|s| s.lineage);
+    let targets = match crate::ops::logs::select(&config, &args.addresses) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "Error: {e}\n  help: `sparkform state list` shows the deployment's addresses"
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let terminal = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let width = targets.iter().map(|t| t.address.len()).max().unwrap_or(0);
+    let colours: std::collections::HashMap<String, &str> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.address.clone(), COLOURS[i % COLOURS.len()]))
+        .collect();
+    let patterns: std::collections::HashMap<String, Vec<(regex::Regex, String)>> = targets
+        .iter()
+        .map(|t| {
+            let compiled = t
+                .fail_on_log
+                .iter()
+                .filter_map(|(p, f)| Some((regex::Regex::new(p).ok()?, f.clone())))
+                .collect();
+            (t.address.clone(), compiled)
+        })
+        .collect();
+    let req = LogsRequest {
+        addresses: args.addresses.clone(),
+        follow: args.follow,
+        since_secs,
+        tail: args.tail,
+    };
+    let connect = args.connect.options();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.cancel();
+            }
+        });
+        let work = crate::ops::logs::logs(&config, lineage, targets, &req, &connect, tx, cancel);
+        let print = async {
+            let mut out = std::io::stdout().lock();
+            let mut hinted = std::collections::HashSet::new();
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    LogEvent::Line(l) => {
+                        let fix = patterns
+                            .get(&l.address)
+                            .and_then(|p| fatal_match(p, &l.text));
+                        let colour =
+                            terminal.then(|| colours.get(&l.address).copied().unwrap_or("0"));
+                        if writeln!(out, "{}", render(&l, width, colour, fix.is_some())).is_err() {
+                            break;
+                        }
+                        if let Some(fix) = fix {
+                            if hinted.insert(fix.to_string()) {
+                                let _ = out.flush();
+                                eprintln!(
+                                    "  ↳ {}: a fail_on_log pattern matched: {fix}",
+                                    l.address
+                                );
+                            }
+                        }
+                    }
+                    LogEvent::Note(n) => {
+                        let _ = out.flush();
+                        eprintln!("-- {n}");
+                    }
+                }
+            }
+            let _ = out.flush();
+        };
+        tokio::join!(work, print);
+    });
+    ExitCode::SUCCESS
+}
+
+fn looks_like_address(s: &str) -> bool {
+    ["container.", "module.", "network."]
+        .iter()
+        .any(|p| s.starts_with(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_prefixed_and_coloured_only_when_asked() {
+        let l = LogLine {
+            time: 0,
+            address: "container.a".into(),
+            text: "CUDA out of memory".into(),
+            stderr: true,
+        };
+        assert_eq!(
+            render(&l, 13, None, true),
+            "container.a   │ CUDA out of memory"
+        );
+        let c = render(&l, 11, Some("36"), true);
+        assert!(c.starts_with("\x1b[36mcontainer.a\x1b[0m"), "{c:?}");
+        assert!(c.contains("\x1b[1;31mCUDA out of memory"), "{c:?}");
+        assert!(!render(&l, 11, Some("36"), false).contains("1;31"));
+    }
+
+    #[test]
+    fn arguments_parse() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "sparkform",
+            "logs",
+            "examples/testbed",
+            "container.a",
+            "container.b",
+            "-f",
+            "--since",
+            "10m",
+            "--tail",
+            "5",
+        ])
+        .unwrap();
+        let crate::cli::Command::Logs(a) = cli.command else {
+            panic!("not logs");
+        };
+        assert_eq!(a.config.dir, std::path::PathBuf::from("examples/testbed"));
+        assert_eq!(a.addresses, ["container.a", "container.b"]);
+        assert!(a.follow);
+        assert_eq!(a.since.as_deref(), Some("10m"));
+        assert_eq!(a.tail, Some(5));
+    }
+}

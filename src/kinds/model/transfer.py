@@ -1,0 +1,1450 @@
+#!/usr/bin/env python3
+"""sparkform's model-weights transfer program (the `model` kind runs it on the nodes).
+
+It runs with `python3 -c` or as a mounted file in a one-shot container of the deployment's
+vLLM image. Python >= 3.9, the standard library only, plus `huggingface_hub` for `download`.
+
+Modes (stdout: one JSON object per line; stderr: what went wrong, for a person):
+
+  resolve REPO REVISION          the commit REVISION points at, and the file manifest
+  download REPO COMMIT           the hub's own client fetches the snapshot into the cache,
+                                 then every file is checked against the manifest
+  verify                         checks a snapshot already in the cache against the manifest and
+                                 records it as verified (download ends with this)
+  serve ADDRESS PORT             serves a verified snapshot's files (ranged GETs) to peers
+  pull PEER PORT                 fetches a verified snapshot from a peer that serves it
+  observe                        what the cache holds, compared with the manifest
+  remove                         deletes one commit's snapshot (blobs other snapshots use stay)
+
+Every JSON line has an "event": "progress" (bytes_done, bytes_total, rate_bps, files: the
+files in flight with done/total), "file" (one file finished: verified, skipped or failed),
+"listening" (serve: bound, with the port), "served" (serve: a file sent to a peer),
+"warning", and last, on success, "result" with everything the caller records. On failure
+the last line is {"event": "error", "code": N, "message": ...} and the same message goes to
+stderr.
+
+Exit codes:
+  0  done (observe: observed, whatever it found; the differences are in the result)
+  2  usage: bad arguments or a malformed manifest
+  3  verification failed: a file's size or checksum differs from the manifest (nothing kept)
+  4  the hub or the peer failed: unreachable, HTTP error, refused token, short response
+  5  not found: repository, revision or file unknown to the hub, or no verified snapshot
+  6  `huggingface_hub` is not installed (download only)
+  7  local I/O error: the cache folder cannot be read or written, the disk is full
+  8  interrupted (SIGTERM/SIGINT); what was verified so far is kept and recorded
+
+The manifest (resolve's result, the input of download/pull/observe with --manifest):
+  {"format": "sparkform-model-manifest/1", "repo", "revision", "commit", "total_bytes",
+   "files": [{"path", "size", "blob", "sha256", "git_sha1"}]}
+Large (LFS) files carry the hub's sha256. Small files are plain git blobs: the hub lists
+their git blob sha1 (sha1 of "blob <size>\\0" + content), not a sha256, so they are checked
+against that sha1 after download and their sha256 is computed then and recorded in the
+verified manifest. Every file therefore ends with a sha256 that came from the hub (LFS) or
+from bytes checked against the hub's sha1 (small files); pull and observe use those.
+"blob" is the name huggingface_hub gives the file under blobs/ (its ETag: the sha256 for LFS
+files, the git sha1 otherwise).
+
+Layout: exactly huggingface_hub's cache (CACHE/models--ORG--NAME/{blobs,snapshots/COMMIT,
+refs}), on every node, so vLLM finds the snapshot with HF_HUB_OFFLINE=1. The verified manifest
+of a node is CACHE/models--ORG--NAME/sparkform/COMMIT.json (not under snapshots/, which the
+hub's cache scanner requires to hold folders only). A file is in it only once its bytes
+matched; it records size and mtime so a later run trusts an unchanged file without rereading
+it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream: sha256 is sequential,
+so splitting a file would need a second read pass to hash it. pull writes blobs/BLOB.sparkform-partial, hashing while it streams, and
+renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
+that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
+
+The token (download, resolve) comes from the environment variable named by --token-env
+(default HF_TOKEN) or, with --token-stdin, from the first line of standard input; never from
+the command line. It is never printed.
+"""
+
+import argparse
+import fnmatch
+import glob
+import hashlib
+import http.client
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+FORMAT = "sparkform-model-manifest/1"
+VERIFIED_FORMAT = "sparkform-verified-manifest/1"
+PARTIAL = ".sparkform-partial"
+CHUNK = 1 << 20
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+# config.json keys the modules need (architecture preflight, memory check)
+CONFIG_FACTS = ("architectures", "model_type", "torch_dtype", "dtype", "num_hidden_layers",
+                "hidden_size", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings", "vocab_size", "num_experts", "num_local_experts")
+
+EXIT_USAGE, EXIT_VERIFY, EXIT_REMOTE, EXIT_NOTFOUND, EXIT_NODEP, EXIT_IO, EXIT_INTR = 2, 3, 4, 5, 6, 7, 8
+
+_out_lock = threading.Lock()
+
+
+class Fail(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def emit(event, **fields):
+    fields = dict(event=event, **fields)
+    line = json.dumps(fields, separators=(",", ":"), sort_keys=False)
+    with _out_lock:
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):
+            pass   # the caller stopped reading; what happens is still in the files and the record
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return "%.1f %s" % (n, unit) if unit != "B" else "%d B" % n
+        n /= 1024.0
+    return str(n)
+
+
+# ------------------------------------------------------------------ manifest and cache layout
+
+def storage_folder(cache, repo):
+    return os.path.join(cache, "models--" + repo.replace("/", "--"))
+
+
+def verified_path(cache, repo, commit):
+    return os.path.join(storage_folder(cache, repo), "sparkform", commit + ".json")
+
+
+def safe_rel(path):
+    """A repository path as a relative local path, refusing anything that escapes the snapshot."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path \
+            or "\x00" in path:
+        raise Fail(EXIT_USAGE, "manifest: unsafe file path %r" % path)
+    return os.path.join(*parts)
+
+
+def check_manifest(m, repo=None, commit=None, where="manifest"):
+    if not isinstance(m, dict) or m.get("format") not in (FORMAT, VERIFIED_FORMAT):
+        raise Fail(EXIT_USAGE, "%s: not a sparkform model manifest (format %r)"
+                   % (where, m.get("format") if isinstance(m, dict) else None))
+    if not COMMIT_RE.match(str(m.get("commit", ""))):
+        raise Fail(EXIT_USAGE, "%s: commit %r is not a 40-hex commit" % (where, m.get("commit")))
+    if repo is not None and m.get("repo") != repo:
+        raise Fail(EXIT_USAGE, "%s is for repository %r, not %r" % (where, m.get("repo"), repo))
+    if commit is not None and m["commit"] != commit:
+        raise Fail(EXIT_USAGE, "%s is for commit %s, not %s" % (where, m["commit"], commit))
+    files = m.get("files")
+    if not isinstance(files, list):
+        raise Fail(EXIT_USAGE, "%s: no file list" % where)
+    seen = set()
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str) \
+                or not isinstance(f.get("size"), int) or f["size"] < 0:
+            raise Fail(EXIT_USAGE, "%s: malformed file entry %r" % (where, f))
+        safe_rel(f["path"])
+        if f["path"] in seen:
+            raise Fail(EXIT_USAGE, "%s: %s listed twice" % (where, f["path"]))
+        seen.add(f["path"])
+        sha = f.get("sha256")
+        g = f.get("git_sha1")
+        if sha is not None and not HEX64_RE.match(sha):
+            raise Fail(EXIT_USAGE, "%s: %s: sha256 %r is not 64 hex digits" % (where, f["path"], sha))
+        if g is not None and not HEX40_RE.match(g):
+            raise Fail(EXIT_USAGE, "%s: %s: git_sha1 %r is not 40 hex digits" % (where, f["path"], g))
+        if sha is None and g is None:
+            raise Fail(EXIT_USAGE, "%s: %s has neither sha256 nor git_sha1: it cannot be verified"
+                       % (where, f["path"]))
+        blob = f.get("blob") or sha or g
+        if not re.match(r"^[0-9a-f]{40,64}$", blob):
+            raise Fail(EXIT_USAGE, "%s: %s: blob name %r is not a hash" % (where, f["path"], blob))
+        f["blob"] = blob
+    return m
+
+
+def read_json_file(path, what):
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise Fail(EXIT_IO, "%s %s cannot be read: %s" % (what, path, e))
+
+
+def atomic_write_json(path, doc):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Record:
+    """A node's verified manifest, rewritten (atomically) after every verified file, so a run
+    killed at any point keeps what it verified."""
+
+    def __init__(self, cache, repo, manifest):
+        self.path = verified_path(cache, repo, manifest["commit"])
+        self.lock = threading.Lock()
+        old = read_json_file(self.path, "verified manifest")
+        self.files = {}
+        if isinstance(old, dict) and old.get("format") == VERIFIED_FORMAT \
+                and old.get("commit") == manifest["commit"] and isinstance(old.get("files"), list):
+            for f in old["files"]:
+                if isinstance(f, dict) and isinstance(f.get("path"), str):
+                    self.files[f["path"]] = f
+        self.base = {k: manifest.get(k) for k in ("repo", "revision", "commit")}
+        self.wanted = {f["path"]: f for f in manifest["files"]}
+
+    def trusted(self, snap, f):
+        """The recorded entry of f if its file on disk is unchanged since it was verified."""
+        r = self.files.get(f["path"])
+        if not r or r.get("size") != f["size"] or r.get("blob") != f["blob"]:
+            return None
+        if f.get("sha256") and r.get("sha256") != f["sha256"]:
+            return None
+        try:
+            st = os.stat(os.path.join(snap, safe_rel(f["path"])))
+        except OSError:
+            return None
+        if st.st_size != f["size"] or st.st_mtime_ns != r.get("mtime_ns"):
+            return None
+        return r
+
+    def add(self, f, sha256, mtime_ns):
+        with self.lock:
+            self.files[f["path"]] = dict(path=f["path"], size=f["size"], blob=f["blob"],
+                                         sha256=sha256, git_sha1=f.get("git_sha1"),
+                                         mtime_ns=mtime_ns)
+            self._write()
+
+    def drop(self, path):
+        with self.lock:
+            if self.files.pop(path, None) is not None:
+                self._write()
+
+    def save(self):
+        with self.lock:
+            self._write()
+
+    def _write(self):
+        # "files": what is verified on this node; "expected": the whole manifest, so observe
+        # without --manifest still knows what is missing
+        files = [self.files[p] for p in sorted(self.files) if p in self.wanted]
+        expected = [dict((k, v) for k, v in f.items() if k in ("path", "size", "blob", "sha256", "git_sha1"))
+                    for _, f in sorted(self.wanted.items())]
+        doc = dict(format=VERIFIED_FORMAT, files=files, expected=expected, verified_at=int(time.time()),
+                   total_bytes=sum(f["size"] for f in files), **self.base)
+        atomic_write_json(self.path, doc)
+
+    def complete(self):
+        return all(p in self.files for p in self.wanted)
+
+    def manifest(self):
+        files = [dict((k, v) for k, v in self.files[p].items() if k != "mtime_ns")
+                 for p in sorted(self.wanted) if p in self.files]
+        return dict(format=VERIFIED_FORMAT, files=files,
+                    total_bytes=sum(f["size"] for f in files), **self.base)
+
+
+def hashers_for(f):
+    h = {"sha256": hashlib.sha256()}
+    if f.get("git_sha1"):
+        g = hashlib.sha1()
+        g.update(b"blob %d\x00" % f["size"])
+        h["git_sha1"] = g
+    return h
+
+
+def mismatch(f, digests, size):
+    """None when the bytes match every checksum the manifest has for f, else why not."""
+    if size != f["size"]:
+        return "size %d, expected %d" % (size, f["size"])
+    for k in ("sha256", "git_sha1"):
+        want = f.get(k)
+        if want and digests.get(k) != want:
+            return "%s %s, expected %s" % (k, digests.get(k), want)
+    return None
+
+
+def feed(hs, path, limit=None):
+    """Feeds the file's first `limit` bytes (all of it by default) to the hashers; returns how
+    many it read."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    size = 0
+    with open(path, "rb", buffering=0) as fh:
+        while limit is None or size < limit:
+            n = fh.readinto(view if limit is None else view[:min(limit - size, CHUNK)])
+            if not n:
+                break
+            size += n
+            for h in hs.values():
+                h.update(view[:n])
+    return size
+
+
+def hash_file(path, f):
+    hs = hashers_for(f)
+    size = feed(hs, path)
+    return {k: h.hexdigest() for k, h in hs.items()}, size
+
+
+def link_snapshot(storage, commit, f):
+    """snapshots/COMMIT/PATH -> ../../blobs/BLOB, relative, as huggingface_hub makes it."""
+    rel = safe_rel(f["path"])
+    pointer = os.path.join(storage, "snapshots", commit, rel)
+    os.makedirs(os.path.dirname(pointer), exist_ok=True)
+    target = os.path.relpath(os.path.join(storage, "blobs", f["blob"]), os.path.dirname(pointer))
+    if os.path.islink(pointer) and os.readlink(pointer) == target:
+        return pointer
+    tmp = pointer + PARTIAL + ".link"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, tmp)
+    os.replace(tmp, pointer)
+    return pointer
+
+
+def select(files, include, exclude):
+    """The same filter as huggingface_hub's allow_patterns/ignore_patterns (fnmatchcase, a
+    trailing "/" matches the whole folder)."""
+    def norm(ps):
+        return [p + "*" if p.endswith("/") else p for p in ps] if ps else None
+    inc, exc = norm(include), norm(exclude)
+    out = []
+    for f in files:
+        if inc is not None and not any(fnmatch.fnmatchcase(f["path"], p) for p in inc):
+            continue
+        if exc is not None and any(fnmatch.fnmatchcase(f["path"], p) for p in exc):
+            continue
+        out.append(f)
+    return out
+
+
+def facts_of(cfg):
+    """What the modules need from a config.json document: the architecture preflight and the
+    memory check."""
+    if not isinstance(cfg, dict):
+        return None
+    facts = {k: cfg[k] for k in CONFIG_FACTS if k in cfg}
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        facts["quantization"] = q.get("quant_method") or q.get("quant_type")
+    text = cfg.get("text_config")
+    if isinstance(text, dict):   # multimodal configs nest the language model's numbers
+        facts["text_config"] = {k: text[k] for k in CONFIG_FACTS if k in text}
+    return facts
+
+
+def config_facts(path):
+    try:
+        with open(path, "rb") as fh:
+            return facts_of(json.loads(fh.read().decode("utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ progress
+
+class Progress:
+    """Prints a progress line at most every `every` seconds, from the byte counters of the files
+    in flight. Thread-safe: workers call add()."""
+
+    def __init__(self, total, every=0.5, **extra):
+        self.total = total
+        self.done = 0
+        self.every = every
+        self.extra = extra
+        self.active = {}
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.base = 0   # bytes that were there before this run (skipped, resumed): not in the rate
+
+    def start(self, path, total, initial=0):
+        with self.lock:
+            self.active[path] = [initial, total]
+            self.done += initial
+            self.base += initial
+
+    def add(self, path, n):
+        with self.lock:
+            self.done += n
+            a = self.active.get(path)
+            if a:
+                a[0] += n
+            now = time.monotonic()
+            if now - self.last < self.every:
+                return
+            self.last = now
+            snap = self._snapshot(now)
+        emit("progress", **snap)
+
+    def skip(self, n):
+        with self.lock:
+            self.done += n
+            self.base += n
+
+    def finish(self, path, rewind=0):
+        with self.lock:
+            self.active.pop(path, None)
+            self.done -= rewind
+
+    def set_done(self, done, active):
+        with self.lock:
+            self.done = done
+            self.active = active
+            snap = self._snapshot(time.monotonic())
+        emit("progress", **snap)
+
+    def _snapshot(self, now):
+        dt = max(now - self.t0, 1e-6)
+        return dict(bytes_done=self.done, bytes_total=self.total,
+                    rate_bps=int(max(self.done - self.base, 0) / dt),
+                    files=[dict(path=p, done=a[0], total=a[1]) for p, a in sorted(self.active.items())],
+                    **self.extra)
+
+    def rate(self):
+        dt = max(time.monotonic() - self.t0, 1e-6)
+        return int(max(self.done - self.base, 0) / dt)
+
+
+# ------------------------------------------------------------------ hub access (stdlib)
+
+def endpoint_of(args):
+    return (args.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_get(url, token, what, timeout=30):
+    req = urllib.request.Request(url, headers={"User-Agent": "sparkform-transfer/1",
+                                               "Accept-Encoding": "identity"})
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        code = e.headers.get("X-Error-Code", "") if e.headers else ""
+        if e.code == 401 or e.code == 403:
+            raise Fail(EXIT_REMOTE, "%s: the hub refused access (HTTP %d%s): check the token, or "
+                       "accept the model's licence on the hub" % (what, e.code,
+                                                                  ", " + code if code else ""))
+        if e.code == 404:
+            raise Fail(EXIT_NOTFOUND, "%s: not found on the hub (HTTP 404%s)" % (what, ", " + code if code else ""))
+        raise Fail(EXIT_REMOTE, "%s: the hub answered HTTP %d" % (what, e.code))
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", e)
+        raise Fail(EXIT_REMOTE, "%s: the hub at %s cannot be reached: %s (HF_ENDPOINT or --endpoint "
+                   "sets where it is)" % (what, urllib.parse.urlsplit(url).netloc, reason))
+
+
+def resolve_manifest(endpoint, repo, revision, token, include=None, exclude=None):
+    q = urllib.parse.quote
+    body, _ = hub_get("%s/api/models/%s/revision/%s" % (endpoint, repo, q(revision, safe="")),
+                      token, "repository %s revision %s" % (repo, revision))
+    try:
+        info = json.loads(body.decode("utf-8"))
+        commit = info["sha"]
+    except (ValueError, KeyError, TypeError):
+        raise Fail(EXIT_REMOTE, "repository %s: the hub's model info has no commit sha" % repo)
+    if not COMMIT_RE.match(str(commit)):
+        raise Fail(EXIT_REMOTE, "repository %s: the hub gave commit %r, not 40 hex digits" % (repo, commit))
+    files = []
+    url = "%s/api/models/%s/tree/%s?recursive=true&expand=false" % (endpoint, repo, commit)
+    pages = 0
+    while url:
+        pages += 1
+        if pages > 10000:
+            raise Fail(EXIT_REMOTE, "repository %s: the hub's file list does not end" % repo)
+        body, headers = hub_get(url, token, "file list of %s at %s" % (repo, commit))
+        try:
+            entries = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise Fail(EXIT_REMOTE, "repository %s: the hub's file list is not JSON" % repo)
+        for e in entries if isinstance(entries, list) else []:
+            if not isinstance(e, dict) or e.get("type") != "file":
+                continue
+            lfs = e.get("lfs") if isinstance(e.get("lfs"), dict) else None
+            f = dict(path=e.get("path"), size=e.get("size"))
+            if lfs:
+                f["sha256"] = lfs.get("oid") or lfs.get("sha256")
+                f["size"] = lfs.get("size", f["size"])
+                f["git_sha1"] = None
+                f["blob"] = f["sha256"]
+            else:
+                f["sha256"] = None
+                f["git_sha1"] = e.get("oid")
+                f["blob"] = f["git_sha1"]
+            files.append(f)
+        url = next_link(headers.get("Link", ""))
+    files.sort(key=lambda f: f["path"])
+    m = dict(format=FORMAT, repo=repo, revision=revision, commit=commit, files=files)
+    check_manifest(m, where="the hub's file list of %s" % repo)
+    m["files"] = select(m["files"], include, exclude)
+    m["total_bytes"] = sum(f["size"] for f in m["files"])
+    return m
+
+
+def next_link(link):
+    for part in link.split(","):
+        m = re.match(r'\s*<([^>]+)>\s*;\s*rel="?next"?', part)
+        if m:
+            return m.group(1)
+    return None
+
+
+def fetch_config_facts(endpoint, manifest, token):
+    cfg = next((f for f in manifest["files"] if f["path"] == "config.json"), None)
+    if cfg is None or cfg["size"] > 4 << 20:
+        return None
+    body, _ = hub_get("%s/%s/resolve/%s/config.json" % (endpoint, manifest["repo"], manifest["commit"]),
+                      token, "config.json of %s" % manifest["repo"])
+    hs = hashers_for(cfg)
+    for h in hs.values():
+        h.update(body)
+    why = mismatch(cfg, {k: h.hexdigest() for k, h in hs.items()}, len(body))
+    if why:
+        raise Fail(EXIT_VERIFY, "config.json from the hub does not match its file list: %s" % why)
+    try:
+        return facts_of(json.loads(body.decode("utf-8")))
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------ token and stdin
+
+def read_inputs(args):
+    """(token, manifest) from the environment and standard input: with --token-stdin the first
+    line of stdin is the token; with --manifest - the rest of stdin is the manifest."""
+    token = None
+    manifest_text = None
+    want_token_stdin = getattr(args, "token_stdin", False)
+    want_manifest_stdin = getattr(args, "manifest", None) == "-"
+    if want_token_stdin or want_manifest_stdin:
+        data = sys.stdin.buffer.read().decode("utf-8", "replace")
+        if want_token_stdin:
+            first, _, data = data.partition("\n")
+            token = first.strip() or None
+        if want_manifest_stdin:
+            manifest_text = data
+    if token is None and hasattr(args, "token_env"):
+        token = os.environ.get(args.token_env) or None
+    manifest = None
+    if want_manifest_stdin:
+        try:
+            manifest = json.loads(manifest_text)
+        except ValueError as e:
+            raise Fail(EXIT_USAGE, "the manifest on standard input is not JSON: %s" % e)
+    elif getattr(args, "manifest", None):
+        manifest = read_json_file(args.manifest, "manifest")
+        if manifest is None:
+            raise Fail(EXIT_USAGE, "manifest %s does not exist" % args.manifest)
+    return token, manifest
+
+
+def cache_of(args):
+    if args.cache:
+        return os.path.abspath(args.cache)
+    return os.path.join(os.path.abspath(args.hf_home), "hub")
+
+
+# ------------------------------------------------------------------ resolve
+
+def cmd_resolve(args):
+    token, _ = read_inputs(args)
+    ep = endpoint_of(args)
+    m = resolve_manifest(ep, args.repo, args.revision, token, args.include, args.exclude)
+    if not args.no_config:
+        m["config"] = fetch_config_facts(ep, m, token)
+    emit("result", mode="resolve", **m)
+
+
+# ------------------------------------------------------------------ verification (download, observe)
+
+def verify_snapshot(cache, manifest, deep, progress=None, remove_bad=False):
+    """Checks every file of the manifest in the local snapshot. Returns (record, problems) where
+    problems is a list of dicts (path, kind: missing|size|checksum, detail)."""
+    storage = storage_folder(cache, manifest["repo"])
+    snap = os.path.join(storage, "snapshots", manifest["commit"])
+    rec = Record(cache, manifest["repo"], manifest)
+    problems = []
+    for f in manifest["files"]:
+        p = os.path.join(snap, safe_rel(f["path"]))
+        if not deep and rec.trusted(snap, f):
+            if progress:
+                progress.skip(f["size"])
+            continue
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            problems.append(dict(path=f["path"], kind="missing", size=f["size"]))
+            rec.drop(f["path"])
+            continue
+        except OSError as e:
+            raise Fail(EXIT_IO, "%s cannot be read: %s" % (p, e))
+        if st.st_size != f["size"]:
+            problems.append(dict(path=f["path"], kind="size", size=f["size"], actual=st.st_size))
+            rec.drop(f["path"])
+            if remove_bad:
+                remove_file(storage, manifest["commit"], f)
+            continue
+        try:
+            digests, size = hash_file(p, f)
+        except OSError as e:
+            raise Fail(EXIT_IO, "%s cannot be read: %s" % (p, e))
+        if progress:
+            progress.skip(size)
+        why = mismatch(f, digests, size)
+        if why:
+            problems.append(dict(path=f["path"], kind="checksum", size=f["size"], detail=why))
+            rec.drop(f["path"])
+            if remove_bad:
+                remove_file(storage, manifest["commit"], f)
+            continue
+        rec.add(f, digests["sha256"], st.st_mtime_ns)
+        emit("file", path=f["path"], status="verified", bytes=size, sha256=digests["sha256"])
+    return rec, problems
+
+
+def remove_file(storage, commit, f):
+    """Removes the pointer and the blob of a file that failed its check, so the hub's client
+    downloads it again instead of trusting it."""
+    pointer = os.path.join(storage, "snapshots", commit, safe_rel(f["path"]))
+    target = None
+    if os.path.islink(pointer):
+        target = os.path.realpath(pointer)
+    for p in (pointer, target, os.path.join(storage, "blobs", f["blob"])):
+        if p:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def write_ref(cache, repo, ref, commit):
+    if ref:
+        if ref.startswith("/") or any(p in ("", ".", "..") for p in ref.split("/")):
+            raise Fail(EXIT_USAGE, "--ref %r is not a branch or tag name" % ref)
+        path = os.path.join(storage_folder(cache, repo), "refs", *ref.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w") as fh:
+            fh.write(commit)
+        os.replace(tmp, path)
+
+
+def problem_text(problems):
+    return "; ".join("%s: %s" % (p["path"], p.get("detail") or
+                                 ("missing" if p["kind"] == "missing" else
+                                  "size %s, expected %s" % (p.get("actual"), p["size"])))
+                     for p in problems[:5]) + (" (and %d more)" % (len(problems) - 5) if len(problems) > 5 else "")
+
+
+# ------------------------------------------------------------------ download
+
+def cmd_download(args):
+    if not COMMIT_RE.match(args.commit):
+        raise Fail(EXIT_USAGE, "download needs the pinned 40-hex commit, not %r (resolve gives it)" % args.commit)
+    token, manifest = read_inputs(args)
+    cache = cache_of(args)
+    ep = endpoint_of(args)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ["HF_ENDPOINT"] = ep
+    try:
+        from huggingface_hub import snapshot_download
+        import huggingface_hub
+    except ImportError:
+        raise Fail(EXIT_NODEP, "download needs huggingface_hub, which this Python (%s) lacks: run it in "
+                   "the deployment's vLLM image, or pip install huggingface_hub" % sys.executable)
+    if manifest is None:
+        manifest = resolve_manifest(ep, args.repo, args.commit, token, args.include, args.exclude)
+    else:
+        check_manifest(manifest, args.repo, args.commit)
+        manifest["files"] = select(manifest["files"], args.include, args.exclude)
+    total = sum(f["size"] for f in manifest["files"])
+    storage = storage_folder(cache, args.repo)
+    snap = os.path.join(storage, "snapshots", args.commit)
+    try:
+        os.makedirs(cache, exist_ok=True)
+    except OSError as e:
+        raise Fail(EXIT_IO, "the cache folder %s cannot be created: %s" % (cache, e))
+
+    # Files already verified and unchanged are not handed to the hub's client at all.
+    rec0 = Record(cache, args.repo, manifest)
+    todo = [f for f in manifest["files"] if not rec0.trusted(snap, f)]
+    progress = Progress(total, node_role="download")
+    stop = threading.Event()
+
+    def watch():
+        # The hub's client reports progress through tqdm; watching the blobs folder works with
+        # every version of it: finished blobs by name, partial ones as BLOB.*.incomplete.
+        by_blob = {}
+        for f in manifest["files"]:
+            by_blob.setdefault(f["blob"], []).append(f)
+        blobs = os.path.join(storage, "blobs")
+        while not stop.wait(1.0):
+            done, active = 0, {}
+            try:
+                names = os.listdir(blobs)
+            except OSError:
+                names = []
+            sizes = {}
+            for n in names:
+                try:
+                    sizes[n] = os.stat(os.path.join(blobs, n)).st_size
+                except OSError:
+                    pass
+            for f in manifest["files"]:
+                if f["blob"] in sizes:
+                    done += f["size"]
+            for n, s in sizes.items():
+                if n.endswith(".incomplete"):
+                    b = n.split(".", 1)[0]
+                    for f in by_blob.get(b, []):
+                        active[f["path"]] = [s, f["size"]]
+                        done += s
+            progress.set_done(min(done, total), active)
+
+    def fetch(files):
+        if not files:
+            return
+        # exact paths, escaped: a "[" in a file name is not a pattern
+        kw = dict(revision=args.commit, cache_dir=cache, max_workers=args.jobs,
+                  allow_patterns=[glob.escape(f["path"]) for f in files], token=token or False)
+        try:
+            snapshot_download(args.repo, **kw)
+        except Exception as e:   # the hub's client raises many types; its message says which
+            name = type(e).__name__
+            code = EXIT_NOTFOUND if "NotFound" in name else EXIT_REMOTE
+            if isinstance(e, OSError) and getattr(e, "errno", None) is not None:
+                code = EXIT_IO
+            raise Fail(code, "huggingface_hub %s could not download %s at %s: %s: %s"
+                       % (huggingface_hub.__version__, args.repo, args.commit, name,
+                          str(e).splitlines()[0] if str(e) else ""))
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    refetched = []
+    try:
+        fetch(todo)
+        rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
+        if problems:
+            # what failed its check was removed (blob and pointer): fetched once more, checked again
+            bad = {p["path"] for p in problems}
+            refetched = [f for f in manifest["files"] if f["path"] in bad]
+            emit("warning", message="%d file(s) failed verification and are fetched again: %s"
+                 % (len(problems), problem_text(problems)))
+            fetch(refetched)
+            rec, problems = verify_snapshot(cache, manifest, False, remove_bad=True)
+    finally:
+        stop.set()
+        t.join()
+    if problems:
+        raise Fail(EXIT_VERIFY, "%d file(s) of %s at %s failed verification twice and were removed: %s"
+                   % (len(problems), args.repo, args.commit, problem_text(problems)))
+    write_ref(cache, args.repo, args.ref, args.commit)
+    wall = time.monotonic() - t0
+    got = sum(f["size"] for f in todo) + sum(f["size"] for f in refetched)
+    emit("result", mode="download", repo=args.repo, commit=args.commit, snapshot=snap,
+         manifest_path=rec.path, bytes_total=total, bytes_downloaded=got,
+         files_downloaded=len(todo), files_refetched=[f["path"] for f in refetched], seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
+         config=config_facts(os.path.join(snap, "config.json")), manifest=rec.manifest())
+
+
+# ------------------------------------------------------------------ verify
+
+def cmd_verify(args):
+    _, manifest = read_inputs(args)
+    if manifest is None:
+        raise Fail(EXIT_USAGE, "verify needs the manifest (--manifest FILE or -)")
+    check_manifest(manifest, args.repo, args.commit)
+    cache = cache_of(args)
+    rec, problems = verify_snapshot(cache, manifest, args.deep)
+    if problems:
+        raise Fail(EXIT_VERIFY, "%d file(s) of %s at %s do not match: %s"
+                   % (len(problems), args.repo, args.commit, problem_text(problems)))
+    write_ref(cache, args.repo, args.ref, args.commit)
+    emit("result", mode="verify", repo=args.repo, commit=args.commit, manifest_path=rec.path,
+         bytes_total=sum(f["size"] for f in manifest["files"]), manifest=rec.manifest())
+
+
+# ------------------------------------------------------------------ serve
+
+class ServeState:
+    def __init__(self, files, snap, manifest, idle, max_rate):
+        self.max_rate = max_rate    # bytes/s per transfer, 0: unbounded
+        self.files = files          # path -> local file
+        self.snap = snap
+        self.manifest = manifest
+        self.idle = idle
+        self.last = time.monotonic()
+        self.inflight = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.bytes = 0
+        self.reason = None
+
+    def touch(self, d=0):
+        with self.lock:
+            self.inflight += d
+            self.last = time.monotonic()
+
+
+class ServeHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sparkform-transfer"
+    sys_version = ""
+
+    def log_message(self, fmt, *a):
+        pass
+
+    def _send_json(self, code, doc):
+        body = json.dumps(doc).encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_POST(self):
+        st = self.server.state
+        if self.path == "/stop":
+            self._send_json(200, {"stopping": True})
+            st.reason = "stopped"
+            st.stop.set()
+        else:
+            self._send_json(404, {"error": "unknown endpoint"})
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        st = self.server.state
+        st.touch(1)
+        try:
+            self._get(st)
+        except (ConnectionError, TimeoutError) as e:
+            # the peer went away mid-file: it resumes with a ranged GET
+            emit("warning", message="%s: %s left: %s" % (self.path, self.client_address[0], e))
+            self.close_connection = True
+        finally:
+            st.touch(-1)
+
+    def _get(self, st):
+        if self.path == "/manifest":
+            self._send_json(200, st.manifest)
+            return
+        if not self.path.startswith("/file/"):
+            self._send_json(404, {"error": "unknown endpoint"})
+            return
+        rel = urllib.parse.unquote(self.path[len("/file/"):])
+        local = st.files.get(rel)
+        if local is None:
+            self._send_json(404, {"error": "not in the verified manifest: %s" % rel})
+            return
+        try:
+            fh = open(local, "rb")
+        except OSError as e:
+            self._send_json(500, {"error": "cannot open %s: %s" % (rel, e)})
+            return
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start, end = 0, size - 1
+            rng = self.headers.get("Range")
+            code = 200
+            if rng:
+                m = re.match(r"^bytes=(\d+)-(\d*)$", rng.strip())
+                if not m or int(m.group(1)) > size or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+                    self.send_response(416)
+                    self.send_header("Content-Range", "bytes */%d" % size)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                start = int(m.group(1))
+                if m.group(2):
+                    end = min(int(m.group(2)), size - 1)
+                code = 206
+            length = max(end - start + 1, 0)
+            self.send_response(code)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(length))
+            self.send_header("Accept-Ranges", "bytes")
+            if code == 206:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, start + length - 1, size))
+            self.end_headers()
+            if self.command == "HEAD" or length == 0:
+                return
+            self.wfile.flush()
+            sent = 0
+            # sendfile: the bytes go from the page cache to the socket without passing through Python
+            step = 1 << 20 if st.max_rate else 64 << 20
+            t0 = time.monotonic()
+            while sent < length:
+                n = self.connection.sendfile(fh, offset=start + sent, count=min(length - sent, step))
+                if not n:
+                    break
+                sent += n
+                st.touch()
+                if st.max_rate and sent < length:
+                    ahead = sent / st.max_rate - (time.monotonic() - t0)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            with st.lock:
+                st.bytes += sent
+            emit("served", path=rel, bytes=sent, offset=start, peer=self.client_address[0])
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+
+def cmd_serve(args):
+    if args.address in ("", "0.0.0.0", "::", "*"):
+        raise Fail(EXIT_USAGE, "serve binds one address (the node's fabric address), not %r" % args.address)
+    cache = cache_of(args)
+    path = verified_path(cache, args.repo, args.commit)
+    doc = read_json_file(path, "verified manifest")
+    if doc is None:
+        raise Fail(EXIT_NOTFOUND, "no verified snapshot of %s at %s in %s: run download first"
+                   % (args.repo, args.commit, cache))
+    check_manifest(doc, args.repo, args.commit, where=path)
+    snap = os.path.join(storage_folder(cache, args.repo), "snapshots", args.commit)
+    # Serve only what is recorded as verified and still unchanged on disk.
+    manifest = dict(doc)
+    rec = Record(cache, args.repo, doc)
+    ok = [f for f in doc["files"] if rec.trusted(snap, f) and f.get("sha256")]
+    files = {f["path"]: os.path.join(snap, safe_rel(f["path"])) for f in ok}
+    # The manifest a puller gets lists every file, served or not: a file left out here would
+    # look complete to a puller that has no manifest of its own; one not served answers 404.
+    full = {f["path"]: f for f in doc.get("expected") or []}
+    full.update((f["path"], f) for f in doc["files"])
+    manifest["files"] = [dict((k, v) for k, v in full[p].items() if k != "mtime_ns") for p in sorted(full)]
+    manifest.pop("expected", None)
+    stale = [p for p in sorted(full) if p not in files]
+    if stale:
+        emit("warning", message="%d file(s) not verified here (or changed since) are not served: %s"
+             % (len(stale), ", ".join(stale[:5])))
+    st = ServeState(files, snap, manifest, args.idle_timeout, args.max_rate)
+    try:
+        srv = Server((args.address, args.port), ServeHandler)
+    except OSError as e:
+        raise Fail(EXIT_IO, "cannot listen on %s:%d: %s (is it this node's address? is the port free?)"
+                   % (args.address, args.port, e))
+    srv.state = st
+    port = srv.server_address[1]
+    emit("listening", address=args.address, port=port, files=len(files),
+         bytes=sum(f["size"] for f in ok), stale=stale)
+    th = threading.Thread(target=srv.serve_forever, kwargs=dict(poll_interval=0.2), daemon=True)
+    th.start()
+    deadline = time.monotonic() + args.max_time if args.max_time else None
+    try:
+        while not st.stop.wait(0.2):
+            now = time.monotonic()
+            with st.lock:
+                idle = st.inflight == 0 and now - st.last > st.idle
+            if idle:
+                st.reason = "idle"
+                break
+            if deadline and now > deadline:
+                st.reason = "max-time"
+                break
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    emit("result", mode="serve", reason=st.reason, bytes_served=st.bytes, port=port)
+
+
+# ------------------------------------------------------------------ pull
+
+class Peer:
+    def __init__(self, host, port, timeout):
+        self.host, self.port, self.timeout = host, port, timeout
+        self.local = threading.local()
+
+    def conn(self):
+        c = getattr(self.local, "c", None)
+        if c is None:
+            c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            self.local.c = c
+        return c
+
+    def reset(self):
+        c = getattr(self.local, "c", None)
+        if c is not None:
+            c.close()
+        self.local.c = None
+
+    def request(self, path, headers=None):
+        for attempt in (1, 2):
+            c = self.conn()
+            try:
+                c.request("GET", path, headers=headers or {})
+                return c.getresponse()
+            except (http.client.HTTPException, OSError) as e:
+                self.reset()
+                if attempt == 2:
+                    raise Fail(EXIT_REMOTE, "the peer %s:%d cannot be reached: %s" % (self.host, self.port, e))
+        raise Fail(EXIT_REMOTE, "unreachable")
+
+
+def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
+    """Fetches one file into blobs/BLOB.sparkform-partial, resuming it, hashing while streaming;
+    renames it into place only when it matches. Returns the sha256."""
+    blobs = os.path.join(storage, "blobs")
+    final = os.path.join(blobs, f["blob"])
+    partial = final + PARTIAL
+    os.makedirs(blobs, exist_ok=True)
+    for attempt in (1, 2):
+        hs = hashers_for(f) if hashing else {}
+        have = 0
+        if os.path.exists(partial):
+            have = os.path.getsize(partial)
+            if have > f["size"]:
+                os.unlink(partial)
+                have = 0
+        fh = open(partial, "ab" if have else "wb", buffering=0)
+        try:
+            if have and hashing:
+                # the kept prefix is hashed once here: the hash state of a killed run is lost
+                feed(hs, partial, have)
+            progress.start(f["path"], f["size"], have)
+            got = have
+            if have < f["size"]:
+                hdr = {"Range": "bytes=%d-" % have} if have else {}
+                resp = peer.request("/file/" + urllib.parse.quote(f["path"]), hdr)
+                if resp.status == 404:
+                    resp.read()
+                    raise Fail(EXIT_NOTFOUND, "the peer does not serve %s (not verified there)" % f["path"])
+                if resp.status not in (200, 206) or (have and resp.status != 206):
+                    resp.read()
+                    raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for %s" % (resp.status, f["path"]))
+                buf = bytearray(CHUNK)
+                view = memoryview(buf)
+                try:
+                    while got < f["size"]:
+                        if cancel.is_set():
+                            raise Fail(EXIT_INTR, "interrupted")
+                        n = resp.readinto(buf)
+                        if not n:
+                            break
+                        chunk = view[:n]
+                        for h in hs.values():
+                            h.update(chunk)
+                        while chunk:   # an unbuffered write may take less than it is given
+                            chunk = chunk[fh.write(chunk):]
+                        got += n
+                        progress.add(f["path"], n)
+                except (OSError, http.client.HTTPException) as e:
+                    peer.reset()
+                    raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke after %s: %s"
+                               % (f["path"], human(got), e))
+                if got < f["size"]:
+                    peer.reset()
+                    raise Fail(EXIT_REMOTE, "the peer sent %s of %s's %s and stopped"
+                               % (human(got), f["path"], human(f["size"])))
+            os.fsync(fh.fileno())
+        finally:
+            fh.close()
+        if hashing:
+            digests = {k: h.hexdigest() for k, h in hs.items()}
+        else:
+            digests = {"sha256": f.get("sha256")}
+        why = mismatch(f, digests, got) if hashing else (None if got == f["size"] else "size")
+        if why:
+            os.unlink(partial)
+            progress.finish(f["path"], rewind=got)
+            if attempt == 1 and have:
+                # the kept prefix may be what is wrong: once more from zero
+                emit("warning", message="%s did not match after resuming (%s): fetching it again from zero"
+                     % (f["path"], why))
+                continue
+            raise Fail(EXIT_VERIFY, "%s from the peer does not match the manifest: %s (removed)" % (f["path"], why))
+        os.replace(partial, final)
+        progress.finish(f["path"])
+        pointer = link_snapshot(storage, commit, f)
+        sha = digests.get("sha256")
+        if hashing:   # an unhashed copy is never recorded: a later run rereads it before trusting it
+            rec.add(f, sha, os.stat(pointer).st_mtime_ns)
+        emit("file", path=f["path"], status="verified" if hashing else "copied", bytes=f["size"],
+             resumed_from=have, sha256=sha)
+        return sha
+    raise Fail(EXIT_VERIFY, "%s does not match" % f["path"])
+
+
+def cmd_pull(args):
+    token_unused, manifest = read_inputs(args)
+    del token_unused
+    cache = cache_of(args)
+    peer = Peer(args.peer, args.port, args.timeout)
+    if manifest is None:
+        resp = peer.request("/manifest")
+        body = resp.read()
+        if resp.status != 200:
+            raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for its manifest" % resp.status)
+        try:
+            manifest = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise Fail(EXIT_REMOTE, "the peer's manifest is not JSON")
+        where = "the peer's manifest"
+    else:
+        where = "manifest"
+    check_manifest(manifest, args.repo, args.commit, where=where)
+    manifest["files"] = select(manifest["files"], args.include, args.exclude)
+    if args.hash and any(not f.get("sha256") and not f.get("git_sha1") for f in manifest["files"]):
+        raise Fail(EXIT_USAGE, "%s has files without a checksum" % where)
+    storage = storage_folder(cache, args.repo)
+    snap = os.path.join(storage, "snapshots", args.commit)
+    try:
+        os.makedirs(os.path.join(storage, "blobs"), exist_ok=True)
+    except OSError as e:
+        raise Fail(EXIT_IO, "the cache folder %s cannot be created: %s" % (cache, e))
+    rec = Record(cache, args.repo, manifest)
+    rec.save()   # before any byte moves, so observe knows what this node is to hold
+    total = sum(f["size"] for f in manifest["files"])
+    progress = Progress(total, node_role="pull", peer="%s:%d" % (args.peer, args.port))
+    todo = []
+    skipped = 0
+    for f in manifest["files"]:
+        if not args.deep and rec.trusted(snap, f):
+            progress.skip(f["size"])
+            skipped += 1
+            emit("file", path=f["path"], status="skipped", bytes=f["size"])
+            continue
+        final = os.path.join(storage, "blobs", f["blob"])
+        if os.path.isfile(final) and os.path.getsize(final) == f["size"]:
+            # a blob renamed into place by a run killed before it recorded it (or shared with
+            # another snapshot): reread once rather than fetch again
+            digests, size = hash_file(final, f)
+            if not mismatch(f, digests, size):
+                pointer = link_snapshot(storage, args.commit, f)
+                rec.add(f, digests["sha256"], os.stat(pointer).st_mtime_ns)
+                progress.skip(size)
+                skipped += 1
+                emit("file", path=f["path"], status="verified", bytes=size, sha256=digests["sha256"])
+                continue
+            os.unlink(final)
+        todo.append(f)
+    # largest first, so the long transfers start at once
+    todo.sort(key=lambda f: -f["size"])
+    cancel = threading.Event()
+    errors = []
+    lock = threading.Lock()
+    queue = list(todo)
+    t0 = time.monotonic()
+
+    def worker():
+        while not cancel.is_set():
+            with lock:
+                if not queue:
+                    return
+                f = queue.pop(0)
+            try:
+                pull_one(peer, storage, args.commit, f, rec, progress, args.hash, cancel)
+            except Fail as e:
+                with lock:
+                    errors.append(e)
+                emit("file", path=f["path"], status="failed", message=e.message)
+                if e.code in (EXIT_IO, EXIT_INTR, EXIT_NOTFOUND):
+                    cancel.set()
+            except OSError as e:
+                with lock:
+                    errors.append(Fail(EXIT_IO, "%s: %s" % (f["path"], e)))
+                cancel.set()
+        peer.reset()
+
+    def on_signal(signum, frame):
+        cancel.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(args.jobs, len(todo))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)
+    for s, h in old.items():
+        signal.signal(s, h)
+    wall = time.monotonic() - t0
+    got = sum(f["size"] for f in todo)
+    if cancel.is_set() and not errors:
+        raise Fail(EXIT_INTR, "interrupted: %d file(s) verified and kept, the rest left as partial files"
+                   % sum(1 for f in manifest["files"] if f["path"] in rec.files))
+    if errors:
+        worst = min(errors, key=lambda e: {EXIT_VERIFY: 0}.get(e.code, 1))
+        raise Fail(worst.code, "%d file(s) not copied: %s" % (len(errors), "; ".join(e.message for e in errors[:3])))
+    write_ref(cache, args.repo, args.ref, args.commit)
+    emit("result", mode="pull", repo=args.repo, commit=args.commit, snapshot=snap,
+         manifest_path=rec.path, bytes_total=total, bytes_copied=got, files_copied=len(todo),
+         files_skipped=skipped, seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
+         cpu_seconds=round(cpu_seconds(), 3), hashed=args.hash,
+         config=config_facts(os.path.join(snap, "config.json")))
+
+
+def cpu_seconds():
+    t = os.times()
+    return t.user + t.system
+
+
+# ------------------------------------------------------------------ observe
+
+def cmd_observe(args):
+    _, manifest = read_inputs(args)
+    cache = cache_of(args)
+    if manifest is None:
+        path = verified_path(cache, args.repo, args.commit)
+        manifest = read_json_file(path, "verified manifest")
+        if manifest is None:
+            emit("result", mode="observe", repo=args.repo, commit=args.commit, recorded=False,
+                 present=[], missing=[], differ=[], missing_bytes=None,
+                 message="no verified manifest on this node: pass the manifest with --manifest")
+            return
+        if isinstance(manifest, dict) and isinstance(manifest.get("expected"), list):
+            manifest = dict(manifest, files=manifest["expected"])
+    check_manifest(manifest, args.repo, args.commit)
+    storage = storage_folder(cache, args.repo)
+    snap = os.path.join(storage, "snapshots", args.commit)
+    rec = Record(cache, args.repo, manifest)
+    present, missing, differ = [], [], []
+    for f in manifest["files"]:
+        p = os.path.join(snap, safe_rel(f["path"]))
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            missing.append(dict(path=f["path"], size=f["size"]))
+            continue
+        except OSError as e:
+            raise Fail(EXIT_IO, "%s cannot be read: %s" % (p, e))
+        if st.st_size != f["size"]:
+            differ.append(dict(path=f["path"], size=f["size"], actual_size=st.st_size, why="size"))
+            continue
+        verified = rec.trusted(snap, f) is not None
+        if args.deep:
+            try:
+                digests, size = hash_file(p, f)
+            except OSError as e:
+                raise Fail(EXIT_IO, "%s cannot be read: %s" % (p, e))
+            why = mismatch(f, digests, size)
+            if why:
+                differ.append(dict(path=f["path"], size=f["size"], why="checksum", detail=why))
+                continue
+            verified = True
+        present.append(dict(path=f["path"], size=f["size"], verified=verified))
+    emit("result", mode="observe", repo=args.repo, commit=args.commit, recorded=True, deep=args.deep,
+         present=present, missing=missing, differ=differ,
+         missing_bytes=sum(f["size"] for f in missing) + sum(f["size"] for f in differ),
+         total_bytes=sum(f["size"] for f in manifest["files"]),
+         complete=not missing and not differ and all(p["verified"] for p in present),
+         config=config_facts(os.path.join(snap, "config.json")) if not missing else None)
+
+
+# ------------------------------------------------------------------ remove
+
+def cmd_remove(args):
+    """Removes one commit's snapshot from a node: its folder, its record, the refs that point at
+    it, its partial files, and the blobs no other snapshot links to (blobs are shared by name)."""
+    cache = cache_of(args)
+    storage = storage_folder(cache, args.repo)
+    snaps = os.path.join(storage, "snapshots")
+    snap = os.path.join(snaps, args.commit)
+
+    def blobs_of(folder):
+        out = set()
+        for root, _, names in os.walk(folder):
+            for n in names:
+                p = os.path.join(root, n)
+                if os.path.islink(p):
+                    out.add(os.path.basename(os.readlink(p)))
+        return out
+
+    mine = blobs_of(snap) if os.path.isdir(snap) else set()
+    rec = read_json_file(verified_path(cache, args.repo, args.commit), "verified manifest")
+    if isinstance(rec, dict):
+        mine |= {f.get("blob") for f in (rec.get("expected") or []) + (rec.get("files") or [])
+                 if isinstance(f, dict) and f.get("blob")}
+    others = set()
+    for c in os.listdir(snaps) if os.path.isdir(snaps) else []:
+        if c != args.commit:
+            others |= blobs_of(os.path.join(snaps, c))
+    freed = 0
+    blobs = os.path.join(storage, "blobs")
+    for b in sorted(mine - others):
+        for p in (os.path.join(blobs, b), os.path.join(blobs, b + PARTIAL)):
+            try:
+                freed += os.path.getsize(p)
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    if os.path.isdir(snap):
+        for root, dirs, names in os.walk(snap, topdown=False):
+            for n in names:
+                os.unlink(os.path.join(root, n))
+            for d in dirs:
+                os.rmdir(os.path.join(root, d))
+        os.rmdir(snap)
+    refs = []
+    for root, _, names in os.walk(os.path.join(storage, "refs")):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p) as fh:
+                if fh.read().strip() == args.commit:
+                    os.unlink(p)
+                    refs.append(os.path.relpath(p, os.path.join(storage, "refs")))
+    try:
+        os.unlink(verified_path(cache, args.repo, args.commit))
+    except FileNotFoundError:
+        pass
+    emit("result", mode="remove", repo=args.repo, commit=args.commit, bytes_freed=freed,
+         blobs_removed=len(mine - others), blobs_kept_shared=len(mine & others), refs_removed=refs)
+
+
+# ------------------------------------------------------------------ arguments
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise Fail(EXIT_USAGE, "%s: %s (see --help)" % (self.prog, message))
+
+
+def parser():
+    p = Parser(prog="transfer.py", description="sparkform model weights: resolve, download, serve, pull, observe",
+               formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 3)[2])
+    sub = p.add_subparsers(dest="mode", parser_class=Parser)
+
+    def common(sp, token=False, manifest=False, filters=True, where=True):
+        if where:
+            g = sp.add_mutually_exclusive_group(required=True)
+            g.add_argument("--cache", help="the hub cache folder (HF_HUB_CACHE)")
+            g.add_argument("--hf-home", help="HF_HOME: the cache is HF_HOME/hub")
+        if token:
+            sp.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding the token")
+            sp.add_argument("--token-stdin", action="store_true", help="the first line of stdin is the token")
+            sp.add_argument("--endpoint", help="the hub (default: $HF_ENDPOINT or the public hub)")
+        if manifest:
+            sp.add_argument("--manifest", help="the manifest file, or - for standard input")
+        if filters:
+            sp.add_argument("--include", action="append", help="only files matching (fnmatch, repeatable)")
+            sp.add_argument("--exclude", action="append", help="leave out files matching (repeatable)")
+
+    r = sub.add_parser("resolve", help="commit and manifest of REPO at REVISION")
+    r.add_argument("repo")
+    r.add_argument("revision")
+    r.add_argument("--no-config", action="store_true", help="do not fetch config.json for its facts")
+    common(r, token=True, where=False)
+
+    d = sub.add_parser("download", help="fetch the snapshot with huggingface_hub, then verify it")
+    d.add_argument("repo")
+    d.add_argument("commit")
+    d.add_argument("--jobs", type=int, default=8)
+    d.add_argument("--ref", help="also point refs/REF at the commit (e.g. main)")
+    d.add_argument("--deep", action="store_true", help="rehash files already verified")
+    common(d, token=True, manifest=True)
+
+    s = sub.add_parser("serve", help="serve a verified snapshot on ADDRESS:PORT")
+    s.add_argument("address")
+    s.add_argument("port", type=int)
+    s.add_argument("--repo", required=True)
+    s.add_argument("--commit", required=True)
+    s.add_argument("--idle-timeout", type=float, default=300.0, help="stop after this long without a request")
+    s.add_argument("--max-time", type=float, default=0, help="stop after this long in any case (0: no bound)")
+    s.add_argument("--max-rate", type=float, default=0,
+                   help="bytes per second per transfer, to leave the link to a running cluster (0: no bound)")
+    common(s, filters=False)
+
+    v = sub.add_parser("verify", help="check a snapshot against the manifest and record it as verified")
+    v.add_argument("--repo", required=True)
+    v.add_argument("--commit", required=True)
+    v.add_argument("--ref", help="also point refs/REF at the commit (e.g. main)")
+    v.add_argument("--deep", action="store_true", help="rehash files already verified")
+    common(v, manifest=True, filters=False)
+
+    pl = sub.add_parser("pull", help="fetch a verified snapshot from PEER:PORT")
+    pl.add_argument("peer")
+    pl.add_argument("port", type=int)
+    pl.add_argument("--repo", required=True)
+    pl.add_argument("--commit", required=True)
+    pl.add_argument("--jobs", type=int, default=4, help="files fetched at once")
+    pl.add_argument("--ref", help="also point refs/REF at the commit (e.g. main)")
+    pl.add_argument("--deep", action="store_true", help="rehash files already verified")
+    pl.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
+    pl.add_argument("--no-hash", dest="hash", action="store_false",
+                    help="benchmarks only: skip the checksum (files are then recorded unverified)")
+    common(pl, manifest=True)
+
+    o = sub.add_parser("observe", help="compare the local snapshot with the manifest")
+    o.add_argument("--repo", required=True)
+    o.add_argument("--commit", required=True)
+    o.add_argument("--deep", action="store_true", help="also compare checksums")
+    common(o, manifest=True, filters=False)
+
+    rm = sub.add_parser("remove", help="remove a commit's snapshot (blobs other snapshots share are kept)")
+    rm.add_argument("--repo", required=True)
+    rm.add_argument("--commit", required=True)
+    common(rm, filters=False)
+    return p
+
+
+def main(argv):
+    try:
+        args = parser().parse_args(argv)
+        if not args.mode:
+            raise Fail(EXIT_USAGE, "a mode is needed: resolve, download, verify, serve, pull, observe or remove (see --help)")
+        if hasattr(args, "port") and not 0 <= args.port <= 65535:
+            raise Fail(EXIT_USAGE, "port %d is not 0..65535" % args.port)
+        if getattr(args, "commit", None) is not None and args.mode != "download" \
+                and not COMMIT_RE.match(args.commit):
+            raise Fail(EXIT_USAGE, "--commit must be the 40-hex commit, not %r" % args.commit)
+        if args.mode == "pull" and not args.hash:
+            emit("warning", message="--no-hash: files are copied without verification (benchmarks only)")
+        {"resolve": cmd_resolve, "download": cmd_download, "verify": cmd_verify, "serve": cmd_serve,
+         "pull": cmd_pull, "observe": cmd_observe, "remove": cmd_remove}[args.mode](args)
+        return 0
+    except Fail as e:
+        emit("error", code=e.code, message=e.message)
+        sys.stderr.write("transfer.py: error: %s\n" % e.message)
+        return e.code
+    except KeyboardInterrupt:
+        emit("error", code=EXIT_INTR, message="interrupted")
+        sys.stderr.write("transfer.py: interrupted\n")
+        return EXIT_INTR
+    except OSError as e:
+        msg = "local I/O error: %s" % e
+        emit("error", code=EXIT_IO, message=msg)
+        sys.stderr.write("transfer.py: error: %s\n" % msg)
+        return EXIT_IO
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _sigterm)
+    sys.exit(main(sys.argv[1:]))

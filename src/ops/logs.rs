@@ -1,0 +1,568 @@
+//! Logs: the deployment's containers' logs from every node at once, merged in time order.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters as q;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::container::{LABEL_ADDRESS, LABEL_LINEAGE};
+use crate::kinds::KindId;
+
+/// A container whose logs are asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub address: String,
+    pub node: String,
+    /// Its Docker name in the definitions, for containers that carry no address label.
+    pub name: String,
+    /// Its ready blocks' `fail_on_log` patterns and their fixes.
+    pub fail_on_log: Vec<(String, String)>,
+}
+
+/// One line of a container's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// Nanoseconds since the epoch, from Docker's timestamp.
+    pub time: i64,
+    pub address: String,
+    pub text: String,
+    pub stderr: bool,
+}
+
+/// What comes out of a logs run, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEvent {
+    Line(LogLine),
+    /// Something the reader should know that is no log line (a container replaced, a node down).
+    Note(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct LogsRequest {
+    pub addresses: Vec<String>,
+    pub follow: bool,
+    /// Only lines newer than this many seconds.
+    pub since_secs: Option<u64>,
+    /// At most this many lines per container to start with.
+    pub tail: Option<usize>,
+}
+
+/// The containers an address list names: each exactly, a `for_each` block by its address
+/// without key, or a module by its prefix; all containers when the list is empty.
+pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, String> {
+    let containers: Vec<_> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == KindId::Container)
+        .collect();
+    let named = |want: &str, have: &str| {
+        have == want
+            || have
+                .strip_prefix(want)
+                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'))
+    };
+    for a in addresses {
+        if !containers.iter().any(|r| named(a, &r.address)) {
+            let known: Vec<&str> = containers.iter().map(|r| r.address.as_str()).collect();
+            return Err(format!(
+                "{a}: no container of the definitions has this address (they are: {})",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(containers
+        .into_iter()
+        .filter(|r| addresses.is_empty() || addresses.iter().any(|a| named(a, &r.address)))
+        .filter_map(|r| {
+            Some(Target {
+                address: r.address.clone(),
+                node: r.node.clone()?,
+                name: r.config.get("name")?.as_str()?.to_string(),
+                fail_on_log: fail_patterns(&r.config),
+            })
+        })
+        .collect())
+}
+
+fn fail_patterns(config: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = config
+        .get("ready")
+        .and_then(|r| r.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("fail_on_log")?.as_object())
+        .flat_map(|m| {
+            m.iter()
+                .map(|(p, f)| (p.clone(), f.as_str().unwrap_or_default().to_string()))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `2026-12-01T10:44:11.123456789Z text` → (nanoseconds, text).
+pub fn split_timestamp(line: &str) -> Option<(i64, &str)> {
+    let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
+    let t = chrono::DateTime::parse_from_rfc3339(ts).ok()?;
+    Some((t.timestamp_nanos_opt()?, text))
+}
+
+/// How many lines wait in one container's queue before they are written out of order rather
+/// than held: the merge's memory bound.
+pub const QUEUE_CAP: usize = 1024;
+
+/// Merge per-container streams (each in time order) into one in time order. A line waits while
+/// an open source has nothing queued; with `grace` (following), no longer than that, so an idle
+/// container does not hold the others back. Memory: at most [`QUEUE_CAP`] lines per source.
+pub async fn merge(
+    sources: usize,
+    mut rx: mpsc::Receiver<(usize, Option<LogLine>)>,
+    grace: Option<Duration>,
+    mut out: impl FnMut(LogLine),
+) {
+    let mut queues: Vec<VecDeque<(Instant, LogLine)>> = vec![VecDeque::new(); sources];
+    let mut open = vec![true; sources];
+    loop {
+        while let Some(i) = ready(&queues, &open, grace) {
+            if let Some((_, l)) = queues[i].pop_front() {
+                out(l);
+            }
+        }
+        if open.iter().all(|o| !o) && queues.iter().all(VecDeque::is_empty) {
+            return;
+        }
+        let oldest = queues
+            .iter()
+            .filter_map(|q| q.front().map(|(at, _)| *at))
+            .min();
+        let msg = match (grace, oldest) {
+            (Some(g), Some(at)) => {
+                match tokio::time::timeout(g.saturating_sub(at.elapsed()), rx.recv()).await {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                }
+            }
+            _ => rx.recv().await,
+        };
+        match msg {
+            Some((i, Some(l))) if i < sources => queues[i].push_back((Instant::now(), l)),
+            Some((i, None)) if i < sources => open[i] = false,
+            Some(_) => {}
+            // Every sender gone: nothing more comes.
+            None => open.iter_mut().for_each(|o| *o = false),
+        }
+    }
+}
+
+/// The source whose first line goes out next, if it may go now: the oldest line goes once no
+/// open source could still send an older one, its queue is full, or a line waited `grace`.
+fn ready(
+    queues: &[VecDeque<(Instant, LogLine)>],
+    open: &[bool],
+    grace: Option<Duration>,
+) -> Option<usize> {
+    let min = (0..queues.len())
+        .filter(|&i| !queues[i].is_empty())
+        .min_by_key(|&i| queues[i].front().map(|(_, l)| l.time))?;
+    let overdue = grace.is_some_and(|g| {
+        queues
+            .iter()
+            .filter_map(|q| q.front())
+            .any(|(at, _)| at.elapsed() >= g)
+    });
+    let full = queues.iter().any(|q| q.len() >= QUEUE_CAP);
+    let blocked = (0..queues.len()).any(|j| open[j] && queues[j].is_empty());
+    (!blocked || overdue || full).then_some(min)
+}
+
+/// Run `logs`: events arrive on `events` in order until the logs end or `cancel` fires.
+pub async fn logs(
+    config: &Config,
+    lineage: Option<String>,
+    targets: Vec<Target>,
+    req: &LogsRequest,
+    hosts: &HostOptions,
+    events: mpsc::UnboundedSender<LogEvent>,
+    cancel: CancellationToken,
+) {
+    let mut nodes: Vec<String> = targets.iter().map(|t| t.node.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    let pool = HostPool::connect(config, &nodes, hosts).await;
+    for (node, e) in pool.errors() {
+        let _ = events.send(LogEvent::Note(format!("{node}: no logs: {e}")));
+    }
+    let (tx, rx) = mpsc::channel(256);
+    let since = req
+        .since_secs
+        .map(|s| chrono::Utc::now().timestamp() - i64::try_from(s).unwrap_or(i64::MAX / 2));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, t) in targets.iter().enumerate() {
+        let Ok(host) = pool.get(&t.node) else {
+            let _ = tx.send((i, None)).await;
+            continue;
+        };
+        let src = Source {
+            index: i,
+            target: t.clone(),
+            lineage: lineage.clone(),
+            follow: req.follow,
+            since,
+            tail: req.tail,
+            tx: tx.clone(),
+            notes: events.clone(),
+            cancel: cancel.clone(),
+        };
+        tasks.spawn(async move {
+            match host.docker().await {
+                Ok(docker) => src.run(&docker).await,
+                Err(e) => {
+                    let _ = src.notes.send(LogEvent::Note(e.to_string()));
+                    let _ = src.tx.send((src.index, None)).await;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let grace = req.follow.then_some(Duration::from_millis(300));
+    let lines = events.clone();
+    merge(targets.len(), rx, grace, move |l| {
+        let _ = lines.send(LogEvent::Line(l));
+    })
+    .await;
+    tasks.shutdown().await;
+    pool.close().await;
+}
+
+/// One container's log, found again by its address label when it is replaced (following).
+struct Source {
+    index: usize,
+    target: Target,
+    lineage: Option<String>,
+    follow: bool,
+    since: Option<i64>,
+    tail: Option<usize>,
+    tx: mpsc::Sender<(usize, Option<LogLine>)>,
+    notes: mpsc::UnboundedSender<LogEvent>,
+    cancel: CancellationToken,
+}
+
+impl Source {
+    async fn run(self, docker: &bollard::Docker) {
+        let mut last: Option<i64> = None;
+        let mut current: Option<String> = None;
+        let mut waiting_said = false;
+        loop {
+            let found = tokio::select! {
+                f = find(docker, &self.target, self.lineage.as_deref()) => f,
+                _ = self.cancel.cancelled() => break,
+            };
+            match found {
+                // The container we read has stopped: wait for it or its successor.
+                Some((id, running))
+                    if self.follow && !running && current.as_deref() == Some(&id) =>
+                {
+                    if !waiting_said {
+                        let _ = self.notes.send(LogEvent::Note(format!(
+                            "{}: the container stopped; waiting for it or its replacement",
+                            self.target.address
+                        )));
+                    }
+                    waiting_said = true;
+                }
+                Some((id, _)) => {
+                    if current.is_some() && current.as_deref() != Some(&id) {
+                        let _ = self.notes.send(LogEvent::Note(format!(
+                            "{}: now following the new container {}",
+                            self.target.address,
+                            &id[..id.len().min(12)]
+                        )));
+                    }
+                    waiting_said = false;
+                    current = Some(id.clone());
+                    let first = last.is_none();
+                    if !self.stream(docker, &id, first, &mut last).await || !self.follow {
+                        break;
+                    }
+                }
+                None if !self.follow => {
+                    let _ = self.notes.send(LogEvent::Note(format!(
+                        "{}: no container on {}",
+                        self.target.address, self.target.node
+                    )));
+                    break;
+                }
+                None => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = self.cancel.cancelled() => break,
+            }
+        }
+        let _ = self.tx.send((self.index, None)).await;
+    }
+
+    /// Stream one container's log from after `last`; false when the merge is gone.
+    async fn stream(
+        &self,
+        docker: &bollard::Docker,
+        id: &str,
+        first: bool,
+        last: &mut Option<i64>,
+    ) -> bool {
+        let since = match *last {
+            Some(ns) => i32::try_from(ns / 1_000_000_000).unwrap_or(0),
+            None => self.since.and_then(|s| i32::try_from(s).ok()).unwrap_or(0),
+        };
+        let tail = match (first, self.tail) {
+            (true, Some(n)) => n.to_string(),
+            _ => "all".to_string(),
+        };
+        let mut stream = docker.logs(
+            id,
+            Some(q::LogsOptions {
+                follow: self.follow,
+                stdout: true,
+                stderr: true,
+                since,
+                timestamps: true,
+                tail,
+                ..Default::default()
+            }),
+        );
+        loop {
+            let chunk = tokio::select! {
+                c = stream.next() => c,
+                _ = self.cancel.cancelled() => return false,
+            };
+            let Some(Ok(chunk)) = chunk else {
+                return true;
+            };
+            let stderr = matches!(chunk, bollard::container::LogOutput::StdErr { .. });
+            let text = chunk.to_string();
+            for raw in text.lines() {
+                let Some((time, body)) = split_timestamp(raw) else {
+                    continue;
+                };
+                // Resuming by whole seconds repeats lines already shown.
+                if last.is_some_and(|l| time <= l) {
+                    continue;
+                }
+                *last = Some(time);
+                let line = LogLine {
+                    time,
+                    address: self.target.address.clone(),
+                    text: body.to_string(),
+                    stderr,
+                };
+                if self.tx.send((self.index, Some(line))).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// The container holding an address now: by its address label (the running one, else the
+/// newest), else by its name; (id, running).
+async fn find(
+    docker: &bollard::Docker,
+    target: &Target,
+    lineage: Option<&str>,
+) -> Option<(String, bool)> {
+    let mut labels = vec![format!("{LABEL_ADDRESS}={}", target.address)];
+    if let Some(l) = lineage {
+        labels.push(format!("{LABEL_LINEAGE}={l}"));
+    }
+    for filter in [("label", labels), ("name", vec![target.name.clone()])] {
+        let mut filters = HashMap::new();
+        filters.insert(filter.0.to_string(), filter.1);
+        let Ok(list) = docker
+            .list_containers(Some(q::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+        else {
+            return None;
+        };
+        let exact_name = |c: &&bollard::models::ContainerSummary| {
+            filter.0 == "label"
+                || c.names
+                    .iter()
+                    .flatten()
+                    .any(|n| n.trim_start_matches('/') == target.name)
+        };
+        let best = list.iter().filter(exact_name).max_by_key(|c| {
+            (
+                matches!(
+                    c.state,
+                    Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                ),
+                c.created.unwrap_or(0),
+            )
+        });
+        if let Some(c) = best {
+            let running = matches!(
+                c.state,
+                Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+            );
+            return Some((c.id.clone()?, running));
+        }
+    }
+    None
+}
+
+/// The fix for the first `fail_on_log` pattern a line matches.
+pub fn fatal_match<'a>(patterns: &'a [(regex::Regex, String)], text: &str) -> Option<&'a str> {
+    patterns
+        .iter()
+        .find(|(re, _)| re.is_match(text))
+        .map(|(_, fix)| fix.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(address: &str, time: i64) -> LogLine {
+        LogLine {
+            time,
+            address: address.into(),
+            text: format!("{address} at {time}"),
+            stderr: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_of_several_containers_come_out_in_time_order() {
+        let (tx, rx) = mpsc::channel(4);
+        let feeder = tokio::spawn(async move {
+            // Arrival order differs from time order: source 1 is read first, then 0, then 2.
+            for t in [5, 6, 30] {
+                tx.send((1, Some(line("b", t)))).await.unwrap();
+            }
+            for t in [1, 7, 8, 40] {
+                tx.send((0, Some(line("a", t)))).await.unwrap();
+            }
+            tx.send((1, None)).await.unwrap();
+            for t in [2, 9] {
+                tx.send((2, Some(line("c", t)))).await.unwrap();
+            }
+            tx.send((0, None)).await.unwrap();
+            tx.send((2, None)).await.unwrap();
+        });
+        let mut got = Vec::new();
+        merge(3, rx, None, |l| got.push(l.time)).await;
+        feeder.await.unwrap();
+        assert_eq!(got, vec![1, 2, 5, 6, 7, 8, 9, 30, 40]);
+    }
+
+    #[tokio::test]
+    async fn following_an_idle_container_does_not_hold_the_others_back() {
+        let (tx, rx) = mpsc::channel(4);
+        let (got_tx, mut got_rx) = mpsc::unbounded_channel();
+        let merging = tokio::spawn(async move {
+            merge(2, rx, Some(Duration::from_millis(50)), |l| {
+                let _ = got_tx.send(l.time);
+            })
+            .await
+        });
+        tx.send((0, Some(line("a", 1)))).await.unwrap();
+        // Source 1 stays open and silent: the line still comes out after the grace.
+        let first = tokio::time::timeout(Duration::from_secs(5), got_rx.recv()).await;
+        assert_eq!(first.ok().flatten(), Some(1));
+        drop(tx);
+        merging.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_source_that_floods_is_bounded() {
+        let (tx, rx) = mpsc::channel(4);
+        let feeder = tokio::spawn(async move {
+            for t in 0..(QUEUE_CAP as i64 * 3) {
+                tx.send((0, Some(line("a", t)))).await.unwrap();
+            }
+            tx.send((1, Some(line("b", -1)))).await.unwrap();
+            tx.send((0, None)).await.unwrap();
+            tx.send((1, None)).await.unwrap();
+        });
+        let mut got = Vec::new();
+        merge(2, rx, None, |l| got.push(l.time)).await;
+        feeder.await.unwrap();
+        // Source 1 said nothing until the end: source 0 could not wait for it forever.
+        assert_eq!(got.len(), QUEUE_CAP * 3 + 1);
+        assert_eq!(got[0], 0);
+    }
+
+    #[test]
+    fn docker_timestamps_are_parsed_to_nanoseconds() {
+        let (a, text) = split_timestamp("2026-12-01T10:44:11.1234Z hello world").unwrap();
+        let (b, _) = split_timestamp("2026-12-01T10:44:11.12345Z x").unwrap();
+        assert_eq!(text, "hello world");
+        // Docker trims trailing zeros, so the text does not sort; the numbers do.
+        assert!(b > a);
+        assert_eq!(b - a, 50_000);
+        assert!(split_timestamp("not a timestamp").is_none());
+    }
+
+    #[test]
+    fn addresses_select_containers_and_for_each_instances() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            r#"
+node "a" { address = "local" }
+node "b" { address = "local" }
+container "head" {
+  node  = node.a
+  image = "busybox"
+  ready {
+    exec        = ["true"]
+    fail_on_log = { "CUDA out of memory" = "lower gpu_memory_utilization" }
+  }
+}
+container "worker" {
+  for_each = { a = node.a, b = node.b }
+  node     = each.value
+  image    = "busybox"
+}
+"#,
+        )
+        .unwrap();
+        let ws = crate::workspace::Workspace::new(dir.path(), None);
+        let (config, _) = ws.load(&Default::default()).unwrap();
+        let all = select(&config, &[]).unwrap();
+        assert_eq!(all.len(), 3);
+        let head = &all.iter().find(|t| t.address == "container.head").unwrap();
+        assert_eq!(
+            head.fail_on_log,
+            vec![(
+                "CUDA out of memory".to_string(),
+                "lower gpu_memory_utilization".to_string()
+            )]
+        );
+        let workers = select(&config, &["container.worker".into()]).unwrap();
+        let addrs: Vec<&str> = workers.iter().map(|t| t.address.as_str()).collect();
+        assert_eq!(
+            addrs,
+            ["container.worker[\"a\"]", "container.worker[\"b\"]"]
+        );
+        let one = select(&config, &["container.worker[\"b\"]".into()]).unwrap();
+        assert_eq!(one.len(), 1);
+        let err = select(&config, &["container.nope".into()]).unwrap_err();
+        assert!(
+            err.contains("container.nope") && err.contains("container.head"),
+            "{err}"
+        );
+        // A prefix that is not an address boundary names nothing.
+        assert!(select(&config, &["container.work".into()]).is_err());
+    }
+}

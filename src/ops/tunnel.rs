@@ -1,0 +1,428 @@
+//! Tunnel: a deployment's endpoint on a local port, through the node's master connection.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::hosts::{Endpoint, Host};
+use crate::kinds::KindId;
+
+/// What a tunnel reaches: a URL as a node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// What it was found from (`output.endpoint`, `probe.hello`).
+    pub from: String,
+    /// The node it goes through (`node.spark1`).
+    pub node: String,
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    /// Path and query of the URL (`/v1/chat/completions`).
+    pub path: String,
+}
+
+/// An output or probe by name, or the deployment's only HTTP endpoint when `what` is `None`.
+pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
+    let url_outputs: Vec<(&str, &str)> = config
+        .outputs
+        .iter()
+        .filter(|o| !o.sensitive)
+        .filter_map(|o| Some((o.name.as_str(), o.value.as_str()?)))
+        .filter(|(_, v)| v.starts_with("http://"))
+        .collect();
+    let probes: Vec<(&str, &str, &str)> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == KindId::Probe)
+        .filter_map(|r| {
+            let http = r.config.get("http")?;
+            Some((
+                r.address.as_str(),
+                http.get("via")?.as_str()?,
+                http.get("url")?.as_str()?,
+            ))
+        })
+        .collect();
+    let candidates = || {
+        let mut c: Vec<String> = url_outputs
+            .iter()
+            .map(|(n, _)| format!("output {n}"))
+            .collect();
+        c.extend(probes.iter().map(|(a, _, _)| a.to_string()));
+        if c.is_empty() {
+            "the definitions have no output that is an http:// URL and no http probe".to_string()
+        } else {
+            format!("choose one of: {}", c.join(", "))
+        }
+    };
+    let from_output = |name: &str, url: &str| -> Result<Target, String> {
+        let node = node_for_url(config, url, &probes).ok_or_else(|| {
+            format!(
+                "output {name} ({url}): no node of the definitions has this address, and no \
+                 probe goes to it\n  help: name a probe whose `via` node reaches it"
+            )
+        })?;
+        target(format!("output.{name}"), node, url)
+    };
+    match what {
+        Some(w) => {
+            let name = w.strip_prefix("output.").unwrap_or(w);
+            if let Some((n, url)) = url_outputs.iter().find(|(n, _)| *n == name) {
+                return from_output(n, url);
+            }
+            if let Some((a, via, url)) = probes.iter().find(|(a, _, _)| *a == w) {
+                return target(a.to_string(), via.to_string(), url);
+            }
+            Err(format!(
+                "{w}: no output that is an http:// URL and no http probe has this name\n  help: {}",
+                candidates()
+            ))
+        }
+        None => match (url_outputs.as_slice(), probes.as_slice()) {
+            ([(n, url)], _) => from_output(n, url),
+            ([], [(a, via, url)]) => target(a.to_string(), via.to_string(), url),
+            _ => Err(format!(
+                "which endpoint? name an output or a probe\n  help: {}",
+                candidates()
+            )),
+        },
+    }
+}
+
+fn target(from: String, node: String, url: &str) -> Result<Target, String> {
+    let (host, port, path) = crate::http::parse_url(url).map_err(|e| format!("{from}: {e}"))?;
+    Ok(Target {
+        from,
+        node,
+        url: url.to_string(),
+        host,
+        port,
+        path,
+    })
+}
+
+/// The node an output's URL is reached through: a probe's `via` for the same URL, the node
+/// with a fabric address equal to the URL's host, or the node of that host name.
+fn node_for_url(config: &Config, url: &str, probes: &[(&str, &str, &str)]) -> Option<String> {
+    if let Some((_, via, _)) = probes.iter().find(|(_, _, u)| u.starts_with(url)) {
+        return Some(via.to_string());
+    }
+    let (host, _, _) = crate::http::parse_url(url).ok()?;
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == KindId::Attachment)
+        .find(|r| r.config.get("address").and_then(|a| a.as_str()) == Some(host.as_str()))
+        .and_then(|r| r.node.clone())
+        .or_else(|| {
+            config
+                .nodes
+                .values()
+                .find(|n| n.host == host)
+                .map(|n| n.address.clone())
+        })
+}
+
+/// `[BIND:]PORT` → the local address; a non-loopback bind only with `allow_remote`.
+pub fn bind_address(
+    spec: Option<&str>,
+    default_port: u16,
+    allow_remote: bool,
+) -> Result<SocketAddr, String> {
+    let (ip, port) = match spec {
+        None => ("127.0.0.1", default_port.to_string()),
+        Some(s) => match s.rsplit_once(':') {
+            Some((b, p)) => (b.trim_matches(['[', ']']), p.to_string()),
+            None => ("127.0.0.1", s.to_string()),
+        },
+    };
+    let ip: IpAddr = if ip == "localhost" {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        ip.parse().map_err(|_| {
+            format!(
+                "-L {}: {ip:?} is not an IP address",
+                spec.unwrap_or_default()
+            )
+        })?
+    };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("-L {}: {port:?} is not a port", spec.unwrap_or_default()))?;
+    if !ip.is_loopback() && !allow_remote {
+        return Err(format!(
+            "-L {}: {ip} is reachable from other machines, and so would the endpoint be\n  help: \
+             add --allow-remote-bind if that is what you want",
+            spec.unwrap_or_default()
+        ));
+    }
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// What follows the authority in a URL, as written: `http://h:1` → ``, `http://h:1/x` → `/x`.
+fn path_as_written(url: &str) -> &str {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    rest.find(['/', '?']).map_or("", |i| &rest[i..])
+}
+
+/// An open tunnel: a local listener in front of a node's forward.
+pub struct Tunnel {
+    listener: TcpListener,
+    endpoint: Endpoint,
+    pub local: SocketAddr,
+    pub url: String,
+}
+
+impl Tunnel {
+    /// Forward the target through `host` and listen on `bind`. When no port was asked for and
+    /// the remote port is taken here, any free port.
+    pub async fn open(
+        host: &dyn Host,
+        target: &Target,
+        bind: SocketAddr,
+        port_given: bool,
+    ) -> Result<Tunnel, String> {
+        let endpoint = host
+            .forward(&target.host, target.port)
+            .await
+            .map_err(|e| e.to_string())?;
+        let listener = match TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(_) if !port_given => TcpListener::bind(SocketAddr::new(bind.ip(), 0))
+                .await
+                .map_err(|e| format!("cannot listen on {}: {e}", bind.ip()))?,
+            Err(e) => return Err(format!("cannot listen on {bind}: {e}")),
+        };
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        let url = format!("http://{local}{}", path_as_written(&target.url));
+        Ok(Tunnel {
+            listener,
+            endpoint,
+            local,
+            url,
+        })
+    }
+
+    /// Serve connections until `cancel`; say on `notes` when the remote side stops answering
+    /// (checked every `every`, and on each connection that fails) and when it answers again.
+    pub async fn serve(
+        self,
+        every: Duration,
+        notes: mpsc::UnboundedSender<String>,
+        cancel: CancellationToken,
+    ) {
+        let (down_tx, mut down_rx) = mpsc::unbounded_channel::<Result<(), String>>();
+        let mut conns = tokio::task::JoinSet::new();
+        let mut tick = tokio::time::interval(every);
+        let mut down: Option<String> = None;
+        let report = |r: Result<(), String>, down: &mut Option<String>| match (r, &*down) {
+            (Err(e), None) => {
+                let _ = notes.send(format!("the remote side stopped answering: {e}"));
+                *down = Some(e);
+            }
+            (Ok(()), Some(_)) => {
+                let _ = notes.send("the remote side answers again".to_string());
+                *down = None;
+            }
+            _ => {}
+        };
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                accepted = self.listener.accept() => {
+                    let Ok((client, _)) = accepted else { continue };
+                    let ep = self.endpoint.clone();
+                    let tx = down_tx.clone();
+                    conns.spawn(async move {
+                        let _ = tx.send(relay(client, &ep).await);
+                    });
+                }
+                _ = tick.tick() => {
+                    let ep = self.endpoint.clone();
+                    let tx = down_tx.clone();
+                    conns.spawn(async move {
+                        let _ = tx.send(crate::kinds::container::machine::tcp_open(&ep).await);
+                    });
+                }
+                Some(r) = down_rx.recv() => report(r, &mut down),
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+        conns.shutdown().await;
+    }
+}
+
+/// Carry one local connection to the node's side; Err when the remote end refused it (the
+/// forward closed it before a byte came back).
+async fn relay(mut client: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), String> {
+    let result = match ep {
+        Endpoint::Unix(p) => {
+            let mut remote = tokio::net::UnixStream::connect(p)
+                .await
+                .map_err(|e| format!("the forward is gone: {e}"))?;
+            tokio::io::copy_bidirectional(&mut client, &mut remote).await
+        }
+        Endpoint::Tcp(h, port) => {
+            let mut remote = tokio::net::TcpStream::connect((h.as_str(), *port))
+                .await
+                .map_err(|e| format!("{h}:{port}: {e}"))?;
+            tokio::io::copy_bidirectional(&mut client, &mut remote).await
+        }
+    };
+    match result {
+        Ok((sent, 0)) if sent > 0 => Err("the connection closed without an answer".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            r#"
+node "a" { address = "sf-a" }
+node "b" { address = "sf-b" }
+network "fab" {
+  subnet = "10.9.0.0/24"
+  attach "a" {
+    node      = node.a
+    interface = "eth1"
+    address   = "10.9.0.1"
+  }
+  attach "b" {
+    node      = node.b
+    interface = "eth1"
+    address   = "10.9.0.2"
+  }
+}
+probe "hello" {
+  http {
+    via = node.b
+    url = "http://127.0.0.1:8000/v1/models"
+  }
+}
+output "endpoint" { value = "http://10.9.0.1:30000" }
+output "other" { value = "not a url" }
+"#,
+        )
+        .unwrap();
+        let ws = crate::workspace::Workspace::new(dir.path(), None);
+        ws.load(&Default::default()).unwrap().0
+    }
+
+    #[test]
+    fn an_output_url_goes_through_the_node_with_that_fabric_address() {
+        let c = config();
+        let t = resolve(&c, Some("endpoint")).unwrap();
+        assert_eq!(
+            (t.node.as_str(), t.port, t.path.as_str()),
+            ("node.a", 30000, "/")
+        );
+        assert_eq!(resolve(&c, Some("output.endpoint")).unwrap(), t);
+        // The only URL output is the default.
+        assert_eq!(resolve(&c, None).unwrap(), t);
+    }
+
+    #[test]
+    fn a_probe_goes_through_its_via_node_with_its_path() {
+        let t = resolve(&config(), Some("probe.hello")).unwrap();
+        assert_eq!(t.node, "node.b");
+        assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 8000));
+        assert_eq!(t.path, "/v1/models");
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_candidates() {
+        let e = resolve(&config(), Some("other")).unwrap_err();
+        assert!(
+            e.contains("output endpoint") && e.contains("probe.hello"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_local_url_keeps_the_path_as_written() {
+        assert_eq!(path_as_written("http://10.0.0.1:30000"), "");
+        assert_eq!(
+            path_as_written("http://10.0.0.1:30000/v1/x?a=1"),
+            "/v1/x?a=1"
+        );
+        assert_eq!(path_as_written("http://h?q"), "?q");
+    }
+
+    #[test]
+    fn binds_default_to_loopback_and_refuse_others_unless_asked() {
+        assert_eq!(
+            bind_address(None, 30000, false).unwrap().to_string(),
+            "127.0.0.1:30000"
+        );
+        assert_eq!(
+            bind_address(Some("8080"), 1, false).unwrap().to_string(),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(
+            bind_address(Some("[::1]:81"), 1, false)
+                .unwrap()
+                .to_string(),
+            "[::1]:81"
+        );
+        let e = bind_address(Some("0.0.0.0:8080"), 1, false).unwrap_err();
+        assert!(e.contains("--allow-remote-bind"), "{e}");
+        assert!(bind_address(Some("0.0.0.0:8080"), 1, true).is_ok());
+        assert!(bind_address(Some("x:80"), 1, false).is_err());
+        assert!(bind_address(Some("127.0.0.1:http"), 1, false).is_err());
+    }
+
+    #[tokio::test]
+    async fn connections_are_relayed_and_a_dead_remote_is_reported_once() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("f.sock");
+        let remote = tokio::net::UnixListener::bind(&sock).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = remote.accept().await.unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(b"pong").await.unwrap();
+            // Then the remote side goes away: nothing listens on the socket any more.
+            drop(remote);
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let local = listener.local_addr().unwrap();
+        let t = Tunnel {
+            listener,
+            endpoint: Endpoint::Unix(sock.clone()),
+            local,
+            url: String::new(),
+        };
+        let (tx, mut notes) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let serving = tokio::spawn(t.serve(Duration::from_millis(50), tx, cancel.clone()));
+        let mut c = tokio::net::TcpStream::connect(local).await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"pong");
+        server.await.unwrap();
+        let _ = std::fs::remove_file(&sock);
+        let n = tokio::time::timeout(Duration::from_secs(5), notes.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n.contains("stopped answering"), "{n}");
+        // Said once, not at every check.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(notes.try_recv().is_err());
+        cancel.cancel();
+        serving.await.unwrap();
+    }
+}
