@@ -336,6 +336,83 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// What a message says where a value derived from a sensitive variable would be.
+pub const SENSITIVE_VALUE: &str = "(sensitive value)";
+
+/// Shortest sensitive value the scrubber looks for: a shorter one would blot out ordinary
+/// words; such values are kept out of messages by the evaluator's taint alone.
+const MIN_SECRET: usize = 4;
+/// Most sensitive values remembered per thread (a guard against a definition that makes
+/// millions of them).
+const MAX_SECRETS: usize = 4096;
+
+thread_local! {
+    // The string forms of the sensitive values of the load running on this thread, as they
+    // can appear in a message: raw, escaped as Rust and as JSON quote them.
+    static SECRETS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Remember a sensitive value's text, so that no message, label, help or snippet built on this
+/// thread shows it: the backstop behind the evaluator's taint, which gives messages about
+/// sensitive expressions generic text.
+pub fn note_secret(text: &str) {
+    if text.chars().count() < MIN_SECRET {
+        return;
+    }
+    let debug = format!("{text:?}");
+    let json = serde_json::to_string(text).unwrap_or_default();
+    let forms = [
+        text.to_string(),
+        debug[1..debug.len() - 1].to_string(),
+        json.get(1..json.len().saturating_sub(1))
+            .unwrap_or_default()
+            .to_string(),
+    ];
+    SECRETS.with(|s| {
+        let mut s = s.borrow_mut();
+        for f in forms {
+            if s.len() < MAX_SECRETS && f.chars().count() >= MIN_SECRET && !s.contains(&f) {
+                s.push(f);
+            }
+        }
+        // Longest first, so a secret that contains another is replaced whole.
+        s.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    });
+}
+
+/// Forget the sensitive values remembered on this thread (the end of a load).
+pub fn forget_secrets() {
+    SECRETS.with(|s| s.borrow_mut().clear());
+}
+
+/// `s` with every remembered sensitive value replaced by [`SENSITIVE_VALUE`].
+pub fn scrub(s: &str) -> std::borrow::Cow<'_, str> {
+    SECRETS.with(|secrets| {
+        let secrets = secrets.borrow();
+        if !secrets.iter().any(|x| s.contains(x.as_str())) {
+            return std::borrow::Cow::Borrowed(s);
+        }
+        let mut out = s.to_string();
+        for x in secrets.iter() {
+            if out.contains(x.as_str()) {
+                out = out.replace(x.as_str(), SENSITIVE_VALUE);
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    })
+}
+
+/// Byte ranges of `text` that hold a remembered sensitive value, for masking source lines.
+fn secret_ranges(text: &str) -> Vec<Range<usize>> {
+    SECRETS.with(|secrets| {
+        let mut out = Vec::new();
+        for x in secrets.borrow().iter() {
+            out.extend(text.match_indices(x.as_str()).map(|(i, m)| i..i + m.len()));
+        }
+        out
+    })
+}
+
 /// Shortest file content that [`note_file_contents`] remembers: shorter ones say too little to
 /// tell a file from any other value.
 const MIN_FILE_START: usize = 8;
@@ -418,7 +495,9 @@ fn clip_quoted(s: &str) -> std::borrow::Cow<'_, str> {
 /// `s` with long quoted values cut, hidden characters escaped (`\u{1b}`), cut to `max`
 /// characters.
 pub fn clean(s: &str, max: usize) -> String {
-    let s = clip_quoted(s);
+    // Secrets go first: cutting a quoted value could leave a prefix no longer matching.
+    let s = scrub(s);
+    let s = clip_quoted(&s);
     let mut out = String::with_capacity(s.len().min(max + 16));
     for (n, (i, c)) in s.char_indices().enumerate() {
         if n == max {
@@ -516,6 +595,9 @@ impl Snippet {
                 }
                 let mut shown = 0usize;
                 let mut cut_at = None;
+                // A sensitive value written in the source (a variable's default) is masked
+                // character for character, so the labels keep their columns.
+                let masked = secret_ranges(content);
                 let mark =
                     |offset: usize, pos: usize, m: &mut Vec<(Option<usize>, Option<usize>)>| {
                         for (i, s) in spans.iter().enumerate() {
@@ -537,7 +619,11 @@ impl Snippet {
                     }
                     let pos = out.len();
                     mark(lr.start + i, pos, &mut mapped);
-                    push_escaped(&mut out, c);
+                    if masked.iter().any(|m| m.contains(&i)) {
+                        out.push('*');
+                    } else {
+                        push_escaped(&mut out, c);
+                    }
                     shown += 1;
                 }
                 let end_pos = out.len();
@@ -727,6 +813,27 @@ mod tests {
 
     fn file(text: &str) -> Arc<SourceFile> {
         Arc::new(SourceFile::new(Path::new("t.hcl"), text.to_string()))
+    }
+
+    #[test]
+    fn noted_secrets_are_scrubbed_before_long_values_are_cut_and_masked_in_snippets() {
+        forget_secrets();
+        let secret = format!("tok-{}", "k".repeat(100));
+        note_secret(&secret);
+        note_secret("abc");
+        let d =
+            Diag::error("t", format!("bad value {secret:?} and abc")).help(format!("was {secret}"));
+        assert_eq!(d.message, "bad value \"(sensitive value)\" and abc");
+        assert_eq!(d.help.as_deref(), Some("was (sensitive value)"));
+        let text = format!("x = \"{secret}\" + y\n");
+        let f = file(&text);
+        let at = text.find("+ y").unwrap_or(0);
+        let out =
+            render_plain(&[Diag::error("t", "bad").label(&Span::new(&f, at..at + 3), "here")]);
+        assert!(!out.contains("tok-k") && out.contains("\"****"), "{out}");
+        forget_secrets();
+        let d = Diag::error("t", format!("bad value {secret:?}"));
+        assert!(d.message.contains("tok-kkk"), "forgotten: {}", d.message);
     }
 
     #[test]

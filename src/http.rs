@@ -38,45 +38,8 @@ fn shown(url: &str) -> String {
     crate::diag::clip(url, 120)
 }
 
-/// `http://host:port/path` → (host, port, path). A URL with a control character or a space
-/// anywhere is refused: it would change the request line or a header.
-pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
-    if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "\"{}\" contains a control character or a space; write it percent-encoded (%0D, %20)",
-            shown(url)
-        ));
-    }
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("\"{}\" is not an http:// URL", shown(url)))?;
-    let (authority, path) = match rest.find(['/', '?']) {
-        Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
-        Some(i) => (&rest[..i], rest[i..].to_string()),
-        None => (rest, "/".to_string()),
-    };
-    if authority.contains('@') {
-        return Err(format!(
-            "\"{}\": user information in the URL is not supported",
-            shown(url)
-        ));
-    }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
-            h.trim_matches(['[', ']']).to_string(),
-            p.parse()
-                .map_err(|_| format!("bad port in \"{}\"", shown(url)))?,
-        ),
-        _ => (authority.to_string(), 80),
-    };
-    if host.is_empty() {
-        return Err(format!("no host in \"{}\"", shown(url)));
-    }
-    if port == 0 {
-        return Err(format!("port 0 in \"{}\"", shown(url)));
-    }
-    Ok((host, port, path))
-}
+// Pure, so that `validate` refuses the URLs a request would refuse.
+pub use crate::schema::parse_url;
 
 pub async fn send(endpoint: &Endpoint, req: &Request) -> Result<Response, String> {
     let work = async {

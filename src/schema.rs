@@ -121,3 +121,49 @@ pub const fn spec(
         open: false,
     }
 }
+
+/// `http://host:port/path` → (host, port, path). A URL with a control character or a space
+/// anywhere is refused: it would change the request line or a header.
+pub fn parse_url(url: &str) -> Result<(String, u16, String), String> {
+    if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "\"{}\" contains a control character or a space; write it percent-encoded (%0D, %20)",
+            shown_url(url)
+        ));
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("\"{}\" is not an http:// URL", shown_url(url)))?;
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
+    };
+    if authority.contains('@') {
+        return Err(format!(
+            "\"{}\": user information in the URL is not supported",
+            shown_url(url)
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
+            h.trim_matches(['[', ']']).to_string(),
+            p.parse()
+                .map_err(|_| format!("bad port in \"{}\"", shown_url(url)))?,
+        ),
+        _ => (authority.to_string(), 80),
+    };
+    if host.is_empty() {
+        return Err(format!("no host in \"{}\"", shown_url(url)));
+    }
+    if port == 0 {
+        return Err(format!("port 0 in \"{}\"", shown_url(url)));
+    }
+    Ok((host, port, path))
+}
+
+/// A URL as messages quote it: cut, and its line breaks written as `\n` so the quote stays on
+/// one line.
+fn shown_url(url: &str) -> String {
+    crate::diag::clip(&url.replace('\n', "\\n"), 120)
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::config::{self, Config, VarInputs};
 use crate::diag::Diagnostics;
 use crate::graph::Graph;
-use crate::state::{State, StateError, StateStore};
+use crate::state::{HashKey, State, StateError, StateStore};
 
 pub const DEFAULT_STATE_FILE: &str = "state/sparkform.json";
 
@@ -58,6 +58,16 @@ impl Workspace {
     /// The recorded state, or `None` when nothing was ever applied.
     pub fn state(&self) -> Result<Option<State>, StateError> {
         self.store().load()
+    }
+
+    /// The key of the hashes of sensitive values beside the state; created when `create`
+    /// (a command that writes a state or a plan file), else `None` when there is none yet.
+    pub fn key(&self, create: bool) -> Result<Option<HashKey>, StateError> {
+        if create {
+            self.store().key_or_create().map(Some)
+        } else {
+            self.store().read_key()
+        }
     }
 
     /// Definitions evaluated and their graph built; every error found, at once.

@@ -152,6 +152,27 @@ fn assert_refused(dir: &Path, expect: &str, env: &[(&str, &str)]) {
     }
 }
 
+/// The value of the sensitive variable `token` in every run of the corpus: long enough that a
+/// message cutting a quoted value would show a prefix of it.
+const SECRET: &str =
+    "Zq8-vW3xK9-pL2mN7-rT5yB1-hG4jD6-fS0aE8-uI3oP9-cV7nM2-xQ1wR5-kJ6lH0-bY4tU8-gF2dA9";
+
+/// A part of [`SECRET`] (six characters or more, in any case) found in `text`.
+fn secret_in(text: &str) -> Option<String> {
+    let hay = text.to_lowercase();
+    let secret: Vec<char> = SECRET.to_lowercase().chars().collect();
+    (0..=secret.len() - 6)
+        .map(|i| secret[i..i + 6].iter().collect::<String>())
+        .find(|part| hay.contains(part.as_str()))
+}
+
+fn assert_no_secret(case: &str, output: &[u8]) {
+    let text = String::from_utf8_lossy(output);
+    if let Some(part) = secret_in(&text) {
+        panic!("{case}: a part of the secret ({part:?}) in\n{text}");
+    }
+}
+
 #[test]
 fn every_hostile_fixture_is_refused_within_bounds() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile");
@@ -167,8 +188,60 @@ fn every_hostile_fixture_is_refused_within_bounds() {
         let expect =
             std::fs::read_to_string(root.join(&name).join("expect.txt")).expect("expect.txt");
         let (_tmp, dir) = copy_fixture(&name);
-        assert_refused(&dir, expect.trim_end(), &[]);
+        let env = [("SPARKFORM_VAR_token", SECRET)];
+        assert_refused(&dir, expect.trim_end(), &env);
+        if name.starts_with("secret_") {
+            for args in [
+                &["plan", "-refresh=false", "--json", "."][..],
+                &["graph", "."][..],
+            ] {
+                let r = run(&dir, args, &env);
+                let case = format!("{name}: {args:?}");
+                assert_eq!(r.code, Some(1), "{case}: exit code");
+                assert_no_secret(&case, &r.output);
+            }
+        }
     }
+}
+
+#[test]
+fn a_valid_definition_shows_its_secret_nowhere() {
+    let (_tmp, dir) = copy_fixture("secrets_ok");
+    let env = [("SPARKFORM_VAR_token", SECRET)];
+    for args in [
+        &["validate", "."][..],
+        &["plan", "-refresh=false", "."][..],
+        &["plan", "-refresh=false", "--json", "."][..],
+        &["graph", "."][..],
+        &["plan", "-refresh=false", "-out", "t.plan", "."][..],
+        &["show", "t.plan"][..],
+    ] {
+        let r = run(&dir, args, &env);
+        let case = format!("secrets_ok: {args:?}");
+        let text = String::from_utf8_lossy(&r.output);
+        assert_eq!(r.code, Some(0), "{case}: exit code\n{text}");
+        assert_no_secret(&case, &r.output);
+    }
+    let plan = std::fs::read(dir.join("t.plan")).expect("plan file");
+    assert_no_secret("the plan file", &plan);
+    let plan = String::from_utf8_lossy(&plan);
+    // The plan file holds keyed hashes only: hashing a guess without the key confirms nothing.
+    assert!(plan.contains("hmac-sha256:"), "{plan}");
+    for guess in [SECRET.to_string(), format!("Bearer {SECRET}")] {
+        let unkeyed = sparkform::state::sha256_hex(&serde_json::to_vec(&guess).expect("json"));
+        assert!(
+            !plan.contains(&unkeyed),
+            "the unkeyed hash of {guess:?} is in the plan file"
+        );
+    }
+    // Writing the plan file created the key, private and ignored by git.
+    let key = dir.join("state/sparkform.key");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key).expect("key").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let ignore = std::fs::read_to_string(dir.join("state/.gitignore")).expect(".gitignore");
+    assert!(ignore.lines().any(|l| l == "sparkform.key"), "{ignore}");
 }
 
 fn write_case(files: &[(&str, &[u8])]) -> (tempfile::TempDir, PathBuf) {

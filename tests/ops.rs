@@ -58,7 +58,7 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
             store: store(dir.path()),
             source: Source::Definitions {
                 refresh: true,
-                options: PlanOptions::default(),
+                options: PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
             },
             hosts: HostOptions::default(),
         },
@@ -78,7 +78,13 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
 async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved() {
     let dir = folder();
     let (config, graph) = common::load(dir.path());
-    let p = plan::plan(&config, &graph, &State::new(), &PlanOptions::default()).unwrap();
+    let p = plan::plan(
+        &config,
+        &graph,
+        &State::new(),
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+    .unwrap();
     let file = PlanFile::new(p, dir.path(), store(dir.path()).path(), None);
     let path = dir.path().join("tb.plan");
 
@@ -118,7 +124,13 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
     let dir = folder();
     let (config, graph) = common::load(dir.path());
     let mut state = State::new();
-    let p = plan::plan(&config, &graph, &state, &PlanOptions::default()).unwrap();
+    let p = plan::plan(
+        &config,
+        &graph,
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+    .unwrap();
     plan::record(&p, &mut state);
     store(dir.path()).write(&mut state).unwrap();
     let prepared = prepare(
@@ -157,7 +169,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
             refresh: false,
             options: PlanOptions {
                 targets,
-                ..PlanOptions::default()
+                ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
             },
         },
         hosts: HostOptions::default(),

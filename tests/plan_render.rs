@@ -53,7 +53,12 @@ fn plan_with(
 fn stack_change(before: &[(&str, &str)], after: &[(&str, &str)], secs: &[(&str, f64)]) -> Plan {
     let dir = common::fixture(STACK);
     let state = applied(&dir, before, secs);
-    plan_with(&dir, after, &state, &PlanOptions::default())
+    plan_with(
+        &dir,
+        after,
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
 }
 
 #[test]
@@ -271,7 +276,7 @@ fn the_testbed_example_shows_the_vllm_flag() {
         dir,
         &[("max_model_len", "4096")],
         &state,
-        &PlanOptions::default(),
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
     );
     let out = render::render(&p);
     assert!(
@@ -299,7 +304,7 @@ fn exclude_leaves_out_the_resource_and_its_dependents() {
     let state = applied(&dir, &[], &[]);
     let opts = PlanOptions {
         exclude: vec!["container.vllm".into()],
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let p = plan_with(
         &dir,
@@ -334,14 +339,14 @@ fn exclude_leaves_out_the_resource_and_its_dependents() {
     let (c, g) = common::load_with(&dir, &vars(&[("workers", "[]")]));
     let opts = PlanOptions {
         exclude: vec!["container.ray_worker[\"n2\"]".into()],
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let p = plan::plan(&c, &g, &state, &opts).expect("plan");
     assert!(p.change("container.ray_worker[\"n2\"]").is_none());
     assert_eq!(p.summary.delete, 0);
     let bad = PlanOptions {
         exclude: vec!["container.vlm".into()],
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let err = plan::plan(&c, &g, &state, &bad).unwrap_err();
     assert!(
@@ -360,7 +365,7 @@ fn plans_and_states_written_before_impact_and_durations_still_load() {
         &dir,
         &[("max_model_len", "4096")],
         &state,
-        &PlanOptions::default(),
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
     );
     let mut doc = serde_json::to_value(&p).expect("plan to JSON");
     assert!(doc["impact"]["stopped"].is_array(), "{doc}");
@@ -455,7 +460,7 @@ fn a_moved_fabric_address_and_an_untracked_container_are_disruptions() {
             }],
             ..plan::Observations::default()
         }),
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let p = plan_with(&dir, &[("n2_interface", "enp1s0f1np1")], &state, &opts);
     let stopped: Vec<(&str, Action)> = impact(&p)

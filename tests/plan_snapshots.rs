@@ -166,7 +166,7 @@ fn replace_option_and_unknown_address() {
     let state = common::applied(&dir);
     let opts = PlanOptions {
         replace: vec!["container.worker[\"n2\"]".into()],
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let p = plan::plan(&c, &g, &state, &opts).unwrap();
     assert_eq!(
@@ -179,7 +179,7 @@ fn replace_option_and_unknown_address() {
     );
     let bad = PlanOptions {
         replace: vec!["container.wroker".into()],
-        ..PlanOptions::default()
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
     };
     let err = plan::plan(&c, &g, &state, &bad).unwrap_err();
     assert!(err.message.contains("no such resource"), "{}", err.message);

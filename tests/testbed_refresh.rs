@@ -93,7 +93,13 @@ fn plan_shows_drift_and_untracked_containers() {
     // The state says everything was applied.
     let mut state = State::new();
     plan::record(
-        &plan::plan(&c, &g, &state, &PlanOptions::default()).unwrap(),
+        &plan::plan(
+            &c,
+            &g,
+            &state,
+            &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+        )
+        .unwrap(),
         &mut state,
     );
     let store = StateStore::new(dir.path().join("state/sparkform.json"));

@@ -1,9 +1,13 @@
 locals {
-  attach     = { for a in values(var.network.attach) : a.node.name => a }
-  head       = var.nodes[0]
-  head_ip    = var.head_address == null ? local.attach[local.head.name].address : var.head_address
+  attach = { for a in values(var.network.attach) : a.node.name => a }
+  head   = var.nodes[0]
+  # A node without an attachment is reported once, by the check every_node_on_fabric: the
+  # values below skip it rather than fail on a missing key.
+  addr       = { for n, a in local.attach : n => a.address }
+  head_ip    = var.head_address == null ? lookup(local.addr, local.head.name, null) : var.head_address
   missing    = [for n in var.nodes : n.name if !contains(keys(local.attach), n.name)]
-  interfaces = distinct([for n in var.nodes : local.attach[n.name].interface])
+  interfaces = distinct([for n in var.nodes : local.attach[n.name].interface if contains(keys(local.attach), n.name)])
+  interface  = length(local.interfaces) > 0 ? local.interfaces[0] : null
 
   # Without RDMA devices NCCL can only use sockets, so there is nothing to detect.
   detect_socket_fallback = var.rdma && var.nccl_socket_fallback == "fail"
@@ -11,10 +15,10 @@ locals {
   # NCCL, Gloo, UCX and TensorPipe pick the fabric interface instead of the default route.
   env = merge(
     {
-      NCCL_SOCKET_IFNAME = local.interfaces[0]
-      GLOO_SOCKET_IFNAME = local.interfaces[0]
-      UCX_NET_DEVICES    = local.interfaces[0]
-      TP_SOCKET_IFNAME   = local.interfaces[0]
+      NCCL_SOCKET_IFNAME = local.interface
+      GLOO_SOCKET_IFNAME = local.interface
+      UCX_NET_DEVICES    = local.interface
+      TP_SOCKET_IFNAME   = local.interface
       HF_HOME            = "/root/.cache/huggingface"
     },
     var.nccl_ib_hca == null ? {} : { NCCL_IB_HCA = var.nccl_ib_hca },
@@ -28,7 +32,7 @@ locals {
   # carries it from the head to the other nodes, and without it vLLM advertises the default route.
   node_env = {
     for n in var.nodes : n.name => merge(local.env, {
-      VLLM_HOST_IP = n.name == local.head.name ? local.head_ip : local.attach[n.name].address
+      VLLM_HOST_IP = n.name == local.head.name ? local.head_ip : lookup(local.addr, n.name, null)
     })
   }
 
@@ -83,17 +87,17 @@ locals {
 }
 
 check "head_on_fabric" {
-  condition     = cidrcontains(var.network.subnet, local.head_ip)
+  condition     = local.head_ip == null ? true : cidrcontains(var.network.subnet, local.head_ip)
   error_message = "the head address ${local.head_ip} is not in the fabric subnet ${var.network.subnet} of network ${var.network.name}: Ray or torch.distributed, NCCL and Gloo would talk over the management network, where the other nodes cannot reach the head (the first failure of the manual deployment). Leave head_address unset to use the head node's fabric address"
 }
 
 check "every_node_on_fabric" {
   condition     = length(local.missing) == 0
-  error_message = "every node needs an attachment to network ${var.network.name}; missing: ${join(", ", local.missing)}"
+  error_message = "every node needs an attachment to network ${var.network.name}; missing: ${join(", ", local.missing)}. Add an `attach \"NAME\" { node = node.NAME … }` block for each to network ${var.network.name}"
 }
 
 check "same_interface_everywhere" {
-  condition     = length(local.interfaces) == 1
+  condition     = length(local.interfaces) <= 1
   error_message = "the fabric interface differs between nodes (${join(", ", local.interfaces)}); vLLM copies NCCL_SOCKET_IFNAME from the head to every other process, so all nodes must use the same interface name"
 }
 

@@ -4,11 +4,21 @@ output "head_ip" {
 
 output "addresses" {
   description = "Each node's fabric address, by node name."
-  value       = { for n in var.nodes : n.name => local.attach[n.name].address }
+  value       = { for n in var.nodes : n.name => lookup(local.addr, n.name, null) }
 }
 
 output "interface" {
-  value = local.interfaces[0]
+  value = local.interface
+}
+
+output "nodes" {
+  description = "Every node, the head first, once checked (the launchers read their nodes here)."
+  value       = var.nodes
+}
+
+output "workers" {
+  description = "The nodes but the head, once checked."
+  value       = slice(var.nodes, 1, length(var.nodes))
 }
 
 output "env" {

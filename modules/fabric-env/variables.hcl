@@ -12,6 +12,18 @@ variable "network" {
 variable "nodes" {
   type        = any
   description = "Every node of the deployment, the head first ([node.spark1, node.spark2])."
+
+  # Checked here, once for every launcher: the launchers take their node lists from this
+  # module's outputs, so a bad list stops at these messages instead of GPU counts or duplicate
+  # keys further on.
+  validation {
+    condition     = !contains([for n in slice(var.nodes, 1, length(var.nodes)) : n.name], var.nodes[0].name)
+    error_message = "the head node ${var.nodes[0].name} is also listed in workers: the head runs its own share of the model; remove ${var.nodes[0].name} from workers"
+  }
+  validation {
+    condition     = length(distinct([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])) == length([for n in slice(var.nodes, 1, length(var.nodes)) : n.name if n.name != var.nodes[0].name])
+    error_message = "a worker is listed twice in workers (${join(", ", distinct([for i, n in var.nodes : n.name if i > 0 && length([for m in var.nodes : m if m.name == n.name]) > 1]))}): each node runs one worker; list it once"
+  }
 }
 
 variable "head_address" {

@@ -16,8 +16,8 @@ module "fabric" {
 
 locals {
   head_ip   = module.fabric.head_ip
-  workers   = { for w in var.workers : w.name => w }
-  all_nodes = concat([var.head], var.workers)
+  workers   = { for w in module.fabric.workers : w.name => w }
+  all_nodes = module.fabric.nodes
   # The GPUs each node offers Ray: its declared count, none when unknown.
   num_gpus   = { for n in local.all_nodes : n.name => n.gpus == null ? 0 : n.gpus }
   gpus_total = sum(values(local.num_gpus))

@@ -42,3 +42,8 @@ output "fabric" {
     benign_log   = module.fabric.benign_log
   }
 }
+
+output "nodes" {
+  description = "Every node, the head first, as ../fabric-env checked them."
+  value       = module.fabric.nodes
+}

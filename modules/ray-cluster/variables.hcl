@@ -25,6 +25,10 @@ variable "workers" {
 variable "ray_port" {
   type    = number
   default = 6379
+  validation {
+    condition     = var.ray_port >= 1 && var.ray_port <= 65535 && floor(var.ray_port) == var.ray_port
+    error_message = "the Ray port must be a whole number from 1 to 65535, not ${var.ray_port}"
+  }
 }
 
 variable "shm_size" {

@@ -13,10 +13,12 @@ module "fabric" {
 }
 
 module "serve" {
-  source                 = "../vllm-serve"
-  model                  = var.model
-  served_model_name      = var.served_model_name
-  nodes                  = concat([var.head], var.workers)
+  source            = "../vllm-serve"
+  model             = var.model
+  served_model_name = var.served_model_name
+  # Each node once: a head also listed as a worker, or a worker listed twice, is reported by
+  # ../fabric-env by name, not here as a GPU count; other mistakes still show their checks.
+  nodes                  = distinct(concat([var.head], var.workers))
   model_size_gib         = var.model_size_gib
   tensor_parallel_size   = var.tensor_parallel_size
   pipeline_parallel_size = var.pipeline_parallel_size
@@ -29,7 +31,7 @@ module "serve" {
 
 locals {
   master = module.fabric.head_ip
-  ranks  = { for i, w in var.workers : w.name => { node = w, rank = i + 1 } }
+  ranks  = { for i, w in module.fabric.workers : w.name => { node = w, rank = i + 1 } }
   mp_args = [
     "--distributed-executor-backend", "mp",
     "--nnodes", tostring(length(var.workers) + 1),

@@ -118,6 +118,10 @@ variable "master_port" {
   type        = number
   default     = 29501
   description = "The port of torch.distributed's store on rank 0 (vLLM's default)."
+  validation {
+    condition     = var.master_port >= 1 && var.master_port <= 65535 && floor(var.master_port) == var.master_port
+    error_message = "the master port must be a whole number from 1 to 65535, not ${var.master_port}"
+  }
 }
 
 variable "start_timeout" {

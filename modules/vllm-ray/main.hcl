@@ -16,10 +16,12 @@ module "ray" {
 }
 
 module "serve" {
-  source                 = "../vllm-serve"
-  model                  = var.model
-  served_model_name      = var.served_model_name
-  nodes                  = concat([var.head], var.workers)
+  source            = "../vllm-serve"
+  model             = var.model
+  served_model_name = var.served_model_name
+  # Each node once: a head also listed as a worker, or a worker listed twice, is reported by
+  # ../fabric-env by name, not here as a GPU count; other mistakes still show their checks.
+  nodes                  = distinct(concat([var.head], var.workers))
   model_size_gib         = var.model_size_gib
   tensor_parallel_size   = var.tensor_parallel_size
   pipeline_parallel_size = var.pipeline_parallel_size

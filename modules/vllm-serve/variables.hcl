@@ -55,6 +55,10 @@ variable "max_model_len" {
 variable "port" {
   type    = number
   default = 8000
+  validation {
+    condition     = var.port >= 1 && var.port <= 65535 && floor(var.port) == var.port
+    error_message = "the API port must be a whole number from 1 to 65535, not ${var.port}"
+  }
 }
 
 variable "extra_args" {

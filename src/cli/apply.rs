@@ -100,6 +100,8 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         targets: args.common.target.clone(),
         exclude: args.common.exclude.clone(),
         observations: None,
+        // `prepare` reads (or creates) the key once it holds the state lock.
+        key: None,
     };
     execute(
         &args.common,

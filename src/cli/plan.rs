@@ -74,6 +74,11 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };
+    // A plan file records hashes under the key, so writing one creates it.
+    let key = match ws.key(args.out.is_some()) {
+        Ok(k) => k,
+        Err(e) => return report_error(e),
+    };
     let rt = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -88,6 +93,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
             targets: args.target.clone(),
             exclude: args.exclude.clone(),
             observations: None,
+            key,
         },
         hosts: args.connect.options(),
     };

@@ -36,6 +36,30 @@ pub fn message(e: &EvalError) -> String {
     }
 }
 
+/// The message of an evaluation error in an expression that uses a sensitive value: what went
+/// wrong, never the values involved (a function's own message quotes its arguments).
+pub fn sensitive_message(e: &EvalError) -> String {
+    const S: &str = crate::diag::SENSITIVE_VALUE;
+    match e.kind() {
+        // Budget, overflow and division messages name the source text, not values.
+        ErrorKind::FuncCall(name, msg) if name.name.as_str().starts_with(PREFIX) => msg.clone(),
+        ErrorKind::FuncCall(name, _) => format!(
+            "`{name}()` failed on an argument derived from a sensitive value (its message would show it)"
+        ),
+        ErrorKind::UndefinedVar(_) | ErrorKind::UndefinedFunc(_) | ErrorKind::Index(_) => {
+            e.kind().to_string()
+        }
+        ErrorKind::Unexpected(_, expected) => format!("unexpected {S}, expected {expected}"),
+        ErrorKind::UnaryOp(op, _) => format!("unary operator `{op}` is not applicable to {S}"),
+        ErrorKind::BinaryOp(_, op, _) => {
+            format!("operator `{op}` is not applicable to its operands ({S})")
+        }
+        ErrorKind::NoSuchKey(_) => format!("no such key: {S}"),
+        ErrorKind::KeyExists(_) => format!("duplicate key: {S}"),
+        _ => format!("the expression failed on {S}"),
+    }
+}
+
 /// A context with only the internal functions, for blocks that call no function of their own.
 pub fn context() -> Context<'static> {
     thread_local! {

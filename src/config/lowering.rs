@@ -142,6 +142,18 @@ pub trait Engine<'m> {
     fn value_error(&mut self, attrs: &Attrs, key: &str, message: String, help: &str);
     /// The instances a `for_each` value makes, by key.
     fn for_each_instances(&self, v: &Value) -> Result<Vec<(String, Value)>, String>;
+    /// Refuse a `for_each` derived from a sensitive value (its keys would be addresses).
+    /// `None` when refused.
+    fn refuse_sensitive_for_each(
+        &mut self,
+        fe: &hcl_edit::structure::Attribute,
+        what: &str,
+    ) -> Option<()>;
+    /// Refuse an attribute that names something and is derived from a sensitive value.
+    /// False when refused.
+    fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool;
+    /// The SSH host of a node (`node.a`), when that node is known.
+    fn node_host(&self, node: &str) -> Option<String>;
     /// A resource of the module instance.
     fn add_resource(&mut self, r: Resource);
     fn add_network(&mut self, n: Network);

@@ -51,10 +51,13 @@ impl VarInputs {
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
     let _budget = limits::Budget::begin();
+    // The sensitive values of an earlier load on this thread are not this one's.
+    crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };
+    let mut secret_names = Vec::new();
     let declared: Vec<(String, Option<types::Type>)> = Loader::declared_variables(&files)
         .into_iter()
         .map(|(name, _, block)| {
@@ -62,9 +65,21 @@ pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
                 .body
                 .get_attribute("type")
                 .and_then(|a| types::parse_type(&a.value).ok());
+            let sensitive = block.body.get_attribute("sensitive").is_some_and(
+                |a| matches!(&a.value, hcl_edit::expr::Expression::Bool(b) if *b.value()),
+            );
+            if sensitive {
+                secret_names.push(name.clone());
+            }
             (name, ty)
         })
         .collect();
+    // A sensitive value set on the command line must not appear in the messages about it.
+    for (name, raw) in vars.env.iter().chain(vars.cli.iter()) {
+        if secret_names.contains(name) {
+            crate::diag::note_secret(raw);
+        }
+    }
     let inputs = root_inputs(vars, &declared, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;

@@ -74,11 +74,17 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     }
     let recorded = req.store.load()?;
     let state = recorded.clone().unwrap_or_default();
+    // An apply records sensitive values under the deployment's key: the first one creates it.
+    let key = Some(req.store.key_or_create()?);
     let (plan, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
             // The plan's configurations must still be what the definitions say.
-            let now = crate::plan::plan(req.config, req.graph, &state, &PlanOptions::default())?;
+            let opts = PlanOptions {
+                key,
+                ..PlanOptions::default()
+            };
+            let now = crate::plan::plan(req.config, req.graph, &state, &opts)?;
             let stale = file
                 .plan
                 .changes
@@ -94,6 +100,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             (file.plan.clone(), None)
         }
         Source::Definitions { refresh, options } => {
+            let options = PlanOptions { key, ..options };
             super::plan::plan(
                 super::plan::PlanRequest {
                     config: req.config,

@@ -58,8 +58,7 @@ pub fn hidden(n: usize, noun: Noun) -> String {
 
 /// A value the state and plan hold only as its hash: a secret.
 pub fn is_hash(v: &Value) -> bool {
-    v.as_str()
-        .is_some_and(|s| s.starts_with("sha256:") && s.len() == 71)
+    v.as_str().is_some_and(crate::state::is_sensitive_hash)
 }
 
 fn pad(n: usize) -> String {
@@ -424,7 +423,8 @@ mod tests {
     }
 
     fn hash_of(s: &str) -> Value {
-        crate::state::hash_sensitive(&json!(s))
+        let key = crate::state::HashKey::from_bytes([3; 32]);
+        crate::state::hash_sensitive(Some(&key), &json!(s))
     }
 
     #[test]

@@ -14,7 +14,10 @@ use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
 use crate::kinds::{KindId, Lifecycle, OnDrift};
-use crate::state::{hash_sensitive, sha256_hex, OutputState, ResourceState, State};
+use crate::state::{
+    hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, OutputState, ResourceState, State,
+    LEGACY_PREFIX,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "snake_case")]
@@ -122,6 +125,10 @@ pub struct Plan {
     /// `-exclude`: resources left out, with everything that depends on them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded: Vec<String>,
+    /// Why some changes are planned that the definitions alone do not explain (sensitive
+    /// values planned as changed for want of their key).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -145,7 +152,25 @@ pub struct PlanOptions {
     pub exclude: Vec<String>,
     /// What refresh saw on the machines; `None` plans against the state alone.
     pub observations: Option<Observations>,
+    /// The deployment's key of sensitive hashes, read beside the state by the caller (plan
+    /// stays pure); `None` when there is none: every sensitive value then plans as changed.
+    pub key: Option<HashKey>,
 }
+
+impl PlanOptions {
+    /// No options but the deployment's key.
+    pub fn with_key(key: HashKey) -> Self {
+        PlanOptions {
+            key: Some(key),
+            ..PlanOptions::default()
+        }
+    }
+}
+
+/// The note of a plan made without the key, when a sensitive value is at stake.
+pub const NOTE_NO_KEY: &str = "the deployment's key for sensitive values (sparkform.key beside the state) is missing: every sensitive value plans as changed; an apply creates a new key and records them under it";
+/// The note of a plan over a state written before hashes were keyed.
+pub const NOTE_LEGACY: &str = "the state holds sensitive values as unkeyed hashes written by an earlier sparkform: they plan as changed once, and an apply records them with keyed hashes";
 
 /// What refresh found for the recorded resources, and containers nobody recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -176,15 +201,39 @@ pub struct Orphan {
     pub id: String,
 }
 
-/// The configuration as the state records it: sensitive values replaced by their hashes.
-pub fn recorded_config(r: &Resource) -> serde_json::Value {
+/// The configuration as the state records it: sensitive values replaced by their keyed hashes.
+pub fn recorded_config(r: &Resource, key: Option<&HashKey>) -> serde_json::Value {
     let mut v = r.config.clone();
     for path in &r.sensitive {
         if let Some(slot) = pointer_mut(&mut v, path) {
-            *slot = hash_sensitive(slot);
+            *slot = hash_sensitive(key, slot);
         }
     }
     v
+}
+
+/// Whether a recorded configuration holds an unkeyed hash of an earlier sparkform at one of
+/// the resource's sensitive paths.
+fn holds_legacy_hash(recorded: &serde_json::Value, r: &Resource) -> bool {
+    r.sensitive.iter().any(|path| {
+        let mut cur = recorded;
+        for p in path {
+            match cur.get(p) {
+                Some(v) => cur = v,
+                None => return false,
+            }
+        }
+        legacy_in(cur)
+    })
+}
+
+fn legacy_in(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::String(s) => s.starts_with(LEGACY_PREFIX) && is_sensitive_hash(s),
+        serde_json::Value::Object(m) => m.values().any(legacy_in),
+        serde_json::Value::Array(a) => a.iter().any(legacy_in),
+        _ => false,
+    }
 }
 
 fn pointer_mut<'a>(
@@ -273,8 +322,7 @@ fn diff_attributes(
 }
 
 fn is_hash(v: Option<&serde_json::Value>) -> bool {
-    v.and_then(|v| v.as_str())
-        .is_some_and(|s| s.starts_with("sha256:") && s.len() == 71)
+    v.and_then(|v| v.as_str()).is_some_and(is_sensitive_hash)
 }
 
 /// Compute the plan. Errors only for bad options (an unknown `-replace` or `-target` address).
@@ -315,6 +363,7 @@ pub fn plan(
         .collect();
     let mut actions: HashMap<String, Action> = HashMap::new();
     let mut changes: BTreeMap<String, Change> = BTreeMap::new();
+    let mut notes: Vec<String> = Vec::new();
     let order = graph.order();
     for address in &order {
         let Some(r) = by_address.get(address.as_str()).copied() else {
@@ -324,8 +373,19 @@ pub fn plan(
             continue;
         }
         let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
-        let after = recorded_config(r);
+        let after = recorded_config(r, opts.key.as_ref());
         let hash = config_hash(&after);
+        // Nothing recorded, nothing to compare: a create needs no explaining.
+        if !r.sensitive.is_empty() && opts.key.is_none() && state.resources.contains_key(address) {
+            note(&mut notes, NOTE_NO_KEY);
+        }
+        if state
+            .resources
+            .get(address)
+            .is_some_and(|old| holds_legacy_hash(&old.config, r))
+        {
+            note(&mut notes, NOTE_LEGACY);
+        }
         let observed = opts
             .observations
             .as_ref()
@@ -532,7 +592,7 @@ pub fn plan(
         Vec::new()
     } else {
         // An output showing an excluded resource keeps its recorded value.
-        output_changes(config, state)
+        output_changes(config, state, opts.key.as_ref(), &mut notes)
             .into_iter()
             .filter(|o| {
                 config
@@ -576,6 +636,7 @@ pub fn plan(
         summary,
         impact: None,
         excluded: excluded.into_iter().collect(),
+        notes,
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)
@@ -663,18 +724,41 @@ fn reverse_dependency_order(deletes: Vec<Change>) -> Vec<Change> {
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
-fn output_value_recorded(value: &serde_json::Value, sensitive: bool) -> serde_json::Value {
+fn note(notes: &mut Vec<String>, text: &str) {
+    if !notes.iter().any(|n| n == text) {
+        notes.push(text.to_string());
+    }
+}
+
+fn output_value_recorded(
+    value: &serde_json::Value,
+    sensitive: bool,
+    key: Option<&HashKey>,
+) -> serde_json::Value {
     if sensitive {
-        hash_sensitive(value)
+        hash_sensitive(key, value)
     } else {
         value.clone()
     }
 }
 
-fn output_changes(config: &Config, state: &State) -> Vec<OutputChange> {
+fn output_changes(
+    config: &Config,
+    state: &State,
+    key: Option<&HashKey>,
+    notes: &mut Vec<String>,
+) -> Vec<OutputChange> {
     let mut out = Vec::new();
     for o in &config.outputs {
-        let after = output_value_recorded(&o.value, o.sensitive);
+        let after = output_value_recorded(&o.value, o.sensitive, key);
+        if o.sensitive && key.is_none() && state.outputs.contains_key(&o.name) {
+            note(notes, NOTE_NO_KEY);
+        }
+        if let Some(b) = state.outputs.get(&o.name).filter(|_| o.sensitive) {
+            if legacy_in(&b.value) {
+                note(notes, NOTE_LEGACY);
+            }
+        }
         let before = state.outputs.get(&o.name);
         let action = match before {
             None => Action::Create,

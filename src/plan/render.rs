@@ -77,6 +77,9 @@ pub fn summary_line(plan: &Plan) -> String {
 }
 
 fn render_excluded(out: &mut String, plan: &Plan) {
+    for n in &plan.notes {
+        let _ = writeln!(out, "\nNote: {n}.");
+    }
     if plan.excluded.is_empty() {
         return;
     }

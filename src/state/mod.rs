@@ -93,24 +93,94 @@ impl Default for State {
     }
 }
 
-/// Lower-case hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+/// The prefix of a keyed hash of a sensitive value.
+pub const KEYED_PREFIX: &str = "hmac-sha256:";
+/// The prefix of the unkeyed hashes that sparkform wrote before its hashes were keyed.
+pub const LEGACY_PREFIX: &str = "sha256:";
+/// What a sensitive value is recorded as when no key is at hand: it matches no recorded hash,
+/// so the value plans as changed, and it confirms no guess.
+pub const UNKEYED: &str = "hmac-sha256:(no key)";
+
+/// The per-deployment key of the hashes of sensitive values. Kept beside the state, never in
+/// it, so a state or plan file alone cannot confirm a guessed secret by hashing it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HashKey([u8; 32]);
+
+impl std::fmt::Debug for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HashKey(..)")
+    }
+}
+
+impl HashKey {
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        HashKey(bytes)
+    }
+
+    /// A new random key from the operating system's generator.
+    pub fn generate() -> io::Result<Self> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(HashKey(bytes))
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        if text.len() != 64 {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(HashKey(bytes))
+    }
+
+    fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(digest.len() * 2);
-    for b in digest.iter() {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
         out.push(char::from(HEX[usize::from(b >> 4)]));
         out.push(char::from(HEX[usize::from(b & 0x0f)]));
     }
     out
 }
 
-/// Replaces a sensitive value by `"sha256:<hex>"` of its canonical JSON
-/// (serde_json sorts object keys, so `to_vec` is canonical).
-pub fn hash_sensitive(value: &serde_json::Value) -> serde_json::Value {
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Replaces a sensitive value by `"hmac-sha256:<hex>"`, the HMAC of its canonical JSON under
+/// the deployment's key (serde_json sorts object keys, so `to_vec` is canonical); without a
+/// key, by [`UNKEYED`].
+pub fn hash_sensitive(key: Option<&HashKey>, value: &serde_json::Value) -> serde_json::Value {
+    use hmac::{KeyInit, Mac};
+    let Some(key) = key else {
+        return serde_json::Value::String(UNKEYED.to_string());
+    };
     // Serialising a `Value` cannot fail (all keys are strings).
     let bytes = serde_json::to_vec(value).unwrap_or_default();
-    serde_json::Value::String(format!("sha256:{}", sha256_hex(&bytes)))
+    let mut mac = match hmac::Hmac::<Sha256>::new_from_slice(&key.0) {
+        Ok(m) => m,
+        // HMAC takes keys of any length: unreachable, but never a clear value.
+        Err(_) => return serde_json::Value::String(UNKEYED.to_string()),
+    };
+    mac.update(&bytes);
+    let tag = mac.finalize().into_bytes();
+    serde_json::Value::String(format!("{KEYED_PREFIX}{}", hex(&tag)))
+}
+
+/// Whether a recorded string is a hash of a sensitive value (keyed, legacy or unkeyed).
+pub fn is_sensitive_hash(s: &str) -> bool {
+    s == UNKEYED
+        || (s.starts_with(KEYED_PREFIX) && s.len() == KEYED_PREFIX.len() + 64)
+        || (s.starts_with(LEGACY_PREFIX) && s.len() == LEGACY_PREFIX.len() + 64)
 }
 
 fn newer_writer_suffix(written_by: &Option<String>) -> String {
@@ -243,6 +313,37 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// The file beside the state that holds the [`HashKey`].
+pub const KEY_FILE: &str = "sparkform.key";
+
+/// Add `name` to `dir/.gitignore` unless a line already names it.
+fn ignore_in_git(dir: &Path, name: &str) -> Result<(), StateError> {
+    let path = dir.join(".gitignore");
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err(&path, e)),
+    };
+    if text
+        .lines()
+        .any(|l| l.trim() == name || l.trim() == format!("/{name}"))
+    {
+        return Ok(());
+    }
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .map_err(|e| io_err(&path, e))?;
+    let sep = if text.is_empty() || text.ends_with('\n') {
+        ""
+    } else {
+        "\n"
+    };
+    f.write_all(format!("{sep}{name}\n").as_bytes())
+        .map_err(|e| io_err(&path, e))
+}
+
 /// Where the state lives on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateStore {
@@ -266,6 +367,55 @@ impl StateStore {
     /// `<path>.lock`: see [`StateStore::lock`].
     pub fn lock_path(&self) -> PathBuf {
         with_suffix(&self.path, ".lock")
+    }
+
+    /// `sparkform.key` in the state's folder: the key of the hashes of sensitive values.
+    pub fn key_path(&self) -> PathBuf {
+        parent_dir(&self.path).join(KEY_FILE)
+    }
+
+    /// The key of the hashes of sensitive values; `Ok(None)` if there is none yet (or it is
+    /// not a key: a damaged key is treated as missing, so every sensitive value plans as
+    /// changed rather than the plan failing).
+    pub fn read_key(&self) -> Result<Option<HashKey>, StateError> {
+        let path = self.key_path();
+        match fs::read_to_string(&path) {
+            Ok(t) => Ok(HashKey::parse(&t)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path, e)),
+        }
+    }
+
+    /// The key, created on first use: readable only by its owner, and listed in the state
+    /// folder's `.gitignore` so it is not committed with the definitions.
+    pub fn key_or_create(&self) -> Result<HashKey, StateError> {
+        if let Some(k) = self.read_key()? {
+            return Ok(k);
+        }
+        let path = self.key_path();
+        let dir = parent_dir(&self.path);
+        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        let key = HashKey::generate().map_err(|e| io_err(&path, e))?;
+        let mut opts = OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts.open(&path).map_err(|e| io_err(&path, e))?;
+        #[cfg(unix)]
+        {
+            // A damaged key file that existed keeps its mode with `open`: tighten it.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+                .map_err(|e| io_err(&path, e))?;
+        }
+        f.write_all(format!("{}\n", key.to_hex()).as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(|e| io_err(&path, e))?;
+        ignore_in_git(&dir, KEY_FILE)?;
+        Ok(key)
     }
 
     /// Reads the state; `Ok(None)` if the file does not exist.
@@ -433,7 +583,7 @@ mod tests {
                 kind: crate::kinds::KindId::Container,
                 node: Some("spark2".into()),
                 config_hash: format!("sha256:{}", sha256_hex(b"cfg")),
-                config: json!({"image": "vllm", "token": hash_sensitive(&json!("secret"))}),
+                config: json!({"image": "vllm", "token": hash_sensitive(Some(&HashKey::from_bytes([1; 32])), &json!("secret"))}),
                 attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]),
                 depends_on: vec!["attachment.fabric[\"spark2\"]".into()],
                 last_apply_secs: Some(12.5),
@@ -466,9 +616,45 @@ mod tests {
         );
         let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":[true,null]}"#).unwrap();
         let b: serde_json::Value = serde_json::from_str(r#"{"a":[true,null],"b":1}"#).unwrap();
-        assert_eq!(hash_sensitive(&a), hash_sensitive(&b));
-        let expected = format!("sha256:{}", sha256_hex(br#"{"a":[true,null],"b":1}"#));
-        assert_eq!(hash_sensitive(&a), json!(expected));
+        let key = HashKey::from_bytes([7; 32]);
+        assert_eq!(
+            hash_sensitive(Some(&key), &a),
+            hash_sensitive(Some(&key), &b)
+        );
+        // The HMAC-SHA256 of the canonical JSON under that key (checked with Python's hmac).
+        let expected =
+            "hmac-sha256:19970974617b810583f8dc593ebbd445e87138f49580a4a176f89b1687d6196f";
+        assert_eq!(hash_sensitive(Some(&key), &a), json!(expected));
+        // Another key gives another hash: the state alone cannot confirm a guess.
+        let other = HashKey::from_bytes([8; 32]);
+        assert_ne!(hash_sensitive(Some(&other), &a), json!(expected));
+        assert_eq!(hash_sensitive(None, &a), json!(UNKEYED));
+        assert!(is_sensitive_hash(expected) && is_sensitive_hash(UNKEYED));
+    }
+
+    #[test]
+    fn the_key_is_created_once_private_and_ignored_by_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("state/sparkform.json"));
+        assert_eq!(store.read_key().unwrap(), None);
+        let k = store.key_or_create().unwrap();
+        assert_eq!(store.read_key().unwrap(), Some(k.clone()));
+        assert_eq!(store.key_or_create().unwrap(), k);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(store.key_path()).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let ignore = fs::read_to_string(dir.path().join("state/.gitignore")).unwrap();
+        assert_eq!(ignore.lines().filter(|l| *l == KEY_FILE).count(), 1);
+        // Two deployments get two keys.
+        let other = StateStore::new(dir.path().join("b/sparkform.json"));
+        assert_ne!(other.key_or_create().unwrap(), k);
+        // A damaged key reads as missing and is replaced.
+        fs::write(store.key_path(), "not a key").unwrap();
+        assert_eq!(store.read_key().unwrap(), None);
+        assert_ne!(store.key_or_create().unwrap(), k);
     }
 
     #[test]

@@ -43,7 +43,13 @@ pub fn diagnostics(dir: &Path) -> String {
 }
 
 pub fn plan(config: &Config, graph: &Graph, state: &State) -> Plan {
-    plan::plan(config, graph, state, &PlanOptions::default()).expect("plan")
+    plan::plan(
+        config,
+        graph,
+        state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+    .expect("plan")
 }
 
 /// The state after applying `dir` from empty.

@@ -228,6 +228,16 @@ impl Loader {
             let value = crate::config::functions::with_base_dir(&files.dir, || {
                 self.eval_item(&mut scope, i, &mut result)
             });
+            if let Some(ev) = &value {
+                if ev.sensitive {
+                    note_secrets(&ev.value);
+                }
+                for k in &ev.sensitive_keys {
+                    if let Value::Object(m) = &ev.value {
+                        m.get(k).into_iter().for_each(note_secrets);
+                    }
+                }
+            }
             scope.values[i] = value;
         }
         result.all_resources = scope.all_resources.clone();
@@ -931,6 +941,9 @@ impl Loader {
             self.diags.push(d);
             return None;
         };
+        if sensitive {
+            note_secrets(&value);
+        }
         // validation blocks see only this variable.
         let mut self_ctx = Ctx::default();
         let mut obj = Map::new();
@@ -1036,7 +1049,7 @@ impl Loader {
 
     fn eval_expr(&mut self, ctx: &Ctx, file: &Arc<SourceFile>, expr: &Expression) -> Option<Value> {
         let hctx = ctx.hcl();
-        self.eval_in(&hctx, file, expr)
+        self.eval_in(&hctx, ctx.sensitive, file, expr)
     }
 
     /// Evaluate with a prepared context: blocks build one for all their attributes, since
@@ -1044,6 +1057,7 @@ impl Loader {
     fn eval_in(
         &mut self,
         hctx: &Context<'_>,
+        sensitive: bool,
         file: &Arc<SourceFile>,
         expr: &Expression,
     ) -> Option<Value> {
@@ -1052,7 +1066,13 @@ impl Loader {
             Ok(v) => Some(v),
             Err(e) => {
                 let span = span_of(file, expr.span());
-                let msg = super::arith::message(&e);
+                // Static taint: an expression over a sensitive value gets a message that
+                // says what failed without the values (a function's message quotes them).
+                let msg = if sensitive {
+                    super::arith::sensitive_message(&e)
+                } else {
+                    super::arith::message(&e)
+                };
                 self.diags.push(
                     Diag::error("config::eval", format!("cannot evaluate expression: {msg}"))
                         .label(&span, msg),
@@ -1081,15 +1101,24 @@ impl Loader {
             if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
                 continue;
             }
-            let Some(v) = self.eval_in(&hctx, file, &attr.value) else {
+            let tainted = ctx.sensitive && scope.refs_sensitive(&refs::collect(&attr.value).refs);
+            let Some(v) = self.eval_in(&hctx, tainted, file, &attr.value) else {
                 ok = false;
                 continue;
             };
+
             let span = span_of(file, attr.value.span());
             match self.convert_kind(&v, a.kind) {
                 Ok(converted) => {
-                    if ctx.sensitive {
+                    if tainted {
+                        let before = out.sensitive.len();
                         self.mark_sensitive(scope, attr, &mut out);
+                        for path in &out.sensitive[before..] {
+                            let part = path[1..]
+                                .iter()
+                                .try_fold(&v, |cur, k| cur.as_object()?.get(k));
+                            part.into_iter().for_each(note_secrets);
+                        }
                     }
                     if matches!(a.kind, Kind::Node | Kind::Jump | Kind::Container) {
                         out.raw.insert(key.to_string(), v);
@@ -1099,7 +1128,7 @@ impl Loader {
                     out.spans.insert(key.to_string(), span);
                 }
                 Err(msg) => {
-                    let msg = if ctx.sensitive {
+                    let msg = if tainted {
                         format!("expected {}", a.kind.describe())
                     } else {
                         msg
@@ -1121,6 +1150,17 @@ impl Loader {
     fn mark_sensitive(&self, scope: &Scope<'_>, attr: &Attribute, out: &mut Attrs) {
         let key = attr.key.as_str().to_string();
         if let Expression::Object(obj) = &attr.value {
+            // A key derived from a secret hides the whole object: keys show in plans.
+            let secret_key = obj.iter().any(|(k, _)| match k {
+                hcl_edit::expr::ObjectKey::Expression(e) => {
+                    scope.refs_sensitive(&refs::collect(e).refs)
+                }
+                hcl_edit::expr::ObjectKey::Ident(_) => false,
+            });
+            if secret_key {
+                out.sensitive.push(vec![key]);
+                return;
+            }
             for (k, v) in obj.iter() {
                 let c = refs::collect(v.expr());
                 if scope.refs_sensitive(&c.refs) {
@@ -1231,6 +1271,50 @@ impl Loader {
         .maybe_label(attrs.spans.get(key), message)
         .help(help);
         self.diags.push(d);
+    }
+
+    /// A `for_each` over a value derived from a sensitive variable would put it in resource
+    /// addresses (plans, state keys, graphs): an error, as in Terraform. `None` when refused.
+    fn refuse_sensitive_for_each(
+        &mut self,
+        scope: &Scope<'_>,
+        file: &Arc<SourceFile>,
+        fe: &Attribute,
+        what: &str,
+    ) -> Option<()> {
+        if !scope.refs_sensitive(&refs::collect(&fe.value).refs) {
+            return Some(());
+        }
+        let span = span_of(file, fe.value.span());
+        self.diags.push(
+            Diag::error(
+                "config::sensitive_for_each",
+                format!("the for_each of {what} is derived from a sensitive value"),
+            )
+            .label(&span, "its keys would show in resource addresses, plans and the state")
+            .help("iterate over values that are not secret (node names, say) and look the secrets up inside the block"),
+        );
+        None
+    }
+
+    /// A name derived from a sensitive value would be shown everywhere the resource is: an
+    /// error. False when refused.
+    fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool {
+        if !attrs.is_sensitive(key) {
+            return true;
+        }
+        self.diags.push(
+            Diag::error(
+                "config::sensitive_name",
+                format!("`{key}` is derived from a sensitive value"),
+            )
+            .maybe_label(
+                attrs.spans.get(key),
+                "names show in plans, on the machines and in `docker ps`",
+            )
+            .help("name it from values that are not secret"),
+        );
+        false
     }
 
     /// Resources named by `depends_on` / `replace_triggered_by`.
@@ -1416,6 +1500,17 @@ impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
     }
     fn for_each_instances(&self, v: &Value) -> Result<Vec<(String, Value)>, String> {
         for_each_instances(v)
+    }
+    fn refuse_sensitive_for_each(&mut self, fe: &Attribute, what: &str) -> Option<()> {
+        let file = self.scope.items[self.i].file.clone();
+        self.loader
+            .refuse_sensitive_for_each(self.scope, &file, fe, what)
+    }
+    fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool {
+        self.loader.refuse_sensitive_name(attrs, key)
+    }
+    fn node_host(&self, node: &str) -> Option<String> {
+        self.loader.config.nodes.get(node).map(|n| n.host.clone())
     }
     fn add_resource(&mut self, r: Resource) {
         self.scope.all_resources.insert(r.address.clone());
@@ -1642,6 +1737,23 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
     let bytes = n * mult as f64;
     (bytes < 1e18).then_some(bytes as u64)
+}
+
+/// Tell the diagnostics the text of every part of a sensitive value, keys included, so that no
+/// message built afterwards shows it (see [`crate::diag::note_secret`]).
+fn note_secrets(v: &Value) {
+    match v {
+        Value::String(s) => crate::diag::note_secret(s),
+        Value::Number(n) => crate::diag::note_secret(&n.to_string()),
+        Value::Array(a) => a.iter().for_each(note_secrets),
+        Value::Object(m) => {
+            for (k, v) in m {
+                crate::diag::note_secret(k);
+                note_secrets(v);
+            }
+        }
+        Value::Null | Value::Bool(_) => {}
+    }
 }
 
 fn value_text(v: &Value) -> String {

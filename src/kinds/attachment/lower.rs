@@ -145,6 +145,9 @@ impl dyn Engine<'_> + '_ {
                         )),
                     );
                     good = false;
+                } else if let Some(d) = broadcast_address(&subnet, ip, &aname, &aspan) {
+                    self.diag(d);
+                    good = false;
                 } else if let Some((other, ospan)) = seen_addr.get(&ip) {
                     self.diag(
                         Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
@@ -156,6 +159,16 @@ impl dyn Engine<'_> + '_ {
                 } else {
                     seen_addr.insert(ip, (aname.clone(), aspan));
                 }
+            }
+            if let Some(d) = management_subnet(
+                &name,
+                &subnet,
+                &node,
+                self.node_host(&node),
+                &aheader,
+                attrs.spans.get("subnet"),
+            ) {
+                self.diag(d);
             }
             if let Some((other, ospan)) = seen_node.get(&node) {
                 self.diag(
@@ -243,6 +256,56 @@ impl dyn Engine<'_> + '_ {
             all_resources: BTreeSet::new(),
         })
     }
+}
+
+/// An attachment on the subnet's broadcast address: the kernel would take every packet sent
+/// to the subnet as its own. (`/31` and `/32` have no broadcast address.)
+fn broadcast_address(
+    subnet: &ipnet::IpNet,
+    ip: std::net::IpAddr,
+    aname: &str,
+    span: &Span,
+) -> Option<Diag> {
+    let ipnet::IpNet::V4(n) = subnet else {
+        return None;
+    };
+    if n.prefix_len() >= 31 || ip != std::net::IpAddr::V4(n.broadcast()) {
+        return None;
+    }
+    Some(
+        Diag::error(
+            "config::invalid_value",
+            format!("attachment `{aname}`: {ip} is the broadcast address of {subnet}"),
+        )
+        .label(span, "broadcast address")
+        .help(format!("the last usable address is {}", last_host(subnet))),
+    )
+}
+
+/// A fabric whose subnet holds a node's own SSH address is the management network: the
+/// attachment would add a second address to the network the node is reached by, and the
+/// traffic meant for the fabric would go out through the management interface.
+fn management_subnet(
+    network: &str,
+    subnet: &ipnet::IpNet,
+    node: &str,
+    host: Option<String>,
+    attach: &Span,
+    subnet_span: Option<&Span>,
+) -> Option<Diag> {
+    let ip: std::net::IpAddr = host?.parse().ok()?;
+    if !subnet.contains(&ip) {
+        return None;
+    }
+    Some(
+        Diag::warning(
+            "config::fabric_is_management",
+            format!("network `{network}`: its subnet {subnet} contains {node}'s SSH address {ip}"),
+        )
+        .label(attach, format!("{node} is reached over SSH at {ip}, inside {subnet}"))
+        .maybe_label(subnet_span, "the fabric's subnet")
+        .help("that is the management network: give the fabric its own subnet on the high-speed interfaces (e.g. 192.168.200.0/24)"),
+    )
 }
 
 fn first_host(net: &ipnet::IpNet) -> String {

@@ -29,6 +29,7 @@ impl dyn Engine<'_> + '_ {
         let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
             None => vec![(None, Value::Null)],
             Some(fe) => {
+                self.refuse_sensitive_for_each(fe, &format!("container `{name}`"))?;
                 let v = self.eval_expr(&ctx, &file, &fe.value)?;
                 let span = span_of(&file, fe.value.span());
                 match self.for_each_instances(&v) {
@@ -64,6 +65,10 @@ impl dyn Engine<'_> + '_ {
                 ok = false;
                 continue;
             };
+            if !self.refuse_sensitive_name(&attrs, "name") {
+                ok = false;
+                continue;
+            }
             let mut ready = Vec::new();
             let mut ready_ok = true;
             for rb in block.body.get_blocks("ready") {
@@ -72,13 +77,17 @@ impl dyn Engine<'_> + '_ {
                     Some(r) => match container::ready_config(&r.values) {
                         Ok(v) => ready.push(v),
                         Err(msg) => {
-                            // A bad pattern is pointed at in its attribute.
+                            // A bad pattern or URL is pointed at where it is written.
                             let pattern_attr = ["fail_on_log", "progress"]
                                 .into_iter()
                                 .find(|a| msg.starts_with(&format!("{a} pattern")));
+                            let bad_url = matches!(r.values.get("http"), Some(Value::String(u)) if crate::schema::parse_url(u).is_err());
                             let (span, help) = match pattern_attr.and_then(|a| r.spans.get(a)) {
                                 Some(s) => (s.clone(), "patterns are Rust regular expressions (the `regex` crate's syntax); escape a literal ( or . with \\\\"),
-                                None => (rheader.clone(), "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\""),
+                                None => (
+                                    bad_url.then(|| r.spans.get("http")).flatten().unwrap_or(&rheader).clone(),
+                                    "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\"",
+                                ),
                             };
                             self.diag(
                                 Diag::error(

@@ -177,6 +177,7 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
         if !url.starts_with("http://") {
             return Err(format!("{url:?} is not an http:// URL"));
         }
+        crate::schema::parse_url(url)?;
     }
     if let Some(Value::String(addr)) = values.get("tcp") {
         if !addr

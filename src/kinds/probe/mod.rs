@@ -166,6 +166,17 @@ pub fn desired_config(
             if !url.starts_with("http://") {
                 return Err(problem("http", "url", format!("{url:?} is not an http:// URL"), "probes speak plain HTTP through the SSH tunnel of their `via` node, e.g. \"http://127.0.0.1:30000/health\""));
             }
+            if let Err(msg) = schema::parse_url(url) {
+                return Err(problem("http", "url", msg, "write http://HOST:PORT/PATH with a port from 1 to 65535, spaces and control characters percent-encoded"));
+            }
+            if let Some(Value::Object(headers)) = body.get("headers") {
+                for (k, v) in headers {
+                    let bad = |s: &str| s.chars().any(|c| c.is_control());
+                    if bad(k) || v.as_str().is_some_and(bad) || k.contains([':', ' ']) {
+                        return Err(problem("http", "headers", format!("header {k:?} has a control character (or a colon or space in its name)"), "a header is one line: its name a token, its value without line breaks"));
+                    }
+                }
+            }
             if let Some(m) = body.get("method").and_then(Value::as_str) {
                 if !METHODS.contains(&m) {
                     return Err(problem(
