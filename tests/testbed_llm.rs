@@ -5,28 +5,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::testbed::{sparkform, testbed, Testbed};
+use common::testbed::{sparkform, testbed};
 
 const EXAMPLE: &str = "examples/testbed";
-
-fn id(tb: &Testbed, node: &str, name: &str) -> Option<String> {
-    tb.ssh(
-        node,
-        &format!("docker ps -q --no-trunc --filter name=^{name}$"),
-    )
-    .lines()
-    .next()
-    .map(str::to_string)
-}
 
 #[test]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn qwen_on_the_testbed() {
     let tb = testbed();
-    // Leftovers of other runs (another state) would hold the container names.
-    for node in ["sf-node1", "sf-node2"] {
-        tb.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
-    }
+    tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let st = state.to_str().unwrap();
@@ -52,9 +39,13 @@ fn qwen_on_the_testbed() {
     assert_eq!(code, 0, "{out}");
 
     // A vLLM flag changes: exactly one container is replaced, Ray keeps running.
-    let head = id(&tb, "sf-node1", "sparkform-ray-head").expect("ray head");
-    let worker = id(&tb, "sf-node2", "sparkform-ray-worker-node2").expect("ray worker");
-    let vllm = id(&tb, "sf-node1", "sparkform-vllm").expect("vllm");
+    let head = tb
+        .running_id("sf-node1", "sparkform-ray-head")
+        .expect("ray head");
+    let worker = tb
+        .running_id("sf-node2", "sparkform-ray-worker-node2")
+        .expect("ray worker");
+    let vllm = tb.running_id("sf-node1", "sparkform-vllm").expect("vllm");
     let (code, out, _) = run(&[
         "plan",
         EXAMPLE,
@@ -77,16 +68,19 @@ fn qwen_on_the_testbed() {
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(
-        id(&tb, "sf-node1", "sparkform-ray-head").as_deref(),
+        tb.running_id("sf-node1", "sparkform-ray-head").as_deref(),
         Some(head.as_str()),
         "the Ray head restarted"
     );
     assert_eq!(
-        id(&tb, "sf-node2", "sparkform-ray-worker-node2").as_deref(),
+        tb.running_id("sf-node2", "sparkform-ray-worker-node2")
+            .as_deref(),
         Some(worker.as_str()),
         "the Ray worker restarted"
     );
-    let vllm2 = id(&tb, "sf-node1", "sparkform-vllm").expect("new vllm");
+    let vllm2 = tb
+        .running_id("sf-node1", "sparkform-vllm")
+        .expect("new vllm");
     assert_ne!(vllm2, vllm);
 
     // A probe that expects another model: the apply fails and rolls back; the previous vLLM answers.
@@ -107,7 +101,7 @@ fn qwen_on_the_testbed() {
         "{err}"
     );
     assert_eq!(
-        id(&tb, "sf-node1", "sparkform-vllm").as_deref(),
+        tb.running_id("sf-node1", "sparkform-vllm").as_deref(),
         Some(vllm2.as_str())
     );
     let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);

@@ -12,20 +12,13 @@ const RANKS: [(&str, &str); 2] = [
     ("sf-node2", "sparkform-vllm-node2"),
 ];
 
-fn id(tb: &Testbed, node: &str, name: &str) -> Option<String> {
-    tb.ssh(
-        node,
-        &format!("docker ps -q --no-trunc --filter name=^{name}$"),
-    )
-    .lines()
-    .next()
-    .map(str::to_string)
-}
-
 fn rank_ids(tb: &Testbed) -> Vec<String> {
     RANKS
         .iter()
-        .map(|(node, name)| id(tb, node, name).unwrap_or_else(|| panic!("{name} is not running")))
+        .map(|(node, name)| {
+            tb.running_id(node, name)
+                .unwrap_or_else(|| panic!("{name} is not running"))
+        })
         .collect()
 }
 
@@ -49,10 +42,7 @@ fn assert_nothing_left(tb: &Testbed) {
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn vllm_mp_on_the_testbed() {
     let tb = testbed();
-    // Leftovers of other runs (another state) would hold the container names and addresses.
-    for node in ["sf-node1", "sf-node2"] {
-        tb.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
-    }
+    tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let st = state.to_str().unwrap().to_string();

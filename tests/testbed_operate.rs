@@ -7,19 +7,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::testbed::{sparkform, testbed, Testbed};
+use common::testbed::{sparkform, testbed};
 
 const EXAMPLE: &str = "examples/testbed";
-
-fn id(tb: &Testbed, node: &str, name: &str) -> Option<String> {
-    tb.ssh(
-        node,
-        &format!("docker ps -q --no-trunc --filter name=^{name}$"),
-    )
-    .lines()
-    .next()
-    .map(str::to_string)
-}
 
 /// Lines of a child's stream, as they come.
 fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
@@ -129,7 +119,7 @@ fn tunnel_logs_and_status_on_the_testbed() {
             .all(|l| l.starts_with("module.qwen.container.vllm │ ")),
         "{seen:#?}"
     );
-    let vllm = id(&tb, "sf-node1", "sparkform-vllm").expect("vllm");
+    let vllm = tb.running_id("sf-node1", "sparkform-vllm").expect("vllm");
     let (code, out, err) = run(&[
         "apply",
         EXAMPLE,
@@ -138,7 +128,9 @@ fn tunnel_logs_and_status_on_the_testbed() {
         "max_model_len=4096",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let vllm2 = id(&tb, "sf-node1", "sparkform-vllm").expect("new vllm");
+    let vllm2 = tb
+        .running_id("sf-node1", "sparkform-vllm")
+        .expect("new vllm");
     assert_ne!(vllm, vllm2);
     assert!(
         until(&out_rx, &mut seen, Duration::from_secs(60), |s| connected(

@@ -14,10 +14,7 @@ const VLLM: &str = "module.qwen.container.vllm";
 static EXAMPLE_IN_USE: Mutex<()> = Mutex::new(());
 
 fn clear(tb: &Testbed) {
-    // Leftovers of other runs (another state) would hold the container names.
-    for node in ["sf-node1", "sf-node2"] {
-        tb.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
-    }
+    tb.clear_leftovers();
 }
 
 fn run(state: &std::path::Path, args: &[&str]) -> (i32, String, String) {

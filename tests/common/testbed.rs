@@ -25,6 +25,25 @@ pub fn testbed() -> Testbed {
 }
 
 impl Testbed {
+    /// The full id of the running container called `name` on `node`, if one runs.
+    pub fn running_id(&self, node: &str, name: &str) -> Option<String> {
+        self.ssh(
+            node,
+            &format!("docker ps -q --no-trunc --filter name=^{name}$"),
+        )
+        .lines()
+        .next()
+        .map(str::to_string)
+    }
+
+    /// Remove what other runs (another state) left on the nodes: containers that would hold
+    /// the examples' container names, and addresses on the examples' fabric.
+    pub fn clear_leftovers(&self) {
+        for node in ["sf-node1", "sf-node2"] {
+            self.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
+        }
+    }
+
     pub fn key(&self) -> PathBuf {
         self.dir.join("id_ed25519")
     }
