@@ -49,6 +49,12 @@ pub enum Event {
         /// The log line that showed it.
         line: String,
     },
+    /// A log line that a `warn_on_log` pattern names: worth knowing, not a failure.
+    StepWarning {
+        address: String,
+        message: String,
+        help: String,
+    },
     StepDone {
         address: String,
         action: String,

@@ -326,6 +326,14 @@ fn lines(
             }
             Vec::new()
         }
+        Event::StepWarning {
+            address,
+            message,
+            help,
+        } => vec![
+            format!("{t} ! {address}: warning: {message}"),
+            format!("    help: {help}"),
+        ],
         Event::StepDone {
             address,
             action,

@@ -992,6 +992,43 @@ async fn a_container_that_never_becomes_ready_fails_at_its_timeout_with_its_log_
 }
 
 #[tokio::test]
+async fn a_warn_on_log_line_is_reported_once_and_the_start_goes_on() {
+    let hcl = SERVING.replacen(
+        "    exec     = [\"ray\", \"status\"]\n    timeout  = \"2s\"",
+        "    exec     = [\"ray\", \"status\"]\n    warn_on_log = { \"NET/Socket : Using\" = \"NCCL runs over TCP sockets, not RoCE\" }\n    timeout  = \"2s\"",
+        1,
+    );
+    assert_ne!(hcl, SERVING);
+    let bed = Bed::new(&hcl);
+    let (n1, n2, d1, _d2) = two_with_docker(&bed);
+    // NCCL's line when it falls back to sockets (NCCL_DEBUG=INFO).
+    d1.fault(
+        "head",
+        Fault::Logs(vec![
+            "spark1:812:901 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.10.1<0>".into(),
+        ]),
+    );
+    let r = run(&bed, vec![n1, n2], 2, true, CancellationToken::new()).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let warnings: Vec<(&str, &str, &str)> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepWarning {
+                address,
+                message,
+                help,
+            } => Some((address.as_str(), message.as_str(), help.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "container.head");
+    assert!(warnings[0].1.contains("NET/Socket : Using"), "{warnings:?}");
+    assert_eq!(warnings[0].2, "NCCL runs over TCP sockets, not RoCE");
+}
+
+#[tokio::test]
 async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
     let bed = Bed::new(&SERVING.replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));
     let (n1, n2, d1, d2) = two_with_docker(&bed);

@@ -33,11 +33,16 @@ fn resource<'a>(c: &'a Config, address: &str) -> &'a Resource {
 
 /// The `fail_on_log` patterns of a container's ready checks, with their fixes.
 fn patterns(c: &Config, address: &str) -> Vec<(regex::Regex, String)> {
+    log_patterns(c, address, "fail_on_log")
+}
+
+/// The `fail_on_log` or `warn_on_log` patterns of a container's ready checks, with their fixes.
+fn log_patterns(c: &Config, address: &str, attr: &str) -> Vec<(regex::Regex, String)> {
     resource(c, address).config["ready"]
         .as_array()
         .expect("ready checks")
         .iter()
-        .filter_map(|r| r["fail_on_log"].as_object())
+        .filter_map(|r| r[attr].as_object())
         .flat_map(|m| m.iter())
         .map(|(re, fix)| {
             (
@@ -191,19 +196,35 @@ fn the_benign_list_of_the_modules_names_the_lines_the_notes_list() {
 }
 
 #[test]
-fn socket_fallback_fails_only_with_rdma_and_when_asked() {
+fn socket_fallback_fails_or_warns_only_with_rdma_and_when_asked() {
     let line = GPU_AND_VLLM[4].0;
-    for (vars, fails) in [
-        (vec![], true),
-        (vec![("nccl_socket_fallback", "allow")], false),
-        (vec![("rdma", "false")], false),
+    // (inputs, fails, warns)
+    for (vars, fails, warns) in [
+        (vec![], true, false),
+        (vec![("nccl_socket_fallback", "warn")], false, true),
+        (vec![("nccl_socket_fallback", "allow")], false, false),
+        (vec![("rdma", "false")], false, false),
+        (
+            vec![("rdma", "false"), ("nccl_socket_fallback", "warn")],
+            false,
+            false,
+        ),
     ] {
         let c = load_with(&vars);
         for address in [MP_RANKS[0], MP_RANKS[1], RAY_VLLM] {
             let p = patterns(&c, address);
             assert_eq!(!hits(&p, line).is_empty(), fails, "{vars:?} {address}");
+            let w = log_patterns(&c, address, "warn_on_log");
+            assert_eq!(!hits(&w, line).is_empty(), warns, "{vars:?} {address}");
+            if warns {
+                assert!(hits(&w, line)[0].contains("RoCE"), "{vars:?} {address}");
+            }
             let debug = &resource(&c, address).config["env"]["NCCL_DEBUG"];
-            assert_eq!(debug.as_str() == Some("INFO"), fails, "{vars:?} {address}");
+            assert_eq!(
+                debug.as_str() == Some("INFO"),
+                fails || warns,
+                "{vars:?} {address}"
+            );
         }
     }
 }

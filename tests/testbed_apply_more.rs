@@ -233,7 +233,8 @@ fn ctrl_c_stops_and_rolls_back() {
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    // 130: ended by Ctrl-C (128 + SIGINT), as shells report it.
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("Interrupted") && stderr.contains("Rolled back"),
         "{stderr}"

@@ -10,7 +10,10 @@ locals {
   interface  = length(local.interfaces) > 0 ? local.interfaces[0] : null
 
   # Without RDMA devices NCCL can only use sockets, so there is nothing to detect.
-  detect_socket_fallback = var.rdma && var.nccl_socket_fallback == "fail"
+  detect_socket_fallback = var.rdma && var.nccl_socket_fallback != "allow"
+  socket_fallback = {
+    "NET/Socket : Using|Using network Socket" = "NCCL runs over TCP sockets, not RoCE: the container needs /dev/infiniband, IPC_LOCK and an unlimited memlock limit (rdma = true), NCCL_IB_HCA must name RoCE devices that exist and are up (ibdev2netdev), and NCCL_IB_DISABLE must not be 1; set nccl_socket_fallback = \"allow\" to accept sockets"
+  }
 
   # NCCL, Gloo, UCX and TensorPipe pick the fabric interface instead of the default route.
   env = merge(
@@ -41,6 +44,12 @@ locals {
   cap_add = var.rdma ? ["IPC_LOCK"] : null
   ulimits = var.rdma ? { memlock = "-1" } : null
 
+  # Log lines that are worth a warning but not a failed start (warn_on_log), by where they
+  # apply, as `signatures`.
+  warnings = {
+    gpu = local.detect_socket_fallback && var.nccl_socket_fallback == "warn" ? local.socket_fallback : {}
+  }
+
   # Known failures, by the log line that shows them, with the fix. Each group applies where its
   # software runs: `gpu` and `vllm` in every vLLM container, `ray` in Ray's, `mp` in the ranks
   # of vLLM's multiprocessing backend. A pattern must match no line of `benign_log`.
@@ -51,9 +60,7 @@ locals {
         "cudaErrorUnsupportedPtxVersion|PTX was compiled with an unsupported toolchain" = "the image's CUDA toolchain is newer than this node's NVIDIA driver: use an image built for the driver the nodes run (sparkform nodes shows it), or update the driver on every node"
         "nvidia-container-cli: .*driver not loaded"                                     = "the NVIDIA kernel modules are not loaded on this node, usually after a kernel update without them: boot a kernel that has them (or reinstall the driver), with the same driver version on every node. `Failed to initialize NVML: Unknown Error` is another cause (the cgroup driver)"
       },
-      local.detect_socket_fallback ? {
-        "NET/Socket : Using|Using network Socket" = "NCCL runs over TCP sockets, not RoCE: the container needs /dev/infiniband, IPC_LOCK and an unlimited memlock limit (rdma = true), NCCL_IB_HCA must name RoCE devices that exist and are up (ibdev2netdev), and NCCL_IB_DISABLE must not be 1; set nccl_socket_fallback = \"allow\" to accept sockets"
-      } : {},
+      local.detect_socket_fallback && var.nccl_socket_fallback == "fail" ? local.socket_fallback : {},
     )
     vllm = {
       "Available KV cache memory: -"                   = "the weights leave no memory for the KV cache on this rank: raise gpu_memory_utilization (at most 0.85-0.90 on GB10), lower max_model_len, or spread the model over more nodes"

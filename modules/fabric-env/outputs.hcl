@@ -71,6 +71,11 @@ output "signatures" {
   value       = local.signatures
 }
 
+output "warnings" {
+  description = "warn_on_log patterns by where they apply (gpu): reported, the start goes on."
+  value       = local.warnings
+}
+
 output "benign_log" {
   description = "Log lines that are normal on DGX Spark; no signature matches them."
   value       = local.benign_log

@@ -77,10 +77,10 @@ variable "nccl_ib_hca" {
 variable "nccl_socket_fallback" {
   type        = string
   default     = "fail"
-  description = "\"fail\": NCCL_DEBUG=INFO is set and a log showing NCCL on TCP sockets instead of RoCE fails the ready check; \"allow\": neither. Without rdma it is always allowed."
+  description = "\"fail\": NCCL_DEBUG=INFO is set and a log showing NCCL on TCP sockets instead of RoCE fails the ready check; \"warn\": the same log line is reported as a warning and the start goes on; \"allow\": neither. Without rdma it is always allowed."
 
   validation {
-    condition     = contains(["fail", "allow"], var.nccl_socket_fallback)
-    error_message = "nccl_socket_fallback must be \"fail\" or \"allow\""
+    condition     = contains(["fail", "warn", "allow"], var.nccl_socket_fallback)
+    error_message = "nccl_socket_fallback must be \"fail\", \"warn\" or \"allow\""
   }
 }

@@ -39,6 +39,7 @@ output "fabric" {
     ulimits      = module.fabric.ulimits
     volumes      = module.fabric.volumes
     signatures   = module.fabric.signatures
+    warnings     = module.fabric.warnings
     benign_log   = module.fabric.benign_log
   }
 }

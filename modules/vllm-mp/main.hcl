@@ -75,6 +75,7 @@ container "rank0" {
     timeout     = var.start_timeout
     interval    = "2s"
     fail_on_log = local.fail_on_log
+    warn_on_log = module.fabric.warnings.gpu
     progress    = module.serve.progress
   }
 }
@@ -107,6 +108,7 @@ container "rank" {
     timeout     = var.health_timeout
     interval    = "5s"
     fail_on_log = local.fail_on_log
+    warn_on_log = module.fabric.warnings.gpu
     progress    = module.serve.progress
   }
 

@@ -71,6 +71,7 @@ container "vllm" {
     interval = "5s"
     # Ray forwards its workers' output (NCCL's included) to this driver's log.
     fail_on_log = merge(local.fabric.signatures.gpu, local.fabric.signatures.vllm, local.fabric.signatures.ray)
+    warn_on_log = local.fabric.warnings.gpu
     progress    = module.serve.progress
   }
 

@@ -36,6 +36,8 @@ pub enum Fault {
     ExitsAfterStart(i64, Vec<String>),
     /// A command run in it whose program is this one exits with this code and message.
     ExecExits(String, i64, String),
+    /// It starts, keeps running and logs these lines.
+    Logs(Vec<String>),
 }
 
 /// A container as the fake engine holds it.
@@ -586,6 +588,11 @@ fn container_request(
                 Some(Fault::ExitsAfterStart(code, lines)) => {
                     c.running = false;
                     c.exit_code = code;
+                    c.logs.extend(lines);
+                }
+                Some(Fault::Logs(lines)) => {
+                    c.running = true;
+                    c.exit_code = 0;
                     c.logs.extend(lines);
                 }
                 _ => {

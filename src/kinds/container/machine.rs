@@ -1,7 +1,7 @@
 //! A container on the machine: bollard over the node's forwarded Docker socket; observed by
 //! the labels sparkform puts on it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -609,6 +609,60 @@ async fn fail_on_log(
     Ok(())
 }
 
+/// The `warn_on_log` patterns (regex → what it means) that match one of `lines` and are not in
+/// `seen` yet: the pattern, the line and its message. Each warns once per start.
+fn new_warnings(
+    lines: &[String],
+    patterns: &serde_json::Map<String, serde_json::Value>,
+    seen: &mut BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (pattern, help) in patterns {
+        if seen.contains(pattern) {
+            continue;
+        }
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
+            seen.insert(pattern.clone());
+            out.push((
+                line.trim().to_string(),
+                help.as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Report the log lines `warn_on_log` names (once each); the start goes on.
+async fn warn_on_log(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    id: &str,
+    name: &str,
+    patterns: &serde_json::Map<String, serde_json::Value>,
+    seen: &mut BTreeSet<String>,
+) {
+    if patterns.len() == seen.len() {
+        return;
+    }
+    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await
+    else {
+        return;
+    };
+    for (line, help) in new_warnings(&lines, patterns, seen) {
+        crate::events::emit(
+            cx.events,
+            crate::events::Event::StepWarning {
+                address: cx.address.to_string(),
+                message: format!("container {name} logged: {line}"),
+                help,
+            },
+        );
+    }
+}
+
 /// Follows a starting container's log, so that every phase its `progress` patterns name is
 /// seen (and reported as an event) even when it lasts less than a check interval.
 struct LogFollow<S> {
@@ -729,6 +783,8 @@ async fn wait_ready(
         };
         let start = Instant::now();
         let mut backoff = Backoff::new(interval);
+        let warn_patterns = check.get("warn_on_log").and_then(|p| p.as_object());
+        let mut warned = BTreeSet::new();
         loop {
             if cx.cancel.is_cancelled() {
                 return Err(StepError::new(format!(
@@ -736,11 +792,20 @@ async fn wait_ready(
                 )));
             }
             let last = match check_once(cx, docker, id, check).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    // A start that is ready at the first attempt still reports what it logged.
+                    if let Some(patterns) = warn_patterns {
+                        warn_on_log(cx, docker, id, name, patterns, &mut warned).await;
+                    }
+                    break;
+                }
                 Err(e) => e,
             };
             if let Some(patterns) = check.get("fail_on_log").and_then(|p| p.as_object()) {
                 fail_on_log(docker, id, name, patterns).await?;
+            }
+            if let Some(patterns) = warn_patterns {
+                warn_on_log(cx, docker, id, name, patterns, &mut warned).await;
             }
             let alive = running(docker, id).await.map_err(|e| {
                 StepError::new(format!("{name}: {e} while waiting for `{what}`"))
@@ -1508,6 +1573,29 @@ mod tests {
         let note = image_moved("node.a", &r, &c, &moved).unwrap();
         assert!(note.contains("now sha256:cccccccccccc"), "{note}");
         assert!(note.contains("runs sha256:aaaaaaaaaaaa"), "{note}");
+    }
+
+    #[test]
+    fn a_warn_on_log_pattern_warns_once_with_its_line() {
+        let patterns: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+            r#"{"NET/Socket : Using|Using network Socket": "NCCL runs over TCP sockets"}"#,
+        )
+        .unwrap();
+        // NCCL's line when it falls back to sockets (NCCL_DEBUG=INFO).
+        let lines = vec![
+            "spark1:1234:1300 [0] NCCL INFO NET/IB : No device found.".to_string(),
+            "spark1:1234:1300 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.200.1<0>"
+                .to_string(),
+        ];
+        let mut seen = BTreeSet::new();
+        let first = new_warnings(&lines, &patterns, &mut seen);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].0.contains("NET/Socket : Using"), "{first:?}");
+        assert_eq!(first[0].1, "NCCL runs over TCP sockets");
+        assert!(new_warnings(&lines, &patterns, &mut seen).is_empty());
+        let rdma =
+            vec!["spark1:1234:1300 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE".to_string()];
+        assert!(new_warnings(&rdma, &patterns, &mut BTreeSet::new()).is_empty());
     }
 
     #[test]

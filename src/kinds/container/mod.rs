@@ -20,6 +20,7 @@ pub static READY: BlockSpec = spec(
         opt("timeout", schema::Kind::Duration),
         opt("interval", schema::Kind::Duration),
         opt("fail_on_log", schema::Kind::MapStr),
+        opt("warn_on_log", schema::Kind::MapStr),
         opt("progress", schema::Kind::MapStr),
     ],
     &[],
@@ -192,12 +193,14 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
             return Err("exec needs a command: [\"program\", \"arg\", …]".into());
         }
     }
-    if let Some(Value::Object(patterns)) = values.get("fail_on_log") {
-        for p in patterns.keys() {
-            if let Err(e) = regex::Regex::new(p) {
-                return Err(format!(
-                    "fail_on_log pattern {p:?} is not a regular expression: {e}"
-                ));
+    for attr in ["fail_on_log", "warn_on_log"] {
+        if let Some(Value::Object(patterns)) = values.get(attr) {
+            for p in patterns.keys() {
+                if let Err(e) = regex::Regex::new(p) {
+                    return Err(format!(
+                        "{attr} pattern {p:?} is not a regular expression: {e}"
+                    ));
+                }
             }
         }
     }
