@@ -127,32 +127,27 @@ struct Run {
 }
 
 impl Run {
+    /// The addresses of the events `pick` selects, in order.
+    fn addresses(&self, pick: fn(&Event) -> Option<&String>) -> Vec<String> {
+        self.events.iter().filter_map(pick).cloned().collect()
+    }
     fn started(&self) -> Vec<String> {
-        self.events
-            .iter()
-            .filter_map(|e| match e {
-                Event::StepStarted { address, .. } => Some(address.clone()),
-                _ => None,
-            })
-            .collect()
+        self.addresses(|e| match e {
+            Event::StepStarted { address, .. } => Some(address),
+            _ => None,
+        })
     }
     fn done(&self) -> Vec<String> {
-        self.events
-            .iter()
-            .filter_map(|e| match e {
-                Event::StepDone { address, .. } => Some(address.clone()),
-                _ => None,
-            })
-            .collect()
+        self.addresses(|e| match e {
+            Event::StepDone { address, .. } => Some(address),
+            _ => None,
+        })
     }
     fn undone(&self) -> Vec<String> {
-        self.events
-            .iter()
-            .filter_map(|e| match e {
-                Event::UndoDone { address, .. } => Some(address.clone()),
-                _ => None,
-            })
-            .collect()
+        self.addresses(|e| match e {
+            Event::UndoDone { address, .. } => Some(address),
+            _ => None,
+        })
     }
 }
 
