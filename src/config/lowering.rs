@@ -12,7 +12,7 @@ use hcl_edit::expr::Expression;
 use hcl_edit::structure::{Block, Body};
 use hcl_edit::Span as _;
 
-pub use super::model::{Network, Resource, ResourceKind};
+pub use super::model::{Network, Observed, Resource, ResourceKind};
 use crate::diag::{Diag, SourceFile, Span};
 use crate::schema::BlockSpec;
 
@@ -154,6 +154,9 @@ pub trait Engine<'m> {
     fn refuse_sensitive_name(&mut self, attrs: &Attrs, key: &str) -> bool;
     /// The SSH host of a node (`node.a`), when that node is known.
     fn node_host(&self, node: &str) -> Option<String>;
+    /// What the machines said before this evaluation (empty when nothing was observed).
+    #[allow(dead_code)] // the seam for kinds whose values come from the machines (model revisions)
+    fn observed(&self) -> &Observed;
     /// A resource of the module instance.
     fn add_resource(&mut self, r: Resource);
     fn add_network(&mut self, n: Network);

@@ -50,10 +50,20 @@ impl VarInputs {
 
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
+    load_observed(dir, vars, &Observed::default())
+}
+
+/// [`load`], with what the machines said about the values a definition leaves to them.
+pub fn load_observed(
+    dir: &Path,
+    vars: &VarInputs,
+    observed: &Observed,
+) -> Result<Config, Diagnostics> {
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.
     crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
+    loader.observed = observed.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };

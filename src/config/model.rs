@@ -100,3 +100,37 @@ pub struct Output {
     pub deps: BTreeSet<String>,
     pub span: Span,
 }
+
+/// What the machines said before an evaluation, for the values a definition leaves to them.
+///
+/// `config` stays pure: `ops` gathers these (node facts from a refresh, model revisions
+/// resolved on a node) and passes them to `config::load_observed`; a load without them
+/// (`config::load`) evaluates as if nothing had been observed.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// By node name (`spark1` for `node "spark1"`).
+    pub nodes: BTreeMap<String, NodeObserved>,
+    /// By the model block's address (`model.qwen`, `module.m.model.qwen`).
+    pub models: BTreeMap<String, ModelObserved>,
+}
+
+/// Facts read on a node, for the node attributes a definition leaves unset.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeObserved {
+    pub unified_memory: Option<bool>,
+    pub memory_gib: Option<f64>,
+    pub gpus: Option<u32>,
+}
+
+/// A model revision resolved against the hub on a node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelObserved {
+    /// The revision asked for (a branch, tag or commit), as the definition spells it.
+    pub revision: String,
+    /// The commit it points at.
+    pub commit: String,
+    /// The resolved manifest (transfer.py's `sparkform-model-manifest/1` document).
+    pub manifest: serde_json::Value,
+    /// Facts of the model's `config.json` (architectures, sizes the modules' checks use).
+    pub config: serde_json::Value,
+}

@@ -141,6 +141,7 @@ pub struct Loader {
     cache: HashMap<PathBuf, Rc<ModuleFiles>>,
     stack: Vec<PathBuf>,
     pub config: Config,
+    pub observed: crate::config::Observed,
 }
 
 const MAX_MODULE_DEPTH: usize = 16;
@@ -160,6 +161,7 @@ impl Loader {
                 outputs: Vec::new(),
                 warnings: Vec::new(),
             },
+            observed: Default::default(),
         }
     }
 
@@ -1511,6 +1513,9 @@ impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
     }
     fn node_host(&self, node: &str) -> Option<String> {
         self.loader.config.nodes.get(node).map(|n| n.host.clone())
+    }
+    fn observed(&self) -> &crate::config::Observed {
+        &self.loader.observed
     }
     fn add_resource(&mut self, r: Resource) {
         self.scope.all_resources.insert(r.address.clone());
