@@ -64,6 +64,7 @@ pub fn load_observed(
     crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
     loader.observed = observed.clone();
+    loader.config.vars = vars.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };
