@@ -64,6 +64,18 @@ pub struct Node {
     pub span: Span,
 }
 
+impl Node {
+    /// The three attributes refresh may fill, as this evaluation has them (declared, or filled
+    /// when it was made with observed facts).
+    pub fn declared_facts(&self) -> NodeObserved {
+        NodeObserved {
+            unified_memory: self.unified_memory,
+            memory_gib: self.memory_gib,
+            gpus: self.gpus,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Network {
     pub address: String,
