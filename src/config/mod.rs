@@ -91,7 +91,7 @@ pub fn load_observed(
             crate::diag::note_secret(raw);
         }
     }
-    let inputs = root_inputs(vars, &declared, &mut loader.diags);
+    let inputs = root_inputs(vars, &declared, &secret_names, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;
     if loader.diags.has_errors() {
@@ -105,6 +105,7 @@ pub fn load_observed(
 fn root_inputs(
     vars: &VarInputs,
     declared: &[(String, Option<types::Type>)],
+    secret_names: &[String],
     diags: &mut Diagnostics,
 ) -> HashMap<String, InputValue> {
     let mut out = HashMap::new();
@@ -139,10 +140,26 @@ fn root_inputs(
         let Some((src, body)) = parse::read_file(file, &mut file_diags) else {
             for mut d in file_diags.0 {
                 d.message = format!("in -var-file: {}", d.message);
+                if !secret_names.is_empty() {
+                    without_excerpt(&mut d, secret_names);
+                }
                 diags.push(d);
             }
             continue;
         };
+        // Before any message about the file: its secrets are masked in the excerpts shown.
+        for structure in body.iter() {
+            if let hcl_edit::structure::Structure::Attribute(attr) = structure {
+                if secret_names.iter().any(|n| n == attr.key.as_str()) {
+                    if let hcl_edit::expr::Expression::String(v) = &attr.value {
+                        crate::diag::note_secret(v.value());
+                    }
+                    if let Some(text) = attr.value.span().and_then(|r| src.text.get(r)) {
+                        crate::diag::note_secret(text);
+                    }
+                }
+            }
+        }
         for structure in body.iter() {
             let hcl_edit::structure::Structure::Attribute(attr) = structure else {
                 let span = Span::new(&src, structure.span().unwrap_or(0..0));
@@ -189,6 +206,26 @@ fn root_inputs(
         }
     }
     out
+}
+
+/// A var file that does not parse cannot say which of its text is a sensitive value, so its
+/// error shows the place (file, line, column) without the file's lines.
+fn without_excerpt(d: &mut Diag, secret_names: &[String]) {
+    if let Some(at) = d.location() {
+        d.message = format!("{} (at {at})", d.message);
+    }
+    d.labels.clear();
+    d.source = None;
+    d.related.clear();
+    let names: Vec<String> = secret_names.iter().map(|n| format!("`{n}`")).collect();
+    let why = format!(
+        "the file's lines are not shown: it may hold the value of a sensitive variable ({})",
+        names.join(", ")
+    );
+    d.help = Some(match d.help.take() {
+        Some(h) => format!("{h}; {why}"),
+        None => why,
+    });
 }
 
 fn input(value: hcl::Value, span: Option<Span>, origin: String) -> InputValue {
