@@ -159,7 +159,15 @@ impl Loader {
         };
         self.config.nodes.insert(address.clone(), node);
         let mut value = attrs.to_object();
-        for k in ["user", "port", "jump", "labels"] {
+        for k in [
+            "gpus",
+            "memory_gib",
+            "user",
+            "port",
+            "jump",
+            "labels",
+            "unified_memory",
+        ] {
             value.entry(k.to_string()).or_insert(Value::Null);
         }
         // What the modules' checks see: the definition's values, else the node's facts.
