@@ -89,7 +89,11 @@ fn unset_attributes_take_the_node_facts_and_the_definitions_see_them() {
     let before = load_observed(dir.path(), &Observed::default());
     assert_eq!(output(&before, "n1"), serde_json::json!([null, null, null]));
     assert_eq!(before.nodes["node.n1"].unified_memory, None);
-    assert!(before.warnings.is_empty(), "{:?}", messages(&before.warnings));
+    assert!(
+        before.warnings.is_empty(),
+        "{:?}",
+        messages(&before.warnings)
+    );
 
     let after = load_observed(dir.path(), &observed(&[("n1", spark())]));
     assert_eq!(output(&after, "n1"), serde_json::json!([1, 119.6, true]));
@@ -121,13 +125,7 @@ fn a_set_value_the_node_contradicts_is_a_warning_with_both_values_and_the_fix() 
     let text = messages(&c.warnings).join("\n");
     assert_eq!(facts.len(), 3, "{text}");
     for (attribute, declared, shows, fix, line) in [
-        (
-            "gpus",
-            "2",
-            "the machine shows 1 GPU",
-            "set `gpus = 1`",
-            6,
-        ),
+        ("gpus", "2", "the machine shows 1 GPU", "set `gpus = 1`", 6),
         (
             "memory_gib",
             "128",
@@ -145,7 +143,10 @@ fn a_set_value_the_node_contradicts_is_a_warning_with_both_values_and_the_fix() 
     ] {
         let w = facts
             .iter()
-            .find(|w| w.message.contains(&format!("sets {attribute} = {declared}")))
+            .find(|w| {
+                w.message
+                    .contains(&format!("sets {attribute} = {declared}"))
+            })
             .unwrap_or_else(|| panic!("no warning on {attribute}: {text}"));
         assert!(w.message.starts_with("node \"n2\" sets"), "{}", w.message);
         assert!(w.message.contains(shows), "{}", w.message);
@@ -156,17 +157,25 @@ fn a_set_value_the_node_contradicts_is_a_warning_with_both_values_and_the_fix() 
         );
         // Labelled at the attribute that says it.
         let at = w.location().unwrap_or_default();
-        assert!(at.ends_with(&format!("main.hcl:{line}:20")), "{attribute}: {at}");
+        assert!(
+            at.ends_with(&format!("main.hcl:{line}:20")),
+            "{attribute}: {at}"
+        );
     }
 }
 
 #[test]
 fn memory_close_to_what_the_kernel_reports_or_below_it_is_no_disagreement() {
     for declared in ["120", "100"] {
-        let text = format!("node \"n\" {{\n  address    = \"10.0.0.1\"\n  memory_gib = {declared}\n}}\n");
+        let text =
+            format!("node \"n\" {{\n  address    = \"10.0.0.1\"\n  memory_gib = {declared}\n}}\n");
         let dir = common::write_config(&[("main.hcl", &text)]);
         let c = load_observed(dir.path(), &observed(&[("n", spark())]));
-        assert!(c.warnings.is_empty(), "{declared}: {:?}", messages(&c.warnings));
+        assert!(
+            c.warnings.is_empty(),
+            "{declared}: {:?}",
+            messages(&c.warnings)
+        );
         assert_eq!(
             c.nodes["node.n"].memory_gib,
             Some(declared.parse().unwrap())
@@ -330,10 +339,7 @@ async fn plan_reads_the_facts_on_the_refreshed_nodes_and_evaluates_again_with_th
     let dir = common::write_config(&[("main.hcl", TWO_NODES)]);
     let (config, graph) = common::load(dir.path());
     let world = FakeWorld::new();
-    let hosts = vec![
-        fake_spark("node.n1", &world),
-        fake_spark("node.n2", &world),
-    ];
+    let hosts = vec![fake_spark("node.n1", &world), fake_spark("node.n2", &world)];
     let planned = plan_after_refresh(&config, &graph, Some(pool(hosts))).await;
     if let Some(p) = planned.pool {
         p.close().await;
@@ -353,10 +359,14 @@ async fn plan_reads_the_facts_on_the_refreshed_nodes_and_evaluates_again_with_th
     // that the facts make fail.
     let w = messages(&planned.warnings);
     assert_eq!(w.len(), 4, "{w:#?}");
-    assert!(w.iter().any(|m| m.contains("n1 shares its memory")), "{w:?}");
+    assert!(
+        w.iter().any(|m| m.contains("n1 shares its memory")),
+        "{w:?}"
+    );
     for a in ["gpus = 2", "memory_gib = 128", "unified_memory = false"] {
         assert!(
-            w.iter().any(|m| m.contains(&format!("node \"n2\" sets {a}"))),
+            w.iter()
+                .any(|m| m.contains(&format!("node \"n2\" sets {a}"))),
             "{a}: {w:?}"
         );
     }
@@ -434,10 +444,18 @@ node "n1" {
     let dir = common::write_config(&[("main.hcl", text)]);
     let (config, graph) = common::load(dir.path());
     let world = FakeWorld::new();
-    let planned =
-        plan_after_refresh(&config, &graph, Some(pool(vec![fake_spark("node.n1", &world)]))).await;
+    let planned = plan_after_refresh(
+        &config,
+        &graph,
+        Some(pool(vec![fake_spark("node.n1", &world)])),
+    )
+    .await;
     assert!(planned.reloaded.is_none());
-    assert!(planned.warnings.is_empty(), "{:?}", messages(&planned.warnings));
+    assert!(
+        planned.warnings.is_empty(),
+        "{:?}",
+        messages(&planned.warnings)
+    );
     assert_eq!(world.log().len(), 2, "{:?}", world.log());
 }
 

@@ -147,14 +147,16 @@ impl NodeObserved {
         NodeObserved {
             unified_memory: declared.unified_memory.or(self.unified_memory),
             memory_gib: declared.memory_gib.or(self.memory_gib),
-            gpus: declared
-                .gpus
-                .or(self.gpus.filter(|_| gpu_devices)),
+            gpus: declared.gpus.or(self.gpus.filter(|_| gpu_devices)),
         }
     }
 
     /// Where `declared` sets an attribute these facts contradict.
-    pub fn disagreements(&self, declared: &NodeObserved, gpu_devices: bool) -> Vec<FactDisagreement> {
+    pub fn disagreements(
+        &self,
+        declared: &NodeObserved,
+        gpu_devices: bool,
+    ) -> Vec<FactDisagreement> {
         let mut out = Vec::new();
         if let (Some(d), Some(o)) = (declared.gpus, self.gpus.filter(|_| gpu_devices)) {
             if d != o {
@@ -204,7 +206,11 @@ impl FactDisagreement {
     /// What the machine shows, in words.
     pub fn what_the_node_shows(&self) -> String {
         match self.attribute {
-            "gpus" => format!("the machine shows {} GPU{}", self.observed, plural(&self.observed)),
+            "gpus" => format!(
+                "the machine shows {} GPU{}",
+                self.observed,
+                plural(&self.observed)
+            ),
             "memory_gib" => format!("the machine has {} GiB", self.observed),
             _ if self.observed == "true" => {
                 "its GPU has no memory of its own: it uses the node's (unified memory)".into()

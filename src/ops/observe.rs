@@ -62,7 +62,9 @@ async fn node_facts(
                 "plan::node_facts",
                 format!("cannot read the facts of node \"{name}\": {why}"),
             )
-            .help("the gpus, memory_gib and unified_memory it leaves unset stay unset in this plan"),
+            .help(
+                "the gpus, memory_gib and unified_memory it leaves unset stay unset in this plan",
+            ),
         );
     }
     out
