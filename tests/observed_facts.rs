@@ -534,3 +534,51 @@ fn an_error_beside_a_secret_in_a_var_file_masks_the_secret_in_the_excerpt() {
     assert!(all.contains("secrets.tfvars"), "{all}");
     assert!(!all.contains(SECRET) && !all.contains("hf_Super"), "{all}");
 }
+
+// ----- over ssh, on the testbed -----
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+async fn the_testbed_nodes_facts_fill_the_plan_over_their_ssh_connections() {
+    let tb = common::testbed::testbed();
+    let text = tb.hcl(
+        &[("n1", "sf-node1"), ("n2", "sf-node2")],
+        &tb.known_hosts(),
+        2222,
+    ) + "output \"facts\" {\n  value = [node.n1.memory_gib, node.n2.memory_gib, node.n1.gpus, node.n1.unified_memory]\n}\n";
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let (config, graph) = common::load(dir.path());
+    let opts = HostOptions {
+        use_user_config: false,
+        ..HostOptions::default()
+    };
+    let nodes: Vec<String> = config.nodes.keys().cloned().collect();
+    let pool = HostPool::connect(&config, &nodes, &opts).await;
+    let started = std::time::Instant::now();
+    let planned = plan_after_refresh(&config, &graph, Some(pool)).await;
+    eprintln!(
+        "node facts and the second evaluation: {:.0} ms",
+        started.elapsed().as_secs_f64() * 1000.0
+    );
+    if let Some(p) = planned.pool {
+        p.close().await;
+    }
+    assert!(
+        planned.warnings.is_empty(),
+        "{:?}",
+        messages(&planned.warnings)
+    );
+    // What the node's kernel says, read independently of sparkform.
+    let kib: f64 = tb
+        .ssh("sf-node1", "grep MemTotal /proc/meminfo")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("MemTotal");
+    let gib = (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0;
+    // No driver on the testbed: the GPUs and unified memory stay unknown.
+    assert_eq!(
+        output_after(&planned.plan, "facts"),
+        serde_json::json!([gib, gib, null, null])
+    );
+}
