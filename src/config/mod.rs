@@ -12,7 +12,7 @@ pub mod schema;
 pub mod types;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use hcl::eval::Evaluate;
@@ -24,29 +24,6 @@ pub use parse::strip_bom;
 
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use eval::{InputValue, Loader};
-
-/// Values for the root module's variables, in increasing precedence.
-#[derive(Debug, Default, Clone)]
-pub struct VarInputs {
-    /// `SPARKFORM_VAR_name` from the environment.
-    pub env: Vec<(String, String)>,
-    /// `-var-file FILE`, in command-line order.
-    pub files: Vec<PathBuf>,
-    /// `-var name=value`, in command-line order.
-    pub cli: Vec<(String, String)>,
-}
-
-impl VarInputs {
-    /// Pick up `SPARKFORM_VAR_*` from the process environment.
-    pub fn from_env() -> Self {
-        VarInputs {
-            env: std::env::vars()
-                .filter_map(|(k, v)| k.strip_prefix("SPARKFORM_VAR_").map(|n| (n.to_string(), v)))
-                .collect(),
-            ..VarInputs::default()
-        }
-    }
-}
 
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {

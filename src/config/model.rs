@@ -5,12 +5,35 @@ use std::path::PathBuf;
 
 use crate::diag::{Diag, Span};
 
+/// Values for the root module's variables, in increasing precedence.
+#[derive(Debug, Default, Clone)]
+pub struct VarInputs {
+    /// `SPARKFORM_VAR_name` from the environment.
+    pub env: Vec<(String, String)>,
+    /// `-var-file FILE`, in command-line order.
+    pub files: Vec<PathBuf>,
+    /// `-var name=value`, in command-line order.
+    pub cli: Vec<(String, String)>,
+}
+
+impl VarInputs {
+    /// Pick up `SPARKFORM_VAR_*` from the process environment.
+    pub fn from_env() -> Self {
+        VarInputs {
+            env: std::env::vars()
+                .filter_map(|(k, v)| k.strip_prefix("SPARKFORM_VAR_").map(|n| (n.to_string(), v)))
+                .collect(),
+            ..VarInputs::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub dir: PathBuf,
     /// The variable values it was evaluated with, so an operation can evaluate the same
     /// definitions again with what the machines said (`config::load_observed`).
-    pub vars: crate::config::VarInputs,
+    pub vars: VarInputs,
     pub jumps: BTreeMap<String, Jump>,
     pub nodes: BTreeMap<String, Node>,
     pub networks: BTreeMap<String, Network>,
