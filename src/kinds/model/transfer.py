@@ -49,8 +49,10 @@ refs}), on every node, so vLLM finds the snapshot with HF_HUB_OFFLINE=1. The ver
 of a node is CACHE/models--ORG--NAME/sparkform/COMMIT.json (not under snapshots/, which the
 hub's cache scanner requires to hold folders only). A file is in it only once its bytes
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
-it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream: sha256 is sequential,
-so splitting a file would need a second read pass to hash it. pull writes blobs/BLOB.sparkform-partial, hashing while it streams, and
+it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream:
+sha256 is sequential, so splitting a file would need a second read pass to hash it. pull writes
+blobs/BLOB.sparkform-partial, hashing while it streams (in a thread of its own per file, so
+hashing overlaps receiving and writing) and starting the disk's writeback as it goes, and
 renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
 that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
 
