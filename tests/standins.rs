@@ -3,7 +3,8 @@
 //! serves two revisions (branch `main`, tag `v2`) and logs every fetch; the vLLM stand-in serves
 //! a good local snapshot and refuses a missing, truncated or corrupted one, or an architecture
 //! its registry lacks, with vLLM's own messages and exit code 1; the stand-in `vllm` package
-//! answers `ModelRegistry.get_supported_archs()` as vLLM does.
+//! answers `ModelRegistry.get_supported_archs()` as vLLM does. One test needs the testbed: the
+//! Ray image and its `:noarch` tag on the nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+mod common;
+use common::testbed::testbed;
 
 const REPO: &str = "testbed/standin-qwen3";
 
@@ -472,4 +476,57 @@ fn the_vllm_package_lists_its_architectures_as_vllm_does() {
         !out.contains("UnsupportedForCausalLM"),
         "the hub's unsupported-arch model stays unsupported: {out}"
     );
+}
+
+#[test]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+fn the_ray_image_and_its_noarch_tag_differ_only_by_the_test_models_architecture() {
+    let tb = testbed();
+    let list = "python3 -c 'from vllm import ModelRegistry; print(sorted(ModelRegistry.get_supported_archs()))'";
+    // a folder with only a config: the architecture check comes before any weight is read
+    let dir = format!("/tmp/sf-standins-{}", std::process::id());
+    for node in ["sf-node1", "sf-node2"] {
+        let full = tb.ssh(
+            node,
+            &format!("docker run --rm sparkform-testbed/ray:latest {list}"),
+        );
+        let noarch = tb.ssh(
+            node,
+            &format!("docker run --rm sparkform-testbed/ray:noarch {list}"),
+        );
+        assert!(full.contains("'Qwen3ForCausalLM'"), "{node}: {full}");
+        assert!(
+            noarch.starts_with('[') && !noarch.contains("Qwen3ForCausalLM"),
+            "{node}: {noarch}"
+        );
+        assert_eq!(
+            full.replace("'Qwen3ForCausalLM', ", ""),
+            noarch,
+            "{node}: nothing else differs"
+        );
+
+        let serve = |tag: &str| {
+            tb.ssh(
+                node,
+                &format!(
+                    "mkdir -p {dir} && printf '{{\"architectures\": [\"Qwen3ForCausalLM\"]}}' > {dir}/config.json && \
+                     docker run --rm -e VLLM_STANDIN_PHASE_SECS=0 -v {dir}:/model:ro sparkform-testbed/ray:{tag} \
+                     timeout 60 vllm serve /model --distributed-executor-backend mp 2>&1; echo rc=$?; rm -rf {dir}"
+                ),
+            )
+        };
+        let refused = serve("noarch");
+        assert!(
+            refused.contains("Model architectures ['Qwen3ForCausalLM'] are not supported for now. Supported architectures: dict_keys([")
+                && refused.trim_end().ends_with("rc=1"),
+            "{node}: the noarch image refuses the architecture:\n{refused}"
+        );
+        let past = serve("latest");
+        assert!(
+            !past.contains("are not supported for now")
+                && past.contains("RuntimeError: Cannot find any model weights with `/model`")
+                && past.trim_end().ends_with("rc=1"),
+            "{node}: the full image accepts the architecture and stops at the missing weights:\n{past}"
+        );
+    }
 }
