@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in for `vllm serve` on the testbed: the same command line, and the OpenAI endpoints
-sparkform's probes use. It loads no model and downloads nothing. Two modes, as vLLM's
+sparkform's probes use. It computes nothing and downloads nothing. Two modes, as vLLM's
 distributed executor backends:
 
 - Ray (`--distributed-executor-backend ray`): join the running cluster, reserve TP x PP
@@ -13,6 +13,12 @@ distributed executor backends:
   announce their rank and VLLM_HOST_IP. Rank 0 answers /health and chat completions only once
   every rank has joined; the chat reply names every rank's fabric address (as rank 0 saw the
   connection). Ray is never imported.
+
+Given a local folder (a snapshot), it loads it as vLLM would: config.json and its architecture
+(against the `vllm` package's registry, which the Ray image's `:noarch` tag lacks Qwen3 in),
+then every shard's safetensors header and data (each Ray worker and each headless rank reads
+its own node's copy), and exits 1 with vLLM's messages when one is missing, truncated or its
+data does not match the sha256 in its `__metadata__` (tests/testbed/README.md lists them).
 
 Failure modes the real vLLM shows are reproduced where sparkform must catch them, with the
 lines vLLM and torch.distributed print:
