@@ -307,6 +307,8 @@ fn serve(model: &Path) -> Served {
         ])
         .args(["--port", &port.to_string()])
         .env("VLLM_STANDIN_PHASE_SECS", "0")
+        // it imports the checkout's vllm package: no __pycache__ left in the checkout
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
@@ -463,6 +465,7 @@ fn the_vllm_package_lists_its_architectures_as_vllm_does() {
             "from vllm import ModelRegistry; print(ModelRegistry.get_supported_archs())",
         ])
         .env("PYTHONPATH", testbed_dir().join("vllm-package"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::null())
         .output()
         .unwrap();
