@@ -24,10 +24,13 @@ pub enum Source<'a> {
     Definitions { refresh: bool, options: PlanOptions },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
     PlanFile { file: &'a PlanFile, path: &'a Path },
-    /// Remove what the state records (only `targets` when given, none of `exclude`).
+    /// Remove what the deployment owns (only `targets` when given, none of `exclude`): what the
+    /// state records and, after a refresh when `refresh`, what the machines hold carrying its
+    /// labels that the state does not record.
     Destroy {
         targets: Vec<String>,
         exclude: Vec<String>,
+        refresh: bool,
     },
 }
 
@@ -114,7 +117,19 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             )
             .await?
         }
-        Source::Destroy { targets, exclude } => {
+        Source::Destroy {
+            targets,
+            exclude,
+            refresh,
+        } => {
+            // Look first: a run killed between creating something and recording it, or a
+            // state that lost an entry, leaves labelled containers only the machines show.
+            let (observations, pool) = if refresh && recorded.is_some() {
+                let (o, p) = super::refresh::refresh(req.config, &state, &req.hosts, events).await?;
+                (Some(o), p)
+            } else {
+                (None, None)
+            };
             let empty = Config {
                 resources: Vec::new(),
                 outputs: Vec::new(),
@@ -124,9 +139,18 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             let options = PlanOptions {
                 targets,
                 exclude,
+                observations,
                 ..PlanOptions::default()
             };
-            (crate::plan::plan(&empty, &graph, &state, &options)?, None)
+            match crate::plan::plan(&empty, &graph, &state, &options) {
+                Ok(plan) => (plan, pool),
+                Err(d) => {
+                    if let Some(p) = pool {
+                        p.close().await;
+                    }
+                    return Err(d.into());
+                }
+            }
         }
     };
     Ok(Prepared {
