@@ -487,7 +487,7 @@ pub fn plan(
         // A create a kill interrupted: recorded ahead, marked pending. Found on the node (or not
         // looked at), it is adopted: the step runs again and records it as a whole.
         if recorded.is_some()
-            && change.action == Action::NoOp
+            && matches!(change.action, Action::NoOp | Action::Update)
             && mark(state, address, MARK_PENDING).is_some()
         {
             change.action = Action::Update;
