@@ -167,24 +167,22 @@ impl Bed {
         .unwrap()
     }
 
-    /// What `destroy` plans: nothing desired, against the state and what refresh saw.
+    /// What `destroy` plans after its refresh, and the empty definitions it applies.
     fn destroy_plan(&self, observations: Option<Observations>) -> (Plan, Config, Graph) {
+        let p = sparkform::ops::apply::plan_destroy(
+            &self.config,
+            &self.state(),
+            Vec::new(),
+            Vec::new(),
+            observations,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
         let empty = Config {
             resources: Vec::new(),
             outputs: Vec::new(),
             ..self.config.clone()
         };
         let graph = Graph::build(&empty).unwrap();
-        let p = plan::plan(
-            &empty,
-            &graph,
-            &self.state(),
-            &PlanOptions {
-                observations,
-                ..PlanOptions::with_key(key())
-            },
-        )
-        .unwrap();
         (p, empty, graph)
     }
 

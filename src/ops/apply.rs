@@ -13,7 +13,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::plan::planfile::PlanFile;
-use crate::plan::{Plan, PlanOptions};
+use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};
 
 use super::OpError;
@@ -130,25 +130,13 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             } else {
                 (None, None)
             };
-            let empty = Config {
-                resources: Vec::new(),
-                outputs: Vec::new(),
-                ..req.config.clone()
-            };
-            let graph = Graph::build(&empty)?;
-            let options = PlanOptions {
-                targets,
-                exclude,
-                observations,
-                ..PlanOptions::default()
-            };
-            match crate::plan::plan(&empty, &graph, &state, &options) {
+            match plan_destroy(req.config, &state, targets, exclude, observations) {
                 Ok(plan) => (plan, pool),
-                Err(d) => {
+                Err(e) => {
                     if let Some(p) = pool {
                         p.close().await;
                     }
-                    return Err(d.into());
+                    return Err(e);
                 }
             }
         }
@@ -160,6 +148,31 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         pool,
         _lock: lock,
     })
+}
+
+/// What `destroy` removes: every resource the state records and, from `observations` (a
+/// refresh), every object on the machines carrying the deployment's labels that the state does
+/// not record (said so in the plan), only `targets` when given, none of `exclude`.
+pub fn plan_destroy(
+    config: &Config,
+    state: &State,
+    targets: Vec<String>,
+    exclude: Vec<String>,
+    observations: Option<Observations>,
+) -> Result<Plan, OpError> {
+    let empty = Config {
+        resources: Vec::new(),
+        outputs: Vec::new(),
+        ..config.clone()
+    };
+    let graph = Graph::build(&empty)?;
+    let options = PlanOptions {
+        targets,
+        exclude,
+        observations,
+        ..PlanOptions::default()
+    };
+    Ok(crate::plan::plan(&empty, &graph, state, &options)?)
 }
 
 pub struct RunOptions {
