@@ -327,6 +327,27 @@ fn journal_ahead(state: &mut State, step: &Step, now: &str) -> bool {
     }
 }
 
+/// A step recorded ahead that returned an error (failed, or stopped) cleaned up after itself:
+/// its entry goes back to what the state held before. Only a kill leaves it recorded ahead.
+fn forget_intent(state: &mut State, before: &State, step: &Step) -> bool {
+    let pending = state
+        .resources
+        .get(&step.address)
+        .is_some_and(|r| r.attributes.contains_key(crate::plan::MARK_PENDING));
+    if !pending || step.change.orphan.is_some() {
+        return false;
+    }
+    match before.resources.get(&step.address) {
+        Some(r) => {
+            state.resources.insert(step.address.clone(), r.clone());
+        }
+        None => {
+            state.resources.remove(&step.address);
+        }
+    }
+    true
+}
+
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
@@ -477,6 +498,11 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                 started.elapsed(),
             )
         });
+        if result.is_err() && forget_intent(&mut state, &before, &step) {
+            if let Err(e) = req.store.write(&mut state) {
+                outcome.state_error = Some(e.to_string());
+            }
+        }
         match result {
             Ok(applied) => {
                 emit(
@@ -802,7 +828,7 @@ async fn check_restored(
             ),
         }
     }
-    let seen = match crate::refresh::refresh_hosts(&expected, hosts).await {
+    let seen = match crate::refresh::observe_recorded(&expected, hosts).await {
         Ok(seen) => seen,
         Err(errors) => {
             let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
