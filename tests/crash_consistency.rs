@@ -343,6 +343,45 @@ async fn deleting_an_untracked_container_keeps_the_tracked_resource_at_its_addre
 }
 
 #[tokio::test]
+async fn a_rolled_back_recovery_puts_the_untracked_container_back_under_its_own_name() {
+    let bed = Bed::new(&serving("2s"), |_| {});
+    let r = bed.apply(&[], None).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let before = bed.state();
+    let old = leave_an_old_head(&bed);
+    // The recovery apply deletes the untracked head and replaces the worker; the probe fails.
+    bed.d1.fault(
+        "head",
+        Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
+    );
+    let seen = bed.observe().await;
+    let r = bed
+        .run_plan(
+            &bed.config,
+            &bed.graph,
+            &bed.plan_with(&["container.worker"], Some(seen)),
+        )
+        .await;
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    assert!(
+        r.outcome.undo_failures.is_empty(),
+        "{:?}",
+        r.outcome.undo_failures
+    );
+    // The tracked head running under its name with its entry, the untracked one back under
+    // the name it had (not fighting the tracked one for its name).
+    assert_eq!(
+        bed.d1.container(&old).map(|c| c.name).as_deref(),
+        Some("head-sparkform-old-0123456789ab")
+    );
+    assert!(running(&bed.d1).contains(&"head".to_string()), "{:?}", bed.d1.containers());
+    assert_eq!(
+        bed.state().resources.get("container.head"),
+        before.resources.get("container.head")
+    );
+}
+
+#[tokio::test]
 async fn dependents_wait_for_the_resource_step_not_for_an_untracked_delete_at_its_address() {
     let bed = Bed::new(&serving("2s"), |_| {});
     let r = bed.apply(&[], None).await;
