@@ -85,7 +85,6 @@ struct Bed {
     dir: tempfile::TempDir,
     config: Config,
     graph: Graph,
-    world: Arc<FakeWorld>,
     n1: Arc<FakeHost>,
     n2: Arc<FakeHost>,
     d1: Arc<FakeDocker>,
@@ -119,7 +118,6 @@ impl Bed {
             dir,
             config,
             graph,
-            world,
             n1,
             n2,
             d1,
@@ -328,7 +326,11 @@ async fn deleting_an_untracked_container_keeps_the_tracked_resource_at_its_addre
     let r = bed.run_plan(&bed.config, &bed.graph, &p).await;
     assert!(r.outcome.ok, "{:?}", r.outcome.failures);
     // The old one is gone; the running head keeps its entry, by id.
-    assert!(bed.d1.container(&old).is_none(), "{:?}", bed.d1.containers());
+    assert!(
+        bed.d1.container(&old).is_none(),
+        "{:?}",
+        bed.d1.containers()
+    );
     assert_eq!(running(&bed.d1), ["head"]);
     assert_eq!(
         container_id(&bed.state(), "container.head").as_deref(),
@@ -374,7 +376,11 @@ async fn a_rolled_back_recovery_puts_the_untracked_container_back_under_its_own_
         bed.d1.container(&old).map(|c| c.name).as_deref(),
         Some("head-sparkform-old-0123456789ab")
     );
-    assert!(running(&bed.d1).contains(&"head".to_string()), "{:?}", bed.d1.containers());
+    assert!(
+        running(&bed.d1).contains(&"head".to_string()),
+        "{:?}",
+        bed.d1.containers()
+    );
     assert_eq!(
         bed.state().resources.get("container.head"),
         before.resources.get("container.head")
@@ -416,9 +422,10 @@ async fn a_probe_killed_while_it_ran_is_run_again_by_the_next_apply() {
         "head",
         Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
     );
-    bed.apply_killed(&["container.worker"], |e, _| {
-        matches!(e, Some(Event::StepProgress { address, .. }) if address == "probe.serving")
-    })
+    bed.apply_killed(
+        &["container.worker"],
+        |e, _| matches!(e, Some(Event::StepProgress { address, .. }) if address == "probe.serving"),
+    )
     .await;
     // The worker's replacement was recorded before the probe started: nothing upstream of the
     // probe changes any more, yet what it checks was never confirmed.
@@ -442,7 +449,9 @@ async fn a_probe_killed_while_it_ran_is_run_again_by_the_next_apply() {
 #[tokio::test]
 async fn an_address_left_by_a_kill_during_its_create_is_adopted_and_destroyed() {
     // `ip link set` never answers: the kill comes after the address was added, before the MTU.
-    let bed = Bed::new(&serving("2s"), |h| h.on(&["ip", "link", "set"], Answer::Hang));
+    let bed = Bed::new(&serving("2s"), |h| {
+        h.on(&["ip", "link", "set"], Answer::Hang)
+    });
     bed.apply_killed(&[], |_, bed| {
         bed.n1
             .interfaces()
@@ -465,7 +474,9 @@ async fn an_address_left_by_a_kill_during_its_create_is_adopted_and_destroyed() 
     let c = change(&p, address);
     assert_eq!(c.action, Action::Update, "{}", plan::render::render(&p));
     assert!(
-        c.drift.iter().any(|d| d.contains("found on the node, will be adopted")),
+        c.drift
+            .iter()
+            .any(|d| d.contains("found on the node, will be adopted")),
         "{c:?}"
     );
     let text = plan::render::render(&p);
@@ -479,7 +490,11 @@ async fn an_address_left_by_a_kill_during_its_create_is_adopted_and_destroyed() 
     for i in bed.n1.interfaces().iter().chain(bed.n2.interfaces().iter()) {
         assert!(i.addresses.is_empty(), "{i:?}");
     }
-    assert!(bed.state().resources.is_empty(), "{:?}", bed.state().resources);
+    assert!(
+        bed.state().resources.is_empty(),
+        "{:?}",
+        bed.state().resources
+    );
 }
 
 #[tokio::test]
@@ -531,7 +546,11 @@ async fn a_rollback_names_what_it_could_not_restore_and_the_failed_probe_stays_v
     // exits at its start (its head no longer knows it).
     bed.d1.fault(
         "head",
-        Fault::ExecExits("curl".into(), 22, "curl: (22) 503 Service Unavailable".into()),
+        Fault::ExecExits(
+            "curl".into(),
+            22,
+            "curl: (22) 503 Service Unavailable".into(),
+        ),
     );
     let p = bed.plan_with(&["container.worker"], None);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

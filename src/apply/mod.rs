@@ -573,12 +573,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                     && step.change.action == Action::Run
                     && step.change.orphan.is_none()
                     && matches!(step.kind, StepKind::Resource(_))
-                    && crate::plan::record_run_failed(
-                        &mut state,
-                        &step.address,
-                        &now(),
-                        &e.message,
-                    )
+                    && crate::plan::record_run_failed(&mut state, &step.address, &now(), &e.message)
                 {
                     if let Err(w) = req.store.write(&mut state) {
                         outcome.state_error = Some(w.to_string());

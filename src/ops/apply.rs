@@ -125,7 +125,8 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             // Look first: a run killed between creating something and recording it, or a
             // state that lost an entry, leaves labelled containers only the machines show.
             let (observations, pool) = if refresh && recorded.is_some() {
-                let (o, p) = super::refresh::refresh(req.config, &state, &req.hosts, events).await?;
+                let (o, p) =
+                    super::refresh::refresh(req.config, &state, &req.hosts, events).await?;
                 (Some(o), p)
             } else {
                 (None, None)

@@ -89,7 +89,11 @@ fn render_failing(out: &mut String, plan: &Plan) {
     }
     out.push_str("\nThe last recorded results of these probes failed:\n");
     for f in &plan.failing {
-        let at = if f.at.is_empty() { "at an unknown time" } else { f.at.as_str() };
+        let at = if f.at.is_empty() {
+            "at an unknown time"
+        } else {
+            f.at.as_str()
+        };
         let _ = writeln!(out, "  ! {} failed ({at}): {}", f.address, f.error);
     }
     out.push_str("Run `sparkform verify` to check them now, or `sparkform apply -replace ADDRESS` to replace what they test.\n");

@@ -1021,7 +1021,11 @@ impl Machine for ContainerMachine {
                 let aside = set_aside(&docker, &old, &name, stop_secs(cx)).await?;
                 // An untracked one goes back under its own name on rollback: the resource's
                 // name is the tracked container's.
-                let back = cx.change.orphan.as_ref().map_or(name.clone(), |o| o.name.clone());
+                let back = cx
+                    .change
+                    .orphan
+                    .as_ref()
+                    .map_or(name.clone(), |o| o.name.clone());
                 Ok(Applied {
                     attributes: Default::default(),
                     undo: serde_json::json!({ "previous": old, "name": back, "aside": aside }),
