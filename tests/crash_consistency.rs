@@ -646,3 +646,68 @@ fn replacing_a_ray_worker_replaces_vllm() {
         }
     }
 }
+
+/// On the testbed, through the real command: `destroy` refreshes first and removes a labelled
+/// container the state does not record (a run killed between its create and its record), saying
+/// so; destroy again finds nothing.
+#[test]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+fn testbed_destroy_removes_a_labelled_container_the_state_lost() {
+    use common::testbed::{sparkform, testbed};
+    let tb = testbed();
+    let prefix = format!("sfcc{}", std::process::id());
+    let mut hcl = tb.hcl(&[("node1", "sf-node1")], &tb.known_hosts(), 2222);
+    hcl.push_str(&format!(
+        r#"
+container "keep" {{
+  node         = node.node1
+  name         = "{prefix}-keep"
+  image        = "sparkform-testbed/tiny:latest"
+  stop_timeout = "1s"
+  command      = ["sleep", "3600"]
+}}
+"#
+    ));
+    let cfg = common::write_config(&[("main.hcl", &hcl)]);
+    let d = cfg.path().to_str().unwrap_or_default().to_string();
+    let clean = || {
+        tb.ssh(
+            "sf-node1",
+            &format!("docker rm -f {prefix}-keep {prefix}-lost >/dev/null 2>&1; true"),
+        );
+    };
+    let (code, out, err) = sparkform(&["apply", &d, "-auto-approve"]);
+    if code != 0 {
+        clean();
+        panic!("apply:\n{out}\n{err}");
+    }
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cfg.path().join("state/sparkform.json")).unwrap_or_default(),
+    )
+    .unwrap_or_default();
+    let lineage = state["lineage"].as_str().unwrap_or_default().to_string();
+    assert!(!lineage.is_empty(), "{state}");
+    tb.ssh(
+        "sf-node1",
+        &format!(
+            "docker run -d --name {prefix}-lost --label sparkform.lineage={lineage} \
+             --label sparkform.address=container.lost sparkform-testbed/tiny:latest sleep 3600"
+        ),
+    );
+    let (code, out, err) = sparkform(&["destroy", &d, "-auto-approve"]);
+    let left = tb.ssh(
+        "sf-node1",
+        &format!("docker ps -a --filter name={prefix}- --format '{{{{.Names}}}}'"),
+    );
+    clean();
+    assert_eq!(code, 0, "destroy:\n{out}\n{err}");
+    assert!(
+        out.contains("carries this deployment's labels but the state does not record it")
+            && out.contains(&format!("{prefix}-lost")),
+        "{out}"
+    );
+    assert!(left.trim().is_empty(), "left on node1: {left}");
+    let (code, out, err) = sparkform(&["destroy", &d, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("No changes."), "{out}");
+}
