@@ -45,7 +45,7 @@ pub async fn connect_and_refresh(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let (pool, observed) = tokio::join!(
         HostPool::connect_reporting(config, nodes, opts, Some(tx)),
-        observe_as_connected(state, rx)
+        observe_as_connected(state, rx, true)
     );
     let result = finish(observed, &pool, nodes);
     (pool, result)
@@ -57,12 +57,29 @@ pub async fn refresh_hosts(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    observe_hosts(state, hosts, true).await
+}
+
+/// Observe only what `state` records on hosts already connected, looking for nothing untracked
+/// (whether a rollback restored what it undid).
+pub async fn observe_recorded(
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    observe_hosts(state, hosts, false).await
+}
+
+async fn observe_hosts(
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+    untracked: bool,
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for h in hosts {
         let _ = tx.send(h);
     }
     drop(tx);
-    let (mut out, errors) = observe_as_connected(state, rx).await;
+    let (mut out, errors) = observe_as_connected(state, rx, untracked).await;
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -95,6 +112,7 @@ fn finish(
 async fn observe_as_connected(
     state: &State,
     mut ready: tokio::sync::mpsc::UnboundedReceiver<(String, std::sync::Arc<dyn Host>)>,
+    untracked: bool,
 ) -> (Observations, Vec<std::sync::Arc<HostError>>) {
     let mut by_node: HashMap<&str, Vec<(&String, &ResourceState)>> = HashMap::new();
     for (addr, r) in &state.resources {
@@ -127,7 +145,7 @@ async fn observe_as_connected(
                         .unwrap_or_default();
                     let lineage = state.lineage.clone();
                     tasks.spawn(node, async move {
-                        observe_node(host.as_ref(), &lineage, &recorded).await
+                        observe_node(host.as_ref(), &lineage, &recorded, untracked).await
                     });
                 }
                 None => open = false,
@@ -140,11 +158,14 @@ async fn observe_as_connected(
     (out, errors)
 }
 
-/// Every kind looks at the node at once: one round trip to it, not one per kind.
+/// Every kind looks at the node at once: one round trip to it, not one per kind. With
+/// `untracked`, also the kinds that find objects nobody recorded; otherwise only the kinds of
+/// the recorded resources, and what they find untracked is dropped.
 async fn observe_node(
     host: &dyn Host,
     lineage: &str,
     recorded: &[(String, ResourceState)],
+    untracked: bool,
 ) -> Result<NodeObservations, HostError> {
     let looks = KindId::ALL.iter().filter_map(|&kind| {
         let mine: Vec<(String, ResourceState)> = recorded
@@ -152,13 +173,15 @@ async fn observe_node(
             .filter(|(_, r)| r.kind == kind)
             .cloned()
             .collect();
-        (!mine.is_empty() || kind.kind().found_untracked())
+        (!mine.is_empty() || (untracked && kind.kind().found_untracked()))
             .then_some(async move { machine(kind).observe(host, lineage, &mine).await })
     });
     let mut out = NodeObservations::default();
     for (resources, orphans) in futures_util::future::try_join_all(looks).await? {
         out.0.extend(resources);
-        out.1.extend(orphans);
+        if untracked {
+            out.1.extend(orphans);
+        }
     }
     Ok(out)
 }

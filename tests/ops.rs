@@ -141,6 +141,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
             source: Source::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
                 exclude: Vec::new(),
+                refresh: false,
             },
             hosts: HostOptions::default(),
         },

@@ -2,6 +2,14 @@ output "head" {
   value = container.ray_head
 }
 
+# Every container of the cluster, head and workers: a process that joins the cluster (vLLM's
+# driver in ../vllm-ray) loses a member when any of them is replaced, so it names this in its
+# `replace_triggered_by` and is replaced with any of them.
+output "members_containers" {
+  description = "Every container of the Ray cluster, the head and each worker."
+  value       = [container.ray_head, container.ray_worker]
+}
+
 output "head_ip" {
   value = local.head_ip
 }

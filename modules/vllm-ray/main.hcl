@@ -39,7 +39,8 @@ locals {
 # vLLM's driver joins the head's Ray cluster: it shares the head's PID namespace and /tmp/ray
 # (without them ray.init cannot find the raylet), and RAY_ADDRESS points it at the head (without
 # it a bare ray.init starts a private cluster with no GPUs). A new Ray head breaks a running
-# driver, so replacing the head replaces vLLM.
+# driver, and a replaced worker leaves it without that worker's GPUs (it answers 503), so
+# replacing any member of the cluster replaces vLLM.
 container "vllm" {
   node         = var.head
   name         = "sparkform-vllm"
@@ -76,5 +77,5 @@ container "vllm" {
   }
 
   depends_on           = [module.ray.members]
-  replace_triggered_by = [module.ray.head]
+  replace_triggered_by = [module.ray.members_containers]
 }

@@ -83,7 +83,11 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for c in plan.changes.iter().filter(|c| c.action.is_change()) {
-        index.entry(c.address.clone()).or_insert(steps.len());
+        // An untracked object shares its address with the tracked resource: the resource's
+        // own step is the one its dependents wait for, never the untracked one's delete.
+        if c.orphan.is_none() {
+            index.insert(c.address.clone(), steps.len());
+        }
         steps.push(Step {
             address: c.address.clone(),
             kind: StepKind::Resource(c.kind),
@@ -286,8 +290,10 @@ impl Job {
 
 /// Record a completed step in the state (the write-ahead journal).
 /// `elapsed` is the step's whole wall time, which the next plan's impact section quotes.
+/// An untracked object's step records nothing: the entry at its address is the tracked
+/// resource's.
 fn journal(state: &mut State, step: &Step, applied: &Applied, elapsed: Duration) {
-    if !matches!(step.kind, StepKind::Resource(_)) {
+    if !matches!(step.kind, StepKind::Resource(_)) || step.change.orphan.is_some() {
         return;
     }
     let mut attributes = applied.attributes.clone();
@@ -295,6 +301,55 @@ fn journal(state: &mut State, step: &Step, applied: &Applied, elapsed: Duration)
         attributes.insert("last_run".into(), serde_json::json!(applied.summary));
     }
     crate::plan::record_change(state, &step.change, attributes, Some(elapsed.as_secs_f64()));
+}
+
+/// What the journal writes before a step starts, so a kill during it leaves a state that says
+/// so: a create of a kind whose objects carry no label is recorded pending (what the kill left
+/// is then this deployment's), a run of a recorded resource is marked started. Whether the
+/// state changed.
+fn journal_ahead(state: &mut State, step: &Step, now: &str) -> bool {
+    let StepKind::Resource(kind) = step.kind else {
+        return false;
+    };
+    if step.change.orphan.is_some() {
+        return false;
+    }
+    match step.change.action {
+        Action::Run => crate::plan::mark_run_started(state, &step.address, now),
+        Action::Create
+            if !kind.kind().found_untracked()
+                && kind.kind().lifecycle() != crate::kinds::Lifecycle::Runs =>
+        {
+            crate::plan::record_intent(state, &step.change, now);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A step recorded ahead that returned an error (failed, or stopped) cleaned up after itself:
+/// its entry goes back to what the state held before. Only a kill leaves it recorded ahead.
+fn forget_intent(state: &mut State, before: &State, step: &Step) -> bool {
+    let pending = state
+        .resources
+        .get(&step.address)
+        .is_some_and(|r| r.attributes.contains_key(crate::plan::MARK_PENDING));
+    if !pending || step.change.orphan.is_some() {
+        return false;
+    }
+    match before.resources.get(&step.address) {
+        Some(r) => {
+            state.resources.insert(step.address.clone(), r.clone());
+        }
+        None => {
+            state.resources.remove(&step.address);
+        }
+    }
+    true
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
@@ -399,6 +454,20 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         while !stopping && running.len() < parallelism {
             let Some(i) = ready.pop_front() else { break };
             let step = steps[i].clone();
+            if journal_ahead(&mut state, &step, &now()) {
+                if let Err(e) = req.store.write(&mut state) {
+                    outcome.state_error = Some(e.to_string());
+                    stopping = true;
+                    outcome.ok = false;
+                    outcome.failures.push((
+                        step.address.clone(),
+                        StepError::new(format!(
+                            "cannot record in the state that the step starts: {e}"
+                        )),
+                    ));
+                    break;
+                }
+            }
             emit(
                 &req.events,
                 Event::StepStarted {
@@ -429,6 +498,11 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                 started.elapsed(),
             )
         });
+        if result.is_err() && forget_intent(&mut state, &before, &step) {
+            if let Err(e) = req.store.write(&mut state) {
+                outcome.state_error = Some(e.to_string());
+            }
+        }
         match result {
             Ok(applied) => {
                 emit(
@@ -493,6 +567,18 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                         error: e.render(),
                     },
                 );
+                // A run that failed on its own (not stopped by another's failure): the next
+                // plan says its last result failed. One stopped keeps its started mark.
+                if !stopping
+                    && step.change.action == Action::Run
+                    && step.change.orphan.is_none()
+                    && matches!(step.kind, StepKind::Resource(_))
+                    && crate::plan::record_run_failed(&mut state, &step.address, &now(), &e.message)
+                {
+                    if let Err(w) = req.store.write(&mut state) {
+                        outcome.state_error = Some(w.to_string());
+                    }
+                }
                 outcome.failures.push((step.address.clone(), e));
                 outcome.ok = false;
                 if !stopping {
@@ -619,6 +705,7 @@ async fn rollback(
     let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
     let mut running = crate::tasks::KeyedTasks::new();
     let parallelism = req.parallelism.max(1);
+    let mut restored: Vec<String> = Vec::new();
     loop {
         while running.len() < parallelism {
             let Some(k) = ready.pop() else { break };
@@ -645,6 +732,9 @@ async fn rollback(
         match result {
             Ok(summary) => {
                 outcome.undone += 1;
+                if undoable[k].1.change.orphan.is_none() {
+                    restored.push(address.clone());
+                }
                 emit(
                     &req.events,
                     Event::UndoDone {
@@ -653,13 +743,16 @@ async fn rollback(
                         summary,
                     },
                 );
-                // Back to what the state said before this apply.
-                match before.resources.get(address) {
-                    Some(r) => {
-                        state.resources.insert(address.clone(), r.clone());
-                    }
-                    None => {
-                        state.resources.remove(address);
+                // Back to what the state said before this apply; an untracked object's undo
+                // leaves the tracked resource's entry alone.
+                if undoable[k].1.change.orphan.is_none() {
+                    match before.resources.get(address) {
+                        Some(r) => {
+                            state.resources.insert(address.clone(), r.clone());
+                        }
+                        None => {
+                            state.resources.remove(address);
+                        }
                     }
                 }
                 if let Err(e) = req.store.write(state) {
@@ -685,6 +778,83 @@ async fn rollback(
                 ready.push(b);
             }
         }
+    }
+    check_restored(&jobs.pool, before, &restored, outcome).await;
+}
+
+/// An undo that returned is not proof: look at what the undone steps restored, as refresh
+/// would, and count each one that is not as the state recorded it before the apply (a previous
+/// container that exited once started again, an address that did not come back) as not undone,
+/// saying why.
+async fn check_restored(
+    pool: &HostPool,
+    before: &State,
+    restored: &[String],
+    outcome: &mut ApplyOutcome,
+) {
+    let mut expected = State {
+        resources: Default::default(),
+        outputs: Default::default(),
+        ..before.clone()
+    };
+    for a in restored {
+        if let Some(r) = before.resources.get(a) {
+            expected.resources.insert(a.clone(), r.clone());
+        }
+    }
+    let nodes: BTreeSet<String> = expected
+        .resources
+        .values()
+        .filter_map(|r| r.node.clone())
+        .collect();
+    let mut hosts = Vec::new();
+    for node in nodes {
+        match pool.get(&node) {
+            Ok(h) => hosts.push((node, h)),
+            Err(e) => not_restored(
+                outcome,
+                expected
+                    .resources
+                    .iter()
+                    .filter(|(_, r)| r.node.as_deref() == Some(node.as_str()))
+                    .map(|(a, _)| a.clone())
+                    .collect(),
+                &format!("it could not be checked: {e}"),
+            ),
+        }
+    }
+    let seen = match crate::refresh::observe_recorded(&expected, hosts).await {
+        Ok(seen) => seen,
+        Err(errors) => {
+            let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            not_restored(
+                outcome,
+                expected.resources.keys().cloned().collect(),
+                &format!("it could not be checked: {}", why.join("; ")),
+            );
+            return;
+        }
+    };
+    for (address, observed) in seen.resources {
+        let why = match observed {
+            crate::plan::Observed::InSync => continue,
+            crate::plan::Observed::Missing(why) => why,
+            crate::plan::Observed::Drifted(notes) => notes.join("; "),
+        };
+        not_restored(outcome, vec![address], &why);
+    }
+}
+
+fn not_restored(outcome: &mut ApplyOutcome, addresses: Vec<String>, why: &str) {
+    for address in addresses {
+        if outcome.undo_failures.iter().any(|(a, _)| *a == address) {
+            continue;
+        }
+        outcome.undone = outcome.undone.saturating_sub(1);
+        outcome.undo_failures.push((
+            address,
+            StepError::new(format!("undone, but not as it was before: {why}")),
+        ));
     }
 }
 

@@ -351,6 +351,10 @@ fn ending(outcome: &apply::ApplyOutcome, operation: &str) -> String {
             steps(outcome.to_undo),
             outcome.undo_failures.len()
         );
+        // Which were not restored, and why: never "as they were" when something is not.
+        for (address, e) in &outcome.undo_failures {
+            let _ = writeln!(out, "  not restored: {address}: {}", e.render());
+        }
     }
     out
 }
@@ -406,5 +410,6 @@ mod tests {
             text.contains("Rollback incomplete: 2 of 3 steps undone, 1 could not be"),
             "{text}"
         );
+        assert!(text.contains("not restored: container.db: gone"), "{text}");
     }
 }

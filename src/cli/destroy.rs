@@ -1,19 +1,23 @@
-//! `sparkform destroy`: remove everything the state records, in reverse dependency order.
+//! `sparkform destroy`: remove everything the deployment owns (the state's records and what a
+//! refresh finds carrying its labels), in reverse dependency order.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{ArgAction, Args};
 
 use super::apply::{execute, ExecArgs};
 use crate::ops::apply::Source;
 
-/// Remove every container and fabric address the state records
+/// Remove every container and fabric address the deployment owns
 #[derive(Args, Debug)]
 #[command(
     long_about = "Remove everything this deployment created, dependents first: containers are stopped and \
 removed, the addresses sparkform added to fabric interfaces are taken off. Asks for confirmation \
-unless -auto-approve. With -target, only those resources (and what depends on them is not touched).",
+unless -auto-approve. It looks at the machines first and removes also the containers carrying \
+this deployment's labels that the state does not record (a run killed midway), saying so; \
+-refresh=false removes only what the state records. With -target, only those resources (and what \
+depends on them is not touched).",
     after_help = "Example:\n  sparkform destroy examples/testbed -auto-approve"
 )]
 pub struct DestroyArgs {
@@ -22,6 +26,10 @@ pub struct DestroyArgs {
     pub dir: PathBuf,
     #[command(flatten)]
     pub common: ExecArgs,
+    /// Look at the machines first, to remove also what carries this deployment's labels but
+    /// the state does not record
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub refresh: bool,
 }
 
 pub fn run(args: DestroyArgs) -> ExitCode {
@@ -38,6 +46,7 @@ pub fn run(args: DestroyArgs) -> ExitCode {
         Source::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),
+            refresh: args.refresh,
         },
     )
 }

@@ -116,7 +116,8 @@ impl Engine {
         // Unique across the engines of a test, as ids of different machines are.
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("fa4e{n:060x}")
+        // Unique in their first 12 characters too, as Docker's short ids are.
+        format!("fa4e{n:08x}{n:052x}")
     }
 }
 

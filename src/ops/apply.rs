@@ -13,7 +13,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::plan::planfile::PlanFile;
-use crate::plan::{Plan, PlanOptions};
+use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};
 
 use super::OpError;
@@ -24,10 +24,13 @@ pub enum Source<'a> {
     Definitions { refresh: bool, options: PlanOptions },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
     PlanFile { file: &'a PlanFile, path: &'a Path },
-    /// Remove what the state records (only `targets` when given, none of `exclude`).
+    /// Remove what the deployment owns (only `targets` when given, none of `exclude`): what the
+    /// state records and, after a refresh when `refresh`, what the machines hold carrying its
+    /// labels that the state does not record.
     Destroy {
         targets: Vec<String>,
         exclude: Vec<String>,
+        refresh: bool,
     },
 }
 
@@ -122,19 +125,29 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             (reloaded, warnings) = (planned.reloaded, planned.warnings);
             (planned.plan, planned.pool)
         }
-        Source::Destroy { targets, exclude } => {
-            let empty = Config {
-                resources: Vec::new(),
-                outputs: Vec::new(),
-                ..req.config.clone()
+        Source::Destroy {
+            targets,
+            exclude,
+            refresh,
+        } => {
+            // Look first: a run killed between creating something and recording it, or a
+            // state that lost an entry, leaves labelled containers only the machines show.
+            let (observations, pool) = if refresh && recorded.is_some() {
+                let (o, p) =
+                    super::refresh::refresh(req.config, &state, &req.hosts, events).await?;
+                (Some(o), p)
+            } else {
+                (None, None)
             };
-            let graph = Graph::build(&empty)?;
-            let options = PlanOptions {
-                targets,
-                exclude,
-                ..PlanOptions::default()
-            };
-            (crate::plan::plan(&empty, &graph, &state, &options)?, None)
+            match plan_destroy(req.config, &state, targets, exclude, observations) {
+                Ok(plan) => (plan, pool),
+                Err(e) => {
+                    if let Some(p) = pool {
+                        p.close().await;
+                    }
+                    return Err(e);
+                }
+            }
         }
     };
     Ok(Prepared {
@@ -146,6 +159,31 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         pool,
         _lock: lock,
     })
+}
+
+/// What `destroy` removes: every resource the state records and, from `observations` (a
+/// refresh), every object on the machines carrying the deployment's labels that the state does
+/// not record (said so in the plan), only `targets` when given, none of `exclude`.
+pub fn plan_destroy(
+    config: &Config,
+    state: &State,
+    targets: Vec<String>,
+    exclude: Vec<String>,
+    observations: Option<Observations>,
+) -> Result<Plan, OpError> {
+    let empty = Config {
+        resources: Vec::new(),
+        outputs: Vec::new(),
+        ..config.clone()
+    };
+    let graph = Graph::build(&empty)?;
+    let options = PlanOptions {
+        targets,
+        exclude,
+        observations,
+        ..PlanOptions::default()
+    };
+    Ok(crate::plan::plan(&empty, &graph, state, &options)?)
 }
 
 pub struct RunOptions {

@@ -129,6 +129,19 @@ pub struct Plan {
     /// values planned as changed for want of their key).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Runs (probes) whose last recorded result failed and that this plan does not run again:
+    /// the machines may match the configuration and still not work.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<FailedRun>,
+}
+
+/// A run whose last recorded result failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedRun {
+    pub address: String,
+    /// When it failed (RFC 3339).
+    pub at: String,
+    pub error: String,
 }
 
 impl Plan {
@@ -471,6 +484,18 @@ pub fn plan(
                 OnDrift::Ignore => {}
             }
         }
+        // A create a kill interrupted: recorded ahead, marked pending. Found on the node (or not
+        // looked at), it is adopted: the step runs again and records it as a whole.
+        if recorded.is_some()
+            && matches!(change.action, Action::NoOp | Action::Update)
+            && mark(state, address, MARK_PENDING).is_some()
+        {
+            change.action = Action::Update;
+            change.drift.push(match observed {
+                Some(_) => "found on the node, will be adopted: an earlier apply was stopped while creating it".into(),
+                None => "an earlier apply was stopped while creating it: it is created or adopted".into(),
+            });
+        }
         if !runs {
             if opts.replace.contains(address) && change.action != Action::Create {
                 change.action = Action::Replace;
@@ -515,8 +540,30 @@ pub fn plan(
                 c.action = Action::Run;
                 c.run_reason = Some(format!("{a} {verb}"));
             }
+        } else if let Some(at) = mark(state, address, MARK_RUN_STARTED) {
+            // Killed while it ran: what it checks was never confirmed.
+            if let Some(c) = changes.get_mut(address) {
+                c.action = Action::Run;
+                c.run_reason = Some(format!(
+                    "its last run (started {}) was interrupted before it finished",
+                    at.as_str().unwrap_or("at an unknown time")
+                ));
+            }
         }
     }
+    let failing: Vec<FailedRun> = order
+        .iter()
+        .filter(|a| changes.get(*a).is_some_and(|c| c.action == Action::NoOp))
+        .filter_map(|a| {
+            let f = mark(state, a, MARK_RUN_FAILED)?;
+            let text = |k: &str| f.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+            Some(FailedRun {
+                address: a.clone(),
+                at: text("at"),
+                error: text("error"),
+            })
+        })
+        .collect();
     // Deletions: recorded resources the configuration no longer has, dependents first.
     let mut deletes: Vec<Change> = Vec::new();
     for (address, old) in &state.resources {
@@ -637,6 +684,7 @@ pub fn plan(
         impact: None,
         excluded: excluded.into_iter().collect(),
         notes,
+        failing,
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)
@@ -831,6 +879,52 @@ pub fn record_change(
             last_apply_secs,
         },
     );
+}
+
+/// Journal marks in a recorded resource's attributes, written around a step so that a run
+/// killed in the middle leaves a state that says what was under way.
+///
+/// A create of a kind whose objects carry no label (an address on an interface) is recorded
+/// before it starts, marked pending: an object a kill left on the machine is then this
+/// deployment's (refresh sees it, plan adopts it, destroy removes it), never someone else's.
+pub const MARK_PENDING: &str = "journal_pending";
+/// A run (a probe) that started and has not finished: the next apply runs it again.
+pub const MARK_RUN_STARTED: &str = "run_started";
+/// The last run failed: `{"at": time, "error": text}`; plan says so.
+pub const MARK_RUN_FAILED: &str = "last_failure";
+
+/// Before a create whose object nobody could find untracked: the entry, marked pending since `at`.
+pub fn record_intent(state: &mut State, c: &Change, at: &str) {
+    let mut attributes = BTreeMap::new();
+    attributes.insert(MARK_PENDING.to_string(), serde_json::json!(at));
+    record_change(state, c, attributes, None);
+}
+
+/// Before a run of a recorded resource: mark it started at `at` (a new one plans to run anyway).
+pub fn mark_run_started(state: &mut State, address: &str, at: &str) -> bool {
+    let Some(r) = state.resources.get_mut(address) else {
+        return false;
+    };
+    r.attributes
+        .insert(MARK_RUN_STARTED.to_string(), serde_json::json!(at));
+    true
+}
+
+/// A run of a recorded resource failed at `at` with `error`: what the next plan reports.
+pub fn record_run_failed(state: &mut State, address: &str, at: &str, error: &str) -> bool {
+    let Some(r) = state.resources.get_mut(address) else {
+        return false;
+    };
+    r.attributes.remove(MARK_RUN_STARTED);
+    r.attributes.insert(
+        MARK_RUN_FAILED.to_string(),
+        serde_json::json!({ "at": at, "error": error }),
+    );
+    true
+}
+
+fn mark<'a>(state: &'a State, address: &str, key: &str) -> Option<&'a serde_json::Value> {
+    state.resources.get(address)?.attributes.get(key)
 }
 
 /// Record a plan's output changes in the state.

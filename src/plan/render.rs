@@ -19,7 +19,12 @@ pub fn render(plan: &Plan) -> String {
         .filter(|c| c.action.is_change())
         .collect();
     if changes.is_empty() && !plan.outputs.iter().any(|o| o.action.is_change()) {
-        out.push_str("No changes. The machines match the configuration.\n");
+        if plan.failing.is_empty() {
+            out.push_str("No changes. The machines match the configuration.\n");
+        } else {
+            out.push_str("No changes to make, but the deployment did not pass its last checks.\n");
+        }
+        render_failing(&mut out, plan);
         render_excluded(&mut out, plan);
         return out;
     }
@@ -53,6 +58,7 @@ pub fn render(plan: &Plan) -> String {
             let _ = writeln!(out, "  {} {:width$} = {text}", sign.symbol(), o.name);
         }
     }
+    render_failing(&mut out, plan);
     render_excluded(&mut out, plan);
     out.push('\n');
     out.push_str(&summary_line(plan));
@@ -74,6 +80,23 @@ pub fn summary_line(plan: &Plan) -> String {
         s.run,
         if s.run == 1 { "" } else { "s" }
     )
+}
+
+/// The runs whose last recorded result failed and that this plan does not run again.
+fn render_failing(out: &mut String, plan: &Plan) {
+    if plan.failing.is_empty() {
+        return;
+    }
+    out.push_str("\nThe last recorded results of these probes failed:\n");
+    for f in &plan.failing {
+        let at = if f.at.is_empty() {
+            "at an unknown time"
+        } else {
+            f.at.as_str()
+        };
+        let _ = writeln!(out, "  ! {} failed ({at}): {}", f.address, f.error);
+    }
+    out.push_str("Run `sparkform verify` to check them now, or `sparkform apply -replace ADDRESS` to replace what they test.\n");
 }
 
 fn render_excluded(out: &mut String, plan: &Plan) {

@@ -1019,9 +1019,16 @@ impl Machine for ContainerMachine {
                     Some(stop_secs(cx).max(0) as u64),
                 );
                 let aside = set_aside(&docker, &old, &name, stop_secs(cx)).await?;
+                // An untracked one goes back under its own name on rollback: the resource's
+                // name is the tracked container's.
+                let back = cx
+                    .change
+                    .orphan
+                    .as_ref()
+                    .map_or(name.clone(), |o| o.name.clone());
                 Ok(Applied {
                     attributes: Default::default(),
-                    undo: serde_json::json!({ "previous": old, "name": name, "aside": aside }),
+                    undo: serde_json::json!({ "previous": old, "name": back, "aside": aside }),
                     summary: format!("stopped {name}; removed once every step has succeeded"),
                 })
             }
