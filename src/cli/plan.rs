@@ -94,6 +94,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
             exclude: args.exclude.clone(),
             observations: None,
             key,
+            ..PlanOptions::default()
         },
         hosts: args.connect.options(),
     };

@@ -29,6 +29,7 @@ use crate::kinds::KindId;
 // The resource kinds lower their own blocks (`kinds::<kind>::lower`).
 mod lower_hosts;
 mod lower_module;
+mod lower_import;
 mod lower_outputs;
 
 /// The value of a variable handed to a module (or to the root from the command line).
@@ -160,6 +161,7 @@ impl Loader {
                 resources: Vec::new(),
                 outputs: Vec::new(),
                 warnings: Vec::new(),
+                imports: Vec::new(),
             },
             observed: Default::default(),
         }
@@ -326,6 +328,11 @@ impl Loader {
                     },
                 );
             }
+            return;
+        }
+        if kind == "import" {
+            self.check_nested(file, &block.body, spec, &header);
+            self.lower_import(file, block, header);
             return;
         }
         let Some(root) = Root::from_block(kind) else {
@@ -1205,7 +1212,9 @@ impl Loader {
             }
         };
         match kind {
-            Kind::Any | Kind::RefList | Kind::TypeExpr | Kind::ForEach => Ok(v.clone()),
+            Kind::Any | Kind::RefList | Kind::Address | Kind::TypeExpr | Kind::ForEach => {
+                Ok(v.clone())
+            }
             Kind::Str => types::convert(v, &Type::String),
             Kind::Num => types::convert(v, &Type::Number),
             Kind::Bool => types::convert(v, &Type::Bool),
