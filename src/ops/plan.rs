@@ -38,6 +38,25 @@ pub async fn plan(
         options.observations = Some(observations);
         pool = p;
     }
+    // `import` blocks: what runs is observed (even with -refresh=false: an import is nothing
+    // without it).
+    match super::import::observe_blocks(
+        req.config,
+        state,
+        options.generate_config,
+        &mut pool,
+        &req.hosts,
+    )
+    .await
+    {
+        Ok(imports) => options.imports.extend(imports),
+        Err(e) => {
+            if let Some(p) = pool {
+                p.close().await;
+            }
+            return Err(e);
+        }
+    }
     match crate::plan::plan(req.config, req.graph, state, &options) {
         Ok(plan) => Ok((plan, pool)),
         Err(d) => {

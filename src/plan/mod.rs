@@ -174,6 +174,9 @@ pub struct PlanOptions {
     /// Objects to adopt, as their kinds observed them (clear values: the plan hashes the
     /// sensitive ones). Ones whose address the state has are no-ops.
     pub imports: Vec<Import>,
+    /// `-generate-config-out`: import blocks may name resources the definitions lack; they are
+    /// observed into `Plan::generated` for the blocks to write.
+    pub generate_config: bool,
 }
 
 /// An object to adopt into the state (an `import` block or `sparkform import`).
