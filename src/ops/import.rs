@@ -35,7 +35,8 @@ pub fn kind_of_address(address: &str) -> Option<KindId> {
 struct Wanted<'a> {
     address: &'a str,
     kind: KindId,
-    node: &'a str,
+    /// The node's address (`node.spark1`).
+    node: String,
     object: &'a str,
     id: String,
     desired: Option<&'a serde_json::Value>,
@@ -84,28 +85,25 @@ fn resolve<'a>(
             }
         }
     };
-    if !config.nodes.contains_key(node) {
+    let node_address = format!("node.{node}");
+    if !config.nodes.contains_key(&node_address) {
         let mut d = Diag::error(
             "import::unknown_node",
             format!("import to {address}: there is no node `{node}`"),
         );
         d = error_at(d, span, "the id's NODE");
-        d = match did_you_mean(node, config.nodes.keys().map(String::as_str)) {
+        let names: Vec<&str> = config.nodes.values().map(|n| n.name.as_str()).collect();
+        d = match did_you_mean(node, names.iter().copied()) {
             Some(s) => d.help(format!("did you mean {s}? The id is NODE:OBJECT")),
             None => d.help(format!(
                 "the id is NODE:OBJECT with NODE one of: {}",
-                config
-                    .nodes
-                    .keys()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names.join(", ")
             )),
         };
         return Err(d);
     }
     if let Some(r) = resource {
-        if let Some(n) = r.node.as_deref().filter(|n| *n != node) {
+        if let Some(n) = r.node.as_deref().filter(|n| **n != node_address) {
             let d = Diag::error(
                 "import::other_node",
                 format!("import to {address}: the definitions put it on {n}, the id on {node}"),
@@ -117,7 +115,7 @@ fn resolve<'a>(
     Ok(Wanted {
         address,
         kind,
-        node,
+        node: node_address,
         object,
         id: format!("{node}:{object}"),
         desired: resource.map(|r| &r.config),
@@ -137,7 +135,7 @@ async fn observe(
     }
     let nodes: Vec<String> = wanted
         .iter()
-        .map(|w| w.node.to_string())
+        .map(|w| w.node.clone())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
@@ -149,7 +147,7 @@ async fn observe(
         return Err(OpError::Local("no connections".into()));
     };
     let looks = wanted.iter().map(|w| async move {
-        let host = p.get(w.node).map_err(|e| {
+        let host = p.get(&w.node).map_err(|e| {
             error_at(
                 Diag::error(
                     "import::node_unreachable",
@@ -173,7 +171,7 @@ async fn observe(
         Ok::<_, Diag>(Import {
             address: w.address.to_string(),
             kind: w.kind,
-            node: Some(w.node.to_string()),
+            node: Some(w.node.clone()),
             id: w.id.clone(),
             config: imported.config,
             attributes: imported.attributes,
@@ -344,8 +342,19 @@ pub fn generated_hcl(imports: &[Import]) -> (String, Vec<String>) {
         let mut b = hcl::Block::builder(block).add_label(*name);
         if let Some(obj) = i.config.as_object() {
             for (k, v) in obj {
-                let v: hcl::Value = hcl::to_value(v).unwrap_or(hcl::Value::Null);
-                b = b.add_attribute((k.as_str(), v));
+                // The node as a reference to its block.
+                let node = (k == "node")
+                    .then(|| i.node.as_deref()?.strip_prefix("node."))
+                    .flatten()
+                    .filter(|n| crate::config::valid_name(n));
+                let e: hcl::Expression = match node {
+                    Some(n) => hcl::expr::Traversal::builder(hcl::expr::Variable::unchecked("node"))
+                        .attr(n)
+                        .build()
+                        .into(),
+                    None => hcl::to_expression(v).unwrap_or(hcl::Expression::Null),
+                };
+                b = b.add_attribute((k.as_str(), e));
             }
         }
         body = body.add_block(b.build());

@@ -108,8 +108,12 @@ pub struct Summary {
     pub delete: usize,
     pub run: usize,
     /// Objects adopted into the state (`import`), besides what their changes count.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub import: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
