@@ -73,7 +73,8 @@ impl Bed {
                 "WorkingDir": "/workspace",
             }),
         );
-        let host = Arc::new(FakeHost::new("node.n1", &FakeWorld::new()).docker_engine(engine.clone()));
+        let host =
+            Arc::new(FakeHost::new("node.n1", &FakeWorld::new()).docker_engine(engine.clone()));
         Bed {
             dir,
             config,
@@ -103,13 +104,21 @@ impl Bed {
         all_env.extend(env.iter().map(|e| e.to_string()));
         let body = bollard::models::ContainerCreateBody {
             image: Some("ray:1".into()),
-            cmd: Some(vec!["ray".into(), "start".into(), "--head".into(), "--block".into()]),
+            cmd: Some(vec![
+                "ray".into(),
+                "start".into(),
+                "--head".into(),
+                "--block".into(),
+            ]),
             env: Some(all_env),
             working_dir: Some("/workspace".into()),
             labels: Some(
-                [("org.opencontainers.image.version".to_string(), "22.04".to_string())]
-                    .into_iter()
-                    .collect(),
+                [(
+                    "org.opencontainers.image.version".to_string(),
+                    "22.04".to_string(),
+                )]
+                .into_iter()
+                .collect(),
             ),
             host_config: Some(bollard::models::HostConfig {
                 network_mode: Some("host".into()),
@@ -154,7 +163,10 @@ impl Bed {
             .unwrap()
             .id;
         docker
-            .start_container(&id, None::<bollard::query_parameters::StartContainerOptions>)
+            .start_container(
+                &id,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
             .await
             .unwrap();
         id
@@ -245,7 +257,10 @@ async fn a_container_run_with_the_definitions_flags_imports_as_that_definition()
     assert_eq!(&import.config, desired, "what runs, mapped back");
     assert_eq!(import.attributes["container_id"], json!(id));
     assert!(
-        import.notes.iter().any(|n| n.contains("labels come with its next replacement")),
+        import
+            .notes
+            .iter()
+            .any(|n| n.contains("labels come with its next replacement")),
         "{:?}",
         import.notes
     );
@@ -257,12 +272,22 @@ async fn a_container_run_with_the_definitions_flags_imports_as_that_definition()
     assert_eq!(p.summary.import, 1);
     assert_eq!(p.change("container.head").unwrap().action, Action::NoOp);
     let text = render::render(&p);
-    assert!(text.contains("<= container.head will be imported"), "{text}");
+    assert!(
+        text.contains("<= container.head will be imported"),
+        "{text}"
+    );
     assert!(text.contains("what runs matches the definitions"), "{text}");
-    assert!(text.contains("Plan: 1 to import, 0 to add, 0 to change, 0 to replace"), "{text}");
+    assert!(
+        text.contains("Plan: 1 to import, 0 to add, 0 to change, 0 to replace"),
+        "{text}"
+    );
 
     bed.apply(&p).await;
-    assert_eq!(bed.creates(), 1, "only the hand-started one was ever created");
+    assert_eq!(
+        bed.creates(),
+        1,
+        "only the hand-started one was ever created"
+    );
     let c = bed.engine.container("ray-head").unwrap();
     assert!(c.running && c.id == id, "{c:?}");
     let recorded = &bed.state().resources["container.head"];
@@ -298,10 +323,16 @@ async fn one_env_var_apart_plans_exactly_that_difference_and_replaces_on_apply()
     assert_eq!(c.attributes[0].after, Some(json!("1")));
     assert_eq!(c.replace_reasons, ["`env` changes"]);
     let text = render::render(&p);
-    assert!(text.contains("what runs differs from the definitions: step 1 below"), "{text}");
+    assert!(
+        text.contains("what runs differs from the definitions: step 1 below"),
+        "{text}"
+    );
 
     bed.apply(&p).await;
-    assert!(bed.engine.container(&old).is_none(), "the hand-started one is removed");
+    assert!(
+        bed.engine.container(&old).is_none(),
+        "the hand-started one is removed"
+    );
     let new = bed.engine.container("ray-head").unwrap();
     assert!(new.running && new.id != old);
     assert_eq!(
@@ -400,7 +431,8 @@ network "roce" {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("main.hcl"), hcl).unwrap();
     let (config, graph) = common::load(dir.path());
-    let host = FakeHost::new("node.n1", &FakeWorld::new()).interface("eth1", 9000, &["192.168.200.1/24"]);
+    let host =
+        FakeHost::new("node.n1", &FakeWorld::new()).interface("eth1", 9000, &["192.168.200.1/24"]);
     let r = config.resource("network.roce.attach.n1").unwrap();
     let m = machine(KindId::Attachment);
     let i = m
@@ -412,11 +444,24 @@ network "roce" {
         .import(&host, &r.address, "192.168.200.9/24", Some(&r.config))
         .await
         .unwrap_err();
-    assert!(e.message.contains("no interface on node.n1 holds 192.168.200.9/24"), "{}", e.message);
-    let e = m.import(&host, &r.address, "eth1", Some(&r.config)).await.unwrap_err();
-    assert!(e.message.contains("not an IPv4 ADDRESS/PREFIX"), "{}", e.message);
+    assert!(
+        e.message
+            .contains("no interface on node.n1 holds 192.168.200.9/24"),
+        "{}",
+        e.message
+    );
+    let e = m
+        .import(&host, &r.address, "eth1", Some(&r.config))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains("not an IPv4 ADDRESS/PREFIX"),
+        "{}",
+        e.message
+    );
     // At MTU 1500 it imports as it is, and the plan puts the MTU right in place.
-    let host = FakeHost::new("node.n1", &FakeWorld::new()).interface("eth1", 1500, &["192.168.200.1/24"]);
+    let host =
+        FakeHost::new("node.n1", &FakeWorld::new()).interface("eth1", 1500, &["192.168.200.1/24"]);
     let i = m
         .import(&host, &r.address, "192.168.200.1/24", Some(&r.config))
         .await
@@ -459,11 +504,18 @@ fn write(hcl: &str) -> std::path::PathBuf {
 #[test]
 fn import_blocks_with_a_bad_form_are_errors_with_their_place() {
     let base = HEAD.to_string();
-    let e = import_errors(&format!("{base}\nimport {{\n  to = container.head\n  id = \"n1\"\n}}\n"));
+    let e = import_errors(&format!(
+        "{base}\nimport {{\n  to = container.head\n  id = \"n1\"\n}}\n"
+    ));
     assert!(e.contains("import id \"n1\" is not NODE:OBJECT"), "{e}");
     assert!(e.contains("main.hcl"), "{e}");
-    let e = import_errors(&format!("{base}\nimport {{\n  to = \"container.head\"\n  id = \"n1:ray-head\"\n}}\n"));
-    assert!(e.contains("`to` is not a resource address: it is quoted"), "{e}");
+    let e = import_errors(&format!(
+        "{base}\nimport {{\n  to = \"container.head\"\n  id = \"n1:ray-head\"\n}}\n"
+    ));
+    assert!(
+        e.contains("`to` is not a resource address: it is quoted"),
+        "{e}"
+    );
     let e = import_errors(&format!("{base}\nimport {{\n  to = container.head\n}}\n"));
     assert!(e.contains("missing the required attribute `id`"), "{e}");
 }
@@ -483,13 +535,15 @@ async fn import_blocks_naming_what_the_definitions_lack_are_errors_with_a_hint()
         &HostOptions::default(),
     )
     .await
-    .err()
-    .expect("errors");
+    .expect_err("errors");
     let sparkform::ops::OpError::Config(d) = e else {
         panic!("not a configuration error")
     };
     let text = sparkform::diag::render_plain(&d.0);
-    assert!(text.contains("import to container.haed: the definitions have no such resource"), "{text}");
+    assert!(
+        text.contains("import to container.haed: the definitions have no such resource"),
+        "{text}"
+    );
     assert!(text.contains("did you mean container.head?"), "{text}");
     assert!(text.contains("there is no node `n9`"), "{text}");
     assert!(text.contains("main.hcl"), "{text}");

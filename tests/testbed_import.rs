@@ -19,7 +19,11 @@ fn q(s: &str) -> String {
 
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -66,7 +70,10 @@ fn docker_run(c: &Value) -> String {
     }
     if let Some(u) = c.get("ulimits").and_then(|u| u.as_object()) {
         for (k, v) in u {
-            flag("--ulimit", format!("{k}={}", v.as_str().unwrap_or_default()));
+            flag(
+                "--ulimit",
+                format!("{k}={}", v.as_str().unwrap_or_default()),
+            );
         }
     }
     if let Some(e) = c.get("env").and_then(|e| e.as_object()) {
@@ -89,7 +96,10 @@ fn docker_run(c: &Value) -> String {
 fn started(tb: &Testbed, node: &str, name: &str) -> (String, String) {
     let out = tb.ssh(
         node,
-        &format!("docker inspect -f '{{{{.Id}}}} {{{{.State.StartedAt}}}}' {}", q(name)),
+        &format!(
+            "docker inspect -f '{{{{.Id}}}} {{{{.State.StartedAt}}}}' {}",
+            q(name)
+        ),
     );
     let mut parts = out.split_whitespace();
     let id = parts.next().unwrap_or_default().to_string();
@@ -102,7 +112,11 @@ fn started(tb: &Testbed, node: &str, name: &str) -> (String, String) {
 fn wait_for(tb: &Testbed, node: &str, cmd: &str, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
-        if tb.ssh(node, &format!("{cmd} >/dev/null 2>&1 && echo ok")).trim() == "ok" {
+        if tb
+            .ssh(node, &format!("{cmd} >/dev/null 2>&1 && echo ok"))
+            .trim()
+            == "ok"
+        {
             return true;
         }
         std::thread::sleep(Duration::from_secs(2));
@@ -114,9 +128,11 @@ fn wait_for(tb: &Testbed, node: &str, cmd: &str, limit: Duration) -> bool {
 /// blocks can be added beside it.
 fn example_copy(dir: &Path) {
     let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("modules");
-    let main = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/testbed/main.hcl"))
-        .unwrap()
-        .replace("../../modules", modules.to_str().unwrap());
+    let main = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/testbed/main.hcl"),
+    )
+    .unwrap()
+    .replace("../../modules", modules.to_str().unwrap());
     std::fs::write(dir.join("main.hcl"), main).unwrap();
 }
 
@@ -171,13 +187,23 @@ fn a_deployment_started_by_hand_is_imported_without_a_restart() {
     let head = after(HEAD);
     tb.ssh("sf-node1", &docker_run(&head));
     assert!(
-        wait_for(&tb, "sf-node1", "docker exec sparkform-ray-head ray status --address=192.168.200.1:6379", Duration::from_secs(120)),
+        wait_for(
+            &tb,
+            "sf-node1",
+            "docker exec sparkform-ray-head ray status --address=192.168.200.1:6379",
+            Duration::from_secs(120)
+        ),
         "the hand-started Ray head did not come up"
     );
     tb.ssh("sf-node2", &docker_run(&after(WORKER)));
     tb.ssh("sf-node1", &docker_run(&after(VLLM)));
     assert!(
-        wait_for(&tb, "sf-node1", "curl -sf http://192.168.200.1:30000/health", Duration::from_secs(240)),
+        wait_for(
+            &tb,
+            "sf-node1",
+            "curl -sf http://192.168.200.1:30000/health",
+            Duration::from_secs(240)
+        ),
         "the hand-started vLLM did not come up: {}",
         tb.ssh("sf-node1", "docker logs --tail 30 sparkform-vllm 2>&1")
     );
@@ -219,15 +245,28 @@ import {{
 
     // The plan: five imports, nothing to create, change, replace or destroy.
     let p = plan_json(&dir, &st, &[]);
-    assert_eq!(p["plan"]["imports"].as_array().map(Vec::len), Some(5), "{p:#}");
+    assert_eq!(
+        p["plan"]["imports"].as_array().map(Vec::len),
+        Some(5),
+        "{p:#}"
+    );
     for a in ["create", "update", "replace", "delete"] {
         assert_eq!(actions(&p, a), Vec::<String>::new(), "{a}: {p:#}");
     }
     let (code, text, err) = sparkform(&["plan", &dir, "-state", &st]);
     assert_eq!(code, 0, "{err}");
-    assert!(text.contains(&format!("<= {VLLM} will be imported")), "{text}");
-    assert!(text.contains("the labels come with its next replacement"), "{text}");
-    assert!(text.contains("Plan: 5 to import, 0 to add, 0 to change, 0 to replace, 0 to destroy"), "{text}");
+    assert!(
+        text.contains(&format!("<= {VLLM} will be imported")),
+        "{text}"
+    );
+    assert!(
+        text.contains("the labels come with its next replacement"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Plan: 5 to import, 0 to add, 0 to change, 0 to replace, 0 to destroy"),
+        "{text}"
+    );
 
     // Apply: recorded, nothing restarted.
     let (code, out, err) = sparkform(&["apply", &dir, "-auto-approve", "-state", &st]);
@@ -250,16 +289,38 @@ import {{
     for a in ["create", "update", "delete"] {
         assert_eq!(actions(&p, a), Vec::<String>::new(), "{a}: {p:#}");
     }
-    let (code, out, err) = sparkform(&["apply", &dir, "-auto-approve", "-state", &st, "-var", "max_model_len=4096"]);
+    let (code, out, err) = sparkform(&[
+        "apply",
+        &dir,
+        "-auto-approve",
+        "-state",
+        &st,
+        "-var",
+        "max_model_len=4096",
+    ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(started(&tb, "sf-node1", "sparkform-ray-head"), before[0]);
-    assert_eq!(started(&tb, "sf-node2", "sparkform-ray-worker-node2"), before[1]);
+    assert_eq!(
+        started(&tb, "sf-node2", "sparkform-ray-worker-node2"),
+        before[1]
+    );
     let vllm = started(&tb, "sf-node1", "sparkform-vllm");
     assert_ne!(vllm.0, before[2].0, "vLLM was replaced");
-    let labels = tb.ssh("sf-node1", "docker inspect -f '{{index .Config.Labels \"sparkform.address\"}}' sparkform-vllm");
+    let labels = tb.ssh(
+        "sf-node1",
+        "docker inspect -f '{{index .Config.Labels \"sparkform.address\"}}' sparkform-vllm",
+    );
     assert_eq!(labels.trim(), VLLM, "the labels came with the replacement");
 
-    let (code, out, err) = sparkform(&["destroy", &dir, "-auto-approve", "-state", &st, "-var", "max_model_len=4096"]);
+    let (code, out, err) = sparkform(&[
+        "destroy",
+        &dir,
+        "-auto-approve",
+        "-state",
+        &st,
+        "-var",
+        "max_model_len=4096",
+    ]);
     assert_eq!(code, 0, "{out}\n{err}");
     tb.clear_leftovers();
 }
@@ -309,13 +370,22 @@ import {
         tmp.path().join("main.hcl"),
         std::fs::read_to_string(tmp.path().join("main.hcl"))
             .unwrap()
-            .replace("node1:sparkform-import-sleeper", "node1:sparkform-import-nobody"),
+            .replace(
+                "node1:sparkform-import-sleeper",
+                "node1:sparkform-import-nobody",
+            ),
     )
     .unwrap();
     let (code, out, err) = sparkform(&["plan", &dir, "-state", &st]);
     assert_eq!(code, 1, "{out}");
-    assert!(err.contains("there is no container sparkform-import-nobody on node.node1"), "{err}");
+    assert!(
+        err.contains("there is no container sparkform-import-nobody on node.node1"),
+        "{err}"
+    );
     assert!(err.contains("main.hcl"), "{err}");
     assert!(!tmp.path().join("state.json").exists(), "nothing recorded");
-    tb.ssh("sf-node1", "docker rm -f sparkform-import-sleeper >/dev/null 2>&1");
+    tb.ssh(
+        "sf-node1",
+        "docker rm -f sparkform-import-sleeper >/dev/null 2>&1",
+    );
 }

@@ -91,7 +91,10 @@ pub fn run(args: ImportArgs) -> ExitCode {
         .and_then(|v| v.as_str())
         .map(|id| format!(" (container {})", id.chars().take(12).collect::<String>()))
         .unwrap_or_default();
-    println!("Imported {} from {}{what}; nothing was restarted.", i.address, i.id);
+    println!(
+        "Imported {} from {}{what}; nothing was restarted.",
+        i.address, i.id
+    );
     for n in &i.notes {
         println!("  Note: {n}.");
     }

@@ -479,11 +479,7 @@ async fn handle(
                     .unwrap_or_else(|| format!("sha256:{n}"))
             };
             // By ID too: the name whose image it is.
-            let by_id = e
-                .image_configs
-                .keys()
-                .find(|n| id_of(n) == name)
-                .cloned();
+            let by_id = e.image_configs.keys().find(|n| id_of(n) == name).cloned();
             let tag = by_id.unwrap_or_else(|| name.clone());
             let config = e.image_configs.get(&tag).cloned().unwrap_or(json!({}));
             reply(

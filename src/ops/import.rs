@@ -61,7 +61,7 @@ fn resolve<'a>(
     span: Option<&'a Span>,
     to_span: Option<&'a Span>,
     generate: bool,
-) -> Result<Wanted<'a>, Diag> {
+) -> Result<Wanted<'a>, Box<Diag>> {
     let resource = config.resource(address);
     let kind = match resource {
         Some(r) => r.kind,
@@ -80,7 +80,7 @@ fn resolve<'a>(
                         Some(s) => d.help(format!("did you mean {s}?")),
                         None => d.help("an import adopts an object for a resource the definitions declare: write its block first, or let `sparkform plan -generate-config-out=FILE` write it; `sparkform graph` lists the addresses"),
                     };
-                    return Err(d);
+                    return Err(Box::new(d));
                 }
             }
         }
@@ -100,7 +100,7 @@ fn resolve<'a>(
                 names.join(", ")
             )),
         };
-        return Err(d);
+        return Err(Box::new(d));
     }
     if let Some(r) = resource {
         if let Some(n) = r.node.as_deref().filter(|n| **n != node_address) {
@@ -108,8 +108,9 @@ fn resolve<'a>(
                 "import::other_node",
                 format!("import to {address}: the definitions put it on {n}, the id on {node}"),
             );
-            return Err(error_at(d, span, "here")
-                .help(format!("import the object that runs on {n}, or change the resource's node")));
+            return Err(Box::new(error_at(d, span, "here").help(format!(
+                "import the object that runs on {n}, or change the resource's node"
+            ))));
         }
     }
     Ok(Wanted {
@@ -234,7 +235,7 @@ pub async fn observe_blocks(
             generate,
         ) {
             Ok(w) => wanted.push(w),
-            Err(d) => errors.push(d),
+            Err(d) => errors.push(*d),
         }
     }
     if !errors.is_empty() {
@@ -274,7 +275,7 @@ pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportRe
         }
     };
     let wanted = resolve(req.config, &req.address, node, object, None, None, false)
-        .map_err(|d| OpError::Config(Diagnostics(vec![d])))?;
+        .map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
     let lock = req.store.lock("import")?;
     let mut state = req.store.load()?.unwrap_or_default();
     if state.resources.contains_key(&req.address) {
@@ -282,7 +283,9 @@ pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportRe
             "import::already_managed",
             format!("{} is in the state already", req.address),
         )
-        .help("sparkform manages it: `sparkform plan` shows how it compares with the definitions")])));
+        .help(
+            "sparkform manages it: `sparkform plan` shows how it compares with the definitions",
+        )])));
     }
     let key = req.store.key_or_create()?;
     let mut pool = None;
@@ -348,10 +351,12 @@ pub fn generated_hcl(imports: &[Import]) -> (String, Vec<String>) {
                     .flatten()
                     .filter(|n| crate::config::valid_name(n));
                 let e: hcl::Expression = match node {
-                    Some(n) => hcl::expr::Traversal::builder(hcl::expr::Variable::unchecked("node"))
-                        .attr(n)
-                        .build()
-                        .into(),
+                    Some(n) => {
+                        hcl::expr::Traversal::builder(hcl::expr::Variable::unchecked("node"))
+                            .attr(n)
+                            .build()
+                            .into()
+                    }
                     None => hcl::to_expression(v).unwrap_or(hcl::Expression::Null),
                 };
                 b = b.add_attribute((k.as_str(), e));

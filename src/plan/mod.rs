@@ -430,7 +430,13 @@ pub fn plan(
         .imports
         .iter()
         .filter(|i| !state.resources.contains_key(&i.address))
-        .filter_map(|i| Some(recorded_import(i, config.resource(&i.address)?, opts.key.as_ref())))
+        .filter_map(|i| {
+            Some(recorded_import(
+                i,
+                config.resource(&i.address)?,
+                opts.key.as_ref(),
+            ))
+        })
         .collect();
     let generated: Vec<Import> = opts
         .imports

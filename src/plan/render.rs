@@ -25,7 +25,9 @@ pub fn render(plan: &Plan) -> String {
             render_excluded(&mut out, plan);
             return out;
         }
-        out.push_str("\nWhat runs matches the definitions: nothing else changes, nothing restarts.\n");
+        out.push_str(
+            "\nWhat runs matches the definitions: nothing else changes, nothing restarts.\n",
+        );
     }
     if !changes.is_empty() {
         out.push_str("sparkform will perform these actions, in this order:\n");

@@ -128,7 +128,9 @@ pub(crate) fn check_address(text: &str) -> Result<(), String> {
                 closed && digits.parse::<u64>().is_ok()
             };
             if !ok {
-                return Err(format!("{text:?} has an index that is not [\"key\"] or [N]"));
+                return Err(format!(
+                    "{text:?} has an index that is not [\"key\"] or [N]"
+                ));
             }
         }
         match chars.next() {

@@ -28,8 +28,8 @@ use crate::kinds::KindId;
 // The lowering of each block that is no resource kind, one file each; the engine is this file.
 // The resource kinds lower their own blocks (`kinds::<kind>::lower`).
 mod lower_hosts;
-mod lower_module;
 mod lower_import;
+mod lower_module;
 mod lower_outputs;
 
 /// The value of a variable handed to a module (or to the root from the command line).

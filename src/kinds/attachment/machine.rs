@@ -505,7 +505,12 @@ async fn import_attachment(
     let node = host.node().to_string();
     let parsed = object
         .split_once('/')
-        .and_then(|(ip, p)| Some((ip.parse::<std::net::Ipv4Addr>().ok()?, p.parse::<u8>().ok()?)))
+        .and_then(|(ip, p)| {
+            Some((
+                ip.parse::<std::net::Ipv4Addr>().ok()?,
+                p.parse::<u8>().ok()?,
+            ))
+        })
         .filter(|(_, p)| *p <= 32);
     let Some((ip, prefix_len)) = parsed else {
         return Err(StepError::new(format!(
@@ -516,12 +521,13 @@ async fn import_attachment(
     let cidr = format!("{ip}/{prefix_len}");
     let all = interfaces(host).await?;
     let Some(iface) = all.iter().find(|i| i.addresses.contains(&cidr)) else {
-        return Err(StepError::new(format!(
-            "{address}: no interface on {node} holds {cidr}"
-        ))
-        .help(format!(
+        return Err(
+            StepError::new(format!("{address}: no interface on {node} holds {cidr}")).help(
+                format!(
             "`ip addr` on {node} shows its addresses; import one that is there, or let apply add it"
-        )));
+        ),
+            ),
+        );
     };
     let get = |k: &str| desired.and_then(|d| d.get(k)).cloned();
     let config = serde_json::json!({

@@ -1531,7 +1531,10 @@ fn unlabelled_claim<'a>(
     c: &'a bollard::models::ContainerSummary,
     recorded_ids: &HashMap<&'a str, &'a str>,
 ) -> Option<(&'a str, &'a str)> {
-    if c.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_ADDRESS)) {
+    if c.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_ADDRESS))
+    {
         return None;
     }
     let id = c.id.as_deref()?;
@@ -1693,10 +1696,7 @@ pub fn imported_config(
         "node".into(),
         want("node").cloned().unwrap_or_else(|| json!(node)),
     );
-    out.insert(
-        "image".into(),
-        cfg("Image").cloned().unwrap_or(Value::Null),
-    );
+    out.insert("image".into(), cfg("Image").cloned().unwrap_or(Value::Null));
     for (k, key) in [("command", "Cmd"), ("entrypoint", "Entrypoint")] {
         let v = text_list(cfg(key));
         let default = v == text_list(img(key));
@@ -1781,7 +1781,11 @@ pub fn imported_config(
         .collect();
     put(&mut out, "devices", json!(devices), devices.is_empty());
     let mut volumes = text_list(hc("Binds"));
-    for m in hc("Mounts").and_then(|v| v.as_array()).into_iter().flatten() {
+    for m in hc("Mounts")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+    {
         let (src, dst) = (text(m.get("Source")), text(m.get("Target")));
         let ro = m.get("ReadOnly").and_then(|v| v.as_bool()) == Some(true);
         volumes.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
