@@ -186,6 +186,7 @@ impl Bed {
             config: i.config,
             attributes: i.attributes,
             notes: i.notes,
+            secret_paths: i.secret_paths,
         })
     }
 
@@ -480,6 +481,7 @@ network "roce" {
                 config: i.config,
                 attributes: i.attributes,
                 notes: i.notes,
+                secret_paths: i.secret_paths,
             }],
             ..PlanOptions::default()
         },
@@ -560,6 +562,7 @@ fn generated_blocks_load_as_the_imported_configuration() {
         config: json!({ "name": "vllm", "node": "n1", "image": "ray:1", "command": ["vllm", "serve"], "env": { "A": "1" }, "shm_size": 1073741824 }),
         attributes: Default::default(),
         notes: Vec::new(),
+        secret_paths: Vec::new(),
     };
     let inner = Import {
         address: "module.m.container.x".into(),
@@ -574,4 +577,34 @@ fn generated_blocks_load_as_the_imported_configuration() {
     for k in ["name", "image", "command", "env", "shm_size"] {
         assert_eq!(r.config[k], i.config[k], "{k}");
     }
+}
+
+#[tokio::test]
+async fn an_env_var_the_definition_does_not_set_is_never_shown_or_recorded_in_clear() {
+    let bed = Bed::new(HEAD);
+    bed.run_by_hand(&[
+        "NCCL_SOCKET_IFNAME=enp1s0f0np0",
+        "FOO=1",
+        "HF_TOKEN=hf_do_not_show_me",
+    ])
+    .await;
+    let import = bed.import("ray-head").await.unwrap();
+    assert_eq!(
+        import.secret_paths,
+        [vec!["env".to_string(), "HF_TOKEN".to_string()]]
+    );
+    let p = bed.plan(vec![import], None);
+    let c = p.change("container.head").unwrap();
+    let paths: Vec<&str> = c.attributes.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(paths, ["env.HF_TOKEN"]);
+    assert!(c.attributes[0].sensitive);
+    let text = render::render(&p);
+    let json = serde_json::to_string(&p).unwrap();
+    assert!(
+        !text.contains("hf_do_not_show_me") && !json.contains("hf_do_not_show_me"),
+        "{text}"
+    );
+    bed.apply(&p).await;
+    let on_disk = std::fs::read_to_string(bed.dir.path().join("state/sparkform.json")).unwrap();
+    assert!(!on_disk.contains("hf_do_not_show_me"));
 }

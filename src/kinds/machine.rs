@@ -175,6 +175,9 @@ pub struct Imported {
     pub attributes: BTreeMap<String, serde_json::Value>,
     /// What the plan says about it (a container without sparkform's labels).
     pub notes: Vec<String>,
+    /// Paths in `config` of values that may be secrets the definition does not mark (an env
+    /// var it does not set): plans and the state hold them as hashes.
+    pub secret_paths: Vec<Vec<String>>,
 }
 
 /// Everything the executor and refresh do to a resource of one kind on a machine.

@@ -177,6 +177,7 @@ async fn observe(
             config: imported.config,
             attributes: imported.attributes,
             notes: imported.notes,
+            secret_paths: imported.secret_paths,
         })
     });
     let results = futures_util::future::join_all(looks).await;

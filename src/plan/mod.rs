@@ -200,6 +200,10 @@ pub struct Import {
     /// What the kind says about it (labels that come with the next replacement).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Values in `config` that may be secrets the definitions do not mark: hashed like the
+    /// sensitive ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_paths: Vec<Vec<String>>,
 }
 
 /// Record an import: the object as it runs, before any step changes it.
@@ -224,7 +228,7 @@ pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {
 /// An import with its sensitive values as the state records them.
 fn recorded_import(i: &Import, r: &Resource, key: Option<&HashKey>) -> Import {
     let mut config = i.config.clone();
-    for path in &r.sensitive {
+    for path in r.sensitive.iter().chain(&i.secret_paths) {
         if let Some(slot) = pointer_mut(&mut config, path) {
             *slot = hash_sensitive(key, slot);
         }

@@ -550,6 +550,7 @@ async fn import_attachment(
         config,
         attributes,
         notes: Vec::new(),
+        secret_paths: Vec::new(),
     })
 }
 

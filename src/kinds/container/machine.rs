@@ -1600,6 +1600,18 @@ pub async fn import_container(
         Err(_) => serde_json::Value::Null,
     };
     let config = imported_config(&inspect, &image, address, &node, desired);
+    // An env var the definition does not set may hold a token: never shown, never in clear.
+    let wanted_env = desired
+        .and_then(|d| d.get("env"))
+        .and_then(|e| e.as_object());
+    let secret_paths = config
+        .get("env")
+        .and_then(|e| e.as_object())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| wanted_env.is_none_or(|w| !w.contains_key(*k)))
+        .map(|(k, _)| vec!["env".to_string(), k.clone()])
+        .collect();
     let mut attributes = std::collections::BTreeMap::new();
     attributes.insert("container_id".into(), serde_json::json!(inspect["Id"]));
     attributes.insert("image_id".into(), serde_json::json!(image_id));
@@ -1618,6 +1630,7 @@ pub async fn import_container(
         config,
         attributes,
         notes,
+        secret_paths,
     })
 }
 
