@@ -608,3 +608,21 @@ async fn an_env_var_the_definition_does_not_set_is_never_shown_or_recorded_in_cl
     let on_disk = std::fs::read_to_string(bed.dir.path().join("state/sparkform.json")).unwrap();
     assert!(!on_disk.contains("hf_do_not_show_me"));
 }
+
+#[test]
+fn binds_in_another_order_are_the_definitions() {
+    let inspect = json!({
+        "Name": "/c",
+        "Config": { "Image": "img" },
+        "HostConfig": { "Binds": ["/b:/b", "/a:/a", "/extra:/extra"] },
+    });
+    let desired = json!({ "volumes": ["/a:/a", "/b:/b"] });
+    let c = sparkform::kinds::container::machine::imported_config(
+        &inspect,
+        &serde_json::Value::Null,
+        "container.c",
+        "node.n1",
+        Some(&desired),
+    );
+    assert_eq!(c["volumes"], json!(["/a:/a", "/b:/b", "/extra:/extra"]));
+}

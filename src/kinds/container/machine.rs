@@ -1669,6 +1669,13 @@ fn device_triple(text: &str) -> (String, String, String) {
     (host, inside, perms)
 }
 
+/// Docker keeps binds, devices and capabilities in no promised order (the order means nothing to
+/// it): the ones the definition lists come in its order, then the others as Docker gave them.
+fn in_desired_order(mut observed: Vec<String>, wanted: &[String]) -> Vec<String> {
+    observed.sort_by_key(|o| wanted.iter().position(|w| w == o).unwrap_or(usize::MAX));
+    observed
+}
+
 fn cap_name(c: &str) -> String {
     let up = c.to_ascii_uppercase();
     up.strip_prefix("CAP_").unwrap_or(&up).to_string()
@@ -1792,6 +1799,7 @@ pub fn imported_config(
                 .unwrap_or_else(|| format!("{}:{}:{}", triple.0, triple.1, triple.2))
         })
         .collect();
+    let devices = in_desired_order(devices, &wanted_devices);
     put(&mut out, "devices", json!(devices), devices.is_empty());
     let mut volumes = text_list(hc("Binds"));
     for m in hc("Mounts")
@@ -1803,6 +1811,7 @@ pub fn imported_config(
         let ro = m.get("ReadOnly").and_then(|v| v.as_bool()) == Some(true);
         volumes.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
     }
+    let volumes = in_desired_order(volumes, &text_list(want("volumes")));
     put(&mut out, "volumes", json!(volumes), volumes.is_empty());
     let wanted_ulimits = want("ulimits").and_then(|u| u.as_object());
     let ulimits: serde_json::Map<String, Value> = hc("Ulimits")
@@ -1842,6 +1851,7 @@ pub fn imported_config(
                 .unwrap_or(c)
         })
         .collect();
+    let caps = in_desired_order(caps, &wanted_caps);
     put(&mut out, "cap_add", json!(caps), caps.is_empty());
     let privileged = hc("Privileged").and_then(|v| v.as_bool()).unwrap_or(false);
     put(&mut out, "privileged", json!(privileged), !privileged);
