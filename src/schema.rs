@@ -24,6 +24,8 @@ pub enum Kind {
     Gpus,
     /// References that add edges and are not evaluated (`depends_on`, `replace_triggered_by`).
     RefList,
+    /// A resource address, written as a reference and not evaluated (`import.to`).
+    Address,
     /// A type constraint (`variable.type`).
     TypeExpr,
     /// The `for_each` meta-argument.
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Size => "a size such as \"16g\" or \"512m\", or a number of bytes",
             Kind::Gpus => "a number of GPUs or \"all\"",
             Kind::RefList => "a list of references",
+            Kind::Address => "a resource address such as module.qwen.container.vllm",
             Kind::TypeExpr => "a type",
             Kind::ForEach => "a map or a set of strings",
         }

@@ -22,6 +22,7 @@ fn type_name(kind: Kind) -> &'static str {
         Kind::Size => "size",
         Kind::Gpus => "number or \"all\"",
         Kind::RefList => "list of references",
+        Kind::Address => "resource address",
         Kind::TypeExpr => "type",
         Kind::ForEach => "map or set(string)",
     }

@@ -356,6 +356,18 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let started = Instant::now();
     let steps = build_steps(req.config, req.graph, req.plan);
     let containers = Arc::new(container_index(req.config));
+    // Imports change nothing on the machines: they are in the state before the first step, so
+    // a step that then updates or replaces an imported object finds it recorded.
+    for i in &req.plan.imports {
+        if !req.state.resources.contains_key(&i.address) {
+            let deps = req
+                .config
+                .resource(&i.address)
+                .map(|r| r.deps.iter().cloned().collect())
+                .unwrap_or_default();
+            crate::plan::record_import(&mut req.state, i, deps);
+        }
+    }
     let before = req.state.clone();
     let mut state = req.state.clone();
     let mut outcome = ApplyOutcome {
@@ -380,7 +392,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     );
     // The lineage is on disk before any container carries it, so a run killed during its first
     // step leaves a state that explains what that step created.
-    if !req.store.path().exists() {
+    if !req.store.path().exists() || !req.plan.imports.is_empty() {
         if let Err(e) = req.store.write(&mut state) {
             outcome.ok = false;
             outcome.state_error = Some(e.to_string());

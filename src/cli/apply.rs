@@ -102,6 +102,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         observations: None,
         // `prepare` reads (or creates) the key once it holds the state lock.
         key: None,
+        ..PlanOptions::default()
     };
     execute(
         &args.common,

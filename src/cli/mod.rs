@@ -6,6 +6,7 @@ mod destroy;
 mod fmt;
 mod force_unlock;
 mod graph;
+mod import;
 mod logs;
 mod nodes;
 mod output;
@@ -57,6 +58,7 @@ pub enum Command {
     Logs(logs::LogsArgs),
     Tunnel(tunnel::TunnelArgs),
     Status(status::StatusArgs),
+    Import(import::ImportArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -283,6 +285,7 @@ pub fn main() -> ExitCode {
         Command::Logs(a) => logs::run(a),
         Command::Tunnel(a) => tunnel::run(a),
         Command::Status(a) => status::run(a),
+        Command::Import(a) => import::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
         Command::Show(a) => show::run(a),

@@ -49,6 +49,9 @@ pub struct PlanArgs {
     /// Plan everything except this resource and what depends on it (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub exclude: Vec<String>,
+    /// Write blocks for `import` blocks whose resource has no block yet to FILE (a new file)
+    #[arg(long = "generate-config-out", value_name = "FILE")]
+    pub generate_config_out: Option<PathBuf>,
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
@@ -59,6 +62,15 @@ pub fn run(args: PlanArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Some(out) = args.generate_config_out.as_ref().filter(|p| p.exists()) {
+        let d = crate::diag::Diag::error(
+            "cli::generate_config_out",
+            format!("-generate-config-out {}: the file exists", out.display()),
+        )
+        .help("it is never overwritten: name a new file, or remove this one");
+        report_diagnostics(&Diagnostics(vec![d]), args.json);
+        return ExitCode::from(1);
+    }
     let ws = args.config.workspace();
     let (config, graph) = match ws.load(&vars) {
         Ok(x) => x,
@@ -94,6 +106,8 @@ pub fn run(args: PlanArgs) -> ExitCode {
             exclude: args.exclude.clone(),
             observations: None,
             key,
+            generate_config: args.generate_config_out.is_some(),
+            ..PlanOptions::default()
         },
         hosts: args.connect.options(),
     };
@@ -120,6 +134,33 @@ pub fn run(args: PlanArgs) -> ExitCode {
     } else {
         report_warnings(&warnings);
         print!("{}", render::render(&plan));
+    }
+    if let Some(out) = &args.generate_config_out {
+        let (text, skipped) = ops::import::generated_hcl(&plan.generated);
+        for s in &skipped {
+            eprintln!("Warning: {s}");
+        }
+        if !text.is_empty() {
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(out)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+            if let Err(e) = written {
+                return report_error(crate::state::StateError::Io {
+                    path: out.clone(),
+                    source: e,
+                });
+            }
+            if !args.json {
+                println!(
+                    "\nWrote {} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
+                    plan.generated.len() - skipped.len(),
+                    if plan.generated.len() - skipped.len() == 1 { "" } else { "s" },
+                    out.display()
+                );
+            }
+        }
     }
     if let Some(out) = &args.out {
         let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref());

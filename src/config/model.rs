@@ -42,6 +42,8 @@ pub struct Config {
     /// The root module's outputs.
     pub outputs: Vec<Output>,
     pub warnings: Vec<Diag>,
+    /// The root module's `import` blocks, in declaration order.
+    pub imports: Vec<Import>,
 }
 
 impl Config {
@@ -130,6 +132,20 @@ pub struct Resource {
     /// Resources whose replacement replaces this one.
     pub replace_triggered_by: BTreeSet<String>,
     pub span: Span,
+}
+
+/// An `import` block: adopt the object `id` names as the resource `to`.
+#[derive(Debug, Clone)]
+pub struct Import {
+    /// `module.qwen.container.vllm`, `network.roce.attach.node1`.
+    pub to: String,
+    /// The node's name, before the first `:` of the id.
+    pub node: String,
+    /// The rest of the id: what the kind looks for on the node (a container's name or ID).
+    pub object: String,
+    pub span: Span,
+    pub to_span: Span,
+    pub id_span: Span,
 }
 
 #[derive(Debug, Clone)]

@@ -89,6 +89,14 @@ pub static OUTPUT: BlockSpec = spec(
     &[],
 );
 
+/// `import { to = ADDRESS, id = "NODE:OBJECT" }`: adopt an object already running.
+pub static IMPORT: BlockSpec = spec(
+    "import",
+    &[],
+    &[req("to", Kind::Address), req("id", Kind::Str)],
+    &[],
+);
+
 pub static MODULE: BlockSpec = BlockSpec {
     kind: "module",
     labels: &["name"],
@@ -117,6 +125,7 @@ macro_rules! top_level {
             &CHECK,
             &MODULE,
             &OUTPUT,
+            &IMPORT,
         ];
     };
 }

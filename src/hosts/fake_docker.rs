@@ -51,6 +51,9 @@ pub struct Container {
     pub exit_code: i64,
     pub restart: String,
     pub logs: Vec<String>,
+    /// The body it was created with (`Cmd`, `Env`, `HostConfig`…), which inspect shows back;
+    /// null for one added with [`FakeDocker::add`].
+    pub created: Value,
 }
 
 #[derive(Debug)]
@@ -67,6 +70,8 @@ struct Engine {
     faults: Vec<(String, Fault)>,
     /// Image IDs other than the default `sha256:NAME`.
     images: BTreeMap<String, String>,
+    /// Images' own `Config` (`Env`, `Cmd`, `Labels`…), by name.
+    image_configs: BTreeMap<String, Value>,
     requests: Vec<String>,
     gone_at: Option<usize>,
     gone: bool,
@@ -234,8 +239,17 @@ impl FakeDocker {
             exit_code: 0,
             restart: "no".into(),
             logs: Vec::new(),
+            created: Value::Null,
         });
         id
+    }
+
+    /// The image `name`'s own configuration (its `Env`, `Cmd`, `Labels`), as image inspect
+    /// shows it by name or by ID.
+    pub fn image_config(&self, name: &str, config: Value) {
+        lock(&self.engine)
+            .image_configs
+            .insert(name.to_string(), config);
     }
 
     /// Someone stops a container by hand.
@@ -335,6 +349,17 @@ fn frame(stream: u8, text: &str) -> Vec<u8> {
 }
 
 fn inspect(c: &Container) -> Value {
+    let mut config = c.created.clone();
+    let mut host_config = config
+        .as_object_mut()
+        .and_then(|m| m.remove("HostConfig"))
+        .unwrap_or_else(|| json!({}));
+    if !config.is_object() {
+        config = json!({});
+    }
+    config["Image"] = json!(c.image);
+    config["Labels"] = json!(c.labels);
+    host_config["RestartPolicy"]["Name"] = json!(c.restart);
     json!({
         "Id": c.id,
         "Name": format!("/{}", c.name),
@@ -345,8 +370,8 @@ fn inspect(c: &Container) -> Value {
             "ExitCode": c.exit_code,
             "OOMKilled": false,
         },
-        "Config": { "Image": c.image, "Labels": c.labels },
-        "HostConfig": { "RestartPolicy": { "Name": c.restart } },
+        "Config": config,
+        "HostConfig": host_config,
     })
 }
 
@@ -374,6 +399,17 @@ fn labelled(c: &Container, filters: &Value) -> bool {
         Some((k, v)) => c.labels.get(k).map(String::as_str) == Some(v),
         None => c.labels.contains_key(*w),
     })
+}
+
+/// Whether a container is one of an `id` list filter's (any, without one).
+fn with_id(c: &Container, filters: &Value) -> bool {
+    match filters.get("id") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|id| c.id.starts_with(id)),
+        _ => true,
+    }
 }
 
 async fn handle(
@@ -437,12 +473,20 @@ async fn handle(
         // Every image is there: `images/NAME[/MORE]/json`, the name may hold slashes.
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => {
             let name = unescape(&name.join("/"));
-            let id = e
-                .images
-                .get(&name)
-                .cloned()
-                .unwrap_or_else(|| format!("sha256:{name}"));
-            reply(StatusCode::OK, json!({ "Id": id, "RepoTags": [name] }))
+            let id_of = |n: &str| {
+                e.images
+                    .get(n)
+                    .cloned()
+                    .unwrap_or_else(|| format!("sha256:{n}"))
+            };
+            // By ID too: the name whose image it is.
+            let by_id = e.image_configs.keys().find(|n| id_of(n) == name).cloned();
+            let tag = by_id.unwrap_or_else(|| name.clone());
+            let config = e.image_configs.get(&tag).cloned().unwrap_or(json!({}));
+            reply(
+                StatusCode::OK,
+                json!({ "Id": id_of(&tag), "RepoTags": [tag], "Config": config }),
+            )
         }
         (&Method::POST, ["containers", "create"]) => {
             let name = q.get("name").cloned().unwrap_or_default();
@@ -482,6 +526,7 @@ async fn handle(
                     exit_code: 0,
                     restart,
                     logs: Vec::new(),
+                    created: body.clone(),
                 });
                 reply(StatusCode::CREATED, json!({ "Id": id, "Warnings": [] }))
             }
@@ -495,7 +540,7 @@ async fn handle(
             let list: Vec<Value> = e
                 .containers
                 .iter()
-                .filter(|c| (all || c.running) && labelled(c, &filters))
+                .filter(|c| (all || c.running) && labelled(c, &filters) && with_id(c, &filters))
                 .map(summary)
                 .collect();
             reply(StatusCode::OK, Value::Array(list))

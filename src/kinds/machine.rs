@@ -166,6 +166,20 @@ pub struct Applied {
     pub summary: String,
 }
 
+/// What importing an object found (see [`Machine::import`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Imported {
+    /// The object as a desired configuration of its kind, clear values included.
+    pub config: serde_json::Value,
+    /// Facts to record (a container's id and image id).
+    pub attributes: BTreeMap<String, serde_json::Value>,
+    /// What the plan says about it (a container without sparkform's labels).
+    pub notes: Vec<String>,
+    /// Paths in `config` of values that may be secrets the definition does not mark (an env
+    /// var it does not set): plans and the state hold them as hashes.
+    pub secret_paths: Vec<Vec<String>>,
+}
+
 /// Everything the executor and refresh do to a resource of one kind on a machine.
 #[async_trait]
 pub trait Machine: Send + Sync {
@@ -199,11 +213,20 @@ pub trait Machine: Send + Sync {
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
     }
-    /// Take an object that exists on the machine under management: what the state records.
-    async fn import(&self, cx: &StepCx<'_>, _id: &str) -> Result<Applied, StepError> {
+    /// Look at an object that exists on the node (`object`: the part of the import id after
+    /// `NODE:`) and say how the state would record it, changing nothing: its configuration in
+    /// the kind's desired shape (what `desired` leaves to sparkform, such as ready checks, taken
+    /// from it; attributes the object has at Docker's or the kernel's default left out when
+    /// `desired` leaves them unset), the facts to record, and notes for the plan.
+    async fn import(
+        &self,
+        _host: &dyn Host,
+        address: &str,
+        _object: &str,
+        _desired: Option<&serde_json::Value>,
+    ) -> Result<Imported, StepError> {
         Err(StepError::new(format!(
-            "{}: this kind of resource cannot be imported",
-            cx.address
+            "{address}: this kind of resource cannot be imported"
         )))
     }
     /// Run it against what is deployed, changing nothing (`sparkform verify`): how long it

@@ -77,6 +77,23 @@ pub async fn plan_refreshed(
         }
         pool = p;
     }
+    // `import` blocks: what runs is observed (even with -refresh=false: an import is nothing
+    // without it).
+    match super::import::observe_blocks(
+        req.config,
+        state,
+        options.generate_config,
+        &mut pool,
+        &req.hosts,
+    )
+    .await
+    {
+        Ok(imports) => options.imports.extend(imports),
+        Err(e) => {
+            close(pool).await;
+            return Err(e);
+        }
+    }
     let reloaded = match second_evaluation(req.config, &observed) {
         Ok(r) => r,
         Err(e) => {

@@ -107,6 +107,13 @@ pub struct Summary {
     pub replace: usize,
     pub delete: usize,
     pub run: usize,
+    /// Objects adopted into the state (`import`), besides what their changes count.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub import: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +140,14 @@ pub struct Plan {
     /// the machines may match the configuration and still not work.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failing: Vec<FailedRun>,
+    /// Objects an apply adopts into the state before its steps; each one's change compares
+    /// what runs with what the definitions want.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imports: Vec<Import>,
+    /// Import blocks for resources the definitions do not have yet (`-generate-config-out`):
+    /// observed for the blocks to write, not applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<Import>,
 }
 
 /// A run whose last recorded result failed.
@@ -148,6 +163,11 @@ impl Plan {
     pub fn has_changes(&self) -> bool {
         self.changes.iter().any(|c| c.action.is_change())
             || self.outputs.iter().any(|o| o.action.is_change())
+            || !self.imports.is_empty()
+    }
+
+    pub fn import(&self, address: &str) -> Option<&Import> {
+        self.imports.iter().find(|i| i.address == address)
     }
 
     pub fn change(&self, address: &str) -> Option<&Change> {
@@ -168,6 +188,68 @@ pub struct PlanOptions {
     /// The deployment's key of sensitive hashes, read beside the state by the caller (plan
     /// stays pure); `None` when there is none: every sensitive value then plans as changed.
     pub key: Option<HashKey>,
+    /// Objects to adopt, as their kinds observed them (clear values: the plan hashes the
+    /// sensitive ones). Ones whose address the state has are no-ops.
+    pub imports: Vec<Import>,
+    /// `-generate-config-out`: import blocks may name resources the definitions lack; they are
+    /// observed into `Plan::generated` for the blocks to write.
+    pub generate_config: bool,
+}
+
+/// An object to adopt into the state (an `import` block or `sparkform import`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Import {
+    pub address: String,
+    pub kind: KindId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What it was imported by: `spark1:vllm`.
+    pub id: String,
+    /// What runs, as a desired configuration of its kind (in a plan: as the state records it).
+    pub config: serde_json::Value,
+    /// Facts to record (a container's id).
+    #[serde(default)]
+    pub attributes: BTreeMap<String, serde_json::Value>,
+    /// What the kind says about it (labels that come with the next replacement).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Values in `config` that may be secrets the definitions do not mark: hashed like the
+    /// sensitive ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_paths: Vec<Vec<String>>,
+}
+
+/// Record an import: the object as it runs, before any step changes it.
+pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {
+    let change = Change {
+        address: i.address.clone(),
+        kind: i.kind,
+        node: i.node.clone(),
+        action: Action::Create,
+        attributes: Vec::new(),
+        replace_reasons: Vec::new(),
+        run_reason: None,
+        depends_on,
+        after: Some(i.config.clone()),
+        after_hash: Some(config_hash(&i.config)),
+        drift: Vec::new(),
+        orphan: None,
+    };
+    record_change(state, &change, i.attributes.clone(), None);
+}
+
+/// An import with its sensitive values as the state records them.
+fn recorded_import(i: &Import, r: &Resource, key: Option<&HashKey>) -> Import {
+    let mut config = i.config.clone();
+    for path in r.sensitive.iter().chain(&i.secret_paths) {
+        if let Some(slot) = pointer_mut(&mut config, path) {
+            *slot = hash_sensitive(key, slot);
+        }
+    }
+    Import {
+        config,
+        ..i.clone()
+    }
 }
 
 impl PlanOptions {
@@ -360,6 +442,40 @@ pub fn plan(
             return Err(Box::new(unknown_address("-exclude", a, config)));
         }
     }
+    // What is imported plans as if the state had it as it runs.
+    let imports: Vec<Import> = opts
+        .imports
+        .iter()
+        .filter(|i| !state.resources.contains_key(&i.address))
+        .filter_map(|i| {
+            Some(recorded_import(
+                i,
+                config.resource(&i.address)?,
+                opts.key.as_ref(),
+            ))
+        })
+        .collect();
+    let generated: Vec<Import> = opts
+        .imports
+        .iter()
+        .filter(|i| config.resource(&i.address).is_none())
+        .cloned()
+        .collect();
+    let with_imports;
+    let state = if imports.is_empty() {
+        state
+    } else {
+        let mut s = state.clone();
+        for i in &imports {
+            let deps = config
+                .resource(&i.address)
+                .map(|r| r.deps.iter().cloned().collect())
+                .unwrap_or_default();
+            record_import(&mut s, i, deps);
+        }
+        with_imports = s;
+        &with_imports
+    };
     let excluded = excluded(&opts.exclude, graph, state);
     let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
         let mut set = BTreeSet::new();
@@ -650,7 +766,10 @@ pub fn plan(
             })
             .collect()
     };
-    let mut summary = Summary::default();
+    let mut summary = Summary {
+        import: imports.len(),
+        ..Summary::default()
+    };
     for c in &ordered {
         match c.action {
             Action::Create => summary.create += 1,
@@ -685,6 +804,8 @@ pub fn plan(
         excluded: excluded.into_iter().collect(),
         notes,
         failing,
+        imports,
+        generated,
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)

@@ -18,15 +18,21 @@ pub fn render(plan: &Plan) -> String {
         .iter()
         .filter(|c| c.action.is_change())
         .collect();
+    render_imports(&mut out, plan);
     if changes.is_empty() && !plan.outputs.iter().any(|o| o.action.is_change()) {
-        if plan.failing.is_empty() {
-            out.push_str("No changes. The machines match the configuration.\n");
-        } else {
-            out.push_str("No changes to make, but the deployment did not pass its last checks.\n");
+        if plan.imports.is_empty() {
+            if plan.failing.is_empty() {
+                out.push_str("No changes. The machines match the configuration.\n");
+            } else {
+                out.push_str("No changes to make, but the deployment did not pass its last checks.\n");
+            }
+            render_failing(&mut out, plan);
+            render_excluded(&mut out, plan);
+            return out;
         }
-        render_failing(&mut out, plan);
-        render_excluded(&mut out, plan);
-        return out;
+        out.push_str(
+            "\nWhat runs matches the definitions: nothing else changes, nothing restarts.\n",
+        );
     }
     if !changes.is_empty() {
         out.push_str("sparkform will perform these actions, in this order:\n");
@@ -71,8 +77,13 @@ pub fn render(plan: &Plan) -> String {
 
 pub fn summary_line(plan: &Plan) -> String {
     let s = &plan.summary;
+    let imports = if s.import > 0 {
+        format!("{} to import, ", s.import)
+    } else {
+        String::new()
+    };
     format!(
-        "Plan: {} to add, {} to change, {} to replace, {} to destroy; {} probe{} to run.",
+        "Plan: {imports}{} to add, {} to change, {} to replace, {} to destroy; {} probe{} to run.",
         s.create,
         s.update,
         s.replace,
@@ -97,6 +108,43 @@ fn render_failing(out: &mut String, plan: &Plan) {
         let _ = writeln!(out, "  ! {} failed ({at}): {}", f.address, f.error);
     }
     out.push_str("Run `sparkform verify` to check them now, or `sparkform apply -replace ADDRESS` to replace what they test.\n");
+}
+
+/// The objects an apply adopts before its steps, and whether what runs already matches.
+fn render_imports(out: &mut String, plan: &Plan) {
+    if plan.imports.is_empty() {
+        return;
+    }
+    out.push_str("sparkform will import these objects into the state, restarting nothing:\n");
+    let steps: Vec<&str> = plan
+        .changes
+        .iter()
+        .filter(|c| c.action.is_change())
+        .map(|c| c.address.as_str())
+        .collect();
+    for i in &plan.imports {
+        let _ = writeln!(
+            out,
+            "\n  <= {} will be imported (id {:?}{})",
+            i.address,
+            i.id,
+            on(&i.node)
+        );
+        for n in &i.notes {
+            let _ = writeln!(out, "       {n}");
+        }
+        match steps.iter().position(|a| *a == i.address) {
+            Some(step) => {
+                let _ = writeln!(
+                    out,
+                    "       what runs differs from the definitions: step {} below",
+                    step + 1
+                );
+            }
+            None => out.push_str("       what runs matches the definitions\n"),
+        }
+    }
+    out.push('\n');
 }
 
 fn render_excluded(out: &mut String, plan: &Plan) {

@@ -28,6 +28,7 @@ use crate::kinds::KindId;
 // The lowering of each block that is no resource kind, one file each; the engine is this file.
 // The resource kinds lower their own blocks (`kinds::<kind>::lower`).
 mod lower_hosts;
+mod lower_import;
 mod lower_module;
 mod lower_outputs;
 
@@ -161,6 +162,7 @@ impl Loader {
                 resources: Vec::new(),
                 outputs: Vec::new(),
                 warnings: Vec::new(),
+                imports: Vec::new(),
             },
             observed: Default::default(),
         }
@@ -327,6 +329,11 @@ impl Loader {
                     },
                 );
             }
+            return;
+        }
+        if kind == "import" {
+            self.check_nested(file, &block.body, spec, &header);
+            self.lower_import(file, block, header);
             return;
         }
         let Some(root) = Root::from_block(kind) else {
@@ -1206,7 +1213,9 @@ impl Loader {
             }
         };
         match kind {
-            Kind::Any | Kind::RefList | Kind::TypeExpr | Kind::ForEach => Ok(v.clone()),
+            Kind::Any | Kind::RefList | Kind::Address | Kind::TypeExpr | Kind::ForEach => {
+                Ok(v.clone())
+            }
             Kind::Str => types::convert(v, &Type::String),
             Kind::Num => types::convert(v, &Type::Number),
             Kind::Bool => types::convert(v, &Type::Bool),

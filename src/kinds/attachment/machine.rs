@@ -266,6 +266,16 @@ impl Machine for AttachmentMachine {
         Ok(out)
     }
 
+    async fn import(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        object: &str,
+        desired: Option<&serde_json::Value>,
+    ) -> Result<crate::kinds::machine::Imported, StepError> {
+        import_attachment(host, address, object, desired).await
+    }
+
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
         let by_address: std::collections::HashMap<&str, &Resource> = config
             .resources
@@ -482,6 +492,66 @@ pub async fn check_mesh(
         .details(failures)
         .help(format!("every interface and switch port on the path needs MTU {mtu}; check `ip link` on both nodes and the switch (ping -M do -s {size})")))
     }
+}
+
+/// Import the fabric address `object` (`ADDRESS/PREFIX`) on `host`: the interface that holds it
+/// and that interface's MTU, changing nothing.
+async fn import_attachment(
+    host: &dyn Host,
+    address: &str,
+    object: &str,
+    desired: Option<&serde_json::Value>,
+) -> Result<crate::kinds::machine::Imported, StepError> {
+    let node = host.node().to_string();
+    let parsed = object
+        .split_once('/')
+        .and_then(|(ip, p)| {
+            Some((
+                ip.parse::<std::net::Ipv4Addr>().ok()?,
+                p.parse::<u8>().ok()?,
+            ))
+        })
+        .filter(|(_, p)| *p <= 32);
+    let Some((ip, prefix_len)) = parsed else {
+        return Err(StepError::new(format!(
+            "{address}: {object:?} is not an IPv4 ADDRESS/PREFIX"
+        ))
+        .help("write the id of a fabric address as NODE:ADDRESS/PREFIX, e.g. \"spark1:192.168.200.1/24\""));
+    };
+    let cidr = format!("{ip}/{prefix_len}");
+    let all = interfaces(host).await?;
+    let Some(iface) = all.iter().find(|i| i.addresses.contains(&cidr)) else {
+        return Err(
+            StepError::new(format!("{address}: no interface on {node} holds {cidr}")).help(
+                format!(
+            "`ip addr` on {node} shows its addresses; import one that is there, or let apply add it"
+        ),
+            ),
+        );
+    };
+    let get = |k: &str| desired.and_then(|d| d.get(k)).cloned();
+    let config = serde_json::json!({
+        "network": get("network").unwrap_or_default(),
+        "node": get("node").unwrap_or_else(|| serde_json::json!(node)),
+        "interface": iface.name,
+        "address": ip.to_string(),
+        "prefix_len": prefix_len,
+        "mtu": iface.mtu,
+    });
+    let mut attributes = std::collections::BTreeMap::new();
+    attributes.insert("interface".into(), serde_json::json!(iface.name));
+    // Deleting it later takes only its address off; the MTU stays as it was found.
+    attributes.insert("previous_mtu".into(), serde_json::json!(iface.mtu));
+    attributes.insert(
+        "previous_addresses".into(),
+        serde_json::json!(iface.addresses),
+    );
+    Ok(crate::kinds::machine::Imported {
+        config,
+        attributes,
+        notes: Vec::new(),
+        secret_paths: Vec::new(),
+    })
 }
 
 #[cfg(test)]

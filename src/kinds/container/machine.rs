@@ -1205,6 +1205,8 @@ impl Machine for ContainerMachine {
                 message: format!("cannot list containers: {e}"),
                 help: None,
             })?;
+        let mut list = list;
+        list.extend(unlabelled_by_id(&docker, recorded, &list).await);
         let images: Vec<String> = recorded
             .iter()
             .filter_map(|(_, r)| r.config.get("image")?.as_str().map(str::to_string))
@@ -1221,6 +1223,16 @@ impl Machine for ContainerMachine {
 
     fn exec_target(&self, r: &Resource) -> Option<(String, String)> {
         Some((r.node.clone()?, r.config.get("name")?.as_str()?.to_string()))
+    }
+
+    async fn import(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        object: &str,
+        desired: Option<&serde_json::Value>,
+    ) -> Result<crate::kinds::machine::Imported, StepError> {
+        import_container(host, address, object, desired).await
     }
 }
 
@@ -1239,6 +1251,12 @@ fn judge(
     let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
     let mut claimed: std::collections::BTreeSet<String> = Default::default();
     for c in list {
+        // An imported container started by hand carries no labels: it is the recorded ID's.
+        if let Some((a, id)) = unlabelled_claim(c, &recorded_ids) {
+            found.insert(a.to_string(), c);
+            claimed.insert(id.to_string());
+            continue;
+        }
         let (Some(a), Some(id)) = (
             c.labels.as_ref().and_then(|l| l.get(LABEL_ADDRESS)),
             c.id.as_ref(),
@@ -1482,6 +1500,425 @@ fn judge_parity(
     }
     Err(StepError::new(format!("node parity: {}", problems.join("; ")))
         .help("every rank must run the same build on the same driver: load or pull the same image on every node (or pin it by digest, REPO@sha256:…), and install one driver version everywhere; `sparkform nodes` shows what each node has"))
+}
+
+/// The recorded containers the lineage filter cannot find (imported ones, without labels), by
+/// their recorded IDs. None found when there are none to look for, or the engine refuses.
+async fn unlabelled_by_id(
+    docker: &bollard::Docker,
+    recorded: &[(String, ResourceState)],
+    listed: &[bollard::models::ContainerSummary],
+) -> Vec<bollard::models::ContainerSummary> {
+    let ids: Vec<String> = recorded
+        .iter()
+        .filter_map(|(_, r)| r.attributes.get("container_id")?.as_str())
+        .filter(|id| !listed.iter().any(|c| c.id.as_deref() == Some(*id)))
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut filters = HashMap::new();
+    filters.insert("id".to_string(), ids.clone());
+    docker
+        .list_containers(Some(q::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.id.as_ref().is_some_and(|id| ids.contains(id)))
+        .collect()
+}
+
+/// An unlabelled container whose ID the state records: (address, id).
+fn unlabelled_claim<'a>(
+    c: &'a bollard::models::ContainerSummary,
+    recorded_ids: &HashMap<&'a str, &'a str>,
+) -> Option<(&'a str, &'a str)> {
+    if c.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_ADDRESS))
+    {
+        return None;
+    }
+    let id = c.id.as_deref()?;
+    recorded_ids
+        .iter()
+        .find(|(_, rid)| **rid == id)
+        .map(|(a, _)| (*a, id))
+}
+
+// ---- import: a container started by hand, observed with `docker inspect` ----
+
+/// The note an import of an unlabelled container carries into the plan.
+pub const NOTE_UNLABELLED: &str = "it was started without sparkform's labels (Docker cannot add labels to a running container): the state tracks it by its container ID, and the labels come with its next replacement";
+
+/// Import `object` (a container's name or ID) on `host`: inspect it and its image, and map what
+/// runs to the container's desired shape.
+pub async fn import_container(
+    host: &dyn Host,
+    address: &str,
+    object: &str,
+    desired: Option<&serde_json::Value>,
+) -> Result<crate::kinds::machine::Imported, StepError> {
+    let node = host.node().to_string();
+    if object.is_empty() || object.chars().any(|c| c.is_control() || c == '/') {
+        return Err(StepError::new(format!(
+            "{address}: {object:?} is not a container name or ID"
+        ))
+        .help("write the id as NODE:CONTAINER, e.g. \"spark1:vllm\""));
+    }
+    let docker = host.docker().await?;
+    let inspect = match docker
+        .inspect_container(object, None::<q::InspectContainerOptions>)
+        .await
+    {
+        Ok(i) => i,
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => {
+            return Err(StepError::new(format!(
+                "{address}: there is no container {object} on {node}"
+            ))
+            .help(format!(
+                "`docker ps -a` on {node} lists its containers; the id is NODE:NAME or NODE:CONTAINER_ID"
+            )))
+        }
+        Err(e) => return Err(docker_err(&format!("{node}: cannot inspect {object}"), e)),
+    };
+    let inspect = serde_json::to_value(&inspect).unwrap_or_default();
+    let image_ref = inspect
+        .pointer("/Config/Image")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    let image_id = inspect
+        .get("Image")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+    // The image's own defaults (env, command, labels) are not the container's settings. The
+    // image the container runs, by ID: the tag may have moved since.
+    let image = match docker.inspect_image(&image_id).await {
+        Ok(i) => serde_json::to_value(&i).unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    };
+    let config = imported_config(&inspect, &image, address, &node, desired);
+    // An env var the definition does not set may hold a token: never shown, never in clear.
+    let wanted_env = desired
+        .and_then(|d| d.get("env"))
+        .and_then(|e| e.as_object());
+    let secret_paths = config
+        .get("env")
+        .and_then(|e| e.as_object())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| wanted_env.is_none_or(|w| !w.contains_key(*k)))
+        .map(|(k, _)| vec!["env".to_string(), k.clone()])
+        .collect();
+    let mut attributes = std::collections::BTreeMap::new();
+    attributes.insert("container_id".into(), serde_json::json!(inspect["Id"]));
+    attributes.insert("image_id".into(), serde_json::json!(image_id));
+    let mut notes = Vec::new();
+    let labelled = inspect
+        .pointer("/Config/Labels")
+        .and_then(|l| l.as_object())
+        .is_some_and(|l| l.contains_key(LABEL_ADDRESS));
+    if !labelled {
+        notes.push(NOTE_UNLABELLED.to_string());
+    }
+    if image_ref.is_empty() {
+        notes.push("Docker reports no image reference for it".into());
+    }
+    Ok(crate::kinds::machine::Imported {
+        config,
+        attributes,
+        notes,
+        secret_paths,
+    })
+}
+
+fn text_list(v: Option<&serde_json::Value>) -> Vec<String> {
+    strs(v).unwrap_or_default()
+}
+
+/// `K=V` entries as a map.
+fn env_map(v: Option<&serde_json::Value>) -> serde_json::Map<String, serde_json::Value> {
+    text_list(v)
+        .into_iter()
+        .map(|e| match e.split_once('=') {
+            Some((k, v)) => (k.to_string(), serde_json::json!(v)),
+            None => (e, serde_json::json!("")),
+        })
+        .collect()
+}
+
+/// `soft:hard` of a ulimit as the desired configuration writes it.
+fn ulimit_pair(text: &str) -> (i64, i64) {
+    match text.split_once(':') {
+        Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
+        None => (ulimit_value(text), ulimit_value(text)),
+    }
+}
+
+/// A device mapping as (host, container, permissions), from `/dev/x[:/dev/y[:rwm]]`.
+fn device_triple(text: &str) -> (String, String, String) {
+    let mut parts = text.split(':');
+    let host = parts.next().unwrap_or_default().to_string();
+    let inside = parts
+        .next()
+        .map(str::to_string)
+        .unwrap_or_else(|| host.clone());
+    let perms = parts.next().unwrap_or("rwm").to_string();
+    (host, inside, perms)
+}
+
+/// Docker keeps binds, devices and capabilities in no promised order (the order means nothing to
+/// it): the ones the definition lists come in its order, then the others as Docker gave them.
+fn in_desired_order(mut observed: Vec<String>, wanted: &[String]) -> Vec<String> {
+    observed.sort_by_key(|o| wanted.iter().position(|w| w == o).unwrap_or(usize::MAX));
+    observed
+}
+
+fn cap_name(c: &str) -> String {
+    let up = c.to_ascii_uppercase();
+    up.strip_prefix("CAP_").unwrap_or(&up).to_string()
+}
+
+/// What runs, as the container's desired configuration. Where what runs means what `desired`
+/// says in other words (a device written short, a ulimit as one number, `CAP_` prefixes), the
+/// desired text is kept, so a container started with the same settings plans no change. Values
+/// at Docker's or the image's default are left out unless `desired` sets them so. Pure.
+pub fn imported_config(
+    inspect: &serde_json::Value,
+    image: &serde_json::Value,
+    address: &str,
+    node: &str,
+    desired: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let want = |k: &str| desired.and_then(|d| d.get(k));
+    let cfg = |p: &str| inspect.pointer(&format!("/Config/{p}"));
+    let hc = |p: &str| inspect.pointer(&format!("/HostConfig/{p}"));
+    let img = |p: &str| image.pointer(&format!("/Config/{p}"));
+    let mut out = serde_json::Map::new();
+    // A value at its default is recorded only when the definition asks for that very value.
+    let put = |out: &mut serde_json::Map<String, Value>, k: &str, v: Value, default: bool| {
+        if !default || want(k) == Some(&v) {
+            out.insert(k.to_string(), v);
+        }
+    };
+    let name = inspect
+        .get("Name")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .trim_start_matches('/')
+        .to_string();
+    let default_name = address.replace(['[', ']', '"'], "_");
+    put(&mut out, "name", json!(name), name == default_name);
+    out.insert(
+        "node".into(),
+        want("node").cloned().unwrap_or_else(|| json!(node)),
+    );
+    out.insert("image".into(), cfg("Image").cloned().unwrap_or(Value::Null));
+    for (k, key) in [("command", "Cmd"), ("entrypoint", "Entrypoint")] {
+        let v = text_list(cfg(key));
+        let default = v == text_list(img(key));
+        put(&mut out, k, json!(v), default);
+    }
+    let image_env = env_map(img("Env"));
+    let wanted_env = want("env").and_then(|e| e.as_object());
+    let env: serde_json::Map<String, Value> = env_map(cfg("Env"))
+        .into_iter()
+        .filter(|(k, v)| {
+            let from_image = image_env.get(k) == Some(v)
+                || (k == "PATH"
+                    && v == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+            !from_image || wanted_env.is_some_and(|w| w.get(k) == Some(v))
+        })
+        .collect();
+    put(&mut out, "env", Value::Object(env.clone()), env.is_empty());
+    let text = |v: Option<&Value>| v.and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let network = text(hc("NetworkMode"));
+    put(
+        &mut out,
+        "network_mode",
+        json!(network),
+        matches!(network.as_str(), "" | "default" | "bridge"),
+    );
+    let ipc = text(hc("IpcMode"));
+    put(
+        &mut out,
+        "ipc_mode",
+        json!(ipc),
+        matches!(ipc.as_str(), "" | "private" | "shareable"),
+    );
+    let pid = text(hc("PidMode"));
+    put(&mut out, "pid_mode", json!(pid), pid.is_empty());
+    let shm = hc("ShmSize").and_then(|v| v.as_i64()).unwrap_or(0);
+    put(
+        &mut out,
+        "shm_size",
+        json!(shm),
+        shm == 0 || shm == 64 * 1024 * 1024,
+    );
+    let gpus = hc("DeviceRequests")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .find(|r| {
+            r.get("Capabilities")
+                .and_then(|c| c.as_array())
+                .into_iter()
+                .flatten()
+                .any(|set| text_list(Some(set)).iter().any(|c| c == "gpu"))
+        })
+        .map(|r| {
+            let ids = text_list(r.get("DeviceIDs"));
+            match r.get("Count").and_then(|c| c.as_i64()) {
+                Some(-1) => json!("all"),
+                Some(n) if n > 0 => json!(n),
+                _ if !ids.is_empty() => json!(ids.len()),
+                _ => json!("all"),
+            }
+        });
+    if let Some(g) = gpus {
+        out.insert("gpus".into(), g);
+    }
+    let wanted_devices = text_list(want("devices"));
+    let devices: Vec<String> = hc("Devices")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let triple = (
+                text(d.get("PathOnHost")),
+                text(d.get("PathInContainer")),
+                text(d.get("CgroupPermissions")),
+            );
+            wanted_devices
+                .iter()
+                .find(|w| device_triple(w) == triple)
+                .cloned()
+                .unwrap_or_else(|| format!("{}:{}:{}", triple.0, triple.1, triple.2))
+        })
+        .collect();
+    let devices = in_desired_order(devices, &wanted_devices);
+    put(&mut out, "devices", json!(devices), devices.is_empty());
+    let mut volumes = text_list(hc("Binds"));
+    for m in hc("Mounts")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let (src, dst) = (text(m.get("Source")), text(m.get("Target")));
+        let ro = m.get("ReadOnly").and_then(|v| v.as_bool()) == Some(true);
+        volumes.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
+    }
+    let volumes = in_desired_order(volumes, &text_list(want("volumes")));
+    put(&mut out, "volumes", json!(volumes), volumes.is_empty());
+    let wanted_ulimits = want("ulimits").and_then(|u| u.as_object());
+    let ulimits: serde_json::Map<String, Value> = hc("Ulimits")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|u| {
+            let name = u.get("Name")?.as_str()?.to_string();
+            let soft = u.get("Soft").and_then(|v| v.as_i64()).unwrap_or(-1);
+            let hard = u.get("Hard").and_then(|v| v.as_i64()).unwrap_or(soft);
+            let same = wanted_ulimits
+                .and_then(|w| w.get(&name))
+                .and_then(|w| w.as_str())
+                .filter(|w| ulimit_pair(w) == (soft, hard));
+            let text = match same {
+                Some(w) => w.to_string(),
+                None if soft == hard => soft.to_string(),
+                None => format!("{soft}:{hard}"),
+            };
+            Some((name, json!(text)))
+        })
+        .collect();
+    put(
+        &mut out,
+        "ulimits",
+        Value::Object(ulimits.clone()),
+        ulimits.is_empty(),
+    );
+    let wanted_caps = text_list(want("cap_add"));
+    let caps: Vec<String> = text_list(hc("CapAdd"))
+        .into_iter()
+        .map(|c| {
+            wanted_caps
+                .iter()
+                .find(|w| cap_name(w) == cap_name(&c))
+                .cloned()
+                .unwrap_or(c)
+        })
+        .collect();
+    let caps = in_desired_order(caps, &wanted_caps);
+    put(&mut out, "cap_add", json!(caps), caps.is_empty());
+    let privileged = hc("Privileged").and_then(|v| v.as_bool()).unwrap_or(false);
+    put(&mut out, "privileged", json!(privileged), !privileged);
+    for (k, key) in [("user", "User"), ("working_dir", "WorkingDir")] {
+        let v = text(cfg(key));
+        let default = v.is_empty() || v == text(img(key));
+        put(&mut out, k, json!(v), default);
+    }
+    let policy = text(hc("RestartPolicy/Name"));
+    let retries = hc("RestartPolicy/MaximumRetryCount")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
+    let restart = match policy.as_str() {
+        "" => "no".to_string(),
+        "on-failure" if retries > 0 => format!("on-failure:{retries}"),
+        p => p.to_string(),
+    };
+    put(&mut out, "restart", json!(restart), restart == "no");
+    let image_labels = img("Labels").and_then(|l| l.as_object());
+    let labels: serde_json::Map<String, Value> = cfg("Labels")
+        .and_then(|l| l.as_object())
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| {
+            !k.starts_with(super::LABEL_PREFIX) && image_labels.and_then(|i| i.get(*k)) != Some(v)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    put(
+        &mut out,
+        "labels",
+        Value::Object(labels.clone()),
+        labels.is_empty(),
+    );
+    // What Docker does not keep: how the image got there is sparkform's to decide.
+    for k in ["pull", "image_archive"] {
+        if let Some(v) = want(k) {
+            out.insert(k.into(), v.clone());
+        }
+    }
+    match cfg("StopTimeout").and_then(|v| v.as_i64()) {
+        Some(t) => put(&mut out, "stop_timeout", json!(t), false),
+        None => {
+            if want("stop_timeout") == Some(&json!(10)) {
+                out.insert("stop_timeout".into(), json!(10));
+            }
+        }
+    }
+    // The ready checks are sparkform's own: a running container passed them or it would not run.
+    if let Some(r) = want("ready") {
+        out.insert("ready".into(), r.clone());
+    }
+    // The attributes in the order of the desired configuration.
+    let mut ordered = serde_json::Map::new();
+    for k in super::ATTRIBUTES.iter().chain(std::iter::once(&"ready")) {
+        if let Some(v) = out.remove(*k) {
+            ordered.insert((*k).to_string(), v);
+        }
+    }
+    Value::Object(ordered)
 }
 
 #[cfg(test)]
