@@ -565,7 +565,10 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
     );
     // Nothing was recorded, so everything is created.
     assert!(planned.plan.has_changes());
-    assert_eq!(planned.plan.summary.update + planned.plan.summary.replace, 0);
+    assert_eq!(
+        planned.plan.summary.update + planned.plan.summary.replace,
+        0
+    );
     assert_eq!(world.log().len(), 4, "{:?}", world.log());
 }
 
@@ -761,8 +764,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
-    let prepared = match prepare(request(&file), &tokio::sync::mpsc::unbounded_channel().0).await
-    {
+    let prepared = match prepare(request(&file), &tokio::sync::mpsc::unbounded_channel().0).await {
         Ok(p) => p,
         Err(e) => panic!("{e:?}"),
     };
@@ -793,9 +795,14 @@ fn a_version_1_plan_file_reads_as_one_without_facts() {
     let (config, graph) = common::load(dir.path());
     let plan = common::plan(&config, &graph, &State::new());
     let path = dir.path().join("old.plan");
-    PlanFile::new(plan, dir.path(), &dir.path().join("state/sparkform.json"), None)
-        .write(&path)
-        .expect("write");
+    PlanFile::new(
+        plan,
+        dir.path(),
+        &dir.path().join("state/sparkform.json"),
+        None,
+    )
+    .write(&path)
+    .expect("write");
     let mut raw: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
     assert!(raw.get("node_facts").is_none(), "no facts, no field");
@@ -845,9 +852,15 @@ check "memory_known" {
 "#;
     let dir = common::write_config(&[("main.hcl", text)]);
     let d = dir.path().to_str().expect("utf-8 path");
-    let (ok, all) = sparkform_in(dir.path(), &["plan", d, "-refresh=false", "-out", "blind.plan"]);
+    let (ok, all) = sparkform_in(
+        dir.path(),
+        &["plan", d, "-refresh=false", "-out", "blind.plan"],
+    );
     assert!(ok, "{all}");
-    assert!(!all.contains("the memory of this machine is known"), "{all}");
+    assert!(
+        !all.contains("the memory of this machine is known"),
+        "{all}"
+    );
     let blind = std::fs::read_to_string(dir.path().join("blind.plan")).expect("plan file");
     assert!(!blind.contains("node_facts"), "{blind}");
 
@@ -949,7 +962,7 @@ fn an_error_beside_a_secret_in_a_var_file_masks_the_secret_in_the_excerpt() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
-async fn the_testbed_nodes_facts_fill_the_plan_over_their_ssh_connections() {
+async fn the_first_plan_on_the_testbed_connects_its_nodes_and_their_facts_fill_it() {
     let tb = common::testbed::testbed();
     let text = tb.hcl(
         &[("n1", "sf-node1"), ("n2", "sf-node2")],
@@ -958,21 +971,32 @@ async fn the_testbed_nodes_facts_fill_the_plan_over_their_ssh_connections() {
     ) + "output \"facts\" {\n  value = [node.n1.memory_gib, node.n2.memory_gib, node.n1.gpus, node.n1.unified_memory]\n}\n";
     let dir = common::write_config(&[("main.hcl", &text)]);
     let (config, graph) = common::load(dir.path());
-    let opts = HostOptions {
-        use_user_config: false,
-        ..HostOptions::default()
+    // No state: nothing to refresh, so this is the plan's own connecting and reading.
+    let req = PlanRequest {
+        config: &config,
+        graph: &graph,
+        recorded: None,
+        refresh: true,
+        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
+        hosts: HostOptions {
+            use_user_config: false,
+            ..HostOptions::default()
+        },
     };
-    let nodes: Vec<String> = config.nodes.keys().cloned().collect();
-    let pool = HostPool::connect(&config, &nodes, &opts).await;
     let started = std::time::Instant::now();
-    let planned = plan_after_refresh(&config, &graph, Some(pool)).await;
+    let planned =
+        match sparkform::ops::plan::plan(req, &tokio::sync::mpsc::unbounded_channel().0).await {
+            Ok(p) => p,
+            Err(e) => panic!("{e:?}"),
+        };
     eprintln!(
-        "node facts and the second evaluation: {:.0} ms",
+        "first plan: connecting two nodes through the jump host, their facts, the second evaluation: {:.0} ms",
         started.elapsed().as_secs_f64() * 1000.0
     );
-    if let Some(p) = planned.pool {
-        p.close().await;
-    }
+    let pool = planned.pool.expect("the connections, for the apply");
+    let connected = (pool.get("node.n1").is_ok(), pool.get("node.n2").is_ok());
+    pool.close().await;
+    assert_eq!(connected, (true, true));
     assert!(
         planned.warnings.is_empty(),
         "{:?}",

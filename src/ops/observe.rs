@@ -125,7 +125,11 @@ async fn node_facts(
     }
     let needing = nodes_needing_facts(config);
     for (address, e) in pool.errors() {
-        if let Some(node) = config.nodes.get(address).filter(|_| needing.contains(address)) {
+        if let Some(node) = config
+            .nodes
+            .get(address)
+            .filter(|_| needing.contains(address))
+        {
             warnings.push(cannot_read(&node.name, &e.to_string()));
         }
     }
