@@ -1,7 +1,9 @@
 //! Node facts fill what a definition leaves unset: `gpus`, `memory_gib` and `unified_memory`
-//! taken from what refresh reads on the node (pure, with a hand-made `Observed`, and as the
-//! plan operation does it on fake nodes), and a warning where the definition sets a value the
-//! node contradicts. Also: a `-var-file` that fails to parse does not show a secret.
+//! taken from what the plan reads on the node (pure, with a hand-made `Observed`, and as the
+//! plan operation does it on fake nodes, on this machine and on an unreachable one), and a
+//! warning where the definition sets a value the node contradicts. The first plan (no state)
+//! reads them too; a plan file records them and `apply FILE` evaluates with them. Also: a
+//! `-var-file` that fails to parse does not show a secret.
 
 mod common;
 
@@ -12,7 +14,8 @@ use sparkform::config::{self, Config, NodeObserved, Observed, VarInputs};
 use sparkform::diag::Diag;
 use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
 use sparkform::hosts::{Host, HostOptions, HostPool};
-use sparkform::ops::plan::{plan_refreshed, PlanRequest};
+use sparkform::ops::observe::nodes_needing_facts;
+use sparkform::ops::plan::{plan_connected, PlanRequest};
 use sparkform::plan::{Observations, PlanOptions};
 use sparkform::state::{HashKey, State};
 
@@ -319,8 +322,29 @@ async fn plan_after_refresh(
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
         hosts: HostOptions::default(),
     };
-    let refreshed = refreshed.map(|p| (Observations::default(), Some(p)));
-    match plan_refreshed(req, refreshed).await {
+    let observations = refreshed.as_ref().map(|_| Observations::default());
+    match plan_connected(req, observations, refreshed).await {
+        Ok(p) => p,
+        Err(e) => panic!("{e:?}"),
+    }
+}
+
+/// The first plan of a deployment: no state, nothing refreshed, the nodes in `pool` connected
+/// for their facts.
+async fn first_plan(
+    config: &Config,
+    graph: &sparkform::graph::Graph,
+    pool: HostPool,
+) -> sparkform::ops::plan::Planned {
+    let req = PlanRequest {
+        config,
+        graph,
+        recorded: None,
+        refresh: true,
+        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
+        hosts: HostOptions::default(),
+    };
+    match plan_connected(req, None, Some(pool)).await {
         Ok(p) => p,
         Err(e) => panic!("{e:?}"),
     }
@@ -459,6 +483,405 @@ node "n1" {
     assert_eq!(world.log().len(), 2, "{:?}", world.log());
 }
 
+// ----- the first plan: no state, the nodes that leave a fact unset are connected -----
+
+#[test]
+fn the_nodes_to_connect_for_facts_are_those_that_leave_one_unset() {
+    let text = r#"
+node "bare" { address = "10.0.0.1" }
+node "no_memory" {
+  address        = "10.0.0.2"
+  gpus           = 1
+  unified_memory = true
+}
+node "all_set" {
+  address        = "10.0.0.3"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+node "logical" {
+  address        = "10.0.0.4"
+  gpu_devices    = false
+  memory_gib     = 24
+  unified_memory = false
+}
+node "no_gpus" {
+  address        = "10.0.0.5"
+  memory_gib     = 24
+  unified_memory = false
+}
+"#;
+    let dir = common::write_config(&[("main.hcl", text)]);
+    let (config, _) = common::load(dir.path());
+    // Logical GPUs are never filled, so a node that sets the rest needs nothing.
+    assert_eq!(
+        nodes_needing_facts(&config),
+        ["node.bare", "node.no_gpus", "node.no_memory"]
+    );
+}
+
+#[tokio::test]
+async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them() {
+    let text = seed_example()
+        .replace("  unified_memory = true\n", "")
+        .replace(
+            "gpu_memory_utilization = 0.80",
+            "gpu_memory_utilization = 0.95",
+        );
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let (config, graph) = common::load(dir.path());
+    assert!(
+        !messages(&config.warnings)
+            .iter()
+            .any(|m| m.contains(UNIFIED_CHECK)),
+        "the first evaluation cannot know: {:?}",
+        messages(&config.warnings)
+    );
+    let mut needing = nodes_needing_facts(&config);
+    needing.sort();
+    assert_eq!(needing, ["node.spark1", "node.spark2"]);
+    let world = FakeWorld::new();
+    let hosts = vec![
+        fake_spark("node.spark1", &world),
+        fake_spark("node.spark2", &world),
+    ];
+    let planned = first_plan(&config, &graph, pool(hosts)).await;
+    // The plan keeps the connections for the apply.
+    let kept = planned.pool.expect("the pool is handed on");
+    assert!(kept.get("node.spark1").is_ok() && kept.get("node.spark2").is_ok());
+    kept.close().await;
+    let w = messages(&planned.warnings);
+    assert!(
+        w.iter()
+            .any(|m| m.contains("gpu_memory_utilization 0.95") && m.contains(UNIFIED_CHECK)),
+        "{w:?}"
+    );
+    let (again, _) = *planned.reloaded.expect("evaluated again with the facts");
+    assert_eq!(again.nodes["node.spark1"].unified_memory, Some(true));
+    assert_eq!(
+        planned.observed.nodes,
+        observed(&[("spark1", spark()), ("spark2", spark())]).nodes
+    );
+    // Nothing was recorded, so everything is created.
+    assert!(planned.plan.has_changes());
+    assert_eq!(
+        planned.plan.summary.update + planned.plan.summary.replace,
+        0
+    );
+    assert_eq!(world.log().len(), 4, "{:?}", world.log());
+}
+
+/// This machine (read without ssh), a node nobody listens for (ssh to a closed port on
+/// loopback) and a node that sets its facts.
+const HERE_AND_GONE: &str = r#"
+node "here" { address = "local" }
+
+node "gone" {
+  address     = "127.0.0.1"
+  port        = 1
+  known_hosts = "known_hosts"
+}
+
+node "set" {
+  address        = "127.0.0.1"
+  port           = 1
+  known_hosts    = "known_hosts"
+  gpus           = 1
+  memory_gib     = 8
+  unified_memory = false
+}
+
+output "memory" {
+  value = [node.here.memory_gib, node.gone.memory_gib, node.gone.unified_memory]
+}
+"#;
+
+/// `MemTotal` of this machine in GiB, to a tenth, read here and not by sparkform.
+fn memory_here() -> f64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("MemTotal");
+    (kib / 1024.0 / 1024.0 * 10.0).round() / 10.0
+}
+
+async fn plan_here_and_gone(
+    refresh: bool,
+) -> (
+    tempfile::TempDir,
+    sparkform::ops::plan::Planned,
+    Vec<sparkform::events::Event>,
+) {
+    let dir = common::write_config(&[("main.hcl", HERE_AND_GONE), ("known_hosts", "")]);
+    let (config, graph) = common::load(dir.path());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let req = PlanRequest {
+        config: &config,
+        graph: &graph,
+        recorded: None,
+        refresh,
+        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
+        hosts: HostOptions {
+            use_user_config: false,
+            connect_timeout: std::time::Duration::from_secs(5),
+            ..HostOptions::default()
+        },
+    };
+    let planned = match sparkform::ops::plan::plan(req, &tx).await {
+        Ok(p) => p,
+        Err(e) => panic!("{e:?}"),
+    };
+    drop(tx);
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    (dir, planned, events)
+}
+
+#[tokio::test]
+async fn with_no_state_the_plan_connects_the_nodes_that_leave_facts_unset_and_warns_on_the_unreachable(
+) {
+    let (_dir, planned, events) = plan_here_and_gone(true).await;
+    let pool = planned.pool.expect("connections for the apply");
+    assert!(pool.get("node.here").is_ok());
+    let gone = pool.get("node.gone").err().map(|e| e.to_string());
+    // `set` needs nothing: it was not even tried.
+    let set = pool.get("node.set").err().map(|e| e.to_string());
+    pool.close().await;
+    assert!(gone.is_some(), "node.gone connected?");
+    assert!(
+        set.as_deref()
+            .is_some_and(|e| e.contains("no connection was opened")),
+        "{set:?}"
+    );
+    assert!(
+        matches!(
+            events.as_slice(),
+            [sparkform::events::Event::Refreshing { nodes: 2 }]
+        ),
+        "{events:?}"
+    );
+    assert_eq!(
+        output_after(&planned.plan, "memory"),
+        serde_json::json!([memory_here(), null, null])
+    );
+    let w = messages(&planned.warnings);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("cannot read the facts of node \"gone\"") && w[0].contains("stay unset"),
+        "{w:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_refresh_off_the_first_plan_connects_nothing_and_reads_nothing() {
+    let (_dir, planned, events) = plan_here_and_gone(false).await;
+    assert!(planned.pool.is_none());
+    assert!(planned.reloaded.is_none());
+    assert!(events.is_empty(), "{events:?}");
+    assert!(
+        planned.warnings.is_empty(),
+        "{:?}",
+        messages(&planned.warnings)
+    );
+    assert!(planned.observed.nodes.is_empty());
+    assert_eq!(
+        output_after(&planned.plan, "memory"),
+        serde_json::json!([null, null, null])
+    );
+}
+
+// ----- a plan file records the facts; apply FILE evaluates with them -----
+
+/// A container whose configuration depends on a filled value, and a check that fails once the
+/// facts are in.
+const FILLED_CONTAINER: &str = r#"
+node "n1" { address = "10.0.0.1" }
+
+container "web" {
+  node    = node.n1
+  name    = "web"
+  image   = "busybox:1"
+  command = ["sh", "-c", "echo ${node.n1.memory_gib}"]
+}
+
+check "n1_unified" {
+  condition     = node.n1.unified_memory != true
+  error_message = "n1 shares its memory with its GPU"
+  severity      = "warning"
+}
+"#;
+
+#[tokio::test]
+async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them() {
+    use sparkform::ops::apply::{prepare, PrepareRequest, Source};
+    use sparkform::ops::OpError;
+    use sparkform::plan::planfile::{NodeFacts, PlanFile};
+    use sparkform::state::StateStore;
+
+    let dir = common::write_config(&[("main.hcl", FILLED_CONTAINER)]);
+    let (config, graph) = common::load(dir.path());
+    let world = FakeWorld::new();
+    let planned = first_plan(&config, &graph, pool(vec![fake_spark("node.n1", &world)])).await;
+    if let Some(p) = planned.pool {
+        p.close().await;
+    }
+    let store = || StateStore::new(dir.path().join("state/sparkform.json"));
+    let path = dir.path().join("first.plan");
+    PlanFile::new(planned.plan.clone(), dir.path(), store().path(), None)
+        .with_observed(&planned.observed)
+        .write(&path)
+        .expect("write");
+    let raw: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+    assert_eq!(raw["format_version"], 2);
+    assert_eq!(
+        raw["node_facts"],
+        serde_json::json!({"n1": {"gpus": 1, "memory_gib": 119.6, "unified_memory": true}})
+    );
+    let file = PlanFile::read(&path).expect("read back");
+    assert_eq!(
+        file.node_facts["n1"],
+        NodeFacts {
+            gpus: Some(1),
+            memory_gib: Some(119.6),
+            unified_memory: Some(true),
+        }
+    );
+    assert_eq!(file.observed().nodes, planned.observed.nodes);
+
+    // `apply FILE` loads the definitions without facts, as the command does, and the plan is
+    // accepted: prepare evaluates them again with the recorded facts.
+    let request = |file| PrepareRequest {
+        config: &config,
+        graph: &graph,
+        store: store(),
+        source: Source::PlanFile { file, path: &path },
+        hosts: HostOptions::default(),
+    };
+    let prepared = match prepare(request(&file), &tokio::sync::mpsc::unbounded_channel().0).await {
+        Ok(p) => p,
+        Err(e) => panic!("{e:?}"),
+    };
+    assert_eq!(prepared.plan, file.plan);
+    let w = messages(&prepared.warnings);
+    assert!(
+        w.iter().any(|m| m.contains("n1 shares its memory")),
+        "{w:?}"
+    );
+    drop(prepared);
+
+    // The same plan without the facts (what an older plan file says) is refused: the container
+    // the facts filled differs.
+    let mut blind = file.clone();
+    blind.node_facts.clear();
+    match prepare(request(&blind), &tokio::sync::mpsc::unbounded_channel().0).await {
+        Err(OpError::DefinitionsChanged(a)) => assert_eq!(a, "container.web"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("the plan was accepted without the facts it was made with"),
+    }
+}
+
+#[test]
+fn a_version_1_plan_file_reads_as_one_without_facts() {
+    use sparkform::plan::planfile::PlanFile;
+
+    let dir = common::write_config(&[("main.hcl", FILLED_CONTAINER)]);
+    let (config, graph) = common::load(dir.path());
+    let plan = common::plan(&config, &graph, &State::new());
+    let path = dir.path().join("old.plan");
+    PlanFile::new(
+        plan,
+        dir.path(),
+        &dir.path().join("state/sparkform.json"),
+        None,
+    )
+    .write(&path)
+    .expect("write");
+    let mut raw: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+    assert!(raw.get("node_facts").is_none(), "no facts, no field");
+    raw["format_version"] = serde_json::json!(1);
+    std::fs::write(&path, serde_json::to_vec(&raw).expect("JSON")).expect("write");
+    let file = PlanFile::read(&path).expect("a version 1 file is read");
+    assert_eq!(file.format_version, 1);
+    assert!(file.node_facts.is_empty());
+    assert!(file.observed().nodes.is_empty());
+}
+
+// ----- as the commands do it, on this machine -----
+
+fn sparkform_in(dir: &Path, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
+        .current_dir(dir)
+        .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run sparkform");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn plan_out_on_a_first_plan_records_this_machines_facts_and_apply_file_uses_them() {
+    // The check fails only in an evaluation that has the facts.
+    let text = r#"
+node "here" { address = "local" }
+
+output "memory" {
+  value = node.here.memory_gib
+}
+
+check "memory_known" {
+  condition     = node.here.memory_gib == null
+  error_message = "the memory of this machine is known"
+  severity      = "warning"
+}
+"#;
+    let dir = common::write_config(&[("main.hcl", text)]);
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (ok, all) = sparkform_in(
+        dir.path(),
+        &["plan", d, "-refresh=false", "-out", "blind.plan"],
+    );
+    assert!(ok, "{all}");
+    assert!(
+        !all.contains("the memory of this machine is known"),
+        "{all}"
+    );
+    let blind = std::fs::read_to_string(dir.path().join("blind.plan")).expect("plan file");
+    assert!(!blind.contains("node_facts"), "{blind}");
+
+    let (ok, all) = sparkform_in(dir.path(), &["plan", d, "-out", "first.plan"]);
+    assert!(ok, "{all}");
+    let raw: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("first.plan")).expect("plan file"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        raw["node_facts"]["here"]["memory_gib"],
+        serde_json::json!(memory_here())
+    );
+    let (ok, all) = sparkform_in(dir.path(), &["apply", "first.plan"]);
+    assert!(ok, "{all}");
+    assert!(all.contains("the memory of this machine is known"), "{all}");
+    let (ok, all) = sparkform_in(dir.path(), &["output", "memory", d]);
+    assert!(ok, "{all}");
+    assert_eq!(all.trim(), memory_here().to_string(), "{all}");
+}
+
 // ----- a -var-file that does not parse -----
 
 const SECRET: &str = "hf_SuperSecretToken123";
@@ -539,7 +962,7 @@ fn an_error_beside_a_secret_in_a_var_file_masks_the_secret_in_the_excerpt() {
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
-async fn the_testbed_nodes_facts_fill_the_plan_over_their_ssh_connections() {
+async fn the_first_plan_on_the_testbed_connects_its_nodes_and_their_facts_fill_it() {
     let tb = common::testbed::testbed();
     let text = tb.hcl(
         &[("n1", "sf-node1"), ("n2", "sf-node2")],
@@ -548,21 +971,32 @@ async fn the_testbed_nodes_facts_fill_the_plan_over_their_ssh_connections() {
     ) + "output \"facts\" {\n  value = [node.n1.memory_gib, node.n2.memory_gib, node.n1.gpus, node.n1.unified_memory]\n}\n";
     let dir = common::write_config(&[("main.hcl", &text)]);
     let (config, graph) = common::load(dir.path());
-    let opts = HostOptions {
-        use_user_config: false,
-        ..HostOptions::default()
+    // No state: nothing to refresh, so this is the plan's own connecting and reading.
+    let req = PlanRequest {
+        config: &config,
+        graph: &graph,
+        recorded: None,
+        refresh: true,
+        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
+        hosts: HostOptions {
+            use_user_config: false,
+            ..HostOptions::default()
+        },
     };
-    let nodes: Vec<String> = config.nodes.keys().cloned().collect();
-    let pool = HostPool::connect(&config, &nodes, &opts).await;
     let started = std::time::Instant::now();
-    let planned = plan_after_refresh(&config, &graph, Some(pool)).await;
+    let planned =
+        match sparkform::ops::plan::plan(req, &tokio::sync::mpsc::unbounded_channel().0).await {
+            Ok(p) => p,
+            Err(e) => panic!("{e:?}"),
+        };
     eprintln!(
-        "node facts and the second evaluation: {:.0} ms",
+        "first plan: connecting two nodes through the jump host, their facts, the second evaluation: {:.0} ms",
         started.elapsed().as_secs_f64() * 1000.0
     );
-    if let Some(p) = planned.pool {
-        p.close().await;
-    }
+    let pool = planned.pool.expect("the connections, for the apply");
+    let connected = (pool.get("node.n1").is_ok(), pool.get("node.n2").is_ok());
+    pool.close().await;
+    assert_eq!(connected, (true, true));
     assert!(
         planned.warnings.is_empty(),
         "{:?}",

@@ -17,8 +17,18 @@ fn folder() -> tempfile::TempDir {
     std::fs::write(
         dir.path().join("main.hcl"),
         r#"
-node "n1" { address = "10.0.0.1" }
-node "n2" { address = "10.0.0.2" }
+node "n1" {
+  address        = "10.0.0.1"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+node "n2" {
+  address        = "10.0.0.2"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
 network "fabric" {
   subnet = "192.168.1.0/24"
   mtu    = 9000
@@ -66,7 +76,8 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e:?}"));
-    // No state yet: nothing to refresh, so no machine was asked.
+    // No state yet and the nodes set their facts: nothing to refresh or read, so no machine
+    // was asked.
     assert_eq!(prepared.plan.summary.create, 2);
     let second = store(dir.path()).lock("apply");
     assert!(second.is_err(), "the prepared apply holds the lock");

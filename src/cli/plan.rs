@@ -116,9 +116,9 @@ pub fn run(args: PlanArgs) -> ExitCode {
         if let Some(pool) = planned.pool {
             pool.close().await;
         }
-        Ok::<_, ops::OpError>((planned.plan, planned.warnings))
+        Ok::<_, ops::OpError>((planned.plan, planned.warnings, planned.observed))
     }));
-    let (plan, warnings) = match planned {
+    let (plan, warnings, observed) = match planned {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
@@ -163,7 +163,8 @@ pub fn run(args: PlanArgs) -> ExitCode {
         }
     }
     if let Some(out) = &args.out {
-        let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref());
+        let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref())
+            .with_observed(&observed);
         if let Err(e) = file.write(out) {
             return report_error(e);
         }

@@ -20,9 +20,11 @@ use super::OpError;
 
 /// Where the plan comes from.
 pub enum Source<'a> {
-    /// The definitions, after a refresh when `refresh` (and there is a state).
+    /// The definitions, after a refresh when `refresh` (and there is a state), with the facts
+    /// of the nodes that leave some to them (`ops::plan`).
     Definitions { refresh: bool, options: PlanOptions },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
+    /// Evaluated with the node facts the file records.
     PlanFile { file: &'a PlanFile, path: &'a Path },
     /// Remove what the deployment owns (only `targets` when given, none of `exclude`): what the
     /// state records and, after a refresh when `refresh`, what the machines hold carrying its
@@ -88,12 +90,21 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     let (plan, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
-            // The plan's configurations must still be what the definitions say.
+            // Evaluated with the node facts the plan used, the plan's configurations must still
+            // be what the definitions say; the apply then runs that evaluation.
+            reloaded = super::plan::second_evaluation(req.config, &file.observed())?;
+            if let Some(r) = &reloaded {
+                warnings = super::plan::new_warnings(req.config, &r.0);
+            }
+            let (config, graph) = match &reloaded {
+                Some(r) => (&r.0, &r.1),
+                None => (req.config, req.graph),
+            };
             let opts = PlanOptions {
                 key,
                 ..PlanOptions::default()
             };
-            let now = crate::plan::plan(req.config, req.graph, &state, &opts)?;
+            let now = crate::plan::plan(config, graph, &state, &opts)?;
             let stale = file
                 .plan
                 .changes

@@ -2,10 +2,11 @@
 //! pure `plan::plan`.
 //!
 //! Two evaluations when refreshing: the definitions as loaded say which nodes to connect to;
-//! refresh looks at them, [`super::observe::observe`] reads what the definitions leave to the
-//! machines (node facts) on the same connections, and when that fills or contradicts
-//! something, the definitions are evaluated again with it (`config::load_observed`) and the
-//! plan is made from that evaluation.
+//! refresh looks at them, [`super::observe::connect_for_facts`] adds the nodes whose facts
+//! would fill something (all of them on the first plan, when there is nothing to refresh),
+//! [`super::observe::observe`] reads what the definitions leave to the machines (node facts) on
+//! those connections, and when that fills or contradicts something, the definitions are
+//! evaluated again with it (`config::load_observed`) and the plan is made from that evaluation.
 
 use crate::config::{Config, Observed};
 use crate::diag::Diag;
@@ -41,42 +42,44 @@ pub struct Planned {
     /// contradict the definitions, checks that fail once the facts are in, facts that could not
     /// be read.
     pub warnings: Vec<Diag>,
+    /// What the machines said (empty without a refresh): a plan file records it, so that
+    /// `apply FILE` evaluates the definitions as this plan did.
+    pub observed: Observed,
 }
 
-/// Refresh (when asked and there is a state), read the node facts there, evaluate again if they
-/// matter, plan.
+/// Refresh (when asked and there is a state), connect the nodes whose facts would fill
+/// something, read the node facts there, evaluate again if they matter, plan.
 pub async fn plan(req: PlanRequest<'_>, events: &Sender) -> Result<Planned, OpError> {
-    let refreshed = if req.refresh && req.recorded.is_some() {
-        let empty = State::new();
-        let state = req.recorded.unwrap_or(&empty);
-        Some(super::refresh::refresh(req.config, state, &req.hosts, events).await?)
-    } else {
-        None
+    let (observations, mut pool) = match req.recorded {
+        Some(state) if req.refresh => {
+            let (o, p) = super::refresh::refresh(req.config, state, &req.hosts, events).await?;
+            (Some(o), p)
+        }
+        _ => (None, None),
     };
-    plan_refreshed(req, refreshed).await
+    if req.refresh {
+        pool = super::observe::connect_for_facts(req.config, pool, &req.hosts, events).await;
+    }
+    plan_connected(req, observations, pool).await
 }
 
-/// The rest of [`plan`] once refresh has looked (`None`: it did not): the node facts on the
-/// refresh's connections, the second evaluation, the plan. Tests hand it fake nodes.
-pub async fn plan_refreshed(
+/// The rest of [`plan`] once refresh has looked (`observations`; `None`: it did not) and the
+/// nodes are connected (`pool`; `None`: no node was): the node facts on those connections, the
+/// second evaluation, the plan. Tests hand it fake nodes.
+pub async fn plan_connected(
     req: PlanRequest<'_>,
-    refreshed: Option<(Observations, Option<HostPool>)>,
+    observations: Option<Observations>,
+    pool: Option<HostPool>,
 ) -> Result<Planned, OpError> {
     let empty = State::new();
     let state = req.recorded.unwrap_or(&empty);
     let mut options = req.options;
-    let mut pool = None;
-    let mut warnings = Vec::new();
-    let mut observed = Observed::default();
-    if let Some((observations, p)) = refreshed {
-        options.observations = Some(observations);
-        if let Some(p) = &p {
-            let (o, w) = super::observe::observe(req.config, p).await;
-            observed = o;
-            warnings = w;
-        }
-        pool = p;
-    }
+    options.observations = observations;
+    let (observed, mut warnings) = match &pool {
+        Some(p) => super::observe::observe(req.config, p).await,
+        None => (Observed::default(), Vec::new()),
+    };
+    let mut pool = pool;
     // `import` blocks: what runs is observed (even with -refresh=false: an import is nothing
     // without it).
     match super::import::observe_blocks(
@@ -102,13 +105,7 @@ pub async fn plan_refreshed(
         }
     };
     if let Some(r) = &reloaded {
-        let shown = &req.config.warnings;
-        warnings.extend(
-            r.0.warnings
-                .iter()
-                .filter(|w| !shown.iter().any(|s| s.message == w.message))
-                .cloned(),
-        );
+        warnings.extend(new_warnings(req.config, &r.0));
     }
     let (config, graph) = match &reloaded {
         Some(r) => (&r.0, &r.1),
@@ -120,6 +117,7 @@ pub async fn plan_refreshed(
             pool,
             reloaded,
             warnings,
+            observed,
         }),
         Err(d) => {
             close(pool).await;
@@ -128,9 +126,21 @@ pub async fn plan_refreshed(
     }
 }
 
+/// The warnings of the second evaluation `again` that the first, `first`, did not have (the
+/// caller showed those).
+pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
+    let shown = &first.warnings;
+    again
+        .warnings
+        .iter()
+        .filter(|w| !shown.iter().any(|s| s.message == w.message))
+        .cloned()
+        .collect()
+}
+
 /// The definitions evaluated with `observed`, when it fills a value they leave unset or
 /// contradicts one they set; `None` when the first evaluation stands.
-fn second_evaluation(
+pub(super) fn second_evaluation(
     config: &Config,
     observed: &Observed,
 ) -> Result<Option<Box<(Config, Graph)>>, OpError> {

@@ -1,14 +1,19 @@
-//! `plan -out FILE`: a saved plan that a later apply can check against the state it was made from.
+//! `plan -out FILE`: a saved plan that a later apply can check against the state it was made from,
+//! with the node facts the plan's evaluation used, so the apply evaluates the definitions as the
+//! plan did.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::Plan;
+use crate::config::{NodeObserved, Observed};
 use crate::state::State;
 
 pub const FORMAT: &str = "sparkform-plan";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2 added `node_facts`; a version 1 file reads as one without facts.
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanFile {
@@ -22,6 +27,39 @@ pub struct PlanFile {
     pub state_lineage: Option<String>,
     pub state_serial: u64,
     pub plan: Plan,
+    /// The node facts the plan's evaluation used, by node name (`Observed::nodes`); empty when it
+    /// read none (`-refresh=false`, or every node sets its values).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_facts: BTreeMap<String, NodeFacts>,
+}
+
+/// A node's `gpus`, `memory_gib` and `unified_memory` as the plan read them (`null`: the node
+/// did not say). Its own type, so the file's format does not follow the engine's structs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub gpus: Option<u32>,
+    pub memory_gib: Option<f64>,
+    pub unified_memory: Option<bool>,
+}
+
+impl From<&NodeObserved> for NodeFacts {
+    fn from(o: &NodeObserved) -> Self {
+        NodeFacts {
+            gpus: o.gpus,
+            memory_gib: o.memory_gib,
+            unified_memory: o.unified_memory,
+        }
+    }
+}
+
+impl From<&NodeFacts> for NodeObserved {
+    fn from(f: &NodeFacts) -> Self {
+        NodeObserved {
+            gpus: f.gpus,
+            memory_gib: f.memory_gib,
+            unified_memory: f.unified_memory,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
@@ -68,6 +106,29 @@ impl PlanFile {
             state_lineage: state.map(|s| s.lineage.clone()),
             state_serial: state.map_or(0, |s| s.serial),
             plan,
+            node_facts: BTreeMap::new(),
+        }
+    }
+
+    /// Record the node facts the plan was made with (`ops::plan::Planned::observed`).
+    pub fn with_observed(mut self, observed: &Observed) -> Self {
+        self.node_facts = observed
+            .nodes
+            .iter()
+            .map(|(name, o)| (name.clone(), NodeFacts::from(o)))
+            .collect();
+        self
+    }
+
+    /// What the plan observed, for evaluating the definitions again as it did.
+    pub fn observed(&self) -> Observed {
+        Observed {
+            nodes: self
+                .node_facts
+                .iter()
+                .map(|(name, f)| (name.clone(), NodeObserved::from(f)))
+                .collect(),
+            ..Observed::default()
         }
     }
 
