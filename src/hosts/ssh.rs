@@ -50,6 +50,13 @@ impl SshHost {
                 message: format!("cannot create the ssh control directory: {e}"),
             })?;
         let log = dir.path().join("log");
+        // `-E` takes only this ssh's own messages; the ProxyJump hop it runs reports on stderr
+        // (e.g. the jump's master refusing the forward to an unreachable node).
+        let stderr_path = dir.path().join("stderr");
+        let stderr = match std::fs::File::create(&stderr_path) {
+            Ok(f) => std::process::Stdio::from(f),
+            Err(_) => std::process::Stdio::null(),
+        };
         let master = dir.path().join("master");
         let mut cmd = tokio::process::Command::new("ssh");
         cmd.arg("-F")
@@ -66,7 +73,7 @@ impl SshHost {
             .arg(alias)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true);
         // ssh bounds each TCP connect; the jump adds one more hop and authentication.
         let limit = cx.timeout * 2 + Duration::from_secs(5);
@@ -89,7 +96,9 @@ impl SshHost {
             }),
         };
         if !status.success() {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(&stderr_path).unwrap_or_default());
             return Err(classify(&text, &cx));
         }
         let ctl_dir = dir.path().to_path_buf();
@@ -259,7 +268,8 @@ impl Host for SshHost {
     }
 }
 
-/// Turn ssh's log into an error that says what happened and what to do.
+/// Turn ssh's log (its `-E` file, then its stderr, where the ProxyJump hop writes) into an error
+/// that says what happened and what to do.
 pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
     let text = log.trim();
     let last = text
@@ -318,10 +328,13 @@ pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
         };
     }
     // With a jump host, a failure to reach the node is reported by the jump ("channel 0: open
-    // failed", "stdio forwarding failed"); a failure to reach the jump names the jump's address.
+    // failed", "stdio forwarding failed"; through the jump's master connection "Stdio forwarding
+    // request failed: Session open refused by peer", the jump's sshd refusing to connect to the
+    // node); a failure to reach the jump names the jump's address.
     if let Some(jump) = cx.jump {
         let reached_jump = text.contains("channel 0: open failed")
             || text.contains("stdio forwarding failed")
+            || text.contains("Stdio forwarding request failed")
             || text.contains("administratively prohibited");
         if !reached_jump
             && (text.contains("Connection closed by UNKNOWN")
@@ -419,6 +432,40 @@ mod tests {
         assert!(matches!(
             classify(node_down, &cx(Some("jump.testbed"))),
             HostError::Unreachable { .. }
+        ));
+    }
+
+    #[test]
+    fn a_node_the_jump_master_cannot_open_a_channel_to_is_the_node_unreachable() {
+        // A node cut from the jump's network, reached through the jump host's master: the main
+        // ssh's `-E` log says the connection closed, the ProxyJump hop's stderr why.
+        let log = "kex_exchange_identification: Connection closed by remote host\nConnection closed by UNKNOWN port 65535\n";
+        let stderr = "Stdio forwarding request failed: Session open refused by peer\n";
+        let text = format!("{log}\n{stderr}");
+        match classify(&text, &cx(Some("jump.testbed"))) {
+            HostError::Unreachable {
+                target,
+                reason,
+                help,
+                ..
+            } => {
+                assert_eq!(target, "sf-node1");
+                assert_eq!(
+                    reason,
+                    "Stdio forwarding request failed: Session open refused by peer"
+                );
+                let help = help.unwrap_or_default();
+                assert!(
+                    help.contains("jump host jump.testbed was reached"),
+                    "{help}"
+                );
+            }
+            e => panic!("the node is unreachable, not the jump host: {e:?}"),
+        }
+        // The same log without the hop's line still blames the jump host.
+        assert!(matches!(
+            classify(log, &cx(Some("jump.testbed"))),
+            HostError::JumpUnreachable { .. }
         ));
     }
 }
