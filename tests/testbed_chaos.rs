@@ -35,7 +35,10 @@ container "looping" {{
     ));
     let cfg = common::write_config(&[("main.hcl", &hcl)]);
     let d = cfg.path().to_str().unwrap_or_default();
-    tb.ssh("sf-node1", "docker rm -f ci-crashloop >/dev/null 2>&1; true");
+    tb.ssh(
+        "sf-node1",
+        "docker rm -f ci-crashloop >/dev/null 2>&1; true",
+    );
     let started = Instant::now();
     let (code, stdout, stderr) = sparkform(&["apply", d, "-auto-approve"]);
     let took = started.elapsed();
@@ -43,7 +46,10 @@ container "looping" {{
         "sf-node1",
         "docker ps -a --format '{{.Names}}' | grep '^ci-crashloop' || true",
     );
-    tb.ssh("sf-node1", "docker rm -f ci-crashloop >/dev/null 2>&1; true");
+    tb.ssh(
+        "sf-node1",
+        "docker rm -f ci-crashloop >/dev/null 2>&1; true",
+    );
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
         stderr.contains("container ci-crashloop is crash-looping: Docker restarted it"),

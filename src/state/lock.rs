@@ -308,7 +308,7 @@ impl LockStatus {
 pub enum HolderProcess {
     /// It runs here and is a sparkform.
     Sparkform,
-    /// Its PID runs here, but as another program (the PID was reused): named.
+    /// Its PID runs here, as another program (a library caller, or the PID was reused): named.
     Other(String),
     /// No process has its PID here.
     Gone,
@@ -320,10 +320,7 @@ impl HolderProcess {
     fn describe(&self, info: &LockInfo) -> String {
         match self {
             HolderProcess::Sparkform => format!("PID {} is a running sparkform", info.pid),
-            HolderProcess::Other(name) => format!(
-                "PID {} now runs `{name}`, but the lock is held by a live process",
-                info.pid
-            ),
+            HolderProcess::Other(name) => format!("PID {} runs `{name}`", info.pid),
             HolderProcess::Gone => format!(
                 "PID {} is gone, but the lock is held by a live process (one sharing its lock file)",
                 info.pid
