@@ -99,7 +99,10 @@ impl SshHost {
             let mut text = std::fs::read_to_string(&log).unwrap_or_default();
             text.push('\n');
             text.push_str(&std::fs::read_to_string(&stderr_path).unwrap_or_default());
-            return Err(classify(&text, &cx));
+            // Under ControlPersist ssh sends the ProxyJump hop's stderr to /dev/null, so the
+            // hop's "Session open refused by peer" is lost: ask the jump host's master instead.
+            let jump_up = cx.jump.is_some() && jump_master_answers(config_file, alias).await;
+            return Err(classify_hop(&text, &cx, jump_up));
         }
         let ctl_dir = dir.path().to_path_buf();
         if let Err(e) = lifetime::started(&master) {
@@ -268,9 +271,59 @@ impl Host for SshHost {
     }
 }
 
+/// The jump host's master connection that the node hop `alias` goes through, from the generated
+/// config: the `ControlPath` of the host its `ProxyJump` names.
+fn jump_control_path(config: &str, alias: &str) -> Option<PathBuf> {
+    let block = |name: &str| -> Vec<String> {
+        config
+            .lines()
+            .skip_while(|l| l.trim() != format!("Host {name}"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("Host ") && !l.starts_with("Match "))
+            .map(|l| l.trim().to_string())
+            .collect()
+    };
+    let jump = block(alias)
+        .iter()
+        .find_map(|l| l.strip_prefix("ProxyJump ").map(str::to_string))?;
+    block(&jump).iter().find_map(|l| {
+        l.strip_prefix("ControlPath ")
+            .map(|p| PathBuf::from(p.trim_matches('"')))
+    })
+}
+
+/// Whether the jump host's master, which the node hop of `alias` uses, is up: then the jump
+/// host was reached and the node is what could not be.
+async fn jump_master_answers(config_file: &Path, alias: &str) -> bool {
+    let Some(ctl) = std::fs::read_to_string(config_file)
+        .ok()
+        .and_then(|c| jump_control_path(&c, alias))
+    else {
+        return false;
+    };
+    let mut check = tokio::process::Command::new("ssh");
+    check
+        .arg("-S")
+        .arg(&ctl)
+        .args(["-O", "check", "sparkform"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), check.status()).await,
+        Ok(Ok(s)) if s.success()
+    )
+}
+
 /// Turn ssh's log (its `-E` file, then its stderr, where the ProxyJump hop writes) into an error
 /// that says what happened and what to do.
 pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
+    classify_hop(log, cx, false)
+}
+
+/// [`classify`], knowing whether the jump host's master connection is up (`jump_up`).
+fn classify_hop(log: &str, cx: &ConnectContext<'_>, jump_up: bool) -> HostError {
     let text = log.trim();
     let last = text
         .lines()
@@ -332,7 +385,8 @@ pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
     // request failed: Session open refused by peer", the jump's sshd refusing to connect to the
     // node); a failure to reach the jump names the jump's address.
     if let Some(jump) = cx.jump {
-        let reached_jump = text.contains("channel 0: open failed")
+        let reached_jump = jump_up
+            || text.contains("channel 0: open failed")
             || text.contains("stdio forwarding failed")
             || text.contains("Stdio forwarding request failed")
             || text.contains("administratively prohibited");
@@ -462,10 +516,26 @@ mod tests {
             }
             e => panic!("the node is unreachable, not the jump host: {e:?}"),
         }
-        // The same log without the hop's line still blames the jump host.
+        // The same log without the hop's line still blames the jump host...
         assert!(matches!(
             classify(log, &cx(Some("jump.testbed"))),
             HostError::JumpUnreachable { .. }
         ));
+        // ...unless the jump host's master answers (ssh sent the hop's stderr to /dev/null).
+        assert!(matches!(
+            classify_hop(log, &cx(Some("jump.testbed")), true),
+            HostError::Unreachable { .. }
+        ));
+    }
+
+    #[test]
+    fn the_jump_master_of_a_node_hop_is_found_in_the_generated_config() {
+        let config = "Host sf.jump.j\n  HostName 127.0.0.1\n  ControlPath \"/tmp/sf1/j0\"\n  ControlMaster no\n\nHost sf.node.a\n  HostName sf-node1\n  ProxyJump sf.jump.j\n\nMatch all\n";
+        assert_eq!(
+            jump_control_path(config, "sf.node.a"),
+            Some(PathBuf::from("/tmp/sf1/j0"))
+        );
+        assert_eq!(jump_control_path(config, "sf.jump.j"), None);
+        assert_eq!(jump_control_path(config, "sf.node.zz"), None);
     }
 }
