@@ -200,6 +200,7 @@ pub fn execute(
         Err(e) => return super::report_op_error(e, args.json),
     };
     if !args.json {
+        report_warnings(&prepared.warnings);
         print!("{}", render::render(&prepared.plan));
     }
     let prompt = !args.auto_approve && !from_planfile;

@@ -103,26 +103,28 @@ pub fn run(args: PlanArgs) -> ExitCode {
         hosts: args.connect.options(),
     };
     let planned = rt.block_on(super::with_notes(args.json, |events| async move {
-        let (plan, pool) = ops::plan::plan(request, &events).await?;
-        if let Some(pool) = pool {
+        let planned = ops::plan::plan(request, &events).await?;
+        if let Some(pool) = planned.pool {
             pool.close().await;
         }
-        Ok::<_, ops::OpError>(plan)
+        Ok::<_, ops::OpError>((planned.plan, planned.warnings))
     }));
-    let plan = match planned {
+    let (plan, warnings) = match planned {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
     if args.json {
+        let all: Vec<_> = config.warnings.iter().chain(&warnings).cloned().collect();
         let doc = serde_json::json!({
             "format_version": 1,
-            "diagnostics": super::diagnostics_values(&config.warnings),
+            "diagnostics": super::diagnostics_values(&all),
             "lock": lock_note,
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
             "plan": plan,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
+        report_warnings(&warnings);
         print!("{}", render::render(&plan));
     }
     if let Some(out) = &args.out {

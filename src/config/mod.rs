@@ -12,7 +12,7 @@ pub mod schema;
 pub mod types;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use hcl::eval::Evaluate;
@@ -24,29 +24,6 @@ pub use parse::strip_bom;
 
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use eval::{InputValue, Loader};
-
-/// Values for the root module's variables, in increasing precedence.
-#[derive(Debug, Default, Clone)]
-pub struct VarInputs {
-    /// `SPARKFORM_VAR_name` from the environment.
-    pub env: Vec<(String, String)>,
-    /// `-var-file FILE`, in command-line order.
-    pub files: Vec<PathBuf>,
-    /// `-var name=value`, in command-line order.
-    pub cli: Vec<(String, String)>,
-}
-
-impl VarInputs {
-    /// Pick up `SPARKFORM_VAR_*` from the process environment.
-    pub fn from_env() -> Self {
-        VarInputs {
-            env: std::env::vars()
-                .filter_map(|(k, v)| k.strip_prefix("SPARKFORM_VAR_").map(|n| (n.to_string(), v)))
-                .collect(),
-            ..VarInputs::default()
-        }
-    }
-}
 
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
@@ -64,6 +41,7 @@ pub fn load_observed(
     crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
     loader.observed = observed.clone();
+    loader.config.vars = vars.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };
@@ -99,7 +77,7 @@ pub fn load_observed(
             .help(format!("set it in the environment as SPARKFORM_VAR_{name}, or in a -var-file readable only by you (docs/security.md)")),
         );
     }
-    let inputs = root_inputs(vars, &declared, &mut loader.diags);
+    let inputs = root_inputs(vars, &declared, &secret_names, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;
     if loader.diags.has_errors() {
@@ -124,6 +102,7 @@ fn sensitive_on_command_line<'a>(vars: &'a VarInputs, secret_names: &[String]) -
 fn root_inputs(
     vars: &VarInputs,
     declared: &[(String, Option<types::Type>)],
+    secret_names: &[String],
     diags: &mut Diagnostics,
 ) -> HashMap<String, InputValue> {
     let mut out = HashMap::new();
@@ -158,10 +137,26 @@ fn root_inputs(
         let Some((src, body)) = parse::read_file(file, &mut file_diags) else {
             for mut d in file_diags.0 {
                 d.message = format!("in -var-file: {}", d.message);
+                if !secret_names.is_empty() {
+                    without_excerpt(&mut d, secret_names);
+                }
                 diags.push(d);
             }
             continue;
         };
+        // Before any message about the file: its secrets are masked in the excerpts shown.
+        for structure in body.iter() {
+            if let hcl_edit::structure::Structure::Attribute(attr) = structure {
+                if secret_names.iter().any(|n| n == attr.key.as_str()) {
+                    if let hcl_edit::expr::Expression::String(v) = &attr.value {
+                        crate::diag::note_secret(v.value());
+                    }
+                    if let Some(text) = attr.value.span().and_then(|r| src.text.get(r)) {
+                        crate::diag::note_secret(text);
+                    }
+                }
+            }
+        }
         for structure in body.iter() {
             let hcl_edit::structure::Structure::Attribute(attr) = structure else {
                 let span = Span::new(&src, structure.span().unwrap_or(0..0));
@@ -208,6 +203,26 @@ fn root_inputs(
         }
     }
     out
+}
+
+/// A var file that does not parse cannot say which of its text is a sensitive value, so its
+/// error shows the place (file, line, column) without the file's lines.
+fn without_excerpt(d: &mut Diag, secret_names: &[String]) {
+    if let Some(at) = d.location() {
+        d.message = format!("{} (at {at})", d.message);
+    }
+    d.labels.clear();
+    d.source = None;
+    d.related.clear();
+    let names: Vec<String> = secret_names.iter().map(|n| format!("`{n}`")).collect();
+    let why = format!(
+        "the file's lines are not shown: it may hold the value of a sensitive variable ({})",
+        names.join(", ")
+    );
+    d.help = Some(match d.help.take() {
+        Some(h) => format!("{h}; {why}"),
+        None => why,
+    });
 }
 
 fn input(value: hcl::Value, span: Option<Span>, origin: String) -> InputValue {

@@ -5,9 +5,35 @@ use std::path::PathBuf;
 
 use crate::diag::{Diag, Span};
 
+/// Values for the root module's variables, in increasing precedence.
+#[derive(Debug, Default, Clone)]
+pub struct VarInputs {
+    /// `SPARKFORM_VAR_name` from the environment.
+    pub env: Vec<(String, String)>,
+    /// `-var-file FILE`, in command-line order.
+    pub files: Vec<PathBuf>,
+    /// `-var name=value`, in command-line order.
+    pub cli: Vec<(String, String)>,
+}
+
+impl VarInputs {
+    /// Pick up `SPARKFORM_VAR_*` from the process environment.
+    pub fn from_env() -> Self {
+        VarInputs {
+            env: std::env::vars()
+                .filter_map(|(k, v)| k.strip_prefix("SPARKFORM_VAR_").map(|n| (n.to_string(), v)))
+                .collect(),
+            ..VarInputs::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub dir: PathBuf,
+    /// The variable values it was evaluated with, so an operation can evaluate the same
+    /// definitions again with what the machines said (`config::load_observed`).
+    pub vars: VarInputs,
     pub jumps: BTreeMap<String, Jump>,
     pub nodes: BTreeMap<String, Node>,
     pub networks: BTreeMap<String, Network>,
@@ -50,13 +76,27 @@ pub struct Node {
     pub jump: Option<String>,
     pub identity_file: Option<PathBuf>,
     pub known_hosts: Option<PathBuf>,
+    /// Unset in the definition: what refresh read on the node, else `None`.
     pub gpus: Option<u32>,
     pub memory_gib: Option<f64>,
-    pub unified_memory: bool,
+    /// `None`: neither the definition nor the node's facts say.
+    pub unified_memory: Option<bool>,
     /// False when the declared GPUs are logical (a test bed): no device is expected.
     pub gpu_devices: bool,
     pub labels: BTreeMap<String, String>,
     pub span: Span,
+}
+
+impl Node {
+    /// The three attributes refresh may fill, as this evaluation has them (declared, or filled
+    /// when it was made with observed facts).
+    pub fn declared_facts(&self) -> NodeObserved {
+        NodeObserved {
+            unified_memory: self.unified_memory,
+            memory_gib: self.memory_gib,
+            gpus: self.gpus,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -120,6 +160,113 @@ pub struct NodeObserved {
     pub unified_memory: Option<bool>,
     pub memory_gib: Option<f64>,
     pub gpus: Option<u32>,
+}
+
+impl NodeObserved {
+    /// `declared` (what a node block sets) with what it leaves unset taken from these facts.
+    /// GPUs are taken only where devices are expected: `gpu_devices = false` declares logical
+    /// GPUs, which no machine shows.
+    pub fn fill(&self, declared: &NodeObserved, gpu_devices: bool) -> NodeObserved {
+        NodeObserved {
+            unified_memory: declared.unified_memory.or(self.unified_memory),
+            memory_gib: declared.memory_gib.or(self.memory_gib),
+            gpus: declared.gpus.or(self.gpus.filter(|_| gpu_devices)),
+        }
+    }
+
+    /// Where `declared` sets an attribute these facts contradict.
+    pub fn disagreements(
+        &self,
+        declared: &NodeObserved,
+        gpu_devices: bool,
+    ) -> Vec<FactDisagreement> {
+        let mut out = Vec::new();
+        if let (Some(d), Some(o)) = (declared.gpus, self.gpus.filter(|_| gpu_devices)) {
+            if d != o {
+                out.push(FactDisagreement {
+                    attribute: "gpus",
+                    declared: d.to_string(),
+                    observed: o.to_string(),
+                });
+            }
+        }
+        // Only more memory than the machine has is a mistake: the modules' checks take it as
+        // what a model may fill, so declaring less keeps them on the safe side. The kernel
+        // reports a little less than the installed size (firmware keeps some): a GiB or 2%.
+        if let (Some(d), Some(o)) = (declared.memory_gib, self.memory_gib) {
+            if d > o + (o * 0.02).max(1.0) {
+                out.push(FactDisagreement {
+                    attribute: "memory_gib",
+                    declared: gib(d),
+                    observed: gib(o),
+                });
+            }
+        }
+        if let (Some(d), Some(o)) = (declared.unified_memory, self.unified_memory) {
+            if d != o {
+                out.push(FactDisagreement {
+                    attribute: "unified_memory",
+                    declared: d.to_string(),
+                    observed: o.to_string(),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A node attribute the definition sets that the node's facts contradict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FactDisagreement {
+    /// `gpus`, `memory_gib` or `unified_memory`.
+    pub attribute: &'static str,
+    /// Both as HCL would write them.
+    pub declared: String,
+    pub observed: String,
+}
+
+impl FactDisagreement {
+    /// What the machine shows, in words.
+    pub fn what_the_node_shows(&self) -> String {
+        match self.attribute {
+            "gpus" => format!(
+                "the machine shows {} GPU{}",
+                self.observed,
+                plural(&self.observed)
+            ),
+            "memory_gib" => format!("the machine has {} GiB", self.observed),
+            _ if self.observed == "true" => {
+                "its GPU has no memory of its own: it uses the node's (unified memory)".into()
+            }
+            _ => "its GPU has memory of its own (not unified memory)".into(),
+        }
+    }
+
+    /// The fix, naming the attribute and the value to write.
+    pub fn fix(&self) -> String {
+        format!(
+            "set `{} = {}` (what the node shows), or remove the attribute and refresh fills it in from the node's facts",
+            self.attribute, self.observed
+        )
+    }
+}
+
+fn plural(n: &str) -> &'static str {
+    if n == "1" {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// GiB as a definition writes them: `120`, `119.6`.
+pub fn gib(v: f64) -> String {
+    let tenths = (v * 10.0).round() / 10.0;
+    if tenths.fract() == 0.0 {
+        format!("{tenths:.0}")
+    } else {
+        format!("{tenths:.1}")
+    }
 }
 
 /// A model revision resolved against the hub on a node.

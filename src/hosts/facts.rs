@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::{Cmd, Host, HostError};
-use crate::config::{Config, Node};
+use crate::config::{Config, Node, NodeObserved};
 use crate::kinds::{attachment, KindId};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -110,14 +110,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         .unwrap_or_else(|| "unknown".into());
     let arch = arch?.stdout.trim().to_string();
     let cpus = cpus?.stdout.trim().parse().unwrap_or(0);
-    let mem = mem?;
-    let memory_kib: f64 = mem
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
+    let memory_gib = mem_total_gib(&mem?.stdout).unwrap_or(0.0);
     let ip = ip?;
     if !ip.success() {
         return Err(other(
@@ -137,7 +130,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         kernel,
         arch,
         cpus,
-        memory_gib: memory_kib / 1024.0 / 1024.0,
+        memory_gib,
         gpus,
         nvidia: nvidia?,
         rdma: rdma?,
@@ -146,6 +139,70 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         docker,
         images,
         interfaces,
+    })
+}
+
+/// `MemTotal` of `/proc/meminfo`, in GiB.
+pub fn mem_total_gib(meminfo: &str) -> Option<f64> {
+    let kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())?;
+    Some(kib / 1024.0 / 1024.0)
+}
+
+/// Whether the node's GPUs use its memory (unified memory: DGX Spark's GB10, Jetson) rather
+/// than memory of their own; `None` without a GPU to ask. The driver reports no memory size
+/// for a GPU without memory of its own (`[N/A]`), and GB10 by name where a shim reports one.
+pub fn unified_memory(gpus: &[Gpu]) -> Option<bool> {
+    if gpus.is_empty() {
+        return None;
+    }
+    Some(
+        gpus.iter()
+            .any(|g| g.memory_mib.is_none() || g.name.contains("GB10")),
+    )
+}
+
+/// What the facts say about the three node attributes a definition may leave to them.
+pub fn node_observed(facts: &Facts) -> NodeObserved {
+    NodeObserved {
+        unified_memory: unified_memory(&facts.gpus),
+        memory_gib: (facts.memory_gib > 0.0).then(|| round_gib(facts.memory_gib)),
+        gpus: Some(facts.gpus.len() as u32),
+    }
+}
+
+fn round_gib(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+/// The node attributes a definition may leave unset, read cheaply for a plan: `/proc/meminfo`
+/// and `nvidia-smi`'s GPU list, both at once over the node's connection (one round trip).
+/// Without a working `nvidia-smi` the GPUs and unified memory stay unknown.
+pub async fn observe_sizes(host: &dyn Host) -> Result<NodeObserved, HostError> {
+    let timeout = std::time::Duration::from_secs(30);
+    let meminfo = Cmd::new("cat").arg("/proc/meminfo").timeout(timeout);
+    let smi = Cmd::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,memory.total",
+            "--format=csv,noheader,nounits",
+        ])
+        .timeout(timeout);
+    let (mem, smi) = tokio::join!(host.exec(&meminfo), host.exec(&smi));
+    let (mem, smi) = (mem?, smi?);
+    let memory_gib = mem
+        .success()
+        .then(|| mem_total_gib(&mem.stdout))
+        .flatten()
+        .filter(|m| *m > 0.0)
+        .map(round_gib);
+    let gpus = smi.success().then(|| parse_nvidia_smi(&smi.stdout));
+    Ok(NodeObserved {
+        unified_memory: gpus.as_deref().and_then(unified_memory),
+        memory_gib,
+        gpus: gpus.map(|g| g.len() as u32),
     })
 }
 
@@ -452,23 +509,32 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
 /// Where the definitions disagree with the machine. Pure, for `sparkform nodes`.
 pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(g) = node.gpus.filter(|_| node.gpu_devices) {
-        let found = facts.gpus.len() as u32;
-        if g != found {
-            out.push(format!(
-                "declares {g} GPU{}, the machine shows {found}",
-                if g == 1 { "" } else { "s" }
-            ));
-        }
-    }
-    if let Some(m) = node.memory_gib {
-        // Firmware and the kernel keep some memory: allow 10% below the declared size.
-        if facts.memory_gib < m * 0.9 {
-            out.push(format!(
-                "declares {m} GiB of memory, the machine has {:.1} GiB",
-                facts.memory_gib
-            ));
-        }
+    // The same rule as a plan's warnings (`NodeObserved::disagreements`), on what the
+    // definition itself sets.
+    let declared = NodeObserved {
+        unified_memory: node.unified_memory,
+        memory_gib: node.memory_gib,
+        gpus: node.gpus,
+    };
+    for d in node_observed(facts).disagreements(&declared, node.gpu_devices) {
+        out.push(match d.attribute {
+            "gpus" => format!(
+                "declares {} GPU{}, the machine shows {}",
+                d.declared,
+                if d.declared == "1" { "" } else { "s" },
+                d.observed
+            ),
+            "memory_gib" => format!(
+                "declares {} GiB of memory, the machine has {} GiB",
+                d.declared, d.observed
+            ),
+            _ => format!(
+                "declares {} = {}, but {}",
+                d.attribute,
+                d.declared,
+                d.what_the_node_shows()
+            ),
+        });
     }
     // The node's attachments: their interfaces must exist; a different MTU is what apply fixes.
     let attachments = config

@@ -51,6 +51,10 @@ pub struct PrepareRequest<'a> {
 /// A plan ready to apply, holding the state lock until it is applied or dropped.
 pub struct Prepared {
     pub plan: Plan,
+    /// Warnings of the planning the caller has not shown (node facts: `ops::plan::Planned`).
+    pub warnings: Vec<crate::diag::Diag>,
+    /// The definitions as the plan evaluated them with the node facts; the apply uses these.
+    reloaded: Option<Box<(Config, Graph)>>,
     store: StateStore,
     state: State,
     pool: Option<HostPool>,
@@ -76,6 +80,8 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
+    let mut reloaded = None;
+    let mut warnings = Vec::new();
     let (plan, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
@@ -101,7 +107,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         }
         Source::Definitions { refresh, options } => {
             let options = PlanOptions { key, ..options };
-            super::plan::plan(
+            let planned = super::plan::plan(
                 super::plan::PlanRequest {
                     config: req.config,
                     graph: req.graph,
@@ -112,7 +118,9 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
                 },
                 events,
             )
-            .await?
+            .await?;
+            (reloaded, warnings) = (planned.reloaded, planned.warnings);
+            (planned.plan, planned.pool)
         }
         Source::Destroy { targets, exclude } => {
             let empty = Config {
@@ -131,6 +139,8 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     };
     Ok(Prepared {
         plan,
+        warnings,
+        reloaded,
         store: req.store,
         state,
         pool,
@@ -162,6 +172,10 @@ impl Prepared {
         events: Sender,
         cancel: CancellationToken,
     ) -> ApplyOutcome {
+        let (config, graph) = match &self.reloaded {
+            Some(r) => (&r.0, &r.1),
+            None => (config, graph),
+        };
         crate::apply::apply(ApplyRequest {
             config,
             graph,

@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod logs;
 pub mod nodes;
+pub mod observe;
 pub mod plan;
 pub mod refresh;
 pub mod status;

@@ -1,6 +1,7 @@
 //! Lowering `jump` and `node` blocks: where and how to reach a machine.
 
 use super::*;
+use crate::config::NodeObserved;
 
 impl Loader {
     pub(super) fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
@@ -132,6 +133,13 @@ impl Loader {
         if !ok {
             return None;
         }
+        let gpu_devices = attrs.values.get("gpu_devices") != Some(&Value::Bool(false));
+        let declared = NodeObserved {
+            unified_memory: attrs.values.get("unified_memory").and_then(Value::as_bool),
+            memory_gib: memory,
+            gpus,
+        };
+        let facts = self.node_facts(&attrs, &name, &declared, gpu_devices);
         let jump = attrs.string("jump");
         let node = Node {
             address: address.clone(),
@@ -142,10 +150,10 @@ impl Loader {
             jump,
             identity_file: attrs.string("identity_file").map(|p| scope.dir.join(p)),
             known_hosts: attrs.string("known_hosts").map(|p| scope.dir.join(p)),
-            gpus,
-            memory_gib: memory,
-            unified_memory: attrs.values.get("unified_memory") == Some(&Value::Bool(true)),
-            gpu_devices: attrs.values.get("gpu_devices") != Some(&Value::Bool(false)),
+            gpus: facts.gpus,
+            memory_gib: facts.memory_gib,
+            unified_memory: facts.unified_memory,
+            gpu_devices,
             labels: attrs.string_map("labels"),
             span: header,
         };
@@ -162,6 +170,16 @@ impl Loader {
         ] {
             value.entry(k.to_string()).or_insert(Value::Null);
         }
+        // What the modules' checks see: the definition's values, else the node's facts.
+        value.insert("gpus".into(), facts.gpus.map_or(Value::Null, Value::from));
+        value.insert(
+            "memory_gib".into(),
+            facts.memory_gib.map_or(Value::Null, Value::from),
+        );
+        value.insert(
+            "unified_memory".into(),
+            facts.unified_memory.map_or(Value::Null, Value::Bool),
+        );
         value
             .entry("gpu_devices".to_string())
             .or_insert(Value::Bool(true));
@@ -175,6 +193,38 @@ impl Loader {
             deps: DepTree::Leaf(ctx.deps),
             all_resources: BTreeSet::new(),
         })
+    }
+
+    /// What a node block declares, with what it leaves unset taken from the facts refresh read
+    /// on the node (`Observed`); where it sets a value the node contradicts, a warning at the
+    /// attribute naming both values and the fix.
+    fn node_facts(
+        &mut self,
+        attrs: &Attrs,
+        name: &str,
+        declared: &NodeObserved,
+        gpu_devices: bool,
+    ) -> NodeObserved {
+        let Some(seen) = self.observed.nodes.get(name).cloned() else {
+            return declared.clone();
+        };
+        for d in seen.disagreements(declared, gpu_devices) {
+            let message = format!(
+                "node \"{name}\" sets {} = {}, but {}",
+                d.attribute,
+                d.declared,
+                d.what_the_node_shows()
+            );
+            self.diags.push(
+                Diag::warning("config::node_facts", message)
+                    .maybe_label(
+                        attrs.spans.get(d.attribute),
+                        format!("the node shows {}", d.observed),
+                    )
+                    .help(d.fix()),
+            );
+        }
+        seen.fill(declared, gpu_devices)
     }
 
     // ----- network and its attachments -----

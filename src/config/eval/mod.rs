@@ -154,6 +154,7 @@ impl Loader {
             stack: Vec::new(),
             config: Config {
                 dir: dir.to_path_buf(),
+                vars: Default::default(),
                 jumps: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 networks: BTreeMap::new(),
