@@ -248,7 +248,15 @@ fn lock_held_and_force_unlock() {
     assert!(err.contains(&std::process::id().to_string()), "{err}");
     let (code, _, stderr) = out(sparkform().args(["force-unlock", "not-the-id", d]));
     assert_eq!(code, 1, "{stderr}");
-    let (code, stdout, _) = out(sparkform().args(["force-unlock", &id, d]));
+    // The holder (this test) still runs: refused without -force.
+    let (code, _, stderr) = out(sparkform().args(["force-unlock", &id, d]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("lock_live") && stderr.contains("-force"),
+        "{stderr}"
+    );
+    assert!(store.lock_path().exists());
+    let (code, stdout, _) = out(sparkform().args(["force-unlock", "-force", &id, d]));
     assert_eq!(code, 0);
     assert!(stdout.contains("Removed the lock"), "{stdout}");
     drop(lock);

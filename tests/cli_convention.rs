@@ -168,9 +168,10 @@ fn every_deployment_reading_command_takes_the_folder_positionally_and_reads_its_
         "{stdout}"
     );
 
+    // The holder (this test) still runs: only -force removes its lock.
     let lock = bed.store().lock("apply").unwrap();
     let id = lock.info().id.clone();
-    let (code, stdout, stderr) = bed.run(&["force-unlock", &id, d]);
+    let (code, stdout, stderr) = bed.run(&["force-unlock", "-force", &id, d]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("Removed the lock"), "{stdout}");
     drop(lock);

@@ -5,6 +5,8 @@
 /// What the work reports (it moved to `crate::events`; kept here for callers of the old path).
 pub use crate::events;
 
+pub mod chaos;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -536,6 +538,8 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                             step.address.clone(),
                             StepError::new(format!("cannot record the step in the state: {e}")),
                         ));
+                    } else {
+                        chaos::after_journal_write(step.change.action, &step.address);
                     }
                 }
                 completed.push((i, step, applied));

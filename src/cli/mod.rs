@@ -237,6 +237,7 @@ const SINGLE_DASH: &[&str] = &[
     "parallelism",
     "no-rollback",
     "connect-timeout",
+    "force",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

@@ -86,6 +86,11 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };
+    // An apply running beside this plan changes what it looks at; a killed one left work.
+    let lock_note = ws.store().lock_status().ok().and_then(|s| s.note());
+    if let (Some(note), false) = (&lock_note, args.json) {
+        eprintln!("{note}");
+    }
     // A plan file records hashes under the key, so writing one creates it.
     let key = match ws.key(args.out.is_some()) {
         Ok(k) => k,
@@ -127,6 +132,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         let doc = serde_json::json!({
             "format_version": 1,
             "diagnostics": super::diagnostics_values(&all),
+            "lock": lock_note,
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
             "plan": plan,
         });

@@ -68,6 +68,15 @@ pub fn load_observed(
             crate::diag::note_secret(raw);
         }
     }
+    for name in sensitive_on_command_line(vars, &secret_names) {
+        loader.diags.push(
+            Diag::warning(
+                "config::sensitive_var_argument",
+                format!("the sensitive variable `{name}` was given as `-var {name}=…`: its value is in sparkform's process arguments, which every user of this machine can read (`ps`, /proc)"),
+            )
+            .help(format!("set it in the environment as SPARKFORM_VAR_{name}, or in a -var-file readable only by you (docs/security.md)")),
+        );
+    }
     let inputs = root_inputs(vars, &declared, &secret_names, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;
@@ -77,6 +86,17 @@ pub fn load_observed(
     }
     loader.config.warnings = loader.diags.0;
     Ok(loader.config)
+}
+
+/// The sensitive variables set with `-var`, each once, in command-line order.
+fn sensitive_on_command_line<'a>(vars: &'a VarInputs, secret_names: &[String]) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for (name, _) in &vars.cli {
+        if secret_names.contains(name) && !out.contains(&name.as_str()) {
+            out.push(name);
+        }
+    }
+    out
 }
 
 fn root_inputs(

@@ -7,7 +7,8 @@
 //! Faults it takes: creating a container fails, a container never becomes ready (every exec in
 //! it exits 1), a container exits right after it starts with log lines, a command in it fails,
 //! an image is another build than on the other nodes, the engine disappears at its k-th
-//! request (it then drops every connection). The server's tasks and the folder end when the
+//! request (it then drops every connection), a container crash-loops under its restart policy
+//! (running, its RestartCount rising), an image inspect answers an error. The server's tasks and the folder end when the
 //! [`FakeDocker`] is dropped.
 
 use std::collections::BTreeMap;
@@ -38,6 +39,10 @@ pub enum Fault {
     ExecExits(String, i64, String),
     /// It starts, keeps running and logs these lines.
     Logs(Vec<String>),
+    /// It crashes at once and Docker restarts it, again and again: every inspect finds it
+    /// running with a RestartCount one higher, every command in it fails, and each restart
+    /// logs these lines again.
+    CrashLoop(Vec<String>),
 }
 
 /// A container as the fake engine holds it.
@@ -54,6 +59,8 @@ pub struct Container {
     /// The body it was created with (`Cmd`, `Env`, `HostConfig`…), which inspect shows back;
     /// null for one added with [`FakeDocker::add`].
     pub created: Value,
+    /// How many times the engine restarted it (Docker's `RestartCount`).
+    pub restart_count: u64,
 }
 
 #[derive(Debug)]
@@ -72,6 +79,8 @@ struct Engine {
     images: BTreeMap<String, String>,
     /// Images' own `Config` (`Env`, `Cmd`, `Labels`…), by name.
     image_configs: BTreeMap<String, Value>,
+    /// Images whose inspect answers this status and message instead.
+    image_errors: BTreeMap<String, (u16, String)>,
     requests: Vec<String>,
     gone_at: Option<usize>,
     gone: bool,
@@ -108,6 +117,7 @@ impl Engine {
         for (_, f) in self.faults.iter().rev().filter(|(n, _)| n == name) {
             match f {
                 Fault::NeverReady => return (1, frame(2, "not ready yet\n")),
+                Fault::CrashLoop(_) => return (1, frame(2, "container is restarting\n")),
                 Fault::ExecExits(program, code, message) if cmd.first() == Some(program) => {
                     return (*code, frame(2, &format!("{message}\n")))
                 }
@@ -211,11 +221,20 @@ impl FakeDocker {
             .insert(name.to_string(), id.to_string());
     }
 
+    /// Inspecting the image `name` answers `status` with `message` (a 404 is a missing image;
+    /// a 500 is an engine that cannot answer, e.g. its storage is gone).
+    pub fn image_error(&self, name: &str, status: u16, message: &str) {
+        lock(&self.engine)
+            .image_errors
+            .insert(name.to_string(), (status, message.to_string()));
+    }
+
     /// Take every fault back, other image builds included (the machine is repaired).
     pub fn heal(&self) {
         let mut e = lock(&self.engine);
         e.faults.clear();
         e.images.clear();
+        e.image_errors.clear();
     }
 
     /// The engine stops answering at its `k`-th request (from 1), and for good.
@@ -240,6 +259,7 @@ impl FakeDocker {
             restart: "no".into(),
             logs: Vec::new(),
             created: Value::Null,
+            restart_count: 0,
         });
         id
     }
@@ -370,6 +390,7 @@ fn inspect(c: &Container) -> Value {
             "ExitCode": c.exit_code,
             "OOMKilled": false,
         },
+        "RestartCount": c.restart_count,
         "Config": config,
         "HostConfig": host_config,
     })
@@ -473,6 +494,11 @@ async fn handle(
         // Every image is there: `images/NAME[/MORE]/json`, the name may hold slashes.
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => {
             let name = unescape(&name.join("/"));
+            if let Some((status, message)) = e.image_errors.get(&name) {
+                let status =
+                    StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return Ok(error(status, message.clone()));
+            }
             let id_of = |n: &str| {
                 e.images
                     .get(n)
@@ -527,6 +553,7 @@ async fn handle(
                     restart,
                     logs: Vec::new(),
                     created: body.clone(),
+                    restart_count: 0,
                 });
                 reply(StatusCode::CREATED, json!({ "Id": id, "Warnings": [] }))
             }
@@ -623,7 +650,17 @@ fn container_request(
     body: &Value,
 ) -> Response<Body> {
     match (method, rest) {
-        (&Method::GET, ["json"]) => reply(StatusCode::OK, inspect(&e.containers[i])),
+        (&Method::GET, ["json"]) => {
+            // A crash-looping container is found restarted once more at every look.
+            if let Some(Fault::CrashLoop(lines)) = e.fault(&e.containers[i].name).cloned() {
+                let c = &mut e.containers[i];
+                if c.running {
+                    c.restart_count += 1;
+                    c.logs.extend(lines);
+                }
+            }
+            reply(StatusCode::OK, inspect(&e.containers[i]))
+        }
         (&Method::POST, ["start"]) => {
             if e.containers[i].running {
                 return empty(StatusCode::NOT_MODIFIED);
@@ -636,7 +673,7 @@ fn container_request(
                     c.exit_code = code;
                     c.logs.extend(lines);
                 }
-                Some(Fault::Logs(lines)) => {
+                Some(Fault::Logs(lines) | Fault::CrashLoop(lines)) => {
                     c.running = true;
                     c.exit_code = 0;
                     c.logs.extend(lines);

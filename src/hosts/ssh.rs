@@ -50,6 +50,13 @@ impl SshHost {
                 message: format!("cannot create the ssh control directory: {e}"),
             })?;
         let log = dir.path().join("log");
+        // `-E` takes only this ssh's own messages; the ProxyJump hop it runs reports on stderr
+        // (e.g. the jump's master refusing the forward to an unreachable node).
+        let stderr_path = dir.path().join("stderr");
+        let stderr = match std::fs::File::create(&stderr_path) {
+            Ok(f) => std::process::Stdio::from(f),
+            Err(_) => std::process::Stdio::null(),
+        };
         let master = dir.path().join("master");
         let mut cmd = tokio::process::Command::new("ssh");
         cmd.arg("-F")
@@ -66,7 +73,7 @@ impl SshHost {
             .arg(alias)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true);
         // ssh bounds each TCP connect; the jump adds one more hop and authentication.
         let limit = cx.timeout * 2 + Duration::from_secs(5);
@@ -89,8 +96,13 @@ impl SshHost {
             }),
         };
         if !status.success() {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            return Err(classify(&text, &cx));
+            let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(&stderr_path).unwrap_or_default());
+            // Under ControlPersist ssh sends the ProxyJump hop's stderr to /dev/null, so the
+            // hop's "Session open refused by peer" is lost: ask the jump host's master instead.
+            let jump_up = cx.jump.is_some() && jump_master_answers(config_file, alias).await;
+            return Err(classify_hop(&text, &cx, jump_up));
         }
         let ctl_dir = dir.path().to_path_buf();
         if let Err(e) = lifetime::started(&master) {
@@ -259,8 +271,59 @@ impl Host for SshHost {
     }
 }
 
-/// Turn ssh's log into an error that says what happened and what to do.
+/// The jump host's master connection that the node hop `alias` goes through, from the generated
+/// config: the `ControlPath` of the host its `ProxyJump` names.
+fn jump_control_path(config: &str, alias: &str) -> Option<PathBuf> {
+    let block = |name: &str| -> Vec<String> {
+        config
+            .lines()
+            .skip_while(|l| l.trim() != format!("Host {name}"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("Host ") && !l.starts_with("Match "))
+            .map(|l| l.trim().to_string())
+            .collect()
+    };
+    let jump = block(alias)
+        .iter()
+        .find_map(|l| l.strip_prefix("ProxyJump ").map(str::to_string))?;
+    block(&jump).iter().find_map(|l| {
+        l.strip_prefix("ControlPath ")
+            .map(|p| PathBuf::from(p.trim_matches('"')))
+    })
+}
+
+/// Whether the jump host's master, which the node hop of `alias` uses, is up: then the jump
+/// host was reached and the node is what could not be.
+async fn jump_master_answers(config_file: &Path, alias: &str) -> bool {
+    let Some(ctl) = std::fs::read_to_string(config_file)
+        .ok()
+        .and_then(|c| jump_control_path(&c, alias))
+    else {
+        return false;
+    };
+    let mut check = tokio::process::Command::new("ssh");
+    check
+        .arg("-S")
+        .arg(&ctl)
+        .args(["-O", "check", "sparkform"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), check.status()).await,
+        Ok(Ok(s)) if s.success()
+    )
+}
+
+/// Turn ssh's log (its `-E` file, then its stderr, where the ProxyJump hop writes) into an error
+/// that says what happened and what to do.
 pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
+    classify_hop(log, cx, false)
+}
+
+/// [`classify`], knowing whether the jump host's master connection is up (`jump_up`).
+fn classify_hop(log: &str, cx: &ConnectContext<'_>, jump_up: bool) -> HostError {
     let text = log.trim();
     let last = text
         .lines()
@@ -318,10 +381,14 @@ pub(crate) fn classify(log: &str, cx: &ConnectContext<'_>) -> HostError {
         };
     }
     // With a jump host, a failure to reach the node is reported by the jump ("channel 0: open
-    // failed", "stdio forwarding failed"); a failure to reach the jump names the jump's address.
+    // failed", "stdio forwarding failed"; through the jump's master connection "Stdio forwarding
+    // request failed: Session open refused by peer", the jump's sshd refusing to connect to the
+    // node); a failure to reach the jump names the jump's address.
     if let Some(jump) = cx.jump {
-        let reached_jump = text.contains("channel 0: open failed")
+        let reached_jump = jump_up
+            || text.contains("channel 0: open failed")
             || text.contains("stdio forwarding failed")
+            || text.contains("Stdio forwarding request failed")
             || text.contains("administratively prohibited");
         if !reached_jump
             && (text.contains("Connection closed by UNKNOWN")
@@ -420,5 +487,55 @@ mod tests {
             classify(node_down, &cx(Some("jump.testbed"))),
             HostError::Unreachable { .. }
         ));
+    }
+
+    #[test]
+    fn a_node_the_jump_master_cannot_open_a_channel_to_is_the_node_unreachable() {
+        // A node cut from the jump's network, reached through the jump host's master: the main
+        // ssh's `-E` log says the connection closed, the ProxyJump hop's stderr why.
+        let log = "kex_exchange_identification: Connection closed by remote host\nConnection closed by UNKNOWN port 65535\n";
+        let stderr = "Stdio forwarding request failed: Session open refused by peer\n";
+        let text = format!("{log}\n{stderr}");
+        match classify(&text, &cx(Some("jump.testbed"))) {
+            HostError::Unreachable {
+                target,
+                reason,
+                help,
+                ..
+            } => {
+                assert_eq!(target, "sf-node1");
+                assert_eq!(
+                    reason,
+                    "Stdio forwarding request failed: Session open refused by peer"
+                );
+                let help = help.unwrap_or_default();
+                assert!(
+                    help.contains("jump host jump.testbed was reached"),
+                    "{help}"
+                );
+            }
+            e => panic!("the node is unreachable, not the jump host: {e:?}"),
+        }
+        // The same log without the hop's line still blames the jump host...
+        assert!(matches!(
+            classify(log, &cx(Some("jump.testbed"))),
+            HostError::JumpUnreachable { .. }
+        ));
+        // ...unless the jump host's master answers (ssh sent the hop's stderr to /dev/null).
+        assert!(matches!(
+            classify_hop(log, &cx(Some("jump.testbed")), true),
+            HostError::Unreachable { .. }
+        ));
+    }
+
+    #[test]
+    fn the_jump_master_of_a_node_hop_is_found_in_the_generated_config() {
+        let config = "Host sf.jump.j\n  HostName 127.0.0.1\n  ControlPath \"/tmp/sf1/j0\"\n  ControlMaster no\n\nHost sf.node.a\n  HostName sf-node1\n  ProxyJump sf.jump.j\n\nMatch all\n";
+        assert_eq!(
+            jump_control_path(config, "sf.node.a"),
+            Some(PathBuf::from("/tmp/sf1/j0"))
+        );
+        assert_eq!(jump_control_path(config, "sf.jump.j"), None);
+        assert_eq!(jump_control_path(config, "sf.node.zz"), None);
     }
 }

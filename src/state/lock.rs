@@ -41,12 +41,9 @@ pub struct LockInfo {
 
 impl LockInfo {
     fn new(operation: &str) -> Self {
-        let host = hostname::get()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "unknown".to_string());
         LockInfo {
             id: uuid::Uuid::new_v4().to_string(),
-            host,
+            host: this_host(),
             pid: std::process::id(),
             started: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             operation: operation.to_string(),
@@ -213,11 +210,12 @@ impl StateStore {
 
     /// Removes the lock file if its ID is `id`, returning what it contained.
     ///
-    /// Like `terraform force-unlock`, this does not check whether the holder
-    /// is still alive: if a live process still holds the OS lock, the file is
-    /// removed anyway and a new `lock()` will succeed alongside it. The old
-    /// holder will then not remove the new holder's file when it finishes.
-    pub fn force_unlock(&self, id: &str) -> Result<LockInfo, StateError> {
+    /// A lock whose holder still holds the OS lock (an operation is running) is refused with
+    /// [`StateError::LockLive`] unless `force`: removing it would let a second writer in
+    /// beside the first. With `force` the file is removed anyway, and a new `lock()` succeeds
+    /// alongside the old holder, which then does not remove the new holder's file when it
+    /// finishes.
+    pub fn force_unlock(&self, id: &str, force: bool) -> Result<LockInfo, StateError> {
         let path = self.lock_path();
         let info =
             read_info_at(&path)?.ok_or_else(|| StateError::NotLocked { path: path.clone() })?;
@@ -228,6 +226,14 @@ impl StateStore {
                 found: info.id,
             });
         }
+        if !force && os_lock_held(&path)? {
+            let process = holder_process(&info).describe(&info);
+            return Err(StateError::LockLive {
+                path,
+                holder: Box::new(info),
+                process,
+            });
+        }
         match fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path, e)),
             _ => Ok(info),
@@ -235,10 +241,144 @@ impl StateStore {
     }
 
     /// The current lock file's contents, `Ok(None)` if there is none. A file
-    /// may remain after its holder was killed; only [`StateStore::lock`] can
-    /// tell whether it is live.
+    /// may remain after its holder was killed; [`StateStore::lock_status`]
+    /// tells whether it is live.
     pub fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError> {
         read_info_at(&self.lock_path())
+    }
+
+    /// Whether an operation holds the lock now, left a stale lock file, or neither. Reading
+    /// commands (plan) use it to say that an apply is running.
+    pub fn lock_status(&self) -> Result<LockStatus, StateError> {
+        let path = self.lock_path();
+        let info = match read_info_at(&path) {
+            Ok(Some(info)) => info,
+            Ok(None) => return Ok(LockStatus::Free),
+            // A holder that is still writing its info holds the OS lock already.
+            Err(StateError::LockCorrupt { .. }) if os_lock_held(&path)? => {
+                return Ok(LockStatus::Starting)
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(if os_lock_held(&path)? {
+            LockStatus::Held(info)
+        } else {
+            LockStatus::Stale(info)
+        })
+    }
+}
+
+/// Who holds the state lock, as a reading command sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockStatus {
+    /// No lock file: no operation is running.
+    Free,
+    /// A process holds the OS lock: this operation is running.
+    Held(LockInfo),
+    /// A process holds the OS lock and has not written its info yet.
+    Starting,
+    /// A lock file whose holder no longer holds the OS lock (it was killed): the next writer
+    /// takes it over.
+    Stale(LockInfo),
+}
+
+impl LockStatus {
+    /// One line for a reading command, `None` when nothing holds the lock.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            LockStatus::Free => None,
+            LockStatus::Starting => Some(
+                "Note: another sparkform operation is just starting on this state; the machines may be changing."
+                    .into(),
+            ),
+            LockStatus::Held(h) => Some(format!(
+                "Note: the state is locked: `{}` has been running since {} (PID {} on {}, lock ID {}); the machines may be changing while this plan looks at them.",
+                h.operation, h.started, h.pid, h.host, h.id
+            )),
+            LockStatus::Stale(h) => Some(format!(
+                "Note: a stale state lock was left by `{}` started at {} (PID {} on {}, lock ID {}), which is no longer running; the next apply takes it over and this plan shows what it left.",
+                h.operation, h.started, h.pid, h.host, h.id
+            )),
+        }
+    }
+}
+
+/// What the recorded holder's process is, as far as this machine can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderProcess {
+    /// It runs here and is a sparkform.
+    Sparkform,
+    /// Its PID runs here, as another program (a library caller, or the PID was reused): named.
+    Other(String),
+    /// No process has its PID here.
+    Gone,
+    /// It recorded another host: its process cannot be seen from here.
+    Elsewhere,
+}
+
+impl HolderProcess {
+    fn describe(&self, info: &LockInfo) -> String {
+        match self {
+            HolderProcess::Sparkform => format!("PID {} is a running sparkform", info.pid),
+            HolderProcess::Other(name) => format!("PID {} runs `{name}`", info.pid),
+            HolderProcess::Gone => format!(
+                "PID {} is gone, but the lock is held by a live process (one sharing its lock file)",
+                info.pid
+            ),
+            HolderProcess::Elsewhere => format!(
+                "the holder runs on {}, and the lock is held there",
+                info.host
+            ),
+        }
+    }
+}
+
+fn this_host() -> String {
+    hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// Whether the holder's PID is alive on this machine and is a sparkform.
+pub fn holder_process(info: &LockInfo) -> HolderProcess {
+    if info.host != this_host() {
+        return HolderProcess::Elsewhere;
+    }
+    let proc_dir = PathBuf::from(format!("/proc/{}", info.pid));
+    if !proc_dir.exists() {
+        return HolderProcess::Gone;
+    }
+    // `comm` is cut at 15 bytes; the executable's name is whole when it is readable.
+    let exe = fs::read_link(proc_dir.join("exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let comm = fs::read_to_string(proc_dir.join("comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_default();
+    let name = exe.unwrap_or(comm);
+    if name.starts_with("sparkform") {
+        HolderProcess::Sparkform
+    } else {
+        HolderProcess::Other(name)
+    }
+}
+
+/// Whether some process holds the OS lock on `path`: a shared lock is refused only while an
+/// exclusive one is held. Taken and dropped at once (a writer starting in that instant finds
+/// the state locked and can retry).
+fn os_lock_held(path: &Path) -> Result<bool, StateError> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(path, e)),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => {
+            let _ = file.unlock();
+            Ok(false)
+        }
+        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::Error(e)) => Err(io_err(path, e)),
     }
 }
 
@@ -379,13 +519,13 @@ mod tests {
     fn force_unlock() {
         let (_dir, store) = store();
         assert!(matches!(
-            store.force_unlock("nope"),
+            store.force_unlock("nope", false),
             Err(StateError::NotLocked { .. })
         ));
 
         let stale = stale_info();
         fs::write(store.lock_path(), serde_json::to_vec(&stale).unwrap()).unwrap();
-        match store.force_unlock("wrong") {
+        match store.force_unlock("wrong", false) {
             Err(StateError::LockIdMismatch {
                 expected, found, ..
             }) => {
@@ -395,24 +535,84 @@ mod tests {
             other => panic!("expected LockIdMismatch, got {other:?}"),
         }
         assert!(store.lock_path().exists());
-        assert_eq!(store.force_unlock(&stale.id).unwrap(), stale);
+        // Nobody holds the OS lock: the holder is gone, no -force needed.
+        assert_eq!(
+            store.lock_status().unwrap(),
+            LockStatus::Stale(stale.clone())
+        );
+        assert_eq!(store.force_unlock(&stale.id, false).unwrap(), stale);
         assert!(!store.lock_path().exists());
+        assert_eq!(store.lock_status().unwrap(), LockStatus::Free);
     }
 
     #[test]
-    fn force_unlock_of_live_lock_then_relock() {
+    fn force_unlock_refuses_a_live_holder_unless_forced() {
         let (_dir, store) = store();
         let old = store.lock("apply").unwrap();
         let id = old.info().id.clone();
-        assert_eq!(store.force_unlock(&id).unwrap().id, id);
+        assert_eq!(
+            store.lock_status().unwrap(),
+            LockStatus::Held(old.info().clone())
+        );
+        match store.force_unlock(&id, false) {
+            Err(e @ StateError::LockLive { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains(&id) && msg.contains("apply"), "{msg}");
+                // This test process holds it; it is not a sparkform binary by name unless the
+                // test binary is (cargo names it sparkform-HASH), so only its PID is asserted.
+                assert!(msg.contains(&std::process::id().to_string()), "{msg}");
+                let help = miette::Diagnostic::help(&e).unwrap().to_string();
+                assert!(help.contains("-force"), "{help}");
+            }
+            other => panic!("a live holder's lock was removed: {other:?}"),
+        }
+        // Still there and still ours.
+        assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(old.info()));
+        assert!(matches!(
+            store.lock("apply"),
+            Err(StateError::Locked { .. })
+        ));
+        // With -force it goes, and a new lock succeeds (terraform-like); the old holder
+        // finishing must not remove the new holder's file.
+        assert_eq!(store.force_unlock(&id, true).unwrap().id, id);
         assert!(!store.lock_path().exists());
-        // A new lock succeeds (terraform-like), and the old holder finishing
-        // must not remove the new holder's file.
         let new = store.lock("apply").unwrap();
         drop(old);
         assert_eq!(store.read_lock_info().unwrap().as_ref(), Some(new.info()));
         drop(new);
         assert!(!store.lock_path().exists());
+    }
+
+    #[test]
+    fn the_holder_process_is_told_apart() {
+        let mut me = stale_info();
+        me.host = this_host();
+        me.pid = std::process::id();
+        // The unit tests run in `sparkform-HASH`.
+        assert_eq!(holder_process(&me), HolderProcess::Sparkform);
+        me.pid = 1;
+        assert!(matches!(holder_process(&me), HolderProcess::Other(_)));
+        // PIDs stop below 2^22 on Linux.
+        me.pid = 4_194_304 + 7;
+        assert_eq!(holder_process(&me), HolderProcess::Gone);
+        assert_eq!(holder_process(&stale_info()), HolderProcess::Elsewhere);
+    }
+
+    #[test]
+    fn lock_notes_say_who_runs_since_when_or_that_the_lock_is_stale() {
+        let info = stale_info();
+        assert_eq!(LockStatus::Free.note(), None);
+        let held = LockStatus::Held(info.clone()).note().unwrap();
+        assert!(
+            held.contains("`apply` has been running since 2024-01-02T03:04:05Z")
+                && held.contains("PID 424242 on deadhost"),
+            "{held}"
+        );
+        let stale = LockStatus::Stale(info).note().unwrap();
+        assert!(
+            stale.contains("stale") && stale.contains("no longer running"),
+            "{stale}"
+        );
     }
 
     #[test]
@@ -424,7 +624,7 @@ mod tests {
             Err(StateError::LockCorrupt { .. })
         ));
         assert!(matches!(
-            store.force_unlock("x"),
+            store.force_unlock("x", false),
             Err(StateError::LockCorrupt { .. })
         ));
     }

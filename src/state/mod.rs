@@ -4,7 +4,7 @@
 
 mod lock;
 
-pub use lock::{LockInfo, StateLock};
+pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -277,6 +277,23 @@ pub enum StateError {
         path: PathBuf,
         expected: String,
         found: String,
+    },
+
+    #[error(
+        "the lock {} is held by a running operation: `{}` started at {} by PID {} on host {} ({process})",
+        holder.id, holder.operation, holder.started, holder.pid, holder.host
+    )]
+    #[diagnostic(
+        code(sparkform::state::lock_live),
+        help(
+            "wait for it to finish, or stop it; removing a live lock lets a second writer in beside it. If you are sure, `sparkform force-unlock -force {}` removes it anyway",
+            holder.id
+        )
+    )]
+    LockLive {
+        path: PathBuf,
+        holder: Box<LockInfo>,
+        process: String,
     },
 
     #[error("state is not locked ({} does not exist)", path.display())]

@@ -242,8 +242,9 @@ async fn ensure_image(
         .get("image")
         .and_then(|v| v.as_str())
         .unwrap_or_default();
-    if let Ok(i) = docker.inspect_image(image).await {
-        return Ok(i.id.unwrap_or_default());
+    match docker.inspect_image(image).await {
+        Ok(i) => return Ok(i.id.unwrap_or_default()),
+        Err(e) => image_missing(&node, image, e)?,
     }
     if let Some(archive) = desired.get("image_archive").and_then(|v| v.as_str()) {
         let path = cx.config_dir.join(archive);
@@ -317,6 +318,24 @@ async fn ensure_image(
                 "{node}: image {image} is still missing after loading it: {e}"
             ))
         })
+}
+
+/// Only a 404 means the image is not there (and may be loaded or pulled); any other answer, or
+/// none, is the engine or the connection failing, and loading the image would not help.
+fn image_missing(node: &str, image: &str, e: bollard::errors::Error) -> Result<(), StepError> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        } => Ok(()),
+        e if connection_lost(&e) => Err(docker_err(
+            &format!("{node}: cannot inspect image {image}"),
+            e,
+        )),
+        e => Err(StepError::new(format!(
+            "{node}: the Docker Engine failed to inspect image {image}: {e}"
+        ))
+        .help("this is not a missing image: the engine answered an error; check it on the node (`docker info`, its disk and logs), then run apply again")),
+    }
 }
 
 /// `pulling IMAGE: 1.20 GiB / 3.40 GiB (35%, 4 layers)`.
@@ -459,8 +478,19 @@ async fn evidence(docker: &bollard::Docker, id: &str) -> (String, Vec<String>) {
     (summary, logs)
 }
 
-/// Whether the container runs; Err when the node does not answer.
-async fn running(docker: &bollard::Docker, id: &str) -> Result<bool, String> {
+/// What a look at a container during its start found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Liveness {
+    running: bool,
+    /// Docker is between two restarts of it (its restart policy brought it back after a crash).
+    restarting: bool,
+    /// Docker's `RestartCount`: how often its restart policy restarted it.
+    restarts: i64,
+}
+
+/// Whether the container runs and how often Docker restarted it; Err when the node does not
+/// answer.
+async fn liveness(docker: &bollard::Docker, id: &str) -> Result<Liveness, String> {
     match tokio::time::timeout(
         Duration::from_secs(20),
         docker.inspect_container(id, None::<q::InspectContainerOptions>),
@@ -470,13 +500,45 @@ async fn running(docker: &bollard::Docker, id: &str) -> Result<bool, String> {
         Err(_) => Err("the node's Docker Engine did not answer for 20 s".into()),
         Ok(Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
-        })) => Ok(false),
+        })) => Ok(Liveness {
+            running: false,
+            restarting: false,
+            restarts: 0,
+        }),
         Ok(Err(e)) if connection_lost(&e) => Err(format!(
             "the connection to the node's Docker Engine was lost ({e})"
         )),
         Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
-        Ok(Ok(i)) => Ok(i.state.and_then(|s| s.running).unwrap_or(false)),
+        Ok(Ok(i)) => Ok(Liveness {
+            running: i.state.as_ref().and_then(|s| s.running).unwrap_or(false),
+            restarting: i.state.as_ref().and_then(|s| s.restarting).unwrap_or(false),
+            restarts: i.restart_count.unwrap_or(0),
+        }),
     }
+}
+
+/// Why a container that is not ready yet will not become ready.
+#[derive(Debug, PartialEq, Eq)]
+enum Doomed {
+    Exited,
+    /// Its restart policy keeps bringing it back after crashes; the text says how often.
+    CrashLoop(String),
+}
+
+/// A new container has restarted 0 times, so any restart before it is ready is a crash, and
+/// with `restart = "always"` Docker would go on restarting it for as long as sparkform waited.
+/// `None` while it may still become ready.
+fn doomed(l: &Liveness) -> Option<Doomed> {
+    if l.restarting || l.restarts > 0 {
+        let times = match l.restarts {
+            ..=1 => "once".to_string(),
+            n => format!("{n} times"),
+        };
+        return Some(Doomed::CrashLoop(format!(
+            "is crash-looping: Docker restarted it {times} before it was ready"
+        )));
+    }
+    (!l.running).then_some(Doomed::Exited)
 }
 
 /// One attempt of a ready check; Err says why it did not pass yet.
@@ -807,17 +869,28 @@ async fn wait_ready(
             if let Some(patterns) = warn_patterns {
                 warn_on_log(cx, docker, id, name, patterns, &mut warned).await;
             }
-            let alive = running(docker, id).await.map_err(|e| {
+            let seen = liveness(docker, id).await.map_err(|e| {
                 StepError::new(format!("{name}: {e} while waiting for `{what}`"))
                     .help("the node or its network may be down; check it and run again")
             })?;
-            if !alive {
-                let (state, logs) = evidence(docker, id).await;
-                return Err(StepError::new(format!(
-                    "container {name} {state} before it was ready (check `{what}`: {last})"
-                ))
-                .details(logs)
-                .help("the log lines above are the container's last 40"));
+            match doomed(&seen) {
+                Some(Doomed::CrashLoop(why)) => {
+                    let (_, logs) = evidence(docker, id).await;
+                    return Err(StepError::new(format!(
+                        "container {name} {why} (check `{what}`: {last})"
+                    ))
+                    .details(logs)
+                    .help("the log lines above are the container's last 40; its restart policy would keep restarting it, so sparkform does not wait for the ready timeout"));
+                }
+                Some(Doomed::Exited) => {
+                    let (state, logs) = evidence(docker, id).await;
+                    return Err(StepError::new(format!(
+                        "container {name} {state} before it was ready (check `{what}`: {last})"
+                    ))
+                    .details(logs)
+                    .help("the log lines above are the container's last 40"));
+                }
+                None => {}
             }
             if start.elapsed() >= timeout {
                 let (state, logs) = evidence(docker, id).await;
@@ -2050,6 +2123,67 @@ mod tests {
         assert_eq!(
             pull_progress("vllm/vllm-openai:v0.21.0", &layers),
             "pulling vllm/vllm-openai:v0.21.0: 512.00 MiB / 2.00 GiB (25%, 2 layers)"
+        );
+    }
+
+    #[test]
+    fn only_a_404_from_image_inspect_is_a_missing_image() {
+        use bollard::errors::Error as E;
+        // Docker's answers, as its API gives them.
+        let missing = E::DockerResponseServerError {
+            status_code: 404,
+            message: "No such image: ray:1".into(),
+        };
+        assert!(image_missing("node.node2", "ray:1", missing).is_ok());
+        let broken = E::DockerResponseServerError {
+            status_code: 500,
+            message: "open /var/lib/docker/image/overlay2/repositories.json: input/output error"
+                .into(),
+        };
+        let e = image_missing("node.node2", "ray:1", broken).unwrap_err();
+        assert!(
+            e.message.contains("failed to inspect image ray:1")
+                && e.message.contains("input/output error"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("is not on"), "{}", e.message);
+        assert!(!e.help.as_deref().unwrap_or("").contains("docker load"));
+        // The forward of the node's socket ends when the node is cut off.
+        let lost = E::IOError {
+            err: std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "Connection reset by peer",
+            ),
+        };
+        let e = image_missing("node.node2", "ray:1", lost).unwrap_err();
+        assert!(
+            e.message
+                .contains("connection to the node's Docker Engine was lost"),
+            "{}",
+            e.message
+        );
+        assert!(image_missing("node.node2", "ray:1", E::RequestTimeoutError).is_err());
+    }
+
+    #[test]
+    fn a_restart_before_ready_is_a_crash_loop_and_an_exit_is_an_exit() {
+        let l = |running, restarting, restarts| Liveness {
+            running,
+            restarting,
+            restarts,
+        };
+        assert_eq!(doomed(&l(true, false, 0)), None);
+        assert_eq!(doomed(&l(false, false, 0)), Some(Doomed::Exited));
+        assert_eq!(
+            doomed(&l(true, false, 8)),
+            Some(Doomed::CrashLoop(
+                "is crash-looping: Docker restarted it 8 times before it was ready".into()
+            ))
+        );
+        // Between two restarts Docker reports it restarting (and running).
+        assert!(
+            matches!(doomed(&l(true, true, 1)), Some(Doomed::CrashLoop(m)) if m.contains("once"))
         );
     }
 }
