@@ -7,6 +7,7 @@ pub mod logs;
 pub mod nodes;
 pub mod plan;
 pub mod refresh;
+pub mod resolve_models;
 pub mod status;
 pub mod tunnel;
 pub mod verify;

@@ -225,8 +225,7 @@ impl dyn Engine<'_> + '_ {
         let file_count = manifest
             .as_ref()
             .and_then(|m| m.get("files"))
-            .and_then(|v| v.as_array())
-            .map(|a| a.len());
+            .and_then(|v| v.as_array().map(|a| a.len() as u64).or_else(|| v.as_u64()));
         let facts = observed
             .as_ref()
             .map(|o| o.config.clone())
@@ -266,6 +265,10 @@ impl dyn Engine<'_> + '_ {
             c.insert("source_address".into(), source_address.clone().into());
             c.insert("total_bytes".into(), total_bytes.into());
             c.insert("files".into(), file_count.into());
+            c.insert(
+                "facts".into(),
+                facts.clone().unwrap_or(serde_json::Value::Null),
+            );
             let mut sensitive = Vec::new();
             if role == "download" {
                 c.insert("endpoint".into(), endpoint.clone().into());

@@ -727,6 +727,71 @@ async fn remove_snapshot(
     ))
 }
 
+/// What resolving a revision needs: the download node's view of the hub.
+pub struct ResolveRequest<'a> {
+    pub block: &'a str,
+    pub repo: &'a str,
+    pub revision: &'a str,
+    pub image: &'a str,
+    pub cache: &'a str,
+    pub endpoint: Option<&'a str>,
+    pub token: Option<&'a str>,
+    pub include: &'a [String],
+    pub exclude: &'a [String],
+}
+
+/// Resolve a revision to its commit and manifest (with the `config.json` facts) on a node, as
+/// its vLLM containers will reach the hub: transfer.py's `resolve` result.
+pub async fn resolve(host: &dyn Host, req: &ResolveRequest<'_>) -> Result<serde_json::Value, StepError> {
+    let node = host.node().to_string();
+    let docker = host.docker().await?;
+    let mut args = vec![
+        "resolve".to_string(),
+        req.repo.to_string(),
+        req.revision.to_string(),
+    ];
+    if let Some(ep) = req.endpoint {
+        args.extend(["--endpoint".to_string(), ep.to_string()]);
+    }
+    let mut input = String::new();
+    if let Some(t) = req.token {
+        args.push("--token-stdin".into());
+        input = format!("{t}\n");
+    }
+    for p in req.include {
+        args.extend(["--include".to_string(), p.clone()]);
+    }
+    for p in req.exclude {
+        args.extend(["--exclude".to_string(), p.clone()]);
+    }
+    let job = Job {
+        node: &node,
+        docker: &docker,
+        name: helper_name(req.block, &node.replace("node.", ""), "resolve"),
+        image: req.image,
+        cache: req.cache,
+        args,
+        input,
+        lineage: "resolve",
+    };
+    let never = tokio_util::sync::CancellationToken::new();
+    let end = run(&job, &mut |_| {}, &never).await?;
+    match end.result {
+        Some(mut r) if end.code == 0 => {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("event");
+                o.remove("mode");
+            }
+            Ok(r)
+        }
+        _ => Err(failed(
+            &node,
+            &format!("resolving {} at {:?}", req.repo, req.revision),
+            &end,
+        )),
+    }
+}
+
 fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
     cx.recorded
         .and_then(|r| r.config.get("commit"))
