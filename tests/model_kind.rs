@@ -144,7 +144,10 @@ fn the_state_holds_the_tokens_hash_not_the_token() {
 fn download_node_chooses_who_downloads() {
     let m = MODEL.replace("image    = \"img:1\"", "download_node = node.b");
     let (c, _) = load(&base(&m), &observed(COMMIT_A, "main"));
-    assert_eq!(c.resource("model.m[\"b\"]").unwrap().config["role"], "download");
+    assert_eq!(
+        c.resource("model.m[\"b\"]").unwrap().config["role"],
+        "download"
+    );
     let a = c.resource("model.m[\"a\"]").unwrap();
     assert_eq!(a.config["role"], "pull");
     assert_eq!(a.config["source_address"], "192.168.200.2");
@@ -163,9 +166,15 @@ fn unresolved_the_commit_is_null_and_the_path_says_so() {
     let (c, _) = load(&base(MODEL), &observed(COMMIT_A, "v2"));
     assert!(c.resource("model.m[\"a\"]").unwrap().config["commit"].is_null());
     // a commit as the revision needs no resolution
-    let m = MODEL.replace("repo     = \"org/name\"", &format!("repo = \"org/name\"\n  revision = \"{COMMIT_B}\""));
+    let m = MODEL.replace(
+        "repo     = \"org/name\"",
+        &format!("repo = \"org/name\"\n  revision = \"{COMMIT_B}\""),
+    );
     let (c, _) = load(&base(&m), &Observed::default());
-    assert_eq!(c.resource("model.m[\"a\"]").unwrap().config["commit"], COMMIT_B);
+    assert_eq!(
+        c.resource("model.m[\"a\"]").unwrap().config["commit"],
+        COMMIT_B
+    );
 }
 
 #[test]
@@ -184,9 +193,16 @@ fn a_new_commit_replaces_every_node_and_a_new_image_does_not() {
     for n in ["a", "b"] {
         let ch = p.change(&format!("model.m[\"{n}\"]")).unwrap();
         assert_eq!(ch.action, Action::Replace, "{n}");
-        assert!(ch.replace_reasons.iter().any(|r| r.contains("commit")), "{:?}", ch.replace_reasons);
+        assert!(
+            ch.replace_reasons.iter().any(|r| r.contains("commit")),
+            "{:?}",
+            ch.replace_reasons
+        );
     }
-    let (c3, g3) = load(&base(&MODEL.replace("img:1", "img:2")), &observed(COMMIT_A, "main"));
+    let (c3, g3) = load(
+        &base(&MODEL.replace("img:1", "img:2")),
+        &observed(COMMIT_A, "main"),
+    );
     let p = common::plan(&c3, &g3, &state);
     assert_eq!(p.change("model.m[\"a\"]").unwrap().action, Action::Update);
 }
@@ -203,7 +219,11 @@ container "vllm" {
 "#;
     let (c, _) = load(&text, &observed(COMMIT_A, "main"));
     let v = c.resource("container.vllm").unwrap();
-    assert!(v.deps.contains("model.m[\"a\"]") && v.deps.contains("model.m[\"b\"]"), "{:?}", v.deps);
+    assert!(
+        v.deps.contains("model.m[\"a\"]") && v.deps.contains("model.m[\"b\"]"),
+        "{:?}",
+        v.deps
+    );
 }
 
 #[test]
@@ -213,8 +233,13 @@ fn bad_blocks_say_what_and_how() {
     let e = errors(&base(&MODEL.replace("/data/hf", "relative/path")));
     assert!(e.contains("invalid `cache`"), "{e}");
     let e = errors(&base(&MODEL.replace("  network  = network.roce\n", "")));
-    assert!(e.contains("`network` is required with more than one node"), "{e}");
-    let e = errors(&base(&MODEL.replace("[node.a, node.b]", "[node.a, node.a]")));
+    assert!(
+        e.contains("`network` is required with more than one node"),
+        "{e}"
+    );
+    let e = errors(&base(
+        &MODEL.replace("[node.a, node.b]", "[node.a, node.a]"),
+    ));
     assert!(e.contains("listed twice"), "{e}");
     let lonely = base(MODEL).replace(
         "  attach \"b\" {\n    node      = node.b\n    interface = \"eth1\"\n    address   = \"192.168.200.2\"\n  }\n",
@@ -222,6 +247,8 @@ fn bad_blocks_say_what_and_how() {
     );
     let e = errors(&lonely);
     assert!(e.contains("has no attachment on node.b"), "{e}");
-    let e = errors(&base(&MODEL.replace("image    = \"img:1\"", "download_node = \"elsewhere\"")));
+    let e = errors(&base(
+        &MODEL.replace("image    = \"img:1\"", "download_node = \"elsewhere\""),
+    ));
     assert!(e.contains("download_node"), "{e}");
 }

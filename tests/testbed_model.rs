@@ -22,7 +22,11 @@ fn hub(args: &[&str]) -> String {
         .stdin(std::process::Stdio::null())
         .output()
         .expect("testbed hub");
-    assert!(o.status.success(), "testbed hub {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "testbed hub {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).to_string()
 }
 
@@ -74,7 +78,11 @@ output "path" {{
 
     let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    assert!(helpers_left(&tb).trim().is_empty(), "helper containers left: {}", helpers_left(&tb));
+    assert!(
+        helpers_left(&tb).trim().is_empty(),
+        "helper containers left: {}",
+        helpers_left(&tb)
+    );
 
     // Downloaded once: every file fetched once, all by the same client (the download node).
     let log = hub(&["log"]);
@@ -90,17 +98,33 @@ output "path" {{
     files.dedup();
     // config.json is read once more at plan time (resolve) for its facts
     let extra = gets.iter().filter(|v| v["file"] == "config.json").count();
-    assert!(n - files.len() <= extra.saturating_sub(1), "a file was fetched twice: {gets:?}");
+    assert!(
+        n - files.len() <= extra.saturating_sub(1),
+        "a file was fetched twice: {gets:?}"
+    );
     let clients: std::collections::BTreeSet<&str> =
         gets.iter().filter_map(|v| v["client"].as_str()).collect();
-    assert_eq!(clients.len(), 1, "more than one node fetched from the hub: {clients:?}");
-    assert!(files.iter().any(|f| f.ends_with(".safetensors")), "{files:?}");
+    assert_eq!(
+        clients.len(),
+        1,
+        "more than one node fetched from the hub: {clients:?}"
+    );
+    assert!(
+        files.iter().any(|f| f.ends_with(".safetensors")),
+        "{files:?}"
+    );
 
     // Copied over the fabric: the serve side saw node2's fabric address.
     let peers = state_attr(dir.path(), "model.standin[\"node2\"]", "peers_served");
     assert_eq!(peers, serde_json::json!(["192.168.201.62"]), "{out}");
     let source = state_attr(dir.path(), "model.standin[\"node2\"]", "source");
-    assert!(source.as_str().unwrap_or_default().starts_with("192.168.201.61:"), "{source}");
+    assert!(
+        source
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("192.168.201.61:"),
+        "{source}"
+    );
 
     // Both nodes hold the same verified snapshot.
     let snap = |n: &str| {
@@ -129,7 +153,10 @@ output "path" {{
         out.contains("1 file missing on node2") && out.contains(victim),
         "plan does not name the missing file:\n{out}"
     );
-    assert!(!out.contains("model.standin[\"node1\"]"), "node1 is not to change:\n{out}");
+    assert!(
+        !out.contains("model.standin[\"node1\"]"),
+        "node1 is not to change:\n{out}"
+    );
     let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
     let files_fetched = state_attr(dir.path(), "model.standin[\"node2\"]", "files_fetched");
@@ -142,9 +169,15 @@ output "path" {{
     let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
     for n in ["sf-node1", "sf-node2"] {
-        let left = tb.ssh(n, &format!("ls {CACHE}/models--testbed--standin-qwen3/snapshots 2>/dev/null"));
+        let left = tb.ssh(
+            n,
+            &format!("ls {CACHE}/models--testbed--standin-qwen3/snapshots 2>/dev/null"),
+        );
         assert!(left.trim().is_empty(), "{n} still has a snapshot: {left}");
         tb.ssh(n, &format!("rm -rf {CACHE}"));
     }
-    assert!(helpers_left(&tb).trim().is_empty(), "helper containers left after destroy");
+    assert!(
+        helpers_left(&tb).trim().is_empty(),
+        "helper containers left after destroy"
+    );
 }

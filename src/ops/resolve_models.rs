@@ -51,7 +51,11 @@ fn blocks(config: &Config) -> BTreeMap<String, Block> {
 
 /// The commit a state pins for a block at a revision, with what was recorded about it.
 fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelObserved> {
-    pinned_in(state?.resources.values().map(|r| &r.config), block, revision)
+    pinned_in(
+        state?.resources.values().map(|r| &r.config),
+        block,
+        revision,
+    )
 }
 
 fn pinned_in<'a>(
@@ -90,12 +94,7 @@ pub async fn resolve_models(
     if blocks.is_empty() {
         return Ok(observed);
     }
-    let str_of = |b: &Block, k: &str| {
-        b.config
-            .get(k)
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    };
+    let str_of = |b: &Block, k: &str| b.config.get(k).and_then(|v| v.as_str()).map(str::to_string);
     if !refresh {
         let mut diags = Vec::new();
         for (address, b) in &blocks {

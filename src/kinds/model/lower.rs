@@ -257,10 +257,7 @@ impl dyn Engine<'_> + '_ {
             c.insert("image".into(), image.clone().into());
             c.insert("node_name".into(), n.clone().into());
             c.insert("role".into(), role.into());
-            c.insert(
-                "download_node".into(),
-                format!("node.{download}").into(),
-            );
+            c.insert("download_node".into(), format!("node.{download}").into());
             c.insert("address".into(), addresses.get(n).cloned().flatten().into());
             c.insert("source_address".into(), source_address.clone().into());
             c.insert("total_bytes".into(), total_bytes.into());

@@ -423,7 +423,10 @@ impl Reporter<'_, '_> {
         if s(v, "event") != Some("progress") {
             return;
         }
-        if self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         self.last = Some(Instant::now());
@@ -586,13 +589,21 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     };
     let port = listening
         .as_ref()
-        .and_then(|end| end.events.iter().find(|e| s(e, "event") == Some("listening")))
+        .and_then(|end| {
+            end.events
+                .iter()
+                .find(|e| s(e, "event") == Some("listening"))
+        })
         .and_then(|e| e.get("port"))
         .and_then(|p| p.as_u64());
     let result = match port {
         None => {
             let end = listening.unwrap_or_default();
-            Err(failed(&dl_node, "serving the weights to the other nodes", &end))
+            Err(failed(
+                &dl_node,
+                "serving the weights to the other nodes",
+                &end,
+            ))
         }
         Some(port) => {
             let mut args = vec![
@@ -646,7 +657,11 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     remove_container(&dl_docker, &serve_id).await;
     let end = result?;
     let Some(r) = end.result.as_ref().filter(|_| end.code == 0) else {
-        return Err(failed(&node, &format!("copying the model from {dl_node}"), &end));
+        return Err(failed(
+            &node,
+            &format!("copying the model from {dl_node}"),
+            &end,
+        ));
     };
     let mut peers: Vec<String> = served
         .iter()
@@ -666,10 +681,19 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
         "files_fetched".into(),
         r.get("files_copied").cloned().unwrap_or_default(),
     );
-    attributes.insert("source".into(), format!("{source}:{}", port.unwrap_or(0)).into());
+    attributes.insert(
+        "source".into(),
+        format!("{source}:{}", port.unwrap_or(0)).into(),
+    );
     attributes.insert("peers_served".into(), peers.into());
-    attributes.insert("seconds".into(), r.get("seconds").cloned().unwrap_or_default());
-    attributes.insert("rate_bps".into(), r.get("rate_bps").cloned().unwrap_or_default());
+    attributes.insert(
+        "seconds".into(),
+        r.get("seconds").cloned().unwrap_or_default(),
+    );
+    attributes.insert(
+        "rate_bps".into(),
+        r.get("rate_bps").cloned().unwrap_or_default(),
+    );
     Ok(Applied {
         attributes,
         undo: serde_json::json!({"commit": w.commit}),
@@ -742,7 +766,10 @@ pub struct ResolveRequest<'a> {
 
 /// Resolve a revision to its commit and manifest (with the `config.json` facts) on a node, as
 /// its vLLM containers will reach the hub: transfer.py's `resolve` result.
-pub async fn resolve(host: &dyn Host, req: &ResolveRequest<'_>) -> Result<serde_json::Value, StepError> {
+pub async fn resolve(
+    host: &dyn Host,
+    req: &ResolveRequest<'_>,
+) -> Result<serde_json::Value, StepError> {
     let node = host.node().to_string();
     let docker = host.docker().await?;
     let mut args = vec![
