@@ -252,3 +252,91 @@ fn bad_blocks_say_what_and_how() {
     ));
     assert!(e.contains("download_node"), "{e}");
 }
+
+/// The testbed example with a model block handed to the Ray launcher.
+fn launcher_with_weights() -> String {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/testbed/main.hcl"
+    ))
+    .unwrap();
+    let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/modules");
+    example.replace("../../modules", modules).replace(
+        "  model                  = var.model\n",
+        "  weights                = model.m\n",
+    ) + r#"
+model "m" {
+  repo    = "org/name"
+  nodes   = [node.node1, node.node2]
+  cache   = "/data/hf/hub"
+  network = network.roce
+}
+"#
+}
+
+fn observed_main(commit: &str) -> Observed {
+    observed(commit, "main")
+}
+
+#[test]
+fn the_launcher_serves_the_snapshot_offline_and_a_new_commit_replaces_vllm_not_ray() {
+    let text = launcher_with_weights();
+    let (c, g) = load(&text, &observed_main(COMMIT_A));
+    let vllm = c.resource("module.qwen.container.vllm").expect("vllm");
+    let cmd = vllm.config["command"].to_string();
+    assert!(
+        cmd.contains(&format!(
+            "/data/hf/hub/models--org--name/snapshots/{COMMIT_A}"
+        )),
+        "{cmd}"
+    );
+    assert!(
+        cmd.contains("\"--served-model-name\",\"org/name\""),
+        "{cmd}"
+    );
+    let ray_head = c
+        .resources
+        .iter()
+        .find(|r| {
+            r.address.starts_with("module.qwen.module.ray.container.") && r.address.contains("head")
+        })
+        .expect("ray head");
+    for r in [vllm, ray_head] {
+        assert_eq!(r.config["env"]["HF_HUB_OFFLINE"], "1", "{}", r.address);
+        assert!(
+            r.config["volumes"]
+                .to_string()
+                .contains("/data/hf/hub:/data/hf/hub:ro"),
+            "{}",
+            r.address
+        );
+        for n in ["node1", "node2"] {
+            assert!(
+                r.deps.contains(&format!("model.m[\"{n}\"]")),
+                "{} waits for {n}'s weights: {:?}",
+                r.address,
+                r.deps
+            );
+        }
+    }
+    let mut state = sparkform::state::State::new();
+    let p = common::plan(&c, &g, &state);
+    plan::record(&p, &mut state);
+    let (c2, g2) = load(&text, &observed_main(COMMIT_B));
+    let p = common::plan(&c2, &g2, &state);
+    assert_eq!(
+        p.change("module.qwen.container.vllm").unwrap().action,
+        Action::Replace
+    );
+    assert_eq!(
+        p.change("model.m[\"node2\"]").unwrap().action,
+        Action::Replace
+    );
+    for ch in p
+        .changes
+        .iter()
+        .filter(|c| c.address.contains(".module.ray.container."))
+    {
+        assert_eq!(ch.action, Action::NoOp, "{} is left alone", ch.address);
+    }
+}
