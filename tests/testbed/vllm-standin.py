@@ -29,14 +29,193 @@ lines vLLM and torch.distributed print:
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
 import signal
+import struct
 import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+# The registry: the image's `vllm` package (tests/testbed/vllm-package), or the checkout's copy
+# next to this script when it runs outside the image (tests/standins.rs).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.isdir(os.path.join(_HERE, "vllm-package")):
+    sys.path.append(os.path.join(_HERE, "vllm-package"))
+
+
+def registry():
+    from vllm import ModelRegistry
+    return ModelRegistry
+
+
+class LoadError(Exception):
+    """A failed load: `lines` are the traceback's last lines as vLLM prints them, `where` the
+    process that prints them ("APIServer" for the configuration, "EngineCore_DP0" for weights)."""
+
+    def __init__(self, where, lines):
+        super().__init__(lines[-1])
+        self.where = where
+        self.lines = lines
+
+
+def check_config(model, served_args):
+    """What vLLM's ModelConfig does with a local folder: config.json must be there, and its
+    architectures must be in the registry."""
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        raise LoadError("APIServer", [
+            f"ValueError: Invalid repository ID or local directory specified: '{model}'.",
+            "Please verify the following requirements:",
+            "1. Provide a valid Hugging Face repository ID.",
+            "2. Specify a local directory that contains a recognized configuration file.",
+            "   - For Hugging Face models: ensure the presence of a 'config.json'.",
+            "   - For Mistral models: ensure the presence of a 'params.json'."])
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise LoadError("APIServer", [
+            f"OSError: It looks like the config file at '{path}' is not a valid JSON file. ({e})"])
+    archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+    try:
+        registry().resolve_model_cls(archs or [])
+    except ValueError as e:
+        raise LoadError("APIServer", [
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            f"  Value error, {e} [type=value_error, input_value=ArgsKwargs((), {served_args}), "
+            "input_type=ArgsKwargs]"])
+    return cfg
+
+
+def safetensors_header(path):
+    """Parse a safetensors file as safetensors' read_metadata does (same checks, same messages),
+    then check the data section against `__metadata__.standin_data_sha256` when the header has
+    it: the stand-in hub writes it, so a flipped byte is caught (a real load would not notice and
+    serve wrong output). Returns the tensor names."""
+    def refuse(msg):
+        raise LoadError("EngineCore_DP0", [
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/model_loader/'
+            'weight_utils.py", line 620, in safetensors_weights_iterator',
+            '    with safe_open(st_file, framework="pt") as f:',
+            f"safetensors._safetensors_rust.SafetensorError: {msg}"])
+
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        raise LoadError("EngineCore_DP0", [f"FileNotFoundError: No such file or directory: {path}"])
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(8)
+        if len(head) < 8:
+            refuse("Error while deserializing header: header too small")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            refuse("Error while deserializing header: header too large")
+        if 8 + n > size:
+            refuse("Error while deserializing header: invalid header length")
+        raw = fh.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            refuse(f"Error while deserializing header: invalid UTF-8 in header: {e}")
+        except ValueError as e:
+            refuse(f"Error while deserializing header: invalid JSON in header: {e}")
+        if not isinstance(header, dict):
+            refuse("Error while deserializing header: invalid JSON in header: not an object")
+        meta = header.pop("__metadata__", None) or {}
+        width = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
+                 "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+        try:
+            tensors = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+        except (TypeError, KeyError, IndexError):
+            refuse("Error while deserializing header: invalid JSON in header: missing data_offsets")
+        start = 0
+        for name, info in tensors:
+            s0, e0 = info["data_offsets"]
+            if s0 != start or e0 < s0:
+                refuse(f"Error while deserializing header: invalid offset for tensor `{name}`")
+            count = 1
+            for d in info.get("shape", []):
+                count *= d
+            if count * width.get(info.get("dtype"), 0) != e0 - s0:
+                refuse("Error while deserializing header: invalid shape, data type, or offset for tensor")
+            start = e0
+        if start + 8 + n != size:
+            refuse("Error while deserializing header: incomplete metadata, file not fully covered")
+        want = meta.get("standin_data_sha256")
+        if want:
+            h = hashlib.sha256()
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                h.update(chunk)
+            if h.hexdigest() != want:
+                raise LoadError("EngineCore_DP0", [
+                    f"ValueError: {path}: the data section's sha256 is {h.hexdigest()}, its header's "
+                    f"__metadata__ says {want}: a corrupted copy (vllm stand-in check; a real load "
+                    "would go on and serve wrong output)"])
+    return [name for name, _ in tensors]
+
+
+def weight_files(model):
+    """The shard files a load reads, as vLLM's default loader picks them: the *.safetensors in
+    the folder, kept to those the index names when there is one; and the tensors it expects."""
+    index_path = os.path.join(model, "model.safetensors.index.json")
+    present = sorted(glob.glob(os.path.join(model, "*.safetensors")))
+    expected = None
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path, encoding="utf-8") as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LoadError("EngineCore_DP0", [f"json.decoder.JSONDecodeError: {index_path}: {e}"])
+        expected = set(weight_map)
+        named = set(weight_map.values())
+        present = [p for p in present if os.path.basename(p) in named]
+    if not present:
+        raise LoadError("EngineCore_DP0", [f"RuntimeError: Cannot find any model weights with `{model}`"])
+    return present, expected
+
+
+def check_weights(model, progress=None):
+    """Read every shard as a load would; `progress(done, total)` after each one."""
+    files, expected = weight_files(model)
+    loaded = set()
+    for i, path in enumerate(files):
+        loaded.update(safetensors_header(path))
+        if progress:
+            progress(i + 1, len(files))
+    if expected is not None and expected - loaded:
+        raise LoadError("EngineCore_DP0", [
+            "ValueError: Following weights were not initialized from checkpoint: {"
+            + ", ".join(repr(n) for n in sorted(expected - loaded)) + "}"])
+    return len(files)
+
+
+def fail_load(err):
+    """Print a failed load as vLLM does and exit 1: the engine core's traceback, then the API
+    server's "Engine core initialization failed"."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    if err.where == "APIServer":
+        print(f"(APIServer pid={os.getpid()}) Traceback (most recent call last):", flush=True)
+        for line in err.lines:
+            print(f"(APIServer pid={os.getpid()}) {line}", flush=True)
+        sys.exit(1)
+    prefix = f"({err.where} pid={os.getpid()}) ERROR {stamp} [core.py:708]"
+    print(f"{prefix} EngineCore failed to start.", flush=True)
+    print(f"{prefix} Traceback (most recent call last):", flush=True)
+    for line in err.lines:
+        print(f"{prefix} {line}", flush=True)
+    print(f"(APIServer pid={os.getpid()}) RuntimeError: Engine core initialization failed. "
+          "See root cause above. Failed core proc(s): {}", flush=True)
+    sys.exit(1)
 
 
 def log(msg, level="INFO"):
@@ -81,12 +260,24 @@ def load_phases(args):
         pause = 0.4
     prefix = "(EngineCore_DP0 pid=%d) " % os.getpid()
     log(f"{prefix}[gpu_model_runner.py:2338] Starting to load model {args.model}...")
-    shards = 4
     started = time.time()
-    for i in range(shards + 1):
+
+    def bar(i, shards):
         time.sleep(pause)
         print(f"{prefix}Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed "
               f"| {i}/{shards} [00:0{i}<00:0{shards - i}, 1.00s/it]", flush=True)
+
+    if os.path.isdir(args.model):
+        # a local snapshot is read for real: a missing, truncated or corrupted shard fails here
+        try:
+            check_weights(args.model)
+        except LoadError as e:
+            fail_load(e)
+        shards = len(weight_files(args.model)[0])
+    else:
+        shards = 4
+    for i in range(shards + 1):
+        bar(i, shards)
     took = time.time() - started
     log(f"{prefix}[default_loader.py:267] Loading weights took {took:.2f} seconds")
     log(f"{prefix}[gpu_model_runner.py:2392] Model loading took 0.01 GiB memory and {took + 0.1:.6f} seconds")
@@ -187,7 +378,13 @@ def serve_rank0(args):
 
 
 def serve_headless(args):
-    """A headless rank: join rank 0's store, then wait; warn as torch does when it goes away."""
+    """A headless rank: load its own node's copy of a local snapshot (every rank reads its
+    shards), join rank 0's store, then wait; warn as torch does when it goes away."""
+    if os.path.isdir(args.model):
+        try:
+            check_weights(args.model)
+        except LoadError as e:
+            fail_load(e)
     me = os.environ.get("VLLM_HOST_IP", "")
     deadline = time.time() + args.distributed_timeout_seconds
     while True:
@@ -249,12 +446,25 @@ def start_ray(args):
         def ip(self):
             return ray.util.get_node_ip_address()
 
+        def load(self, model):
+            """Each worker reads the shards on its own node, as vLLM's Ray workers do."""
+            if not os.path.isdir(model):
+                return None
+            try:
+                check_weights(model)
+            except LoadError as e:
+                return e.lines
+            return None
+
     workers = [
         Worker.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=i)).remote()
         for i in range(world)
     ]
     ips = ray.get([w.ip.remote() for w in workers])
+    for ip, failed in zip(ips, ray.get([w.load.remote(args.model) for w in workers])):
+        if failed:
+            fail_load(LoadError("EngineCore_DP0", [f"(RayWorkerWrapper ip={ip}) {line}" for line in failed]))
     log(f"workers placed on {ips} (tensor parallel {args.tensor_parallel_size}, pipeline parallel {args.pipeline_parallel_size})")
     with State.lock:
         State.ips = ips
@@ -340,9 +550,22 @@ def main():
         f"VLLM_HOST_IP={os.environ.get('VLLM_HOST_IP')}, RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}, "
         f"backend={args.distributed_executor_backend}, nnodes={args.nnodes}, node_rank={args.node_rank}, "
         f"NCCL_SOCKET_IFNAME={os.environ.get('NCCL_SOCKET_IFNAME')}")
-    if "unsupported-arch" in args.model:
-        log("ValueError: Model architectures ['UnsupportedForCausalLM'] are not supported for now.")
-        sys.exit(1)
+    served_args = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size}
+    if os.path.isdir(args.model):
+        # a local snapshot (HF_HUB_OFFLINE): its config decides the architecture
+        try:
+            check_config(args.model, served_args)
+        except LoadError as e:
+            fail_load(e)
+    elif "unsupported-arch" in args.model:
+        # a hub name: the stand-in downloads nothing, the name stands for the config
+        try:
+            registry().resolve_model_cls(["UnsupportedForCausalLM"])
+        except ValueError as e:
+            fail_load(LoadError("APIServer", [
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+                f"  Value error, {e} [type=value_error, input_value=ArgsKwargs((), {served_args}), "
+                "input_type=ArgsKwargs]"]))
     if args.nnodes > 1 and args.distributed_executor_backend != "ray":
         State.placed = "ranks"
         if args.headless or args.node_rank > 0:
@@ -358,6 +581,18 @@ def main():
         while True:
             time.sleep(3600)
         del keep
+    if args.distributed_executor_backend == "mp":
+        # one node, one process group: no Ray, no store; the engine loads, then the API starts
+        State.placed = "ranks"
+        State.ips = [os.environ.get("VLLM_HOST_IP") or "127.0.0.1"]
+        State.healthy = True
+        load_phases(args)
+        server = ThreadingHTTPServer((args.host, args.port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        State.loaded = True
+        log("Application startup complete.")
+        while True:
+            time.sleep(3600)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = start_ray(args)

@@ -49,8 +49,10 @@ refs}), on every node, so vLLM finds the snapshot with HF_HUB_OFFLINE=1. The ver
 of a node is CACHE/models--ORG--NAME/sparkform/COMMIT.json (not under snapshots/, which the
 hub's cache scanner requires to hold folders only). A file is in it only once its bytes
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
-it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream: sha256 is sequential,
-so splitting a file would need a second read pass to hash it. pull writes blobs/BLOB.sparkform-partial, hashing while it streams, and
+it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream:
+sha256 is sequential, so splitting a file would need a second read pass to hash it. pull writes
+blobs/BLOB.sparkform-partial, hashing while it streams (in a thread of its own per file, so
+hashing overlaps receiving and writing) and starting the disk's writeback as it goes, and
 renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
 that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
 
@@ -67,6 +69,7 @@ import http.client
 import http.server
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -82,6 +85,10 @@ FORMAT = "sparkform-model-manifest/1"
 VERIFIED_FORMAT = "sparkform-verified-manifest/1"
 PARTIAL = ".sparkform-partial"
 CHUNK = 1 << 20
+# pull: receive buffers (each CHUNK, 4 per file in flight while hashing) and how often the
+# written range is handed to the disk
+WRITEBACK = 32 << 20
+FADVISE = hasattr(os, "posix_fadvise")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -1016,6 +1023,77 @@ class Peer:
         raise Fail(EXIT_REMOTE, "unreachable")
 
 
+class Hasher:
+    """sha256 (and git sha1) in a thread of its own, fed the receive buffers in order through a
+    bounded pool: hashlib releases the GIL on large buffers, so hashing one buffer overlaps with
+    receiving and writing the next, and with the disk's writeback. A buffer goes back to the
+    pool only once hashed, so the receiver never overwrites bytes not yet hashed."""
+
+    def __init__(self, hs, buffers=4):
+        self.hs = list(hs.values())
+        self.free = queue.Queue()
+        for _ in range(buffers):
+            self.free.put(bytearray(CHUNK))
+        self.full = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            item = self.full.get()
+            if item is None:
+                return
+            buf, n = item
+            view = memoryview(buf)[:n]
+            for h in self.hs:
+                h.update(view)
+            self.free.put(buf)
+
+    def buffer(self):
+        return self.free.get()
+
+    def put(self, buf, n):
+        self.full.put((buf, n))
+
+    def give_back(self, buf):
+        self.free.put(buf)
+
+    def close(self):
+        """Waits until every buffer put is hashed."""
+        self.full.put(None)
+        self.thread.join()
+
+
+def receive(resp, fd, got, size, hasher, progress, path, cancel):
+    """Streams the response body into fd from offset `got` up to `size`; returns the new offset.
+    Writeback to the disk is started every WRITEBACK bytes (POSIX_FADV_DONTNEED writes dirty
+    pages back without waiting), so the disk works while the network does and the final fsync
+    finds little left: with a page cache larger than the file, nothing would reach the disk
+    before that fsync otherwise, and the copy would be the network time plus the disk time."""
+    own = None if hasher else bytearray(CHUNK)
+    flushed = got
+    while got < size:
+        if cancel.is_set():
+            raise Fail(EXIT_INTR, "interrupted")
+        buf = hasher.buffer() if hasher else own
+        n = resp.readinto(buf)
+        if not n:
+            if hasher:
+                hasher.give_back(buf)
+            break
+        view = memoryview(buf)[:n]
+        while view:   # a write may take less than it is given
+            view = view[os.write(fd, view):]
+        if hasher:
+            hasher.put(buf, n)
+        got += n
+        progress.add(path, n)
+        if FADVISE and got - flushed >= WRITEBACK:
+            os.posix_fadvise(fd, flushed, got - flushed, os.POSIX_FADV_DONTNEED)
+            flushed = got
+    return got
+
+
 def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
     """Fetches one file into blobs/BLOB.sparkform-partial, resuming it, hashing while streaming;
     renames it into place only when it matches. Returns the sha256."""
@@ -1047,26 +1125,15 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
                 if resp.status not in (200, 206) or (have and resp.status != 206):
                     resp.read()
                     raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for %s" % (resp.status, f["path"]))
-                buf = bytearray(CHUNK)
-                view = memoryview(buf)
+                hasher = Hasher(hs) if hs else None
                 try:
-                    while got < f["size"]:
-                        if cancel.is_set():
-                            raise Fail(EXIT_INTR, "interrupted")
-                        n = resp.readinto(buf)
-                        if not n:
-                            break
-                        chunk = view[:n]
-                        for h in hs.values():
-                            h.update(chunk)
-                        while chunk:   # an unbuffered write may take less than it is given
-                            chunk = chunk[fh.write(chunk):]
-                        got += n
-                        progress.add(f["path"], n)
+                    got = receive(resp, fh.fileno(), got, f["size"], hasher, progress, f["path"], cancel)
                 except (OSError, http.client.HTTPException) as e:
                     peer.reset()
-                    raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke after %s: %s"
-                               % (f["path"], human(got), e))
+                    raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke: %s" % (f["path"], e))
+                finally:
+                    if hasher:
+                        hasher.close()
                 if got < f["size"]:
                     peer.reset()
                     raise Fail(EXIT_REMOTE, "the peer sent %s of %s's %s and stopped"
