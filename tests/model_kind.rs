@@ -340,3 +340,51 @@ fn the_launcher_serves_the_snapshot_offline_and_a_new_commit_replaces_vllm_not_r
         assert_eq!(ch.action, Action::NoOp, "{} is left alone", ch.address);
     }
 }
+
+#[test]
+fn the_architecture_check_runs_after_the_weights_and_before_every_container_using_them() {
+    let text = launcher_with_weights().replace(
+        "  network = network.roce\n}",
+        "  network = network.roce\n  serve_image = \"sparkform-testbed/ray:latest\"\n}",
+    );
+    let (c, _) = load(&text, &observed_main(COMMIT_A));
+    let all = |_: &str| true;
+    let checks = sparkform::kinds::model::machine::architecture_checks(&c, &all);
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    let ch = &checks[0];
+    assert_eq!(ch.address, "model.m (architecture check)");
+    assert!(ch.after.contains(&"model.m[\"node1\"]".to_string()));
+    assert!(
+        ch.before
+            .contains(&"module.qwen.container.vllm".to_string()),
+        "{:?}",
+        ch.before
+    );
+    assert!(
+        ch.before
+            .iter()
+            .any(|b| b.contains(".module.ray.container.")),
+        "Ray waits too: {:?}",
+        ch.before
+    );
+    // nothing changed: no check
+    let none = |_: &str| false;
+    assert!(sparkform::kinds::model::machine::architecture_checks(&c, &none).is_empty());
+    // without serve_image there is none either
+    let (c, _) = load(&launcher_with_weights(), &observed_main(COMMIT_A));
+    assert!(sparkform::kinds::model::machine::architecture_checks(&c, &all).is_empty());
+}
+
+#[test]
+fn a_registry_lacking_the_architecture_is_named() {
+    use sparkform::kinds::model::machine::lacking;
+    let want = vec!["Qwen3ForCausalLM".to_string()];
+    let have = serde_json::json!({"architectures": ["LlamaForCausalLM", "Qwen3ForCausalLM"]});
+    assert!(lacking(&want, &have).unwrap().is_empty());
+    let noarch = serde_json::json!({"architectures": ["LlamaForCausalLM"]});
+    assert_eq!(lacking(&want, &noarch).unwrap(), want);
+    let broken = serde_json::json!({"error": "ModuleNotFoundError: No module named 'vllm'"});
+    assert!(lacking(&want, &broken)
+        .unwrap_err()
+        .contains("No module named"));
+}

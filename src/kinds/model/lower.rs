@@ -234,6 +234,7 @@ impl dyn Engine<'_> + '_ {
             .string("image")
             .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         let endpoint = attrs.string("endpoint");
+        let serve_image = attrs.string("serve_image");
         let token_sensitive = attrs.is_sensitive("token");
         let token = attrs.string("token");
         let source_address = addresses.get(&download).cloned().flatten();
@@ -268,6 +269,7 @@ impl dyn Engine<'_> + '_ {
             );
             let mut sensitive = Vec::new();
             if role == "download" {
+                c.insert("serve_image".into(), serve_image.clone().into());
                 c.insert("endpoint".into(), endpoint.clone().into());
                 c.insert("token".into(), token.clone().into());
                 if token_sensitive && token.is_some() {

@@ -20,10 +20,13 @@ use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
 use super::{human_bytes, is_commit, judge_observed};
+use crate::config::Config;
 use crate::events::{emit, Event};
+use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
-    deep_refresh, Applied, ContainerIndex, Machine, NodeObservations, StepCx, StepError,
+    deep_refresh, Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, StepCx,
+    StepError,
 };
 use crate::plan::{Action, Change, Observed};
 use crate::state::ResourceState;
@@ -138,9 +141,6 @@ async fn remove_container(docker: &bollard::Docker, name: &str) {
 /// Create the helper container (removing one a killed run left), put the program and its
 /// input in, start it.
 async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
-    remove_container(job.docker, &job.name).await;
-    let mut labels = std::collections::HashMap::new();
-    labels.insert(LABEL_HELPER.to_string(), job.lineage.to_string());
     let mut cmd = vec![
         "sh".to_string(),
         "-c".to_string(),
@@ -148,6 +148,13 @@ async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
         "transfer.py".to_string(),
     ];
     cmd.extend(job.args.iter().cloned());
+    spawn_with(job, cmd).await
+}
+
+async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError> {
+    remove_container(job.docker, &job.name).await;
+    let mut labels = std::collections::HashMap::new();
+    labels.insert(LABEL_HELPER.to_string(), job.lineage.to_string());
     let body = ContainerCreateBody {
         image: Some(job.image.to_string()),
         entrypoint: Some(cmd),
@@ -827,8 +834,153 @@ fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
         .map(str::to_string)
 }
 
+/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
+const ARCHS_PY: &str = "import json, sys\n\
+try:\n    from vllm import ModelRegistry\n\
+except Exception as e:\n    print(json.dumps({'error': '%s: %s' % (type(e).__name__, e)})); sys.exit(3)\n\
+print(json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())}))\n";
+
+/// The architecture check: the image that serves the weights lists the architecture of the
+/// model's `config.json`. It runs after the model's steps and before every changed resource
+/// that uses the model (the Ray and vLLM containers the modules make depend on it), so an image
+/// that cannot load the model is refused in seconds, before anything starts.
+struct ArchitectureCheck {
+    block: String,
+    node: String,
+    image: String,
+    cache: String,
+    architectures: Vec<String>,
+}
+
+/// Which of `wanted` a registry lacks; an error when the answer is not a registry.
+pub fn lacking(wanted: &[String], answer: &serde_json::Value) -> Result<Vec<String>, String> {
+    if let Some(e) = s(answer, "error") {
+        return Err(e.to_string());
+    }
+    let have = list(answer, "architectures");
+    if have.is_empty() {
+        return Err("the image's vLLM lists no architecture".into());
+    }
+    Ok(wanted
+        .iter()
+        .filter(|a| !have.contains(a))
+        .cloned()
+        .collect())
+}
+
+#[async_trait]
+impl CheckRun for ArchitectureCheck {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        let host = pool.get(&self.node)?;
+        let node = host.node().to_string();
+        let docker = host.docker().await?;
+        let job = Job {
+            node: &node,
+            docker: &docker,
+            name: helper_name(&self.block, &node.replace("node.", ""), "archcheck"),
+            image: &self.image,
+            cache: &self.cache,
+            args: Vec::new(),
+            input: String::new(),
+            lineage: "check",
+        };
+        let cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
+        let id = spawn_with(&job, cmd).await?;
+        let mut ignore = |_: &serde_json::Value| {};
+        let run = follow(&docker, &id, &mut ignore, None);
+        let end = tokio::time::timeout(Duration::from_secs(120), run).await;
+        remove_container(&docker, &id).await;
+        let Ok(end) = end else {
+            return Err(StepError::new(format!(
+                "{node}: {} did not answer which architectures its vLLM serves within 120 s",
+                self.image
+            )));
+        };
+        let answer = end.events.last().cloned().unwrap_or_else(
+            || serde_json::json!({"error": end.stderr.last().cloned().unwrap_or_else(|| format!("exit code {}", end.code))}),
+        );
+        match lacking(&self.architectures, &answer) {
+            Ok(missing) if missing.is_empty() => Ok(format!(
+                "{} serves {}",
+                self.image,
+                self.architectures.join(", ")
+            )),
+            Ok(missing) => Err(StepError::new(format!(
+                "{node}: the image {} cannot serve {}: its vLLM does not list the architecture {} of the model's config.json",
+                self.image,
+                self.block,
+                missing.join(", ")
+            ))
+            .help("use a vLLM image (a newer release, or a build) whose model registry has it; nothing that uses the model was started")),
+            Err(why) => Err(StepError::new(format!(
+                "{node}: cannot ask {} which architectures its vLLM serves: {why}",
+                self.image
+            ))
+            .help("serve_image must be the vLLM image the modules run (python3 with the vllm package)")),
+        }
+    }
+}
+
+/// The architecture checks of a configuration: one per model block with a `serve_image`
+/// whose architecture is known, when the model or something using it changes.
+pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    let mut out = Vec::new();
+    for r in &config.resources {
+        let c = &r.config;
+        if r.kind != crate::config::ResourceKind::Model || s(c, "role") != Some("download") {
+            continue;
+        }
+        let (Some(block), Some(image)) = (s(c, "block"), s(c, "serve_image")) else {
+            continue;
+        };
+        let architectures = c
+            .get("facts")
+            .map(|f| list(f, "architectures"))
+            .unwrap_or_default();
+        if architectures.is_empty() {
+            continue;
+        }
+        let mine: Vec<String> = config
+            .resources
+            .iter()
+            .filter(|m| m.kind == r.kind && s(&m.config, "block") == Some(block))
+            .map(|m| m.address.clone())
+            .collect();
+        let users: Vec<String> = config
+            .resources
+            .iter()
+            .filter(|u| !mine.contains(&u.address) && changed(&u.address))
+            .filter(|u| u.deps.iter().any(|d| mine.contains(d)))
+            .map(|u| u.address.clone())
+            .collect();
+        let model_changed: Vec<String> = mine.iter().filter(|a| changed(a)).cloned().collect();
+        if users.is_empty() && model_changed.is_empty() {
+            continue;
+        }
+        out.push(Check {
+            address: format!("{block} (architecture check)"),
+            after: model_changed,
+            covers: Vec::new(),
+            before: users,
+            nodes: r.node.clone().into_iter().collect(),
+            run: Arc::new(ArchitectureCheck {
+                block: block.to_string(),
+                node: r.node.clone().unwrap_or_default(),
+                image: image.to_string(),
+                cache: s(c, "cache").unwrap_or("/tmp").to_string(),
+                architectures,
+            }),
+        });
+    }
+    out
+}
+
 #[async_trait]
 impl Machine for ModelMachine {
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        architecture_checks(config, changed)
+    }
+
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
         if action == Action::Delete {
             let rec = cx

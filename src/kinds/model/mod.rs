@@ -25,6 +25,7 @@ pub static MODEL: BlockSpec = spec(
         opt("token", schema::Kind::Str),
         opt("image", schema::Kind::Str),
         opt("endpoint", schema::Kind::Str),
+        opt("serve_image", schema::Kind::Str),
         opt("depends_on", schema::Kind::RefList),
     ],
     &[],
@@ -54,6 +55,7 @@ pub const IN_PLACE: &[&str] = &[
     "download_node",
     "source_address",
     "address",
+    "serve_image",
 ];
 
 impl Kind for Model {
