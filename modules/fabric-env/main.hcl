@@ -25,6 +25,8 @@ locals {
       HF_HOME            = "/root/.cache/huggingface"
     },
     var.nccl_ib_hca == null ? {} : { NCCL_IB_HCA = var.nccl_ib_hca },
+    # The weights are on every node, verified: nothing is to be fetched from the hub.
+    var.model_cache == null ? {} : { HF_HUB_OFFLINE = "1" },
     # NCCL names the transport it chose only at INFO level; the fallback signature needs it.
     local.detect_socket_fallback ? { NCCL_DEBUG = "INFO" } : {},
     var.launcher_env,

@@ -51,7 +51,10 @@ output "shm_size" {
 }
 
 output "volumes" {
-  value = ["${var.hf_cache}:/root/.cache/huggingface"]
+  value = concat(
+    ["${var.hf_cache}:/root/.cache/huggingface"],
+    var.model_cache == null ? [] : ["${var.model_cache}:${var.model_cache}:ro"],
+  )
 }
 
 output "devices" {

@@ -50,6 +50,12 @@ variable "shm_size" {
   description = "Shared memory (/dev/shm) of every container: NCCL and vLLM's message queues live there, and Docker's 64 MiB default is too small."
 }
 
+variable "model_cache" {
+  type        = string
+  default     = null
+  description = "A model block's cache folder (model.qwen.cache): mounted at the same path in every container, which then runs with HF_HUB_OFFLINE=1."
+}
+
 variable "hf_cache" {
   type        = string
   default     = "/root/.cache/huggingface"

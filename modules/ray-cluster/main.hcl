@@ -6,6 +6,7 @@ module "fabric" {
   extra_env            = var.extra_env
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  model_cache          = var.model_cache
   gpu_devices          = var.gpu_devices
   rdma                 = var.rdma
   nccl_ib_hca          = var.nccl_ib_hca

@@ -37,6 +37,12 @@ variable "shm_size" {
   description = "Shared memory for Ray's object store and NCCL."
 }
 
+variable "model_cache" {
+  type        = string
+  default     = null
+  description = "A model block's cache folder, mounted in every container (../fabric-env)."
+}
+
 variable "hf_cache" {
   type        = string
   default     = "/root/.cache/huggingface"

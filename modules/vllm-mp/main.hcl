@@ -6,6 +6,7 @@ module "fabric" {
   extra_env            = var.extra_env
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  model_cache          = var.weights == null ? null : var.weights.cache
   gpu_devices          = var.gpu_devices
   rdma                 = var.rdma
   nccl_ib_hca          = var.nccl_ib_hca
@@ -15,6 +16,7 @@ module "fabric" {
 module "serve" {
   source            = "../vllm-serve"
   model             = var.model
+  weights           = var.weights
   served_model_name = var.served_model_name
   # Each node once: a head also listed as a worker, or a worker listed twice, is reported by
   # ../fabric-env by name, not here as a GPU count; other mistakes still show their checks.

@@ -6,6 +6,7 @@ module "ray" {
   workers              = var.workers
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  model_cache          = var.weights == null ? null : var.weights.cache
   gpu_devices          = var.gpu_devices
   extra_env            = var.extra_env
   head_address         = var.head_address
@@ -18,6 +19,7 @@ module "ray" {
 module "serve" {
   source            = "../vllm-serve"
   model             = var.model
+  weights           = var.weights
   served_model_name = var.served_model_name
   # Each node once: a head also listed as a worker, or a worker listed twice, is reported by
   # ../fabric-env by name, not here as a GPU count; other mistakes still show their checks.

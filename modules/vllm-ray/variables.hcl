@@ -23,7 +23,14 @@ variable "workers" {
 
 variable "model" {
   type        = string
-  description = "Hugging Face model id, e.g. Qwen/Qwen3.5-122B-A10B-FP8."
+  default     = null
+  description = "Hugging Face model id, e.g. Qwen/Qwen3.5-122B-A10B-FP8 (vLLM fetches it); or set `weights`."
+}
+
+variable "weights" {
+  type        = any
+  default     = null
+  description = "A model block (model.qwen): its verified copy on every node is served offline; every container waits for it."
 }
 
 variable "served_model_name" {

@@ -1,13 +1,18 @@
 locals {
-  served_name = var.served_model_name == null ? var.model : var.served_model_name
+  repo = var.weights == null ? var.model : var.weights.repo
+  # The local snapshot when there is a model block: its commit is in the path, so a new commit
+  # replaces the containers that serve it (and only them).
+  model_arg   = var.weights == null ? var.model : var.weights.path
+  size_gib    = var.weights == null ? var.model_size_gib : (var.weights.size_gib == null ? var.model_size_gib : var.weights.size_gib)
+  served_name = var.served_model_name == null ? local.repo : var.served_model_name
   gpus_needed = var.tensor_parallel_size * var.pipeline_parallel_size
   gpus_total  = sum([for n in var.nodes : n.gpus == null ? 0 : n.gpus])
   min_memory  = min([for n in var.nodes : n.memory_gib == null ? 0 : n.memory_gib]...)
-  per_node    = var.model_size_gib == null ? 0 : var.model_size_gib / length(var.nodes) + var.overhead_gib
-  large_model = var.model_size_gib == null ? true : var.model_size_gib >= var.large_model_gib
+  per_node    = local.size_gib == null ? 0 : local.size_gib / length(var.nodes) + var.overhead_gib
+  large_model = local.size_gib == null ? true : local.size_gib >= var.large_model_gib
 
   serve_args = [
-    "vllm", "serve", var.model,
+    "vllm", "serve", local.model_arg,
     "--tensor-parallel-size", tostring(var.tensor_parallel_size),
     "--pipeline-parallel-size", tostring(var.pipeline_parallel_size),
   ]
@@ -23,6 +28,11 @@ locals {
   )
 }
 
+check "a_model" {
+  condition     = var.model != null || var.weights != null
+  error_message = "no model: set `model` (a Hugging Face id vLLM fetches) or `weights` (a model block, served from its verified local copy)"
+}
+
 check "parallelism_matches_gpus" {
   condition     = local.gpus_needed == local.gpus_total
   error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${local.gpus_total} GPUs; vLLM would wait forever for the missing ones"
@@ -35,7 +45,7 @@ check "utilization_on_unified_memory" {
 }
 
 check "model_fits" {
-  condition     = var.model_size_gib == null || local.per_node <= local.min_memory * var.gpu_memory_utilization
+  condition     = local.size_gib == null || local.min_memory == 0 || local.per_node <= local.min_memory * var.gpu_memory_utilization
   error_message = "the model needs about ${local.per_node} GiB per node (weights split over ${length(var.nodes)} nodes plus ${var.overhead_gib} GiB), more than ${local.min_memory} GiB × ${var.gpu_memory_utilization}; add nodes or raise gpu_memory_utilization"
 }
 

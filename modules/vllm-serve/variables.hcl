@@ -4,7 +4,14 @@
 
 variable "model" {
   type        = string
-  description = "Hugging Face model id, e.g. Qwen/Qwen3.5-122B-A10B-FP8."
+  default     = null
+  description = "Hugging Face model id, e.g. Qwen/Qwen3.5-122B-A10B-FP8 (vLLM fetches it); or set `weights`."
+}
+
+variable "weights" {
+  type        = any
+  default     = null
+  description = "A model block (model.qwen): vLLM serves its verified local snapshot (`path`) offline, and the memory check uses its size."
 }
 
 variable "served_model_name" {

@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{ArgAction, Args};
+use clap::Args;
 
 use super::{
     report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs,
@@ -45,9 +45,9 @@ pub struct ApplyArgs {
     /// Replace this resource even if unchanged (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub replace: Vec<String>,
-    /// Observe the machines before planning
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub refresh: bool,
+    /// Observe the machines before planning (deep: also rehash every model file on every node)
+    #[arg(long, value_name = "true|false|deep", value_enum, default_value = "true", num_args = 0..=1, default_missing_value = "true")]
+    pub refresh: super::plan::RefreshMode,
 }
 
 /// What apply and destroy share.
@@ -95,6 +95,11 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         return ExitCode::from(1);
     };
     let ws = ca.workspace();
+    let refresh = args.refresh.engage();
+    let Some((config, graph)) = resolve_models(&ca, &args.common, (config, graph), None, refresh)
+    else {
+        return ExitCode::from(1);
+    };
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
@@ -110,10 +115,52 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         &config,
         &graph,
         Source::Definitions {
-            refresh: args.refresh,
+            refresh,
             options: opts,
         },
     )
+}
+
+/// The definitions evaluated again with their models' commits (resolved on the download nodes,
+/// or pinned by the state or the plan file); `None` once the errors are reported.
+fn resolve_models(
+    ca: &ConfigArgs,
+    args: &ExecArgs,
+    first: (Config, Graph),
+    planned: Option<&Plan>,
+    refresh: bool,
+) -> Option<(Config, Graph)> {
+    if !ops::resolve_models::has_models(&first.0) {
+        return Some(first);
+    }
+    let vars = ca.var_inputs().ok()?;
+    let ws = ca.workspace();
+    let state = match ws.state() {
+        Ok(s) => s,
+        Err(e) => {
+            report_error(e);
+            return None;
+        }
+    };
+    let rt = super::runtime().ok()?;
+    let hosts = args.connect.options();
+    let pins = match planned {
+        Some(plan) => ops::resolve_models::Pins::Planned(plan),
+        None => ops::resolve_models::Pins::Resolve {
+            state: state.as_ref(),
+            refresh,
+        },
+    };
+    let resolved = rt.block_on(super::with_notes(args.json, |events| async move {
+        ops::resolve_models::load_pinned(&ws.dir, &vars, first, pins, &hosts, &events).await
+    }));
+    match resolved {
+        Ok(x) => Some(x),
+        Err(e) => {
+            super::report_op_error(e, args.json);
+            None
+        }
+    }
 }
 
 /// The definitions and their graph, warnings drawn (text) or printed as a JSON line; `None`
@@ -160,6 +207,12 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
         return ExitCode::from(1);
     };
     let ws = ca.workspace();
+    // The plan's models at the commits the plan shows.
+    let Some((config, graph)) =
+        resolve_models(&ca, &args.common, (config, graph), Some(&pf.plan), false)
+    else {
+        return ExitCode::from(1);
+    };
     execute(
         &args.common,
         &ws,

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{ArgAction, Args};
+use clap::Args;
 
 use super::{report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
@@ -31,9 +31,10 @@ pub struct PlanArgs {
     /// Save the plan to FILE; `apply FILE` refuses it if the state changed meanwhile
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Observe the machines before planning (-refresh=false plans against the state alone)
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub refresh: bool,
+    /// Observe the machines before planning (-refresh=false plans against the state alone;
+    /// -refresh=deep also rehashes every model file on every node)
+    #[arg(long, value_name = "true|false|deep", value_enum, default_value = "true", num_args = 0..=1, default_missing_value = "true")]
+    pub refresh: RefreshMode,
     /// Exit 0 when there is nothing to do, 2 when there are changes, 1 on error
     #[arg(long = "detailed-exitcode")]
     pub detailed_exitcode: bool,
@@ -52,6 +53,23 @@ pub struct PlanArgs {
     /// Write blocks for `import` blocks whose resource has no block yet to FILE (a new file)
     #[arg(long = "generate-config-out", value_name = "FILE")]
     pub generate_config_out: Option<PathBuf>,
+}
+
+/// `-refresh=true|false|deep`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefreshMode {
+    True,
+    False,
+    /// A refresh that also compares checksums where a kind can (model files: sha256).
+    Deep,
+}
+
+impl RefreshMode {
+    /// Whether the machines are looked at; a deep refresh is switched on for the kinds.
+    pub fn engage(self) -> bool {
+        crate::kinds::machine::set_deep_refresh(self == RefreshMode::Deep);
+        self != RefreshMode::False
+    }
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
@@ -100,11 +118,33 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    let refresh = args.refresh.engage();
+    // Model revisions resolved on their download nodes, then the definitions evaluated again.
+    let hosts = args.connect.options();
+    let resolved = rt.block_on(super::with_notes(args.json, |events| {
+        let (dir, vars, recorded) = (&ws.dir, &vars, recorded.as_ref());
+        async move {
+            ops::resolve_models::load_resolved(
+                dir,
+                vars,
+                (config, graph),
+                recorded,
+                refresh,
+                &hosts,
+                &events,
+            )
+            .await
+        }
+    }));
+    let (config, graph) = match resolved {
+        Ok(x) => x,
+        Err(e) => return super::report_op_error(e, args.json),
+    };
     let request = ops::plan::PlanRequest {
         config: &config,
         graph: &graph,
         recorded: recorded.as_ref(),
-        refresh: args.refresh,
+        refresh,
         options: PlanOptions {
             replace: args.replace.clone(),
             targets: args.target.clone(),

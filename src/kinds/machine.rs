@@ -26,6 +26,18 @@ macro_rules! define_machines {
 }
 super::for_each_kind!(define_machines);
 
+/// `-refresh=deep`: kinds whose observation can go further at a cost (the model kind rehashes
+/// every file on every node) do so. Set once by the command before its refresh.
+static DEEP_REFRESH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_deep_refresh(deep: bool) {
+    DEEP_REFRESH.store(deep, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn deep_refresh() -> bool {
+    DEEP_REFRESH.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Where an exec probe can run a command, by container address: (node, Docker name).
 pub type ContainerIndex = BTreeMap<String, (String, String)>;
 

@@ -10,6 +10,7 @@ pub mod attachment;
 pub mod container;
 pub(crate) mod lower;
 pub mod machine;
+pub mod model;
 pub mod probe;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,7 @@ macro_rules! for_each_kind {
         $then! {
             Attachment => attachment,
             Container => container,
+            Model => model,
             Probe => probe,
         }
     };
@@ -210,10 +212,10 @@ mod tests {
 
     #[test]
     fn an_unknown_kind_is_named_with_the_known_ones() {
-        let e = serde_json::from_str::<KindId>("\"model\"")
+        let e = serde_json::from_str::<KindId>("\"volume\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("unknown resource kind `model`"), "{e}");
-        assert!(e.contains("attachment, container, probe"), "{e}");
+        assert!(e.contains("unknown resource kind `volume`"), "{e}");
+        assert!(e.contains("attachment, container, model, probe"), "{e}");
     }
 }

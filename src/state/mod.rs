@@ -759,7 +759,7 @@ mod tests {
         let store = StateStore::new(dir.path().join("s.json"));
         fs::write(
             store.path(),
-            "{\"format_version\":1,\"serial\":3,\"lineage\":\"l\",\"resources\":{\n\"a\":{\"kind\":\"model\",\"config_hash\":\"sha256:00\"}}}",
+            "{\"format_version\":1,\"serial\":3,\"lineage\":\"l\",\"resources\":{\n\"a\":{\"kind\":\"volume\",\"config_hash\":\"sha256:00\"}}}",
         )
         .unwrap();
         let e = store.load().unwrap_err();
@@ -775,7 +775,7 @@ mod tests {
         assert_eq!(path, store.path());
         assert_eq!(*line, 2);
         assert!(
-            message.contains("unknown resource kind `model`"),
+            message.contains("unknown resource kind `volume`"),
             "{message}"
         );
         assert!(e.to_string().contains("s.json"), "{e}");

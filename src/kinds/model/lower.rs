@@ -1,0 +1,353 @@
+//! Lowering a `model` block into one resource per node (`model.qwen["spark1"]`) and the value
+//! the modules reference (`path`, `commit`, `size_bytes`, `config`, …). The commit comes from
+//! what `ops` resolved before the evaluation (`Engine::observed`); without it the resources
+//! say the commit is not resolved, and an apply refuses them.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use hcl::{Map, Value};
+
+use super::{check_cache, check_pattern, check_repo, check_revision, is_commit, snapshot_path};
+use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
+use crate::config::lowering::*;
+use crate::diag::Diag;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    cx.eval_model()
+}
+
+/// A node object's name (`spark1`), from a `node.spark1` value.
+fn node_name(v: &Value) -> Option<String> {
+    let o = v.as_object()?;
+    (o.get("kind").and_then(Value::as_str) == Some("node"))
+        .then(|| o.get("name").and_then(Value::as_str).map(str::to_string))
+        .flatten()
+}
+
+/// The node's address on a network value (`network.roce`): its attachment's `address`.
+fn fabric_address(network: &Value, node: &str) -> Option<String> {
+    network
+        .as_object()?
+        .get("attach")?
+        .as_object()?
+        .values()
+        .filter_map(Value::as_object)
+        .find(|a| a.get("node_name").and_then(Value::as_str) == Some(node))
+        .and_then(|a| a.get("address").and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+impl dyn Engine<'_> + '_ {
+    fn eval_model(&mut self) -> Option<Evaluated> {
+        let item = self.item();
+        let name = item.name.clone();
+        let header = item.header.clone();
+        let edge_deps = self.edge_deps("depends_on")?;
+        let (attrs, ctx) = self.simple_block(&MODEL)?;
+        let block_address = format!("{}model.{}", self.prefix(), name);
+        let repo = attrs.string("repo").unwrap_or_default();
+        let revision = attrs
+            .string("revision")
+            .unwrap_or_else(|| DEFAULT_REVISION.to_string());
+        let cache = attrs.string("cache").unwrap_or_default();
+        let mut ok = true;
+        let mut bad = |me: &mut Self, key: &str, r: Result<(), String>, help: &str| {
+            if let Err(msg) = r {
+                me.value_error(&attrs, key, msg, help);
+                ok = false;
+            }
+        };
+        bad(
+            self,
+            "repo",
+            check_repo(&repo),
+            "the repository as the hub names it, e.g. \"Qwen/Qwen3.5-122B-A10B-FP8\"",
+        );
+        bad(
+            self,
+            "revision",
+            check_revision(&revision),
+            "a branch (\"main\"), a tag or a 40-hex commit",
+        );
+        bad(
+            self,
+            "cache",
+            check_cache(&cache),
+            "the Hugging Face cache folder on the nodes, e.g. \"/home/nvidia/.cache/huggingface/hub\"",
+        );
+        let patterns = |k: &str| -> Vec<String> {
+            attrs
+                .values
+                .get(k)
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let include = patterns("include");
+        let exclude = patterns("exclude");
+        for (k, list) in [("include", &include), ("exclude", &exclude)] {
+            for p in list {
+                bad(
+                    self,
+                    k,
+                    check_pattern(p),
+                    "patterns are fnmatch globs such as \"*.safetensors\"",
+                );
+            }
+        }
+        let node_values: Vec<Value> = match attrs.raw.get("nodes").or(attrs.values.get("nodes")) {
+            Some(Value::Array(a)) => a.clone(),
+            Some(v @ Value::Object(_)) => vec![v.clone()],
+            _ => Vec::new(),
+        };
+        let mut nodes: Vec<String> = Vec::new();
+        for v in &node_values {
+            match node_name(v) {
+                Some(n) if !nodes.contains(&n) => nodes.push(n),
+                Some(n) => {
+                    self.value_error(
+                        &attrs,
+                        "nodes",
+                        format!("node.{n} is listed twice"),
+                        "list each node once",
+                    );
+                    ok = false;
+                }
+                None => {
+                    self.value_error(
+                        &attrs,
+                        "nodes",
+                        "expected a list of node references".into(),
+                        "nodes = [node.spark1, node.spark2]",
+                    );
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if nodes.is_empty() && ok {
+            self.value_error(
+                &attrs,
+                "nodes",
+                "no node".into(),
+                "nodes = [node.spark1, node.spark2]",
+            );
+            ok = false;
+        }
+        let download = match attrs.string("download_node") {
+            Some(id) => {
+                let n = id.strip_prefix("node.").unwrap_or(&id).to_string();
+                if !nodes.contains(&n) && ok {
+                    self.value_error(
+                        &attrs,
+                        "download_node",
+                        format!("{id} is not one of the model's nodes"),
+                        "the download node is one of `nodes`",
+                    );
+                    ok = false;
+                }
+                n
+            }
+            None => nodes.first().cloned().unwrap_or_default(),
+        };
+        let network = attrs.raw.get("network").or(attrs.values.get("network"));
+        let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for n in &nodes {
+            addresses.insert(n.clone(), network.and_then(|net| fabric_address(net, n)));
+        }
+        if nodes.len() > 1 && ok {
+            match network {
+                None => {
+                    self.diag(
+                        Diag::error(
+                            "config::missing_attribute",
+                            format!("model `{name}`: `network` is required with more than one node"),
+                        )
+                        .label(&header, "copies between the nodes need the fabric")
+                        .help("network = network.roce: the nodes pull the weights from the download node over its addresses, never over the management network"),
+                    );
+                    ok = false;
+                }
+                Some(net) => {
+                    let lacking: Vec<&String> = addresses
+                        .iter()
+                        .filter(|(_, a)| a.is_none())
+                        .map(|(n, _)| n)
+                        .collect();
+                    if !lacking.is_empty() {
+                        let net_name = net
+                            .as_object()
+                            .and_then(|o| o.get("id"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("the network")
+                            .to_string();
+                        self.value_error(
+                            &attrs,
+                            "network",
+                            format!(
+                                "{net_name} has no attachment on {}",
+                                lacking
+                                    .iter()
+                                    .map(|n| format!("node.{n}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                            "attach every node of the model to the network the copies travel over",
+                        );
+                        ok = false;
+                    }
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let observed = self
+            .observed()
+            .models
+            .get(&block_address)
+            .filter(|o| o.revision == revision)
+            .cloned();
+        let commit: Option<String> = observed
+            .as_ref()
+            .map(|o| o.commit.clone())
+            .or_else(|| is_commit(&revision).then(|| revision.clone()));
+        let manifest = observed.as_ref().map(|o| o.manifest.clone());
+        let total_bytes = manifest
+            .as_ref()
+            .and_then(|m| m.get("total_bytes"))
+            .and_then(|v| v.as_u64());
+        let file_count = manifest
+            .as_ref()
+            .and_then(|m| m.get("files"))
+            .and_then(|v| v.as_array().map(|a| a.len() as u64).or_else(|| v.as_u64()));
+        let facts = observed
+            .as_ref()
+            .map(|o| o.config.clone())
+            .filter(|c| !c.is_null());
+        let image = attrs
+            .string("image")
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
+        let endpoint = attrs.string("endpoint");
+        let serve_image = attrs.string("serve_image");
+        let token_sensitive = attrs.is_sensitive("token");
+        let token = attrs.string("token");
+        let source_address = addresses.get(&download).cloned().flatten();
+        let mut deps = ctx.deps.clone();
+        deps.extend(edge_deps);
+        deps.extend(self.extra_deps().iter().cloned());
+        let download_address = format!("{block_address}[{download:?}]");
+        let mut all = BTreeSet::new();
+        let mut resources = Map::new();
+        for n in &nodes {
+            let address = format!("{block_address}[{n:?}]");
+            let role = if *n == download { "download" } else { "pull" };
+            let mut c = serde_json::Map::new();
+            c.insert("block".into(), block_address.clone().into());
+            c.insert("repo".into(), repo.clone().into());
+            c.insert("revision".into(), revision.clone().into());
+            c.insert("commit".into(), commit.clone().into());
+            c.insert("cache".into(), cache.clone().into());
+            c.insert("include".into(), include.clone().into());
+            c.insert("exclude".into(), exclude.clone().into());
+            c.insert("image".into(), image.clone().into());
+            c.insert("node_name".into(), n.clone().into());
+            c.insert("role".into(), role.into());
+            c.insert("download_node".into(), format!("node.{download}").into());
+            c.insert("address".into(), addresses.get(n).cloned().flatten().into());
+            c.insert("source_address".into(), source_address.clone().into());
+            c.insert("total_bytes".into(), total_bytes.into());
+            c.insert("files".into(), file_count.into());
+            c.insert(
+                "facts".into(),
+                facts.clone().unwrap_or(serde_json::Value::Null),
+            );
+            let mut sensitive = Vec::new();
+            if role == "download" {
+                c.insert("serve_image".into(), serve_image.clone().into());
+                c.insert("endpoint".into(), endpoint.clone().into());
+                c.insert("token".into(), token.clone().into());
+                if token_sensitive && token.is_some() {
+                    sensitive.push(vec!["token".to_string()]);
+                }
+            }
+            let mut rdeps = deps.clone();
+            if role == "pull" {
+                rdeps.insert(download_address.clone());
+            }
+            self.add_resource(Resource {
+                address: address.clone(),
+                kind: ResourceKind::Model,
+                node: Some(format!("node.{n}")),
+                config: serde_json::Value::Object(c),
+                sensitive,
+                deps: rdeps,
+                replace_triggered_by: BTreeSet::new(),
+                span: header.clone(),
+            });
+            resources.insert(n.clone(), address.clone().into());
+            all.insert(address);
+        }
+        let mut value = Map::new();
+        value.insert("kind".into(), "model".into());
+        value.insert("id".into(), block_address.clone().into());
+        value.insert("name".into(), name.into());
+        value.insert("repo".into(), repo.clone().into());
+        value.insert("revision".into(), revision.clone().into());
+        value.insert(
+            "commit".into(),
+            commit.clone().map(Value::from).unwrap_or(Value::Null),
+        );
+        // Unresolved (validate, or a plan that could not resolve): a path that says so, so
+        // that the modules still evaluate; an apply refuses an unresolved model.
+        let path = snapshot_path(
+            &cache,
+            &repo,
+            commit
+                .as_deref()
+                .unwrap_or(&format!("unresolved-{revision}")),
+        );
+        value.insert("path".into(), path.into());
+        value.insert("cache".into(), cache.clone().into());
+        value.insert(
+            "size_bytes".into(),
+            total_bytes.map(Value::from).unwrap_or(Value::Null),
+        );
+        value.insert(
+            "size_gib".into(),
+            total_bytes
+                .map(|b| Value::from(b as f64 / (1u64 << 30) as f64))
+                .unwrap_or(Value::Null),
+        );
+        let facts_value: Value = facts
+            .as_ref()
+            .and_then(|f| hcl::to_value(f).ok())
+            .unwrap_or(Value::Null);
+        let architectures: Value = facts_value
+            .as_object()
+            .and_then(|o| o.get("architectures"))
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
+        value.insert("config".into(), facts_value);
+        value.insert("architectures".into(), architectures);
+        value.insert(
+            "nodes".into(),
+            Value::Array(nodes.iter().cloned().map(Value::from).collect()),
+        );
+        value.insert("download_node".into(), download.into());
+        value.insert("resources".into(), Value::Object(resources));
+        value.insert("image".into(), image.into());
+        Some(Evaluated {
+            value: Value::Object(value),
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(all),
+            all_resources: BTreeSet::new(),
+        })
+    }
+}

@@ -1,0 +1,1170 @@
+//! The model kind on the machines: `transfer.py` in one-shot containers of the block's image
+//! (it carries `huggingface_hub`), on the host network, the cache folder bind-mounted at the
+//! same path. The download node's step downloads and verifies; every other node's step starts
+//! `serve` on the download node's fabric address, pulls from it (sha256 while streaming) and
+//! stops the serve container however the step ends.
+//!
+//! The program and its input (the token, when there is one) reach the container as files put
+//! into it before it starts (Docker's archive upload): never in its command line or its
+//! environment, so `docker inspect` shows neither. Helper containers carry the label
+//! [`LABEL_HELPER`] (not the lineage label containers are observed by) and a name derived
+//! from the step, so one left by a killed run is removed by the next.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters as q;
+use futures_util::StreamExt;
+
+use super::{human_bytes, is_commit, judge_observed};
+use crate::config::Config;
+use crate::events::{emit, Event};
+use crate::hosts::HostPool;
+use crate::hosts::{Host, HostError};
+use crate::kinds::machine::{
+    deep_refresh, Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, StepCx,
+    StepError,
+};
+use crate::plan::{Action, Change, Observed};
+use crate::state::ResourceState;
+
+pub struct ModelMachine;
+pub static MACHINE: ModelMachine = ModelMachine;
+
+/// The program, as the nodes run it.
+pub const TRANSFER_PY: &str = include_str!("transfer.py");
+
+/// The label of the helper containers, valued with the deployment's lineage.
+pub const LABEL_HELPER: &str = "sparkform.model-helper";
+
+/// How the container runs the program: its input file on standard input, the mode and its
+/// arguments passed as arguments (`"$@"`), never pasted into the shell line.
+const RUNNER: &str = "exec python3 /sparkform/transfer.py \"$@\" < /sparkform/input";
+
+/// How long a serve container waits for a request before it stops by itself (a puller that
+/// went away, a sparkform that was killed).
+const SERVE_IDLE_SECS: u32 = 120;
+
+/// A one-shot run of transfer.py on a node.
+struct Job<'a> {
+    node: &'a str,
+    docker: &'a bollard::Docker,
+    name: String,
+    image: &'a str,
+    cache: &'a str,
+    args: Vec<String>,
+    /// Standard input: the token's line, when there is one.
+    input: String,
+    lineage: &'a str,
+}
+
+/// How a run ended.
+#[derive(Debug, Default)]
+struct JobEnd {
+    code: i64,
+    result: Option<serde_json::Value>,
+    error: Option<String>,
+    stderr: Vec<String>,
+    events: Vec<serde_json::Value>,
+}
+
+/// A tar archive of regular files (ustar), for Docker's archive upload.
+fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
+    fn octal(field: &mut [u8], v: u64) {
+        let s = format!("{:0w$o}", v, w = field.len() - 1);
+        field[..s.len()].copy_from_slice(s.as_bytes());
+    }
+    let mut out = Vec::new();
+    let mut entry = |name: &str, data: &[u8], mode: u32, dir: bool| {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        octal(&mut h[100..108], mode as u64);
+        octal(&mut h[108..116], 0);
+        octal(&mut h[116..124], 0);
+        octal(&mut h[124..136], data.len() as u64);
+        octal(&mut h[136..148], 0);
+        h[156] = if dir { b'5' } else { b'0' };
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|b| *b as u64).sum();
+        let s = format!("{sum:06o}\0 ");
+        h[148..156].copy_from_slice(s.as_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(data);
+        let pad = (512 - data.len() % 512) % 512;
+        out.extend(std::iter::repeat_n(0u8, pad));
+    };
+    entry("sparkform/", &[], 0o755, true);
+    for (name, data, mode) in files {
+        entry(&format!("sparkform/{name}"), data, *mode, false);
+    }
+    out.extend(std::iter::repeat_n(0u8, 1024));
+    out
+}
+
+fn docker_err(node: &str, what: &str, e: bollard::errors::Error) -> StepError {
+    StepError::new(format!("{node}: {what}: {e}"))
+}
+
+/// A name Docker accepts, from the step's parts.
+fn helper_name(block: &str, node: &str, mode: &str) -> String {
+    let clean: String = format!("sparkform-{block}-{node}-{mode}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    clean.chars().take(120).collect()
+}
+
+async fn remove_container(docker: &bollard::Docker, name: &str) {
+    let _ = docker
+        .remove_container(
+            name,
+            Some(q::RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+}
+
+/// Create the helper container (removing one a killed run left), put the program and its
+/// input in, start it.
+async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
+    let mut cmd = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        RUNNER.to_string(),
+        "transfer.py".to_string(),
+    ];
+    cmd.extend(job.args.iter().cloned());
+    spawn_with(job, cmd).await
+}
+
+async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError> {
+    remove_container(job.docker, &job.name).await;
+    let mut labels = std::collections::HashMap::new();
+    labels.insert(LABEL_HELPER.to_string(), job.lineage.to_string());
+    let body = ContainerCreateBody {
+        image: Some(job.image.to_string()),
+        entrypoint: Some(cmd),
+        cmd: None,
+        labels: Some(labels),
+        env: Some(vec![
+            "HF_HUB_DISABLE_TELEMETRY=1".into(),
+            "PYTHONUNBUFFERED=1".into(),
+        ]),
+        host_config: Some(HostConfig {
+            binds: Some(vec![format!("{}:{}", job.cache, job.cache)]),
+            network_mode: Some("host".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = job
+        .docker
+        .create_container(
+            Some(q::CreateContainerOptions {
+                name: Some(job.name.clone()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| {
+            let hint = if e.to_string().contains("No such image") {
+                format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node)
+            } else {
+                "check the node's Docker Engine".into()
+            };
+            docker_err(job.node, &format!("cannot create the transfer container {}", job.name), e)
+                .help(hint)
+        })?;
+    let tar = tar_of(&[
+        ("transfer.py", TRANSFER_PY.as_bytes(), 0o755),
+        ("input", job.input.as_bytes(), 0o600),
+    ]);
+    let uploaded = job
+        .docker
+        .upload_to_container(
+            &created.id,
+            Some(q::UploadToContainerOptions {
+                path: "/".into(),
+                ..Default::default()
+            }),
+            bollard::body_full(tar.into()),
+        )
+        .await;
+    if let Err(e) = uploaded {
+        remove_container(job.docker, &created.id).await;
+        return Err(docker_err(
+            job.node,
+            "cannot put the transfer program into its container",
+            e,
+        ));
+    }
+    if let Err(e) = job
+        .docker
+        .start_container(&created.id, None::<q::StartContainerOptions>)
+        .await
+    {
+        remove_container(job.docker, &created.id).await;
+        return Err(docker_err(
+            job.node,
+            "cannot start the transfer container",
+            e,
+        ));
+    }
+    Ok(created.id)
+}
+
+/// Follow a helper's output to its end: every JSON line goes to `on_event`; `stop_when` ends
+/// the following early (serve's `listening`). Returns what was seen.
+async fn follow(
+    docker: &bollard::Docker,
+    id: &str,
+    on_event: &mut (dyn FnMut(&serde_json::Value) + Send),
+    stop_when: Option<&str>,
+) -> JobEnd {
+    let mut end = JobEnd::default();
+    let mut stream = docker.logs(
+        id,
+        Some(q::LogsOptions {
+            follow: true,
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        }),
+    );
+    let mut buf = String::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else { break };
+        match chunk {
+            bollard::container::LogOutput::StdErr { message } => {
+                for l in String::from_utf8_lossy(&message).lines() {
+                    end.stderr.push(l.to_string());
+                    if end.stderr.len() > 20 {
+                        end.stderr.remove(0);
+                    }
+                }
+            }
+            other => {
+                buf.push_str(&other.to_string());
+                while let Some(i) = buf.find('\n') {
+                    let line: String = buf.drain(..=i).collect();
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+                        continue;
+                    };
+                    let ev = v.get("event").and_then(|e| e.as_str()).unwrap_or_default();
+                    match ev {
+                        "result" => end.result = Some(v.clone()),
+                        "error" => {
+                            end.error = v
+                                .get("message")
+                                .and_then(|m| m.as_str())
+                                .map(str::to_string)
+                        }
+                        "progress" => {}
+                        _ => end.events.push(v.clone()),
+                    }
+                    on_event(&v);
+                    if stop_when == Some(ev) {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+    end.code = docker
+        .inspect_container(id, None::<q::InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|i| i.state)
+        .and_then(|s| s.exit_code)
+        .unwrap_or(-1);
+    end
+}
+
+/// Run a helper to its end and remove it; on cancel it is stopped (transfer.py keeps what it
+/// verified) and removed.
+async fn run(
+    job: &Job<'_>,
+    on_event: &mut (dyn FnMut(&serde_json::Value) + Send),
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<JobEnd, StepError> {
+    let id = spawn(job).await?;
+    let outcome = tokio::select! {
+        end = follow(job.docker, &id, on_event, None) => Ok(end),
+        _ = cancel.cancelled() => Err(StepError::new(format!("{}: interrupted; what was verified is kept", job.node))),
+    };
+    if outcome.is_err() {
+        let _ = job
+            .docker
+            .stop_container(
+                &id,
+                Some(q::StopContainerOptions {
+                    t: Some(10),
+                    ..Default::default()
+                }),
+            )
+            .await;
+    }
+    remove_container(job.docker, &id).await;
+    outcome
+}
+
+/// A failed run as a step error, with transfer.py's message and exit code explained.
+fn failed(node: &str, what: &str, end: &JobEnd) -> StepError {
+    let why = end
+        .error
+        .clone()
+        .or_else(|| end.stderr.last().cloned())
+        .unwrap_or_else(|| format!("exit code {}", end.code));
+    let help = match end.code {
+        3 => "a file's size or sha256 differs from the hub's manifest; nothing unverified was kept: apply again to fetch it again",
+        4 => "the hub or the peer failed: check the endpoint, the token and the fabric between the nodes",
+        5 => "the repository, revision or file is unknown to the hub (or the token may not read it)",
+        6 => "the image lacks huggingface_hub: set the model block's `image` to the deployment's vLLM image",
+        7 => "a local I/O error on the node: is the cache folder writable, is the disk full?",
+        8 => "interrupted: what was verified is kept; apply again to finish",
+        _ => "see the message; apply again once it is fixed",
+    };
+    StepError::new(format!("{node}: {what} failed: {why}"))
+        .details(end.stderr.clone())
+        .help(help)
+}
+
+fn s<'a>(v: &'a serde_json::Value, k: &str) -> Option<&'a str> {
+    v.get(k).and_then(|x| x.as_str())
+}
+
+fn list(v: &serde_json::Value, k: &str) -> Vec<String> {
+    v.get(k)
+        .and_then(|x| x.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a step reads from its configuration.
+struct Want {
+    block: String,
+    repo: String,
+    revision: String,
+    commit: String,
+    cache: String,
+    image: String,
+    node_name: String,
+    role: String,
+    download_node: String,
+    source_address: Option<String>,
+    endpoint: Option<String>,
+    token: Option<String>,
+    include: Vec<String>,
+    exclude: Vec<String>,
+}
+
+fn want(address: &str, c: &serde_json::Value) -> Result<Want, StepError> {
+    let commit = s(c, "commit").filter(|c| is_commit(c)).ok_or_else(|| {
+        StepError::new(format!(
+            "{address}: revision {:?} of {} is not resolved to a commit",
+            s(c, "revision").unwrap_or_default(),
+            s(c, "repo").unwrap_or_default()
+        ))
+        .help("plan and apply resolve it on the download node; with -refresh=false the commit recorded in the state is used")
+    })?;
+    Ok(Want {
+        block: s(c, "block").unwrap_or_default().to_string(),
+        repo: s(c, "repo").unwrap_or_default().to_string(),
+        revision: s(c, "revision").unwrap_or_default().to_string(),
+        commit: commit.to_string(),
+        cache: s(c, "cache").unwrap_or_default().to_string(),
+        image: s(c, "image").unwrap_or_default().to_string(),
+        node_name: s(c, "node_name").unwrap_or_default().to_string(),
+        role: s(c, "role").unwrap_or_default().to_string(),
+        download_node: s(c, "download_node").unwrap_or_default().to_string(),
+        source_address: s(c, "source_address").map(str::to_string),
+        endpoint: s(c, "endpoint").map(str::to_string),
+        token: s(c, "token").map(str::to_string),
+        include: list(c, "include"),
+        exclude: list(c, "exclude"),
+    })
+}
+
+fn filters(w: &Want) -> Vec<String> {
+    let mut a = Vec::new();
+    for p in &w.include {
+        a.push("--include".into());
+        a.push(p.clone());
+    }
+    for p in &w.exclude {
+        a.push("--exclude".into());
+        a.push(p.clone());
+    }
+    a
+}
+
+/// Progress lines from transfer.py's `progress` events, at most one a second.
+struct Reporter<'a, 'b> {
+    cx: &'a StepCx<'b>,
+    what: &'static str,
+    node: String,
+    last: Option<Instant>,
+}
+
+impl Reporter<'_, '_> {
+    fn on(&mut self, v: &serde_json::Value) {
+        if s(v, "event") != Some("progress") {
+            return;
+        }
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let done = v.get("bytes_done").and_then(|x| x.as_u64()).unwrap_or(0);
+        let total = v.get("bytes_total").and_then(|x| x.as_u64()).unwrap_or(0);
+        let rate = v.get("rate_bps").and_then(|x| x.as_u64()).unwrap_or(0);
+        let pct = (total > 0).then(|| done as f64 * 100.0 / total as f64);
+        let line = format!(
+            "{} on {}: {} of {} at {}/s",
+            self.what,
+            self.node,
+            human_bytes(done),
+            human_bytes(total),
+            human_bytes(rate)
+        );
+        emit(
+            self.cx.events,
+            Event::Phase {
+                address: self.cx.address.to_string(),
+                phase: self.what.to_string(),
+                percent: pct,
+                line: line.clone(),
+            },
+        );
+        self.cx.progress(line, None, None);
+    }
+}
+
+async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
+    let host = cx.host()?;
+    let node = host.node().to_string();
+    let docker = host.docker().await?;
+    let mut args = vec![
+        "download".to_string(),
+        w.repo.clone(),
+        w.commit.clone(),
+        "--cache".into(),
+        w.cache.clone(),
+    ];
+    if !is_commit(&w.revision) {
+        args.extend(["--ref".to_string(), w.revision.clone()]);
+    }
+    if let Some(ep) = &w.endpoint {
+        args.extend(["--endpoint".to_string(), ep.clone()]);
+    }
+    if deep {
+        args.push("--deep".into());
+    }
+    let mut input = String::new();
+    if let Some(t) = &w.token {
+        args.push("--token-stdin".into());
+        input = format!("{t}\n");
+    }
+    args.extend(filters(w));
+    let job = Job {
+        node: &node,
+        docker: &docker,
+        name: helper_name(&w.block, &w.node_name, "download"),
+        image: &w.image,
+        cache: &w.cache,
+        args,
+        input,
+        lineage: cx.lineage,
+    };
+    cx.progress(
+        format!("downloading {} at {} on {node}", w.repo, &w.commit[..12]),
+        None,
+        None,
+    );
+    let mut rep = Reporter {
+        cx,
+        what: "downloading",
+        node: node.clone(),
+        last: None,
+    };
+    let end = run(&job, &mut |v| rep.on(v), cx.cancel).await?;
+    let Some(result) = end.result.as_ref().filter(|_| end.code == 0) else {
+        return Err(failed(&node, "downloading the model", &end));
+    };
+    let got = result
+        .get("bytes_downloaded")
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0);
+    let total = result
+        .get("bytes_total")
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0);
+    let mut attributes = BTreeMap::new();
+    attributes.insert("commit".into(), w.commit.clone().into());
+    attributes.insert("bytes_total".into(), total.into());
+    attributes.insert("bytes_fetched".into(), got.into());
+    attributes.insert(
+        "files_fetched".into(),
+        result
+            .get("files_downloaded")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null),
+    );
+    attributes.insert(
+        "seconds".into(),
+        result.get("seconds").cloned().unwrap_or_default(),
+    );
+    Ok(Applied {
+        attributes,
+        undo: serde_json::json!({"commit": w.commit}),
+        summary: format!(
+            "{} verified on {node} ({} fetched from the hub)",
+            human_bytes(total),
+            human_bytes(got)
+        ),
+    })
+}
+
+async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
+    let host = cx.host()?;
+    let node = host.node().to_string();
+    let docker = host.docker().await?;
+    let source = w.source_address.clone().ok_or_else(|| {
+        StepError::new(format!(
+            "{}: the download node has no address on the model's network",
+            cx.address
+        ))
+    })?;
+    let dl_host: Arc<dyn Host> = cx.pool.get(&w.download_node)?;
+    let dl_node = dl_host.node().to_string();
+    let dl_docker = dl_host.docker().await?;
+    // serve: the download node's fabric address only, an ephemeral port
+    let serve = Job {
+        node: &dl_node,
+        docker: &dl_docker,
+        name: helper_name(&w.block, &w.node_name, "serve"),
+        image: &w.image,
+        cache: &w.cache,
+        args: vec![
+            "serve".into(),
+            source.clone(),
+            "0".into(),
+            "--repo".into(),
+            w.repo.clone(),
+            "--commit".into(),
+            w.commit.clone(),
+            "--cache".into(),
+            w.cache.clone(),
+            "--idle-timeout".into(),
+            SERVE_IDLE_SECS.to_string(),
+        ],
+        input: String::new(),
+        lineage: cx.lineage,
+    };
+    cx.progress(
+        format!("serving the weights on {dl_node} at {source}"),
+        None,
+        None,
+    );
+    let serve_id = spawn(&serve).await?;
+    let mut ignore = |_: &serde_json::Value| {};
+    let listening = tokio::select! {
+        end = tokio::time::timeout(Duration::from_secs(120), follow(&dl_docker, &serve_id, &mut ignore, Some("listening"))) => end.ok(),
+        _ = cx.cancel.cancelled() => None,
+    };
+    let port = listening
+        .as_ref()
+        .and_then(|end| {
+            end.events
+                .iter()
+                .find(|e| s(e, "event") == Some("listening"))
+        })
+        .and_then(|e| e.get("port"))
+        .and_then(|p| p.as_u64());
+    let result = match port {
+        None => {
+            let end = listening.unwrap_or_default();
+            Err(failed(
+                &dl_node,
+                "serving the weights to the other nodes",
+                &end,
+            ))
+        }
+        Some(port) => {
+            let mut args = vec![
+                "pull".to_string(),
+                source.clone(),
+                port.to_string(),
+                "--repo".into(),
+                w.repo.clone(),
+                "--commit".into(),
+                w.commit.clone(),
+                "--cache".into(),
+                w.cache.clone(),
+            ];
+            if !is_commit(&w.revision) {
+                args.extend(["--ref".to_string(), w.revision.clone()]);
+            }
+            if deep {
+                args.push("--deep".into());
+            }
+            args.extend(filters(w));
+            let job = Job {
+                node: &node,
+                docker: &docker,
+                name: helper_name(&w.block, &w.node_name, "pull"),
+                image: &w.image,
+                cache: &w.cache,
+                args,
+                input: String::new(),
+                lineage: cx.lineage,
+            };
+            let mut rep = Reporter {
+                cx,
+                what: "copying",
+                node: node.clone(),
+                last: None,
+            };
+            run(&job, &mut |v| rep.on(v), cx.cancel).await
+        }
+    };
+    // The serve container goes however the pull ended; what it served (and to whom) first.
+    let served = crate::kinds::container::machine::log_tail(&dl_docker, &serve_id, 2000).await;
+    let _ = dl_docker
+        .stop_container(
+            &serve_id,
+            Some(q::StopContainerOptions {
+                t: Some(5),
+                ..Default::default()
+            }),
+        )
+        .await;
+    remove_container(&dl_docker, &serve_id).await;
+    let end = result?;
+    let Some(r) = end.result.as_ref().filter(|_| end.code == 0) else {
+        return Err(failed(
+            &node,
+            &format!("copying the model from {dl_node}"),
+            &end,
+        ));
+    };
+    let mut peers: Vec<String> = served
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| s(v, "event") == Some("served"))
+        .filter_map(|v| s(&v, "peer").map(str::to_string))
+        .collect();
+    peers.sort();
+    peers.dedup();
+    let copied = r.get("bytes_copied").and_then(|x| x.as_u64()).unwrap_or(0);
+    let total = r.get("bytes_total").and_then(|x| x.as_u64()).unwrap_or(0);
+    let mut attributes = BTreeMap::new();
+    attributes.insert("commit".into(), w.commit.clone().into());
+    attributes.insert("bytes_total".into(), total.into());
+    attributes.insert("bytes_fetched".into(), copied.into());
+    attributes.insert(
+        "files_fetched".into(),
+        r.get("files_copied").cloned().unwrap_or_default(),
+    );
+    attributes.insert(
+        "source".into(),
+        format!("{source}:{}", port.unwrap_or(0)).into(),
+    );
+    attributes.insert("peers_served".into(), peers.into());
+    attributes.insert(
+        "seconds".into(),
+        r.get("seconds").cloned().unwrap_or_default(),
+    );
+    attributes.insert(
+        "rate_bps".into(),
+        r.get("rate_bps").cloned().unwrap_or_default(),
+    );
+    Ok(Applied {
+        attributes,
+        undo: serde_json::json!({"commit": w.commit}),
+        summary: format!(
+            "{} verified on {node} ({} copied from {dl_node} over {source})",
+            human_bytes(total),
+            human_bytes(copied)
+        ),
+    })
+}
+
+/// Remove one commit's snapshot from a node.
+async fn remove_snapshot(
+    host: &dyn Host,
+    lineage: &str,
+    w: &Want,
+    commit: &str,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<String, StepError> {
+    let node = host.node().to_string();
+    let docker = host.docker().await?;
+    let job = Job {
+        node: &node,
+        docker: &docker,
+        name: helper_name(&w.block, &w.node_name, "remove"),
+        image: &w.image,
+        cache: &w.cache,
+        args: vec![
+            "remove".into(),
+            "--repo".into(),
+            w.repo.clone(),
+            "--commit".into(),
+            commit.to_string(),
+            "--cache".into(),
+            w.cache.clone(),
+        ],
+        input: String::new(),
+        lineage,
+    };
+    let end = run(&job, &mut |_| {}, cancel).await?;
+    if end.code != 0 {
+        return Err(failed(&node, "removing the model's snapshot", &end));
+    }
+    let freed = end
+        .result
+        .as_ref()
+        .and_then(|r| r.get("bytes_freed"))
+        .and_then(|x| x.as_u64())
+        .unwrap_or(0);
+    Ok(format!(
+        "removed {} at {} from {node} ({} freed)",
+        w.repo,
+        &commit[..commit.len().min(12)],
+        human_bytes(freed)
+    ))
+}
+
+/// What resolving a revision needs: the download node's view of the hub.
+pub struct ResolveRequest<'a> {
+    pub block: &'a str,
+    pub repo: &'a str,
+    pub revision: &'a str,
+    pub image: &'a str,
+    pub cache: &'a str,
+    pub endpoint: Option<&'a str>,
+    pub token: Option<&'a str>,
+    pub include: &'a [String],
+    pub exclude: &'a [String],
+}
+
+/// Resolve a revision to its commit and manifest (with the `config.json` facts) on a node, as
+/// its vLLM containers will reach the hub: transfer.py's `resolve` result.
+pub async fn resolve(
+    host: &dyn Host,
+    req: &ResolveRequest<'_>,
+) -> Result<serde_json::Value, StepError> {
+    let node = host.node().to_string();
+    let docker = host.docker().await?;
+    let mut args = vec![
+        "resolve".to_string(),
+        req.repo.to_string(),
+        req.revision.to_string(),
+    ];
+    if let Some(ep) = req.endpoint {
+        args.extend(["--endpoint".to_string(), ep.to_string()]);
+    }
+    let mut input = String::new();
+    if let Some(t) = req.token {
+        args.push("--token-stdin".into());
+        input = format!("{t}\n");
+    }
+    for p in req.include {
+        args.extend(["--include".to_string(), p.clone()]);
+    }
+    for p in req.exclude {
+        args.extend(["--exclude".to_string(), p.clone()]);
+    }
+    let job = Job {
+        node: &node,
+        docker: &docker,
+        name: helper_name(req.block, &node.replace("node.", ""), "resolve"),
+        image: req.image,
+        cache: req.cache,
+        args,
+        input,
+        lineage: "resolve",
+    };
+    let never = tokio_util::sync::CancellationToken::new();
+    let end = run(&job, &mut |_| {}, &never).await?;
+    match end.result {
+        Some(mut r) if end.code == 0 => {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("event");
+                o.remove("mode");
+            }
+            Ok(r)
+        }
+        _ => Err(failed(
+            &node,
+            &format!("resolving {} at {:?}", req.repo, req.revision),
+            &end,
+        )),
+    }
+}
+
+fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
+    cx.recorded
+        .and_then(|r| r.config.get("commit"))
+        .and_then(|c| c.as_str())
+        .filter(|c| is_commit(c))
+        .map(str::to_string)
+}
+
+/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
+const ARCHS_PY: &str = "import json, sys\n\
+try:\n    from vllm import ModelRegistry\n\
+except Exception as e:\n    print(json.dumps({'error': '%s: %s' % (type(e).__name__, e)})); sys.exit(3)\n\
+print(json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())}))\n";
+
+/// The architecture check: the image that serves the weights lists the architecture of the
+/// model's `config.json`. It runs after the model's steps and before every changed resource
+/// that uses the model (the Ray and vLLM containers the modules make depend on it), so an image
+/// that cannot load the model is refused in seconds, before anything starts.
+struct ArchitectureCheck {
+    block: String,
+    node: String,
+    image: String,
+    cache: String,
+    architectures: Vec<String>,
+}
+
+/// Which of `wanted` a registry lacks; an error when the answer is not a registry.
+pub fn lacking(wanted: &[String], answer: &serde_json::Value) -> Result<Vec<String>, String> {
+    if let Some(e) = s(answer, "error") {
+        return Err(e.to_string());
+    }
+    let have = list(answer, "architectures");
+    if have.is_empty() {
+        return Err("the image's vLLM lists no architecture".into());
+    }
+    Ok(wanted
+        .iter()
+        .filter(|a| !have.contains(a))
+        .cloned()
+        .collect())
+}
+
+#[async_trait]
+impl CheckRun for ArchitectureCheck {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        let host = pool.get(&self.node)?;
+        let node = host.node().to_string();
+        let docker = host.docker().await?;
+        let job = Job {
+            node: &node,
+            docker: &docker,
+            name: helper_name(&self.block, &node.replace("node.", ""), "archcheck"),
+            image: &self.image,
+            cache: &self.cache,
+            args: Vec::new(),
+            input: String::new(),
+            lineage: "check",
+        };
+        let cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
+        let id = spawn_with(&job, cmd).await?;
+        let mut ignore = |_: &serde_json::Value| {};
+        let run = follow(&docker, &id, &mut ignore, None);
+        let end = tokio::time::timeout(Duration::from_secs(120), run).await;
+        remove_container(&docker, &id).await;
+        let Ok(end) = end else {
+            return Err(StepError::new(format!(
+                "{node}: {} did not answer which architectures its vLLM serves within 120 s",
+                self.image
+            )));
+        };
+        let answer = end.events.last().cloned().unwrap_or_else(
+            || serde_json::json!({"error": end.stderr.last().cloned().unwrap_or_else(|| format!("exit code {}", end.code))}),
+        );
+        match lacking(&self.architectures, &answer) {
+            Ok(missing) if missing.is_empty() => Ok(format!(
+                "{} serves {}",
+                self.image,
+                self.architectures.join(", ")
+            )),
+            Ok(missing) => Err(StepError::new(format!(
+                "{node}: the image {} cannot serve {}: its vLLM does not list the architecture {} of the model's config.json",
+                self.image,
+                self.block,
+                missing.join(", ")
+            ))
+            .help("use a vLLM image (a newer release, or a build) whose model registry has it; nothing that uses the model was started")),
+            Err(why) => Err(StepError::new(format!(
+                "{node}: cannot ask {} which architectures its vLLM serves: {why}",
+                self.image
+            ))
+            .help("serve_image must be the vLLM image the modules run (python3 with the vllm package)")),
+        }
+    }
+}
+
+/// The architecture checks of a configuration: one per model block with a `serve_image`
+/// whose architecture is known, when the model or something using it changes.
+pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    let mut out = Vec::new();
+    for r in &config.resources {
+        let c = &r.config;
+        if r.kind != crate::config::ResourceKind::Model || s(c, "role") != Some("download") {
+            continue;
+        }
+        let (Some(block), Some(image)) = (s(c, "block"), s(c, "serve_image")) else {
+            continue;
+        };
+        let architectures = c
+            .get("facts")
+            .map(|f| list(f, "architectures"))
+            .unwrap_or_default();
+        if architectures.is_empty() {
+            continue;
+        }
+        let mine: Vec<String> = config
+            .resources
+            .iter()
+            .filter(|m| m.kind == r.kind && s(&m.config, "block") == Some(block))
+            .map(|m| m.address.clone())
+            .collect();
+        let users: Vec<String> = config
+            .resources
+            .iter()
+            .filter(|u| !mine.contains(&u.address) && changed(&u.address))
+            .filter(|u| u.deps.iter().any(|d| mine.contains(d)))
+            .map(|u| u.address.clone())
+            .collect();
+        let model_changed: Vec<String> = mine.iter().filter(|a| changed(a)).cloned().collect();
+        if users.is_empty() && model_changed.is_empty() {
+            continue;
+        }
+        out.push(Check {
+            address: format!("{block} (architecture check)"),
+            after: model_changed,
+            covers: Vec::new(),
+            before: users,
+            nodes: r.node.clone().into_iter().collect(),
+            run: Arc::new(ArchitectureCheck {
+                block: block.to_string(),
+                node: r.node.clone().unwrap_or_default(),
+                image: image.to_string(),
+                cache: s(c, "cache").unwrap_or("/tmp").to_string(),
+                architectures,
+            }),
+        });
+    }
+    out
+}
+
+#[async_trait]
+impl Machine for ModelMachine {
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        architecture_checks(config, changed)
+    }
+
+    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+        if action == Action::Delete {
+            let rec = cx
+                .recorded
+                .ok_or_else(|| StepError::new(format!("{}: nothing recorded", cx.address)))?;
+            let w = want(cx.address, &rec.config)?;
+            let host = cx.host()?;
+            let summary =
+                remove_snapshot(host.as_ref(), cx.lineage, &w, &w.commit, cx.cancel).await?;
+            return Ok(Applied {
+                summary,
+                ..Default::default()
+            });
+        }
+        let desired = cx
+            .desired
+            .ok_or_else(|| StepError::new(format!("{}: no configuration", cx.address)))?;
+        let w = want(cx.address, desired)?;
+        // Drift (a file missing or corrupt) rereads every file, not only the unrecorded ones.
+        let deep = !cx.change.drift.is_empty();
+        let mut applied = match w.role.as_str() {
+            "download" => download(cx, &w, deep).await?,
+            _ => pull(cx, &w, deep).await?,
+        };
+        if let Some(prev) = recorded_commit(cx).filter(|p| *p != w.commit) {
+            applied.undo["previous"] = prev.into();
+        }
+        Ok(applied)
+    }
+
+    /// A new copy is removed again; a copy that was there before stays (it is verified).
+    async fn undo(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<String, StepError> {
+        let new = applied.undo.get("commit").and_then(|c| c.as_str());
+        let fresh = action == Action::Create || applied.undo.get("previous").is_some();
+        match (new, cx.desired) {
+            (Some(commit), Some(desired)) if fresh => {
+                let w = want(cx.address, desired)?;
+                let host = cx.host()?;
+                remove_snapshot(host.as_ref(), cx.lineage, &w, commit, cx.cancel).await
+            }
+            _ => Ok("kept the verified copy".into()),
+        }
+    }
+
+    /// After a replacement succeeded, the previous commit's snapshot goes (blobs the new one
+    /// shares stay).
+    async fn finalize(
+        &self,
+        cx: &StepCx<'_>,
+        _action: Action,
+        applied: &Applied,
+    ) -> Result<(), StepError> {
+        let (Some(prev), Some(desired)) = (
+            applied.undo.get("previous").and_then(|c| c.as_str()),
+            cx.desired,
+        ) else {
+            return Ok(());
+        };
+        let w = want(cx.address, desired)?;
+        let host = cx.host()?;
+        remove_snapshot(host.as_ref(), cx.lineage, &w, prev, cx.cancel).await?;
+        Ok(())
+    }
+
+    async fn observe(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+    ) -> Result<NodeObservations, HostError> {
+        let node = host.node().to_string();
+        let mut out = BTreeMap::new();
+        if recorded.is_empty() {
+            return Ok(Default::default());
+        }
+        let docker = host.docker().await?;
+        let deep = deep_refresh();
+        let never = tokio_util::sync::CancellationToken::new();
+        for (address, r) in recorded {
+            let Ok(w) = want(address, &r.config) else {
+                out.insert(
+                    address.clone(),
+                    Observed::Missing("no commit recorded".into()),
+                );
+                continue;
+            };
+            let mut args = vec![
+                "observe".to_string(),
+                "--repo".into(),
+                w.repo.clone(),
+                "--commit".into(),
+                w.commit.clone(),
+                "--cache".into(),
+                w.cache.clone(),
+            ];
+            if deep {
+                args.push("--deep".into());
+            }
+            let job = Job {
+                node: &node,
+                docker: &docker,
+                name: helper_name(&w.block, &w.node_name, "observe"),
+                image: &w.image,
+                cache: &w.cache,
+                args,
+                input: String::new(),
+                lineage,
+            };
+            let end = run(&job, &mut |_| {}, &never)
+                .await
+                .map_err(|e| HostError::Docker {
+                    node: node.clone(),
+                    message: format!("cannot observe {address}: {}", e.message),
+                    help: e.help.clone(),
+                })?;
+            let Some(result) = end.result.filter(|_| end.code == 0) else {
+                return Err(HostError::Docker {
+                    node: node.clone(),
+                    message: format!(
+                        "cannot observe {address}: {}",
+                        end.error
+                            .or_else(|| end.stderr.last().cloned())
+                            .unwrap_or_else(|| format!("exit code {}", end.code))
+                    ),
+                    help: None,
+                });
+            };
+            let name = w.node_name.clone();
+            let seen = if result.get("recorded").and_then(|x| x.as_bool()) == Some(false) {
+                Observed::Missing(format!("no verified copy of {} on {name}", w.repo))
+            } else {
+                match judge_observed(&name, &result) {
+                    None => Observed::InSync,
+                    Some(d) => Observed::Drifted(d),
+                }
+            };
+            out.insert(address.clone(), seen);
+        }
+        Ok((out, Vec::new()))
+    }
+
+    /// A pull step also runs `serve` on the download node.
+    fn other_nodes(&self, change: &Change, _containers: &ContainerIndex) -> Vec<String> {
+        change
+            .after
+            .as_ref()
+            .filter(|a| s(a, "role") == Some("pull"))
+            .and_then(|a| s(a, "download_node"))
+            .map(|n| vec![n.to_string()])
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_is_a_tar_with_its_checksums() {
+        let t = tar_of(&[("input", b"secret\n", 0o600)]);
+        assert_eq!(t.len() % 512, 0);
+        assert_eq!(&t[257..262], b"ustar");
+        assert_eq!(&t[512..527], b"sparkform/input");
+        // checksum of the second header
+        let h = &t[512..1024];
+        let mut copy = h.to_vec();
+        copy[148..156].copy_from_slice(b"        ");
+        let sum: u64 = copy.iter().map(|b| *b as u64).sum();
+        let written = std::str::from_utf8(&h[148..154]).unwrap();
+        assert_eq!(u64::from_str_radix(written, 8).unwrap(), sum);
+        assert_eq!(&t[1024..1031], b"secret\n");
+    }
+
+    #[test]
+    fn helper_names_are_docker_names() {
+        assert_eq!(
+            helper_name("module.m.model.qwen", "spark1", "pull"),
+            "sparkform-module.m.model.qwen-spark1-pull"
+        );
+        assert!(!helper_name("model.a b", "n", "x").contains(' '));
+    }
+}

@@ -1,0 +1,274 @@
+//! Model weights: one Hugging Face snapshot at one pinned commit, present and verified in a
+//! cache folder on each node. A resource per node (`model.qwen["spark1"]`): the download node
+//! fetches it from the hub, every other node pulls it from the download node over the fabric.
+//! The program that does the work on the nodes is `transfer.py` (in a one-shot container).
+
+pub(crate) mod lower;
+pub mod machine;
+
+use super::{Kind, OnDrift};
+use crate::schema::{self, opt, req, spec, BlockSpec};
+
+/// The block that declares it.
+pub static MODEL: BlockSpec = spec(
+    "model",
+    &["name"],
+    &[
+        req("repo", schema::Kind::Str),
+        opt("revision", schema::Kind::Str),
+        req("nodes", schema::Kind::Any),
+        req("cache", schema::Kind::Str),
+        opt("download_node", schema::Kind::Node),
+        opt("network", schema::Kind::Any),
+        opt("include", schema::Kind::ListStr),
+        opt("exclude", schema::Kind::ListStr),
+        opt("token", schema::Kind::Str),
+        opt("image", schema::Kind::Str),
+        opt("endpoint", schema::Kind::Str),
+        opt("serve_image", schema::Kind::Str),
+        opt("depends_on", schema::Kind::RefList),
+    ],
+    &[],
+);
+
+/// The top-level block that declares it.
+pub static TOP_BLOCK: &BlockSpec = &MODEL;
+
+/// The image that runs the transfer when the block names none: vLLM's, which carries
+/// `huggingface_hub`.
+pub const DEFAULT_IMAGE: &str = "vllm/vllm-openai:latest";
+
+/// The revision when the block names none.
+pub const DEFAULT_REVISION: &str = "main";
+
+pub struct Model;
+pub static KIND: Model = Model;
+
+/// What changes without replacing the weights: how they are fetched, not which they are. A
+/// changed revision that points at the same commit keeps them too.
+pub const IN_PLACE: &[&str] = &[
+    "revision",
+    "image",
+    "endpoint",
+    "token",
+    "role",
+    "download_node",
+    "source_address",
+    "address",
+    "serve_image",
+];
+
+impl Kind for Model {
+    fn block(&self) -> &'static BlockSpec {
+        &MODEL
+    }
+    fn in_place(&self) -> &'static [&'static str] {
+        IN_PLACE
+    }
+    /// Files missing or corrupt on a node are fetched again in place (what is verified stays).
+    fn on_drift(&self) -> OnDrift {
+        OnDrift::Update
+    }
+    fn dot_shape(&self) -> &'static str {
+        "cylinder"
+    }
+}
+
+/// `Qwen/Qwen3-0.6B` → `models--Qwen--Qwen3-0.6B`, the hub cache's folder for a repository.
+pub fn storage_folder(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
+}
+
+/// The local snapshot path: the same on every node, what vLLM serves with `HF_HUB_OFFLINE=1`.
+pub fn snapshot_path(cache: &str, repo: &str, commit: &str) -> String {
+    format!(
+        "{}/{}/snapshots/{commit}",
+        cache.trim_end_matches('/'),
+        storage_folder(repo)
+    )
+}
+
+/// A Hugging Face repository id: `ORG/NAME` of letters, digits, `-`, `_`, `.`.
+pub fn check_repo(repo: &str) -> Result<(), String> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p != "."
+            && p != ".."
+            && p.len() <= 96
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    match repo.split_once('/') {
+        Some((org, name)) if ok_part(org) && ok_part(name) => Ok(()),
+        _ => Err(format!("{repo:?} is not a repository id ORG/NAME")),
+    }
+}
+
+/// A branch, tag or commit: no spaces, no control characters, no `..`.
+pub fn check_revision(rev: &str) -> Result<(), String> {
+    if rev.is_empty()
+        || rev.len() > 200
+        || rev.contains("..")
+        || rev.starts_with('/')
+        || rev.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(format!("{rev:?} is not a branch, tag or commit"));
+    }
+    Ok(())
+}
+
+/// The cache folder: absolute, no `..`, no characters Docker's bind syntax would misread.
+pub fn check_cache(cache: &str) -> Result<(), String> {
+    if !cache.starts_with('/')
+        || cache.split('/').any(|p| p == "..")
+        || cache.contains([':', ','])
+        || cache.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "{cache:?} is not an absolute folder without `..`, `:` or `,`"
+        ));
+    }
+    Ok(())
+}
+
+/// An include/exclude pattern (fnmatch, as `huggingface_hub`'s allow/ignore patterns).
+pub fn check_pattern(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.chars().any(char::is_control) {
+        return Err(format!("{p:?} is not a file pattern"));
+    }
+    Ok(())
+}
+
+/// Whether a revision is already a commit (nothing to resolve).
+pub fn is_commit(rev: &str) -> bool {
+    rev.len() == 40 && rev.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
+}
+
+/// Bytes as the plan and progress lines show them.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// What refresh says about one node's copy, from transfer.py's `observe` result: `None` when
+/// it is complete and verified.
+pub fn judge_observed(node: &str, result: &serde_json::Value) -> Option<Vec<String>> {
+    let list = |k: &str| {
+        result
+            .get(k)
+            .and_then(|v| v.as_array())
+            .cloned()
+            .unwrap_or_default()
+    };
+    let size_of = |v: &[serde_json::Value]| -> u64 {
+        v.iter()
+            .filter_map(|f| f.get("size").and_then(|s| s.as_u64()))
+            .sum()
+    };
+    let missing = list("missing");
+    let differ = list("differ");
+    let unverified: Vec<serde_json::Value> = list("present")
+        .into_iter()
+        .filter(|f| f.get("verified").and_then(|v| v.as_bool()) == Some(false))
+        .collect();
+    let mut out = Vec::new();
+    let names = |v: &[serde_json::Value]| {
+        let mut n: Vec<&str> = v
+            .iter()
+            .filter_map(|f| f.get("path").and_then(|p| p.as_str()))
+            .take(3)
+            .collect();
+        if v.len() > 3 {
+            n.push("…");
+        }
+        n.join(", ")
+    };
+    if !missing.is_empty() {
+        out.push(format!(
+            "{} file{} missing on {node} ({}): {}",
+            missing.len(),
+            if missing.len() == 1 { "" } else { "s" },
+            human_bytes(size_of(&missing)),
+            names(&missing)
+        ));
+    }
+    let (checksum, size): (Vec<_>, Vec<_>) = differ
+        .into_iter()
+        .partition(|f| f.get("why").and_then(|w| w.as_str()) == Some("checksum"));
+    if !checksum.is_empty() {
+        out.push(format!(
+            "{} file{} corrupt on {node} (sha256 differs, {}): {}",
+            checksum.len(),
+            if checksum.len() == 1 { "" } else { "s" },
+            human_bytes(size_of(&checksum)),
+            names(&checksum)
+        ));
+    }
+    if !size.is_empty() {
+        out.push(format!(
+            "{} file{} of the wrong size on {node} ({}): {}",
+            size.len(),
+            if size.len() == 1 { "" } else { "s" },
+            human_bytes(size_of(&size)),
+            names(&size)
+        ));
+    }
+    if !unverified.is_empty() {
+        out.push(format!(
+            "{} file{} on {node} changed since verified: {}",
+            unverified.len(),
+            if unverified.len() == 1 { "" } else { "s" },
+            names(&unverified)
+        ));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_checks() {
+        assert_eq!(
+            snapshot_path("/c/", "Qwen/Qwen3-0.6B", "abc"),
+            "/c/models--Qwen--Qwen3-0.6B/snapshots/abc"
+        );
+        assert!(check_repo("Qwen/Qwen3-0.6B").is_ok());
+        assert!(check_repo("Qwen").is_err());
+        assert!(check_repo("a/../b").is_err());
+        assert!(check_repo("a/b c").is_err());
+        assert!(check_revision("main").is_ok());
+        assert!(check_revision("a b").is_err());
+        assert!(check_cache("/x/y").is_ok());
+        assert!(check_cache("x/y").is_err());
+        assert!(check_cache("/x:/y").is_err());
+        assert!(is_commit(&"a".repeat(40)));
+        assert!(!is_commit("main"));
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+
+    #[test]
+    fn observed_copies_are_judged_by_what_differs() {
+        let r = serde_json::json!({
+            "present": [{"path": "a", "size": 1, "verified": true}],
+            "missing": [{"path": "m1", "size": 1073741824u64}, {"path": "m2", "size": 1073741824u64}],
+            "differ": [{"path": "c", "size": 10, "why": "checksum"}],
+        });
+        let d = judge_observed("spark2", &r).unwrap();
+        assert_eq!(d[0], "2 files missing on spark2 (2.0 GiB): m1, m2");
+        assert!(d[1].starts_with("1 file corrupt on spark2"), "{d:?}");
+        let ok = serde_json::json!({"present": [{"path": "a", "size": 1, "verified": true}], "missing": [], "differ": []});
+        assert!(judge_observed("spark2", &ok).is_none());
+    }
+}
