@@ -42,6 +42,7 @@ pub fn load_observed(
     let mut loader = Loader::new(dir);
     loader.observed = observed.clone();
     loader.config.vars = vars.clone();
+    loader.config.observed = observed.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };

@@ -34,6 +34,9 @@ pub struct Config {
     /// The variable values it was evaluated with, so an operation can evaluate the same
     /// definitions again with what the machines said (`config::load_observed`).
     pub vars: VarInputs,
+    /// What the machines said that it was evaluated with (model revisions, node facts), so a
+    /// second evaluation adds to it instead of losing it.
+    pub observed: Observed,
     pub jumps: BTreeMap<String, Jump>,
     pub nodes: BTreeMap<String, Node>,
     pub networks: BTreeMap<String, Network>,

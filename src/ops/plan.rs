@@ -140,7 +140,7 @@ pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
 
 /// The definitions evaluated with `observed`, when it fills a value they leave unset or
 /// contradicts one they set; `None` when the first evaluation stands.
-pub(super) fn second_evaluation(
+pub fn second_evaluation(
     config: &Config,
     observed: &Observed,
 ) -> Result<Option<Box<(Config, Graph)>>, OpError> {
@@ -154,8 +154,12 @@ pub(super) fn second_evaluation(
     if !matters {
         return Ok(None);
     }
-    let again = crate::config::load_observed(&config.dir, &config.vars, observed)
-        .map_err(OpError::Config)?;
+    // The first evaluation may already hold what the machines said about other things (the
+    // models' resolved revisions): keep it, add the node facts.
+    let mut all = config.observed.clone();
+    all.nodes.clone_from(&observed.nodes);
+    let again =
+        crate::config::load_observed(&config.dir, &config.vars, &all).map_err(OpError::Config)?;
     let graph = Graph::build(&again)?;
     Ok(Some(Box::new((again, graph))))
 }

@@ -24,7 +24,9 @@ pub fn render(plan: &Plan) -> String {
             if plan.failing.is_empty() {
                 out.push_str("No changes. The machines match the configuration.\n");
             } else {
-                out.push_str("No changes to make, but the deployment did not pass its last checks.\n");
+                out.push_str(
+                    "No changes to make, but the deployment did not pass its last checks.\n",
+                );
             }
             render_failing(&mut out, plan);
             render_excluded(&mut out, plan);

@@ -156,6 +156,7 @@ impl Loader {
             config: Config {
                 dir: dir.to_path_buf(),
                 vars: Default::default(),
+                observed: Default::default(),
                 jumps: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 networks: BTreeMap::new(),
