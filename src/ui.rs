@@ -149,14 +149,16 @@ pub fn spawn_notes(
                 bar.enable_steady_tick(Duration::from_millis(200));
                 spinner = Some((bar, line));
             } else if let Some((bar, _)) = &spinner {
-                bar.suspend(|| eprintln!("{line}"));
+                bar.suspend(|| {
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                });
             } else {
-                eprintln!("{line}");
+                let _ = writeln!(std::io::stderr(), "{line}");
             }
         }
         if let Some((bar, line)) = spinner {
             bar.finish_and_clear();
-            eprintln!("{line}");
+            let _ = writeln!(std::io::stderr(), "{line}");
         }
     })
 }

@@ -1,6 +1,23 @@
 //! The command line: one file per subcommand, each parsing its arguments and calling one
 //! library operation. This module holds what they share.
 
+// `println!` and friends panic when the reader of the pipe has gone; these drop the output
+// instead (`out.rs`). Defined before the subcommands' modules so that they see them.
+macro_rules! println {
+    () => { $crate::cli::out::stdout(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::cli::out::stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+macro_rules! print {
+    ($($t:tt)*) => { $crate::cli::out::stdout(format_args!($($t)*)) };
+}
+macro_rules! eprintln {
+    () => { $crate::cli::out::stderr(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::cli::out::stderr(format_args!("{}\n", format_args!($($t)*))) };
+}
+macro_rules! eprint {
+    ($($t:tt)*) => { $crate::cli::out::stderr(format_args!($($t)*)) };
+}
+
 mod apply;
 mod destroy;
 mod fmt;
@@ -9,6 +26,7 @@ mod graph;
 mod import;
 mod logs;
 mod nodes;
+mod out;
 mod output;
 mod plan;
 mod show;
