@@ -68,6 +68,14 @@ pub enum Event {
         elapsed: Duration,
         error: String,
     },
+    /// A step stopped by an interruption before it finished: not its failure.
+    StepStopped {
+        address: String,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
+        /// Where it was when it was stopped (its last progress or error).
+        at: String,
+    },
     /// Ctrl-C or a failure: nothing new starts.
     Stopping {
         reason: String,

@@ -366,6 +366,17 @@ fn lines(
             v.extend(error.lines().map(|l| format!("    {l}")));
             v
         }
+        Event::StepStopped {
+            address,
+            elapsed,
+            at,
+        } => {
+            running.remove(address);
+            vec![format!(
+                "{t} ⏹ {address}: interrupted after {:.1} s, before it finished (it was at: {at})",
+                elapsed.as_secs_f64()
+            )]
+        }
         Event::Stopping { reason } => vec![format!("{t} stopping: {reason}; starting nothing new")],
         Event::RollbackStarted { steps } => vec![format!(
             "{t} rolling back {steps} completed step{}",

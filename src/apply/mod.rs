@@ -566,10 +566,10 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                 }
                 emit(
                     &req.events,
-                    Event::StepFailed {
+                    Event::StepStopped {
                         address: step.address.clone(),
                         elapsed,
-                        error: format!("interrupted before it finished (it was at: {})", e.message),
+                        at: e.message.clone(),
                     },
                 );
                 outcome.stopped.push(step.address.clone());
