@@ -24,58 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// A network on two nodes, a head after it, a worker after the head, a probe in the head after
 /// the worker (the shape of a Ray cluster and its gate).
-const SERVING: &str = r#"
-node "n1" { address = "10.0.0.1" }
-node "n2" { address = "10.0.0.2" }
-
-network "a" {
-  subnet = "192.168.10.0/24"
-  mtu    = 9000
-  attach "n1" {
-    node      = node.n1
-    interface = "eth1"
-    address   = "192.168.10.1"
-  }
-  attach "n2" {
-    node      = node.n2
-    interface = "eth1"
-    address   = "192.168.10.2"
-  }
-}
-
-container "head" {
-  node       = node.n1
-  image      = "ray:1"
-  depends_on = [network.a]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-container "worker" {
-  node       = node.n2
-  image      = "ray:1"
-  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
-  depends_on = [container.head]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-probe "serving" {
-  timeout    = "PROBE_TIMEOUT"
-  interval   = "1s"
-  depends_on = [container.worker]
-  exec {
-    container = container.head
-    command   = ["curl", "-sf", "localhost:8000/v1/models"]
-  }
-}
-"#;
+const SERVING: &str = include_str!("fixtures/serving/main.hcl");
 
 fn serving(probe_timeout: &str) -> String {
     SERVING.replace("PROBE_TIMEOUT", probe_timeout)

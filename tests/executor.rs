@@ -603,58 +603,9 @@ use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 /// A network on two nodes (2 attachments, its fabric check), the containers' node parity
 /// check, a head container after the network, a worker after the head, and a probe in the
 /// head after the worker: 7 steps.
-const SERVING: &str = r#"
-node "n1" { address = "10.0.0.1" }
-node "n2" { address = "10.0.0.2" }
-
-network "a" {
-  subnet = "192.168.10.0/24"
-  mtu    = 9000
-  attach "n1" {
-    node      = node.n1
-    interface = "eth1"
-    address   = "192.168.10.1"
-  }
-  attach "n2" {
-    node      = node.n2
-    interface = "eth1"
-    address   = "192.168.10.2"
-  }
+fn serving() -> String {
+    include_str!("fixtures/serving/main.hcl").replace("PROBE_TIMEOUT", "2s")
 }
-
-container "head" {
-  node       = node.n1
-  image      = "ray:1"
-  depends_on = [network.a]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-container "worker" {
-  node    = node.n2
-  image   = "ray:1"
-  command = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
-  depends_on = [container.head]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-probe "serving" {
-  timeout    = "2s"
-  interval   = "1s"
-  depends_on = [container.worker]
-  exec {
-    container = container.head
-    command   = ["curl", "-sf", "localhost:8000/v1/models"]
-  }
-}
-"#;
 
 /// Two fake nodes, each with its fake Docker Engine.
 fn two_with_docker(
@@ -688,7 +639,7 @@ fn running(d: &FakeDocker) -> Vec<String> {
 
 #[tokio::test]
 async fn containers_start_on_the_fake_engine_labelled_and_ready() {
-    let bed = Bed::new(SERVING);
+    let bed = Bed::new(&serving());
     let (n1, n2, d1, d2) = two_with_docker(&bed);
     let r = run(&bed, vec![n1, n2], 1, true, CancellationToken::new()).await;
     assert!(r.outcome.ok, "{:?}", r.outcome.failures);
@@ -715,7 +666,7 @@ async fn containers_start_on_the_fake_engine_labelled_and_ready() {
     assert!(!bed.plan().has_changes());
 }
 
-/// Make the step at `address` of [`SERVING`] fail.
+/// Make the step at `address` of [`serving`] fail.
 fn break_serving(n1: &FakeHost, n2: &FakeHost, d1: &FakeDocker, d2: &FakeDocker, address: &str) {
     let fail = || {
         Answer::Exit(
@@ -763,7 +714,7 @@ fn names(d: &FakeDocker) -> Vec<String> {
 #[tokio::test]
 async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves_a_journal() {
     let order = {
-        let bed = Bed::new(SERVING);
+        let bed = Bed::new(&serving());
         let (n1, n2, _d1, _d2) = two_with_docker(&bed);
         run(&bed, vec![n1, n2], 1, true, CancellationToken::new())
             .await
@@ -773,7 +724,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
     let containers = ["container.head", "container.worker"];
     for (k, failing) in order.iter().enumerate() {
         // With rollback: what was done is undone, latest first; no container is left.
-        let bed = Bed::new(SERVING);
+        let bed = Bed::new(&serving());
         let (n1, n2, d1, d2) = two_with_docker(&bed);
         break_serving(&n1, &n2, &d1, &d2, failing);
         let r = run(
@@ -812,7 +763,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
 
         // Without rollback: the journal records the resource steps done; the containers it
         // records run; the next plan creates the rest; the next apply does only the rest.
-        let bed = Bed::new(SERVING);
+        let bed = Bed::new(&serving());
         let (n1, n2, d1, d2) = two_with_docker(&bed);
         break_serving(&n1, &n2, &d1, &d2, failing);
         let r = run(
@@ -883,7 +834,7 @@ async fn a_failure_at_every_step_with_containers_rolls_back_in_reverse_or_leaves
 
 #[tokio::test]
 async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_them() {
-    let mut bed = Bed::new(SERVING);
+    let mut bed = Bed::new(&serving());
     let (n1, n2, d1, d2) = two_with_docker(&bed);
     let r = run(
         &bed,
@@ -898,7 +849,7 @@ async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_th
 
     // A new image for every container: head and worker are replaced, the probe runs after
     // them and fails.
-    bed.rewrite(&SERVING.replace("ray:1", "ray:2"));
+    bed.rewrite(&serving().replace("ray:1", "ray:2"));
     d1.fault(
         "head",
         Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
@@ -931,13 +882,13 @@ async fn a_failed_replacement_renames_the_previous_containers_back_and_starts_th
         assert_eq!((&a.name, &a.image, a.running), (&b.name, &b.image, true));
     }
     // The state still records them: nothing to do for the old definitions.
-    bed.rewrite(SERVING);
+    bed.rewrite(&serving());
     assert!(!bed.plan().has_changes());
 }
 
 #[tokio::test]
 async fn a_container_that_never_becomes_ready_fails_at_its_timeout_with_its_log_lines() {
-    let bed = Bed::new(SERVING);
+    let bed = Bed::new(&serving());
     let (n1, n2, d1, _d2) = two_with_docker(&bed);
     d1.fault("head", Fault::NeverReady);
     let started = std::time::Instant::now();
@@ -968,7 +919,7 @@ async fn a_container_that_never_becomes_ready_fails_at_its_timeout_with_its_log_
     assert!(bed.state().resources.is_empty());
 
     // One that exits right after it starts fails at once, with what it logged.
-    let bed = Bed::new(SERVING);
+    let bed = Bed::new(&serving());
     let (n1, n2, d1, _d2) = two_with_docker(&bed);
     d1.fault(
         "head",
@@ -988,12 +939,12 @@ async fn a_container_that_never_becomes_ready_fails_at_its_timeout_with_its_log_
 
 #[tokio::test]
 async fn a_warn_on_log_line_is_reported_once_and_the_start_goes_on() {
-    let hcl = SERVING.replacen(
+    let hcl = serving().replacen(
         "    exec     = [\"ray\", \"status\"]\n    timeout  = \"2s\"",
         "    exec     = [\"ray\", \"status\"]\n    warn_on_log = { \"NET/Socket : Using\" = \"NCCL runs over TCP sockets, not RoCE\" }\n    timeout  = \"2s\"",
         1,
     );
-    assert_ne!(hcl, SERVING);
+    assert_ne!(hcl, serving());
     let bed = Bed::new(&hcl);
     let (n1, n2, d1, _d2) = two_with_docker(&bed);
     // NCCL's line when it falls back to sockets (NCCL_DEBUG=INFO).
@@ -1025,7 +976,7 @@ async fn a_warn_on_log_line_is_reported_once_and_the_start_goes_on() {
 
 #[tokio::test]
 async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
-    let bed = Bed::new(&SERVING.replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));
+    let bed = Bed::new(&serving().replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));
     let (n1, n2, d1, d2) = two_with_docker(&bed);
     d1.fault("head", Fault::NeverReady);
     let cancel = CancellationToken::new();
@@ -1058,7 +1009,7 @@ async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
 
 #[tokio::test]
 async fn an_engine_that_disappears_fails_the_step_on_its_node() {
-    let bed = Bed::new(SERVING);
+    let bed = Bed::new(&serving());
     let (n1, n2, _d1, d2) = two_with_docker(&bed);
     // The worker's engine answers the parity check (version, image) and the worker's step
     // (version, image), then goes away (at the lookup of a container by the worker's name,
@@ -1084,7 +1035,7 @@ async fn an_engine_that_disappears_fails_the_step_on_its_node() {
 
 #[tokio::test]
 async fn refresh_on_fake_nodes_finds_an_untracked_container_and_a_drifted_one() {
-    let bed = Bed::new(SERVING);
+    let bed = Bed::new(&serving());
     let (n1, n2, d1, d2) = two_with_docker(&bed);
     let r = run(
         &bed,
