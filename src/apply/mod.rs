@@ -643,6 +643,25 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
             &mut outcome,
         )
         .await;
+        // A complete rollback puts the machines back as they were before this apply, which
+        // is what the runs' earlier results describe: the failure of what it undid is not
+        // theirs. After an incomplete one the failure stays for the next plan to show.
+        if outcome.undo_failures.is_empty() && outcome.undone == outcome.to_undo {
+            let mut reverted = false;
+            for (address, _) in &outcome.failures {
+                if let Some(r) = before.resources.get(address) {
+                    if state.resources.get(address) != Some(r) {
+                        state.resources.insert(address.clone(), r.clone());
+                        reverted = true;
+                    }
+                }
+            }
+            if reverted {
+                if let Err(e) = req.store.write(&mut state) {
+                    outcome.state_error = Some(e.to_string());
+                }
+            }
+        }
     }
     let summary = finished_summary(&outcome, completed.len());
     emit(
