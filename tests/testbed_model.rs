@@ -7,12 +7,17 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use common::testbed::{cluster_hcl, sparkform, testbed, Testbed};
 
 const CACHE: &str = "/tmp/sf-test-model-cache";
 const REPO: &str = "testbed/standin-qwen3";
 const HUB: &str = "http://10.199.0.3:8080";
+
+/// The tests share the model's cache folder and helper containers on the nodes (and the
+/// hub's fetch log): one at a time, whatever the test threads.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn hub(args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testbed/testbed");
@@ -88,6 +93,7 @@ fn clean(tb: &Testbed) {
 #[test]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_copy() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     clean(&tb);
     let dir = common::write_config(&[("main.hcl", &model_config(&tb, 63, 64, ""))]);
@@ -154,6 +160,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
 #[test]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn the_architecture_check_refuses_an_image_lacking_it_before_anything_using_the_model_starts() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     clean(&tb);
     let mut text = model_config(
@@ -212,6 +219,7 @@ container "user" {
 #[test]
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn downloaded_once_copied_over_the_fabric_verified_and_kept() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     for n in ["sf-node1", "sf-node2"] {
         tb.ssh(n, &format!("rm -rf {CACHE}"));
