@@ -6,15 +6,14 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{
-    report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs,
-};
+use super::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
 use crate::apply;
 use crate::config::Config;
-use crate::diag::Diagnostics;
+use crate::diag::Diag;
 use crate::graph::Graph;
 use crate::ops;
 use crate::ops::apply::{Interrupt, PrepareRequest, RunOptions, Source};
+use crate::ops::definitions::{Evaluated, Pins};
 use crate::plan::planfile::PlanFile;
 use crate::plan::{render, Plan, PlanOptions};
 use crate::workspace::Workspace;
@@ -90,16 +89,33 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     if args.path.is_file() {
         return run_planfile(&args);
     }
+    let json = args.common.json;
     let ca = args.common.config_args(args.path.clone());
-    let Some((config, graph)) = load(&ca, args.common.json) else {
-        return ExitCode::from(1);
+    let evaluated = match load(&ca, json) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
     let ws = ca.workspace();
     let refresh = args.refresh.engage();
-    let Some((config, graph)) = resolve_models(&ca, &args.common, (config, graph), None, refresh)
-    else {
-        return ExitCode::from(1);
+    let recorded = match ws.state() {
+        Ok(s) => s,
+        Err(e) => return report_error(e),
     };
+    let rt = match super::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    // The models' revisions resolved on their download nodes (or pinned by the state).
+    let hosts = args.common.connect.options();
+    let resolved = rt.block_on(super::with_notes(json, |events| {
+        let recorded = recorded.as_ref();
+        async move { evaluated.resolve(recorded, refresh, &hosts, &events).await }
+    }));
+    let defs = match resolved {
+        Ok(d) => d,
+        Err(e) => return super::report_op_error(e, json),
+    };
+    show_warnings(&defs.warnings, json);
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
@@ -112,8 +128,8 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     execute(
         &args.common,
         &ws,
-        &config,
-        &graph,
+        &defs.config,
+        &defs.graph,
         Source::Definitions {
             refresh,
             options: opts,
@@ -121,76 +137,24 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     )
 }
 
-/// The definitions evaluated again with their models' commits (resolved on the download nodes,
-/// or pinned by the state or the plan file); `None` once the errors are reported.
-fn resolve_models(
-    ca: &ConfigArgs,
-    args: &ExecArgs,
-    first: (Config, Graph),
-    planned: Option<&Plan>,
-    refresh: bool,
-) -> Option<(Config, Graph)> {
-    if !ops::resolve_models::has_models(&first.0) {
-        return Some(first);
-    }
-    let vars = ca.var_inputs().ok()?;
-    let ws = ca.workspace();
-    let state = match ws.state() {
-        Ok(s) => s,
-        Err(e) => {
-            report_error(e);
-            return None;
-        }
-    };
-    let rt = super::runtime().ok()?;
-    let hosts = args.connect.options();
-    let pins = match planned {
-        Some(plan) => ops::resolve_models::Pins::Planned(plan),
-        None => ops::resolve_models::Pins::Resolve {
-            state: state.as_ref(),
-            refresh,
-        },
-    };
-    let resolved = rt.block_on(super::with_notes(args.json, |events| async move {
-        ops::resolve_models::load_pinned(&ws.dir, &vars, first, pins, &hosts, &events).await
-    }));
-    match resolved {
-        Ok(x) => Some(x),
-        Err(e) => {
-            super::report_op_error(e, args.json);
-            None
-        }
-    }
+/// The definitions as written, their warnings shown; `Err` once the errors are reported.
+pub fn load(ca: &ConfigArgs, json: bool) -> Result<Evaluated, ExitCode> {
+    let evaluated = ca.evaluate(json)?;
+    show_warnings(evaluated.warnings(), json);
+    Ok(evaluated)
 }
 
-/// The definitions and their graph, warnings drawn (text) or printed as a JSON line; `None`
-/// once the errors are reported.
-pub fn load(ca: &ConfigArgs, json: bool) -> Option<(Config, Graph)> {
-    let vars = match ca.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), json);
-            return None;
-        }
-    };
-    match ca.workspace().load(&vars) {
-        Ok((c, g)) => {
-            if !json {
-                report_warnings(&c.warnings);
-            } else if !c.warnings.is_empty() {
-                // A line of its own ahead of the progress lines, tagged like them.
-                let line = serde_json::json!({
-                    "event": "diagnostics",
-                    "diagnostics": super::diagnostics_values(&c.warnings),
-                });
-                println!("{line}");
-            }
-            Some((c, g))
-        }
-        Err(d) => {
-            report_diagnostics(&d, json);
-            None
-        }
+/// Warnings drawn (text) or printed as a JSON line.
+fn show_warnings(warnings: &[Diag], json: bool) {
+    if !json {
+        report_warnings(warnings);
+    } else if !warnings.is_empty() {
+        // A line of its own ahead of the progress lines, tagged like them.
+        let line = serde_json::json!({
+            "event": "diagnostics",
+            "diagnostics": super::diagnostics_values(warnings),
+        });
+        println!("{line}");
     }
 }
 
@@ -203,21 +167,23 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
     if ca.inputs.state.is_none() {
         ca.inputs.state = Some(PathBuf::from(&pf.state_path));
     }
-    let Some((config, graph)) = load(&ca, args.common.json) else {
-        return ExitCode::from(1);
+    let evaluated = match load(&ca, args.common.json) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
     let ws = ca.workspace();
-    // The plan's models at the commits the plan shows.
-    let Some((config, graph)) =
-        resolve_models(&ca, &args.common, (config, graph), Some(&pf.plan), false)
-    else {
-        return ExitCode::from(1);
+    // The plan's models at the commits it shows, with the node facts it was made with: nothing
+    // is resolved again.
+    let defs = match evaluated.pin(Pins::Planned(&pf)) {
+        Ok(d) => d,
+        Err(e) => return super::report_op_error(e, args.common.json),
     };
+    show_warnings(&defs.warnings, args.common.json);
     execute(
         &args.common,
         &ws,
-        &config,
-        &graph,
+        &defs.config,
+        &defs.graph,
         Source::PlanFile {
             file: &pf,
             path: &args.path,

@@ -8,6 +8,7 @@ use clap::{ArgAction, Args};
 
 use super::apply::{execute, ExecArgs};
 use crate::ops::apply::Source;
+use crate::ops::definitions::Pins;
 
 /// Remove every container and fabric address the deployment owns
 #[derive(Args, Debug)]
@@ -34,15 +35,21 @@ pub struct DestroyArgs {
 
 pub fn run(args: DestroyArgs) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
-    let Some((config, graph)) = super::apply::load(&ca, args.common.json) else {
-        return ExitCode::from(1);
+    // Destroy removes what the state records (and what carries the deployment's labels): the
+    // definitions only say how to reach the nodes, so no model is resolved.
+    let defs = match super::apply::load(&ca, args.common.json).and_then(|e| {
+        e.pin(Pins::Unresolved)
+            .map_err(|e| super::report_op_error(e, args.common.json))
+    }) {
+        Ok(d) => d,
+        Err(code) => return code,
     };
     let ws = ca.workspace();
     execute(
         &args.common,
         &ws,
-        &config,
-        &graph,
+        &defs.config,
+        &defs.graph,
         Source::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs};
-use crate::diag::Diagnostics;
+use super::ConfigArgs;
+use crate::ops::definitions::Pins;
 
 /// Print the resource dependency graph in DOT (pipe it to `dot -Tsvg`)
 #[derive(Args, Debug)]
@@ -21,21 +21,11 @@ pub struct GraphArgs {
 }
 
 pub fn run(args: GraphArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), false);
-            return ExitCode::from(1);
-        }
+    // The shapes and edges are the same whatever commit a model resolves to.
+    let defs = match args.config.definitions(false, Pins::Unresolved) {
+        Ok(d) => d,
+        Err(code) => return code,
     };
-    match args.config.workspace().load(&vars) {
-        Ok((_, graph)) => {
-            print!("{}", graph.to_dot());
-            ExitCode::SUCCESS
-        }
-        Err(diags) => {
-            report_diagnostics(&diags, false);
-            ExitCode::from(1)
-        }
-    }
+    print!("{}", defs.graph.to_dot());
+    ExitCode::SUCCESS
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use super::{report_diagnostics, report_error, ConfigArgs, ConnectArgs, InputArgs};
 use crate::diag::{Diag, Diagnostics};
 use crate::ops;
+use crate::ops::definitions::Pins;
 use crate::plan::render;
 
 const LONG_ABOUT: &str = "Adopt an object that already runs (a container started by hand or by \
@@ -50,20 +51,19 @@ pub fn run(args: ImportArgs) -> ExitCode {
         dir,
         inputs: args.inputs.clone(),
     };
-    let vars = match config_args.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), false);
-            return ExitCode::from(1);
-        }
+    let evaluated = match config_args.evaluate(false) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
     let ws = config_args.workspace();
-    let (config, graph) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(diags) => {
-            report_diagnostics(&diags, false);
-            return ExitCode::from(1);
-        }
+    let recorded = match ws.state() {
+        Ok(s) => s,
+        Err(e) => return report_error(e),
+    };
+    // The plan it shows compares with what is deployed: the models at the state's commits.
+    let (config, graph) = match evaluated.pin(Pins::Recorded(recorded.as_ref())) {
+        Ok(d) => (d.config, d.graph),
+        Err(e) => return super::report_op_error(e, false),
     };
     let rt = match super::runtime() {
         Ok(rt) => rt,

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs, ConnectArgs};
-use crate::diag::Diagnostics;
+use super::{ConfigArgs, ConnectArgs};
+use crate::ops::definitions::Pins;
 use crate::ops::logs::{fatal_match, LogEvent, LogLine, LogsRequest};
 
 /// Show the logs of the deployment's containers, from every node, merged in time order
@@ -72,20 +72,11 @@ pub fn run(args: LogsArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), false);
-            return ExitCode::from(1);
-        }
-    };
     let ws = args.config.workspace();
-    let (config, _) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            report_diagnostics(&d, false);
-            return ExitCode::from(1);
-        }
+    // Only the containers and their log patterns are used, which no commit changes.
+    let config = match args.config.definitions(false, Pins::Unresolved) {
+        Ok(d) => d.config,
+        Err(code) => return code,
     };
     let lineage = ws.state().ok().flatten().map(|s| s.lineage);
     let targets = match crate::ops::logs::select(&config, &args.addresses) {

@@ -116,6 +116,28 @@ impl ConfigArgs {
         Workspace::new(&self.dir, self.inputs.state.as_deref())
     }
 
+    /// The definitions evaluated as written (`ops::definitions::load`), with its variables;
+    /// `Err` once the errors are reported.
+    pub fn evaluate(&self, json: bool) -> Result<crate::ops::definitions::Evaluated, ExitCode> {
+        let vars = self.var_inputs().map_err(|d| {
+            report_diagnostics(&Diagnostics(vec![*d]), json);
+            ExitCode::from(1)
+        })?;
+        crate::ops::definitions::load(&self.workspace(), &vars)
+            .map_err(|e| report_op_error(e, json))
+    }
+
+    /// [`Self::evaluate`] filled by `pins`, connecting to nothing; warnings not shown.
+    pub fn definitions(
+        &self,
+        json: bool,
+        pins: crate::ops::definitions::Pins<'_>,
+    ) -> Result<crate::ops::definitions::Definitions, ExitCode> {
+        self.evaluate(json)?
+            .pin(pins)
+            .map_err(|e| report_op_error(e, json))
+    }
+
     pub fn var_inputs(&self) -> Result<VarInputs, Box<Diag>> {
         let mut inputs = VarInputs::from_env();
         inputs.files = self.inputs.var_files.clone();

@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs, ConnectArgs};
+use super::{ConfigArgs, ConnectArgs};
 use std::collections::BTreeMap;
 
 use crate::config::Config;
-use crate::diag::Diagnostics;
 use crate::hosts::facts::{self, Facts};
+use crate::ops::definitions::Pins;
 use crate::ops::nodes::NodeFacts;
 
 /// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images, interfaces)
@@ -37,19 +37,10 @@ pub struct NodesArgs {
 }
 
 pub fn run(args: NodesArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
-    let (config, _) = match args.config.workspace().load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            report_diagnostics(&d, args.json);
-            return ExitCode::from(1);
-        }
+    // The nodes and ports are the same whatever commit a model resolves to.
+    let config = match args.config.definitions(args.json, Pins::Unresolved) {
+        Ok(d) => d.config,
+        Err(code) => return code,
     };
     let opts = args.connect.options();
     let rt = match super::runtime() {

@@ -73,13 +73,6 @@ impl RefreshMode {
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
     if let Some(out) = args.generate_config_out.as_ref().filter(|p| p.exists()) {
         let d = crate::diag::Diag::error(
             "cli::generate_config_out",
@@ -90,15 +83,12 @@ pub fn run(args: PlanArgs) -> ExitCode {
         return ExitCode::from(1);
     }
     let ws = args.config.workspace();
-    let (config, graph) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(diags) => {
-            report_diagnostics(&diags, args.json);
-            return ExitCode::from(1);
-        }
+    let evaluated = match args.config.evaluate(args.json) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
     if !args.json {
-        report_warnings(&config.warnings);
+        report_warnings(evaluated.warnings());
     }
     let recorded = match ws.state() {
         Ok(s) => s,
@@ -122,22 +112,16 @@ pub fn run(args: PlanArgs) -> ExitCode {
     // Model revisions resolved on their download nodes, then the definitions evaluated again.
     let hosts = args.connect.options();
     let resolved = rt.block_on(super::with_notes(args.json, |events| {
-        let (dir, vars, recorded) = (&ws.dir, &vars, recorded.as_ref());
-        async move {
-            ops::resolve_models::load_resolved(
-                dir,
-                vars,
-                (config, graph),
-                recorded,
-                refresh,
-                &hosts,
-                &events,
-            )
-            .await
-        }
+        let recorded = recorded.as_ref();
+        async move { evaluated.resolve(recorded, refresh, &hosts, &events).await }
     }));
     let (config, graph) = match resolved {
-        Ok(x) => x,
+        Ok(d) => {
+            if !args.json {
+                report_warnings(&d.warnings);
+            }
+            (d.config, d.graph)
+        }
         Err(e) => return super::report_op_error(e, args.json),
     };
     let request = ops::plan::PlanRequest {

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, table, ConfigArgs, ConnectArgs};
-use crate::diag::Diagnostics;
+use super::{table, ConfigArgs, ConnectArgs};
+use crate::ops::definitions::Pins;
 use crate::ops::status::{Seen, Status};
 
 /// Show the deployment on one screen: nodes, what runs, the probes' last results, the outputs
@@ -176,20 +176,11 @@ pub fn render(s: &Status) -> String {
 }
 
 pub fn run(args: StatusArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
     let ws = args.config.workspace();
-    let (config, _) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            report_diagnostics(&d, args.json);
-            return ExitCode::from(1);
-        }
+    // Only the nodes are used, which no commit changes.
+    let config = match args.config.definitions(args.json, Pins::Unresolved) {
+        Ok(d) => d.config,
+        Err(code) => return code,
     };
     let state = match ws.state() {
         Ok(Some(s)) => s,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs, ConnectArgs};
-use crate::diag::Diagnostics;
+use super::{ConfigArgs, ConnectArgs};
+use crate::ops::definitions::Pins;
 
 /// Forward a deployment endpoint to a local port through the jump host
 #[derive(Args, Debug)]
@@ -49,19 +49,10 @@ pub fn run(args: TunnelArgs) -> ExitCode {
         args.endpoint = Some(args.config.dir.to_string_lossy().into_owned());
         args.config.dir = ".".into();
     }
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), false);
-            return ExitCode::from(1);
-        }
-    };
-    let (config, _) = match args.config.workspace().load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            report_diagnostics(&d, false);
-            return ExitCode::from(1);
-        }
+    // The nodes and ports are the same whatever commit a model resolves to.
+    let config = match args.config.definitions(false, Pins::Unresolved) {
+        Ok(d) => d.config,
+        Err(code) => return code,
     };
     let target = match crate::ops::tunnel::resolve(&config, args.endpoint.as_deref()) {
         Ok(t) => t,

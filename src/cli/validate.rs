@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, report_warnings, ConfigArgs};
-use crate::diag::Diagnostics;
+use super::{report_warnings, ConfigArgs};
+use crate::ops::definitions::{Definitions, Pins};
 
 const LONG_ABOUT: &str = "Check the definitions: syntax, references, types, required and unknown \
 attributes, cycles, checks and variable validations, and values such as CIDR blocks, addresses \
@@ -27,15 +27,9 @@ pub struct ValidateArgs {
 }
 
 pub fn run(args: ValidateArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
-    match args.config.workspace().load(&vars) {
-        Ok((config, graph)) => {
+    // Nothing is asked of the machines: a model's commit stays unresolved.
+    match args.config.definitions(args.json, Pins::Unresolved) {
+        Ok(Definitions { config, graph, .. }) => {
             if args.json {
                 println!("{}", super::diagnostics_json(&config.warnings));
             } else {
@@ -52,9 +46,6 @@ pub fn run(args: ValidateArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(diags) => {
-            report_diagnostics(&diags, args.json);
-            ExitCode::from(1)
-        }
+        Err(code) => code,
     }
 }

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs, ConnectArgs};
-use crate::diag::Diagnostics;
+use super::{ConfigArgs, ConnectArgs};
+use crate::ops::definitions::Pins;
 
 /// Run every probe against the live deployment (for cron and monitoring)
 #[derive(Args, Debug)]
@@ -29,22 +29,12 @@ pub struct VerifyArgs {
 }
 
 pub fn run(args: VerifyArgs) -> ExitCode {
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            report_diagnostics(&Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
     let ws = args.config.workspace();
-    let (config, graph) = match ws.load(&vars) {
-        Ok(x) => x,
-        Err(d) => {
-            report_diagnostics(&d, args.json);
-            return ExitCode::from(1);
-        }
+    let evaluated = match args.config.evaluate(args.json) {
+        Ok(e) => e,
+        Err(code) => return code,
     };
-    if let Some(t) = crate::ops::verify::unknown_targets(&config, &args.target).first() {
+    if let Some(t) = crate::ops::verify::unknown_targets(evaluated.config(), &args.target).first() {
         eprintln!("Error: -target {t}: no such probe");
         return ExitCode::from(1);
     }
@@ -70,6 +60,11 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         );
         return ExitCode::from(1);
     }
+    // What is deployed: the models at the commits the state records, never the hub's latest.
+    let (config, graph) = match evaluated.pin(Pins::Recorded(Some(&state))) {
+        Ok(d) => (d.config, d.graph),
+        Err(e) => return super::report_op_error(e, args.json),
+    };
     let undeployed = crate::ops::verify::undeployed(&config, &graph, &state, &args.target);
     if !undeployed.is_empty() {
         for (probe, missing) in &undeployed {

@@ -144,14 +144,7 @@ pub fn second_evaluation(
     config: &Config,
     observed: &Observed,
 ) -> Result<Option<Box<(Config, Graph)>>, OpError> {
-    let matters = config.nodes.values().any(|n| {
-        observed.nodes.get(&n.name).is_some_and(|seen| {
-            let declared = n.declared_facts();
-            seen.fill(&declared, n.gpu_devices) != declared
-                || !seen.disagreements(&declared, n.gpu_devices).is_empty()
-        })
-    });
-    if !matters {
+    if !facts_matter(config, observed) {
         return Ok(None);
     }
     // The first evaluation may already hold what the machines said about other things (the
@@ -162,6 +155,18 @@ pub fn second_evaluation(
         crate::config::load_observed(&config.dir, &config.vars, &all).map_err(OpError::Config)?;
     let graph = Graph::build(&again)?;
     Ok(Some(Box::new((again, graph))))
+}
+
+/// Whether the node facts of `observed` fill a value `config` leaves unset or contradict one
+/// it sets.
+pub(super) fn facts_matter(config: &Config, observed: &Observed) -> bool {
+    config.nodes.values().any(|n| {
+        observed.nodes.get(&n.name).is_some_and(|seen| {
+            let declared = n.declared_facts();
+            seen.fill(&declared, n.gpu_devices) != declared
+                || !seen.disagreements(&declared, n.gpu_devices).is_empty()
+        })
+    })
 }
 
 async fn close(pool: Option<HostPool>) {

@@ -4,14 +4,14 @@
 //! commit and the modules see the real size and `config.json` facts.
 //!
 //! Without a refresh (`-refresh=false`), the commit the state pins is used when the revision
-//! is unchanged; otherwise the plan stops and says the revision needs a refresh.
+//! is unchanged; otherwise the plan stops and says the revision needs a refresh. The commands
+//! reach this only through `ops::definitions`, which evaluates the definitions again with it.
 
 use std::collections::BTreeMap;
 
-use crate::config::{Config, ModelObserved, Observed, ResourceKind, VarInputs};
+use crate::config::{Config, ModelObserved, Observed, ResourceKind};
 use crate::diag::{Diag, Diagnostics};
 use crate::events::{emit, Event, Sender};
-use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::model::machine::{resolve, ResolveRequest};
 use crate::state::State;
@@ -81,7 +81,7 @@ fn pinned_in<'a>(
 }
 
 /// What the machines say about the models of `config`: resolved on the download nodes when
-/// `refresh`, else pinned by the state.
+/// `refresh` (connected for it, closed after), else pinned by the state.
 pub async fn resolve_models(
     config: &Config,
     state: Option<&State>,
@@ -90,34 +90,11 @@ pub async fn resolve_models(
     events: &Sender,
 ) -> Result<Observed, OpError> {
     let blocks = blocks(config);
-    let mut observed = Observed::default();
     if blocks.is_empty() {
-        return Ok(observed);
+        return Ok(Observed::default());
     }
-    let str_of = |b: &Block, k: &str| b.config.get(k).and_then(|v| v.as_str()).map(str::to_string);
     if !refresh {
-        let mut diags = Vec::new();
-        for (address, b) in &blocks {
-            let revision = str_of(b, "revision").unwrap_or_default();
-            match pinned(state, address, &revision) {
-                Some(o) => {
-                    observed.models.insert(address.clone(), o);
-                }
-                None if crate::kinds::model::is_commit(&revision) => {}
-                None => diags.push(
-                    Diag::error(
-                        "plan::model_unresolved",
-                        format!("{address}: revision {revision:?} cannot be resolved without a refresh"),
-                    )
-                    .label(&b.span, "no commit for this revision in the state")
-                    .help("plan with refresh (the default) to resolve it on the download node, or pin `revision` to a 40-hex commit"),
-                ),
-            }
-        }
-        if !diags.is_empty() {
-            return Err(OpError::Config(Diagnostics(diags)));
-        }
-        return Ok(observed);
+        return pinned_by_state(&blocks, state);
     }
     let nodes: Vec<String> = {
         let mut n: Vec<String> = blocks.values().map(|b| b.node.clone()).collect();
@@ -127,8 +104,66 @@ pub async fn resolve_models(
     };
     emit(events, Event::Refreshing { nodes: nodes.len() });
     let pool = HostPool::connect(config, &nodes, hosts).await;
+    let resolved = resolve_on(config, &pool).await;
+    pool.close().await;
+    resolved
+}
+
+/// The commits the state pins for the revisions of `blocks`; an error for each revision it
+/// has none for (a branch or tag needs the hub, a commit is its own).
+fn pinned_by_state(
+    blocks: &BTreeMap<String, Block>,
+    state: Option<&State>,
+) -> Result<Observed, OpError> {
+    let mut observed = Observed::default();
+    let mut diags = Vec::new();
+    for (address, b) in blocks {
+        let revision = str_of(b, "revision").unwrap_or_default();
+        match pinned(state, address, &revision) {
+            Some(o) => {
+                observed.models.insert(address.clone(), o);
+            }
+            None if crate::kinds::model::is_commit(&revision) => {}
+            None => diags.push(
+                Diag::error(
+                    "plan::model_unresolved",
+                    format!("{address}: revision {revision:?} cannot be resolved without a refresh"),
+                )
+                .label(&b.span, "no commit for this revision in the state")
+                .help("plan with refresh (the default) to resolve it on the download node, or pin `revision` to a 40-hex commit"),
+            ),
+        }
+    }
+    if !diags.is_empty() {
+        return Err(OpError::Config(Diagnostics(diags)));
+    }
+    Ok(observed)
+}
+
+/// The commits the state pins for the models whose revision is unchanged; the others are left
+/// out (unresolved), never an error: for commands that look at or remove what is deployed.
+pub fn recorded(config: &Config, state: Option<&State>) -> Observed {
+    let mut observed = Observed::default();
+    for (address, b) in &blocks(config) {
+        let revision = str_of(b, "revision").unwrap_or_default();
+        if let Some(o) = pinned(state, address, &revision) {
+            observed.models.insert(address.clone(), o);
+        }
+    }
+    observed
+}
+
+fn str_of(b: &Block, k: &str) -> Option<String> {
+    b.config.get(k).and_then(|v| v.as_str()).map(str::to_string)
+}
+
+/// Each model of `config` resolved on its download node, connected in `pool` (tests hand it
+/// fake nodes). A node not connected is a refresh error; a failed resolution stops at once
+/// with the model block's place and transfer.py's hint.
+pub async fn resolve_on(config: &Config, pool: &HostPool) -> Result<Observed, OpError> {
+    let mut observed = Observed::default();
     let mut errors = Vec::new();
-    for (address, b) in &blocks {
+    for (address, b) in &blocks(config) {
         let host = match pool.get(&b.node) {
             Ok(h) => h,
             Err(e) => {
@@ -187,7 +222,6 @@ pub async fn resolve_models(
                 );
             }
             Err(e) => {
-                pool.close().await;
                 return Err(OpError::Config(Diagnostics(vec![Diag::error(
                     "plan::model_unresolved",
                     format!("{address}: {}", e.message),
@@ -197,7 +231,6 @@ pub async fn resolve_models(
             }
         }
     }
-    pool.close().await;
     if !errors.is_empty() {
         return Err(OpError::Refresh(errors));
     }
@@ -209,19 +242,8 @@ pub fn has_models(config: &Config) -> bool {
     !blocks(config).is_empty()
 }
 
-/// Where the commits come from.
-pub enum Pins<'a> {
-    /// Resolved on the download nodes when `refresh`, else pinned by the state.
-    Resolve {
-        state: Option<&'a State>,
-        refresh: bool,
-    },
-    /// The commits a saved plan shows (`apply PLANFILE`).
-    Planned(&'a crate::plan::Plan),
-}
-
 /// The commits a plan's model changes carry.
-fn planned(plan: &crate::plan::Plan) -> Observed {
+pub fn planned(plan: &crate::plan::Plan) -> Observed {
     let mut observed = Observed::default();
     for c in &plan.changes {
         let Some(after) = c.after.as_ref() else {
@@ -241,46 +263,4 @@ fn planned(plan: &crate::plan::Plan) -> Observed {
         }
     }
     observed
-}
-
-/// [`load_resolved`] or the commits of a plan.
-pub async fn load_pinned(
-    dir: &std::path::Path,
-    vars: &VarInputs,
-    first: (Config, Graph),
-    pins: Pins<'_>,
-    hosts: &HostOptions,
-    events: &Sender,
-) -> Result<(Config, Graph), OpError> {
-    match pins {
-        Pins::Resolve { state, refresh } => {
-            load_resolved(dir, vars, first, state, refresh, hosts, events).await
-        }
-        Pins::Planned(plan) => {
-            let config =
-                crate::config::load_observed(dir, vars, &planned(plan)).map_err(OpError::Config)?;
-            let graph = Graph::build(&config)?;
-            Ok((config, graph))
-        }
-    }
-}
-
-/// The definitions evaluated again with the models resolved (the configuration as it was when
-/// it has no model).
-pub async fn load_resolved(
-    dir: &std::path::Path,
-    vars: &VarInputs,
-    first: (Config, Graph),
-    state: Option<&State>,
-    refresh: bool,
-    hosts: &HostOptions,
-    events: &Sender,
-) -> Result<(Config, Graph), OpError> {
-    if blocks(&first.0).is_empty() {
-        return Ok(first);
-    }
-    let observed = resolve_models(&first.0, state, refresh, hosts, events).await?;
-    let config = crate::config::load_observed(dir, vars, &observed).map_err(OpError::Config)?;
-    let graph = Graph::build(&config)?;
-    Ok((config, graph))
 }
