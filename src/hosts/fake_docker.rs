@@ -462,7 +462,7 @@ async fn handle(
     }
     let q = query(&req);
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let body: Value = if method == Method::POST {
+    let body: Value = if method == Method::POST || method == Method::PUT {
         let bytes = req
             .body_mut()
             .collect()
@@ -661,6 +661,8 @@ fn container_request(
             }
             reply(StatusCode::OK, inspect(&e.containers[i]))
         }
+        // Files put into a container (the model kind's program) are taken and not kept.
+        (&Method::PUT, ["archive"]) => empty(StatusCode::OK),
         (&Method::POST, ["start"]) => {
             if e.containers[i].running {
                 return empty(StatusCode::NOT_MODIFIED);

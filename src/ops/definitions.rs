@@ -125,3 +125,249 @@ impl Evaluated {
         self.again(&observed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::{ModelObserved, NodeObserved};
+    use crate::hosts::fake::{FakeHost, FakeWorld};
+    use crate::hosts::fake_docker::{FakeDocker, Fault};
+    use crate::hosts::{Host, HostPool};
+
+    const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    /// A model on two nodes whose hub is on an address nothing answers; node `b` leaves its
+    /// memory to the machines.
+    const DEFINITIONS: &str = r#"
+node "a" {
+  address        = "10.0.0.1"
+  memory_gib     = 128
+  unified_memory = true
+  gpus           = 1
+}
+node "b" {
+  address        = "10.0.0.2"
+  unified_memory = true
+  gpus           = 1
+}
+network "roce" {
+  subnet = "192.168.200.0/24"
+  attach "a" {
+    node      = node.a
+    interface = "eth1"
+    address   = "192.168.200.1"
+  }
+  attach "b" {
+    node      = node.b
+    interface = "eth1"
+    address   = "192.168.200.2"
+  }
+}
+
+model "m" {
+  repo     = "org/name"
+  revision = "main"
+  nodes    = [node.a, node.b]
+  cache    = "/data/hf"
+  network  = network.roce
+  endpoint = "http://10.255.255.1:9"
+  image    = "img:1"
+}
+output "path" {
+  value = model.m.path
+}
+"#;
+
+    fn workspace() -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("main.hcl"), DEFINITIONS).unwrap();
+        let ws = Workspace::new(dir.path(), None);
+        (dir, ws)
+    }
+
+    fn commits(config: &Config) -> Vec<Option<String>> {
+        config
+            .resources
+            .iter()
+            .filter(|r| r.config.get("block").is_some())
+            .map(|r| {
+                r.config
+                    .get("commit")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// A plan file made with `main` resolved to COMMIT_A and node `b`'s memory read as 96 GiB.
+    fn plan_file(ws: &Workspace) -> PlanFile {
+        let mut observed = Observed::default();
+        observed.models.insert(
+            "model.m".into(),
+            ModelObserved {
+                revision: "main".into(),
+                commit: COMMIT_A.into(),
+                manifest: serde_json::json!({"total_bytes": 3000, "files": [{"path": "a"}]}),
+                config: serde_json::json!({"architectures": ["Qwen3ForCausalLM"]}),
+            },
+        );
+        observed.nodes.insert(
+            "b".into(),
+            NodeObserved {
+                memory_gib: Some(96.0),
+                ..NodeObserved::default()
+            },
+        );
+        let config =
+            crate::config::load_observed(&ws.dir, &VarInputs::default(), &observed).unwrap();
+        let graph = Graph::build(&config).unwrap();
+        let plan = crate::plan::plan(
+            &config,
+            &graph,
+            &State::new(),
+            &crate::plan::PlanOptions::default(),
+        )
+        .unwrap();
+        PlanFile::new(plan, &ws.dir, &ws.state_path, None).with_observed(&observed)
+    }
+
+    #[test]
+    fn a_saved_plan_gives_its_commits_and_node_facts_without_asking_the_hub() {
+        let (_dir, ws) = workspace();
+        let file = plan_file(&ws);
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        assert!(
+            commits(first.config()).iter().all(Option::is_none),
+            "as written, `main` is unresolved: {:?}",
+            commits(first.config())
+        );
+        // Without the plan, these definitions need the hub (there is no state to pin them).
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let unpinned = rt.block_on(load(&ws, &VarInputs::default()).unwrap().resolve(
+            None,
+            false,
+            &HostOptions::default(),
+            &tx,
+        ));
+        match unpinned {
+            Err(OpError::Config(d)) => assert!(
+                d.0[0]
+                    .message
+                    .contains("cannot be resolved without a refresh"),
+                "{:?}",
+                d.0[0].message
+            ),
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("`main` was resolved without the hub or a pin"),
+        }
+        let defs = first.pin(Pins::Planned(&file)).unwrap();
+        assert_eq!(
+            commits(&defs.config),
+            vec![Some(COMMIT_A.to_string()); 2],
+            "both copies at the plan's commit"
+        );
+        let path = defs.config.outputs.iter().find(|o| o.name == "path");
+        assert!(
+            path.is_some_and(|o| o.value.to_string().contains(COMMIT_A)),
+            "{path:?}"
+        );
+        let b = defs.config.nodes.values().find(|n| n.name == "b").unwrap();
+        assert_eq!(
+            b.memory_gib,
+            Some(96.0),
+            "the node facts the plan was made with"
+        );
+        // What the plan shows is what the definitions evaluate to now: `prepare` accepts it.
+        let graph = &defs.graph;
+        let now = crate::plan::plan(
+            &defs.config,
+            graph,
+            &State::new(),
+            &crate::plan::PlanOptions::default(),
+        )
+        .unwrap();
+        for c in file.plan.changes.iter().filter(|c| c.after_hash.is_some()) {
+            assert_eq!(
+                now.change(&c.address).and_then(|n| n.after_hash.as_ref()),
+                c.after_hash.as_ref(),
+                "{}",
+                c.address
+            );
+        }
+    }
+
+    #[test]
+    fn the_state_pins_what_is_deployed_and_a_changed_revision_stays_unresolved() {
+        let (_dir, ws) = workspace();
+        let file = plan_file(&ws);
+        let mut state = State::new();
+        for c in &file.plan.changes {
+            let r = crate::state::ResourceState {
+                kind: c.kind,
+                node: None,
+                config_hash: String::new(),
+                config: c.after.clone().unwrap_or_default(),
+                attributes: Default::default(),
+                depends_on: Vec::new(),
+                last_apply_secs: None,
+            };
+            state.resources.insert(c.address.clone(), r);
+        }
+        let defs = load(&ws, &VarInputs::default())
+            .unwrap()
+            .pin(Pins::Recorded(Some(&state)))
+            .unwrap();
+        assert_eq!(commits(&defs.config), vec![Some(COMMIT_A.to_string()); 2]);
+        // Another revision in the definitions: nothing pins it, and that is no error.
+        let text = DEFINITIONS.replace("revision = \"main\"", "revision = \"v2\"");
+        std::fs::write(ws.dir.join("main.hcl"), text).unwrap();
+        let defs = load(&ws, &VarInputs::default())
+            .unwrap()
+            .pin(Pins::Recorded(Some(&state)))
+            .unwrap();
+        assert_eq!(commits(&defs.config), vec![None, None]);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_hub_names_the_model_block_and_says_what_to_check() {
+        let (_dir, ws) = workspace();
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        let docker = Arc::new(FakeDocker::start().unwrap());
+        // transfer.py's last line when the hub does not answer (exit 4).
+        docker.fault(
+            "sparkform-model.m-a-resolve",
+            Fault::ExitsAfterStart(
+                4,
+                vec![r#"{"event": "error", "code": 4, "message": "repository org/name revision main: the hub at 10.255.255.1:9 cannot be reached: [Errno 111] Connection refused (HF_ENDPOINT or --endpoint sets where it is)"}"#.into()],
+            ),
+        );
+        let world = FakeWorld::new();
+        let a: Arc<dyn Host> =
+            Arc::new(FakeHost::new("node.a", &world).docker_engine(docker.clone()));
+        let pool = HostPool::from_hosts([("node.a".to_string(), a)].into_iter().collect());
+        let err = resolve_models::resolve_on(first.config(), &pool).await;
+        let Err(OpError::Config(d)) = err else {
+            panic!("resolved without a hub: {:?}", err.map(|o| o.models));
+        };
+        let text = crate::diag::render_plain(&d.0);
+        assert!(
+            d.0[0].message.starts_with("model.m: node.a: resolving org/name at \"main\" failed: repository org/name revision main: the hub at 10.255.255.1:9 cannot be reached"),
+            "{text}"
+        );
+        let line = DEFINITIONS
+            .lines()
+            .position(|l| l.starts_with("model \"m\""))
+            .unwrap()
+            + 1;
+        assert!(text.contains(&format!("main.hcl:{line}:")), "{text}");
+        assert!(text.contains("check the endpoint, the token"), "{text}");
+        assert!(
+            docker.containers().is_empty(),
+            "the one-shot container is removed: {:?}",
+            docker.containers()
+        );
+    }
+}
