@@ -326,6 +326,60 @@ fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
     );
 }
 
+/// What a command in `src/cli/` must not do itself: evaluate the definitions
+/// (`config::load`, `load_observed`, `Workspace::load` as `ws.load(&…)`), resolve models or
+/// read node facts (`ops::resolve_models`, `ops::observe`, the plan's second evaluation). It
+/// gets its definitions from `ops::definitions`, the one place for that.
+fn cli_forbidden() -> regex::Regex {
+    regex::Regex::new(
+        r"\bops::(?:resolve_models|observe)\b|\bsecond_evaluation\b|\bplan_connected\b|\bload_observed\b|\bconfig::load\b|\.load\(&",
+    )
+    .unwrap()
+}
+
+/// `file:line: code` for each forbidden use in `text`, tests (from `#[cfg(test)]` on) apart.
+fn cli_violations(file: &str, text: &str) -> Vec<String> {
+    let forbidden = cli_forbidden();
+    text.lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .enumerate()
+        .filter(|(_, l)| forbidden.is_match(l.split("//").next().unwrap_or_default()))
+        .map(|(i, l)| format!("{file}:{}: {}", i + 1, l.trim()))
+        .collect()
+}
+
+#[test]
+fn the_cli_gets_its_definitions_from_ops_definitions_alone() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+    let mut all = Vec::new();
+    files(&cli, &mut all);
+    assert!(all.len() > 10, "{all:?}");
+    let bad: Vec<String> = all
+        .iter()
+        .flat_map(|f| {
+            let name = f.strip_prefix(&cli).unwrap().display().to_string();
+            cli_violations(&name, &std::fs::read_to_string(f).unwrap())
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "cli files load the definitions or resolve models themselves; call ops::definitions (ARCHITECTURE.md, code map):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: what it must catch, and what it must let through.
+    let caught = cli_violations(
+        "x.rs",
+        "let (c, g) = ws.load(&vars)?;\nops::resolve_models::load_resolved(a).await;\nlet o = crate::ops::observe::observe(&c, &p);\nops::plan::second_evaluation(&c, &o);\ncrate::config::load(dir, &v);\n",
+    );
+    assert_eq!(caught.len(), 5, "{caught:?}");
+    assert!(caught[0].starts_with("x.rs:1: "), "{caught:?}");
+    let allowed = cli_violations(
+        "x.rs",
+        "crate::ops::definitions::load(&ws, &vars)\nif gone.load(Ordering::Relaxed) {}\n// ws.load(&vars) in a comment\n#[cfg(test)]\nmod tests { fn f() { crate::config::load(d, &v); } }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
+}
+
 /// A kind's block must be reachable from the top level of the language, or its resources can
 /// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
 #[test]
