@@ -378,7 +378,11 @@ fn diff_attributes(
     let mut ordered: Vec<&String> = a.keys().filter(|k| keys.contains(k)).collect();
     ordered.extend(b.keys().filter(|k| !a.contains_key(*k)));
     for key in ordered {
-        let (bv, av) = (b.get(key), a.get(key));
+        // A null is an unset attribute: a create does not list it, an update shows it removed.
+        let (bv, av) = (
+            b.get(key).filter(|v| !v.is_null()),
+            a.get(key).filter(|v| !v.is_null()),
+        );
         if bv == av {
             continue;
         }
@@ -389,11 +393,15 @@ fn diff_attributes(
             {
                 let sub: BTreeSet<&String> = bm.keys().chain(am.keys()).collect();
                 for s in sub {
-                    if bm.get(s) != am.get(s) {
+                    let (bs, as_) = (
+                        bm.get(s).filter(|v| !v.is_null()),
+                        am.get(s).filter(|v| !v.is_null()),
+                    );
+                    if bs != as_ {
                         out.push(AttrChange {
                             path: format!("{key}.{s}"),
-                            before: bm.get(s).cloned(),
-                            after: am.get(s).cloned(),
+                            before: bs.cloned(),
+                            after: as_.cloned(),
                             sensitive: r.is_some_and(|r| is_sensitive_path(r, key, Some(s)))
                                 || is_hash(bm.get(s))
                                 || is_hash(am.get(s)),
@@ -1066,5 +1074,31 @@ pub fn record_outputs(plan: &Plan, state: &mut State) {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_null_attribute_is_unset_not_a_change() {
+        let kind = KindId::ALL[0];
+        // A create lists what is set, not the nulls a plan file would read back as absent.
+        let created = diff_attributes(None, Some(&json!({"a": 1, "b": null})), None, kind);
+        let paths: Vec<&str> = created.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, ["a"]);
+        // An update from a value to null shows it removed; null to absent is no change.
+        let updated = diff_attributes(
+            Some(&json!({"a": "x", "b": null, "m": {"k": null, "j": 1}})),
+            Some(&json!({"a": null, "m": {"j": 1}})),
+            None,
+            kind,
+        );
+        assert_eq!(updated.len(), 1, "{updated:?}");
+        assert_eq!(updated[0].path, "a");
+        assert_eq!(updated[0].before, Some(json!("x")));
+        assert_eq!(updated[0].after, None);
     }
 }
