@@ -933,6 +933,15 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
+    def server_bind(self):
+        # HTTPServer's own server_bind resolves the bound address's name (socket.getfqdn): on
+        # a fabric with no reverse DNS that waits out the resolver (10 s on the testbed) before
+        # anything is served. The name is used for nothing here.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = host
+        self.server_port = port
+
 
 def cmd_serve(args):
     if args.address in ("", "0.0.0.0", "::", "*"):
