@@ -341,7 +341,7 @@ output "path" {
             "sparkform-model.m-a-resolve",
             Fault::ExitsAfterStart(
                 4,
-                vec![r#"{"event": "error", "code": 4, "message": "repository org/name revision main: the hub at 10.255.255.1:9 cannot be reached: [Errno 111] Connection refused (HF_ENDPOINT or --endpoint sets where it is)"}"#.into()],
+                vec![r#"{"event": "error", "code": 4, "message": "repository org/name revision main: the hub at 10.255.255.1:9 cannot be reached: [Errno 111] Connection refused (the model block's `endpoint` sets where it is; without it, the image's HF_ENDPOINT or the public hub)"}"#.into()],
             ),
         );
         let world = FakeWorld::new();

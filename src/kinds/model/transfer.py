@@ -465,8 +465,8 @@ def hub_get(url, token, what, timeout=30):
         raise Fail(EXIT_REMOTE, "%s: the hub answered HTTP %d" % (what, e.code))
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
-        raise Fail(EXIT_REMOTE, "%s: the hub at %s cannot be reached: %s (HF_ENDPOINT or --endpoint "
-                   "sets where it is)" % (what, urllib.parse.urlsplit(url).netloc, reason))
+        raise Fail(EXIT_REMOTE, "%s: the hub at %s cannot be reached: %s (the model block's "
+                   "`endpoint` sets where it is; without it, the image's HF_ENDPOINT or the public hub)" % (what, urllib.parse.urlsplit(url).netloc, reason))
 
 
 def resolve_manifest(endpoint, repo, revision, token, include=None, exclude=None):
