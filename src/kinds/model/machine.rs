@@ -1011,23 +1011,42 @@ impl Machine for ModelMachine {
         Ok(applied)
     }
 
-    /// A new copy is removed again; a copy that was there before stays (it is verified).
+    /// A rollback keeps the copy the step verified: the weights cost a download (or a copy)
+    /// and nothing runs on them once what uses them is undone; the state forgets them, and the
+    /// next apply finds them verified and fetches nothing again (an interrupted apply, a failed
+    /// architecture check or vLLM start, then the fixed apply). A previous commit was never
+    /// touched before `finalize`, so it is as it was.
     async fn undo(
         &self,
         cx: &StepCx<'_>,
         action: Action,
         applied: &Applied,
     ) -> Result<String, StepError> {
-        let new = applied.undo.get("commit").and_then(|c| c.as_str());
-        let fresh = action == Action::Create || applied.undo.get("previous").is_some();
-        match (new, cx.desired) {
-            (Some(commit), Some(desired)) if fresh => {
-                let w = want(cx.address, desired)?;
-                let host = cx.host()?;
-                remove_snapshot(host.as_ref(), cx.lineage, &w, commit, cx.cancel).await
-            }
-            _ => Ok("kept the verified copy".into()),
+        if action == Action::Delete {
+            return Err(StepError::new(format!(
+                "{}: the copy was removed; it is not put back",
+                cx.address
+            ))
+            .help("apply again to fetch it again"));
         }
+        let commit = applied
+            .undo
+            .get("commit")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default();
+        let (node, cache) = cx
+            .desired
+            .map(|d| {
+                (
+                    s(d, "node_name").unwrap_or_default().to_string(),
+                    s(d, "cache").unwrap_or_default().to_string(),
+                )
+            })
+            .unwrap_or_default();
+        Ok(format!(
+            "kept the verified copy at {} on {node} in {cache}: the next apply uses it without fetching it again",
+            &commit[..commit.len().min(12)]
+        ))
     }
 
     /// After a replacement succeeded, the previous commit's snapshot goes (blobs the new one
