@@ -2,7 +2,9 @@
 //! network): from empty the weights are downloaded once by the download node, copied to the
 //! other node over the fabric, verified; a re-plan shows nothing; a file deleted on one node is
 //! drift that plan names and apply copies alone; destroy removes the copies and no helper
-//! container is left.
+//! container is left. An apply stopped mid-copy (Ctrl-C, or SIGKILL with its helpers still
+//! running) and applied again fetches nothing twice from the hub and pulls only what the
+//! pulling node had not verified.
 
 mod common;
 
@@ -459,7 +461,12 @@ fn hub_fetches() -> BTreeMap<String, usize> {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["method"] == "GET" && v["repo"] == REPO)
-        .filter(|v| !v["agent"].as_str().unwrap_or_default().starts_with("sparkform-transfer"))
+        .filter(|v| {
+            !v["agent"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("sparkform-transfer")
+        })
     {
         if let Some(f) = v["file"].as_str() {
             *per_file.entry(f.to_string()).or_insert(0) += 1;
@@ -470,9 +477,10 @@ fn hub_fetches() -> BTreeMap<String, usize> {
 
 /// Start an apply with node1→node2 throttled, wait until node2 has verified some of the
 /// files and not all (a shard among them, another still coming), stop it with `signal` (`INT`
-/// to its process group, as Ctrl-C does; `KILL` to sparkform alone), and re-apply without the
-/// throttle: it finishes, fetches nothing from the hub a second time, pulls only what node2
-/// had not verified, and leaves both copies the same, no helper, and a plan with no changes.
+/// to its process group, as Ctrl-C does; `KILL` to sparkform alone, whose helpers go on, still
+/// throttled, while the re-apply starts), and re-apply: it finishes, fetches nothing from the
+/// hub a second time, pulls only what node2 had not verified, and leaves both copies the same,
+/// no helper, and a plan with no changes.
 fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -550,7 +558,10 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
         out_reader.join().unwrap_or_default(),
         err_reader.join().unwrap_or_default(),
     );
-    assert!(!status.success(), "the killed apply succeeded:\n{out}\n{err}");
+    assert!(
+        !status.success(),
+        "the killed apply succeeded:\n{out}\n{err}"
+    );
     let (verified, _) = verified_on_node2(&tb);
     if signal == "INT" {
         // A Ctrl-C stops the helpers before sparkform ends.
@@ -560,14 +571,34 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
             helpers_left(&tb)
         );
         assert!(verified.len() < expected.len(), "{verified:?}");
+        // The rollback keeps node1's download: the re-apply is not to fetch it again.
+        assert!(
+            out.contains("kept the verified copy at") && out.contains("on node1"),
+            "{out}"
+        );
     }
-    assert!(verified.len() >= at_kill.len(), "verified files lost: {verified:?}");
+    assert!(
+        verified.len() >= at_kill.len(),
+        "verified files lost: {verified:?}"
+    );
     nothing_unverified_is_trusted_on_node2(&tb);
 
-    // Killed: its helpers may still run; the next apply copes with them.
-    unthrottle(&tb);
+    if signal == "INT" {
+        unthrottle(&tb);
+    } else {
+        // Killed: its pull still runs on node2 (and its serve on node1), throttled so it is
+        // still running when the re-apply comes to node2: the re-apply must replace it.
+        let stale = helpers_left(&tb);
+        assert!(
+            stale.contains("-node2-pull") && stale.contains("-node2-serve"),
+            "the killed run's helpers are gone already: {stale:?}"
+        );
+    }
     let (code, out2, err2) = sparkform(&["apply", d, "-auto-approve"]);
-    assert_eq!(code, 0, "the re-apply failed:\n{out2}\n{err2}\n(killed apply:\n{out}\n{err})");
+    assert_eq!(
+        code, 0,
+        "the re-apply failed:\n{out2}\n{err2}\n(killed apply:\n{out}\n{err})"
+    );
     let fetched = hub_fetches();
     assert!(
         fetched.keys().any(|f| f.ends_with(".safetensors")),
@@ -586,7 +617,10 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
         assert_eq!(n, (expected.len() - verified.len()) as u64, "{out2}");
     } else {
         // the killed run's pull may have verified more before the re-apply stopped it
-        assert!(n <= missing, "node2 pulled {n} files, {missing} were not verified:\n{out2}");
+        assert!(
+            n <= missing,
+            "node2 pulled {n} files, {missing} were not verified:\n{out2}"
+        );
     }
     assert!(
         helpers_left(&tb).trim().is_empty(),
@@ -603,8 +637,21 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
     assert!(s1.contains(".safetensors"), "{s1}");
     assert_eq!(s1, s2, "the copies differ");
     let (code, out3, err3) = sparkform(&["plan", d, "-detailed-exitcode"]);
-    assert_eq!(code, 0, "the plan after the re-apply has changes:\n{out3}\n{err3}");
+    assert_eq!(
+        code, 0,
+        "the plan after the re-apply has changes:\n{out3}\n{err3}"
+    );
     assert!(out3.contains("No changes"), "{out3}");
+    println!(
+        "SIG{signal} with {} of {} files verified on node2 ({} after it); the re-apply pulled {n} ({}); hub GETs per file: {fetched:?}",
+        at_kill.len(),
+        expected.len(),
+        verified.len(),
+        out2.lines()
+            .filter(|l| l.starts_with("Plan:") || l.contains("model.standin[\"node2\"]: create done") || l.contains("will be"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
     let (code, out4, err4) = sparkform(&["destroy", d, "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out4}\n{err4}");
     drop(leftovers);
