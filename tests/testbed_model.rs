@@ -482,6 +482,11 @@ fn hub_fetches() -> BTreeMap<String, usize> {
 /// hub a second time, pulls only what node2 had not verified, and leaves both copies the same,
 /// no helper, and a plan with no changes.
 fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
+    kill_mid_copy(signal, a1, a2, false)
+}
+
+/// `kill_mid_copy_and_reapply`, or with `destroy` a destroy in place of the re-apply.
+fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     let leftovers = Leftovers {
@@ -492,8 +497,8 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
     let dir = common::write_config(&[("main.hcl", &model_config(&tb, a1, a2, ""))]);
     let d = dir.path().to_str().unwrap();
     hub(&["clear-log"]);
-    // 2 MB/s: the stand-in's shards (12 and 2×25 MB) take a good 30 s, so the kill lands
-    // between the first shard verified and the last.
+    // 16 Mbit/s: the stand-in's shards (12 and 2×25 MB) take most of a minute to copy (63 %
+    // after 31 s here), so the kill lands between the first shard verified and the last.
     throttle(&tb, "16mbit");
 
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
@@ -594,6 +599,27 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
             "the killed run's helpers are gone already: {stale:?}"
         );
     }
+    if destroy {
+        // The killed run's pull, still writing on node2, and its serve on node1 go before the
+        // copies do: nothing comes back after the destroy, no helper is left.
+        let (code, out2, err2) = sparkform(&["destroy", d, "-auto-approve"]);
+        assert_eq!(code, 0, "destroy failed:\n{out2}\n{err2}");
+        assert!(
+            helpers_left(&tb).trim().is_empty(),
+            "helper containers left after destroy: {}",
+            helpers_left(&tb)
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        for n in ["sf-node1", "sf-node2"] {
+            let left = tb.ssh(
+                n,
+                &format!("find {CACHE}/models--testbed--standin-qwen3/blobs {CACHE}/models--testbed--standin-qwen3/snapshots -type f -o -type l 2>/dev/null"),
+            );
+            assert!(left.trim().is_empty(), "{n} after destroy: {left}\n{out2}");
+        }
+        drop(leftovers);
+        return;
+    }
     let (code, out2, err2) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(
         code, 0,
@@ -667,4 +693,10 @@ fn ctrl_c_mid_copy_then_reapply_fetches_only_what_was_not_verified() {
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn sigkill_mid_copy_then_reapply_copes_with_the_stale_helpers() {
     kill_mid_copy_and_reapply("KILL", 69, 70);
+}
+
+#[test]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+fn sigkill_mid_copy_then_destroy_stops_the_stale_helpers_before_removing_the_copies() {
+    kill_mid_copy("KILL", 71, 72, true);
 }
