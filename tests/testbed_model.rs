@@ -54,6 +54,11 @@ fn helpers_left(tb: &Testbed) -> String {
         .collect::<String>()
 }
 
+fn no_helper_left(tb: &Testbed, what: &str) {
+    let left = helpers_left(tb);
+    assert!(left.trim().is_empty(), "{what}: {left}");
+}
+
 fn state_attr(dir: &Path, address: &str, key: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.join("state/sparkform.json")).expect("state");
     let doc: serde_json::Value = serde_json::from_str(&text).expect("state json");
@@ -155,10 +160,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
             "{n} still has the old commit only"
         );
     }
-    assert!(
-        helpers_left(&tb).trim().is_empty(),
-        "helper containers left"
-    );
+    no_helper_left(&tb, "helper containers left");
     let (code, out, err) = sparkform(&["destroy", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
     clean(&tb);
@@ -205,10 +207,7 @@ container "user" {
     );
     let listed = tb.ssh("sf-node1", "docker ps -a --format '{{.Names}}'");
     assert!(!listed.contains("sf-model-user"), "{listed}");
-    assert!(
-        helpers_left(&tb).trim().is_empty(),
-        "helper containers left"
-    );
+    no_helper_left(&tb, "helper containers left");
     // The same with the image that has it goes through.
     std::fs::write(
         dir.path().join("main.hcl"),
@@ -254,11 +253,7 @@ output "path" {{
 
     let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    assert!(
-        helpers_left(&tb).trim().is_empty(),
-        "helper containers left: {}",
-        helpers_left(&tb)
-    );
+    no_helper_left(&tb, "helper containers left");
 
     // Downloaded once: every file fetched once, all by the same client (the download node).
     let log = hub(&["log"]);
@@ -352,10 +347,7 @@ output "path" {{
         assert!(left.trim().is_empty(), "{n} still has a snapshot: {left}");
         tb.ssh(n, &format!("rm -rf {CACHE}"));
     }
-    assert!(
-        helpers_left(&tb).trim().is_empty(),
-        "helper containers left after destroy"
-    );
+    no_helper_left(&tb, "helper containers left after destroy");
 }
 
 /// What the tests leave on the nodes goes however they end: the throttle on node1's fabric
@@ -570,10 +562,9 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
     let (verified, _) = verified_on_node2(&tb);
     if signal == "INT" {
         // A Ctrl-C stops the helpers before sparkform ends.
-        assert!(
-            helpers_left(&tb).trim().is_empty(),
-            "helper containers left after Ctrl-C: {}\n{out}\n{err}",
-            helpers_left(&tb)
+        no_helper_left(
+            &tb,
+            &format!("helper containers left after Ctrl-C ({out}\n{err})"),
         );
         assert!(verified.len() < expected.len(), "{verified:?}");
         // The rollback keeps node1's download: the re-apply is not to fetch it again.
@@ -604,11 +595,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
         // copies do: nothing comes back after the destroy, no helper is left.
         let (code, out2, err2) = sparkform(&["destroy", d, "-auto-approve"]);
         assert_eq!(code, 0, "destroy failed:\n{out2}\n{err2}");
-        assert!(
-            helpers_left(&tb).trim().is_empty(),
-            "helper containers left after destroy: {}",
-            helpers_left(&tb)
-        );
+        no_helper_left(&tb, "helper containers left after destroy");
         std::thread::sleep(Duration::from_secs(3));
         for n in ["sf-node1", "sf-node2"] {
             let left = tb.ssh(
@@ -648,11 +635,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
             "node2 pulled {n} files, {missing} were not verified:\n{out2}"
         );
     }
-    assert!(
-        helpers_left(&tb).trim().is_empty(),
-        "helper containers left: {}",
-        helpers_left(&tb)
-    );
+    no_helper_left(&tb, "helper containers left");
     let snap = |n: &str| {
         tb.ssh(
             n,

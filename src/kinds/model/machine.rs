@@ -748,22 +748,18 @@ fn is_transfer_of(label: &str, block: &str, node_name: &str) -> bool {
 /// block runs then: the state lock keeps other applies out, and a delete or a finalize runs
 /// when the block's copies on the node are not being made.
 async fn remove_stale_transfers(docker: &bollard::Docker, lineage: &str, w: &Want) {
-    let mut filters = std::collections::HashMap::new();
-    filters.insert(
-        "label".to_string(),
-        vec![format!("{LABEL_HELPER}={lineage}")],
-    );
-    let Ok(list) = docker
-        .list_containers(Some(q::ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        }))
-        .await
-    else {
-        return;
+    let mine = format!("{LABEL_HELPER}={lineage}");
+    let options = q::ListContainersOptions {
+        all: true,
+        filters: Some([("label".to_string(), vec![mine])].into()),
+        ..Default::default()
     };
-    for c in list {
+    // Unlisted, they stay: the removal goes on, and the next apply replaces them by name.
+    for c in docker
+        .list_containers(Some(options))
+        .await
+        .unwrap_or_default()
+    {
         let stale = c
             .labels
             .as_ref()
