@@ -7,8 +7,9 @@
 //! The program and its input (the token, when there is one) reach the container as files put
 //! into it before it starts (Docker's archive upload): never in its command line or its
 //! environment, so `docker inspect` shows neither. Helper containers carry the label
-//! [`LABEL_HELPER`] (not the lineage label containers are observed by) and a name derived
-//! from the step, so one left by a killed run is removed by the next.
+//! [`LABEL_HELPER`] (not the lineage label containers are observed by), what they do in
+//! [`LABEL_TRANSFER`], and a name derived from the step, so one left by a killed run is
+//! replaced by the next run of its step, and stopped before a delete removes the copy.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
