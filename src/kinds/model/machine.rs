@@ -7,8 +7,9 @@
 //! The program and its input (the token, when there is one) reach the container as files put
 //! into it before it starts (Docker's archive upload): never in its command line or its
 //! environment, so `docker inspect` shows neither. Helper containers carry the label
-//! [`LABEL_HELPER`] (not the lineage label containers are observed by) and a name derived
-//! from the step, so one left by a killed run is removed by the next.
+//! [`LABEL_HELPER`] (not the lineage label containers are observed by), what they do in
+//! [`LABEL_TRANSFER`], and a name derived from the step, so one left by a killed run is
+//! replaced by the next run of its step, and stopped before a delete removes the copy.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,6 +41,10 @@ pub const TRANSFER_PY: &str = include_str!("transfer.py");
 /// The label of the helper containers, valued with the deployment's lineage.
 pub const LABEL_HELPER: &str = "sparkform.model-helper";
 
+/// What a helper does: `["BLOCK", "NODE", "MODE"]` (the node whose step it is), so a later run
+/// finds what a killed one left without parsing names.
+const LABEL_TRANSFER: &str = "sparkform.model-transfer";
+
 /// How the container runs the program: its input file on standard input, the mode and its
 /// arguments passed as arguments (`"$@"`), never pasted into the shell line.
 const RUNNER: &str = "exec python3 /sparkform/transfer.py \"$@\" < /sparkform/input";
@@ -52,7 +57,7 @@ const SERVE_IDLE_SECS: u32 = 120;
 struct Job<'a> {
     node: &'a str,
     docker: &'a bollard::Docker,
-    name: String,
+    who: Helper,
     image: &'a str,
     cache: &'a str,
     args: Vec<String>,
@@ -110,6 +115,20 @@ fn docker_err(node: &str, what: &str, e: bollard::errors::Error) -> StepError {
     StepError::new(format!("{node}: {what}: {e}"))
 }
 
+/// A helper container's name and what it does, for whoever finds it later.
+struct Helper {
+    name: String,
+    /// The value of [`LABEL_TRANSFER`]: `[block, node, mode]` as JSON.
+    transfer: String,
+}
+
+fn helper(block: &str, node: &str, mode: &str) -> Helper {
+    Helper {
+        name: helper_name(block, node, mode),
+        transfer: serde_json::json!([block, node, mode]).to_string(),
+    }
+}
+
 /// A name Docker accepts, from the step's parts.
 fn helper_name(block: &str, node: &str, mode: &str) -> String {
     let clean: String = format!("sparkform-{block}-{node}-{mode}")
@@ -152,9 +171,10 @@ async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
 }
 
 async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError> {
-    remove_container(job.docker, &job.name).await;
+    remove_container(job.docker, &job.who.name).await;
     let mut labels = std::collections::HashMap::new();
     labels.insert(LABEL_HELPER.to_string(), job.lineage.to_string());
+    labels.insert(LABEL_TRANSFER.to_string(), job.who.transfer.clone());
     let body = ContainerCreateBody {
         image: Some(job.image.to_string()),
         entrypoint: Some(cmd),
@@ -175,7 +195,7 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
         .docker
         .create_container(
             Some(q::CreateContainerOptions {
-                name: Some(job.name.clone()),
+                name: Some(job.who.name.clone()),
                 ..Default::default()
             }),
             body,
@@ -187,7 +207,7 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
             } else {
                 "check the node's Docker Engine".into()
             };
-            docker_err(job.node, &format!("cannot create the transfer container {}", job.name), e)
+            docker_err(job.node, &format!("cannot create the transfer container {}", job.who.name), e)
                 .help(hint)
         })?;
     let tar = tar_of(&[
@@ -491,7 +511,7 @@ async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, Step
     let job = Job {
         node: &node,
         docker: &docker,
-        name: helper_name(&w.block, &w.node_name, "download"),
+        who: helper(&w.block, &w.node_name, "download"),
         image: &w.image,
         cache: &w.cache,
         args,
@@ -564,7 +584,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     let serve = Job {
         node: &dl_node,
         docker: &dl_docker,
-        name: helper_name(&w.block, &w.node_name, "serve"),
+        who: helper(&w.block, &w.node_name, "serve"),
         image: &w.image,
         cache: &w.cache,
         args: vec![
@@ -634,7 +654,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
             let job = Job {
                 node: &node,
                 docker: &docker,
-                name: helper_name(&w.block, &w.node_name, "pull"),
+                who: helper(&w.block, &w.node_name, "pull"),
                 image: &w.image,
                 cache: &w.cache,
                 args,
@@ -712,6 +732,46 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     })
 }
 
+/// Whether a helper (its [`LABEL_TRANSFER`] value) is one of a block's transfers on a node:
+/// its pull or download (which write the node's copy) or a serve there (which reads it),
+/// whichever node pulls.
+fn is_transfer_of(label: &str, block: &str, node_name: &str) -> bool {
+    let Ok([b, n, mode]) = serde_json::from_str::<[String; 3]>(label) else {
+        return false;
+    };
+    b == block
+        && (mode == "serve" || n == node_name && matches!(mode.as_str(), "pull" | "download"))
+}
+
+/// The transfers of the block a killed run left on the node (a SIGKILL stops sparkform, not
+/// its helpers): stopped and removed before the copy goes, or a pull still running would write
+/// its files back after the removal, and a serve would hold them open. Nothing else of the
+/// block runs then: the state lock keeps other applies out, and a delete or a finalize runs
+/// when the block's copies on the node are not being made.
+async fn remove_stale_transfers(docker: &bollard::Docker, lineage: &str, w: &Want) {
+    let mine = format!("{LABEL_HELPER}={lineage}");
+    let options = q::ListContainersOptions {
+        all: true,
+        filters: Some([("label".to_string(), vec![mine])].into()),
+        ..Default::default()
+    };
+    // Unlisted, they stay: the removal goes on, and the next apply replaces them by name.
+    for c in docker
+        .list_containers(Some(options))
+        .await
+        .unwrap_or_default()
+    {
+        let stale = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_TRANSFER))
+            .is_some_and(|t| is_transfer_of(t, &w.block, &w.node_name));
+        if let (true, Some(id)) = (stale, c.id.as_deref()) {
+            remove_container(docker, id).await;
+        }
+    }
+}
+
 /// Remove one commit's snapshot from a node.
 async fn remove_snapshot(
     host: &dyn Host,
@@ -722,10 +782,11 @@ async fn remove_snapshot(
 ) -> Result<String, StepError> {
     let node = host.node().to_string();
     let docker = host.docker().await?;
+    remove_stale_transfers(&docker, lineage, w).await;
     let job = Job {
         node: &node,
         docker: &docker,
-        name: helper_name(&w.block, &w.node_name, "remove"),
+        who: helper(&w.block, &w.node_name, "remove"),
         image: &w.image,
         cache: &w.cache,
         args: vec![
@@ -801,7 +862,7 @@ pub async fn resolve(
     let job = Job {
         node: &node,
         docker: &docker,
-        name: helper_name(req.block, &node.replace("node.", ""), "resolve"),
+        who: helper(req.block, &node.replace("node.", ""), "resolve"),
         image: req.image,
         cache: req.cache,
         args,
@@ -877,7 +938,7 @@ impl CheckRun for ArchitectureCheck {
         let job = Job {
             node: &node,
             docker: &docker,
-            name: helper_name(&self.block, &node.replace("node.", ""), "archcheck"),
+            who: helper(&self.block, &node.replace("node.", ""), "archcheck"),
             image: &self.image,
             cache: &self.cache,
             args: Vec::new(),
@@ -1011,23 +1072,42 @@ impl Machine for ModelMachine {
         Ok(applied)
     }
 
-    /// A new copy is removed again; a copy that was there before stays (it is verified).
+    /// A rollback keeps the copy the step verified: the weights cost a download (or a copy)
+    /// and nothing runs on them once what uses them is undone; the state forgets them, and the
+    /// next apply finds them verified and fetches nothing again (an interrupted apply, a failed
+    /// architecture check or vLLM start, then the fixed apply). A previous commit was never
+    /// touched before `finalize`, so it is as it was.
     async fn undo(
         &self,
         cx: &StepCx<'_>,
         action: Action,
         applied: &Applied,
     ) -> Result<String, StepError> {
-        let new = applied.undo.get("commit").and_then(|c| c.as_str());
-        let fresh = action == Action::Create || applied.undo.get("previous").is_some();
-        match (new, cx.desired) {
-            (Some(commit), Some(desired)) if fresh => {
-                let w = want(cx.address, desired)?;
-                let host = cx.host()?;
-                remove_snapshot(host.as_ref(), cx.lineage, &w, commit, cx.cancel).await
-            }
-            _ => Ok("kept the verified copy".into()),
+        if action == Action::Delete {
+            return Err(StepError::new(format!(
+                "{}: the copy was removed; it is not put back",
+                cx.address
+            ))
+            .help("apply again to fetch it again"));
         }
+        let commit = applied
+            .undo
+            .get("commit")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default();
+        let (node, cache) = cx
+            .desired
+            .map(|d| {
+                (
+                    s(d, "node_name").unwrap_or_default().to_string(),
+                    s(d, "cache").unwrap_or_default().to_string(),
+                )
+            })
+            .unwrap_or_default();
+        Ok(format!(
+            "kept the verified copy at {} on {node} in {cache}: the next apply uses it without fetching it again",
+            &commit[..commit.len().min(12)]
+        ))
     }
 
     /// After a replacement succeeded, the previous commit's snapshot goes (blobs the new one
@@ -1087,7 +1167,7 @@ impl Machine for ModelMachine {
             let job = Job {
                 node: &node,
                 docker: &docker,
-                name: helper_name(&w.block, &w.node_name, "observe"),
+                who: helper(&w.block, &w.node_name, "observe"),
                 image: &w.image,
                 cache: &w.cache,
                 args,
@@ -1166,5 +1246,28 @@ mod tests {
             "sparkform-module.m.model.qwen-spark1-pull"
         );
         assert!(!helper_name("model.a b", "n", "x").contains(' '));
+    }
+
+    #[test]
+    fn a_removal_stops_the_blocks_transfers_on_its_node_only() {
+        let b = "model.qwen-x";
+        let t = |b: &str, n: &str, m: &str| helper(b, n, m).transfer;
+        for stale in [
+            t(b, "spark1", "pull"),
+            t(b, "spark1", "download"),
+            t(b, "spark2", "serve"),
+        ] {
+            assert!(is_transfer_of(&stale, b, "spark1"), "{stale}");
+        }
+        for other in [
+            t(b, "spark1", "remove"),
+            t(b, "spark1", "observe"),
+            t(b, "spark2", "pull"),
+            t("model.qwen", "spark1", "pull"),
+            t("model.qwen-x-y", "spark2", "serve"),
+            "not json".to_string(),
+        ] {
+            assert!(!is_transfer_of(&other, b, "spark1"), "{other}");
+        }
     }
 }
