@@ -51,10 +51,12 @@ hub's cache scanner requires to hold folders only). A file is in it only once it
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
 it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream:
 sha256 is sequential, so splitting a file would need a second read pass to hash it. pull writes
-blobs/BLOB.sparkform-partial, hashing while it streams (in a thread of its own per file, so
-hashing overlaps receiving and writing) and starting the disk's writeback as it goes, and
-renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
-that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
+blobs/BLOB.sparkform-partial, the body moved from the socket to the file by splice(2) where the
+kernel allows it (else read into a buffer and written), hashing while it streams (in a thread of
+its own per file, reading the range just written through an mmap, so hashing overlaps receiving
+and copies nothing) and starting the disk's writeback as it goes, and renames it to blobs/BLOB
+only when the sha256 matches: a killed transfer leaves a partial file that a later pull resumes
+(rehashing the prefix it keeps) and that nothing else trusts.
 
 The token (download, resolve) comes from the environment variable named by --token-env
 (default HF_TOKEN) or, with --token-stdin, from the first line of standard input; never from
