@@ -1071,7 +1071,7 @@ class RangeHasher:
                 if self.writeback and b - flushed >= WRITEBACK:
                     os.posix_fadvise(self.fd, flushed, b - flushed, os.POSIX_FADV_DONTNEED)
                     flushed = b
-            except (OSError, ValueError) as e:
+            except Exception as e:   # kept for the receiver: a dead thread would leave it blocked on the queue
                 self.error = e
 
     def _hash(self, a, b):
