@@ -1001,3 +1001,189 @@ fn remove_deletes_one_commit_and_keeps_blobs_another_snapshot_uses() {
         files[1].1
     );
 }
+
+/// Runs the program after `prelude` (Python that patches `os` or `mmap` the way a kernel, a
+/// file system or an older Python would behave), as `python3 transfer.py ARGS` would run it.
+fn run_patched(py: &str, prelude: &str, args: &[&str]) -> Out {
+    let code = format!(
+        "{prelude}\nimport os, runpy, sys\nscript = os.environ['SPARKFORM_TEST_SCRIPT']\n\
+         sys.argv = [script] + sys.argv[1:]\nrunpy.run_path(script, run_name='__main__')\n"
+    );
+    let o = Command::new(py)
+        .arg("-c")
+        .arg(code)
+        .args(args)
+        .env("SPARKFORM_TEST_SCRIPT", script())
+        .stdin(Stdio::null())
+        .env_remove("HF_TOKEN")
+        .output()
+        .unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        events: parse_lines(&String::from_utf8_lossy(&o.stdout)),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// Counts the splice calls and says how many at exit.
+const COUNT_SPLICE: &str = r#"
+import atexit, os, sys
+real = os.splice
+calls = [0]
+def splice(*a, **k):
+    calls[0] += 1
+    return real(*a, **k)
+os.splice = splice
+atexit.register(lambda: sys.stderr.write("test: %d splice calls\n" % calls[0]))
+"#;
+
+/// splice from a socket refused, as on a kernel or socket type without it.
+const REFUSE_FROM_SOCKET: &str = r#"
+import errno, os, sys
+def splice(*a, **k):
+    sys.stderr.write("test: splice refused\n")
+    raise OSError(errno.EINVAL, "Invalid argument")
+os.splice = splice
+"#;
+
+/// splice into the file refused (a file system without it), after the socket filled the pipe.
+const REFUSE_INTO_FILE: &str = r#"
+import errno, os, stat, sys
+real = os.splice
+def splice(src, dst, *a, **k):
+    if stat.S_ISREG(os.fstat(dst).st_mode):
+        sys.stderr.write("test: splice refused\n")
+        raise OSError(errno.EINVAL, "Invalid argument")
+    return real(src, dst, *a, **k)
+os.splice = splice
+"#;
+
+/// A Python older than 3.10: no os.splice.
+const NO_SPLICE: &str = "import os\ndel os.splice";
+
+/// A file system whose files cannot be mapped: the hasher reads them back instead.
+const NO_MMAP: &str = r#"
+import errno, mmap, sys
+def refuse(*a, **k):
+    sys.stderr.write("test: mmap refused\n")
+    raise OSError(errno.ENODEV, "No such device")
+mmap.mmap = refuse
+"#;
+
+#[test]
+fn every_byte_is_hashed_once_whichever_way_it_reaches_the_file() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // larger than the writeback step (32 MiB) and many hash windows (4 MiB), of an odd size
+    let big = bytes(20, (37 << 20) + 12_345);
+    let files = vec![
+        ("big.safetensors", big.clone()),
+        ("small.bin", bytes(21, 5_000)),
+        ("config.json", b"{}".to_vec()),
+    ];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port();
+    // a kept prefix that ends inside a page, so the first range hashed starts unaligned
+    let kept = 5_000_001usize;
+    let partial = format!("{}.sparkform-partial", sha256(&big));
+    let cases: [(&str, &str, &[&str], &str); 7] = [
+        ("splice", COUNT_SPLICE, &[], ""),
+        ("--no-splice", COUNT_SPLICE, &["--no-splice"], ""),
+        (
+            "refused from the socket",
+            REFUSE_FROM_SOCKET,
+            &[],
+            "test: splice refused",
+        ),
+        (
+            "refused into the file",
+            REFUSE_INTO_FILE,
+            &[],
+            "test: splice refused",
+        ),
+        ("no os.splice", NO_SPLICE, &[], ""),
+        ("no mmap", NO_MMAP, &[], "test: mmap refused"),
+        ("a bad kept prefix", COUNT_SPLICE, &[], ""),
+    ];
+    for (i, (case, prelude, extra, marker)) in cases.iter().enumerate() {
+        let dst = tmp.path().join(format!("dst{i}"));
+        let blobs = storage(&dst).join("blobs");
+        std::fs::create_dir_all(&blobs).unwrap();
+        let mut prefix = big[..kept].to_vec();
+        if *case == "a bad kept prefix" {
+            prefix[4_321] ^= 1;
+        }
+        std::fs::write(blobs.join(&partial), &prefix).unwrap();
+        let d = cache_arg(&dst);
+        let mut a = pull_args(&d, &port);
+        a.extend(["--jobs", "2"]);
+        a.extend(extra.iter());
+        let o = run_patched(&py, prelude, &a);
+        assert_eq!(o.code, 0, "{case}: {}", o.stderr);
+        let mut want: Vec<String> = files.iter().map(|(p, _)| p.to_string()).collect();
+        want.sort();
+        assert_eq!(o.files("verified"), want, "{case}");
+        let resumed = o
+            .events
+            .iter()
+            .find(|e| e["event"] == "file" && e["path"] == "big.safetensors")
+            .unwrap();
+        for (p, data) in &files {
+            assert_eq!(
+                &std::fs::read(snapshot_file(&dst, p)).unwrap(),
+                data,
+                "{case}: {p}"
+            );
+        }
+        assert!(!blobs.join(&partial).exists(), "{case}");
+        if *case == "a bad kept prefix" {
+            // the kept prefix is what was wrong: fetched again from zero, and then it matches
+            assert!(
+                o.events.iter().any(|e| e["event"] == "warning"
+                    && e["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("did not match after resuming"))),
+                "{case}: {:?}",
+                o.events
+            );
+            assert_eq!(resumed["resumed_from"], 0, "{case}");
+        } else {
+            assert_eq!(resumed["resumed_from"], kept, "{case}");
+        }
+        let calls: Option<u64> = o.stderr.lines().find_map(|l| {
+            l.strip_prefix("test: ")?
+                .strip_suffix(" splice calls")?
+                .parse()
+                .ok()
+        });
+        match *case {
+            "splice" | "a bad kept prefix" => {
+                assert!(
+                    calls.unwrap_or(0) > 0,
+                    "{case}: splice unused: {}",
+                    o.stderr
+                )
+            }
+            "--no-splice" => assert_eq!(calls, Some(0), "{case}: {}", o.stderr),
+            _ => {}
+        }
+        if !marker.is_empty() {
+            // refused once per file in flight at most: the rest of the run does not try again
+            let n = o.stderr.matches(marker).count();
+            assert!(
+                (1..=2).contains(&n) || marker.contains("mmap"),
+                "{case}: {n} refusals: {}",
+                o.stderr
+            );
+            assert!(n >= 1, "{case}: the refusal never happened: {}", o.stderr);
+        }
+        assert_eq!(observe(&py, &dst, true)["complete"], true, "{case}");
+    }
+    let served = serve.stop();
+    assert!(served
+        .iter()
+        .any(|e| e["event"] == "served" && e["path"] == "big.safetensors" && e["offset"] == kept));
+}

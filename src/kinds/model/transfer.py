@@ -51,10 +51,12 @@ hub's cache scanner requires to hold folders only). A file is in it only once it
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
 it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream:
 sha256 is sequential, so splitting a file would need a second read pass to hash it. pull writes
-blobs/BLOB.sparkform-partial, hashing while it streams (in a thread of its own per file, so
-hashing overlaps receiving and writing) and starting the disk's writeback as it goes, and
-renames it to blobs/BLOB only when the sha256 matches: a killed transfer leaves a partial file
-that a later pull resumes (rehashing the prefix it keeps) and that nothing else trusts.
+blobs/BLOB.sparkform-partial, the body moved from the socket to the file by splice(2) where the
+kernel allows it (else read into a buffer and written), hashing while it streams (in a thread of
+its own per file, reading the range just written through an mmap, so hashing overlaps receiving
+and copies nothing) and starting the disk's writeback as it goes, and renames it to blobs/BLOB
+only when the sha256 matches: a killed transfer leaves a partial file that a later pull resumes
+(rehashing the prefix it keeps) and that nothing else trusts.
 
 The token (download, resolve) comes from the environment variable named by --token-env
 (default HF_TOKEN) or, with --token-stdin, from the first line of standard input; never from
@@ -62,15 +64,19 @@ the command line. It is never printed.
 """
 
 import argparse
+import errno
+import fcntl
 import fnmatch
 import glob
 import hashlib
 import http.client
 import http.server
 import json
+import mmap
 import os
 import queue
 import re
+import select as io_select
 import signal
 import socket
 import socketserver
@@ -85,10 +91,17 @@ FORMAT = "sparkform-model-manifest/1"
 VERIFIED_FORMAT = "sparkform-verified-manifest/1"
 PARTIAL = ".sparkform-partial"
 CHUNK = 1 << 20
-# pull: receive buffers (each CHUNK, 4 per file in flight while hashing) and how often the
-# written range is handed to the disk
+# pull: how much is written before the hasher gets the range, how far it may fall behind, and
+# how often the written range is handed to the disk
+WINDOW = 4 << 20
+LAG = 64 << 20
 WRITEBACK = 32 << 20
 FADVISE = hasattr(os, "posix_fadvise")
+# splice(2) (Python >= 3.10): cleared by --no-splice, or when the kernel refuses it
+SPLICE = [hasattr(os, "splice")]
+UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)
+MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -1032,74 +1045,209 @@ class Peer:
         raise Fail(EXIT_REMOTE, "unreachable")
 
 
-class Hasher:
-    """sha256 (and git sha1) in a thread of its own, fed the receive buffers in order through a
-    bounded pool: hashlib releases the GIL on large buffers, so hashing one buffer overlaps with
-    receiving and writing the next, and with the disk's writeback. A buffer goes back to the
-    pool only once hashed, so the receiver never overwrites bytes not yet hashed."""
+class RangeHasher:
+    """sha256 (and git sha1) of the file's bytes in order, in a thread of its own, read back
+    through an mmap of the page cache the receiver has just written: hashing copies nothing,
+    so with splice the only copy of a byte is the one into the page cache, and hashlib releases
+    the GIL on large buffers, so hashing overlaps receiving. The receiver hands over written
+    ranges [a, b) in order; a bounded queue keeps the hasher at most LAG bytes behind, so the
+    range is still in the page cache. Writeback of a range starts here, once it is hashed:
+    POSIX_FADV_DONTNEED drops the clean pages of the range, which would make the hasher read
+    them back from the disk."""
 
-    def __init__(self, hs, buffers=4):
+    def __init__(self, hs, fd, writeback):
         self.hs = list(hs.values())
-        self.free = queue.Queue()
-        for _ in range(buffers):
-            self.free.put(bytearray(CHUNK))
-        self.full = queue.Queue()
+        self.fd = fd
+        self.writeback = writeback
+        self.q = queue.Queue(maxsize=max(1, LAG // WINDOW))
+        self.error = None
+        self.buf = None   # set when the file cannot be mapped: read back with pread instead
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
+        flushed = None
         while True:
-            item = self.full.get()
+            item = self.q.get()
             if item is None:
                 return
-            buf, n = item
-            view = memoryview(buf)[:n]
+            if self.error is not None:
+                continue   # the receiver stops at its next add()
+            a, b = item
+            try:
+                self._hash(a, b)
+                flushed = a if flushed is None else flushed
+                if self.writeback and b - flushed >= WRITEBACK:
+                    os.posix_fadvise(self.fd, flushed, b - flushed, os.POSIX_FADV_DONTNEED)
+                    flushed = b
+            except Exception as e:   # kept for the receiver: a dead thread would leave it blocked on the queue
+                self.error = e
+
+    def _hash(self, a, b):
+        if self.buf is None:
+            base = a - a % mmap.ALLOCATIONGRANULARITY
+            try:
+                m = mmap.mmap(self.fd, b - base, flags=mmap.MAP_SHARED | MAP_POPULATE,
+                              prot=mmap.PROT_READ, offset=base)
+            except OSError:
+                self.buf = bytearray(CHUNK)
+            else:
+                with m:
+                    view = memoryview(m)
+                    try:
+                        for h in self.hs:
+                            h.update(view[a - base:])
+                    finally:
+                        view.release()
+                return
+        view = memoryview(self.buf)
+        while a < b:
+            n = os.preadv(self.fd, [view[:min(b - a, CHUNK)]], a)
+            if not n:
+                raise OSError("the file is shorter than what was written to it")
             for h in self.hs:
-                h.update(view)
-            self.free.put(buf)
+                h.update(view[:n])
+            a += n
 
-    def buffer(self):
-        return self.free.get()
-
-    def put(self, buf, n):
-        self.full.put((buf, n))
-
-    def give_back(self, buf):
-        self.free.put(buf)
+    def add(self, a, b):
+        self.check()
+        self.q.put((a, b))
 
     def close(self):
-        """Waits until every buffer put is hashed."""
-        self.full.put(None)
+        """Waits until every range added is hashed."""
+        self.q.put(None)
         self.thread.join()
 
+    def check(self):
+        if self.error is not None:
+            raise Fail(EXIT_IO, "the file cannot be read back to hash it: %s" % self.error)
 
-def receive(resp, fd, got, size, hasher, progress, path, cancel):
-    """Streams the response body into fd from offset `got` up to `size`; returns the new offset.
-    Writeback to the disk is started every WRITEBACK bytes (POSIX_FADV_DONTNEED writes dirty
-    pages back without waiting), so the disk works while the network does and the final fsync
-    finds little left: with a page cache larger than the file, nothing would reach the disk
-    before that fsync otherwise, and the copy would be the network time plus the disk time."""
-    own = None if hasher else bytearray(CHUNK)
-    flushed = got
-    while got < size:
-        if cancel.is_set():
-            raise Fail(EXIT_INTR, "interrupted")
-        buf = hasher.buffer() if hasher else own
-        n = resp.readinto(buf)
-        if not n:
-            if hasher:
-                hasher.give_back(buf)
-            break
-        view = memoryview(buf)[:n]
+
+def write_all(fd, view, path):
+    try:
         while view:   # a write may take less than it is given
             view = view[os.write(fd, view):]
-        if hasher:
-            hasher.put(buf, n)
-        got += n
-        progress.add(path, n)
-        if FADVISE and got - flushed >= WRITEBACK:
-            os.posix_fadvise(fd, flushed, got - flushed, os.POSIX_FADV_DONTNEED)
-            flushed = got
+    except OSError as e:
+        raise Fail(EXIT_IO, "%s cannot be written: %s" % (path, e))
+
+
+def wait_readable(fd, timeout):
+    """The socket has a timeout, so it is non-blocking underneath: wait for data as it would."""
+    p = io_select.poll()
+    p.register(fd, io_select.POLLIN | io_select.POLLERR | io_select.POLLHUP)
+    if not p.poll(None if timeout is None else int(timeout * 1000)):
+        raise socket.timeout("timed out")
+
+
+class Splicer:
+    """socket -> pipe -> file with splice(2): the kernel moves the bytes, one copy (into the
+    page cache) instead of two (into Python's buffer, then out of it)."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        self.refused = False
+        self.cap = 1 << 16
+        if F_SETPIPE_SZ:
+            try:
+                self.cap = fcntl.fcntl(self.w, F_SETPIPE_SZ, CHUNK)
+            except OSError:
+                pass   # the default pipe works, with more calls
+
+    def close(self):
+        os.close(self.r)
+        os.close(self.w)
+
+    def move(self, sock, fd, want, timeout, path):
+        """Up to `want` bytes from the socket to the file at its position: how many, 0 at the
+        end of the stream, None when the kernel refuses splice from the socket. When it refuses
+        splice into the file, what is already in the pipe goes there by read and write, and
+        `refused` is set."""
+        while True:
+            try:
+                n = os.splice(sock, self.w, min(want, self.cap), flags=os.SPLICE_F_MOVE)
+                break
+            except BlockingIOError:
+                wait_readable(sock, timeout)
+            except OSError as e:
+                if e.errno in UNSUPPORTED:
+                    return None
+                raise
+        left = n
+        while left:
+            try:
+                left -= os.splice(self.r, fd, left, flags=os.SPLICE_F_MOVE)
+            except OSError as e:
+                if e.errno not in UNSUPPORTED:
+                    raise Fail(EXIT_IO, "%s cannot be written: %s" % (path, e))
+                while left:
+                    b = os.read(self.r, left)
+                    write_all(fd, memoryview(b), path)
+                    left -= len(b)
+                self.refused = True
+                return n
+        return n
+
+
+def read_some(sock, view, timeout):
+    while True:
+        try:
+            return os.readv(sock, [view])
+        except BlockingIOError:
+            wait_readable(sock, timeout)
+
+
+def receive(resp, fd, got, size, hasher, progress, path, cancel, timeout):
+    """Streams the response body into fd (positioned at `got`) up to `size`; returns the new
+    offset. The body is read from the socket itself, past http.client (which has buffered at
+    most its first bytes): by splice, or, where the kernel refuses it or with --no-splice, into
+    a reused buffer and written out. Writeback to the disk is started every WRITEBACK bytes
+    (POSIX_FADV_DONTNEED writes dirty pages back without waiting; with a hasher, once they are
+    hashed), so the disk works while the network does and the final fsync finds little left:
+    with a page cache larger than the file, nothing would reach the disk before that fsync
+    otherwise, and the copy would be the network time plus the disk time."""
+    if got >= size:
+        return got
+    buf = bytearray(CHUNK)
+    pending = flushed = got   # pending: written, not yet hashed; flushed: handed to the disk
+    # read1 returns what http.client has buffered (less than CHUNK), or does one read of the
+    # socket: after it, nothing of the body is buffered, the socket holds the rest
+    first = resp.read1(min(size - got, CHUNK))
+    splicer = None
+    try:
+        write_all(fd, memoryview(first), path)
+        got += len(first)
+        progress.add(path, len(first))
+        n = len(first)
+        sock = resp.fileno() if n and got < size else None
+        splicer = Splicer() if SPLICE[0] and sock is not None else None
+        while n and got < size:
+            if cancel.is_set():
+                raise Fail(EXIT_INTR, "interrupted")
+            n = splicer.move(sock, fd, size - got, timeout, path) if splicer else None
+            if splicer and (n is None or splicer.refused):
+                SPLICE[0] = False   # for the rest of the run: this kernel or file system refuses it
+                splicer.close()
+                splicer = None
+            if n is None:
+                view = memoryview(buf)[:min(size - got, CHUNK)]
+                n = read_some(sock, view, timeout)
+                write_all(fd, view[:n], path)
+            got += n
+            progress.add(path, n)
+            if hasher is not None and got - pending >= WINDOW:
+                hasher.add(pending, got)
+                pending = got
+            elif hasher is None and FADVISE and got - flushed >= WRITEBACK:
+                os.posix_fadvise(fd, flushed, got - flushed, os.POSIX_FADV_DONTNEED)
+                flushed = got
+        if hasher is not None and got > pending:
+            hasher.add(pending, got)
+    finally:
+        if splicer:
+            splicer.close()
+        # the body went past the response object: it must not wait for it on the next request
+        # (after a short body the connection is unusable, and pull_one drops it)
+        resp.close()
     return got
 
 
@@ -1118,8 +1266,10 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
             if have > f["size"]:
                 os.unlink(partial)
                 have = 0
-        fh = open(partial, "ab" if have else "wb", buffering=0)
+        # readable, for the hasher's mmap; not O_APPEND, which splice refuses
+        fh = open(partial, "r+b" if have else "w+b", buffering=0)
         try:
+            fh.seek(have)
             if have and hashing:
                 # the kept prefix is hashed once here: the hash state of a killed run is lost
                 feed(hs, partial, have)
@@ -1134,15 +1284,21 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
                 if resp.status not in (200, 206) or (have and resp.status != 206):
                     resp.read()
                     raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for %s" % (resp.status, f["path"]))
-                hasher = Hasher(hs) if hs else None
+                hasher = RangeHasher(hs, fh.fileno(), FADVISE) if hs else None
                 try:
-                    got = receive(resp, fh.fileno(), got, f["size"], hasher, progress, f["path"], cancel)
+                    got = receive(resp, fh.fileno(), got, f["size"], hasher, progress, f["path"], cancel,
+                                  peer.timeout)
                 except (OSError, http.client.HTTPException) as e:
                     peer.reset()
                     raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke: %s" % (f["path"], e))
+                except Fail:
+                    peer.reset()
+                    raise
                 finally:
                     if hasher:
                         hasher.close()
+                if hasher:
+                    hasher.check()
                 if got < f["size"]:
                     peer.reset()
                     raise Fail(EXIT_REMOTE, "the peer sent %s of %s's %s and stopped"
@@ -1177,6 +1333,7 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
 
 
 def cmd_pull(args):
+    SPLICE[0] = SPLICE[0] and args.splice
     token_unused, manifest = read_inputs(args)
     del token_unused
     cache = cache_of(args)
@@ -1254,6 +1411,10 @@ def cmd_pull(args):
             except OSError as e:
                 with lock:
                     errors.append(Fail(EXIT_IO, "%s: %s" % (f["path"], e)))
+                cancel.set()
+            except Exception as e:   # a bug: the file must not count as copied all the same
+                with lock:
+                    errors.append(Fail(EXIT_IO, "%s: internal error: %r" % (f["path"], e)))
                 cancel.set()
         peer.reset()
 
@@ -1472,6 +1633,8 @@ def parser():
     pl.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
     pl.add_argument("--no-hash", dest="hash", action="store_false",
                     help="benchmarks only: skip the checksum (files are then recorded unverified)")
+    pl.add_argument("--no-splice", dest="splice", action="store_false",
+                    help="receive through a buffer rather than splice(2) (which is used where the kernel allows it)")
     common(pl, manifest=True)
 
     o = sub.add_parser("observe", help="compare the local snapshot with the manifest")
