@@ -134,7 +134,9 @@ fn example_copy(dir: &Path) {
     )
     .unwrap()
     .replace("../../modules", modules.to_str().unwrap());
-    let start = main.find("model \"qwen\" {").expect("the example's model block");
+    let start = main
+        .find("model \"qwen\" {")
+        .expect("the example's model block");
     let end = start + main[start..].find("\n}\n").expect("its end") + 3;
     let main = format!("{}{}", &main[..start], &main[end..]).replace(
         "  weights                = model.qwen\n",
