@@ -31,7 +31,7 @@ fn cluster() -> tempfile::TempDir {
 fn validate_ok_and_error_exit_codes() {
     let (code, stdout, _) = out(sparkform().args(["validate", "examples/qwen35-two-sparks"]));
     assert_eq!(code, 0);
-    assert!(stdout.contains("valid: 2 nodes, 7 resources"), "{stdout}");
+    assert!(stdout.contains("valid: 2 nodes, 9 resources"), "{stdout}");
     let (code, _, stderr) =
         out(sparkform().args(["validate", "tests/fixtures/diagnostics/wrong_type"]));
     assert_eq!(code, 1);

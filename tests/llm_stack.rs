@@ -107,7 +107,7 @@ fn high_utilization_on_unified_memory_is_a_warning() {
 
 #[test]
 fn golden_container_configuration_of_the_seed_example() {
-    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks"));
+    let (c, _) = common::load_resolved(Path::new("examples/qwen35-two-sparks"));
     let mut out = String::new();
     for r in c
         .resources
@@ -170,4 +170,134 @@ fn vllm_fail_fast_patterns_catch_each_known_failure() {
     assert!(!patterns
         .keys()
         .any(|re| regex::Regex::new(re).unwrap().is_match(healthy)));
+}
+
+/// Every example serves its model block's verified snapshot offline: the snapshot path as the
+/// model, the repository as the served name, the cache mounted read-only with HF_HUB_OFFLINE=1 in
+/// every container, and every container waiting for the weights of every node.
+#[test]
+fn every_example_serves_its_model_blocks_snapshot_offline() {
+    let examples = [
+        (
+            "qwen35-two-sparks",
+            "Qwen/Qwen3.5-122B-A10B-FP8",
+            "/home/nvidia/.cache/huggingface/hub",
+            "spark",
+        ),
+        (
+            "qwen35-two-sparks-mp",
+            "Qwen/Qwen3.5-122B-A10B-FP8",
+            "/home/nvidia/.cache/huggingface/hub",
+            "spark",
+        ),
+        (
+            "testbed",
+            "testbed/standin-qwen3",
+            "/tmp/sparkform-models",
+            "node",
+        ),
+        (
+            "testbed-mp",
+            "testbed/standin-qwen3",
+            "/tmp/sparkform-models",
+            "node",
+        ),
+    ];
+    for (name, repo, cache, node) in examples {
+        let (c, _) = common::load_resolved(Path::new(&format!("examples/{name}")));
+        let snapshot = format!(
+            "{cache}/models--{}/snapshots/{}",
+            repo.replace('/', "--"),
+            common::RESOLVED_COMMIT
+        );
+        let containers: Vec<_> = c
+            .resources
+            .iter()
+            .filter(|r| r.kind == ResourceKind::Container)
+            .collect();
+        assert!(containers.len() >= 2, "{name}");
+        let mut serving = 0;
+        for r in containers {
+            let at = format!("{name}: {}", r.address);
+            assert_eq!(r.config["env"]["HF_HUB_OFFLINE"], "1", "{at}");
+            let ro = format!("{cache}:{cache}:ro");
+            assert!(
+                r.config["volumes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|x| x == ro.as_str())),
+                "{at}: {}",
+                r.config["volumes"]
+            );
+            for n in [format!("{node}1"), format!("{node}2")] {
+                assert!(
+                    r.deps.contains(&format!("model.qwen[\"{n}\"]")),
+                    "{at} waits for {n}'s weights: {:?}",
+                    r.deps
+                );
+            }
+            let cmd: Vec<&str> = r.config["command"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            if let Some(i) = cmd.iter().position(|a| *a == "serve") {
+                serving += 1;
+                assert_eq!(cmd.get(i + 1), Some(&snapshot.as_str()), "{at}: {cmd:?}");
+                let named = cmd.iter().position(|a| *a == "--served-model-name");
+                if let Some(j) = named {
+                    assert_eq!(cmd.get(j + 1), Some(&repo), "{at}");
+                }
+            }
+        }
+        assert!(serving >= 1, "{name}: no container runs vllm serve");
+        // The transfer runs in the deployment's image, which checks the architecture first.
+        let download = c
+            .resource(&format!("model.qwen[\"{node}1\"]"))
+            .expect("the download node's resource");
+        assert_eq!(download.config["role"], "download", "{name}");
+        assert_eq!(
+            download.config["serve_image"], download.config["image"],
+            "{name}"
+        );
+    }
+}
+
+/// The seed examples' hub token is a sensitive variable: a plan shows `(sensitive)`, never the
+/// token, and records only its keyed hash.
+#[test]
+fn the_seed_examples_token_never_shows() {
+    for name in ["qwen35-two-sparks", "qwen35-two-sparks-mp"] {
+        let dir = Path::new("examples").join(name);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
+            .args([
+                "plan",
+                dir.to_str().unwrap_or_default(),
+                "-refresh=false",
+                "--json",
+            ])
+            .args(["-var", &format!("rev={}", common::RESOLVED_COMMIT)])
+            .env("SPARKFORM_VAR_hf_token", "hf_seed_example_secret")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        assert!(
+            !stdout.contains("hf_seed_example_secret")
+                && !stderr.contains("hf_seed_example_secret"),
+            "{name}"
+        );
+        let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let token = plan["plan"]["changes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["address"] == "model.qwen[\"spark1\"]"))
+            .map(|c| c["after"]["token"].clone())
+            .unwrap_or_default();
+        assert!(
+            token
+                .as_str()
+                .is_some_and(|t| t.starts_with("hmac-sha256:")),
+            "{name}: {token}"
+        );
+    }
 }

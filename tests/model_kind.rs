@@ -261,8 +261,14 @@ fn launcher_with_weights() -> String {
     ))
     .unwrap();
     let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/modules");
+    // The example's own model block gives way to `m`.
+    let start = example
+        .find("model \"qwen\" {")
+        .expect("the example's model block");
+    let end = start + example[start..].find("\n}\n").expect("its end") + 3;
+    let example = format!("{}{}", &example[..start], &example[end..]);
     example.replace("../../modules", modules).replace(
-        "  model                  = var.model\n",
+        "  weights                = model.qwen\n",
         "  weights                = model.m\n",
     ) + r#"
 model "m" {

@@ -496,3 +496,46 @@ fn a_moved_fabric_address_and_an_untracked_container_are_disruptions() {
         "{out}"
     );
 }
+
+/// The stand-in hub's commits of `main` and `v2` (the same on every start of `testbed hub`).
+const MAIN: &str = "ad8e4dd7462353a884a81d46803a03b7a8230b75";
+const V2: &str = "5088b93f3b455f1582aa9cd65a4ecf7f6ccd415a";
+
+#[test]
+fn the_testbed_example_shows_a_new_revision_replacing_the_weights_and_vllm_not_ray() {
+    let dir = std::path::Path::new("examples/testbed");
+    let state = applied(dir, &[("rev", MAIN)], &[]);
+    let p = plan_with(
+        dir,
+        &[("rev", V2)],
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    );
+    let action = |a: &str| p.change(a).map(|c| c.action);
+    for a in [
+        "model.qwen[\"node1\"]",
+        "model.qwen[\"node2\"]",
+        "module.qwen.container.vllm",
+    ] {
+        assert_eq!(action(a), Some(Action::Replace), "{a}");
+    }
+    let running: Vec<&str> = impact(&p)
+        .keeps_running
+        .iter()
+        .map(|r| r.address.as_str())
+        .collect();
+    assert_eq!(
+        running,
+        [
+            "module.qwen.module.ray.container.ray_head",
+            "module.qwen.module.ray.container.ray_worker[\"node2\"]"
+        ]
+    );
+    let out = render::render(&p);
+    assert!(
+        out.contains(&format!("/snapshots/{MAIN}\",\n"))
+            && out.contains(&format!("/snapshots/{V2}\",\n")),
+        "{out}"
+    );
+    insta::assert_snapshot!("render_testbed_new_revision", out);
+}

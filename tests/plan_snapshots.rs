@@ -187,7 +187,7 @@ fn replace_option_and_unknown_address() {
 
 #[test]
 fn seed_example_plans_in_dependency_order() {
-    let (c, g) = common::load(std::path::Path::new("examples/qwen35-two-sparks"));
+    let (c, g) = common::load_resolved(std::path::Path::new("examples/qwen35-two-sparks"));
     let p = common::plan(&c, &g, &sparkform::state::State::new());
     let order: Vec<&str> = p.changes.iter().map(|c| c.address.as_str()).collect();
     assert_eq!(
@@ -195,6 +195,8 @@ fn seed_example_plans_in_dependency_order() {
         [
             "network.roce.attach.spark1",
             "network.roce.attach.spark2",
+            "model.qwen[\"spark1\"]",
+            "model.qwen[\"spark2\"]",
             "module.qwen.module.ray.container.ray_head",
             "module.qwen.module.ray.container.ray_worker[\"spark2\"]",
             "module.qwen.module.ray.probe.ray_members",

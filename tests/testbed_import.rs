@@ -125,7 +125,8 @@ fn wait_for(tb: &Testbed, node: &str, cmd: &str, limit: Duration) -> bool {
 }
 
 /// The testbed example in a folder of its own (its modules by absolute path), so import
-/// blocks can be added beside it.
+/// blocks can be added beside it. The seed's script predates the model block (a model has no
+/// import): the hand-started vLLM serves a hub id, so the copy does too.
 fn example_copy(dir: &Path) {
     let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("modules");
     let main = std::fs::read_to_string(
@@ -133,6 +134,15 @@ fn example_copy(dir: &Path) {
     )
     .unwrap()
     .replace("../../modules", modules.to_str().unwrap());
+    let start = main
+        .find("model \"qwen\" {")
+        .expect("the example's model block");
+    let end = start + main[start..].find("\n}\n").expect("its end") + 3;
+    let main = format!("{}{}", &main[..start], &main[end..]).replace(
+        "  weights                = model.qwen\n",
+        "  model                  = \"Qwen/Qwen3-0.6B\"\n",
+    );
+    assert!(!main.contains("= model.qwen"), "{main}");
     std::fs::write(dir.join("main.hcl"), main).unwrap();
 }
 

@@ -1,5 +1,6 @@
-//! The LLM stack end to end on the testbed: examples/testbed with real Ray and the vLLM
-//! stand-in (`tests/testbed/testbed ray` loads its image into the nodes).
+//! The LLM stack end to end on the testbed: examples/testbed with real Ray, the vLLM stand-in
+//! (`tests/testbed/testbed ray` loads its image into the nodes) and the weights from the stand-in
+//! hub (`testbed hub`).
 
 mod common;
 
@@ -27,9 +28,18 @@ fn qwen_on_the_testbed() {
         sparkform(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
 
-    // From empty: the hello probe's answer names both fabric addresses.
+    // From empty: the weights are copied over the fabric and pass the architecture check
+    // before Ray starts; the hello probe's answer names both fabric addresses.
     let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("copied from node.node1 over 192.168.200.1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("sparkform-testbed/ray:latest serves Qwen3ForCausalLM"),
+        "{out}"
+    );
     assert!(out.contains("ray-members-ok 2 nodes, 2 GPUs"), "{out}");
     assert!(
         out.contains("Ray workers run on 192.168.200.1, 192.168.200.2"),
@@ -107,29 +117,41 @@ fn qwen_on_the_testbed() {
     let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
     assert_eq!(code, 0, "the previous vLLM does not answer:\n{out}");
 
-    // A model the image cannot serve fails fast, with the fix, instead of timing out.
+    // An image whose vLLM lacks the model's architecture is refused by the architecture check
+    // right after the weights, before any container is replaced: Ray and vLLM keep running.
     let start = Instant::now();
-    let (code, _, err) = run(&[
+    let (code, out, err) = run(&[
         "apply",
         EXAMPLE,
         "-auto-approve",
         "-var",
         "max_model_len=4096",
         "-var",
-        "model=acme/unsupported-arch-7b",
+        "image=sparkform-testbed/ray:noarch",
     ]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 1, "{out}\n{err}");
     assert!(
         start.elapsed() < Duration::from_secs(90),
         "took {:?}",
         start.elapsed()
     );
     assert!(
-        err.contains("not supported") && err.contains("architecture"),
+        err.contains("does not list the architecture Qwen3ForCausalLM")
+            && err.contains("nothing that uses the model was started"),
         "{err}"
     );
-    let (code, _, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
-    assert_eq!(code, 0);
+    assert_eq!(
+        tb.running_id("sf-node1", "sparkform-ray-head").as_deref(),
+        Some(head.as_str()),
+        "the Ray head was replaced"
+    );
+    assert_eq!(
+        tb.running_id("sf-node1", "sparkform-vllm").as_deref(),
+        Some(vllm2.as_str()),
+        "vLLM was replaced"
+    );
+    let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
+    assert_eq!(code, 0, "{out}");
 
     // Destroy leaves nothing.
     let (code, out, err) = run(&[
@@ -151,5 +173,8 @@ fn qwen_on_the_testbed() {
             !tb.fabric_addresses(node).contains("192.168.200."),
             "address left on {node}"
         );
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
     }
+    tb.clear_leftovers();
 }

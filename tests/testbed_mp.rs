@@ -1,6 +1,6 @@
 //! vLLM across nodes without Ray, end to end on the testbed: examples/testbed-mp with the vLLM
 //! stand-in in its multiprocessing mode (`tests/testbed/testbed ray` loads its image into the
-//! nodes).
+//! nodes) and the weights from the stand-in hub (`testbed hub`).
 
 mod common;
 
@@ -35,6 +35,8 @@ fn assert_nothing_left(tb: &Testbed) {
             "address left on {node}: {}",
             tb.fabric_addresses(node)
         );
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
     }
 }
 
@@ -133,4 +135,5 @@ fn vllm_mp_on_the_testbed() {
     );
     assert!(err.contains("Rolled back"), "{err}");
     assert_nothing_left(&tb);
+    tb.clear_leftovers();
 }

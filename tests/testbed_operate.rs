@@ -47,9 +47,7 @@ fn until(
 #[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
 fn tunnel_logs_and_status_on_the_testbed() {
     let tb = testbed();
-    for node in ["sf-node1", "sf-node2"] {
-        tb.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
-    }
+    tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let st = state.to_str().unwrap();
@@ -67,10 +65,10 @@ fn tunnel_logs_and_status_on_the_testbed() {
         EXAMPLE,
         "probe.hello",
         "--exec",
-        r#"curl -sf -H 'Content-Type: application/json' -d '{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"Hello! What model are you?"}]}' "$SPARKFORM_TUNNEL_URL" && test "{url}" = "$SPARKFORM_TUNNEL_URL""#,
+        r#"curl -sf -H 'Content-Type: application/json' -d '{"model":"testbed/standin-qwen3","messages":[{"role":"user","content":"Hello! What model are you?"}]}' "$SPARKFORM_TUNNEL_URL" && test "{url}" = "$SPARKFORM_TUNNEL_URL""#,
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("Qwen"), "{out}");
+    assert!(out.contains("Hello! I am testbed/standin-qwen3"), "{out}");
     // The output's URL, and the command's exit code comes back.
     let (code, out, err) = run(&[
         "tunnel",
@@ -80,7 +78,7 @@ fn tunnel_logs_and_status_on_the_testbed() {
         "curl -sf {url}/v1/models; exit 7",
     ]);
     assert_eq!(code, 7, "{out}\n{err}");
-    assert!(out.contains("Qwen/Qwen3-0.6B"), "{out}");
+    assert!(out.contains("\"id\": \"testbed/standin-qwen3\""), "{out}");
 
     // All running: status says so.
     let (code, out, err) = run(&["status", EXAMPLE]);
@@ -193,4 +191,9 @@ fn tunnel_logs_and_status_on_the_testbed() {
         "max_model_len=4096",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
+    for node in ["sf-node1", "sf-node2"] {
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
+    }
+    tb.clear_leftovers();
 }

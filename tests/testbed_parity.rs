@@ -9,8 +9,32 @@ use common::testbed::{sparkform, testbed, Testbed};
 // The Ray example: the testbed image the coordinator built has a stand-in without the
 // multiprocessing mode; the check is the container kind's, the same for both launchers.
 const EXAMPLE: &str = "examples/testbed";
-const IMAGE: &str = "sparkform-testbed/ray:latest";
+/// The example's image for Ray and vLLM.
+const RAY: &str = "sparkform-testbed/ray:latest";
+/// A reference of the Ray image that only the containers use (`-var image=`): the model's
+/// transfer keeps running in RAY, so a retag here is the containers' drift alone.
+const IMAGE: &str = "sparkform-testbed/ray:parity";
 const OTHER: &str = "sparkform-testbed/tiny:latest";
+
+/// IMAGE tagged on both nodes, and removed however the test ends.
+struct Tagged<'a>(&'a Testbed);
+
+impl<'a> Tagged<'a> {
+    fn new(tb: &'a Testbed) -> Tagged<'a> {
+        for node in ["sf-node1", "sf-node2"] {
+            tb.ssh(node, &format!("docker tag {RAY} {IMAGE}"));
+        }
+        Tagged(tb)
+    }
+}
+
+impl Drop for Tagged<'_> {
+    fn drop(&mut self) {
+        for node in ["sf-node1", "sf-node2"] {
+            self.0.ssh(node, &format!("docker rmi {IMAGE} >/dev/null"));
+        }
+    }
+}
 
 fn image_id(tb: &Testbed, node: &str, image: &str) -> String {
     tb.ssh(
@@ -57,9 +81,7 @@ fn ours(tb: &Testbed, node: &str) -> Vec<String> {
 }
 
 fn clean(tb: &Testbed) {
-    for node in ["sf-node1", "sf-node2"] {
-        tb.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
-    }
+    tb.clear_leftovers();
 }
 
 #[test]
@@ -67,11 +89,13 @@ fn clean(tb: &Testbed) {
 fn image_parity_on_the_testbed() {
     let tb = testbed();
     clean(&tb);
+    let _tagged = Tagged::new(&tb);
     let tmp = tempfile::tempdir().unwrap();
     let st = tmp.path().join("state.json").to_str().unwrap().to_string();
+    let image = format!("image={IMAGE}");
     let run = |extra: &[&str]| {
         let mut a: Vec<&str> = extra.to_vec();
-        a.extend(["-state", st.as_str()]);
+        a.extend(["-state", st.as_str(), "-var", image.as_str()]);
         sparkform(&a)
     };
 
@@ -113,6 +137,7 @@ fn image_parity_on_the_testbed() {
     assert_eq!(code, 0, "the tag is back, no drift:\n{out}");
     let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
+    clean(&tb);
 }
 
 #[test]
@@ -121,12 +146,9 @@ fn nodes_shows_the_testbed_alike_and_explains_it() {
     let tb = testbed();
     let (code, out, err) = sparkform(&["nodes", "examples/testbed"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let id = short(&image_id(&tb, "sf-node1", IMAGE));
+    let id = short(&image_id(&tb, "sf-node1", RAY));
     for node in ["node.node1", "node.node2"] {
-        assert!(
-            out.contains(&format!("{node}: image {IMAGE}: {id}")),
-            "{out}"
-        );
+        assert!(out.contains(&format!("{node}: image {RAY}: {id}")), "{out}");
         assert!(out.contains(&format!("{node}: memlock: ")), "{out}");
         assert!(out.contains(&format!("{node}: rdma: none")), "{out}");
         assert!(

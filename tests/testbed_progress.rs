@@ -28,6 +28,12 @@ fn destroy(state: &std::path::Path, vars: &[&str]) {
     a.extend(vars);
     let (code, out, err) = run(state, &a);
     assert_eq!(code, 0, "{out}\n{err}");
+    let tb = testbed();
+    for node in ["sf-node1", "sf-node2"] {
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
+    }
+    clear(&tb);
 }
 
 #[test]
@@ -75,13 +81,13 @@ fn the_phases_of_a_vllm_start_arrive_in_order() {
         ],
         "{out}"
     );
-    // The weight bar's percentages, as the stand-in prints them over 4 shards.
+    // The weight bar's percentages, as the stand-in prints them over the snapshot's 3 shards.
     let weights: Vec<f64> = phases
         .iter()
         .filter(|(_, e)| e["phase"] == "loading weights")
         .map(|(_, e)| e["percent"].as_f64().unwrap())
         .collect();
-    assert_eq!(weights, [0.0, 25.0, 50.0, 75.0, 100.0], "{out}");
+    assert_eq!(weights, [0.0, 33.0, 66.0, 100.0], "{out}");
     for (_, e) in &phases {
         assert!(!e["line"].as_str().unwrap().is_empty());
     }

@@ -9,6 +9,23 @@
 # Qwen3.5's architecture. Pin a digest once you have pulled it, and pull the same one on both
 # nodes: the ranks must run the same image ID.
 
+variable "rev" {
+  type        = string
+  default     = "main"
+  description = "The model's revision: a branch, a tag or a 40-hex commit. The plan resolves it to a commit on spark1 and the state pins that; pin a commit here to keep it."
+}
+
+variable "hf_token" {
+  type        = string
+  default     = null
+  sensitive   = true
+  description = "A Hugging Face token, if the hub asks for one: set SPARKFORM_VAR_hf_token in the environment, never in a committed file. The state keeps only its keyed hash."
+}
+
+locals {
+  image = "vllm/vllm-openai:v0.21.0"
+}
+
 jump "proxmox" {
   address = "10.1.230.180"
   user    = "root"
@@ -48,13 +65,29 @@ network "roce" {
   }
 }
 
+# The weights, a resource per node: spark1 downloads them once from the hub and verifies them,
+# spark2 copies them from spark1 over the RoCE link (hashing while it streams), and vLLM serves the
+# local snapshot offline. The cache is the hub's usual folder of the user nvidia, with room for the
+# weights on each node. Before the containers that serve the model start, a one-shot run of the
+# image checks that its vLLM knows the model's architecture.
+model "qwen" {
+  repo        = "Qwen/Qwen3.5-122B-A10B-FP8"
+  revision    = var.rev
+  nodes       = [node.spark1, node.spark2]
+  cache       = "/home/nvidia/.cache/huggingface/hub"
+  network     = network.roce
+  token       = var.hf_token
+  image       = local.image
+  serve_image = local.image
+}
+
 module "qwen" {
   source                 = "../../modules/vllm-mp"
-  image                  = "vllm/vllm-openai:v0.21.0"
+  image                  = local.image
   network                = network.roce
   head                   = node.spark1
   workers                = [node.spark2]
-  model                  = "Qwen/Qwen3.5-122B-A10B-FP8"
+  weights                = model.qwen
   model_size_gib         = 111
   tensor_parallel_size   = 2
   gpu_memory_utilization = 0.80
@@ -63,10 +96,6 @@ module "qwen" {
   # Both RoCE devices of the cabled port (ibdev2netdev names them): one alone carries about
   # 3 GB/s.
   nccl_ib_hca = "rocep1s0f0,roceP2p1s0f0"
-  extra_env = {
-    # Weights were copied to both nodes beforehand; do not download at start.
-    HF_HUB_OFFLINE = "1"
-  }
 }
 
 # Only a real chat completion proves that the model generates tokens.

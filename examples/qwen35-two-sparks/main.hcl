@@ -1,6 +1,23 @@
 # The seed deployment: two DGX Sparks behind a jump host, linked by a ConnectX-7 RoCE cable,
 # serving Qwen3.5-122B-A10B-FP8 with tensor parallelism 2 over Ray.
 
+variable "rev" {
+  type        = string
+  default     = "main"
+  description = "The model's revision: a branch, a tag or a 40-hex commit. The plan resolves it to a commit on spark1 and the state pins that; pin a commit here to keep it."
+}
+
+variable "hf_token" {
+  type        = string
+  default     = null
+  sensitive   = true
+  description = "A Hugging Face token, if the hub asks for one: set SPARKFORM_VAR_hf_token in the environment, never in a committed file. The state keeps only its keyed hash."
+}
+
+locals {
+  image = "hellohal2064/vllm-qwen3.5-gb10:latest"
+}
+
 jump "proxmox" {
   address = "10.1.230.180"
   user    = "root"
@@ -40,13 +57,29 @@ network "roce" {
   }
 }
 
+# The weights, a resource per node: spark1 downloads them once from the hub and verifies them,
+# spark2 copies them from spark1 over the RoCE link (hashing while it streams), and vLLM serves the
+# local snapshot offline. The cache is the hub's usual folder of the user nvidia, with room for the
+# weights on each node. Before the containers that serve the model start, a one-shot run of the
+# image checks that its vLLM knows the model's architecture.
+model "qwen" {
+  repo        = "Qwen/Qwen3.5-122B-A10B-FP8"
+  revision    = var.rev
+  nodes       = [node.spark1, node.spark2]
+  cache       = "/home/nvidia/.cache/huggingface/hub"
+  network     = network.roce
+  token       = var.hf_token
+  image       = local.image
+  serve_image = local.image
+}
+
 module "qwen" {
   source                 = "../../modules/vllm-ray"
-  image                  = "hellohal2064/vllm-qwen3.5-gb10:latest"
+  image                  = local.image
   network                = network.roce
   head                   = node.spark1
   workers                = [node.spark2]
-  model                  = "Qwen/Qwen3.5-122B-A10B-FP8"
+  weights                = model.qwen
   model_size_gib         = 111
   tensor_parallel_size   = 2
   gpu_memory_utilization = 0.80

@@ -1,7 +1,7 @@
 # vLLM across the testbed's two nodes without Ray (modules/vllm-mp), after
-# `tests/testbed/testbed up && testbed ray`: the same jump host, nodes and fabric as
-# examples/testbed, and the vLLM stand-in in its multiprocessing mode (rank 0 on node1 hosts the
-# master port, node2 joins it headless; rank 0 answers only once every rank has joined).
+# `tests/testbed/testbed up && testbed ray && testbed hub`: the same jump host, nodes, fabric and
+# weights as examples/testbed, and the vLLM stand-in in its multiprocessing mode (rank 0 on node1
+# hosts the master port, node2 joins it headless; rank 0 answers only once every rank has joined).
 
 variable "testbed_dir" {
   type        = string
@@ -9,9 +9,16 @@ variable "testbed_dir" {
   description = "Where `testbed up` keeps its keys and known_hosts (SPARKFORM_TESTBED_DIR)."
 }
 
-variable "model" {
-  type    = string
-  default = "Qwen/Qwen3-0.6B"
+variable "rev" {
+  type        = string
+  default     = "main"
+  description = "The model's revision on the hub: a branch, a tag or a 40-hex commit (the stand-in hub has `main` and `v2`)."
+}
+
+variable "hub" {
+  type        = string
+  default     = "http://10.199.0.3:8080"
+  description = "The hub the download node fetches from: `testbed hub` serves one on the management network."
 }
 
 variable "max_model_len" {
@@ -73,13 +80,25 @@ network "roce" {
   }
 }
 
+# One resource per node: model.qwen["node1"] downloads, model.qwen["node2"] pulls over the fabric.
+model "qwen" {
+  repo        = "testbed/standin-qwen3"
+  revision    = var.rev
+  nodes       = [node.node1, node.node2]
+  cache       = "/tmp/sparkform-models"
+  network     = network.roce
+  image       = "sparkform-testbed/ray:latest"
+  endpoint    = var.hub
+  serve_image = "sparkform-testbed/ray:latest"
+}
+
 module "qwen" {
   source                 = "../../modules/vllm-mp"
   image                  = "sparkform-testbed/ray:latest"
   network                = network.roce
   head                   = node.node1
   workers                = [node.node2]
-  model                  = var.model
+  weights                = model.qwen
   tensor_parallel_size   = 2
   gpu_memory_utilization = 0.80
   max_model_len          = var.max_model_len

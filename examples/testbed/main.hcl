@@ -1,7 +1,9 @@
-# The seed deployment's modules on the local testbed (tests/testbed/testbed up && testbed ray):
-# two Docker-in-Docker nodes behind a jump host, a fabric at MTU 9000 on 192.168.200.0/24, real
-# Ray, and a stand-in for `vllm serve` that places its TP×PP GPU bundles on the nodes exactly as
-# vLLM does (each node declares one logical GPU) and answers chat completions.
+# The seed deployment's modules on the local testbed (tests/testbed/testbed up && testbed ray &&
+# testbed hub): two Docker-in-Docker nodes behind a jump host, a fabric at MTU 9000 on
+# 192.168.200.0/24, real Ray, and a stand-in for `vllm serve` that places its TP×PP GPU bundles on
+# the nodes exactly as vLLM does (each node declares one logical GPU) and answers chat
+# completions. The weights come from the stand-in hub: node1 downloads them once, node2 copies
+# them from node1 over the fabric, both verify them, and vLLM serves the local snapshot offline.
 
 variable "testbed_dir" {
   type        = string
@@ -9,9 +11,22 @@ variable "testbed_dir" {
   description = "Where `testbed up` keeps its keys and known_hosts (SPARKFORM_TESTBED_DIR)."
 }
 
-variable "model" {
-  type    = string
-  default = "Qwen/Qwen3-0.6B"
+variable "rev" {
+  type        = string
+  default     = "main"
+  description = "The model's revision on the hub: a branch, a tag or a 40-hex commit (the stand-in hub has `main` and `v2`)."
+}
+
+variable "hub" {
+  type        = string
+  default     = "http://10.199.0.3:8080"
+  description = "The hub the download node fetches from: `testbed hub` serves one on the management network."
+}
+
+variable "image" {
+  type        = string
+  default     = "sparkform-testbed/ray:latest"
+  description = "The Ray and vLLM image; the apply checks that its vLLM knows the model's architecture before anything starts on it."
 }
 
 variable "probe_timeout" {
@@ -74,13 +89,25 @@ network "roce" {
   }
 }
 
+# One resource per node: model.qwen["node1"] downloads, model.qwen["node2"] pulls over the fabric.
+model "qwen" {
+  repo        = "testbed/standin-qwen3"
+  revision    = var.rev
+  nodes       = [node.node1, node.node2]
+  cache       = "/tmp/sparkform-models"
+  network     = network.roce
+  image       = "sparkform-testbed/ray:latest"
+  endpoint    = var.hub
+  serve_image = var.image
+}
+
 module "qwen" {
   source                 = "../../modules/vllm-ray"
-  image                  = "sparkform-testbed/ray:latest"
+  image                  = var.image
   network                = network.roce
   head                   = node.node1
   workers                = [node.node2]
-  model                  = var.model
+  weights                = model.qwen
   tensor_parallel_size   = 2
   gpu_memory_utilization = 0.80
   max_model_len          = var.max_model_len

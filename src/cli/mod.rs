@@ -54,7 +54,7 @@ order.";
 const AFTER_HELP: &str = "Examples:
   sparkform validate examples/qwen35-two-sparks
   sparkform plan examples/testbed -refresh=false
-  sparkform plan examples/testbed -var model=Qwen/Qwen3-0.6B -out testbed.plan
+  sparkform plan examples/testbed -var rev=v2 -out testbed.plan
   sparkform show testbed.plan
 
 Options written Terraform-style with one dash (-var, -out, -refresh=false) work too.";

@@ -34,6 +34,54 @@ pub fn load_with(dir: &Path, vars: &VarInputs) -> (Config, Graph) {
     }
 }
 
+/// The commit `load_resolved` gives every model block: what a plan's resolve on the download
+/// node would answer, without a machine or a hub.
+pub const RESOLVED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Load a configuration with every model block's revision resolved to `RESOLVED_COMMIT` (a
+/// manifest of two files, 111 GiB, a Qwen3.5 MoE `config.json`), as a plan with refresh loads it.
+pub fn load_resolved(dir: &Path) -> (Config, Graph) {
+    let (unresolved, _) = load(dir);
+    let mut observed = config::Observed::default();
+    for r in &unresolved.resources {
+        if r.config.get("role").and_then(|v| v.as_str()) != Some("download") {
+            continue;
+        }
+        let (Some(block), Some(revision)) = (
+            r.config.get("block").and_then(|v| v.as_str()),
+            r.config.get("revision").and_then(|v| v.as_str()),
+        ) else {
+            continue;
+        };
+        observed.models.insert(
+            block.to_string(),
+            config::ModelObserved {
+                revision: revision.to_string(),
+                commit: RESOLVED_COMMIT.to_string(),
+                manifest: serde_json::json!({
+                    "total_bytes": 111u64 << 30,
+                    "files": [{"path": "config.json"}, {"path": "model.safetensors"}],
+                }),
+                config: serde_json::json!({
+                    "architectures": ["Qwen3_5MoeForCausalLM"],
+                    "model_type": "qwen3_5_moe",
+                }),
+            },
+        );
+    }
+    match config::load_observed(dir, &VarInputs::default(), &observed) {
+        Ok(c) => {
+            let g = Graph::build(&c).expect("graph");
+            (c, g)
+        }
+        Err(d) => panic!(
+            "{} failed to load:\n{}",
+            dir.display(),
+            sparkform::diag::render_plain(&d.0)
+        ),
+    }
+}
+
 /// The diagnostics of a configuration that must fail, rendered without colour.
 pub fn diagnostics(dir: &Path) -> String {
     match config::load(dir, &VarInputs::default()) {

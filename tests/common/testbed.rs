@@ -2,6 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+/// The model cache of examples/testbed and examples/testbed-mp on the nodes.
+pub const EXAMPLE_MODELS: &str = "/tmp/sparkform-models";
+
 pub struct Testbed {
     pub dir: PathBuf,
 }
@@ -37,11 +40,25 @@ impl Testbed {
     }
 
     /// Remove what other runs (another state) left on the nodes: containers that would hold
-    /// the examples' container names, and addresses on the examples' fabric.
+    /// the examples' container names (the model's helpers among them), addresses on the
+    /// examples' fabric, and the examples' model cache.
     pub fn clear_leftovers(&self) {
         for node in ["sf-node1", "sf-node2"] {
-            self.ssh(node, "docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24");
+            self.ssh(node, &format!("docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24; rm -rf {EXAMPLE_MODELS}"));
         }
+    }
+
+    /// What the examples' model cache holds on `node` that a destroy must have removed: the
+    /// snapshot folders and blobs (huggingface_hub's lock files and the folder skeleton stay),
+    /// and the model's helper containers. Empty when nothing is left.
+    pub fn example_model_left(&self, node: &str) -> String {
+        self.ssh(
+            node,
+            &format!(
+                "ls -A {EXAMPLE_MODELS}/models--testbed--standin-qwen3/snapshots {EXAMPLE_MODELS}/models--testbed--standin-qwen3/blobs 2>/dev/null | grep -v -e '^$' -e ':$'; \
+                 docker ps -a --filter label=sparkform.model-helper --format '{{{{.Names}}}}'"
+            ),
+        )
     }
 
     pub fn key(&self) -> PathBuf {
