@@ -53,7 +53,8 @@ order.";
 
 const AFTER_HELP: &str = "Examples:
   sparkform validate examples/qwen35-two-sparks
-  sparkform plan examples/testbed -refresh=false
+  sparkform plan examples/testbed
+  sparkform plan examples/testbed -refresh=false     # no connection: the recorded state
   sparkform plan examples/testbed -var rev=v2 -out testbed.plan
   sparkform show testbed.plan
 

@@ -21,7 +21,7 @@ as (sensitive).";
 #[derive(Args, Debug)]
 #[command(
     long_about = LONG_ABOUT,
-    after_help = "Examples:\n  sparkform plan examples/testbed -refresh=false\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'"
+    after_help = "Examples:\n  sparkform plan examples/testbed\n  sparkform plan examples/testbed -refresh=false         # no connection: the recorded state\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'"
 )]
 pub struct PlanArgs {
     #[command(flatten)]
