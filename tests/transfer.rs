@@ -1000,6 +1000,23 @@ fn remove_deletes_one_commit_and_keeps_blobs_another_snapshot_uses() {
         std::fs::read(other.join("tokenizer.json")).unwrap(),
         files[1].1
     );
+    assert_eq!(r["repo_folder_removed"], false, "another snapshot is left");
+
+    // The last commit removed: the repository's folder (refs, .no_exist, the hub client's
+    // lock folder) goes with it.
+    std::fs::create_dir_all(st.join(".no_exist").join("f".repeat(40))).unwrap();
+    let locks = cache.join(".locks").join(st.file_name().unwrap());
+    std::fs::create_dir_all(&locks).unwrap();
+    let last = "f".repeat(40);
+    let o = run(
+        &py,
+        &["remove", "--cache", &c, "--repo", REPO, "--commit", &last],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.result()["repo_folder_removed"], true);
+    assert!(!st.exists(), "the repository's folder is left");
+    assert!(!locks.exists(), "its lock folder is left");
+    assert!(cache.exists(), "the cache folder itself is the user's");
 }
 
 /// Runs the program after `prelude` (Python that patches `os` or `mmap` the way a kernel, a

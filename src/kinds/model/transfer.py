@@ -77,6 +77,7 @@ import os
 import queue
 import re
 import select as io_select
+import shutil
 import signal
 import socket
 import socketserver
@@ -1559,8 +1560,20 @@ def cmd_remove(args):
         os.unlink(verified_path(cache, args.repo, args.commit))
     except FileNotFoundError:
         pass
+    # The last commit gone: what huggingface_hub keeps beside it (refs, .no_exist, its lock
+    # folder) goes too, unless a kept copy's record or a snapshot of another commit is left.
+    records = os.path.join(storage, "sparkform")
+    left = (os.listdir(snaps) if os.path.isdir(snaps) else []) + \
+        [n for n in (os.listdir(records) if os.path.isdir(records) else []) if n.endswith(".json")]
+    emptied = os.path.isdir(storage) and not left
+    if emptied:
+        for root, _, names in os.walk(os.path.join(storage, "blobs")):
+            freed += sum(os.path.getsize(os.path.join(root, n)) for n in names)
+        shutil.rmtree(storage)
+        shutil.rmtree(os.path.join(cache, ".locks", os.path.basename(storage)), ignore_errors=True)
     emit("result", mode="remove", repo=args.repo, commit=args.commit, bytes_freed=freed,
-         blobs_removed=len(mine - others), blobs_kept_shared=len(mine & others), refs_removed=refs)
+         blobs_removed=len(mine - others), blobs_kept_shared=len(mine & others), refs_removed=refs,
+         repo_folder_removed=emptied)
 
 
 # ------------------------------------------------------------------ arguments
