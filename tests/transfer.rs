@@ -1169,6 +1169,9 @@ fn every_byte_is_hashed_once_whichever_way_it_reaches_the_file() {
             assert_eq!(resumed["resumed_from"], 0, "{case}");
         } else {
             assert_eq!(resumed["resumed_from"], kept, "{case}");
+            // what crossed the network, not the whole file
+            let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+            assert_eq!(o.result()["bytes_copied"], total - kept as u64, "{case}");
         }
         let calls: Option<u64> = o.stderr.lines().find_map(|l| {
             l.strip_prefix("test: ")?

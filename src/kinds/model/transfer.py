@@ -1254,11 +1254,13 @@ def receive(resp, fd, got, size, hasher, progress, path, cancel, timeout):
 
 def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
     """Fetches one file into blobs/BLOB.sparkform-partial, resuming it, hashing while streaming;
-    renames it into place only when it matches. Returns the sha256."""
+    renames it into place only when it matches. Returns the sha256 and the bytes it received
+    (a resumed file's kept prefix is not received again)."""
     blobs = os.path.join(storage, "blobs")
     final = os.path.join(blobs, f["blob"])
     partial = final + PARTIAL
     os.makedirs(blobs, exist_ok=True)
+    received = 0
     for attempt in (1, 2):
         hs = hashers_for(f) if hashing else {}
         have = 0
@@ -1298,6 +1300,7 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
                 finally:
                     if hasher:
                         hasher.close()
+                received += max(got - have, 0)
                 if hasher:
                     hasher.check()
                 if got < f["size"]:
@@ -1329,7 +1332,7 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
             rec.add(f, sha, os.stat(pointer).st_mtime_ns)
         emit("file", path=f["path"], status="verified" if hashing else "copied", bytes=f["size"],
              resumed_from=have, sha256=sha)
-        return sha
+        return sha, received
     raise Fail(EXIT_VERIFY, "%s does not match" % f["path"])
 
 
@@ -1393,6 +1396,7 @@ def cmd_pull(args):
     errors = []
     lock = threading.Lock()
     queue = list(todo)
+    received = [0]
     t0 = time.monotonic()
 
     def worker():
@@ -1402,7 +1406,9 @@ def cmd_pull(args):
                     return
                 f = queue.pop(0)
             try:
-                pull_one(peer, storage, args.commit, f, rec, progress, args.hash, cancel)
+                _, n = pull_one(peer, storage, args.commit, f, rec, progress, args.hash, cancel)
+                with lock:
+                    received[0] += n
             except Fail as e:
                 with lock:
                     errors.append(e)
@@ -1432,7 +1438,7 @@ def cmd_pull(args):
     for s, h in old.items():
         signal.signal(s, h)
     wall = time.monotonic() - t0
-    got = sum(f["size"] for f in todo)
+    got = received[0]
     if cancel.is_set() and not errors:
         raise Fail(EXIT_INTR, "interrupted: %d file(s) verified and kept, the rest left as partial files"
                    % sum(1 for f in manifest["files"] if f["path"] in rec.files))
