@@ -140,6 +140,25 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     let (code, out, _) = sparkform(&["plan", d, "-refresh=deep", "-detailed-exitcode"]);
     assert_eq!(code, 0, "still corrupt after the apply:\n{out}");
 
+    // The branch moves on the hub: the plan says so, on both nodes.
+    {
+        struct MoveBack;
+        impl Drop for MoveBack {
+            fn drop(&mut self) {
+                hub(&["move", REPO, "main", "0"]);
+            }
+        }
+        let _back = MoveBack;
+        hub(&["move", REPO, "main", "1"]);
+        let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
+        assert_eq!(code, 2, "a moved branch is no change:\n{out}\n{err}");
+        assert_eq!(
+            out.matches("revision changed: main now points at").count(),
+            2,
+            "{out}"
+        );
+    }
+
     // A new revision: a new commit on both nodes, the old one removed once the apply is done.
     let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2"]);
     assert_eq!(code, 0, "{out}\n{err}");

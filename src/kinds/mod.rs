@@ -160,6 +160,17 @@ pub trait Kind: Sync {
     fn found_untracked(&self) -> bool {
         false
     }
+    /// Why a change of `attribute` (one that forces replacement) replaces the resource, in the
+    /// plan's header; `None` for the plain "`attribute` changes". Pure: the recorded and the
+    /// desired configurations only.
+    fn replace_reason(
+        &self,
+        _attribute: &str,
+        _before: &serde_json::Value,
+        _after: &serde_json::Value,
+    ) -> Option<String> {
+        None
+    }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;
 }

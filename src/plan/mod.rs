@@ -589,8 +589,15 @@ pub fn plan(
                     change.action = Action::Update;
                 } else {
                     change.action = Action::Replace;
-                    change.replace_reasons =
-                        forcing.iter().map(|f| format!("`{f}` changes")).collect();
+                    change.replace_reasons = forcing
+                        .iter()
+                        .map(|f| {
+                            r.kind
+                                .kind()
+                                .replace_reason(f, &old.config, &after)
+                                .unwrap_or_else(|| format!("`{f}` changes"))
+                        })
+                        .collect();
                 }
             }
             Some(_) => {}

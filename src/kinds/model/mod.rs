@@ -69,6 +69,37 @@ impl Kind for Model {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Update
     }
+    /// A new commit says which revision moved: "main now points at 5088b93…" reads as what
+    /// happened on the hub, where "`commit` changes" reads as an edit.
+    fn replace_reason(
+        &self,
+        attribute: &str,
+        before: &serde_json::Value,
+        after: &serde_json::Value,
+    ) -> Option<String> {
+        if attribute != "commit" {
+            return None;
+        }
+        let get =
+            |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+        let short = |c: &str| c.chars().take(12).collect::<String>();
+        let (old, new) = (get(before, "commit")?, get(after, "commit")?);
+        let (old_rev, new_rev) = (get(before, "revision")?, get(after, "revision")?);
+        Some(if is_commit(&new_rev) {
+            format!("the revision changes to commit {}", short(&new))
+        } else if old_rev == new_rev {
+            format!(
+                "revision changed: {new_rev} now points at {} (was {})",
+                short(&new),
+                short(&old)
+            )
+        } else {
+            format!(
+                "the revision changes from {old_rev} to {new_rev}, commit {}",
+                short(&new)
+            )
+        })
+    }
     fn dot_shape(&self) -> &'static str {
         "cylinder"
     }
@@ -237,6 +268,34 @@ pub fn judge_observed(node: &str, result: &serde_json::Value) -> Option<Vec<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_commit_says_which_revision_moved() {
+        let c = |rev: &str, commit: &str| serde_json::json!({"revision": rev, "commit": commit});
+        let (a, b) = ("a".repeat(40), "b".repeat(40));
+        assert_eq!(
+            Model
+                .replace_reason("commit", &c("main", &a), &c("main", &b))
+                .as_deref(),
+            Some("revision changed: main now points at bbbbbbbbbbbb (was aaaaaaaaaaaa)")
+        );
+        assert_eq!(
+            Model
+                .replace_reason("commit", &c("main", &a), &c("v2", &b))
+                .as_deref(),
+            Some("the revision changes from main to v2, commit bbbbbbbbbbbb")
+        );
+        assert_eq!(
+            Model
+                .replace_reason("commit", &c("main", &a), &c(&b, &b))
+                .as_deref(),
+            Some("the revision changes to commit bbbbbbbbbbbb")
+        );
+        assert_eq!(
+            Model.replace_reason("cache", &c("main", &a), &c("main", &b)),
+            None
+        );
+    }
 
     #[test]
     fn paths_and_checks() {
