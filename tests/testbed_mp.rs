@@ -23,6 +23,16 @@ fn rank_ids(tb: &Testbed) -> Vec<String> {
 }
 
 fn assert_nothing_left(tb: &Testbed) {
+    assert_nothing_running(tb);
+    for node in ["sf-node1", "sf-node2"] {
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
+    }
+}
+
+/// No container and no fabric address left; the weights may stay (a rollback keeps the copies
+/// it verified, for the next apply).
+fn assert_nothing_running(tb: &Testbed) {
     for node in ["sf-node1", "sf-node2"] {
         assert!(
             tb.containers(node, "sparkform.lineage")
@@ -35,8 +45,11 @@ fn assert_nothing_left(tb: &Testbed) {
             "address left on {node}: {}",
             tb.fabric_addresses(node)
         );
-        let left = tb.example_model_left(node);
-        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
+        let helpers = tb.ssh(
+            node,
+            "docker ps -a --filter label=sparkform.model-helper --format '{{.Names}}'",
+        );
+        assert!(helpers.trim().is_empty(), "helpers left on {node}: {helpers}");
     }
 }
 
@@ -134,6 +147,13 @@ fn vllm_mp_on_the_testbed() {
         "{err}"
     );
     assert!(err.contains("Rolled back"), "{err}");
-    assert_nothing_left(&tb);
+    assert_nothing_running(&tb);
+    // The rollback kept the verified weights, outside the state: the next apply reuses them.
+    for node in ["sf-node1", "sf-node2"] {
+        assert!(
+            !tb.example_model_left(node).trim().is_empty(),
+            "the rollback removed the verified copy on {node}"
+        );
+    }
     tb.clear_leftovers();
 }
