@@ -49,7 +49,10 @@ fn assert_nothing_running(tb: &Testbed) {
             node,
             "docker ps -a --filter label=sparkform.model-helper --format '{{.Names}}'",
         );
-        assert!(helpers.trim().is_empty(), "helpers left on {node}: {helpers}");
+        assert!(
+            helpers.trim().is_empty(),
+            "helpers left on {node}: {helpers}"
+        );
     }
 }
 
