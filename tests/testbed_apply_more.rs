@@ -164,6 +164,11 @@ fn missing_interface_and_missing_image_are_clear_errors() {
         .status()
         .unwrap()
         .success());
+    // The archive holds it now: the host keeps no tag of the test's.
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", "sf-archive-test:1"])
+        .stdout(std::process::Stdio::null())
+        .status();
     tb.ssh(
         "sf-node1",
         "docker rmi -f sf-archive-test:1 >/dev/null 2>&1; true",
