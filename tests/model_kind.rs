@@ -194,7 +194,9 @@ fn a_new_commit_replaces_every_node_and_a_new_image_does_not() {
         let ch = p.change(&format!("model.m[\"{n}\"]")).unwrap();
         assert_eq!(ch.action, Action::Replace, "{n}");
         assert!(
-            ch.replace_reasons.iter().any(|r| r.contains("commit")),
+            ch.replace_reasons
+                .iter()
+                .any(|r| r.contains("main now points at bbbbbbbbbbbb")),
             "{:?}",
             ch.replace_reasons
         );
