@@ -111,7 +111,7 @@ fn the_example_serves_its_snapshot_and_a_new_revision_replaces_vllm_not_ray() {
     for n in ["node1", "node2"] {
         assert!(
             out.contains(&format!(
-                "model.qwen[\"{n}\"] (model on node.{n}) must be replaced (`commit` changes)"
+                "model.qwen[\"{n}\"] (model on node.{n}) must be replaced (the revision changes from main to v2, commit "
             )),
             "{out}"
         );
