@@ -533,38 +533,42 @@ async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, Step
     let Some(result) = end.result.as_ref().filter(|_| end.code == 0) else {
         return Err(failed(&node, "downloading the model", &end));
     };
-    let got = result
-        .get("bytes_downloaded")
-        .and_then(|x| x.as_u64())
-        .unwrap_or(0);
-    let total = result
-        .get("bytes_total")
-        .and_then(|x| x.as_u64())
-        .unwrap_or(0);
-    let mut attributes = BTreeMap::new();
+    Ok(copy_applied(
+        w,
+        result,
+        ("bytes_downloaded", "files_downloaded"),
+        BTreeMap::new(),
+        |total, got| format!("{total} verified on {node} ({got} fetched from the hub)"),
+    ))
+}
+
+/// A download's or pull's result (transfer.py's `result` event) as the step's record: the
+/// commit, sizes and file count under the same names for both roles, plus `extra`.
+fn copy_applied(
+    w: &Want,
+    r: &serde_json::Value,
+    (bytes_key, files_key): (&str, &str),
+    mut attributes: BTreeMap<String, serde_json::Value>,
+    summary: impl FnOnce(String, String) -> String,
+) -> Applied {
+    let num = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+    let (got, total) = (num(bytes_key), num("bytes_total"));
     attributes.insert("commit".into(), w.commit.clone().into());
     attributes.insert("bytes_total".into(), total.into());
     attributes.insert("bytes_fetched".into(), got.into());
     attributes.insert(
         "files_fetched".into(),
-        result
-            .get("files_downloaded")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
+        r.get(files_key).cloned().unwrap_or_default(),
     );
     attributes.insert(
         "seconds".into(),
-        result.get("seconds").cloned().unwrap_or_default(),
+        r.get("seconds").cloned().unwrap_or_default(),
     );
-    Ok(Applied {
+    Applied {
         attributes,
         undo: serde_json::json!({"commit": w.commit}),
-        summary: format!(
-            "{} verified on {node} ({} fetched from the hub)",
-            human_bytes(total),
-            human_bytes(got)
-        ),
-    })
+        summary: summary(human_bytes(total), human_bytes(got)),
+    }
 }
 
 async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
@@ -698,38 +702,25 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
         .collect();
     peers.sort();
     peers.dedup();
-    let copied = r.get("bytes_copied").and_then(|x| x.as_u64()).unwrap_or(0);
-    let total = r.get("bytes_total").and_then(|x| x.as_u64()).unwrap_or(0);
-    let mut attributes = BTreeMap::new();
-    attributes.insert("commit".into(), w.commit.clone().into());
-    attributes.insert("bytes_total".into(), total.into());
-    attributes.insert("bytes_fetched".into(), copied.into());
-    attributes.insert(
-        "files_fetched".into(),
-        r.get("files_copied").cloned().unwrap_or_default(),
-    );
-    attributes.insert(
+    let mut extra = BTreeMap::new();
+    extra.insert(
         "source".into(),
         format!("{source}:{}", port.unwrap_or(0)).into(),
     );
-    attributes.insert("peers_served".into(), peers.into());
-    attributes.insert(
-        "seconds".into(),
-        r.get("seconds").cloned().unwrap_or_default(),
-    );
-    attributes.insert(
+    extra.insert("peers_served".into(), peers.into());
+    extra.insert(
         "rate_bps".into(),
         r.get("rate_bps").cloned().unwrap_or_default(),
     );
-    Ok(Applied {
-        attributes,
-        undo: serde_json::json!({"commit": w.commit}),
-        summary: format!(
-            "{} verified on {node} ({} copied from {dl_node} over {source})",
-            human_bytes(total),
-            human_bytes(copied)
-        ),
-    })
+    Ok(copy_applied(
+        w,
+        r,
+        ("bytes_copied", "files_copied"),
+        extra,
+        |total, copied| {
+            format!("{total} verified on {node} ({copied} copied from {dl_node} over {source})")
+        },
+    ))
 }
 
 /// Whether a helper (its [`LABEL_TRANSFER`] value) is one of a block's transfers on a node:
