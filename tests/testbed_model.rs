@@ -96,6 +96,14 @@ fn snapshots(tb: &Testbed, node: &str) -> String {
     )
 }
 
+/// Every file of the node's snapshot with its sha256, in path order.
+fn snapshot_sums(tb: &Testbed, node: &str) -> String {
+    tb.ssh(
+        node,
+        &format!("cd {CACHE}/models--testbed--standin-qwen3/snapshots/* && sha256sum $(find . -type l -o -type f | sort)"),
+    )
+}
+
 fn clean(tb: &Testbed) {
     for n in ["sf-node1", "sf-node2"] {
         tb.ssh(n, &format!("rm -rf {CACHE}"));
@@ -317,12 +325,7 @@ output "path" {{
     );
 
     // Both nodes hold the same verified snapshot.
-    let snap = |n: &str| {
-        tb.ssh(
-            n,
-            &format!("cd {CACHE}/models--testbed--standin-qwen3/snapshots/* && sha256sum $(find . -type l -o -type f | sort)"),
-        )
-    };
+    let snap = |n: &str| snapshot_sums(&tb, n);
     let (s1, s2) = (snap("sf-node1"), snap("sf-node2"));
     assert!(s1.contains(".safetensors"), "{s1}");
     assert_eq!(s1, s2, "the copies differ");
@@ -655,12 +658,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
         );
     }
     no_helper_left(&tb, "helper containers left");
-    let snap = |n: &str| {
-        tb.ssh(
-            n,
-            &format!("cd {CACHE}/models--testbed--standin-qwen3/snapshots/* && sha256sum $(find . -type l -o -type f | sort)"),
-        )
-    };
+    let snap = |n: &str| snapshot_sums(&tb, n);
     let (s1, s2) = (snap("sf-node1"), snap("sf-node2"));
     assert!(s1.contains(".safetensors"), "{s1}");
     assert_eq!(s1, s2, "the copies differ");
