@@ -76,6 +76,12 @@ pub enum Event {
         /// Where it was when it was stopped (its last progress or error).
         at: String,
     },
+    /// A planned step that did not run, and why (skipped after a failure, blocked by a step
+    /// that did not finish): an apply accounts for every step it planned.
+    StepNotRun {
+        address: String,
+        reason: String,
+    },
     /// Ctrl-C or a failure: nothing new starts.
     Stopping {
         reason: String,

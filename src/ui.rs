@@ -377,6 +377,9 @@ fn lines(
                 elapsed.as_secs_f64()
             )]
         }
+        Event::StepNotRun { address, reason } => {
+            vec![format!("{t} - {address}: not run: {reason}")]
+        }
         Event::Stopping { reason } => vec![format!("{t} stopping: {reason}; starting nothing new")],
         Event::RollbackStarted { steps } => vec![format!(
             "{t} rolling back {steps} completed step{}",

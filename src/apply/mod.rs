@@ -57,6 +57,12 @@ pub struct ApplyOutcome {
     pub undo_failures: Vec<(String, StepError)>,
     /// Warnings from cleaning up after success (an old container that would not go away).
     pub warnings: Vec<String>,
+    /// Planned steps that did not run, each with why (skipped after a failure, blocked by a
+    /// step that did not finish). A run that leaves any is never a success.
+    pub not_run: Vec<(String, String)>,
+    /// What the completed steps did, counted like a plan's summary: the summary of a run comes
+    /// from what ran, never from what was planned.
+    pub ran: crate::plan::Summary,
     pub state: State,
     pub state_error: Option<String>,
 }
@@ -178,8 +184,13 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
                 }
             }
         }
-        if let Some(pre) = preflight_of.get(&steps[i].address) {
-            deps.extend(pre.iter().copied());
+        // A preflight guards what starts; a delete (an untracked copy's too, which shares the
+        // address of what the check guards) starts nothing, and waiting would close a loop:
+        // the check runs after changes that themselves wait for every delete.
+        if steps[i].change.action != Action::Delete {
+            if let Some(pre) = preflight_of.get(&steps[i].address) {
+                deps.extend(pre.iter().copied());
+            }
         }
         deps.remove(&i);
         steps[i].deps = deps;
@@ -211,6 +222,88 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
         steps[i].deps = d;
     }
     steps
+}
+
+/// Steps that wait on each other, so that none of them could ever start: one such loop, as
+/// the addresses in waiting order with the first repeated at the end. Pure.
+fn wait_cycle(steps: &[Step]) -> Option<Vec<String>> {
+    let n = steps.len();
+    let mut waiting: Vec<usize> = steps.iter().map(|s| s.deps.len()).collect();
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, s) in steps.iter().enumerate() {
+        for &d in &s.deps {
+            if d < n {
+                dependents[d].push(i);
+            }
+        }
+    }
+    let mut queue: Vec<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
+    let mut startable = vec![false; n];
+    while let Some(i) = queue.pop() {
+        startable[i] = true;
+        for &j in &dependents[i] {
+            waiting[j] -= 1;
+            if waiting[j] == 0 {
+                queue.push(j);
+            }
+        }
+    }
+    // Every step left waits for another one left: following those waits must come back.
+    let first = (0..n).find(|&i| !startable[i])?;
+    let mut path = vec![first];
+    let mut seen: HashMap<usize, usize> = HashMap::from([(first, 0)]);
+    loop {
+        let at = *path.last()?;
+        let next = steps[at]
+            .deps
+            .iter()
+            .copied()
+            .find(|&d| d < n && !startable[d])?;
+        if let Some(&k) = seen.get(&next) {
+            let mut cycle: Vec<String> = path[k..]
+                .iter()
+                .map(|&i| steps[i].address.clone())
+                .collect();
+            cycle.push(steps[next].address.clone());
+            return Some(cycle);
+        }
+        seen.insert(next, path.len());
+        path.push(next);
+    }
+}
+
+/// Why a planned step did not run: the first of its prerequisites that did not finish, or
+/// what stopped the run before it could start.
+fn not_run_reason(
+    step: &Step,
+    steps: &[Step],
+    settled: &[Settled],
+    outcome: &ApplyOutcome,
+) -> String {
+    for &d in &step.deps {
+        let why = match settled.get(d) {
+            Some(Settled::Done) => continue,
+            Some(Settled::Failed) => "which failed",
+            Some(Settled::Stopped) => "which was interrupted",
+            Some(Settled::NotRun) | None => "which did not run",
+        };
+        return format!("blocked by {}, {why}", steps[d].address);
+    }
+    if outcome.interrupted {
+        "not started: the run was interrupted".into()
+    } else if let Some((address, _)) = outcome.failures.first() {
+        format!("not started: the run stopped when {address} failed")
+    } else {
+        "never became ready to start".into()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    NotRun,
+    Done,
+    Failed,
+    Stopped,
 }
 
 /// Nodes the steps touch, plus the nodes probes go through.
@@ -382,9 +475,42 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         to_undo: 0,
         undo_failures: Vec::new(),
         warnings: Vec::new(),
+        not_run: Vec::new(),
+        ran: crate::plan::Summary::default(),
         state: before.clone(),
         state_error: None,
     };
+    // A step that can never start would end the run with it silently left out: refuse the
+    // whole run before anything changes, naming the loop.
+    if let Some(cycle) = wait_cycle(&steps) {
+        outcome.ok = false;
+        outcome.not_run = steps
+            .iter()
+            .map(|s| {
+                (
+                    s.address.clone(),
+                    "the run was refused before it started".into(),
+                )
+            })
+            .collect();
+        outcome.failures.push((
+            "(plan)".into(),
+            StepError::new(format!(
+                "these steps wait on each other, so none of them could ever start: {}",
+                cycle.join(" → ")
+            ))
+            .help("nothing was changed; this is a defect of sparkform's planning or of a state file edited by hand: run `sparkform plan` and report the plan with this message"),
+        ));
+        emit(
+            &req.events,
+            Event::Finished {
+                ok: false,
+                elapsed: started.elapsed(),
+                summary: "refused before the first step: the steps wait on each other".into(),
+            },
+        );
+        return outcome;
+    }
     emit(
         &req.events,
         Event::Started {
@@ -450,6 +576,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         (0..n).filter(|&i| waiting[i] == 0).collect();
     let mut running = crate::tasks::KeyedTasks::new();
     let mut completed: Vec<(usize, Step, Applied)> = Vec::new();
+    let mut settled: Vec<Settled> = vec![Settled::NotRun; n];
     let mut stopping = false;
     let parallelism = req.parallelism.max(1);
     loop {
@@ -517,6 +644,13 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
                 outcome.state_error = Some(e.to_string());
             }
         }
+        settled[i] = match &result {
+            Ok(_) => Settled::Done,
+            Err(_) if outcome.interrupted || (req.cancel.is_cancelled() && !stopping) => {
+                Settled::Stopped
+            }
+            Err(_) => Settled::Failed,
+        };
         match result {
             Ok(applied) => {
                 emit(
@@ -612,6 +746,53 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         }
     }
 
+    // Every planned step is accounted for: what did not run says why, and a run that left
+    // any step out is not a success, whatever else happened.
+    for (i, step) in steps.iter().enumerate() {
+        if settled[i] != Settled::NotRun {
+            continue;
+        }
+        let reason = not_run_reason(step, &steps, &settled, &outcome);
+        emit(
+            &req.events,
+            Event::StepNotRun {
+                address: step.address.clone(),
+                reason: reason.clone(),
+            },
+        );
+        outcome.not_run.push((step.address.clone(), reason));
+    }
+    if outcome.ok && !outcome.not_run.is_empty() {
+        outcome.ok = false;
+        outcome.failures.push((
+            "(executor)".into(),
+            StepError::new(format!(
+                "{} of {} planned steps never started: {}",
+                outcome.not_run.len(),
+                steps.len(),
+                outcome
+                    .not_run
+                    .iter()
+                    .map(|(a, _)| a.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .help("what ran is rolled back; this is a defect of sparkform: report the plan with this message"),
+        ));
+    }
+    for (_, step, _) in &completed {
+        if matches!(step.kind, StepKind::Resource(_)) {
+            let r = &mut outcome.ran;
+            match step.change.action {
+                Action::Create => r.create += 1,
+                Action::Update => r.update += 1,
+                Action::Replace => r.replace += 1,
+                Action::Delete => r.delete += 1,
+                Action::Run => r.run += 1,
+                Action::NoOp => {}
+            }
+        }
+    }
     if outcome.ok {
         // Success: drop what was kept for rollback, record the outputs.
         for (_, step, applied) in &completed {

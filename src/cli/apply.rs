@@ -15,7 +15,7 @@ use crate::ops;
 use crate::ops::apply::{Interrupt, PrepareRequest, RunOptions, Source};
 use crate::ops::definitions::{Evaluated, Pins};
 use crate::plan::planfile::PlanFile;
-use crate::plan::{render, Plan, PlanOptions};
+use crate::plan::{render, PlanOptions};
 use crate::workspace::Workspace;
 
 const LONG_ABOUT: &str =
@@ -243,7 +243,6 @@ pub fn execute(
         );
         return ExitCode::from(1);
     }
-    let plan = prepared.plan.clone();
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
@@ -273,7 +272,7 @@ pub fn execute(
         let _ = ui.await;
         outcome
     });
-    report(&outcome, &plan, operation, args.json)
+    report(&outcome, operation, args.json)
 }
 
 fn confirm(operation: &str) -> bool {
@@ -288,7 +287,7 @@ fn confirm(operation: &str) -> bool {
     stdin.lock().read_line(&mut line).is_ok() && line.trim() == "yes"
 }
 
-fn report(outcome: &apply::ApplyOutcome, plan: &Plan, operation: &str, json: bool) -> ExitCode {
+fn report(outcome: &apply::ApplyOutcome, operation: &str, json: bool) -> ExitCode {
     if let Some(e) = &outcome.state_error {
         eprintln!("Error: the state could not be written: {e}");
     }
@@ -297,7 +296,8 @@ fn report(outcome: &apply::ApplyOutcome, plan: &Plan, operation: &str, json: boo
     }
     if outcome.ok {
         if !json {
-            let s = &plan.summary;
+            // What ran, not what was planned: the two agree only because every step ran.
+            let s = &outcome.ran;
             if operation == "destroy" {
                 println!("\nDestroy complete: {} destroyed.", s.delete);
             } else {
@@ -355,6 +355,12 @@ fn ending(outcome: &apply::ApplyOutcome, operation: &str) -> String {
         let _ = writeln!(out, "Error: {address}: {}", e.render());
     }
     let steps = |n: usize| format!("{n} step{}", if n == 1 { "" } else { "s" });
+    if !outcome.not_run.is_empty() {
+        let _ = writeln!(out, "\nNot run: {}.", steps(outcome.not_run.len()));
+        for (address, why) in &outcome.not_run {
+            let _ = writeln!(out, "  {address}: {why}");
+        }
+    }
     if !outcome.rolled_back {
         out.push_str("\nNot rolled back (--no-rollback): the state records what was done. Run `sparkform plan` to see it.\n");
     } else if outcome.undo_failures.is_empty() {
@@ -397,6 +403,8 @@ mod tests {
             to_undo: 4,
             undo_failures: Vec::new(),
             warnings: Vec::new(),
+            not_run: Vec::new(),
+            ran: Default::default(),
             state: State::new(),
             state_error: None,
         }
