@@ -660,3 +660,74 @@ container "keep" {{
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("No changes."), "{out}");
 }
+
+/// A state whose recorded dependencies loop (edited by hand, or written by a defect): the
+/// deletes wait on each other and could never start. The apply refuses before it changes
+/// anything and names the loop; it never reports the steps it did not run as done.
+#[tokio::test]
+async fn steps_that_wait_on_each_other_are_refused_before_anything_changes() {
+    let bed = Bed::new(&serving("2s"), |_| {});
+    let r = bed.apply(&[], None).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let mut state = bed.state();
+    state
+        .resources
+        .get_mut("container.head")
+        .expect("head recorded")
+        .depends_on
+        .push("container.worker".into());
+    bed.store().write(&mut state).unwrap();
+    let before = bed.state();
+    let running_before = (running(&bed.d1), running(&bed.d2));
+
+    let (p, empty, graph) = bed.destroy_plan(None);
+    let r = bed.run_plan(&empty, &graph, &p).await;
+    assert!(!r.outcome.ok, "a run that could not start its steps succeeded");
+    let (address, e) = &r.outcome.failures[0];
+    assert_eq!(address, "(plan)");
+    assert!(
+        e.message.contains("container.head") && e.message.contains("container.worker"),
+        "{}",
+        e.message
+    );
+    // Nothing ran: every step is accounted for as not run, nothing was counted as done.
+    let planned = p.changes.iter().filter(|c| c.action.is_change()).count();
+    assert_eq!(r.outcome.not_run.len(), planned, "{:?}", r.outcome.not_run);
+    assert_eq!(r.outcome.ran, plan::Summary::default());
+    assert!(
+        !r.events
+            .iter()
+            .any(|e| matches!(e, Event::StepStarted { .. } | Event::StepDone { .. })),
+        "{:#?}",
+        r.events
+    );
+    assert_eq!((running(&bed.d1), running(&bed.d2)), running_before);
+    assert_eq!(bed.state().resources, before.resources);
+}
+
+/// A run that stops at a failure accounts for the steps it never started: each one is named
+/// with the step that blocked it, and none is counted as done.
+#[tokio::test]
+async fn steps_after_a_failure_are_reported_as_not_run_with_what_blocked_them() {
+    let bed = Bed::new(&serving("2s"), |_| {});
+    bed.d1.fault("head", Fault::CreateFails("no space left on device".into()));
+    let r = bed.apply(&[], None).await;
+    assert!(!r.outcome.ok);
+    let blocked: Vec<&(String, String)> = r
+        .outcome
+        .not_run
+        .iter()
+        .filter(|(a, _)| a == "container.worker")
+        .collect();
+    assert_eq!(blocked.len(), 1, "{:?}", r.outcome.not_run);
+    assert!(
+        blocked[0].1.contains("blocked by container.head, which failed"),
+        "{}",
+        blocked[0].1
+    );
+    assert!(r.events.iter().any(|e| matches!(
+        e,
+        Event::StepNotRun { address, .. } if address == "container.worker"
+    )));
+    assert_eq!(r.outcome.ran.create, 0, "{:?}", r.outcome.ran);
+}

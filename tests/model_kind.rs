@@ -434,3 +434,72 @@ fn the_node_facts_evaluation_keeps_the_resolved_revision() {
         output(&again.0, "path")
     );
 }
+
+/// What a recovery apply met after a kill left an untracked copy of a container that uses
+/// the weights (issue: "Apply complete" after 2 of 10 steps): the untracked copy's delete
+/// waited for the architecture check (it shares the guarded container's address), the check
+/// for the new weights, and the weights (like every change) for every delete. The apply then
+/// ran the two checks that waited for nothing and reported success.
+#[test]
+fn a_new_commit_with_an_untracked_copy_of_a_weights_user_plans_steps_that_can_all_start() {
+    let text = launcher_with_weights().replace(
+        "  network = network.roce\n}",
+        "  network = network.roce\n  serve_image = \"sparkform-testbed/ray:latest\"\n}",
+    );
+    let (c, g) = load(&text, &observed_main(COMMIT_A));
+    let mut state = sparkform::state::State::new();
+    let p = common::plan(&c, &g, &state);
+    plan::record(&p, &mut state);
+    let (c2, g2) = load(&text, &observed_main(COMMIT_B));
+    let vllm = "module.qwen.container.vllm";
+    let observations = plan::Observations {
+        resources: Default::default(),
+        orphans: vec![plan::Orphan {
+            kind: sparkform::kinds::KindId::Container,
+            address: vllm.into(),
+            node: "node.node1".into(),
+            name: "sparkform-vllm".into(),
+            id: "0123456789ab0123456789ab".into(),
+        }],
+    };
+    let p = plan::plan(
+        &c2,
+        &g2,
+        &state,
+        &plan::PlanOptions {
+            observations: Some(observations),
+            ..plan::PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
+        },
+    )
+    .expect("plan");
+    assert!(
+        p.changes
+            .iter()
+            .any(|ch| ch.address == vllm && ch.orphan.is_some() && ch.action == Action::Delete),
+        "{:#?}",
+        p.changes
+    );
+    let steps = sparkform::apply::step_order(&c2, &g2, &p)
+        .unwrap_or_else(|cycle| panic!("steps wait on each other: {}", cycle.join(" → ")));
+    let check = "model.m (architecture check)";
+    let waits = |address: &str, delete: bool| -> Vec<String> {
+        let i = p
+            .changes
+            .iter()
+            .filter(|ch| ch.action.is_change())
+            .position(|ch| ch.address == address && (ch.action == Action::Delete) == delete)
+            .unwrap_or_else(|| panic!("no step for {address}"));
+        steps[i].1.clone()
+    };
+    // The untracked copy goes first, waiting for nothing; the new vLLM waits for the check.
+    assert!(
+        !waits(vllm, true).contains(&check.to_string()),
+        "{:?}",
+        waits(vllm, true)
+    );
+    assert!(
+        waits(vllm, false).contains(&check.to_string()),
+        "{:?}",
+        waits(vllm, false)
+    );
+}

@@ -224,6 +224,29 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
     steps
 }
 
+/// The steps an apply of `plan` runs (the kinds' checks included), each with the addresses
+/// of the steps it waits for, in plan order; or, when some of them wait on each other, that
+/// loop (what `apply` refuses before it starts). Pure: for tests and diagnostics.
+pub fn step_order(
+    config: &Config,
+    graph: &Graph,
+    plan: &Plan,
+) -> Result<Vec<(String, Vec<String>)>, Vec<String>> {
+    let steps = build_steps(config, graph, plan);
+    if let Some(cycle) = wait_cycle(&steps) {
+        return Err(cycle);
+    }
+    Ok(steps
+        .iter()
+        .map(|s| {
+            (
+                s.address.clone(),
+                s.deps.iter().map(|&d| steps[d].address.clone()).collect(),
+            )
+        })
+        .collect())
+}
+
 /// Steps that wait on each other, so that none of them could ever start: one such loop, as
 /// the addresses in waiting order with the first repeated at the end. Pure.
 fn wait_cycle(steps: &[Step]) -> Option<Vec<String>> {
