@@ -71,6 +71,10 @@ container "rank0" {
   env          = module.fabric.node_env[var.head.name]
   command      = concat(module.serve.serve_args, local.mp_args, ["--node-rank", "0"], module.serve.server_args)
   restart      = "no"
+  # The ranks are one torch.distributed process group: a rank that must be replaced for any
+  # reason (drift, an untracked copy a kill left, a failed start) replaces every rank, and a
+  # rollback brings back all of them or none.
+  process_group = "vllm"
 
   ready {
     tcp         = "${local.master}:${var.master_port}"
@@ -102,7 +106,8 @@ container "rank" {
     ["--node-rank", tostring(each.value.rank), "--headless"],
     module.serve.server_args,
   )
-  restart = "no"
+  restart       = "no"
+  process_group = "vllm"
 
   ready {
     http        = "http://${local.master}:${var.port}/health"

@@ -134,6 +134,9 @@ pub struct Resource {
     pub deps: BTreeSet<String>,
     /// Resources whose replacement replaces this one.
     pub replace_triggered_by: BTreeSet<String>,
+    /// The process group it belongs to (`module.qwen.vllm`: the block's `process_group`,
+    /// scoped by its module): members are replaced as one, a rollback restores all or none.
+    pub group: Option<String>,
     pub span: Span,
 }
 

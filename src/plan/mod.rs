@@ -648,6 +648,7 @@ pub fn plan(
         actions.insert(address.clone(), change.action);
         changes.insert(address.clone(), change);
     }
+    replace_process_groups(config, &order, state, &mut actions, &mut changes);
     // Probes run when anything they depend on changes.
     for address in &order {
         let Some(c) = changes.get(address) else {
@@ -824,6 +825,88 @@ pub fn plan(
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)
+}
+
+/// The members of one process group (the ranks of a multi-node engine) start as one: a member
+/// replaced, or created while another member runs, replaces every other member that runs, and
+/// what their replacement triggers (`replace_triggered_by`) follows, until nothing more moves.
+/// Only what would otherwise stay or change in place is replaced; a create stays a create.
+fn replace_process_groups(
+    config: &Config,
+    order: &[String],
+    state: &State,
+    actions: &mut HashMap<String, Action>,
+    changes: &mut BTreeMap<String, Change>,
+) {
+    let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for address in order {
+        if let Some(g) = config.resource(address).and_then(|r| r.group.as_deref()) {
+            if changes.contains_key(address) {
+                groups.entry(g).or_default().push(address);
+            }
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    let replaceable = |a: Option<&Action>| matches!(a, Some(Action::NoOp | Action::Update));
+    loop {
+        let mut moved = false;
+        for members in groups.values() {
+            let runs = |m: &str| {
+                state.resources.contains_key(m) && actions.get(m) != Some(&Action::Create)
+            };
+            let trigger = members.iter().copied().find(|m| match actions.get(*m) {
+                Some(Action::Replace) => true,
+                Some(Action::Create) => members.iter().any(|o| o != m && runs(o)),
+                _ => false,
+            });
+            let Some(trigger) = trigger else { continue };
+            let verb = if actions.get(trigger) == Some(&Action::Create) {
+                "is created"
+            } else {
+                "is replaced"
+            };
+            for m in members.iter().copied().filter(|m| *m != trigger) {
+                if !replaceable(actions.get(m)) {
+                    continue;
+                }
+                if let Some(c) = changes.get_mut(m) {
+                    c.action = Action::Replace;
+                    c.replace_reasons.push(format!(
+                        "{trigger} {verb}, so this restarts with it: one process group"
+                    ));
+                    actions.insert(m.to_string(), Action::Replace);
+                    moved = true;
+                }
+            }
+        }
+        for address in order {
+            let Some(r) = config.resource(address) else {
+                continue;
+            };
+            if !replaceable(actions.get(address)) || r.kind.kind().lifecycle() == Lifecycle::Runs {
+                continue;
+            }
+            let Some(t) = r
+                .replace_triggered_by
+                .iter()
+                .find(|t| actions.get(*t) == Some(&Action::Replace))
+            else {
+                continue;
+            };
+            if let Some(c) = changes.get_mut(address) {
+                c.action = Action::Replace;
+                c.replace_reasons
+                    .push(format!("replace_triggered_by: {t} is replaced"));
+                actions.insert(address.clone(), Action::Replace);
+                moved = true;
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
 }
 
 /// `-exclude`: the named resources and everything that depends on them, in the configuration

@@ -206,6 +206,7 @@ impl dyn Engine<'_> + '_ {
                 sensitive: Vec::new(),
                 deps,
                 replace_triggered_by: BTreeSet::new(),
+                group: None,
                 span: aheader,
             });
             names.push(res_address.clone());

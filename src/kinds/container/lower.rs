@@ -174,6 +174,9 @@ impl dyn Engine<'_> + '_ {
                 sensitive: attrs.sensitive.clone(),
                 deps,
                 replace_triggered_by: replace_by.clone(),
+                group: attrs
+                    .string("process_group")
+                    .map(|g| format!("{}{g}", self.prefix())),
                 span: header.clone(),
             });
             let mut value = attrs.to_object();

@@ -55,6 +55,7 @@ pub static CONTAINER: BlockSpec = spec(
         opt("image_archive", schema::Kind::Str),
         opt("stop_timeout", schema::Kind::Duration),
         opt("replace_triggered_by", schema::Kind::RefList),
+        opt("process_group", schema::Kind::Str),
         opt("depends_on", schema::Kind::RefList),
         opt("for_each", schema::Kind::ForEach),
     ],

@@ -288,6 +288,7 @@ impl dyn Engine<'_> + '_ {
                 sensitive,
                 deps: rdeps,
                 replace_triggered_by: BTreeSet::new(),
+                group: None,
                 span: header.clone(),
             });
             resources.insert(n.clone(), address.clone().into());

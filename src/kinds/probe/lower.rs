@@ -94,6 +94,7 @@ impl dyn Engine<'_> + '_ {
             sensitive,
             deps,
             replace_triggered_by: BTreeSet::new(),
+            group: None,
             span: header,
         });
         let mut value = Map::new();
