@@ -682,7 +682,10 @@ async fn steps_that_wait_on_each_other_are_refused_before_anything_changes() {
 
     let (p, empty, graph) = bed.destroy_plan(None);
     let r = bed.run_plan(&empty, &graph, &p).await;
-    assert!(!r.outcome.ok, "a run that could not start its steps succeeded");
+    assert!(
+        !r.outcome.ok,
+        "a run that could not start its steps succeeded"
+    );
     let (address, e) = &r.outcome.failures[0];
     assert_eq!(address, "(plan)");
     assert!(
@@ -710,7 +713,8 @@ async fn steps_that_wait_on_each_other_are_refused_before_anything_changes() {
 #[tokio::test]
 async fn steps_after_a_failure_are_reported_as_not_run_with_what_blocked_them() {
     let bed = Bed::new(&serving("2s"), |_| {});
-    bed.d1.fault("head", Fault::CreateFails("no space left on device".into()));
+    bed.d1
+        .fault("head", Fault::CreateFails("no space left on device".into()));
     let r = bed.apply(&[], None).await;
     assert!(!r.outcome.ok);
     let blocked: Vec<&(String, String)> = r
@@ -721,7 +725,9 @@ async fn steps_after_a_failure_are_reported_as_not_run_with_what_blocked_them() 
         .collect();
     assert_eq!(blocked.len(), 1, "{:?}", r.outcome.not_run);
     assert!(
-        blocked[0].1.contains("blocked by container.head, which failed"),
+        blocked[0]
+            .1
+            .contains("blocked by container.head, which failed"),
         "{}",
         blocked[0].1
     );

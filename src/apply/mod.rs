@@ -840,6 +840,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         rollback(
             &req,
             &jobs,
+            &steps,
             &dependents,
             &completed,
             &before,
@@ -919,6 +920,7 @@ fn finished_summary(outcome: &ApplyOutcome, completed: usize) -> String {
 async fn rollback(
     req: &ApplyRequest<'_>,
     jobs: &Jobs<'_>,
+    steps: &[Step],
     dependents: &[Vec<usize>],
     completed: &[(usize, Step, Applied)],
     before: &State,
@@ -1018,7 +1020,138 @@ async fn rollback(
             }
         }
     }
+    restart_process_groups(req, jobs, steps, completed, before, &mut restored, outcome).await;
     check_restored(&jobs.pool, before, &restored, outcome).await;
+}
+
+/// A process group (the ranks of one engine) comes back whole or not at all. After the undos,
+/// every member the state recorded before the apply restarts, one after another in dependency
+/// order, each waiting for its recorded ready check: a member that came back on its own (its
+/// step failed and put its previous container back) may have joined a peer the rollback then
+/// removed. When one does not come back, the others stop: half a group serves nothing and
+/// holds the GPUs, and the next apply replaces the group.
+async fn restart_process_groups(
+    req: &ApplyRequest<'_>,
+    jobs: &Jobs<'_>,
+    steps: &[Step],
+    completed: &[(usize, Step, Applied)],
+    before: &State,
+    restored: &mut Vec<String>,
+    outcome: &mut ApplyOutcome,
+) {
+    let touched: BTreeSet<&str> = completed
+        .iter()
+        .map(|(_, s, _)| s.address.as_str())
+        .chain(outcome.failures.iter().map(|(a, _)| a.as_str()))
+        .collect();
+    let mut groups: std::collections::BTreeMap<String, Vec<&Step>> = Default::default();
+    let mut touched_groups: BTreeSet<String> = BTreeSet::new();
+    for address in req.graph.order() {
+        let Some(group) = req.config.resource(&address).and_then(|r| r.group.clone()) else {
+            continue;
+        };
+        if touched.contains(address.as_str()) {
+            touched_groups.insert(group.clone());
+        }
+        if !before.resources.contains_key(&address) {
+            continue;
+        }
+        let step = steps.iter().find(|s| {
+            s.address == address
+                && s.change.orphan.is_none()
+                && matches!(s.kind, StepKind::Resource(_))
+        });
+        if let Some(step) = step {
+            groups.entry(group).or_default().push(step);
+        }
+    }
+    for (group, members) in groups {
+        if !touched_groups.contains(&group) || members.len() < 2 {
+            continue;
+        }
+        let mut came_back = Vec::new();
+        let mut failed: Option<(String, String)> = None;
+        for step in &members {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let mut job = jobs.job(step);
+            job.cancel = CancellationToken::new();
+            let started = Instant::now();
+            match machine(kind).restart(&job.cx()).await {
+                Ok(summary) => {
+                    emit(
+                        &req.events,
+                        Event::UndoDone {
+                            address: step.address.clone(),
+                            elapsed: started.elapsed(),
+                            summary,
+                        },
+                    );
+                    came_back.push(step.address.clone());
+                }
+                Err(e) => {
+                    emit(
+                        &req.events,
+                        Event::UndoFailed {
+                            address: step.address.clone(),
+                            elapsed: started.elapsed(),
+                            error: e.render(),
+                        },
+                    );
+                    failed = Some((step.address.clone(), e.message));
+                    break;
+                }
+            }
+        }
+        let Some((bad, why)) = failed else {
+            for a in came_back {
+                if !restored.contains(&a) {
+                    restored.push(a);
+                }
+            }
+            continue;
+        };
+        // None, then: every member stops, and each is named as not restored.
+        for step in &members {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let job = jobs.job(step);
+            let stopped = machine(kind).stop(&job.cx()).await;
+            let was_undone = completed.iter().any(|(_, s, _)| s.address == step.address)
+                && !outcome
+                    .undo_failures
+                    .iter()
+                    .any(|(a, _)| *a == step.address);
+            if was_undone {
+                outcome.undone = outcome.undone.saturating_sub(1);
+            }
+            restored.retain(|a| *a != step.address);
+            if outcome
+                .undo_failures
+                .iter()
+                .any(|(a, _)| *a == step.address)
+            {
+                continue;
+            }
+            let message = if step.address == bad {
+                format!("it did not come back ({why}), so its process group is stopped rather than run half of it; the next apply replaces the group")
+            } else {
+                format!(
+                    "{}: its process group could not be restored whole ({bad} did not come back), so it was stopped rather than run half of it; the next apply replaces the group",
+                    match stopped {
+                        Ok(s) if !s.is_empty() => s,
+                        Ok(_) => "left as it is".to_string(),
+                        Err(e) => format!("and stopping it failed: {}", e.message),
+                    }
+                )
+            };
+            outcome
+                .undo_failures
+                .push((step.address.clone(), StepError::new(message)));
+        }
+    }
 }
 
 /// An undo that returned is not proof: look at what the undone steps restored, as refresh

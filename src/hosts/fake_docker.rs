@@ -663,7 +663,11 @@ fn container_request(
         }
         // Files put into a container (the model kind's program) are taken and not kept.
         (&Method::PUT, ["archive"]) => empty(StatusCode::OK),
-        (&Method::POST, ["start"]) => {
+        (&Method::POST, ["start" | "restart"]) => {
+            // A restart is a stop, then a start like any other.
+            if rest == ["restart"] {
+                e.containers[i].running = false;
+            }
             if e.containers[i].running {
                 return empty(StatusCode::NOT_MODIFIED);
             }

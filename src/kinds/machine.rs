@@ -214,6 +214,18 @@ pub trait Machine: Send + Sync {
     ) -> Result<(), StepError> {
         Ok(())
     }
+    /// Start again, from scratch, what the state recorded for it before the apply, and wait
+    /// until it is ready: after a rollback the members of a process group restart one after
+    /// another in dependency order, because a member that came back alone may have joined a
+    /// peer the rollback removed. Kinds that run no process have nothing to restart.
+    async fn restart(&self, _cx: &StepCx<'_>) -> Result<String, StepError> {
+        Ok(String::new())
+    }
+    /// Stop what the state recorded for it (a process group that could not be restored whole
+    /// stops rather than run half of it).
+    async fn stop(&self, _cx: &StepCx<'_>) -> Result<String, StepError> {
+        Ok(String::new())
+    }
     /// Look at one node: how the recorded resources of this kind there differ from the state,
     /// and objects of this kind the state does not explain. Kinds that leave nothing on a
     /// machine observe nothing.

@@ -437,12 +437,24 @@ pub async fn exec_in(
 
 /// The last `n` log lines of a container.
 pub async fn log_tail(docker: &bollard::Docker, container: &str, n: usize) -> Vec<String> {
+    log_tail_since(docker, container, n, 0).await
+}
+
+/// The last `n` log lines a container wrote since `since` (Unix seconds; 0: ever): a restarted
+/// container's log still holds what its previous run wrote, fatal lines included.
+async fn log_tail_since(
+    docker: &bollard::Docker,
+    container: &str,
+    n: usize,
+    since: i32,
+) -> Vec<String> {
     let mut stream = docker.logs(
         container,
         Some(q::LogsOptions {
             stdout: true,
             stderr: true,
             tail: n.to_string(),
+            since,
             ..Default::default()
         }),
     );
@@ -649,8 +661,13 @@ async fn fail_on_log(
     id: &str,
     name: &str,
     patterns: &serde_json::Map<String, serde_json::Value>,
+    since: i32,
 ) -> Result<(), StepError> {
-    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await
+    let Ok(lines) = tokio::time::timeout(
+        Duration::from_secs(10),
+        log_tail_since(docker, id, 200, since),
+    )
+    .await
     else {
         return Ok(());
     };
@@ -705,11 +722,16 @@ async fn warn_on_log(
     name: &str,
     patterns: &serde_json::Map<String, serde_json::Value>,
     seen: &mut BTreeSet<String>,
+    since: i32,
 ) {
     if patterns.len() == seen.len() {
         return;
     }
-    let Ok(lines) = tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 200)).await
+    let Ok(lines) = tokio::time::timeout(
+        Duration::from_secs(10),
+        log_tail_since(docker, id, 200, since),
+    )
+    .await
     else {
         return;
     };
@@ -789,13 +811,15 @@ where
 }
 
 /// Wait until every ready check passes, the container dies, the timeout passes or the apply is
-/// cancelled.
+/// cancelled. Only what the log says from `since` on counts (Unix seconds; 0 for a new
+/// container).
 async fn wait_ready(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     id: &str,
     name: &str,
     checks: &[serde_json::Value],
+    since: i32,
 ) -> Result<(), StepError> {
     // One follower for all the checks: the phases of a start run across them.
     let mut follow = LogFollow {
@@ -806,6 +830,7 @@ async fn wait_ready(
                 stdout: true,
                 stderr: true,
                 tail: "all".into(),
+                since,
                 ..Default::default()
             }),
         ))),
@@ -857,17 +882,17 @@ async fn wait_ready(
                 Ok(()) => {
                     // A start that is ready at the first attempt still reports what it logged.
                     if let Some(patterns) = warn_patterns {
-                        warn_on_log(cx, docker, id, name, patterns, &mut warned).await;
+                        warn_on_log(cx, docker, id, name, patterns, &mut warned, since).await;
                     }
                     break;
                 }
                 Err(e) => e,
             };
             if let Some(patterns) = check.get("fail_on_log").and_then(|p| p.as_object()) {
-                fail_on_log(docker, id, name, patterns).await?;
+                fail_on_log(docker, id, name, patterns, since).await?;
             }
             if let Some(patterns) = warn_patterns {
-                warn_on_log(cx, docker, id, name, patterns, &mut warned).await;
+                warn_on_log(cx, docker, id, name, patterns, &mut warned, since).await;
             }
             let seen = liveness(docker, id).await.map_err(|e| {
                 StepError::new(format!("{name}: {e} while waiting for `{what}`"))
@@ -1056,7 +1081,7 @@ async fn start_new(
         .and_then(|r| r.as_array())
         .cloned()
         .unwrap_or_default();
-    if let Err(e) = wait_ready(cx, docker, &id, name, &checks).await {
+    if let Err(e) = wait_ready(cx, docker, &id, name, &checks, 0).await {
         let _ = remove(docker, &id).await;
         return Err(e);
     }
@@ -1249,6 +1274,69 @@ impl Machine for ContainerMachine {
             remove(&docker, prev).await?;
         }
         Ok(())
+    }
+
+    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let name = name_of(cx);
+        let id = recorded_id(cx)
+            .ok_or_else(|| StepError::new(format!("{name}: no container recorded to restart")))?;
+        cx.progress(format!("restarting {name}"), None, None);
+        let stopped = docker
+            .stop_container(
+                &id,
+                Some(q::StopContainerOptions {
+                    t: Some(stop_secs(cx)),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+        // What the previous run logged (a peer that went away) is no verdict on this one: it
+        // has stopped, so every line from now on is the new run's.
+        let since = i32::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+        let started = docker
+            .start_container(&id, None::<q::StartContainerOptions>)
+            .await;
+        already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
+        // Ready as it was recorded: the checks of the configuration it runs, not the new one.
+        let checks: Vec<serde_json::Value> = cx
+            .recorded
+            .and_then(|r| r.config.get("ready"))
+            .and_then(|r| r.as_array())
+            .cloned()
+            .unwrap_or_default();
+        wait_ready(cx, &docker, &id, &name, &checks, since).await?;
+        Ok(format!(
+            "restarted {name} ({}): its process group starts again as one",
+            id.chars().take(12).collect::<String>()
+        ))
+    }
+
+    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let name = name_of(cx);
+        let Some(id) = recorded_id(cx) else {
+            return Ok(String::new());
+        };
+        let stopped = docker
+            .stop_container(
+                &id,
+                Some(q::StopContainerOptions {
+                    t: Some(stop_secs(cx)),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        match already_so(stopped) {
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(format!("stopped {name}")),
+            Err(e) => Err(docker_err(&format!("cannot stop {name}"), e)),
+        }
     }
 
     /// The container the state records for an address is the one with the recorded id; others
