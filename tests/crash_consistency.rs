@@ -744,3 +744,66 @@ async fn steps_after_a_failure_are_reported_as_not_run_with_what_blocked_them() 
     assert_eq!(r.outcome.ran.create, created, "{:?}", r.outcome.ran);
     assert!(!r.outcome.not_run.is_empty());
 }
+
+/// What a kill during a replacement leaves (the recorded head renamed aside and stopped, the
+/// killed run's new head running under the name, unrecorded), then a recovery apply whose new
+/// head fails: the failed step puts the recorded head back under its name, and the rollback
+/// must not fight it for that name (Docker's 409) or rename a container to the name it has
+/// (Docker's 400): the untracked one stays set aside, and everything is restored.
+#[tokio::test]
+async fn a_rolled_back_recovery_never_fights_the_tracked_container_for_its_name() {
+    let bed = Bed::new(&serving("2s"), |_| {});
+    let r = bed.apply(&[], None).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let before = bed.state();
+    let head_id = container_id(&before, "container.head").expect("head recorded");
+    // The kill: the recorded head set aside and stopped, a new labelled head running.
+    let aside = format!("head-sparkform-old-{}", &head_id[..12]);
+    bed.d1.rename("head", &aside);
+    bed.d1.stop(&aside);
+    let lineage = before.lineage.clone();
+    let untracked = bed.d1.add(
+        "head",
+        "ray:1",
+        &[
+            ("sparkform.lineage", lineage.as_str()),
+            ("sparkform.address", "container.head"),
+        ],
+        true,
+    );
+    // The recovery's new head does not start.
+    bed.d1
+        .fault("head", Fault::CreateFails("no space left on device".into()));
+    let seen = bed.observe().await;
+    let p = bed.plan_with(&[], Some(seen));
+    assert!(
+        p.changes
+            .iter()
+            .any(|c| c.orphan.is_some() && c.address == "container.head"),
+        "{}",
+        plan::render::render(&p)
+    );
+    let r = bed.run_plan(&bed.config, &bed.graph, &p).await;
+    assert!(!r.outcome.ok && r.outcome.rolled_back);
+    assert!(
+        r.outcome.undo_failures.is_empty(),
+        "{:?}",
+        r.outcome.undo_failures
+    );
+    // The recorded head runs under its name; the untracked one is set aside, stopped.
+    let head = bed.d1.container("head").expect("a head");
+    assert_eq!(head.id, head_id, "{:?}", bed.d1.containers());
+    assert!(head.running, "{:?}", bed.d1.containers());
+    let other = bed
+        .d1
+        .containers()
+        .into_iter()
+        .find(|c| c.id == untracked)
+        .expect("the untracked head");
+    assert!(!other.running, "{other:?}");
+    assert_ne!(other.name, "head");
+    assert_eq!(
+        bed.state().resources.get("container.head"),
+        before.resources.get("container.head")
+    );
+}

@@ -405,3 +405,73 @@ fn the_mp_examples_load_and_name_a_ray_less_image() {
         "vllm/vllm-openai:v0.21.0"
     );
 }
+
+/// The ranks of vllm-mp are one process group: a rank replaced, or created while another
+/// runs, replaces every rank, and the plan says why; from nothing, every rank is just created.
+#[test]
+fn the_ranks_of_one_process_group_are_replaced_as_one() {
+    use sparkform::plan::{self, Action, PlanOptions};
+    use sparkform::state::{HashKey, State};
+    let (c, g) = common::load(Path::new(FIXTURE));
+    let key = || PlanOptions::with_key(HashKey::from_bytes([7; 32]));
+    let plan_for = |state: &State, replace: &[&str]| {
+        plan::plan(
+            &c,
+            &g,
+            state,
+            &PlanOptions {
+                replace: replace.iter().map(|s| s.to_string()).collect(),
+                ..key()
+            },
+        )
+        .expect("plan")
+    };
+    let action = |p: &plan::Plan, a: &str| p.change(a).map(|c| c.action);
+    let [rank0, rank1] = MP_RANKS;
+
+    let fresh = plan_for(&State::new(), &[]);
+    assert_eq!(action(&fresh, rank0), Some(Action::Create));
+    assert_eq!(action(&fresh, rank1), Some(Action::Create));
+    let mut applied = State::new();
+    plan::record(&fresh, &mut applied);
+
+    // Rank 1 alone must go (here by -replace; a drift or a failed start plans the same).
+    let p = plan_for(&applied, &[rank1]);
+    assert_eq!(action(&p, rank1), Some(Action::Replace));
+    assert_eq!(
+        action(&p, rank0),
+        Some(Action::Replace),
+        "rank 0 stays alone"
+    );
+    let reasons = &p.change(rank0).unwrap().replace_reasons;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r
+                == &format!("{rank1} is replaced, so this restarts with it: one process group")),
+        "{reasons:?}"
+    );
+    // No other launcher's containers move.
+    assert_eq!(action(&p, RAY_VLLM), Some(Action::NoOp));
+    assert_eq!(action(&p, RAY_HEAD), Some(Action::NoOp));
+
+    // Rank 1 lost from the state (an apply killed before it recorded it): it is created, and
+    // rank 0, which runs without it, restarts with it.
+    let mut lost = applied.clone();
+    lost.resources.remove(rank1);
+    let p = plan_for(&lost, &[]);
+    assert_eq!(action(&p, rank1), Some(Action::Create));
+    assert_eq!(action(&p, rank0), Some(Action::Replace));
+    assert!(
+        p.change(rank0)
+            .unwrap()
+            .replace_reasons
+            .iter()
+            .any(|r| r
+                == &format!("{rank1} is created, so this restarts with it: one process group")),
+        "{:?}",
+        p.change(rank0).unwrap().replace_reasons
+    );
+    // And nothing to do stays nothing to do.
+    assert!(!plan_for(&applied, &[]).has_changes());
+}

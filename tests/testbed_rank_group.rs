@@ -75,7 +75,10 @@ impl Run<'_> {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
                 let _ = tx.send(line);
             }
         });
@@ -175,14 +178,20 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
         "not every planned step ran:\n{out}"
     );
     assert!(
-        out.contains("Apply complete: 1 added, 0 changed, 3 replaced, 1 destroyed; 2 probes passed."),
+        out.contains(
+            "Apply complete: 1 added, 0 changed, 3 replaced, 1 destroyed; 2 probes passed."
+        ),
         "{out}"
     );
     r.converged(&["-var", "rev=v2"]);
 
     let (code, out, err) = r.run(&["destroy", "-auto-approve", "-var", "rev=v2"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(rank_containers(&tb).is_empty(), "{:?}", rank_containers(&tb));
+    assert!(
+        rank_containers(&tb).is_empty(),
+        "{:?}",
+        rank_containers(&tb)
+    );
 }
 
 #[test]
@@ -206,7 +215,10 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
         "health_timeout         = \"3m\"",
         "health_timeout         = var.health_timeout",
     );
-    assert!(example.contains("var.health_timeout"), "the example changed");
+    assert!(
+        example.contains("var.health_timeout"),
+        "the example changed"
+    );
     let dir = common::write_config(&[(
         "main.hcl",
         &format!("{example}\nvariable \"health_timeout\" {{\n  type    = string\n  default = \"3m\"\n}}\n"),
@@ -237,11 +249,14 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
         "{err}"
     );
     assert!(
-        err.contains("Rolled back 1 step: the machines and the state are as they were before this apply."),
+        err.contains(
+            "Rolled back 1 step: the machines and the state are as they were before this apply."
+        ),
         "{out}\n{err}"
     );
     assert!(
-        out.contains("restarted sparkform-vllm-node1") && out.contains("restarted sparkform-vllm-node2"),
+        out.contains("restarted sparkform-vllm-node1")
+            && out.contains("restarted sparkform-vllm-node2"),
         "{out}"
     );
     // The old group runs, whole, under its names; nothing set aside is left.
@@ -251,5 +266,9 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
 
     let (code, out, err) = r.run(&["destroy", "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(rank_containers(&tb).is_empty(), "{:?}", rank_containers(&tb));
+    assert!(
+        rank_containers(&tb).is_empty(),
+        "{:?}",
+        rank_containers(&tb)
+    );
 }

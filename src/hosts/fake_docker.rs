@@ -272,6 +272,14 @@ impl FakeDocker {
             .insert(name.to_string(), config);
     }
 
+    /// A container renamed behind sparkform's back (or by a run that was then killed).
+    pub fn rename(&self, name: &str, to: &str) {
+        let mut e = lock(&self.engine);
+        if let Some(i) = e.find(name) {
+            e.containers[i].name = to.to_string();
+        }
+    }
+
     /// Someone stops a container by hand.
     pub fn stop(&self, name: &str) {
         let mut e = lock(&self.engine);
@@ -703,6 +711,13 @@ fn container_request(
         }
         (&Method::POST, ["rename"]) => {
             let name = q.get("name").cloned().unwrap_or_default();
+            // As Docker answers it.
+            if e.containers[i].name == name {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "Renaming a container with the same name as its current name".into(),
+                );
+            }
             if e.find(&name).is_some_and(|j| j != i) {
                 return error(
                     StatusCode::CONFLICT,

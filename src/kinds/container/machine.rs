@@ -1013,16 +1013,42 @@ async fn set_aside(
     Ok(aside)
 }
 
-async fn restore(docker: &bollard::Docker, id: &str, name: &str) -> Result<(), StepError> {
-    docker
-        .rename_container(
-            id,
-            q::RenameContainerOptions {
-                name: name.to_string(),
-            },
-        )
+/// The container, other than `id`, that holds `name` on the node, if one does.
+async fn name_holder(docker: &bollard::Docker, id: &str, name: &str) -> Option<String> {
+    let holder = docker
+        .inspect_container(name, None::<q::InspectContainerOptions>)
         .await
-        .map_err(|e| docker_err(&format!("cannot rename the previous {name} back"), e))?;
+        .ok()?
+        .id?;
+    (holder != id && !holder.starts_with(id)).then_some(holder)
+}
+
+async fn restore(docker: &bollard::Docker, id: &str, name: &str) -> Result<(), StepError> {
+    let current = docker
+        .inspect_container(id, None::<q::InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|i| i.name)
+        .map(|n| n.trim_start_matches('/').to_string());
+    // Already under its name (an untracked copy found set aside keeps the name it had).
+    if current.as_deref() != Some(name) {
+        if let Some(holder) = name_holder(docker, id, name).await {
+            return Err(StepError::new(format!(
+                "cannot bring the previous {name} back: container {} holds the name",
+                holder.chars().take(12).collect::<String>()
+            ))
+            .help("`sparkform plan` shows both; the next apply replaces what is not recorded"));
+        }
+        docker
+            .rename_container(
+                id,
+                q::RenameContainerOptions {
+                    name: name.to_string(),
+                },
+            )
+            .await
+            .map_err(|e| docker_err(&format!("cannot rename the previous {name} back"), e))?;
+    }
     let started = docker
         .start_container(id, None::<q::StartContainerOptions>)
         .await;
@@ -1252,6 +1278,17 @@ impl Machine for ContainerMachine {
                     remove(&docker, created).await?;
                 }
                 if let Some(prev) = u.get("previous").and_then(|v| v.as_str()) {
+                    // An untracked copy gives way to the tracked container at its address:
+                    // it stays set aside and stopped, and the next apply removes it.
+                    if cx.change.orphan.is_some() {
+                        if let Some(holder) = name_holder(&docker, prev, &name).await {
+                            return Ok(format!(
+                                "left the untracked {} set aside and stopped: {} holds the name {name}; the next apply removes it",
+                                prev.chars().take(12).collect::<String>(),
+                                holder.chars().take(12).collect::<String>()
+                            ));
+                        }
+                    }
                     restore(&docker, prev, &name).await?;
                     return Ok(format!(
                         "removed the new {name}, the previous one runs again"
