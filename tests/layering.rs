@@ -339,7 +339,12 @@ fn cli_forbidden() -> regex::Regex {
 
 /// `file:line: code` for each forbidden use in `text`, tests (from `#[cfg(test)]` on) apart.
 fn cli_violations(file: &str, text: &str) -> Vec<String> {
-    let forbidden = cli_forbidden();
+    violations(&cli_forbidden(), file, text)
+}
+
+/// `file:line: code` for each line of `text` outside comments that `forbidden` matches, tests
+/// (from `#[cfg(test)]` on) apart.
+fn violations(forbidden: &regex::Regex, file: &str, text: &str) -> Vec<String> {
     text.lines()
         .take_while(|l| l.trim() != "#[cfg(test)]")
         .enumerate()
@@ -403,4 +408,50 @@ fn every_kind_has_its_block_in_the_language() {
             block.kind
         );
     }
+}
+
+/// A string that starts with a kind's block and a dot (`"probe."`, `"container."`): code that
+/// tells what a resource is by its address's first characters, which a module path defeats
+/// (`module.qwen.probe.rendezvous` is a probe too). Only `src/kinds` may spell addresses;
+/// everywhere else asks `kinds::address`.
+fn kind_name_prefix() -> regex::Regex {
+    let blocks: Vec<&str> = sparkform::kinds::KindId::ALL
+        .iter()
+        .map(|k| k.top_block().kind)
+        .collect();
+    regex::Regex::new(&format!(r#""(?:{})\."#, blocks.join("|"))).unwrap()
+}
+
+#[test]
+fn only_the_kinds_read_what_a_resource_is_off_its_address() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let forbidden = kind_name_prefix();
+    let bad: Vec<String> = all
+        .iter()
+        .filter(|f| !f.starts_with(src.join("kinds")))
+        .flat_map(|f| {
+            let name = f.strip_prefix(&src).unwrap().display().to_string();
+            violations(&forbidden, &name, &std::fs::read_to_string(f).unwrap())
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "code outside src/kinds reads a resource's kind off its address; ask kinds::address (ARCHITECTURE.md, Invariants):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: the test plan/impact.rs had, and what it must let through.
+    let caught = violations(
+        &forbidden,
+        "impact.rs",
+        "let until = if name.starts_with(\"probe.\") {\n[\"container.\", \"module.\", \"network.\"]\n",
+    );
+    assert_eq!(caught.len(), 2, "{caught:?}");
+    let allowed = violations(
+        &forbidden,
+        "x.rs",
+        "if address::runs(name) {}\nformat!(\"output.{}\", o.name)\n// \"probe.\" in a comment\n#[cfg(test)]\nmod tests { fn f() { assert!(runs(\"probe.hello\")); } }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
 }
