@@ -355,19 +355,31 @@ fn violations(forbidden: &regex::Regex, file: &str, text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The number of files below `dir` that `keep` keeps, and `forbidden`'s `violations` in them,
+/// each named by its path from `dir`.
+fn violations_below(
+    dir: &Path,
+    keep: impl Fn(&Path) -> bool,
+    forbidden: &regex::Regex,
+) -> (usize, Vec<String>) {
+    let mut all = Vec::new();
+    files(dir, &mut all);
+    all.retain(|f| keep(f));
+    let bad = all
+        .iter()
+        .flat_map(|f| {
+            let name = f.strip_prefix(dir).unwrap().display().to_string();
+            violations(forbidden, &name, &std::fs::read_to_string(f).unwrap())
+        })
+        .collect();
+    (all.len(), bad)
+}
+
 #[test]
 fn the_cli_gets_its_definitions_from_ops_definitions_alone() {
     let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
-    let mut all = Vec::new();
-    files(&cli, &mut all);
-    assert!(all.len() > 10, "{all:?}");
-    let bad: Vec<String> = all
-        .iter()
-        .flat_map(|f| {
-            let name = f.strip_prefix(&cli).unwrap().display().to_string();
-            cli_violations(&name, &std::fs::read_to_string(f).unwrap())
-        })
-        .collect();
+    let (read, bad) = violations_below(&cli, |_| true, &cli_forbidden());
+    assert!(read > 10, "{read} files in {}", cli.display());
     assert!(
         bad.is_empty(),
         "cli files load the definitions or resolve models themselves; call ops::definitions (ARCHITECTURE.md, code map):\n  {}",
@@ -427,17 +439,8 @@ fn kind_name_prefix() -> regex::Regex {
 #[test]
 fn only_the_kinds_read_what_a_resource_is_off_its_address() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut all = Vec::new();
-    files(&src, &mut all);
     let forbidden = kind_name_prefix();
-    let bad: Vec<String> = all
-        .iter()
-        .filter(|f| !f.starts_with(src.join("kinds")))
-        .flat_map(|f| {
-            let name = f.strip_prefix(&src).unwrap().display().to_string();
-            violations(&forbidden, &name, &std::fs::read_to_string(f).unwrap())
-        })
-        .collect();
+    let (_, bad) = violations_below(&src, |f| !f.starts_with(src.join("kinds")), &forbidden);
     assert!(
         bad.is_empty(),
         "code outside src/kinds reads a resource's kind off its address; ask kinds::address (ARCHITECTURE.md, Invariants):\n  {}",

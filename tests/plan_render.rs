@@ -61,6 +61,18 @@ fn stack_change(before: &[(&str, &str)], after: &[(&str, &str)], secs: &[(&str, 
     )
 }
 
+/// Apply examples/testbed with `before`, then plan it with `after`.
+fn testbed_change(before: &[(&str, &str)], after: &[(&str, &str)]) -> Plan {
+    let dir = std::path::Path::new("examples/testbed");
+    let state = applied(dir, before, &[]);
+    plan_with(
+        dir,
+        after,
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+}
+
 #[test]
 fn a_changed_argument_in_a_long_command_list() {
     let p = stack_change(&[], &[("max_model_len", "4096")], &[]);
@@ -270,14 +282,7 @@ fn a_ready_block_change_shows_the_changed_attribute_only() {
 
 #[test]
 fn the_testbed_example_shows_the_vllm_flag() {
-    let dir = std::path::Path::new("examples/testbed");
-    let state = applied(dir, &[], &[]);
-    let p = plan_with(
-        dir,
-        &[("max_model_len", "4096")],
-        &state,
-        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
-    );
+    let p = testbed_change(&[], &[("max_model_len", "4096")]);
     let out = render::render(&p);
     assert!(
         out.contains("- \"8192\",\n") && out.contains("+ \"4096\",\n"),
@@ -503,14 +508,7 @@ const V2: &str = "5088b93f3b455f1582aa9cd65a4ecf7f6ccd415a";
 
 #[test]
 fn the_testbed_example_shows_a_new_revision_replacing_the_weights_and_vllm_not_ray() {
-    let dir = std::path::Path::new("examples/testbed");
-    let state = applied(dir, &[("rev", MAIN)], &[]);
-    let p = plan_with(
-        dir,
-        &[("rev", V2)],
-        &state,
-        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
-    );
+    let p = testbed_change(&[("rev", MAIN)], &[("rev", V2)]);
     let action = |a: &str| p.change(a).map(|c| c.action);
     for a in [
         "model.qwen[\"node1\"]",
@@ -545,14 +543,7 @@ fn the_testbed_example_shows_a_new_revision_replacing_the_weights_and_vllm_not_r
 /// replaced container passes its ready check (what reading `probe.` off the address said).
 #[test]
 fn an_endpoint_behind_a_probe_in_a_module_is_back_when_that_probe_passes() {
-    let dir = std::path::Path::new("examples/testbed");
-    let state = applied(dir, &[], &[]);
-    let p = plan_with(
-        dir,
-        &[("image", "sparkform-testbed/ray:next")],
-        &state,
-        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
-    );
+    let p = testbed_change(&[], &[("image", "sparkform-testbed/ray:next")]);
     let members = "module.qwen.module.ray.probe.ray_members";
     let step = p
         .change(members)
