@@ -1,6 +1,8 @@
 //! The layering of `src/` (ARCHITECTURE.md): read every `crate::…` and `super::…` path of every
 //! file, group the files into layers, and fail on a cycle between layers or on a pure layer
-//! that reaches (directly or through others) a layer that touches machines.
+//! that reaches (directly or through others) a layer that touches machines. With them, the
+//! other shapes ARCHITECTURE.md promises: what the cli may call, where addresses are read,
+//! what the product compiles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -339,7 +341,12 @@ fn cli_forbidden() -> regex::Regex {
 
 /// `file:line: code` for each forbidden use in `text`, tests (from `#[cfg(test)]` on) apart.
 fn cli_violations(file: &str, text: &str) -> Vec<String> {
-    let forbidden = cli_forbidden();
+    violations(&cli_forbidden(), file, text)
+}
+
+/// `file:line: code` for each line of `text` outside comments that `forbidden` matches, tests
+/// (from `#[cfg(test)]` on) apart.
+fn violations(forbidden: &regex::Regex, file: &str, text: &str) -> Vec<String> {
     text.lines()
         .take_while(|l| l.trim() != "#[cfg(test)]")
         .enumerate()
@@ -348,19 +355,31 @@ fn cli_violations(file: &str, text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The number of files below `dir` that `keep` keeps, and `forbidden`'s `violations` in them,
+/// each named by its path from `dir`.
+fn violations_below(
+    dir: &Path,
+    keep: impl Fn(&Path) -> bool,
+    forbidden: &regex::Regex,
+) -> (usize, Vec<String>) {
+    let mut all = Vec::new();
+    files(dir, &mut all);
+    all.retain(|f| keep(f));
+    let bad = all
+        .iter()
+        .flat_map(|f| {
+            let name = f.strip_prefix(dir).unwrap().display().to_string();
+            violations(forbidden, &name, &std::fs::read_to_string(f).unwrap())
+        })
+        .collect();
+    (all.len(), bad)
+}
+
 #[test]
 fn the_cli_gets_its_definitions_from_ops_definitions_alone() {
     let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
-    let mut all = Vec::new();
-    files(&cli, &mut all);
-    assert!(all.len() > 10, "{all:?}");
-    let bad: Vec<String> = all
-        .iter()
-        .flat_map(|f| {
-            let name = f.strip_prefix(&cli).unwrap().display().to_string();
-            cli_violations(&name, &std::fs::read_to_string(f).unwrap())
-        })
-        .collect();
+    let (read, bad) = violations_below(&cli, |_| true, &cli_forbidden());
+    assert!(read > 10, "{read} files in {}", cli.display());
     assert!(
         bad.is_empty(),
         "cli files load the definitions or resolve models themselves; call ops::definitions (ARCHITECTURE.md, code map):\n  {}",
@@ -403,4 +422,117 @@ fn every_kind_has_its_block_in_the_language() {
             block.kind
         );
     }
+}
+
+/// A string that starts with a kind's block and a dot (`"probe."`, `"container."`): code that
+/// tells what a resource is by its address's first characters, which a module path defeats
+/// (`module.qwen.probe.rendezvous` is a probe too). Only `src/kinds` may spell addresses;
+/// everywhere else asks `kinds::address`.
+fn kind_name_prefix() -> regex::Regex {
+    let blocks: Vec<&str> = sparkform::kinds::KindId::ALL
+        .iter()
+        .map(|k| k.top_block().kind)
+        .collect();
+    regex::Regex::new(&format!(r#""(?:{})\."#, blocks.join("|"))).unwrap()
+}
+
+#[test]
+fn only_the_kinds_read_what_a_resource_is_off_its_address() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let forbidden = kind_name_prefix();
+    let (_, bad) = violations_below(&src, |f| !f.starts_with(src.join("kinds")), &forbidden);
+    assert!(
+        bad.is_empty(),
+        "code outside src/kinds reads a resource's kind off its address; ask kinds::address (ARCHITECTURE.md, Invariants):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: the test plan/impact.rs had, and what it must let through.
+    let caught = violations(
+        &forbidden,
+        "impact.rs",
+        "let until = if name.starts_with(\"probe.\") {\n[\"container.\", \"module.\", \"network.\"]\n",
+    );
+    assert_eq!(caught.len(), 2, "{caught:?}");
+    let allowed = violations(
+        &forbidden,
+        "x.rs",
+        "if address::runs(name) {}\nformat!(\"output.{}\", o.name)\n// \"probe.\" in a comment\n#[cfg(test)]\nmod tests { fn f() { assert!(runs(\"probe.hello\")); } }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
+}
+
+/// What only the tests may have: the fake nodes, their in-memory Docker Engine and the chaos
+/// kill hook, by names that exist only in their code.
+const TEST_SUPPORT_ITEMS: &[&str] = &["FakeHost", "FakeWorld", "FakeDocker", "KillTrigger"];
+
+/// The features `cargo check --lib` (with `extra` arguments) compiles the library with, and its
+/// compiled metadata (every item's name, private ones included). With no `extra` it is the
+/// product's: it takes no dev-dependency and so resolves features as `cargo build --release`.
+fn checked_library(extra: &[&str]) -> (Vec<String>, Vec<u8>) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "check",
+            "--lib",
+            "--locked",
+            "--offline",
+            "--message-format=json",
+        ])
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo check --lib {extra:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "sparkform")
+        .expect("cargo check reports the sparkform library");
+    let features = lib["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    let rmeta = lib["filenames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .find(|f| f.ends_with(".rmeta"))
+        .expect("a .rmeta file");
+    (features, std::fs::read(rmeta).unwrap())
+}
+
+fn names_in(metadata: &[u8]) -> Vec<&'static str> {
+    TEST_SUPPORT_ITEMS
+        .iter()
+        .copied()
+        .filter(|n| metadata.windows(n.len()).any(|w| w == n.as_bytes()))
+        .collect()
+}
+
+/// The product (`cargo build --release`, `cargo install`) has no fake and no chaos hook: the
+/// feature `test-support` that compiles them is on only where dev-dependencies are, and the
+/// modules compile only under it.
+#[test]
+fn the_product_has_no_fake_and_no_chaos_hook() {
+    let (features, metadata) = checked_library(&[]);
+    assert!(
+        !features.iter().any(|f| f == "test-support"),
+        "the product's build turns on test-support: {features:?}"
+    );
+    let shipped = names_in(&metadata);
+    assert!(
+        shipped.is_empty(),
+        "the product's library compiles {shipped:?}; gate them with #[cfg(feature = \"test-support\")]"
+    );
+    // The guard itself: it finds every one of them in a build that has them.
+    let (features, metadata) = checked_library(&["--features", "test-support"]);
+    assert_eq!(features, ["test-support"]);
+    assert_eq!(names_in(&metadata), TEST_SUPPORT_ITEMS);
 }

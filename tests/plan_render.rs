@@ -61,6 +61,18 @@ fn stack_change(before: &[(&str, &str)], after: &[(&str, &str)], secs: &[(&str, 
     )
 }
 
+/// Apply examples/testbed with `before`, then plan it with `after`.
+fn testbed_change(before: &[(&str, &str)], after: &[(&str, &str)]) -> Plan {
+    let dir = std::path::Path::new("examples/testbed");
+    let state = applied(dir, before, &[]);
+    plan_with(
+        dir,
+        after,
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+}
+
 #[test]
 fn a_changed_argument_in_a_long_command_list() {
     let p = stack_change(&[], &[("max_model_len", "4096")], &[]);
@@ -270,14 +282,7 @@ fn a_ready_block_change_shows_the_changed_attribute_only() {
 
 #[test]
 fn the_testbed_example_shows_the_vllm_flag() {
-    let dir = std::path::Path::new("examples/testbed");
-    let state = applied(dir, &[], &[]);
-    let p = plan_with(
-        dir,
-        &[("max_model_len", "4096")],
-        &state,
-        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
-    );
+    let p = testbed_change(&[], &[("max_model_len", "4096")]);
     let out = render::render(&p);
     assert!(
         out.contains("- \"8192\",\n") && out.contains("+ \"4096\",\n"),
@@ -503,14 +508,7 @@ const V2: &str = "5088b93f3b455f1582aa9cd65a4ecf7f6ccd415a";
 
 #[test]
 fn the_testbed_example_shows_a_new_revision_replacing_the_weights_and_vllm_not_ray() {
-    let dir = std::path::Path::new("examples/testbed");
-    let state = applied(dir, &[("rev", MAIN)], &[]);
-    let p = plan_with(
-        dir,
-        &[("rev", V2)],
-        &state,
-        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
-    );
+    let p = testbed_change(&[("rev", MAIN)], &[("rev", V2)]);
     let action = |a: &str| p.change(a).map(|c| c.action);
     for a in [
         "model.qwen[\"node1\"]",
@@ -538,4 +536,55 @@ fn the_testbed_example_shows_a_new_revision_replacing_the_weights_and_vllm_not_r
         "{out}"
     );
     insta::assert_snapshot!("render_testbed_new_revision", out);
+}
+
+/// A probe declared in a module (`module.qwen.module.ray.probe.ray_members`) is a probe: the
+/// endpoints behind what a new image replaces are back when it passes, not when the last
+/// replaced container passes its ready check (what reading `probe.` off the address said).
+#[test]
+fn an_endpoint_behind_a_probe_in_a_module_is_back_when_that_probe_passes() {
+    let p = testbed_change(&[], &[("image", "sparkform-testbed/ray:next")]);
+    let members = "module.qwen.module.ray.probe.ray_members";
+    let step = p
+        .change(members)
+        .map(|c| c.action)
+        .expect("the membership probe is planned");
+    assert_eq!(step, Action::Run);
+    let outage = impact(&p)
+        .unavailable
+        .iter()
+        .find(|o| o.endpoints.iter().any(|e| e == members))
+        .expect("the membership probe waits for the replaced Ray containers");
+    assert_eq!(outage.until.as_deref(), Some(members), "{outage:?}");
+    let out = render::render(&p);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{members}: from step")))
+        .unwrap_or_else(|| panic!("no line for {members}:\n{out}"));
+    assert!(
+        line.contains(&format!("until {members} passes (step")) && !line.contains("ready check"),
+        "{line}"
+    );
+}
+
+/// Every address the examples' configurations lower to reads back into its kind and prints
+/// back byte for byte: the typed address and the lowering agree.
+#[test]
+fn every_resource_address_of_the_examples_reads_back_into_its_kind() {
+    use sparkform::kinds::address::Address;
+    for dir in [
+        "examples/testbed",
+        "examples/testbed-mp",
+        "examples/qwen35-two-sparks",
+        "examples/qwen35-two-sparks-mp",
+    ] {
+        let (config, _) = common::load_with(std::path::Path::new(dir), &vars(&[]));
+        assert!(!config.resources.is_empty(), "{dir}");
+        for r in &config.resources {
+            let a = Address::parse(&r.address)
+                .unwrap_or_else(|| panic!("{dir}: {} does not parse", r.address));
+            assert_eq!(a.kind, r.kind, "{dir}: {}", r.address);
+            assert_eq!(a.to_string(), r.address, "{dir}");
+        }
+    }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
+use crate::kinds::address::begins_like_an_address;
 use crate::ops::definitions::Pins;
 use crate::ops::logs::{fatal_match, LogEvent, LogLine, LogsRequest};
 
@@ -56,7 +57,7 @@ pub fn render(line: &LogLine, width: usize, colour: Option<&str>, fatal: bool) -
 pub fn run(args: LogsArgs) -> ExitCode {
     // The folder is optional: a first positional that is an address is one.
     let mut args = args;
-    if looks_like_address(&args.config.dir.to_string_lossy()) && !args.config.dir.is_dir() {
+    if begins_like_an_address(&args.config.dir.to_string_lossy()) && !args.config.dir.is_dir() {
         let a = args.config.dir.to_string_lossy().into_owned();
         args.addresses.insert(0, a);
         args.config.dir = ".".into();
@@ -162,12 +163,6 @@ pub fn run(args: LogsArgs) -> ExitCode {
         tokio::join!(work, print);
     });
     ExitCode::SUCCESS
-}
-
-fn looks_like_address(s: &str) -> bool {
-    ["container.", "module.", "network."]
-        .iter()
-        .any(|p| s.starts_with(p))
 }
 
 #[cfg(test)]

@@ -3,7 +3,10 @@
 //! connection each; `local` is this machine.
 
 pub mod facts;
+// Nodes in memory for the tests, never in the product (Cargo.toml, feature `test-support`).
+#[cfg(feature = "test-support")]
 pub mod fake;
+#[cfg(feature = "test-support")]
 pub mod fake_docker;
 pub mod lifetime;
 pub mod local;

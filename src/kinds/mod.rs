@@ -6,6 +6,7 @@
 //! This file and the pure halves do no I/O and import neither `hosts`, `apply`, `ops` nor a
 //! machine half (`tests/layering.rs` checks it).
 
+pub mod address;
 pub mod attachment;
 pub mod container;
 pub(crate) mod lower;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Plan};
 use crate::config::{Config, ResourceKind};
-use crate::kinds::Lifecycle;
+use crate::kinds::{address, Lifecycle};
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 
@@ -201,7 +201,8 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         let Some(&(first, first_step)) = causes.iter().min_by_key(|(_, step)| *step) else {
             continue;
         };
-        let until = if name.starts_with("probe.") {
+        // A probe endpoint (in a module or not; its kind says) is back when it passes itself.
+        let until = if address::runs(name) {
             Some(name.clone())
         } else {
             // The last probe that depends on everything the output shows watches it.

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::diff::{self, Noun, Sign, SENSITIVE};
 use super::impact::Impact;
 use super::{Action, AttrChange, Change, Plan};
+use crate::kinds::address;
 
 /// Where an attribute line's sign sits (under the resource's own sign).
 const ATTR_COL: usize = 6;
@@ -214,7 +215,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
         out.push_str("  Unavailable:\n");
         for o in &impact.unavailable {
             let until = match (&o.until, o.until_step) {
-                (Some(u), Some(step)) if u.starts_with("probe.") => {
+                (Some(u), Some(step)) if address::runs(u) => {
                     format!(
                         "until {u} passes (step {step}); {}",
                         expected(o.expected_secs)
@@ -399,4 +400,56 @@ fn map_entries(c: &Change, name: &str, entries: &[(Option<&str>, &AttrChange)]) 
 /// A JSON value on one line, in full: a reviewer must see all of it (`state show`, outputs).
 pub fn value(v: &serde_json::Value) -> String {
     serde_json::to_string(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::KindId;
+    use crate::plan::impact::{Outage, Stop};
+
+    /// The impact of a replaced container that endpoints wait behind until `until` passes.
+    fn waiting_until(until: &str) -> Impact {
+        Impact {
+            stopped: vec![Stop {
+                step: 1,
+                address: "module.qwen.container.vllm".into(),
+                kind: KindId::Container,
+                node: None,
+                action: Action::Replace,
+                expected_secs: None,
+            }],
+            unavailable: vec![Outage {
+                endpoints: vec!["output.endpoint".into()],
+                from_step: 1,
+                cause: "module.qwen.container.vllm".into(),
+                until: Some(until.into()),
+                until_step: Some(2),
+                expected_secs: None,
+            }],
+            ..Impact::default()
+        }
+    }
+
+    fn rendered(impact: &Impact) -> String {
+        let mut out = String::new();
+        render_impact(&mut out, impact);
+        out
+    }
+
+    #[test]
+    fn an_outage_ends_when_a_probe_passes_wherever_a_module_declares_it() {
+        for probe in ["probe.hello", "module.qwen.probe.rendezvous"] {
+            let out = rendered(&waiting_until(probe));
+            assert!(
+                out.contains(&format!("until {probe} passes (step 2);")),
+                "{out}"
+            );
+        }
+        let out = rendered(&waiting_until("module.qwen.container.vllm"));
+        assert!(
+            out.contains("until module.qwen.container.vllm passes its ready check (step 2);"),
+            "{out}"
+        );
+    }
 }
