@@ -1,0 +1,25 @@
+//! The tests that need the local multi-host testbed (`tests/testbed/testbed`), one test binary:
+//! every test here is `#[ignore = "needs the testbed: …"]`, and `.ci/test` runs them with
+//! `--include-ignored`. A file here is a module.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod leftovers;
+mod terminal;
+mod testbed_apply;
+mod testbed_apply_more;
+mod testbed_chaos;
+mod testbed_faults;
+mod testbed_hosts;
+mod testbed_import;
+mod testbed_interrupt;
+mod testbed_llm;
+mod testbed_model;
+mod testbed_model_serving;
+mod testbed_mp;
+mod testbed_operate;
+mod testbed_parity;
+mod testbed_progress;
+mod testbed_refresh;
+mod testbed_ssh_alias;
