@@ -4,7 +4,8 @@
 //! executor, refresh, import and the operations on fake nodes and fake Docker Engines
 //! (`hosts::fake`, `hosts::fake_docker`), and the testbed's stand-ins and the transfer program on
 //! loopback. A file here is a module; its snapshots are `snapshots/fake__<module>__<name>.snap`.
-//! A few tests here need the testbed too: they are `#[ignore]`d as those of `tests/on_testbed`.
+//! A few tests here need the testbed too: they are `#[ignore]`d as those of `tests/on_testbed`
+//! and take their file's turn on it in `common::testbed::testbed()`.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -57,13 +57,24 @@ fn start_apply(dir: &Path) -> Child {
 
 /// The control folder of process `pid`, if it has one now.
 fn control_dir_of(pid: u32) -> Option<PathBuf> {
-    std::fs::read_dir("/tmp").ok()?.flatten().find_map(|e| {
-        let p = e.path();
-        let owner = std::fs::read_to_string(p.join("owner")).ok()?;
-        (e.file_name().to_string_lossy().starts_with("sf")
-            && owner.split_whitespace().next() == Some(&pid.to_string()))
-        .then_some(p)
-    })
+    control_dirs_of(pid).into_iter().next()
+}
+
+/// The control folders of process `pid` now.
+fn control_dirs_of(pid: u32) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let owner = std::fs::read_to_string(p.join("owner")).ok()?;
+            (e.file_name().to_string_lossy().starts_with("sf")
+                && owner.split_whitespace().next() == Some(&pid.to_string()))
+            .then_some(p)
+        })
+        .collect()
 }
 
 /// Wait until the run is mid-apply: both node masters up, each node's Docker socket forwarded
@@ -261,9 +272,15 @@ async fn an_idle_owner_keeps_its_masters_and_closing_ends_them() {
         ..HostOptions::default()
     };
     let nodes: Vec<String> = c.nodes.keys().cloned().collect();
+    // This process is the test binary, which the tests of other files share: the pool's folder
+    // is the one it adds.
+    let before = control_dirs_of(std::process::id());
     let pool = HostPool::connect(&c, &nodes, &opts).await;
     assert!(pool.errors().is_empty(), "{:?}", pool.errors());
-    let dir = control_dir_of(std::process::id()).expect("the pool's control folder");
+    let dir = control_dirs_of(std::process::id())
+        .into_iter()
+        .find(|d| !before.contains(d))
+        .expect("the pool's control folder");
     let docker = pool
         .get("node.node1")
         .expect("node1")

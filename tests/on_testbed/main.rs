@@ -1,6 +1,12 @@
 //! The tests that need the local multi-host testbed (`tests/testbed/testbed`), one test binary:
 //! every test here is `#[ignore = "needs the testbed: …"]`, and `.ci/test` runs them with
 //! `--include-ignored`. A file here is a module.
+//!
+//! They share one testbed (its nodes, container names, fabric addresses, the examples' model
+//! cache), and run on it as when each file was its own test binary, which cargo ran one after
+//! the other: the tests of one file may run beside each other, never beside a test of another
+//! file. `common::testbed::testbed()`, which each of them calls first, gives the testbed to one
+//! file at a time.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -1,5 +1,6 @@
 //! Faults during an apply, on the testbed: a node cut off, sparkform killed with SIGKILL.
-//! One test, in its own binary: it disconnects a node, which other tests must not see.
+//! One test, alone on the testbed (`testbed()` gives it to one file at a time): it disconnects a
+//! node, which other tests must not see.
 
 use crate::common;
 
