@@ -27,5 +27,6 @@ mod testbed_mp;
 mod testbed_operate;
 mod testbed_parity;
 mod testbed_progress;
+mod testbed_rank_group;
 mod testbed_refresh;
 mod testbed_ssh_alias;

@@ -4,7 +4,7 @@
 //! running 2 of its 10 steps); a rollback after rank 1 fails to start brings the old group
 //! back whole, with no name conflict between the containers set aside and the new ones.
 
-mod common;
+use crate::common;
 
 use std::io::BufRead;
 use std::process::Stdio;
