@@ -2,7 +2,7 @@
 //! (`kinds::<kind>::lower`): the evaluated attributes, evaluation contexts, values with their
 //! dependencies, and [`Engine`], the engine's operations on the item being lowered. It sits
 //! between the model and the engine so that the kinds lower their blocks with the engine and
-//! the engine dispatches to them, without an import cycle (`tests/layering.rs`).
+//! the engine dispatches to them, without an import cycle (`tests/fake/layering.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! sparkform asks [`KindId::kind`] (pure) or [`machine::machine`] and names no kind.
 //!
 //! This file and the pure halves do no I/O and import neither `hosts`, `apply`, `ops` nor a
-//! machine half (`tests/layering.rs` checks it).
+//! machine half (`tests/fake/layering.rs` checks it).
 
 pub mod address;
 pub mod attachment;

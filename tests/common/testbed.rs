@@ -1,19 +1,62 @@
 //! The multi-host testbed (tests/testbed/testbed) as the integration tests see it.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
 
 /// The model cache of examples/testbed and examples/testbed-mp on the nodes.
 pub const EXAMPLE_MODELS: &str = "/tmp/sparkform-models";
 
 pub struct Testbed {
     pub dir: PathBuf,
+    _turn: Turn,
+}
+
+/// The file whose tests hold the testbed now, and how many of them do.
+static TURN: Mutex<(Option<&'static str>, usize)> = Mutex::new((None, 0));
+static TURN_ENDED: Condvar = Condvar::new();
+
+/// A test's part in its file's turn on the testbed, given back when it drops (when the test
+/// ends, failed or not).
+struct Turn;
+
+impl Turn {
+    fn take(file: &'static str) -> Turn {
+        let mut turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        while turn.0.is_some_and(|holder| holder != file) {
+            turn = TURN_ENDED.wait(turn).unwrap_or_else(|e| e.into_inner());
+        }
+        *turn = (Some(file), turn.1 + 1);
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        turn.1 -= 1;
+        if turn.1 == 0 {
+            turn.0 = None;
+            TURN_ENDED.notify_all();
+        }
+    }
 }
 
 /// The running testbed. Tests that need it are `#[ignore = "needs the testbed: …"]`, so a
 /// plain `cargo test` lists them as ignored instead of passing them silently; `.ci/test` runs
 /// them with `--include-ignored` and fails when any is still skipped. Run without a testbed,
 /// such a test fails and says how to start one.
+///
+/// One testbed serves every test, a file at a time: the tests of the caller's file (hence
+/// `track_caller`) hold it together and may run beside each other (a file whose tests must not
+/// has a lock of its own, as testbed_model's); a test of another file waits here until they have
+/// all ended. So the tests of two files never meet on the testbed, as when each file was its own
+/// test binary and cargo ran the binaries one after the other, whatever `--test-threads`. Call it
+/// first in the test, from the test's own file, and keep the `Testbed` until the test ends.
+#[track_caller]
 pub fn testbed() -> Testbed {
+    // The turn before anything else: a test of another file may be taking the testbed down and
+    // up again (tests/on_testbed/terminal.rs).
+    let turn = Turn::take(std::panic::Location::caller().file());
     let dir = std::env::var_os("SPARKFORM_TESTBED_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp/sparkform-testbed"));
@@ -24,7 +67,7 @@ pub fn testbed() -> Testbed {
          or `bash .ci/test` for everything",
         dir.display()
     );
-    Testbed { dir }
+    Testbed { dir, _turn: turn }
 }
 
 impl Testbed {

@@ -49,7 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 # The registry: the image's `vllm` package (tests/testbed/vllm-package), or the checkout's copy
-# next to this script when it runs outside the image (tests/standins.rs).
+# next to this script when it runs outside the image (tests/fake/standins.rs).
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.isdir(os.path.join(_HERE, "vllm-package")):
     sys.path.append(os.path.join(_HERE, "vllm-package"))

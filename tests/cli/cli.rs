@@ -1,0 +1,402 @@
+//! The command line as a user runs it: exit codes, files written, messages.
+
+use crate::common;
+
+use assert_cmd::Command;
+use sparkform::plan::planfile::PlanFile;
+use sparkform::state::{State, StateStore};
+
+fn sparkform() -> Command {
+    let mut c = Command::cargo_bin("sparkform").expect("binary");
+    c.env_remove("SPARKFORM_VAR_ray_image");
+    c
+}
+
+fn out(c: &mut Command) -> (i32, String, String) {
+    let o = c.output().expect("run");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
+}
+
+/// A copy of the cluster fixture in a temp dir, so state files land there.
+fn cluster() -> tempfile::TempDir {
+    let text = std::fs::read_to_string("tests/fixtures/plan/cluster/main.hcl").unwrap();
+    common::write_config(&[("main.hcl", &text)])
+}
+
+#[test]
+fn validate_ok_and_error_exit_codes() {
+    let (code, stdout, _) = out(sparkform().args(["validate", "examples/qwen35-two-sparks"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("valid: 2 nodes, 9 resources"), "{stdout}");
+    let (code, _, stderr) =
+        out(sparkform().args(["validate", "tests/fixtures/diagnostics/wrong_type"]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("Error: 4 errors in the configuration."),
+        "{stderr}"
+    );
+    let (code, stdout, _) = out(sparkform().args([
+        "validate",
+        "tests/fixtures/diagnostics/wrong_type",
+        "--json",
+    ]));
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["diagnostics"][0]["labels"][0]["line"], 3);
+}
+
+#[test]
+fn plan_detailed_exitcode_and_json() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let (code, stdout, _) =
+        out(sparkform().args(["plan", d, "-refresh=false", "-detailed-exitcode"]));
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stdout.contains("Plan: 7 to add"), "{stdout}");
+    let (code, stdout, _) = out(sparkform().args(["plan", d, "-refresh=false", "--json"]));
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["plan"]["summary"]["create"], 7);
+    // Record it as applied: planning again exits 0 with -detailed-exitcode.
+    let (c, g) = common::load(dir.path());
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    let mut state = State::new();
+    let p = sparkform::plan::plan(&c, &g, &state, &Default::default()).unwrap();
+    sparkform::plan::record(&p, &mut state);
+    store.write(&mut state).unwrap();
+    let (code, stdout, _) =
+        out(sparkform().args(["plan", d, "-refresh=false", "-detailed-exitcode"]));
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("No changes."), "{stdout}");
+    // -var changes the plan; an unknown -var is an error naming the closest variable.
+    let (code, stdout, _) = out(sparkform().args([
+        "plan",
+        d,
+        "-refresh=false",
+        "-var",
+        "ray_image=ray:3",
+        "-detailed-exitcode",
+    ]));
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains("3 to replace") || stdout.contains("4 to replace"),
+        "{stdout}"
+    );
+    let (code, _, stderr) = out(sparkform().args(["plan", d, "-var", "ray_imgae=x"]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("did you mean `ray_image`?"), "{stderr}");
+    // The environment sets variables too.
+    let (code, _, _) = out(sparkform()
+        .args(["plan", d, "-refresh=false", "-detailed-exitcode"])
+        .env("SPARKFORM_VAR_ray_image", "ray:4"));
+    assert_eq!(code, 2);
+    // A var file (outside the configuration folder, or it would be read as definitions).
+    let vars = common::write_config(&[
+        ("prod.vars", "restart = \"always\"\n"),
+        ("bad.vars", "restart = 1\nrestrat = \"x\"\n"),
+    ]);
+    let var_file = vars.path().join("prod.vars");
+    let (code, stdout, stderr) = out(sparkform().args([
+        "plan",
+        d,
+        "-refresh=false",
+        "-var-file",
+        var_file.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("restart = \"no\" → \"always\""), "{stdout}");
+    let bad = vars.path().join("bad.vars");
+    let (code, _, stderr) = out(sparkform().args(["plan", d, "-var-file", bad.to_str().unwrap()]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("bad.vars:2:1") || stderr.contains("bad.vars:2"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("did you mean `restart`?"), "{stderr}");
+}
+
+#[test]
+fn stale_planfile_is_refused() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let plan_path = dir.path().join("out.plan");
+    let (code, _, stderr) = out(sparkform().args([
+        "plan",
+        d,
+        "-refresh=false",
+        "-out",
+        plan_path.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    let pf = PlanFile::read(&plan_path).unwrap();
+    assert_eq!(pf.state_lineage, None);
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    // Fresh against the state it was made from (none).
+    pf.check_fresh(&plan_path, None).unwrap();
+    // The state changes: the plan is stale.
+    let mut state = State::new();
+    store.write(&mut state).unwrap();
+    let err = pf.check_fresh(&plan_path, Some(&state)).unwrap_err();
+    assert!(err.to_string().contains("stale"), "{err}");
+    // A plan made against serial 1 is refused at serial 2, and against another lineage.
+    let (code, _, _) = out(sparkform().args([
+        "plan",
+        d,
+        "-refresh=false",
+        "-out",
+        plan_path.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0);
+    let pf = PlanFile::read(&plan_path).unwrap();
+    assert_eq!(pf.state_serial, 1);
+    pf.check_fresh(&plan_path, Some(&state)).unwrap();
+    store.write(&mut state).unwrap();
+    let err = pf.check_fresh(&plan_path, Some(&state)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("serial 1, and the state is now at serial 2"),
+        "{err}"
+    );
+    let other = State::new();
+    assert!(pf.check_fresh(&plan_path, Some(&other)).is_err());
+    // show reads it back.
+    let (code, stdout, _) = out(sparkform().args(["show", plan_path.to_str().unwrap()]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("at serial 1") && stdout.contains("Plan: 7 to add"),
+        "{stdout}"
+    );
+    // Garbage is not a plan file.
+    std::fs::write(&plan_path, "{}").unwrap();
+    let (code, _, stderr) = out(sparkform().args(["show", plan_path.to_str().unwrap()]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("not a sparkform plan file"), "{stderr}");
+}
+
+#[test]
+fn state_commands_and_corrupt_state() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let (code, _, _) = out(sparkform().args(["state", "list", d]));
+    assert_eq!(code, 0);
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    let mut state = common::applied(dir.path());
+    store.write(&mut state).unwrap();
+    let (code, stdout, _) = out(sparkform().args(["state", "list", d]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.lines().any(|l| l == "container.worker[\"n2\"]"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = out(sparkform().args(["state", "show", "container.head", d]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("image") && stdout.contains("sha256:"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("hf_plan_fixture_secret"), "{stdout}");
+    let (code, _, stderr) = out(sparkform().args(["state", "show", "container.haed", d]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("Did you mean container.head?"), "{stderr}");
+    let (code, stdout, _) = out(sparkform().args(["output", d]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("endpoint = \"http://192.168.200.1:8000\"")
+            && stdout.contains("token = (sensitive)"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = out(sparkform().args(["output", "endpoint", d]));
+    assert_eq!((code, stdout.trim()), (0, "http://192.168.200.1:8000"));
+    // A corrupt state is an error that names the line, and plan refuses to go on.
+    std::fs::write(
+        store.path(),
+        "{\n  \"format_version\": 1,\n  \"serial\": oops\n}",
+    )
+    .unwrap();
+    let (code, _, stderr) = out(sparkform().args(["plan", d, "-refresh=false"]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("line 3"), "{stderr}");
+    // A newer format is refused with an upgrade hint.
+    std::fs::write(
+        store.path(),
+        r#"{"format_version": 99, "serial": 1, "lineage": "x"}"#,
+    )
+    .unwrap();
+    let (code, _, stderr) = out(sparkform().args(["plan", d, "-refresh=false"]));
+    assert_eq!(code, 1);
+    assert!(stderr.to_lowercase().contains("newer"), "{stderr}");
+}
+
+#[test]
+fn lock_held_and_force_unlock() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    let lock = store.lock("apply").unwrap();
+    let id = lock.info().id.clone();
+    // A second writer fails at once and names the holder.
+    let err = match store.lock("apply") {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("second lock granted"),
+    };
+    assert!(err.contains(&std::process::id().to_string()), "{err}");
+    let (code, _, stderr) = out(sparkform().args(["force-unlock", "not-the-id", d]));
+    assert_eq!(code, 1, "{stderr}");
+    // The holder (this test) still runs: refused without -force.
+    let (code, _, stderr) = out(sparkform().args(["force-unlock", &id, d]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("lock_live") && stderr.contains("-force"),
+        "{stderr}"
+    );
+    assert!(store.lock_path().exists());
+    let (code, stdout, _) = out(sparkform().args(["force-unlock", "-force", &id, d]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("Removed the lock"), "{stdout}");
+    drop(lock);
+}
+
+#[test]
+fn fmt_check_reports_and_fmt_fixes() {
+    let dir = common::write_config(&[(
+        "main.hcl",
+        "# keep me\nnode \"a\" {\naddress = \"local\"   # here\n    user = \"root\"\n}\n",
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let (code, stdout, stderr) = out(sparkform().args(["fmt", "--check", d]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.contains("+  address = \"local\" # here"), "{stdout}");
+    let (code, _, _) = out(sparkform().args(["fmt", d]));
+    assert_eq!(code, 0);
+    let text = std::fs::read_to_string(dir.path().join("main.hcl")).unwrap();
+    assert_eq!(
+        text,
+        "# keep me\nnode \"a\" {\n  address = \"local\" # here\n  user    = \"root\"\n}\n"
+    );
+    let (code, _, _) = out(sparkform().args(["fmt", "-check", d]));
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn every_command_explains_itself_with_an_example() {
+    for cmd in [
+        "validate",
+        "plan",
+        "graph",
+        "show",
+        "output",
+        "fmt",
+        "force-unlock",
+    ] {
+        let (code, stdout, _) = out(sparkform().args([cmd, "--help"]));
+        assert_eq!(code, 0, "{cmd}");
+        assert!(
+            stdout.contains("Example"),
+            "{cmd} --help has no example:\n{stdout}"
+        );
+    }
+    for sub in ["list", "show"] {
+        let (_, stdout, _) = out(sparkform().args(["state", sub, "--help"]));
+        assert!(stdout.contains("Example"), "state {sub}");
+    }
+}
+
+#[test]
+fn graph_prints_dot_in_dependency_order() {
+    let (code, stdout, _) = out(sparkform().args(["graph", "examples/qwen35-two-sparks"]));
+    assert_eq!(code, 0);
+    assert!(stdout.starts_with("digraph sparkform {"));
+    assert!(
+        stdout.contains(
+            "\"module.qwen.module.ray.probe.ray_members\" -> \"module.qwen.container.vllm\";"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"module.qwen.container.vllm\" -> \"probe.hello\";"),
+        "{stdout}"
+    );
+}
+
+/// Functions work wherever an expression can be: a variable's validation, a local, an attach
+/// block, a container attribute, a nested ready block, a probe, a check and an output (contexts
+/// get the function table only where a call is, so each place is checked).
+#[test]
+fn functions_work_in_every_kind_of_block() {
+    let dir = common::write_config(&[(
+        "main.hcl",
+        r#"
+variable "name" {
+  default = "web"
+  validation {
+    condition     = length(var.name) > 2
+    error_message = "too short"
+  }
+}
+locals {
+  port = tonumber("8080")
+}
+node "n1" {
+  address = "10.0.0.1"
+}
+network "fabric" {
+  subnet = "192.168.200.0/24"
+  attach "n1" {
+    node      = node.n1
+    interface = lower("ENP1S0")
+    address   = cidrhost("192.168.200.0/24", 7)
+  }
+}
+container "web" {
+  node    = node.n1
+  name    = upper(var.name)
+  image   = format("%s:%s", "busybox", "1")
+  command = split(" ", "httpd -f")
+  ready {
+    http = "http://${network.fabric.attach.n1.address}:${tostring(local.port)}/"
+  }
+}
+probe "hello" {
+  http {
+    via = node.n1
+    url = join("", ["http://", network.fabric.attach.n1.address, ":", tostring(local.port)])
+  }
+  expect {
+    contains = trimspace(" hello ")
+  }
+}
+check "port" {
+  condition     = max(local.port, 1) == 8080
+  error_message = "port"
+}
+output "where" {
+  value = format("%s:%d", network.fabric.attach.n1.address, local.port)
+}
+"#,
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let (code, stdout, stderr) = out(sparkform().args(["plan", d, "-refresh=false", "--json"]));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let text = v.to_string();
+    for expected in [
+        "\"enp1s0\"",
+        "\"192.168.200.7\"",
+        "\"WEB\"",
+        "\"busybox:1\"",
+        "http://192.168.200.7:8080/",
+        "\"hello\"",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from {text}");
+    }
+    // The validation calls length(): a short name fails it rather than erroring on the call.
+    let (code, _, stderr) = out(sparkform().args(["validate", d, "-var", "name=ab"]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("too short"), "{stderr}");
+}

@@ -1,0 +1,477 @@
+//! The launcher modules at plan time: vllm-ray and vllm-mp loaded together
+//! (tests/fixtures/launchers/both), their fail-fast log signatures against the lines vLLM,
+//! torch.distributed, NCCL, Ray and Docker print, the lines that are benign on DGX Spark, the
+//! multiprocessing flags of every rank, and the plan-time warnings.
+
+use crate::common;
+
+use std::path::Path;
+
+use sparkform::config::{self, Config, Resource, VarInputs};
+
+const FIXTURE: &str = "tests/fixtures/launchers/both";
+
+fn load_with(vars: &[(&str, &str)]) -> Config {
+    let inputs = VarInputs {
+        cli: vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..VarInputs::default()
+    };
+    common::load_with(Path::new(FIXTURE), &inputs).0
+}
+
+fn load() -> Config {
+    load_with(&[])
+}
+
+fn resource<'a>(c: &'a Config, address: &str) -> &'a Resource {
+    c.resource(address)
+        .unwrap_or_else(|| panic!("{address} is not in the configuration"))
+}
+
+/// The `fail_on_log` patterns of a container's ready checks, with their fixes.
+fn patterns(c: &Config, address: &str) -> Vec<(regex::Regex, String)> {
+    log_patterns(c, address, "fail_on_log")
+}
+
+/// The `fail_on_log` or `warn_on_log` patterns of a container's ready checks, with their fixes.
+fn log_patterns(c: &Config, address: &str, attr: &str) -> Vec<(regex::Regex, String)> {
+    resource(c, address).config["ready"]
+        .as_array()
+        .expect("ready checks")
+        .iter()
+        .filter_map(|r| r[attr].as_object())
+        .flat_map(|m| m.iter())
+        .map(|(re, fix)| {
+            (
+                regex::Regex::new(re).unwrap_or_else(|e| panic!("{re}: {e}")),
+                fix.as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn hits<'a>(patterns: &'a [(regex::Regex, String)], line: &str) -> Vec<&'a str> {
+    patterns
+        .iter()
+        .filter(|(re, _)| re.is_match(line))
+        .map(|(_, fix)| fix.as_str())
+        .collect()
+}
+
+const MP_RANKS: [&str; 2] = [
+    "module.mp.container.rank0",
+    "module.mp.container.rank[\"spark2\"]",
+];
+const RAY_VLLM: &str = "module.ray.container.vllm";
+const RAY_HEAD: &str = "module.ray.module.ray.container.ray_head";
+
+/// Failures of any vLLM container, as printed: (line, a word its fix must contain).
+const GPU_AND_VLLM: [(&str, &str); 12] = [
+    ("[rank1]:[E714 10:31:02.123456789 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=34521, OpType=_ALLGATHER_BASE, NumelIn=4096, NumelOut=8192, Timeout(ms)=600000) ran for 600060 milliseconds before timing out.", "one NCCL"),
+    ("RuntimeError: CUDA error: the provided PTX was compiled with an unsupported toolchain. (cudaErrorUnsupportedPtxVersion)", "driver"),
+    ("torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", "driver"),
+    ("docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy' nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown.", "kernel modules"),
+    ("(RayWorkerWrapper pid=2211, ip=192.168.200.2) spark2:2211:2290 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.200.2<0>", "RoCE"),
+    ("spark1:812:901 [0] NCCL INFO Using network Socket", "IPC_LOCK"),
+    ("INFO 07-14 10:12:44 [gpu_worker.py:298] Available KV cache memory: -2.26 GiB", "KV cache"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 119.70 GiB of which 1.03 GiB is free.", "VLLM::EngineCore"),
+    ("torch.AcceleratorError: CUDA error: out of memory", "available memory"),
+    ("RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error", "GLOO_SOCKET_IFNAME"),
+    ("ValueError: Model architectures ['Qwen3_5MoeForCausalLM'] are not supported for now.", "architecture"),
+    ("ValueError: Free memory on device (101.2/119.7 GiB) on startup is less than desired GPU memory utilization (0.9, 107.7 GiB).", "gpu_memory_utilization"),
+];
+
+/// Failures of vLLM's multiprocessing ranks (torch.distributed's lines).
+const MP_ONLY: [(&str, &str); 3] = [
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to (192.168.200.1, 29501).", "master port"),
+    ("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/2 clients joined.", "not every rank joined"),
+    ("[rank1]:[W714 10:40:01.000000000 ProcessGroupNCCL.cpp:1385] [PG ID 0 PG GUID 0 Rank 1] Failed to check the \"should dump\" flag on TCPStore, (maybe TCPStore server has shut down too early), with error: Connection reset by peer", "rank 0 went away"),
+];
+
+/// Failures of the Ray path.
+const RAY_ONLY: [(&str, &str); 5] = [
+    ("RuntimeError: Version mismatch: The cluster was started with:", "same image"),
+    ("/bin/bash: line 1: ray: command not found", "vllm-mp"),
+    ("/opt/nvidia/nvidia_entrypoint.sh: line 67: exec: ray: not found", "vllm-mp"),
+    ("Waiting for creating a placement group of specs for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]", "RAY_ADDRESS"),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "RAY_memory_monitor_refresh_ms=0"),
+];
+
+/// Lines that look alarming but are normal on DGX Spark, and lines of a healthy start.
+const HARMLESS: [&str; 10] = [
+    "WARNING 07-14 10:05:31 [fused_moe.py:727] Using default MoE config. Performance might be sub-optimal! Config file not found at /usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/fused_moe/configs/E=256,N=512,device_name=NVIDIA_GB10.json",
+    "[2026-07-14 10:05:02] [cufile] GDS is not supported in this platform",
+    "spark1:812:901 [0] NCCL INFO GPU Direct RDMA Disabled for HCA 0 'rocep1s0f0'",
+    "WARNING 07-14 10:02:11 [custom_all_reduce.py:87] CustomAllreduce is disabled because this process group spans across nodes.",
+    "INFO 07-14 10:03:00 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).",
+    "spark1:812:901 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.200.1<0>",
+    "spark1:812:901 [0] NCCL INFO Using network IB",
+    "[W714 10:39:00.000000000 socket.cpp:759] [c10d] The client socket has failed to connect to [192.168.200.1]:29501 (errno: 111 - Connection refused).",
+    "INFO 07-14 10:20:00 [gpu_worker.py:298] Available KV cache memory: 41.37 GiB",
+    "INFO:     Application startup complete.",
+];
+
+fn assert_each_line_has_one_fix(c: &Config, address: &str, lines: &[(&str, &str)]) {
+    let p = patterns(c, address);
+    for (line, fix_mentions) in lines {
+        let h = hits(&p, line);
+        assert_eq!(h.len(), 1, "{address}: {line}\nmatched {h:?}");
+        assert!(
+            h[0].contains(fix_mentions),
+            "{address}: {line}\nfix: {}",
+            h[0]
+        );
+    }
+}
+
+#[test]
+fn every_failure_line_matches_exactly_one_signature_with_its_fix() {
+    let c = load();
+    for rank in MP_RANKS {
+        assert_each_line_has_one_fix(&c, rank, &GPU_AND_VLLM);
+        assert_each_line_has_one_fix(&c, rank, &MP_ONLY);
+    }
+    assert_each_line_has_one_fix(&c, RAY_VLLM, &GPU_AND_VLLM);
+    assert_each_line_has_one_fix(&c, RAY_VLLM, &RAY_ONLY);
+    // The Ray head runs no GPU work itself, but a Ray it cannot start shows there.
+    assert_each_line_has_one_fix(&c, RAY_HEAD, &RAY_ONLY[..3]);
+}
+
+#[test]
+fn signatures_apply_only_where_their_software_runs() {
+    let c = load();
+    for rank in MP_RANKS {
+        let p = patterns(&c, rank);
+        for (line, _) in RAY_ONLY {
+            assert!(
+                hits(&p, line).is_empty(),
+                "{rank} has a Ray pattern for {line}"
+            );
+        }
+    }
+    let p = patterns(&c, RAY_VLLM);
+    for (line, _) in MP_ONLY {
+        assert!(
+            hits(&p, line).is_empty(),
+            "the Ray driver has an mp pattern for {line}"
+        );
+    }
+}
+
+#[test]
+fn no_signature_matches_a_benign_or_healthy_line() {
+    let c = load();
+    let watched = c
+        .resources
+        .iter()
+        .filter(|r| r.config["ready"].is_array())
+        .map(|r| r.address.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(watched.len(), 4, "{watched:?}");
+    for address in &watched {
+        let p = patterns(&c, address);
+        for line in HARMLESS {
+            assert!(
+                hits(&p, line).is_empty(),
+                "{address} fails on a harmless line: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_benign_list_of_the_modules_names_the_lines_the_notes_list() {
+    let text = std::fs::read_to_string("modules/fabric-env/main.hcl").unwrap();
+    for fragment in [
+        "Using default MoE config",
+        "GDS is not supported in this platform",
+        "GPU Direct RDMA Disabled for HCA",
+        "CustomAllreduce is disabled",
+    ] {
+        assert!(text.contains(fragment), "{fragment}");
+    }
+}
+
+#[test]
+fn socket_fallback_fails_or_warns_only_with_rdma_and_when_asked() {
+    let line = GPU_AND_VLLM[4].0;
+    // (inputs, fails, warns)
+    for (vars, fails, warns) in [
+        (vec![], true, false),
+        (vec![("nccl_socket_fallback", "warn")], false, true),
+        (vec![("nccl_socket_fallback", "allow")], false, false),
+        (vec![("rdma", "false")], false, false),
+        (
+            vec![("rdma", "false"), ("nccl_socket_fallback", "warn")],
+            false,
+            false,
+        ),
+    ] {
+        let c = load_with(&vars);
+        for address in [MP_RANKS[0], MP_RANKS[1], RAY_VLLM] {
+            let p = patterns(&c, address);
+            assert_eq!(!hits(&p, line).is_empty(), fails, "{vars:?} {address}");
+            let w = log_patterns(&c, address, "warn_on_log");
+            assert_eq!(!hits(&w, line).is_empty(), warns, "{vars:?} {address}");
+            if warns {
+                assert!(hits(&w, line)[0].contains("RoCE"), "{vars:?} {address}");
+            }
+            let debug = &resource(&c, address).config["env"]["NCCL_DEBUG"];
+            assert_eq!(
+                debug.as_str() == Some("INFO"),
+                fails || warns,
+                "{vars:?} {address}"
+            );
+        }
+    }
+}
+
+fn command(c: &Config, address: &str) -> Vec<String> {
+    resource(c, address).config["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The value after `flag` in a command line.
+fn flag<'a>(cmd: &'a [String], name: &str) -> Option<&'a str> {
+    cmd.iter()
+        .position(|a| a == name)
+        .and_then(|i| cmd.get(i + 1))
+        .map(String::as_str)
+}
+
+#[test]
+fn every_rank_gets_the_multiprocessing_flags_and_only_rank_0_serves() {
+    let c = load();
+    let rank0 = command(&c, MP_RANKS[0]);
+    let rank1 = command(&c, MP_RANKS[1]);
+    for cmd in [&rank0, &rank1] {
+        assert_eq!(&cmd[..3], ["vllm", "serve", "Qwen/Qwen3.5-122B-A10B-FP8"]);
+        assert_eq!(flag(cmd, "--distributed-executor-backend"), Some("mp"));
+        assert_eq!(flag(cmd, "--nnodes"), Some("2"));
+        assert_eq!(flag(cmd, "--master-addr"), Some("192.168.200.1"));
+        assert_eq!(flag(cmd, "--master-port"), Some("29501"));
+        assert_eq!(flag(cmd, "--tensor-parallel-size"), Some("2"));
+    }
+    assert_eq!(flag(&rank0, "--node-rank"), Some("0"));
+    assert_eq!(flag(&rank1, "--node-rank"), Some("1"));
+    assert!(!rank0.contains(&"--headless".to_string()), "{rank0:?}");
+    assert!(rank1.contains(&"--headless".to_string()), "{rank1:?}");
+    // The Ray launcher keeps its own backend.
+    assert_eq!(
+        flag(&command(&c, RAY_VLLM), "--distributed-executor-backend"),
+        Some("ray")
+    );
+}
+
+#[test]
+fn each_rank_runs_on_its_node_with_its_fabric_address_and_rdma() {
+    let c = load();
+    for (address, node, ip) in [
+        (MP_RANKS[0], "node.spark1", "192.168.200.1"),
+        (MP_RANKS[1], "node.spark2", "192.168.200.2"),
+    ] {
+        let r = resource(&c, address);
+        assert_eq!(r.node.as_deref(), Some(node));
+        let cfg = &r.config;
+        assert_eq!(cfg["env"]["VLLM_HOST_IP"], ip, "{address}");
+        assert_eq!(cfg["env"]["NCCL_SOCKET_IFNAME"], "enp1s0f0np0");
+        assert_eq!(cfg["env"]["NCCL_IB_HCA"], "rocep1s0f0,roceP2p1s0f0");
+        assert_eq!(cfg["network_mode"], "host");
+        assert_eq!(cfg["ipc_mode"], "host");
+        assert_eq!(cfg["devices"], serde_json::json!(["/dev/infiniband"]));
+        assert_eq!(cfg["cap_add"], serde_json::json!(["IPC_LOCK"]));
+        assert_eq!(cfg["ulimits"]["memlock"], "-1");
+        assert_eq!(cfg["gpus"], "all");
+    }
+    let c = load_with(&[("rdma", "false")]);
+    let cfg = &resource(&c, MP_RANKS[1]).config;
+    for key in ["devices", "cap_add", "ulimits"] {
+        assert!(cfg.get(key).is_none_or(|v| v.is_null()), "{key}: {cfg}");
+    }
+}
+
+#[test]
+fn headless_ranks_start_after_rank_0_listens_and_wait_for_its_health() {
+    let c = load();
+    let rank0 = resource(&c, MP_RANKS[0]);
+    let rank1 = resource(&c, MP_RANKS[1]);
+    // Rank 0 is ready when the master port is open, not at /health (that needs every rank).
+    assert_eq!(rank0.config["ready"][0]["tcp"], "192.168.200.1:29501");
+    assert!(rank0.config["ready"][0].get("http").is_none());
+    assert_eq!(
+        rank1.config["ready"][0]["http"],
+        "http://192.168.200.1:30001/health"
+    );
+    assert!(rank1.deps.contains(MP_RANKS[0]), "{:?}", rank1.deps);
+    assert!(rank1.replace_triggered_by.contains(MP_RANKS[0]));
+    assert!(!rank0.deps.contains(MP_RANKS[1]), "{:?}", rank0.deps);
+    let gate = resource(&c, "module.mp.probe.rendezvous");
+    assert!(gate.deps.contains(MP_RANKS[1]), "{:?}", gate.deps);
+}
+
+#[test]
+fn a_changed_vllm_flag_is_in_every_rank() {
+    let before = load();
+    let after = load_with(&[("extra_args", "[\"--max-num-seqs\", \"8\"]")]);
+    for rank in MP_RANKS {
+        let (a, b) = (command(&before, rank), command(&after, rank));
+        assert_ne!(a, b, "{rank}");
+        assert_eq!(flag(&b, "--max-num-seqs"), Some("8"), "{rank}");
+    }
+}
+
+#[test]
+fn a_master_off_the_fabric_is_refused() {
+    let dir = Path::new(FIXTURE);
+    let inputs = VarInputs {
+        cli: vec![("head_address".into(), "10.199.0.11".into())],
+        ..VarInputs::default()
+    };
+    let err = match config::load(dir, &inputs) {
+        Ok(_) => panic!("loaded without errors"),
+        Err(d) => d.0.iter().map(|x| x.message.clone()).collect::<Vec<_>>(),
+    };
+    assert!(
+        err.iter()
+            .any(|m| m.contains("check `head_on_fabric` failed")
+                && m.contains("10.199.0.11 is not in the fabric subnet 192.168.200.0/24")),
+        "{err:?}"
+    );
+}
+
+fn warnings(c: &Config) -> Vec<String> {
+    c.warnings.iter().map(|w| w.message.clone()).collect()
+}
+
+#[test]
+fn a_pinned_gid_index_is_a_warning_for_both_launchers() {
+    let c = load_with(&[("extra_env", "{ NCCL_IB_GID_INDEX = \"3\" }")]);
+    let w: Vec<String> = warnings(&c)
+        .into_iter()
+        .filter(|m| m.contains("NCCL_IB_GID_INDEX=3") && m.contains("ibv_modify_qp failed"))
+        .collect();
+    // One from each launcher's fabric.
+    assert_eq!(w.len(), 2, "{:?}", warnings(&c));
+    assert!(!warnings(&load())
+        .iter()
+        .any(|m| m.contains("NCCL_IB_GID_INDEX")));
+}
+
+#[test]
+fn enforce_eager_on_a_large_model_is_a_warning() {
+    let eager = [("extra_args", "[\"--enforce-eager\"]")];
+    let c = load_with(&eager);
+    let w = warnings(&c);
+    assert_eq!(
+        w.iter().filter(|m| m.contains("--enforce-eager")).count(),
+        2,
+        "{w:?}"
+    );
+    let small = load_with(&[eager[0], ("model_size_gib", "8")]);
+    assert!(
+        !warnings(&small)
+            .iter()
+            .any(|m| m.contains("--enforce-eager")),
+        "{:?}",
+        warnings(&small)
+    );
+    assert!(!warnings(&load())
+        .iter()
+        .any(|m| m.contains("--enforce-eager")));
+}
+
+#[test]
+fn the_mp_examples_load_and_name_a_ray_less_image() {
+    for example in ["examples/testbed-mp", "examples/qwen35-two-sparks-mp"] {
+        let (c, _) = common::load(Path::new(example));
+        let rank0 = resource(&c, "module.qwen.container.rank0");
+        assert_eq!(
+            flag(&command(&c, "module.qwen.container.rank0"), "--nnodes"),
+            Some("2"),
+            "{example}"
+        );
+        assert!(rank0.config["image"].is_string());
+    }
+    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks-mp"));
+    assert_eq!(
+        resource(&c, "module.qwen.container.rank0").config["image"],
+        "vllm/vllm-openai:v0.21.0"
+    );
+}
+
+/// The ranks of vllm-mp are one process group: a rank replaced, or created while another
+/// runs, replaces every rank, and the plan says why; from nothing, every rank is just created.
+#[test]
+fn the_ranks_of_one_process_group_are_replaced_as_one() {
+    use sparkform::plan::{self, Action, PlanOptions};
+    use sparkform::state::{HashKey, State};
+    let (c, g) = common::load(Path::new(FIXTURE));
+    let key = || PlanOptions::with_key(HashKey::from_bytes([7; 32]));
+    let plan_for = |state: &State, replace: &[&str]| {
+        plan::plan(
+            &c,
+            &g,
+            state,
+            &PlanOptions {
+                replace: replace.iter().map(|s| s.to_string()).collect(),
+                ..key()
+            },
+        )
+        .expect("plan")
+    };
+    let action = |p: &plan::Plan, a: &str| p.change(a).map(|c| c.action);
+    let [rank0, rank1] = MP_RANKS;
+
+    let fresh = plan_for(&State::new(), &[]);
+    assert_eq!(action(&fresh, rank0), Some(Action::Create));
+    assert_eq!(action(&fresh, rank1), Some(Action::Create));
+    let mut applied = State::new();
+    plan::record(&fresh, &mut applied);
+
+    // Rank 1 alone must go (here by -replace; a drift or a failed start plans the same).
+    let p = plan_for(&applied, &[rank1]);
+    assert_eq!(action(&p, rank1), Some(Action::Replace));
+    assert_eq!(
+        action(&p, rank0),
+        Some(Action::Replace),
+        "rank 0 stays alone"
+    );
+    let reasons = &p.change(rank0).unwrap().replace_reasons;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r
+                == &format!("{rank1} is replaced, so this restarts with it: one process group")),
+        "{reasons:?}"
+    );
+    // No other launcher's containers move.
+    assert_eq!(action(&p, RAY_VLLM), Some(Action::NoOp));
+    assert_eq!(action(&p, RAY_HEAD), Some(Action::NoOp));
+
+    // Rank 1 lost from the state (an apply killed before it recorded it): it is created, and
+    // rank 0, which runs without it, restarts with it.
+    let mut lost = applied.clone();
+    lost.resources.remove(rank1);
+    let p = plan_for(&lost, &[]);
+    assert_eq!(action(&p, rank1), Some(Action::Create));
+    assert_eq!(action(&p, rank0), Some(Action::Replace));
+    assert!(
+        p.change(rank0)
+            .unwrap()
+            .replace_reasons
+            .iter()
+            .any(|r| r
+                == &format!("{rank1} is created, so this restarts with it: one process group")),
+        "{:?}",
+        p.change(rank0).unwrap().replace_reasons
+    );
+    // And nothing to do stays nothing to do.
+    assert!(!plan_for(&applied, &[]).has_changes());
+}

@@ -1,0 +1,34 @@
+//! The library's integration tests, in this process, as one test binary (cargo links every test
+//! binary with the whole library: one per area, not one per file): the pure layers
+//! (configuration, plan, render, diagnostics, the layering and the language reference), the
+//! executor, refresh, import and the operations on fake nodes and fake Docker Engines
+//! (`hosts::fake`, `hosts::fake_docker`), and the testbed's stand-ins and the transfer program on
+//! loopback. A file here is a module; its snapshots are `snapshots/fake__<module>__<name>.snap`.
+//! A few tests here need the testbed too: they are `#[ignore]`d as those of `tests/on_testbed`
+//! and take their file's turn on it in `common::testbed::testbed()`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod crash_consistency;
+mod diagnostics;
+mod executor;
+mod fuzz;
+mod import;
+mod interrupt;
+mod keyed_hashes;
+mod launchers;
+mod layering;
+mod llm_stack;
+mod machine_faults;
+mod model_kind;
+mod observed_facts;
+mod ops;
+mod plan_render;
+mod plan_snapshots;
+mod properties;
+mod reference;
+mod standins;
+mod taint;
+mod topology;
+mod transfer;

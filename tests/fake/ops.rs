@@ -1,0 +1,202 @@
+//! The operations as a library, without machines: preparing an apply from the definitions,
+//! from a plan file, or a destroy; the lock it holds; why it refuses.
+
+use crate::common;
+
+use std::path::Path;
+
+use sparkform::hosts::HostOptions;
+use sparkform::ops::apply::{prepare, PrepareRequest, Source};
+use sparkform::ops::OpError;
+use sparkform::plan::planfile::PlanFile;
+use sparkform::plan::{self, Action, PlanOptions};
+use sparkform::state::{State, StateStore};
+
+fn folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("main.hcl"),
+        r#"
+node "n1" {
+  address        = "10.0.0.1"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+node "n2" {
+  address        = "10.0.0.2"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+network "fabric" {
+  subnet = "192.168.1.0/24"
+  mtu    = 9000
+  attach "n1" {
+    node      = node.n1
+    interface = "eth1"
+    address   = "192.168.1.1"
+  }
+  attach "n2" {
+    node      = node.n2
+    interface = "eth1"
+    address   = "192.168.1.2"
+  }
+}
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+fn store(dir: &Path) -> StateStore {
+    StateStore::new(dir.join("state/sparkform.json"))
+}
+
+fn events() -> sparkform::events::Sender {
+    tokio::sync::mpsc::unbounded_channel().0
+}
+
+#[tokio::test]
+async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
+    let dir = folder();
+    let (config, graph) = common::load(dir.path());
+    let prepared = prepare(
+        PrepareRequest {
+            config: &config,
+            graph: &graph,
+            store: store(dir.path()),
+            source: Source::Definitions {
+                refresh: true,
+                options: PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+            },
+            hosts: HostOptions::default(),
+        },
+        &events(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    // No state yet and the nodes set their facts: nothing to refresh or read, so no machine
+    // was asked.
+    assert_eq!(prepared.plan.summary.create, 2);
+    let second = store(dir.path()).lock("apply");
+    assert!(second.is_err(), "the prepared apply holds the lock");
+    drop(prepared);
+    assert!(store(dir.path()).lock("apply").is_ok());
+}
+
+#[tokio::test]
+async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved() {
+    let dir = folder();
+    let (config, graph) = common::load(dir.path());
+    let p = plan::plan(
+        &config,
+        &graph,
+        &State::new(),
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+    .unwrap();
+    let file = PlanFile::new(p, dir.path(), store(dir.path()).path(), None);
+    let path = dir.path().join("tb.plan");
+
+    // The definitions change: the attachment of n2 gets another address.
+    let text = std::fs::read_to_string(dir.path().join("main.hcl")).unwrap();
+    std::fs::write(
+        dir.path().join("main.hcl"),
+        text.replace("192.168.1.2\"", "192.168.1.3\""),
+    )
+    .unwrap();
+    let (changed, changed_graph) = common::load(dir.path());
+    let request = |config, graph, file| PrepareRequest {
+        config,
+        graph,
+        store: store(dir.path()),
+        source: Source::PlanFile { file, path: &path },
+        hosts: HostOptions::default(),
+    };
+    match prepare(request(&changed, &changed_graph, &file), &events()).await {
+        Err(OpError::DefinitionsChanged(a)) => assert_eq!(a, "network.fabric.attach.n2"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("a stale plan file was accepted"),
+    }
+
+    // The state moves on after the plan was made.
+    let mut s = State::new();
+    store(dir.path()).write(&mut s).unwrap();
+    match prepare(request(&config, &graph, &file), &events()).await {
+        Err(OpError::PlanFile(e)) => assert!(e.to_string().contains("tb.plan"), "{e}"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("a plan made without a state was accepted over one"),
+    }
+}
+
+#[tokio::test]
+async fn destroy_plans_the_removal_of_what_the_state_records() {
+    let dir = folder();
+    let (config, graph) = common::load(dir.path());
+    let mut state = State::new();
+    let p = plan::plan(
+        &config,
+        &graph,
+        &state,
+        &PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
+    )
+    .unwrap();
+    plan::record(&p, &mut state);
+    store(dir.path()).write(&mut state).unwrap();
+    let prepared = prepare(
+        PrepareRequest {
+            config: &config,
+            graph: &graph,
+            store: store(dir.path()),
+            source: Source::Destroy {
+                targets: vec!["network.fabric.attach.n1".into()],
+                exclude: Vec::new(),
+                refresh: false,
+            },
+            hosts: HostOptions::default(),
+        },
+        &events(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let deletes: Vec<(&str, Action)> = prepared
+        .plan
+        .changes
+        .iter()
+        .map(|c| (c.address.as_str(), c.action))
+        .collect();
+    assert_eq!(deletes, [("network.fabric.attach.n1", Action::Delete)]);
+}
+
+#[tokio::test]
+async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() {
+    let dir = folder();
+    let (config, graph) = common::load(dir.path());
+    let request = |targets: Vec<String>| PrepareRequest {
+        config: &config,
+        graph: &graph,
+        store: store(dir.path()),
+        source: Source::Definitions {
+            refresh: false,
+            options: PlanOptions {
+                targets,
+                ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
+            },
+        },
+        hosts: HostOptions::default(),
+    };
+    match prepare(request(vec!["network.fabric.attach.n9".into()]), &events()).await {
+        Err(OpError::Config(d)) => {
+            let text = sparkform::diag::render_plain(&d.0);
+            assert!(text.contains("did you mean"), "{text}");
+        }
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("an unknown target was accepted"),
+    }
+    let _held = store(dir.path()).lock("apply").unwrap();
+    assert!(matches!(
+        prepare(request(Vec::new()), &events()).await,
+        Err(OpError::State(_))
+    ));
+}

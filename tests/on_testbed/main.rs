@@ -1,0 +1,32 @@
+//! The tests that need the local multi-host testbed (`tests/testbed/testbed`), one test binary:
+//! every test here is `#[ignore = "needs the testbed: …"]`, and `.ci/test` runs them with
+//! `--include-ignored`. A file here is a module.
+//!
+//! They share one testbed (its nodes, container names, fabric addresses, the examples' model
+//! cache), and run on it as when each file was its own test binary, which cargo ran one after
+//! the other: the tests of one file may run beside each other, never beside a test of another
+//! file. `common::testbed::testbed()`, which each of them calls first, gives the testbed to one
+//! file at a time.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod leftovers;
+mod terminal;
+mod testbed_apply;
+mod testbed_apply_more;
+mod testbed_chaos;
+mod testbed_faults;
+mod testbed_hosts;
+mod testbed_import;
+mod testbed_interrupt;
+mod testbed_llm;
+mod testbed_model;
+mod testbed_model_serving;
+mod testbed_mp;
+mod testbed_operate;
+mod testbed_parity;
+mod testbed_progress;
+mod testbed_rank_group;
+mod testbed_refresh;
+mod testbed_ssh_alias;

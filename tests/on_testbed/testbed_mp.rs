@@ -1,0 +1,162 @@
+//! vLLM across nodes without Ray, end to end on the testbed: examples/testbed-mp with the vLLM
+//! stand-in in its multiprocessing mode (`tests/testbed/testbed ray` loads its image into the
+//! nodes) and the weights from the stand-in hub (`testbed hub`).
+
+use crate::common;
+
+use common::testbed::{sparkform, testbed, Testbed};
+
+const EXAMPLE: &str = "examples/testbed-mp";
+const RANKS: [(&str, &str); 2] = [
+    ("sf-node1", "sparkform-vllm-node1"),
+    ("sf-node2", "sparkform-vllm-node2"),
+];
+
+fn rank_ids(tb: &Testbed) -> Vec<String> {
+    RANKS
+        .iter()
+        .map(|(node, name)| {
+            tb.running_id(node, name)
+                .unwrap_or_else(|| panic!("{name} is not running"))
+        })
+        .collect()
+}
+
+fn assert_nothing_left(tb: &Testbed) {
+    assert_nothing_running(tb);
+    for node in ["sf-node1", "sf-node2"] {
+        let left = tb.example_model_left(node);
+        assert!(left.trim().is_empty(), "model files left on {node}: {left}");
+    }
+}
+
+/// No container and no fabric address left; the weights may stay (a rollback keeps the copies
+/// it verified, for the next apply).
+fn assert_nothing_running(tb: &Testbed) {
+    for node in ["sf-node1", "sf-node2"] {
+        assert!(
+            tb.containers(node, "sparkform.lineage")
+                .iter()
+                .all(|c| !c.0.starts_with("sparkform-")),
+            "containers left on {node}"
+        );
+        assert!(
+            !tb.fabric_addresses(node).contains("192.168.200."),
+            "address left on {node}: {}",
+            tb.fabric_addresses(node)
+        );
+        let helpers = tb.ssh(
+            node,
+            "docker ps -a --filter label=sparkform.model-helper --format '{{.Names}}'",
+        );
+        assert!(
+            helpers.trim().is_empty(),
+            "helpers left on {node}: {helpers}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+fn vllm_mp_on_the_testbed() {
+    let tb = testbed();
+    tb.clear_leftovers();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state.json");
+    let st = state.to_str().unwrap().to_string();
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(["-state", st.as_str()]);
+        sparkform(&a)
+    };
+
+    // From empty: the gate sees both ranks, the answer names both fabric addresses.
+    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("rendezvous-ok 2 nodes: 192.168.200.1 (rank 0), 192.168.200.2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ranks run on 192.168.200.1, 192.168.200.2"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
+    assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
+
+    // A vLLM flag changes: every rank is replaced (one process group), and it answers again.
+    let before = rank_ids(&tb);
+    let (code, out, _) = run(&[
+        "plan",
+        EXAMPLE,
+        "-var",
+        "max_model_len=4096",
+        "-detailed-exitcode",
+    ]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("Plan: 0 to add, 0 to change, 2 to replace, 0 to destroy"),
+        "{out}"
+    );
+    let (code, out, err) = run(&[
+        "apply",
+        EXAMPLE,
+        "-auto-approve",
+        "-var",
+        "max_model_len=4096",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let after = rank_ids(&tb);
+    for (b, a) in before.iter().zip(&after) {
+        assert_ne!(b, a, "a rank kept running through a flag change");
+    }
+    assert!(
+        out.contains("ranks run on 192.168.200.1, 192.168.200.2"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, err) = run(&[
+        "destroy",
+        EXAMPLE,
+        "-auto-approve",
+        "-var",
+        "max_model_len=4096",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nothing_left(&tb);
+
+    // node2's fabric interface already holds another address when sparkform adds its own: the
+    // kernel keeps the first as the source of node2's connections, so its rank joins rank 0
+    // from 192.168.200.12. The gate names that address and the apply rolls back.
+    tb.ssh("sf-node2", "ip addr add 192.168.200.12/24 dev enp1s0f0np0");
+    let (code, out, err) = run(&[
+        "apply",
+        EXAMPLE,
+        "-auto-approve",
+        "-var",
+        "rendezvous_timeout=10s",
+    ]);
+    tb.ssh(
+        "sf-node2",
+        "ip addr flush dev enp1s0f0np0 to 192.168.200.0/24",
+    );
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("rendezvous")
+            && err.contains(
+                "joined the master port from 192.168.200.12, which is not a planned fabric address"
+            ),
+        "{err}"
+    );
+    assert!(err.contains("Rolled back"), "{err}");
+    assert_nothing_running(&tb);
+    // The rollback kept the verified weights, outside the state: the next apply reuses them.
+    for node in ["sf-node1", "sf-node2"] {
+        assert!(
+            !tb.example_model_left(node).trim().is_empty(),
+            "the rollback removed the verified copy on {node}"
+        );
+    }
+    tb.clear_leftovers();
+}
