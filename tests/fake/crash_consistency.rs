@@ -600,7 +600,7 @@ fn replacing_a_ray_worker_replaces_vllm() {
 /// container the state does not record (a run killed between its create and its record), saying
 /// so; destroy again finds nothing.
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn testbed_destroy_removes_a_labelled_container_the_state_lost() {
     use common::testbed::{sparkform, testbed};
     let tb = testbed();

@@ -961,7 +961,7 @@ fn an_error_beside_a_secret_in_a_var_file_masks_the_secret_in_the_excerpt() {
 // ----- over ssh, on the testbed -----
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn the_first_plan_on_the_testbed_connects_its_nodes_and_their_facts_fill_it() {
     let tb = common::testbed::testbed();
     let text = tb.hcl(

@@ -482,7 +482,7 @@ fn the_vllm_package_lists_its_architectures_as_vllm_does() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn the_ray_image_and_its_noarch_tag_differ_only_by_the_test_models_architecture() {
     let tb = testbed();
     let list = "python3 -c 'from vllm import ModelRegistry; print(sorted(ModelRegistry.get_supported_archs()))'";

@@ -199,19 +199,19 @@ fn interrupted(prefix: &str, signals: &[&str]) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn sigkill_mid_apply_leaves_no_ssh_and_no_folder() {
     interrupted("lk", &["KILL"]);
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn sigterm_mid_apply_leaves_no_ssh_and_no_folder() {
     interrupted("lt", &["TERM"]);
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn ctrl_c_twice_mid_apply_leaves_no_ssh_and_no_folder() {
     interrupted("li", &["INT", "INT"]);
 }
@@ -220,7 +220,7 @@ fn ctrl_c_twice_mid_apply_leaves_no_ssh_and_no_folder() {
 /// bounded ControlPersist, a node master's hop then the jump master), and the next sparkform
 /// sweeps the folder of the dead run.
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
     let tb = testbed();
     let cfg = common::write_config(&[("main.hcl", &config(&tb, "lj"))]);
@@ -253,7 +253,7 @@ fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
 /// commands and reaches Docker through the forward it opened before, and closing it leaves no
 /// master and no folder.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn an_idle_owner_keeps_its_masters_and_closing_ends_them() {
     use sparkform::hosts::{lifetime, Cmd, HostOptions, HostPool};
     let tb = testbed();

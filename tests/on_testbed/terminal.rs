@@ -136,7 +136,7 @@ container "tty" {{
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn testbed_commands_apply_and_destroy_work_under_a_terminal() {
     let tb = testbed();
     let before = files(&checkout());

@@ -87,7 +87,7 @@ fn id_of(tb: &Testbed, node: &str, name: &str) -> Option<String> {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn apply_replan_change_one_env_destroy() {
     let tb = testbed();
     let dir = common::write_config(&[("main.hcl", &config(&tb, "ta", 41, 42, 8141))]);
@@ -168,7 +168,7 @@ fn apply_replan_change_one_env_destroy() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_failing_probe_after_a_replacement_rolls_back_and_the_old_container_answers() {
     let tb = testbed();
     let dir = common::write_config(&[("main.hcl", &config(&tb, "tb", 43, 44, 8143))]);
@@ -219,7 +219,7 @@ fn a_failing_probe_after_a_replacement_rolls_back_and_the_old_container_answers(
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_container_that_never_gets_ready_fails_with_its_logs_and_nothing_stays() {
     let tb = testbed();
     let mut text = cluster_hcl(&tb, 45, 46);
@@ -266,7 +266,7 @@ container "stuck" {{
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_second_apply_fails_at_once_and_names_the_holder() {
     let tb = testbed();
     let mut text = cluster_hcl(&tb, 47, 48);

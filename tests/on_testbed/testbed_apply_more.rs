@@ -74,7 +74,7 @@ probe "in_container" {{
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn probes_plan_files_target_replace() {
     let tb = testbed();
     let mut text = cluster_hcl(&tb, 61, 62);
@@ -134,7 +134,7 @@ fn probes_plan_files_target_replace() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn missing_interface_and_missing_image_are_clear_errors() {
     let tb = testbed();
     // An interface the node does not have: the error lists the ones it has.
@@ -207,7 +207,7 @@ fn missing_interface_and_missing_image_are_clear_errors() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn ctrl_c_stops_and_rolls_back() {
     let tb = testbed();
     let mut text = cluster_hcl(&tb, 67, 68);
@@ -257,7 +257,7 @@ fn ctrl_c_stops_and_rolls_back() {
 /// The kernel deletes a subnet's secondary addresses with its primary (without systemd's
 /// `promote_secondaries`): removing sparkform's address must leave an address someone else added.
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn destroy_removes_only_its_own_address_even_the_primary_of_a_subnet() {
     let tb = testbed();
     // A /28 of the fabric's own subnet of its own, so sparkform's address is its primary.

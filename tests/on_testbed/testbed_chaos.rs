@@ -12,7 +12,7 @@ use common::testbed::{sparkform, testbed};
 const TINY: &str = "sparkform-testbed/tiny:latest";
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_crash_looping_container_fails_its_apply_at_once_with_its_log() {
     let tb = testbed();
     let mut hcl = tb.hcl(&[("node1", "sf-node1")], &tb.known_hosts(), 2222);

@@ -91,7 +91,7 @@ fn all_explained(tb: &Testbed, dir: &std::path::Path) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn faults_during_apply() {
     let tb = testbed();
 

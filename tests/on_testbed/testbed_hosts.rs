@@ -1,5 +1,5 @@
 //! Reaching the machines, against the testbed: a jump host and two nodes with their own Docker
-//! Engines, reachable only through the jump host. Run by `bash .ci/test` (SPARKFORM_TESTBED=1).
+//! Engines, reachable only through the jump host. Run by `bash .ci/test`.
 
 use crate::common;
 
@@ -28,7 +28,7 @@ fn nodes(c: &sparkform::config::Config) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn connects_to_both_nodes_through_the_jump_host_with_strict_keys() {
     let tb = testbed();
     let (c, _d) = load(&tb.hcl(
@@ -73,7 +73,7 @@ fn known_hosts_without(tb: &common::testbed::Testbed, host: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn unknown_and_changed_host_keys_are_refused() {
     let tb = testbed();
     let tmp = tempfile::tempdir().unwrap();
@@ -154,7 +154,7 @@ async fn unknown_and_changed_host_keys_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn unreachable_node_fails_in_time_and_the_other_works() {
     let tb = testbed();
     // 10.199.0.99 is on the management network, where no machine has that address.
@@ -243,7 +243,7 @@ impl std::error::Error for HostErrorWrap {}
 impl miette::Diagnostic for HostErrorWrap {}
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn fifty_concurrent_commands_on_one_node() {
     let tb = testbed();
     let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1")], &tb.known_hosts(), 2222));
@@ -268,7 +268,7 @@ async fn fifty_concurrent_commands_on_one_node() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn docker_through_the_forwarded_socket_is_that_nodes_engine() {
     let tb = testbed();
     let (c, _d) = load(&tb.hcl(
@@ -319,7 +319,7 @@ async fn docker_through_the_forwarded_socket_is_that_nodes_engine() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn facts_match_the_testbed_and_nodes_flags_a_missing_interface() {
     let tb = testbed();
     let mut text = tb.hcl(
@@ -368,7 +368,7 @@ async fn facts_match_the_testbed_and_nodes_flags_a_missing_interface() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn shell_metacharacters_arrive_as_literal_data() {
     let tb = testbed();
     let (c, _d) = load(&tb.hcl(&[("n1", "sf-node1")], &tb.known_hosts(), 2222));

@@ -169,7 +169,7 @@ const WORKER: &str = "module.qwen.module.ray.container.ray_worker[\"node2\"]";
 const VLLM: &str = "module.qwen.container.vllm";
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_deployment_started_by_hand_is_imported_without_a_restart() {
     let tb = testbed();
     tb.clear_leftovers();
@@ -336,7 +336,7 @@ import {{
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_hand_started_container_one_env_var_away_plans_exactly_that() {
     let tb = testbed();
     let tmp = tempfile::tempdir().unwrap();

@@ -14,7 +14,7 @@ use common::testbed::{sparkform, testbed};
 const TINY: &str = "sparkform-testbed/tiny:latest";
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn ctrl_c_to_the_process_group_rolls_back_through_the_nodes() {
     let tb = testbed();
     let mut hcl = tb.hcl(

@@ -11,7 +11,7 @@ use common::testbed::{sparkform, testbed};
 const EXAMPLE: &str = "examples/testbed";
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn qwen_on_the_testbed() {
     let tb = testbed();
     tb.clear_leftovers();

@@ -111,7 +111,7 @@ fn clean(tb: &Testbed) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_copy() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -194,7 +194,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn the_architecture_check_refuses_an_image_lacking_it_before_anything_using_the_model_starts() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -250,7 +250,7 @@ container "user" {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn downloaded_once_copied_over_the_fabric_verified_and_kept() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -684,19 +684,19 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn ctrl_c_mid_copy_then_reapply_fetches_only_what_was_not_verified() {
     kill_mid_copy_and_reapply("INT", 67, 68);
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn sigkill_mid_copy_then_reapply_copes_with_the_stale_helpers() {
     kill_mid_copy_and_reapply("KILL", 69, 70);
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn sigkill_mid_copy_then_destroy_stops_the_stale_helpers_before_removing_the_copies() {
     kill_mid_copy("KILL", 71, 72, true);
 }

@@ -77,7 +77,7 @@ fn assert_serves(tb: &Testbed, commit: &str) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn the_example_serves_its_snapshot_and_a_new_revision_replaces_vllm_not_ray() {
     let tb = testbed();
     tb.clear_leftovers();

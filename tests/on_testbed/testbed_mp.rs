@@ -57,7 +57,7 @@ fn assert_nothing_running(tb: &Testbed) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn vllm_mp_on_the_testbed() {
     let tb = testbed();
     tb.clear_leftovers();

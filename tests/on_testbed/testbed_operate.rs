@@ -44,7 +44,7 @@ fn until(
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn tunnel_logs_and_status_on_the_testbed() {
     let tb = testbed();
     tb.clear_leftovers();

@@ -85,7 +85,7 @@ fn clean(tb: &Testbed) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn image_parity_on_the_testbed() {
     let tb = testbed();
     clean(&tb);
@@ -141,7 +141,7 @@ fn image_parity_on_the_testbed() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn nodes_shows_the_testbed_alike_and_explains_it() {
     let tb = testbed();
     let (code, out, err) = sparkform(&["nodes", "examples/testbed"]);

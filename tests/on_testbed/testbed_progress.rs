@@ -37,7 +37,7 @@ fn destroy(state: &std::path::Path, vars: &[&str]) {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn the_phases_of_a_vllm_start_arrive_in_order() {
     let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -102,7 +102,7 @@ fn the_phases_of_a_vllm_start_arrive_in_order() {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn the_impact_expects_what_the_last_apply_took() {
     let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();

@@ -130,7 +130,7 @@ impl Run<'_> {
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_revision() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
@@ -195,7 +195,7 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();

@@ -85,7 +85,7 @@ async fn start(docker: &bollard::Docker, name: &str, labels: Vec<(&str, String)>
 }
 
 #[test]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 fn plan_shows_drift_and_untracked_containers() {
     let tb = testbed();
     let dir = common::write_config(&[("main.hcl", &config_text(&tb))]);

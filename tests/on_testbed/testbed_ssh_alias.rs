@@ -8,7 +8,7 @@ use common::testbed::testbed;
 use sparkform::hosts::{Cmd, HostOptions, HostPool};
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the testbed: SPARKFORM_TESTBED=1 bash .ci/test"]
+#[ignore = "needs the testbed: bash .ci/test"]
 async fn an_alias_from_the_users_ssh_config_is_honoured() {
     let tb = testbed();
     let home = tempfile::tempdir().unwrap();
