@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 use common::procs;
 use common::testbed::{sparkform, testbed, Testbed};
 
+/// Every sparkform that connects first sweeps the control folders of dead runs: the test that
+/// watches a dead run's folder stay until a sweep runs alone; the others may run together.
+static SWEEPS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 const TINY: &str = "sparkform-testbed/tiny:latest";
 
 /// A sleeper on each node whose ready check never passes: the apply waits on it with the
@@ -178,6 +182,7 @@ fn clean_up(tb: &Testbed, cfg: &Path, prefix: &str) {
 
 /// Interrupt an apply with `signals` (sent 300 ms apart) and check what it leaves.
 fn interrupted(prefix: &str, signals: &[&str]) {
+    let _sweeps = SWEEPS.read().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     let cfg = common::write_config(&[("main.hcl", &config(&tb, prefix))]);
     let mut child = start_apply(cfg.path());
@@ -222,6 +227,7 @@ fn ctrl_c_twice_mid_apply_leaves_no_ssh_and_no_folder() {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
+    let _alone = SWEEPS.write().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     let cfg = common::write_config(&[("main.hcl", &config(&tb, "lj"))]);
     let mut child = start_apply(cfg.path());
@@ -256,6 +262,7 @@ fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
 #[ignore = "needs the testbed: bash .ci/test"]
 async fn an_idle_owner_keeps_its_masters_and_closing_ends_them() {
     use sparkform::hosts::{lifetime, Cmd, HostOptions, HostPool};
+    let _sweeps = SWEEPS.read().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     let cfg = common::write_config(&[(
         "main.hcl",
