@@ -567,7 +567,6 @@ const OVER_A_LIMIT_FOR_NOW: &[&str] = &[
     "kinds/container/lower.rs::eval_container",
     "kinds/container/mod.rs::check",
     "plan/impact.rs::compute",
-    "plan/mod.rs::plan",
     "ui.rs::lines",
 ];
 
