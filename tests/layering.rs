@@ -554,8 +554,6 @@ const OVER_A_LIMIT_FOR_NOW: &[&str] = &[
     "kinds/model/machine.rs::pull",
     "kinds/model/lower.rs::eval_model",
     // Not split yet.
-    "apply/mod.rs",
-    "apply/mod.rs::apply",
     "config/eval/mod.rs",
     "config/eval/mod.rs::eval_variable",
     "config/functions.rs",
