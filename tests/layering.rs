@@ -554,10 +554,6 @@ const OVER_A_LIMIT_FOR_NOW: &[&str] = &[
     "kinds/model/machine.rs::pull",
     "kinds/model/lower.rs::eval_model",
     // Not split yet.
-    "config/eval/mod.rs",
-    "config/eval/mod.rs::eval_variable",
-    "config/functions.rs",
-    "fmt.rs",
     "hosts/fake_docker.rs::handle",
     "hosts/fake_docker.rs::container_request",
     "hosts/pool.rs::connect_reporting",
