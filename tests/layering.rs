@@ -553,10 +553,6 @@ const OVER_A_LIMIT_FOR_NOW: &[&str] = &[
     "kinds/model/machine.rs",
     "kinds/model/machine.rs::pull",
     "kinds/model/lower.rs::eval_model",
-    // Not split yet.
-    "hosts/fake_docker.rs::handle",
-    "hosts/fake_docker.rs::container_request",
-    "hosts/pool.rs::connect_reporting",
 ];
 
 /// `(name, lines)` of each function of `text` longer than `MAX_FN_LINES`, those inside a
