@@ -218,7 +218,7 @@ impl dyn Engine<'_> + '_ {
                     .maybe_label(w.subnet_span, "the network's subnet")
                     .help(format!("pick an address between {} and {}", first_host(subnet), last_host(subnet))),
             );
-            return false;
+            false
         } else if ip == subnet.network() && subnet.prefix_len() < subnet.max_prefix_len() - 1 {
             self.diag(
                 Diag::error(
@@ -231,10 +231,10 @@ impl dyn Engine<'_> + '_ {
                     first_host(subnet)
                 )),
             );
-            return false;
+            false
         } else if let Some(d) = broadcast_address(subnet, ip, aname, &aspan) {
             self.diag(d);
-            return false;
+            false
         } else if let Some((other, ospan)) = seen.get(&ip) {
             self.diag(
                 Diag::error(
@@ -247,7 +247,7 @@ impl dyn Engine<'_> + '_ {
                 .label(ospan, format!("{ip} first used here"))
                 .help("every attachment needs its own address"),
             );
-            return false;
+            false
         } else {
             seen.insert(ip, (aname.to_string(), aspan));
             true
