@@ -112,15 +112,11 @@ impl<'r, 'a> Run<'r, 'a> {
             let step = self.steps[i].clone();
             if journal_ahead(&mut self.state, &step, &now()) {
                 if let Err(e) = self.req.store.write(&mut self.state) {
-                    self.outcome.state_error = Some(e.to_string());
-                    self.stopping = true;
-                    self.outcome.ok = false;
-                    self.outcome.failures.push((
-                        step.address.clone(),
-                        StepError::new(format!(
-                            "cannot record in the state that the step starts: {e}"
-                        )),
-                    ));
+                    self.stop_unrecorded(
+                        &step,
+                        "cannot record in the state that the step starts",
+                        e,
+                    );
                     break;
                 }
             }
@@ -178,13 +174,7 @@ impl<'r, 'a> Run<'r, 'a> {
         journal(&mut self.state, &step, &applied, elapsed);
         if matches!(step.kind, StepKind::Resource(_)) {
             if let Err(e) = self.req.store.write(&mut self.state) {
-                self.outcome.state_error = Some(e.to_string());
-                self.stopping = true;
-                self.outcome.ok = false;
-                self.outcome.failures.push((
-                    step.address.clone(),
-                    StepError::new(format!("cannot record the step in the state: {e}")),
-                ));
+                self.stop_unrecorded(&step, "cannot record the step in the state", e);
             } else {
                 chaos::after_journal_write(step.change.action, &step.address);
             }
@@ -196,6 +186,16 @@ impl<'r, 'a> Run<'r, 'a> {
                 self.ready.push_back(d);
             }
         }
+    }
+
+    /// The journal could not be written: the step fails with why, and the run stops.
+    fn stop_unrecorded(&mut self, step: &Step, what: &str, e: impl std::fmt::Display) {
+        self.outcome.state_error = Some(e.to_string());
+        self.stopping = true;
+        self.outcome.ok = false;
+        self.outcome
+            .failures
+            .push((step.address.clone(), StepError::new(format!("{what}: {e}"))));
     }
 
     /// Cancelled from outside: the step was stopped, whatever it says went wrong (a probe
