@@ -270,64 +270,8 @@ fn lines(
                 Vec::new()
             }
         }
-        Event::StepProgress {
-            address,
-            message,
-            log,
-            timeout_secs,
-        } => {
-            let Some(r) = running.get_mut(address) else {
-                return Vec::new();
-            };
-            r.message = message.clone();
-            if log.is_some() {
-                r.log = log.clone();
-            }
-            r.timeout = *timeout_secs;
-            if mode == Mode::Plain && r.last_printed.elapsed() >= Duration::from_secs(10) {
-                r.last_printed = Instant::now();
-                let mut l = format!(
-                    "{t} {address}: still {} after {} s: {}",
-                    r.action,
-                    r.started.elapsed().as_secs(),
-                    r.doing()
-                );
-                if let Some(log) = &r.log {
-                    l.push_str(&format!(" │ {log}"));
-                }
-                return vec![l];
-            }
-            Vec::new()
-        }
-        Event::Phase {
-            address,
-            phase,
-            percent,
-            line,
-        } => {
-            let Some(r) = running.get_mut(address) else {
-                return Vec::new();
-            };
-            let shown = crate::events::phase_text(phase, *percent);
-            let new_phase = r.phase.as_ref().is_none_or(|(label, _, _)| label != phase);
-            let since = match &r.phase {
-                Some((label, _, since)) if label == phase => *since,
-                _ => Instant::now(),
-            };
-            r.phase = Some((phase.clone(), shown.clone(), since));
-            r.log = Some(line.clone());
-            // A plain line for each new phase; its percentages only as often as progress.
-            if mode == Mode::Plain
-                && (new_phase || r.last_printed.elapsed() >= Duration::from_secs(10))
-            {
-                r.last_printed = Instant::now();
-                return vec![format!(
-                    "{t} {address}: {shown} (after {} s)",
-                    r.started.elapsed().as_secs()
-                )];
-            }
-            Vec::new()
-        }
+        Event::StepProgress { .. } => progress_lines(e, &t, running, mode),
+        Event::Phase { .. } => phase_lines(e, &t, running, mode),
         Event::StepWarning {
             address,
             message,
@@ -408,6 +352,84 @@ fn lines(
             elapsed.as_secs_f64()
         )],
     }
+}
+
+/// A running step's progress: kept for the live line; a plain line at most every 10 s.
+fn progress_lines(
+    e: &Event,
+    t: &str,
+    running: &mut BTreeMap<String, Running>,
+    mode: Mode,
+) -> Vec<String> {
+    let Event::StepProgress {
+        address,
+        message,
+        log,
+        timeout_secs,
+    } = e
+    else {
+        return Vec::new();
+    };
+    let Some(r) = running.get_mut(address) else {
+        return Vec::new();
+    };
+    r.message = message.clone();
+    if log.is_some() {
+        r.log = log.clone();
+    }
+    r.timeout = *timeout_secs;
+    if mode == Mode::Plain && r.last_printed.elapsed() >= Duration::from_secs(10) {
+        r.last_printed = Instant::now();
+        let mut l = format!(
+            "{t} {address}: still {} after {} s: {}",
+            r.action,
+            r.started.elapsed().as_secs(),
+            r.doing()
+        );
+        if let Some(log) = &r.log {
+            l.push_str(&format!(" │ {log}"));
+        }
+        return vec![l];
+    }
+    Vec::new()
+}
+
+/// A phase a container's log showed: kept for the live line; a plain line for each new phase.
+fn phase_lines(
+    e: &Event,
+    t: &str,
+    running: &mut BTreeMap<String, Running>,
+    mode: Mode,
+) -> Vec<String> {
+    let Event::Phase {
+        address,
+        phase,
+        percent,
+        line,
+    } = e
+    else {
+        return Vec::new();
+    };
+    let Some(r) = running.get_mut(address) else {
+        return Vec::new();
+    };
+    let shown = crate::events::phase_text(phase, *percent);
+    let new_phase = r.phase.as_ref().is_none_or(|(label, _, _)| label != phase);
+    let since = match &r.phase {
+        Some((label, _, since)) if label == phase => *since,
+        _ => Instant::now(),
+    };
+    r.phase = Some((phase.clone(), shown.clone(), since));
+    r.log = Some(line.clone());
+    // A plain line for each new phase; its percentages only as often as progress.
+    if mode == Mode::Plain && (new_phase || r.last_printed.elapsed() >= Duration::from_secs(10)) {
+        r.last_printed = Instant::now();
+        return vec![format!(
+            "{t} {address}: {shown} (after {} s)",
+            r.started.elapsed().as_secs()
+        )];
+    }
+    Vec::new()
 }
 
 #[cfg(test)]

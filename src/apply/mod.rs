@@ -6,6 +6,8 @@
 pub use crate::events;
 
 pub mod chaos;
+mod execute;
+mod rollback;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -24,6 +26,8 @@ use crate::kinds::machine::{
 use crate::kinds::KindId;
 use crate::plan::{Action, Change, Plan};
 use crate::state::{ResourceState, State, StateStore};
+use execute::*;
+use rollback::*;
 
 pub struct ApplyRequest<'a> {
     pub config: &'a Config,
@@ -474,63 +478,18 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     let started = Instant::now();
     let steps = build_steps(req.config, req.graph, req.plan);
     let containers = Arc::new(container_index(req.config));
-    // Imports change nothing on the machines: they are in the state before the first step, so
-    // a step that then updates or replaces an imported object finds it recorded.
-    for i in &req.plan.imports {
-        if !req.state.resources.contains_key(&i.address) {
-            let deps = req
-                .config
-                .resource(&i.address)
-                .map(|r| r.deps.iter().cloned().collect())
-                .unwrap_or_default();
-            crate::plan::record_import(&mut req.state, i, deps);
-        }
-    }
+    record_imports(&mut req);
     let before = req.state.clone();
     let mut state = req.state.clone();
-    let mut outcome = ApplyOutcome {
-        ok: true,
-        failures: Vec::new(),
-        interrupted: false,
-        stopped: Vec::new(),
-        rolled_back: false,
-        undone: 0,
-        to_undo: 0,
-        undo_failures: Vec::new(),
-        warnings: Vec::new(),
-        not_run: Vec::new(),
-        ran: crate::plan::Summary::default(),
-        state: before.clone(),
-        state_error: None,
-    };
+    let mut outcome = ApplyOutcome::nothing_done(&before);
     // A step that can never start would end the run with it silently left out: refuse the
     // whole run before anything changes, naming the loop.
     if let Some(cycle) = wait_cycle(&steps) {
-        outcome.ok = false;
-        outcome.not_run = steps
-            .iter()
-            .map(|s| {
-                (
-                    s.address.clone(),
-                    "the run was refused before it started".into(),
-                )
-            })
-            .collect();
-        outcome.failures.push((
-            "(plan)".into(),
-            StepError::new(format!(
-                "these steps wait on each other, so none of them could ever start: {}",
-                cycle.join(" → ")
-            ))
-            .help("nothing was changed; this is a defect of sparkform's planning or of a state file edited by hand: run `sparkform plan` and report the plan with this message"),
-        ));
-        emit(
+        refuse_waiting_steps(&mut outcome, &steps, &cycle);
+        finished_early(
             &req.events,
-            Event::Finished {
-                ok: false,
-                elapsed: started.elapsed(),
-                summary: "refused before the first step: the steps wait on each other".into(),
-            },
+            started,
+            "refused before the first step: the steps wait on each other",
         );
         return outcome;
     }
@@ -541,26 +500,9 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
             parallelism: req.parallelism,
         },
     );
-    // The lineage is on disk before any container carries it, so a run killed during its first
-    // step leaves a state that explains what that step created.
-    if !req.store.path().exists() || !req.plan.imports.is_empty() {
-        if let Err(e) = req.store.write(&mut state) {
-            outcome.ok = false;
-            outcome.state_error = Some(e.to_string());
-            outcome.failures.push((
-                "(state)".into(),
-                StepError::new(format!("cannot write the state before the first step: {e}")),
-            ));
-            emit(
-                &req.events,
-                Event::Finished {
-                    ok: false,
-                    elapsed: started.elapsed(),
-                    summary: "failed before the first step".into(),
-                },
-            );
-            return outcome;
-        }
+    if !write_lineage_first(&req, &mut state, &mut outcome) {
+        finished_early(&req.events, started, "failed before the first step");
+        return outcome;
     }
     let nodes = nodes_needed(req.config, &steps, &containers);
     let pool = match req.pool.take() {
@@ -571,303 +513,35 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         None => HostPool::connect(req.config, &nodes, &req.hosts).await,
     };
     let pool = Arc::new(pool);
-    let desired_map: HashMap<&str, &serde_json::Value> = req
-        .config
-        .resources
-        .iter()
-        .map(|r| (r.address.as_str(), &r.config))
-        .collect();
     let jobs = Jobs {
         pool: pool.clone(),
         before: &before,
-        desired: desired_map,
+        desired: req
+            .config
+            .resources
+            .iter()
+            .map(|r| (r.address.as_str(), &r.config))
+            .collect(),
         config_dir: req.config.dir.clone(),
         events: req.events.clone(),
         cancel: req.cancel.clone(),
         containers: containers.clone(),
     };
-
-    let n = steps.len();
-    let mut waiting: Vec<usize> = steps.iter().map(|s| s.deps.len()).collect();
-    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, s) in steps.iter().enumerate() {
-        for &d in &s.deps {
-            dependents[d].push(i);
-        }
-    }
-    let mut ready: std::collections::VecDeque<usize> =
-        (0..n).filter(|&i| waiting[i] == 0).collect();
-    let mut running = crate::tasks::KeyedTasks::new();
-    let mut completed: Vec<(usize, Step, Applied)> = Vec::new();
-    let mut settled: Vec<Settled> = vec![Settled::NotRun; n];
-    let mut stopping = false;
-    let parallelism = req.parallelism.max(1);
-    loop {
-        // This loop cancels only once it is stopping: a cancel seen before is the caller's.
-        if req.cancel.is_cancelled() && !stopping {
-            stopping = true;
-            outcome.ok = false;
-            outcome.interrupted = true;
-            emit(
-                &req.events,
-                Event::Stopping {
-                    reason: "interrupted".into(),
-                },
-            );
-        }
-        while !stopping && running.len() < parallelism {
-            let Some(i) = ready.pop_front() else { break };
-            let step = steps[i].clone();
-            if journal_ahead(&mut state, &step, &now()) {
-                if let Err(e) = req.store.write(&mut state) {
-                    outcome.state_error = Some(e.to_string());
-                    stopping = true;
-                    outcome.ok = false;
-                    outcome.failures.push((
-                        step.address.clone(),
-                        StepError::new(format!(
-                            "cannot record in the state that the step starts: {e}"
-                        )),
-                    ));
-                    break;
-                }
-            }
-            emit(
-                &req.events,
-                Event::StepStarted {
-                    address: step.address.clone(),
-                    action: action_word(&step),
-                },
-            );
-            let mut job = jobs.job(&step);
-            job.idx = i;
-            running.spawn((i, Instant::now()), job.run());
-        }
-        if running.is_empty() {
-            break;
-        }
-        let joined = tokio::select! {
-            j = running.next() => j,
-            _ = req.cancel.cancelled(), if !stopping => continue,
-        };
-        let Some(((i, started), joined)) = joined else {
-            break;
-        };
-        // A step whose task panicked failed like any other: on its address, then rollback.
-        let (i, step, result, elapsed) = joined.unwrap_or_else(|panic| {
-            (
-                i,
-                steps[i].clone(),
-                Err(StepError::new(panic)),
-                started.elapsed(),
-            )
-        });
-        if result.is_err() && forget_intent(&mut state, &before, &step) {
-            if let Err(e) = req.store.write(&mut state) {
-                outcome.state_error = Some(e.to_string());
-            }
-        }
-        settled[i] = match &result {
-            Ok(_) => Settled::Done,
-            Err(_) if outcome.interrupted || (req.cancel.is_cancelled() && !stopping) => {
-                Settled::Stopped
-            }
-            Err(_) => Settled::Failed,
-        };
-        match result {
-            Ok(applied) => {
-                emit(
-                    &req.events,
-                    Event::StepDone {
-                        address: step.address.clone(),
-                        action: action_word(&step),
-                        elapsed,
-                        summary: applied.summary.clone(),
-                    },
-                );
-                journal(&mut state, &step, &applied, elapsed);
-                if matches!(step.kind, StepKind::Resource(_)) {
-                    if let Err(e) = req.store.write(&mut state) {
-                        outcome.state_error = Some(e.to_string());
-                        stopping = true;
-                        outcome.ok = false;
-                        outcome.failures.push((
-                            step.address.clone(),
-                            StepError::new(format!("cannot record the step in the state: {e}")),
-                        ));
-                    } else {
-                        chaos::after_journal_write(step.change.action, &step.address);
-                    }
-                }
-                completed.push((i, step, applied));
-                for &d in &dependents[i] {
-                    waiting[d] -= 1;
-                    if waiting[d] == 0 {
-                        ready.push_back(d);
-                    }
-                }
-            }
-            Err(e) if outcome.interrupted || (req.cancel.is_cancelled() && !stopping) => {
-                // Cancelled from outside: the step was stopped, whatever it says went wrong
-                // (a probe reports its last attempt).
-                if !stopping {
-                    stopping = true;
-                    outcome.ok = false;
-                    outcome.interrupted = true;
-                    emit(
-                        &req.events,
-                        Event::Stopping {
-                            reason: "interrupted".into(),
-                        },
-                    );
-                }
-                emit(
-                    &req.events,
-                    Event::StepStopped {
-                        address: step.address.clone(),
-                        elapsed,
-                        at: e.message.clone(),
-                    },
-                );
-                outcome.stopped.push(step.address.clone());
-            }
-            Err(e) => {
-                emit(
-                    &req.events,
-                    Event::StepFailed {
-                        address: step.address.clone(),
-                        elapsed,
-                        error: e.render(),
-                    },
-                );
-                // A run that failed on its own (not stopped by another's failure): the next
-                // plan says its last result failed. One stopped keeps its started mark.
-                if !stopping
-                    && step.change.action == Action::Run
-                    && step.change.orphan.is_none()
-                    && matches!(step.kind, StepKind::Resource(_))
-                    && crate::plan::record_run_failed(&mut state, &step.address, &now(), &e.message)
-                {
-                    if let Err(w) = req.store.write(&mut state) {
-                        outcome.state_error = Some(w.to_string());
-                    }
-                }
-                outcome.failures.push((step.address.clone(), e));
-                outcome.ok = false;
-                if !stopping {
-                    stopping = true;
-                    emit(
-                        &req.events,
-                        Event::Stopping {
-                            reason: format!("{} failed", step.address),
-                        },
-                    );
-                    // Running steps stop waiting (ready checks, probes) and clean up after themselves.
-                    req.cancel.cancel();
-                }
-            }
-        }
-    }
-
-    // Every planned step is accounted for: what did not run says why, and a run that left
-    // any step out is not a success, whatever else happened.
-    for (i, step) in steps.iter().enumerate() {
-        if settled[i] != Settled::NotRun {
-            continue;
-        }
-        let reason = not_run_reason(step, &steps, &settled, &outcome);
-        emit(
-            &req.events,
-            Event::StepNotRun {
-                address: step.address.clone(),
-                reason: reason.clone(),
-            },
-        );
-        outcome.not_run.push((step.address.clone(), reason));
-    }
-    if outcome.ok && !outcome.not_run.is_empty() {
-        outcome.ok = false;
-        outcome.failures.push((
-            "(executor)".into(),
-            StepError::new(format!(
-                "{} of {} planned steps never started: {}",
-                outcome.not_run.len(),
-                steps.len(),
-                outcome
-                    .not_run
-                    .iter()
-                    .map(|(a, _)| a.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-            .help("what ran is rolled back; this is a defect of sparkform: report the plan with this message"),
-        ));
-    }
-    for (_, step, _) in &completed {
-        if matches!(step.kind, StepKind::Resource(_)) {
-            let r = &mut outcome.ran;
-            match step.change.action {
-                Action::Create => r.create += 1,
-                Action::Update => r.update += 1,
-                Action::Replace => r.replace += 1,
-                Action::Delete => r.delete += 1,
-                Action::Run => r.run += 1,
-                Action::NoOp => {}
-            }
-        }
-    }
-    if outcome.ok {
-        // Success: drop what was kept for rollback, record the outputs.
-        for (_, step, applied) in &completed {
-            if let StepKind::Resource(kind) = step.kind {
-                let job = jobs.job(step);
-                if let Err(e) = machine(kind)
-                    .finalize(&job.cx(), step.change.action, applied)
-                    .await
-                {
-                    outcome
-                        .warnings
-                        .push(format!("{}: {}", step.address, e.message));
-                }
-            }
-        }
-        crate::plan::record_outputs(req.plan, &mut state);
-        if let Err(e) = req.store.write(&mut state) {
-            outcome.state_error = Some(e.to_string());
-        }
+    let mut run = Run::new(&req, &steps, &before, state, outcome);
+    run.execute(&jobs).await;
+    run.account_for_what_did_not_run();
+    run.count_what_ran();
+    if run.outcome.ok {
+        run.finalize(&jobs).await;
     } else if req.rollback {
-        outcome.rolled_back = true;
-        rollback(
-            &req,
-            &jobs,
-            &steps,
-            &dependents,
-            &completed,
-            &before,
-            &mut state,
-            &mut outcome,
-        )
-        .await;
-        // A complete rollback puts the machines back as they were before this apply, which
-        // is what the runs' earlier results describe: the failure of what it undid is not
-        // theirs. After an incomplete one the failure stays for the next plan to show.
-        if outcome.undo_failures.is_empty() && outcome.undone == outcome.to_undo {
-            let mut reverted = false;
-            for (address, _) in &outcome.failures {
-                if let Some(r) = before.resources.get(address) {
-                    if state.resources.get(address) != Some(r) {
-                        state.resources.insert(address.clone(), r.clone());
-                        reverted = true;
-                    }
-                }
-            }
-            if reverted {
-                if let Err(e) = req.store.write(&mut state) {
-                    outcome.state_error = Some(e.to_string());
-                }
-            }
-        }
+        run.roll_back(&jobs).await;
     }
+    let Run {
+        state,
+        mut outcome,
+        completed,
+        ..
+    } = run;
     let summary = finished_summary(&outcome, completed.len());
     emit(
         &req.events,
@@ -885,6 +559,97 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     }
     outcome.state = state;
     outcome
+}
+
+/// Imports change nothing on the machines: they are in the state before the first step, so a
+/// step that then updates or replaces an imported object finds it recorded.
+fn record_imports(req: &mut ApplyRequest<'_>) {
+    for i in &req.plan.imports {
+        if !req.state.resources.contains_key(&i.address) {
+            let deps = req
+                .config
+                .resource(&i.address)
+                .map(|r| r.deps.iter().cloned().collect())
+                .unwrap_or_default();
+            crate::plan::record_import(&mut req.state, i, deps);
+        }
+    }
+}
+
+impl ApplyOutcome {
+    /// Before the first step: a success so far, with the state as it was.
+    fn nothing_done(before: &State) -> ApplyOutcome {
+        ApplyOutcome {
+            ok: true,
+            failures: Vec::new(),
+            interrupted: false,
+            stopped: Vec::new(),
+            rolled_back: false,
+            undone: 0,
+            to_undo: 0,
+            undo_failures: Vec::new(),
+            warnings: Vec::new(),
+            not_run: Vec::new(),
+            ran: crate::plan::Summary::default(),
+            state: before.clone(),
+            state_error: None,
+        }
+    }
+}
+
+/// Steps that wait on each other: the whole run is refused, every step not run, naming the loop.
+fn refuse_waiting_steps(outcome: &mut ApplyOutcome, steps: &[Step], cycle: &[String]) {
+    outcome.ok = false;
+    outcome.not_run = steps
+        .iter()
+        .map(|s| {
+            (
+                s.address.clone(),
+                "the run was refused before it started".into(),
+            )
+        })
+        .collect();
+    outcome.failures.push((
+        "(plan)".into(),
+        StepError::new(format!(
+            "these steps wait on each other, so none of them could ever start: {}",
+            cycle.join(" → ")
+        ))
+        .help("nothing was changed; this is a defect of sparkform's planning or of a state file edited by hand: run `sparkform plan` and report the plan with this message"),
+    ));
+}
+
+fn finished_early(events: &Sender, started: Instant, summary: &str) {
+    emit(
+        events,
+        Event::Finished {
+            ok: false,
+            elapsed: started.elapsed(),
+            summary: summary.into(),
+        },
+    );
+}
+
+/// The lineage is on disk before any container carries it, so a run killed during its first
+/// step leaves a state that explains what that step created. False: it could not be written.
+fn write_lineage_first(
+    req: &ApplyRequest<'_>,
+    state: &mut State,
+    outcome: &mut ApplyOutcome,
+) -> bool {
+    if req.store.path().exists() && req.plan.imports.is_empty() {
+        return true;
+    }
+    let Err(e) = req.store.write(state) else {
+        return true;
+    };
+    outcome.ok = false;
+    outcome.state_error = Some(e.to_string());
+    outcome.failures.push((
+        "(state)".into(),
+        StepError::new(format!("cannot write the state before the first step: {e}")),
+    ));
+    false
 }
 
 /// The last line's words, counting what `RollbackStarted` counted.
@@ -911,349 +676,6 @@ fn finished_summary(outcome: &ApplyOutcome, completed: usize) -> String {
             outcome.to_undo - outcome.undone
         )
     }
-}
-
-/// Undo this apply's completed steps, each once every step that depended on it is undone
-/// (reverse dependency order), independent ones in parallel up to `-parallelism`; then the
-/// state holds what it held before the apply for every undone step.
-#[allow(clippy::too_many_arguments)]
-async fn rollback(
-    req: &ApplyRequest<'_>,
-    jobs: &Jobs<'_>,
-    steps: &[Step],
-    dependents: &[Vec<usize>],
-    completed: &[(usize, Step, Applied)],
-    before: &State,
-    state: &mut State,
-    outcome: &mut ApplyOutcome,
-) {
-    let undoable: Vec<&(usize, Step, Applied)> = completed
-        .iter()
-        .filter(|(_, s, _)| matches!(s.kind, StepKind::Resource(_)))
-        .collect();
-    outcome.to_undo = undoable.len();
-    emit(
-        &req.events,
-        Event::RollbackStarted {
-            steps: undoable.len(),
-        },
-    );
-    let order: Vec<usize> = undoable.iter().map(|(i, _, _)| *i).collect();
-    let (blocks, mut waiting) = undo_order(&order, dependents);
-    // Undo never stops early: a second Ctrl-C exits the process, the journal has the truth.
-    let undo_cancel = CancellationToken::new();
-    // Latest first among the ready ones, as a sequential rollback would go.
-    let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
-    let mut running = crate::tasks::KeyedTasks::new();
-    let parallelism = req.parallelism.max(1);
-    let mut restored: Vec<String> = Vec::new();
-    loop {
-        while running.len() < parallelism {
-            let Some(k) = ready.pop() else { break };
-            let (_, step, applied) = undoable[k];
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
-            };
-            let mut job = jobs.job(step);
-            job.cancel = undo_cancel.clone();
-            let applied = applied.clone();
-            running.spawn((k, Instant::now()), async move {
-                machine(kind)
-                    .undo(&job.cx(), job.step.change.action, &applied)
-                    .await
-            });
-        }
-        let Some(((k, started), joined)) = running.next().await else {
-            break;
-        };
-        let elapsed = started.elapsed();
-        // A panicking undo is a failed undo of its step; what it held back may still go.
-        let result = joined.unwrap_or_else(|panic| Err(StepError::new(panic)));
-        let address = &undoable[k].1.address;
-        match result {
-            Ok(summary) => {
-                outcome.undone += 1;
-                if undoable[k].1.change.orphan.is_none() {
-                    restored.push(address.clone());
-                }
-                emit(
-                    &req.events,
-                    Event::UndoDone {
-                        address: address.clone(),
-                        elapsed,
-                        summary,
-                    },
-                );
-                // Back to what the state said before this apply; an untracked object's undo
-                // leaves the tracked resource's entry alone.
-                if undoable[k].1.change.orphan.is_none() {
-                    match before.resources.get(address) {
-                        Some(r) => {
-                            state.resources.insert(address.clone(), r.clone());
-                        }
-                        None => {
-                            state.resources.remove(address);
-                        }
-                    }
-                }
-                if let Err(e) = req.store.write(state) {
-                    outcome.state_error = Some(e.to_string());
-                }
-            }
-            Err(e) => {
-                emit(
-                    &req.events,
-                    Event::UndoFailed {
-                        address: address.clone(),
-                        elapsed,
-                        error: e.render(),
-                    },
-                );
-                outcome.undo_failures.push((address.clone(), e));
-            }
-        }
-        // What it blocked may go now, failed or not: each undo restores its own step.
-        for &b in &blocks[k] {
-            waiting[b] -= 1;
-            if waiting[b] == 0 {
-                ready.push(b);
-            }
-        }
-    }
-    restart_process_groups(req, jobs, steps, completed, before, &mut restored, outcome).await;
-    check_restored(&jobs.pool, before, &restored, outcome).await;
-}
-
-/// A process group (the ranks of one engine) comes back whole or not at all. After the undos,
-/// every member the state recorded before the apply restarts, one after another in dependency
-/// order, each waiting for its recorded ready check: a member that came back on its own (its
-/// step failed and put its previous container back) may have joined a peer the rollback then
-/// removed. When one does not come back, the others stop: half a group serves nothing and
-/// holds the GPUs, and the next apply replaces the group.
-async fn restart_process_groups(
-    req: &ApplyRequest<'_>,
-    jobs: &Jobs<'_>,
-    steps: &[Step],
-    completed: &[(usize, Step, Applied)],
-    before: &State,
-    restored: &mut Vec<String>,
-    outcome: &mut ApplyOutcome,
-) {
-    let touched: BTreeSet<&str> = completed
-        .iter()
-        .map(|(_, s, _)| s.address.as_str())
-        .chain(outcome.failures.iter().map(|(a, _)| a.as_str()))
-        .collect();
-    let mut groups: std::collections::BTreeMap<String, Vec<&Step>> = Default::default();
-    let mut touched_groups: BTreeSet<String> = BTreeSet::new();
-    for address in req.graph.order() {
-        let Some(group) = req.config.resource(&address).and_then(|r| r.group.clone()) else {
-            continue;
-        };
-        if touched.contains(address.as_str()) {
-            touched_groups.insert(group.clone());
-        }
-        if !before.resources.contains_key(&address) {
-            continue;
-        }
-        let step = steps.iter().find(|s| {
-            s.address == address
-                && s.change.orphan.is_none()
-                && matches!(s.kind, StepKind::Resource(_))
-        });
-        if let Some(step) = step {
-            groups.entry(group).or_default().push(step);
-        }
-    }
-    for (group, members) in groups {
-        if !touched_groups.contains(&group) || members.len() < 2 {
-            continue;
-        }
-        let mut came_back = Vec::new();
-        let mut failed: Option<(String, String)> = None;
-        for step in &members {
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
-            };
-            let mut job = jobs.job(step);
-            job.cancel = CancellationToken::new();
-            let started = Instant::now();
-            match machine(kind).restart(&job.cx()).await {
-                Ok(summary) => {
-                    emit(
-                        &req.events,
-                        Event::UndoDone {
-                            address: step.address.clone(),
-                            elapsed: started.elapsed(),
-                            summary,
-                        },
-                    );
-                    came_back.push(step.address.clone());
-                }
-                Err(e) => {
-                    emit(
-                        &req.events,
-                        Event::UndoFailed {
-                            address: step.address.clone(),
-                            elapsed: started.elapsed(),
-                            error: e.render(),
-                        },
-                    );
-                    failed = Some((step.address.clone(), e.message));
-                    break;
-                }
-            }
-        }
-        let Some((bad, why)) = failed else {
-            for a in came_back {
-                if !restored.contains(&a) {
-                    restored.push(a);
-                }
-            }
-            continue;
-        };
-        // None, then: every member stops, and each is named as not restored.
-        for step in &members {
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
-            };
-            let job = jobs.job(step);
-            let stopped = machine(kind).stop(&job.cx()).await;
-            let was_undone = completed.iter().any(|(_, s, _)| s.address == step.address)
-                && !outcome
-                    .undo_failures
-                    .iter()
-                    .any(|(a, _)| *a == step.address);
-            if was_undone {
-                outcome.undone = outcome.undone.saturating_sub(1);
-            }
-            restored.retain(|a| *a != step.address);
-            if outcome
-                .undo_failures
-                .iter()
-                .any(|(a, _)| *a == step.address)
-            {
-                continue;
-            }
-            let message = if step.address == bad {
-                format!("it did not come back ({why}), so its process group is stopped rather than run half of it; the next apply replaces the group")
-            } else {
-                format!(
-                    "{}: its process group could not be restored whole ({bad} did not come back), so it was stopped rather than run half of it; the next apply replaces the group",
-                    match stopped {
-                        Ok(s) if !s.is_empty() => s,
-                        Ok(_) => "left as it is".to_string(),
-                        Err(e) => format!("and stopping it failed: {}", e.message),
-                    }
-                )
-            };
-            outcome
-                .undo_failures
-                .push((step.address.clone(), StepError::new(message)));
-        }
-    }
-}
-
-/// An undo that returned is not proof: look at what the undone steps restored, as refresh
-/// would, and count each one that is not as the state recorded it before the apply (a previous
-/// container that exited once started again, an address that did not come back) as not undone,
-/// saying why.
-async fn check_restored(
-    pool: &HostPool,
-    before: &State,
-    restored: &[String],
-    outcome: &mut ApplyOutcome,
-) {
-    let mut expected = State {
-        resources: Default::default(),
-        outputs: Default::default(),
-        ..before.clone()
-    };
-    for a in restored {
-        if let Some(r) = before.resources.get(a) {
-            expected.resources.insert(a.clone(), r.clone());
-        }
-    }
-    let nodes: BTreeSet<String> = expected
-        .resources
-        .values()
-        .filter_map(|r| r.node.clone())
-        .collect();
-    let mut hosts = Vec::new();
-    for node in nodes {
-        match pool.get(&node) {
-            Ok(h) => hosts.push((node, h)),
-            Err(e) => not_restored(
-                outcome,
-                expected
-                    .resources
-                    .iter()
-                    .filter(|(_, r)| r.node.as_deref() == Some(node.as_str()))
-                    .map(|(a, _)| a.clone())
-                    .collect(),
-                &format!("it could not be checked: {e}"),
-            ),
-        }
-    }
-    let seen = match crate::refresh::observe_recorded(&expected, hosts).await {
-        Ok(seen) => seen,
-        Err(errors) => {
-            let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            not_restored(
-                outcome,
-                expected.resources.keys().cloned().collect(),
-                &format!("it could not be checked: {}", why.join("; ")),
-            );
-            return;
-        }
-    };
-    for (address, observed) in seen.resources {
-        let why = match observed {
-            crate::plan::Observed::InSync => continue,
-            crate::plan::Observed::Missing(why) => why,
-            crate::plan::Observed::Drifted(notes) => notes.join("; "),
-        };
-        not_restored(outcome, vec![address], &why);
-    }
-}
-
-fn not_restored(outcome: &mut ApplyOutcome, addresses: Vec<String>, why: &str) {
-    for address in addresses {
-        if outcome.undo_failures.iter().any(|(a, _)| *a == address) {
-            continue;
-        }
-        outcome.undone = outcome.undone.saturating_sub(1);
-        outcome.undo_failures.push((
-            address,
-            StepError::new(format!("undone, but not as it was before: {why}")),
-        ));
-    }
-}
-
-/// For the undoable steps (`undoable[k]` is a step index), which undos each one's undo holds
-/// back (`blocks[k]`) and how many undos it waits for (`waiting[k]`): an undo waits for the
-/// undos of every undoable step downstream of it, also through steps that need no undo (a
-/// fabric check between attachments and containers). Pure.
-fn undo_order(undoable: &[usize], dependents: &[Vec<usize>]) -> (Vec<Vec<usize>>, Vec<usize>) {
-    let position: HashMap<usize, usize> =
-        undoable.iter().enumerate().map(|(k, i)| (*i, k)).collect();
-    let mut blocks: Vec<Vec<usize>> = vec![Vec::new(); undoable.len()];
-    let mut waiting: Vec<usize> = vec![0; undoable.len()];
-    for (k, i) in undoable.iter().enumerate() {
-        let mut seen = BTreeSet::new();
-        let mut stack: Vec<usize> = dependents[*i].clone();
-        while let Some(j) = stack.pop() {
-            if !seen.insert(j) {
-                continue;
-            }
-            if let Some(&kj) = position.get(&j) {
-                blocks[kj].push(k);
-                waiting[k] += 1;
-            }
-            stack.extend(dependents[j].iter().copied());
-        }
-    }
-    (blocks, waiting)
 }
 
 /// Makes the owned `Job` for a step from what every step shares.

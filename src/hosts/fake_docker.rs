@@ -501,71 +501,9 @@ async fn handle(
         ),
         // Every image is there: `images/NAME[/MORE]/json`, the name may hold slashes.
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => {
-            let name = unescape(&name.join("/"));
-            if let Some((status, message)) = e.image_errors.get(&name) {
-                let status =
-                    StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                return Ok(error(status, message.clone()));
-            }
-            let id_of = |n: &str| {
-                e.images
-                    .get(n)
-                    .cloned()
-                    .unwrap_or_else(|| format!("sha256:{n}"))
-            };
-            // By ID too: the name whose image it is.
-            let by_id = e.image_configs.keys().find(|n| id_of(n) == name).cloned();
-            let tag = by_id.unwrap_or_else(|| name.clone());
-            let config = e.image_configs.get(&tag).cloned().unwrap_or(json!({}));
-            reply(
-                StatusCode::OK,
-                json!({ "Id": id_of(&tag), "RepoTags": [tag], "Config": config }),
-            )
+            inspect_image(&e, &unescape(&name.join("/")))
         }
-        (&Method::POST, ["containers", "create"]) => {
-            let name = q.get("name").cloned().unwrap_or_default();
-            if let Some(Fault::CreateFails(msg)) = e.fault(&name) {
-                error(StatusCode::INTERNAL_SERVER_ERROR, msg.clone())
-            } else if e.find(&name).is_some() {
-                error(
-                    StatusCode::CONFLICT,
-                    format!("Conflict. The container name \"/{name}\" is already in use"),
-                )
-            } else {
-                let id = e.new_id();
-                let labels = body
-                    .get("Labels")
-                    .and_then(Value::as_object)
-                    .map(|m| {
-                        m.iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let restart = body
-                    .pointer("/HostConfig/RestartPolicy/Name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("no")
-                    .to_string();
-                e.containers.push(Container {
-                    id: id.clone(),
-                    name,
-                    image: body
-                        .get("Image")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                    labels,
-                    running: false,
-                    exit_code: 0,
-                    restart,
-                    logs: Vec::new(),
-                    created: body.clone(),
-                    restart_count: 0,
-                });
-                reply(StatusCode::CREATED, json!({ "Id": id, "Warnings": [] }))
-            }
-        }
+        (&Method::POST, ["containers", "create"]) => create_container(&mut e, &q, &body),
         (&Method::GET, ["containers", "json"]) => {
             let all = q.get("all").is_some_and(|v| v == "true" || v == "1");
             let filters: Value = q
@@ -671,35 +609,7 @@ fn container_request(
         }
         // Files put into a container (the model kind's program) are taken and not kept.
         (&Method::PUT, ["archive"]) => empty(StatusCode::OK),
-        (&Method::POST, ["start" | "restart"]) => {
-            // A restart is a stop, then a start like any other.
-            if rest == ["restart"] {
-                e.containers[i].running = false;
-            }
-            if e.containers[i].running {
-                return empty(StatusCode::NOT_MODIFIED);
-            }
-            let fault = e.fault(&e.containers[i].name).cloned();
-            let c = &mut e.containers[i];
-            match fault {
-                Some(Fault::ExitsAfterStart(code, lines)) => {
-                    c.running = false;
-                    c.exit_code = code;
-                    c.logs.extend(lines);
-                }
-                Some(Fault::Logs(lines) | Fault::CrashLoop(lines)) => {
-                    c.running = true;
-                    c.exit_code = 0;
-                    c.logs.extend(lines);
-                }
-                _ => {
-                    c.running = true;
-                    c.exit_code = 0;
-                    c.logs.push(format!("{} started", c.name));
-                }
-            }
-            empty(StatusCode::NO_CONTENT)
-        }
+        (&Method::POST, ["start" | "restart"]) => start_container(e, i, rest == ["restart"]),
         (&Method::POST, ["stop" | "kill"]) => {
             let c = &mut e.containers[i];
             if !c.running {
@@ -800,6 +710,109 @@ fn container_request(
             ),
         ),
     }
+}
+
+/// `GET /images/NAME/json`: every image is there (by name or by ID), unless an image error
+/// is injected for it.
+fn inspect_image(e: &Engine, name: &str) -> Response<Body> {
+    let name = name.to_string();
+    if let Some((status, message)) = e.image_errors.get(&name) {
+        let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return error(status, message.clone());
+    }
+    let id_of = |n: &str| {
+        e.images
+            .get(n)
+            .cloned()
+            .unwrap_or_else(|| format!("sha256:{n}"))
+    };
+    // By ID too: the name whose image it is.
+    let by_id = e.image_configs.keys().find(|n| id_of(n) == name).cloned();
+    let tag = by_id.unwrap_or_else(|| name.clone());
+    let config = e.image_configs.get(&tag).cloned().unwrap_or(json!({}));
+    reply(
+        StatusCode::OK,
+        json!({ "Id": id_of(&tag), "RepoTags": [tag], "Config": config }),
+    )
+}
+
+/// `POST /containers/create`: a new stopped container, unless the name is taken or creating
+/// it is to fail.
+fn create_container(e: &mut Engine, q: &BTreeMap<String, String>, body: &Value) -> Response<Body> {
+    let name = q.get("name").cloned().unwrap_or_default();
+    if let Some(Fault::CreateFails(msg)) = e.fault(&name) {
+        error(StatusCode::INTERNAL_SERVER_ERROR, msg.clone())
+    } else if e.find(&name).is_some() {
+        error(
+            StatusCode::CONFLICT,
+            format!("Conflict. The container name \"/{name}\" is already in use"),
+        )
+    } else {
+        let id = e.new_id();
+        let labels = body
+            .get("Labels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let restart = body
+            .pointer("/HostConfig/RestartPolicy/Name")
+            .and_then(Value::as_str)
+            .unwrap_or("no")
+            .to_string();
+        e.containers.push(Container {
+            id: id.clone(),
+            name,
+            image: body
+                .get("Image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            labels,
+            running: false,
+            exit_code: 0,
+            restart,
+            logs: Vec::new(),
+            created: body.clone(),
+            restart_count: 0,
+        });
+        reply(StatusCode::CREATED, json!({ "Id": id, "Warnings": [] }))
+    }
+}
+
+/// `POST /containers/ID/start` (or `restart`): it runs, or exits at once, or logs what its
+/// fault says.
+fn start_container(e: &mut Engine, i: usize, restart: bool) -> Response<Body> {
+    // A restart is a stop, then a start like any other.
+    if restart {
+        e.containers[i].running = false;
+    }
+    if e.containers[i].running {
+        return empty(StatusCode::NOT_MODIFIED);
+    }
+    let fault = e.fault(&e.containers[i].name).cloned();
+    let c = &mut e.containers[i];
+    match fault {
+        Some(Fault::ExitsAfterStart(code, lines)) => {
+            c.running = false;
+            c.exit_code = code;
+            c.logs.extend(lines);
+        }
+        Some(Fault::Logs(lines) | Fault::CrashLoop(lines)) => {
+            c.running = true;
+            c.exit_code = 0;
+            c.logs.extend(lines);
+        }
+        _ => {
+            c.running = true;
+            c.exit_code = 0;
+            c.logs.push(format!("{} started", c.name));
+        }
+    }
+    empty(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]

@@ -66,28 +66,12 @@ impl HostPool {
         ready: Option<Ready>,
     ) -> HostPool {
         let mut hosts: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
-        let mut errors = BTreeMap::new();
+        let mut errors = undeclared(config, nodes);
         let wanted: Vec<&crate::config::Node> =
             nodes.iter().filter_map(|n| config.nodes.get(n)).collect();
-        for n in nodes {
-            if !config.nodes.contains_key(n) {
-                errors.insert(
-                    n.clone(),
-                    Arc::new(HostError::Other {
-                        node: n.clone(),
-                        message: "not declared in the configuration".into(),
-                    }),
-                );
-            }
-        }
-        let report = |address: &str, host: &Arc<dyn Host>| {
-            if let Some(tx) = &ready {
-                let _ = tx.send((address.to_string(), host.clone()));
-            }
-        };
         for node in wanted.iter().filter(|n| n.host == "local") {
             let host: Arc<dyn Host> = Arc::new(LocalHost::new(&node.address));
-            report(&node.address, &host);
+            report(&ready, &node.address, &host);
             hosts.insert(node.address.clone(), host);
         }
         let remote: Vec<&&crate::config::Node> =
@@ -126,31 +110,7 @@ impl HostPool {
                 };
             }
         };
-        let user_config = std::env::var_os("HOME")
-            .map(|h| Path::new(&h).join(".ssh/config"))
-            .filter(|p| opts.use_user_config && p.is_file());
-        let mut targets = ssh_config::targets(config);
-        if let Some(uc) = &user_config {
-            // One `ssh -G` per target, all at once: sequentially they add up at many nodes.
-            futures_util::future::join_all(targets.iter_mut().map(|t| apply_user_alias(uc, t)))
-                .await;
-        }
-        let jump_aliases: Vec<String> = remote
-            .iter()
-            .filter_map(|n| n.jump.as_deref().map(ssh_config::alias))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        for (i, t) in targets.iter_mut().enumerate() {
-            if jump_aliases.contains(&t.alias) {
-                t.control_path = Some(dir.path().join(format!("j{i}")));
-            }
-        }
-        let settings = SshSettings {
-            accept_new_host_keys: opts.accept_new_host_keys,
-            connect_timeout_secs: opts.connect_timeout.as_secs().max(1),
-            user_config,
-        };
+        let (targets, settings) = ssh_targets(config, &remote, opts, &dir).await;
         let text = match ssh_config::render(&targets, &settings) {
             Ok(t) => t,
             Err(e) => {
@@ -175,58 +135,46 @@ impl HostPool {
         }
         // One master per jump host first: every node hop then goes through it, one handshake
         // at the jump host instead of one per node (and no pressure on its MaxStartups).
-        let mut jump_masters = Vec::new();
-        let mut jump_failed: HashMap<String, Arc<HostError>> = HashMap::new();
-        let mut starts = crate::tasks::KeyedTasks::new();
-        for t in targets.iter().filter(|t| t.control_path.is_some()) {
-            let (key, t, config_file, timeout) = (
-                t.clone(),
-                t.clone(),
-                config_file.clone(),
-                opts.connect_timeout,
-            );
-            starts.spawn(key, async move {
-                start_jump_master(&config_file, &t, timeout).await
-            });
-        }
-        while let Some((t, r)) = starts.next().await {
-            let jump_address = config
-                .jumps
-                .values()
-                .find(|j| ssh_config::alias(&j.address) == t.alias)
-                .map(|j| j.address.clone())
-                .unwrap_or_else(|| t.alias.clone());
-            match r {
-                Ok(Ok(())) => jump_masters.extend(t.control_path.clone()),
-                Err(message) => {
-                    let e = Arc::new(HostError::Other {
-                        node: jump_address.clone(),
-                        message,
-                    });
-                    jump_failed.insert(jump_address, e);
-                }
-                Ok(Err(log)) => {
-                    let cx = ConnectContext {
-                        node: &jump_address,
-                        target: &t.hostname,
-                        jump: None,
-                        known_hosts: t
-                            .known_hosts
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_else(|| "~/.ssh/known_hosts".into()),
-                        timeout: opts.connect_timeout,
-                    };
-                    let e = Arc::new(super::ssh::classify(&log, &cx));
-                    jump_failed.insert(jump_address.clone(), e);
-                }
-            }
-        }
+        let (jump_masters, jump_failed) =
+            start_jump_masters(config, &targets, &config_file, opts).await;
+        let ctl_root = dir.path().to_path_buf();
+        let mut pool = HostPool {
+            hosts,
+            errors,
+            jump_masters,
+            dirs: vec![dir],
+        };
+        pool.connect_nodes(
+            &remote,
+            &targets,
+            &jump_failed,
+            &config_file,
+            &ctl_root,
+            opts,
+            &ready,
+        )
+        .await;
+        pool
+    }
+
+    /// The remote nodes, through their jump hosts' masters, at most `NEW_CONNECTIONS_PER_JUMP`
+    /// handshakes at once per jump host; a node behind a jump host that failed gets its error.
+    #[allow(clippy::too_many_arguments)]
+    async fn connect_nodes(
+        &mut self,
+        remote: &[&&crate::config::Node],
+        targets: &[SshTarget],
+        jump_failed: &HashMap<String, Arc<HostError>>,
+        config_file: &Path,
+        ctl_root: &Path,
+        opts: &HostOptions,
+        ready: &Option<Ready>,
+    ) {
         let mut gates: HashMap<String, Arc<Semaphore>> = HashMap::new();
         let mut tasks = crate::tasks::KeyedTasks::new();
         for node in remote {
             if let Some(e) = node.jump.as_ref().and_then(|j| jump_failed.get(j)) {
-                errors.insert(
+                self.errors.insert(
                     node.address.clone(),
                     Arc::new(behind_jump(
                         &node.address,
@@ -254,8 +202,8 @@ impl HostPool {
                 .unwrap_or_else(|| "~/.ssh/known_hosts".into());
             let (address, host, jump) =
                 (node.address.clone(), node.host.clone(), node.jump.clone());
-            let config_file: PathBuf = config_file.clone();
-            let ctl_root = dir.path().to_path_buf();
+            let config_file: PathBuf = config_file.to_path_buf();
+            let ctl_root = ctl_root.to_path_buf();
             let timeout = opts.connect_timeout;
             tasks.spawn(address.clone(), async move {
                 let _permit = gate.acquire_owned().await;
@@ -274,26 +222,20 @@ impl HostPool {
             match joined {
                 Ok(Ok(h)) => {
                     let host: Arc<dyn Host> = Arc::new(h);
-                    report(&address, &host);
-                    hosts.insert(address, host);
+                    report(ready, &address, &host);
+                    self.hosts.insert(address, host);
                 }
                 Ok(Err(e)) => {
-                    errors.insert(address, Arc::new(e));
+                    self.errors.insert(address, Arc::new(e));
                 }
                 Err(message) => {
                     let e = HostError::Other {
                         node: address.clone(),
                         message,
                     };
-                    errors.insert(address, Arc::new(e));
+                    self.errors.insert(address, Arc::new(e));
                 }
             }
-        }
-        HostPool {
-            hosts,
-            errors,
-            jump_masters,
-            dirs: vec![dir],
         }
     }
 
@@ -490,4 +432,121 @@ fn behind_jump(node: &str, jump: &str, e: &HostError) -> HostError {
             })),
         },
     }
+}
+
+/// Send a connected node on `ready`, when the caller asked for them as they come.
+fn report(ready: &Option<Ready>, address: &str, host: &Arc<dyn Host>) {
+    if let Some(tx) = ready {
+        let _ = tx.send((address.to_string(), host.clone()));
+    }
+}
+
+/// The nodes asked for that the configuration does not declare, each with its error.
+fn undeclared(config: &Config, nodes: &[String]) -> BTreeMap<String, Arc<HostError>> {
+    let mut errors = BTreeMap::new();
+    for n in nodes {
+        if !config.nodes.contains_key(n) {
+            errors.insert(
+                n.clone(),
+                Arc::new(HostError::Other {
+                    node: n.clone(),
+                    message: "not declared in the configuration".into(),
+                }),
+            );
+        }
+    }
+    errors
+}
+
+/// The generated ssh config's targets (with the user's aliases when their config is used), a
+/// control socket for each jump host, and the settings it is rendered with.
+async fn ssh_targets(
+    config: &Config,
+    remote: &[&&crate::config::Node],
+    opts: &HostOptions,
+    dir: &tempfile::TempDir,
+) -> (Vec<SshTarget>, SshSettings) {
+    let user_config = std::env::var_os("HOME")
+        .map(|h| Path::new(&h).join(".ssh/config"))
+        .filter(|p| opts.use_user_config && p.is_file());
+    let mut targets = ssh_config::targets(config);
+    if let Some(uc) = &user_config {
+        // One `ssh -G` per target, all at once: sequentially they add up at many nodes.
+        futures_util::future::join_all(targets.iter_mut().map(|t| apply_user_alias(uc, t))).await;
+    }
+    let jump_aliases: Vec<String> = remote
+        .iter()
+        .filter_map(|n| n.jump.as_deref().map(ssh_config::alias))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for (i, t) in targets.iter_mut().enumerate() {
+        if jump_aliases.contains(&t.alias) {
+            t.control_path = Some(dir.path().join(format!("j{i}")));
+        }
+    }
+    let settings = SshSettings {
+        accept_new_host_keys: opts.accept_new_host_keys,
+        connect_timeout_secs: opts.connect_timeout.as_secs().max(1),
+        user_config,
+    };
+    (targets, settings)
+}
+
+/// One master connection per jump host, all at once: the control sockets of those that
+/// started, and the error of each that did not (by the jump host's address).
+async fn start_jump_masters(
+    config: &Config,
+    targets: &[SshTarget],
+    config_file: &Path,
+    opts: &HostOptions,
+) -> (Vec<PathBuf>, HashMap<String, Arc<HostError>>) {
+    let mut jump_masters = Vec::new();
+    let mut jump_failed: HashMap<String, Arc<HostError>> = HashMap::new();
+    let mut starts = crate::tasks::KeyedTasks::new();
+    for t in targets.iter().filter(|t| t.control_path.is_some()) {
+        let (key, t, config_file, timeout) = (
+            t.clone(),
+            t.clone(),
+            config_file.to_path_buf(),
+            opts.connect_timeout,
+        );
+        starts.spawn(key, async move {
+            start_jump_master(&config_file, &t, timeout).await
+        });
+    }
+    while let Some((t, r)) = starts.next().await {
+        let jump_address = config
+            .jumps
+            .values()
+            .find(|j| ssh_config::alias(&j.address) == t.alias)
+            .map(|j| j.address.clone())
+            .unwrap_or_else(|| t.alias.clone());
+        match r {
+            Ok(Ok(())) => jump_masters.extend(t.control_path.clone()),
+            Err(message) => {
+                let e = Arc::new(HostError::Other {
+                    node: jump_address.clone(),
+                    message,
+                });
+                jump_failed.insert(jump_address, e);
+            }
+            Ok(Err(log)) => {
+                let cx = ConnectContext {
+                    node: &jump_address,
+                    target: &t.hostname,
+                    jump: None,
+                    known_hosts: t
+                        .known_hosts
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "~/.ssh/known_hosts".into()),
+                    timeout: opts.connect_timeout,
+                };
+                let e = Arc::new(super::ssh::classify(&log, &cx));
+                jump_failed.insert(jump_address.clone(), e);
+            }
+        }
+    }
+    (jump_masters, jump_failed)
 }

@@ -112,9 +112,41 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         .iter()
         .map(|c| (c.address.as_str(), c.action))
         .collect();
-    let recorded = |a: &str| state.resources.get(a).and_then(|r| r.last_apply_secs);
+    let stopped = stopped_steps(&steps, state);
+    let windows = step_windows(graph, &steps, &actions, state);
+    let names: Vec<&str> = steps
+        .iter()
+        .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
+        .map(|c| c.address.as_str())
+        .collect();
+    let probes = Probes {
+        ancestors: names.iter().map(|p| (*p, graph.ancestors(p))).collect(),
+        names,
+    };
+    let mut unavailable = outages(
+        config, graph, &stopped, &probes, &step_of, &actions, &windows,
+    );
+    let unmeasured = unmeasured_steps(graph, &steps, &unavailable, &probes, state);
+    unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
+    let outage_secs = whole_outage(&unavailable, &windows);
+    let keeps_running = keeps_running(config, state, &actions, &stopped);
+    Impact {
+        stopped,
+        unavailable,
+        keeps_running,
+        outage_secs,
+        unmeasured: unmeasured.into_iter().map(String::from).collect(),
+    }
+}
 
-    let stopped: Vec<Stop> = steps
+/// How long the last apply took for a resource's step.
+fn recorded(state: &State, a: &str) -> Option<f64> {
+    state.resources.get(a).and_then(|r| r.last_apply_secs)
+}
+
+/// The steps that stop something running (a replace or delete of a kind that disrupts).
+fn stopped_steps(steps: &[&super::Change], state: &State) -> Vec<Stop> {
+    steps
         .iter()
         .enumerate()
         .filter(|(_, c)| {
@@ -129,14 +161,23 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
             action: c.action,
             // A deletion's duration is never recorded (its state entry goes with it).
             expected_secs: (c.action == Action::Replace)
-                .then(|| recorded(&c.address))
+                .then(|| recorded(state, &c.address))
                 .flatten(),
         })
-        .collect();
+        .collect()
+}
 
-    // Steps wait for every deletion and for the changed steps behind them, through unchanged
-    // resources too, as the executor orders them; a window is known when every duration on
-    // the way is. A deletion's duration is never recorded, so any deletion makes them unknown.
+/// When each changed step starts and ends, from the recorded durations.
+///
+/// Steps wait for every deletion and for the changed steps behind them, through unchanged
+/// resources too, as the executor orders them; a window is known when every duration on the
+/// way is. A deletion's duration is never recorded, so any deletion makes them unknown.
+fn step_windows<'g>(
+    graph: &'g Graph,
+    steps: &[&super::Change],
+    actions: &HashMap<&str, Action>,
+    state: &State,
+) -> HashMap<&'g str, Window> {
     let has_deletes = steps.iter().any(|c| c.action == Action::Delete);
     let base = if has_deletes { None } else { Some(0.0f64) };
     let node_of: HashMap<&str, NodeIndex> = graph
@@ -159,7 +200,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         }
         let finish = match actions.get(address) {
             Some(a) if a.is_change() => {
-                let end = start.zip(recorded(address)).map(|(s, d)| s + d);
+                let end = start.zip(recorded(state, address)).map(|(s, d)| s + d);
                 windows.insert(address, Window { start, end });
                 end
             }
@@ -167,21 +208,34 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         };
         done.insert(address, finish);
     }
+    windows
+}
 
+/// The probes that run, with what each depends on.
+struct Probes<'p> {
+    names: Vec<&'p str>,
+    ancestors: HashMap<&'p str, BTreeSet<String>>,
+}
+
+/// The endpoints (probes and outputs) that go down, grouped by the step that takes them down
+/// and the probe (or replacement) that says they are back.
+fn outages(
+    config: &Config,
+    graph: &Graph,
+    stopped: &[Stop],
+    probes: &Probes<'_>,
+    step_of: &HashMap<&str, usize>,
+    actions: &HashMap<&str, Action>,
+    windows: &HashMap<&str, Window>,
+) -> Vec<Outage> {
     let disrupted: HashMap<&str, usize> = stopped
         .iter()
         .map(|s| (s.address.as_str(), s.step))
         .collect();
-    let probes: Vec<&str> = steps
-        .iter()
-        .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
-        .map(|c| c.address.as_str())
-        .collect();
-    let ancestors: HashMap<&str, BTreeSet<String>> =
-        probes.iter().map(|p| (*p, graph.ancestors(p))).collect();
+    let ancestors = &probes.ancestors;
     // What each endpoint depends on and which of it goes down.
     let mut endpoints: Vec<(String, BTreeSet<String>)> = Vec::new();
-    for p in &probes {
+    for p in &probes.names {
         endpoints.push((p.to_string(), ancestors[p].clone()));
     }
     for o in &config.outputs {
@@ -212,6 +266,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
                 .find(|o| format!("output.{}", o.name) == *name)
                 .map(|o| &o.deps);
             probes
+                .names
                 .iter()
                 .filter(|p| direct.is_some_and(|d| !d.is_empty() && d.is_subset(&ancestors[*p])))
                 .max_by_key(|p| step_of.get(**p))
@@ -230,7 +285,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
             .or_default()
             .push(name.clone());
     }
-    let mut unavailable: Vec<Outage> = groups
+    groups
         .into_iter()
         .map(|((from_step, cause, until), mut endpoints)| {
             endpoints.sort_by_key(|e| (!e.starts_with("output."), e.clone()));
@@ -247,7 +302,18 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
                 expected_secs,
             }
         })
-        .collect();
+        .collect()
+}
+
+/// The steps the endpoints' returns wait for that have no recorded duration (and every
+/// deletion): what makes the expected times unknown.
+fn unmeasured_steps<'c>(
+    graph: &Graph,
+    steps: &[&'c super::Change],
+    unavailable: &[Outage],
+    probes: &Probes<'_>,
+    state: &State,
+) -> Vec<&'c str> {
     // Everything the returns of the endpoints wait for, each set walked once.
     let mut on_the_way: HashSet<String> = HashSet::new();
     let ends: BTreeSet<&str> = unavailable
@@ -255,67 +321,70 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         .filter_map(|o| o.until.as_deref())
         .collect();
     for u in ends {
-        match ancestors.get(u) {
+        match probes.ancestors.get(u) {
             Some(set) => on_the_way.extend(set.iter().cloned()),
             None => on_the_way.extend(graph.ancestors(u)),
         }
         on_the_way.insert(u.to_string());
     }
-    let unmeasured: Vec<&str> = steps
+    steps
         .iter()
         .filter(|c| {
             let waited = c.action == Action::Delete || on_the_way.contains(&c.address);
-            waited && (c.action == Action::Delete || recorded(&c.address).is_none())
+            waited && (c.action == Action::Delete || recorded(state, &c.address).is_none())
         })
         .map(|c| c.address.as_str())
-        .collect();
-    unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
-    let outage_secs = if unavailable.is_empty() || unavailable.iter().any(|o| o.until.is_none()) {
-        None
-    } else {
-        let starts: Option<Vec<f64>> = unavailable
-            .iter()
-            .map(|o| windows.get(o.cause.as_str()).and_then(|w| w.start))
-            .collect();
-        let ends: Option<Vec<f64>> = unavailable
-            .iter()
-            .map(|o| {
-                o.until
-                    .as_deref()
-                    .and_then(|u| windows.get(u))
-                    .and_then(|w| w.end)
-            })
-            .collect();
-        starts.zip(ends).map(|(s, e)| {
-            e.iter().copied().fold(0.0, f64::max) - s.iter().copied().fold(f64::INFINITY, f64::min)
-        })
-    };
+        .collect()
+}
 
-    let keeps_running = if stopped.is_empty() {
-        Vec::new()
-    } else {
-        config
-            .resources
-            .iter()
-            .filter(|r| r.kind.kind().disrupts_when_replaced())
-            .filter(|r| {
-                state.resources.contains_key(&r.address)
-                    && matches!(
-                        actions.get(r.address.as_str()),
-                        None | Some(Action::NoOp) | Some(Action::Update)
-                    )
-            })
-            .map(|r| Running {
-                address: r.address.clone(),
-                node: r.node.clone(),
-            })
-            .collect()
-    };
-    Impact {
-        stopped,
-        unavailable,
-        keeps_running,
-        outage_secs,
-        unmeasured: unmeasured.into_iter().map(String::from).collect(),
+/// From the first endpoint down to the last one back, when every window on the way is known.
+fn whole_outage(unavailable: &[Outage], windows: &HashMap<&str, Window>) -> Option<f64> {
+    if unavailable.is_empty() || unavailable.iter().any(|o| o.until.is_none()) {
+        return None;
     }
+    let starts: Option<Vec<f64>> = unavailable
+        .iter()
+        .map(|o| windows.get(o.cause.as_str()).and_then(|w| w.start))
+        .collect();
+    let ends: Option<Vec<f64>> = unavailable
+        .iter()
+        .map(|o| {
+            o.until
+                .as_deref()
+                .and_then(|u| windows.get(u))
+                .and_then(|w| w.end)
+        })
+        .collect();
+    starts.zip(ends).map(|(s, e)| {
+        e.iter().copied().fold(0.0, f64::max) - s.iter().copied().fold(f64::INFINITY, f64::min)
+    })
+}
+
+/// What keeps running while something stops: recorded resources of disruptable kinds that this
+/// plan leaves running.
+fn keeps_running(
+    config: &Config,
+    state: &State,
+    actions: &HashMap<&str, Action>,
+    stopped: &[Stop],
+) -> Vec<Running> {
+    if stopped.is_empty() {
+        return Vec::new();
+    }
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind.kind().disrupts_when_replaced())
+        .filter(|r| {
+            state.resources.contains_key(&r.address)
+                && matches!(
+                    actions.get(r.address.as_str()),
+                    None | Some(Action::NoOp) | Some(Action::Update)
+                )
+        })
+        .map(|r| Running {
+            address: r.address.clone(),
+            node: r.node.clone(),
+        })
+        .collect()
 }

@@ -3,8 +3,17 @@
 
 pub mod diff;
 pub mod impact;
+mod outputs;
 pub mod planfile;
+mod record;
 pub mod render;
+
+use outputs::output_changes;
+use record::mark;
+pub use record::{
+    mark_run_started, record, record_change, record_import, record_intent, record_outputs,
+    record_run_failed, MARK_PENDING, MARK_RUN_FAILED, MARK_RUN_STARTED,
+};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -219,25 +228,6 @@ pub struct Import {
     pub secret_paths: Vec<Vec<String>>,
 }
 
-/// Record an import: the object as it runs, before any step changes it.
-pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {
-    let change = Change {
-        address: i.address.clone(),
-        kind: i.kind,
-        node: i.node.clone(),
-        action: Action::Create,
-        attributes: Vec::new(),
-        replace_reasons: Vec::new(),
-        run_reason: None,
-        depends_on,
-        after: Some(i.config.clone()),
-        after_hash: Some(config_hash(&i.config)),
-        drift: Vec::new(),
-        orphan: None,
-    };
-    record_change(state, &change, i.attributes.clone(), None);
-}
-
 /// An import with its sensitive values as the state records them.
 fn recorded_import(i: &Import, r: &Resource, key: Option<&HashKey>) -> Import {
     let mut config = i.config.clone();
@@ -435,6 +425,81 @@ pub fn plan(
     state: &State,
     opts: &PlanOptions,
 ) -> Result<Plan, Box<Diag>> {
+    check_named_addresses(config, state, opts)?;
+    // What is imported plans as if the state had it as it runs.
+    let (imports, generated, with_imports) = imports_as_recorded(config, state, opts);
+    let state = with_imports.as_ref().unwrap_or(state);
+    let selection = Selection::of(graph, state, opts);
+    let by_address: HashMap<&str, &Resource> = config
+        .resources
+        .iter()
+        .map(|r| (r.address.as_str(), r))
+        .collect();
+    let mut actions: HashMap<String, Action> = HashMap::new();
+    let mut changes: BTreeMap<String, Change> = BTreeMap::new();
+    let mut notes: Vec<String> = Vec::new();
+    let order = graph.order();
+    for address in &order {
+        let Some(r) = by_address.get(address.as_str()).copied() else {
+            continue;
+        };
+        if selection.leaves_out(address) {
+            continue;
+        }
+        let change = resource_change(r, state, opts, &actions, &mut notes);
+        actions.insert(address.clone(), change.action);
+        changes.insert(address.clone(), change);
+    }
+    replace_process_groups(config, &order, state, &mut actions, &mut changes);
+    run_probes_after_what_changed(&order, graph, state, &actions, &mut changes);
+    let failing = failing_runs(&order, &changes, state);
+    // Deletions first (dependents first), then the rest in dependency order.
+    let mut ordered: Vec<Change> = deletions(state, &by_address, &selection, opts);
+    for address in &order {
+        if let Some(c) = changes.remove(address) {
+            ordered.push(c);
+        }
+    }
+    let outputs = if selection.targeted.is_some() {
+        Vec::new()
+    } else {
+        // An output showing an excluded resource keeps its recorded value.
+        output_changes(config, state, opts.key.as_ref(), &mut notes)
+            .into_iter()
+            .filter(|o| {
+                config
+                    .outputs
+                    .iter()
+                    .find(|c| c.name == o.name)
+                    .is_none_or(|c| c.deps.is_disjoint(&selection.excluded))
+            })
+            .collect()
+    };
+    let summary = summarize(&ordered, imports.len());
+    let levels = changed_levels(graph, &ordered);
+    let mut plan = Plan {
+        changes: ordered,
+        outputs,
+        levels,
+        summary,
+        impact: None,
+        excluded: selection.excluded.into_iter().collect(),
+        notes,
+        failing,
+        imports,
+        generated,
+    };
+    plan.impact = Some(impact::compute(&plan, config, graph, state));
+    Ok(plan)
+}
+
+/// `-replace` must name a resource of the configuration; `-target` and `-exclude` one of the
+/// configuration or the state.
+fn check_named_addresses(
+    config: &Config,
+    state: &State,
+    opts: &PlanOptions,
+) -> Result<(), Box<Diag>> {
     for a in opts.replace.iter() {
         if config.resource(a).is_none() {
             return Err(Box::new(unknown_address("-replace", a, config)));
@@ -450,7 +515,17 @@ pub fn plan(
             return Err(Box::new(unknown_address("-exclude", a, config)));
         }
     }
-    // What is imported plans as if the state had it as it runs.
+    Ok(())
+}
+
+/// The imports of resources the configuration has (recorded as they run, in a copy of the
+/// state when there are any) and those it lacks (for which `-generate-config-out` writes a
+/// block).
+fn imports_as_recorded(
+    config: &Config,
+    state: &State,
+    opts: &PlanOptions,
+) -> (Vec<Import>, Vec<Import>, Option<State>) {
     let imports: Vec<Import> = opts
         .imports
         .iter()
@@ -469,10 +544,7 @@ pub fn plan(
         .filter(|i| config.resource(&i.address).is_none())
         .cloned()
         .collect();
-    let with_imports;
-    let state = if imports.is_empty() {
-        state
-    } else {
+    let with_imports = (!imports.is_empty()).then(|| {
         let mut s = state.clone();
         for i in &imports {
             let deps = config
@@ -481,176 +553,237 @@ pub fn plan(
                 .unwrap_or_default();
             record_import(&mut s, i, deps);
         }
-        with_imports = s;
-        &with_imports
-    };
-    let excluded = excluded(&opts.exclude, graph, state);
-    let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
-        let mut set = BTreeSet::new();
-        for t in &opts.targets {
-            set.insert(t.clone());
-            set.extend(graph.ancestors(t));
-        }
-        set
+        s
     });
-    let by_address: HashMap<&str, &Resource> = config
-        .resources
-        .iter()
-        .map(|r| (r.address.as_str(), r))
-        .collect();
-    let mut actions: HashMap<String, Action> = HashMap::new();
-    let mut changes: BTreeMap<String, Change> = BTreeMap::new();
-    let mut notes: Vec<String> = Vec::new();
-    let order = graph.order();
-    for address in &order {
-        let Some(r) = by_address.get(address.as_str()).copied() else {
-            continue;
-        };
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
-            continue;
-        }
-        let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
-        let after = recorded_config(r, opts.key.as_ref());
-        let hash = config_hash(&after);
-        // Nothing recorded, nothing to compare: a create needs no explaining.
-        if !r.sensitive.is_empty() && opts.key.is_none() && state.resources.contains_key(address) {
-            note(&mut notes, NOTE_NO_KEY);
-        }
-        if state
-            .resources
-            .get(address)
-            .is_some_and(|old| holds_legacy_hash(&old.config, r))
-        {
-            note(&mut notes, NOTE_LEGACY);
-        }
-        let observed = opts
-            .observations
-            .as_ref()
-            .and_then(|o| o.resources.get(address));
-        let mut drift = Vec::new();
-        let recorded = match (state.resources.get(address), observed) {
-            (Some(_), Some(Observed::Missing(why))) => {
-                drift.push(why.clone());
-                None
+    (imports, generated, with_imports)
+}
+
+/// What `-target` and `-exclude` leave in the plan.
+struct Selection {
+    /// The targets and everything they depend on; `None`: no `-target`, everything.
+    targeted: Option<BTreeSet<String>>,
+    /// What `-exclude` names and everything that depends on it.
+    excluded: BTreeSet<String>,
+}
+
+impl Selection {
+    fn of(graph: &Graph, state: &State, opts: &PlanOptions) -> Selection {
+        let excluded = excluded(&opts.exclude, graph, state);
+        let targeted: Option<BTreeSet<String>> = (!opts.targets.is_empty()).then(|| {
+            let mut set = BTreeSet::new();
+            for t in &opts.targets {
+                set.insert(t.clone());
+                set.extend(graph.ancestors(t));
             }
-            (rec, Some(Observed::Drifted(notes))) => {
-                drift.extend(notes.iter().cloned());
-                rec
-            }
-            (rec, _) => rec,
-        };
-        let mut change = Change {
-            address: address.clone(),
-            kind: r.kind,
-            node: r.node.clone(),
-            action: Action::NoOp,
-            attributes: Vec::new(),
-            replace_reasons: Vec::new(),
-            run_reason: None,
-            depends_on: r.deps.iter().cloned().collect(),
-            after: Some(after.clone()),
-            after_hash: Some(hash.clone()),
-            drift: drift.clone(),
-            orphan: None,
-        };
-        match recorded {
-            None => {
-                if runs {
-                    change.action = Action::Run;
-                    change.run_reason = Some(format!("new {}", r.kind));
-                } else {
-                    change.action = Action::Create;
-                }
-                change.attributes = diff_attributes(None, Some(&after), Some(r), r.kind);
-            }
-            Some(old) if old.kind != r.kind => {
-                change.action = Action::Replace;
-                change
-                    .replace_reasons
-                    .push(format!("kind changes from {} to {}", old.kind, r.kind));
-                change.attributes =
-                    diff_attributes(Some(&old.config), Some(&after), Some(r), r.kind);
-            }
-            Some(old) if old.config_hash != hash => {
-                change.attributes =
-                    diff_attributes(Some(&old.config), Some(&after), Some(r), r.kind);
-                let forcing: Vec<String> = change
-                    .attributes
-                    .iter()
-                    .filter(|a| a.forces_replacement)
-                    .map(|a| a.path.split('.').next().unwrap_or(&a.path).to_string())
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
-                if runs {
-                    change.action = Action::Run;
-                    change.run_reason = Some("its configuration changed".into());
-                } else if forcing.is_empty() {
-                    change.action = Action::Update;
-                } else {
-                    change.action = Action::Replace;
-                    change.replace_reasons = forcing
-                        .iter()
-                        .map(|f| {
-                            r.kind
-                                .kind()
-                                .replace_reason(f, &old.config, &after)
-                                .unwrap_or_else(|| format!("`{f}` changes"))
-                        })
-                        .collect();
-                }
-            }
-            Some(_) => {}
-        }
-        // The machine no longer matches the state: bring it back even if the config did not change.
-        if recorded.is_some() && !drift.is_empty() && change.action == Action::NoOp {
-            match r.kind.kind().on_drift() {
-                OnDrift::Update => change.action = Action::Update,
-                OnDrift::Replace => {
-                    change.action = Action::Replace;
-                    change
-                        .replace_reasons
-                        .push("it drifted from the state".into());
-                }
-                OnDrift::Ignore => {}
-            }
-        }
-        // A create a kill interrupted: recorded ahead, marked pending. Found on the node (or not
-        // looked at), it is adopted: the step runs again and records it as a whole.
-        if recorded.is_some()
-            && matches!(change.action, Action::NoOp | Action::Update)
-            && mark(state, address, MARK_PENDING).is_some()
-        {
-            change.action = Action::Update;
-            change.drift.push(match observed {
-                Some(_) => "found on the node, will be adopted: an earlier apply was stopped while creating it".into(),
-                None => "an earlier apply was stopped while creating it: it is created or adopted".into(),
-            });
-        }
-        if !runs {
-            if opts.replace.contains(address) && change.action != Action::Create {
-                change.action = Action::Replace;
-                change
-                    .replace_reasons
-                    .push("requested with -replace".into());
-            }
-            if change.action != Action::Create {
-                for t in &r.replace_triggered_by {
-                    if actions.get(t) == Some(&Action::Replace) {
-                        change.action = Action::Replace;
-                        change
-                            .replace_reasons
-                            .push(format!("replace_triggered_by: {t} is replaced"));
-                    }
-                }
-            }
-        }
-        actions.insert(address.clone(), change.action);
-        changes.insert(address.clone(), change);
+            set
+        });
+        Selection { targeted, excluded }
     }
-    replace_process_groups(config, &order, state, &mut actions, &mut changes);
-    // Probes run when anything they depend on changes.
-    for address in &order {
+
+    fn leaves_out(&self, address: &str) -> bool {
+        self.targeted.as_ref().is_some_and(|t| !t.contains(address))
+            || self.excluded.contains(address)
+    }
+}
+
+/// The change for one resource of the configuration: against what the state records, what
+/// refresh observed, the journal's marks, `-replace` and `replace_triggered_by` (`actions`: what
+/// is planned so far for the resources before it in dependency order).
+fn resource_change(
+    r: &Resource,
+    state: &State,
+    opts: &PlanOptions,
+    actions: &HashMap<String, Action>,
+    notes: &mut Vec<String>,
+) -> Change {
+    let address = &r.address;
+    let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
+    let after = recorded_config(r, opts.key.as_ref());
+    let hash = config_hash(&after);
+    // Nothing recorded, nothing to compare: a create needs no explaining.
+    if !r.sensitive.is_empty() && opts.key.is_none() && state.resources.contains_key(address) {
+        note(notes, NOTE_NO_KEY);
+    }
+    if state
+        .resources
+        .get(address)
+        .is_some_and(|old| holds_legacy_hash(&old.config, r))
+    {
+        note(notes, NOTE_LEGACY);
+    }
+    let observed = opts
+        .observations
+        .as_ref()
+        .and_then(|o| o.resources.get(address));
+    let mut drift = Vec::new();
+    let recorded = match (state.resources.get(address), observed) {
+        (Some(_), Some(Observed::Missing(why))) => {
+            drift.push(why.clone());
+            None
+        }
+        (rec, Some(Observed::Drifted(notes))) => {
+            drift.extend(notes.iter().cloned());
+            rec
+        }
+        (rec, _) => rec,
+    };
+    let mut change = Change {
+        address: address.clone(),
+        kind: r.kind,
+        node: r.node.clone(),
+        action: Action::NoOp,
+        attributes: Vec::new(),
+        replace_reasons: Vec::new(),
+        run_reason: None,
+        depends_on: r.deps.iter().cloned().collect(),
+        after: Some(after.clone()),
+        after_hash: Some(hash.clone()),
+        drift: drift.clone(),
+        orphan: None,
+    };
+    against_recorded(&mut change, recorded, r, &after, &hash);
+    if recorded.is_some() {
+        after_drift_and_interruptions(&mut change, r, state, observed);
+    }
+    if !runs {
+        forced_by_options(&mut change, r, opts, actions);
+    }
+    change
+}
+
+/// The action from the configuration against what the state records: create (or run) what is
+/// new, replace what changes kind or an attribute that forces it, update the rest that changed.
+fn against_recorded(
+    change: &mut Change,
+    recorded: Option<&ResourceState>,
+    r: &Resource,
+    after: &serde_json::Value,
+    hash: &str,
+) {
+    let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
+    match recorded {
+        None => {
+            if runs {
+                change.action = Action::Run;
+                change.run_reason = Some(format!("new {}", r.kind));
+            } else {
+                change.action = Action::Create;
+            }
+            change.attributes = diff_attributes(None, Some(after), Some(r), r.kind);
+        }
+        Some(old) if old.kind != r.kind => {
+            change.action = Action::Replace;
+            change
+                .replace_reasons
+                .push(format!("kind changes from {} to {}", old.kind, r.kind));
+            change.attributes = diff_attributes(Some(&old.config), Some(after), Some(r), r.kind);
+        }
+        Some(old) if old.config_hash != hash => {
+            change.attributes = diff_attributes(Some(&old.config), Some(after), Some(r), r.kind);
+            let forcing: Vec<String> = change
+                .attributes
+                .iter()
+                .filter(|a| a.forces_replacement)
+                .map(|a| a.path.split('.').next().unwrap_or(&a.path).to_string())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if runs {
+                change.action = Action::Run;
+                change.run_reason = Some("its configuration changed".into());
+            } else if forcing.is_empty() {
+                change.action = Action::Update;
+            } else {
+                change.action = Action::Replace;
+                change.replace_reasons = forcing
+                    .iter()
+                    .map(|f| {
+                        r.kind
+                            .kind()
+                            .replace_reason(f, &old.config, after)
+                            .unwrap_or_else(|| format!("`{f}` changes"))
+                    })
+                    .collect();
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+/// A recorded resource the configuration leaves as it is may still need a step: the machine
+/// drifted from the state, or a kill interrupted its create.
+fn after_drift_and_interruptions(
+    change: &mut Change,
+    r: &Resource,
+    state: &State,
+    observed: Option<&Observed>,
+) {
+    // The machine no longer matches the state: bring it back even if the config did not change.
+    if !change.drift.is_empty() && change.action == Action::NoOp {
+        match r.kind.kind().on_drift() {
+            OnDrift::Update => change.action = Action::Update,
+            OnDrift::Replace => {
+                change.action = Action::Replace;
+                change
+                    .replace_reasons
+                    .push("it drifted from the state".into());
+            }
+            OnDrift::Ignore => {}
+        }
+    }
+    // A create a kill interrupted: recorded ahead, marked pending. Found on the node (or not
+    // looked at), it is adopted: the step runs again and records it as a whole.
+    if matches!(change.action, Action::NoOp | Action::Update)
+        && mark(state, &r.address, MARK_PENDING).is_some()
+    {
+        change.action = Action::Update;
+        change.drift.push(match observed {
+            Some(_) => {
+                "found on the node, will be adopted: an earlier apply was stopped while creating it"
+                    .into()
+            }
+            None => {
+                "an earlier apply was stopped while creating it: it is created or adopted".into()
+            }
+        });
+    }
+}
+
+/// `-replace`, and `replace_triggered_by` naming a resource planned for replacement.
+fn forced_by_options(
+    change: &mut Change,
+    r: &Resource,
+    opts: &PlanOptions,
+    actions: &HashMap<String, Action>,
+) {
+    if opts.replace.contains(&r.address) && change.action != Action::Create {
+        change.action = Action::Replace;
+        change
+            .replace_reasons
+            .push("requested with -replace".into());
+    }
+    if change.action != Action::Create {
+        for t in &r.replace_triggered_by {
+            if actions.get(t) == Some(&Action::Replace) {
+                change.action = Action::Replace;
+                change
+                    .replace_reasons
+                    .push(format!("replace_triggered_by: {t} is replaced"));
+            }
+        }
+    }
+}
+
+/// Probes run when anything they depend on changes, and again when a kill interrupted their
+/// last run.
+fn run_probes_after_what_changed(
+    order: &[String],
+    graph: &Graph,
+    state: &State,
+    actions: &HashMap<String, Action>,
+    changes: &mut BTreeMap<String, Change>,
+) {
+    for address in order {
         let Some(c) = changes.get(address) else {
             continue;
         };
@@ -683,7 +816,15 @@ pub fn plan(
             }
         }
     }
-    let failing: Vec<FailedRun> = order
+}
+
+/// The runs that failed last time and do not run now: plan says so instead of "No changes."
+fn failing_runs(
+    order: &[String],
+    changes: &BTreeMap<String, Change>,
+    state: &State,
+) -> Vec<FailedRun> {
+    order
         .iter()
         .filter(|a| changes.get(*a).is_some_and(|c| c.action == Action::NoOp))
         .filter_map(|a| {
@@ -695,14 +836,23 @@ pub fn plan(
                 error: text("error"),
             })
         })
-        .collect();
-    // Deletions: recorded resources the configuration no longer has, dependents first.
+        .collect()
+}
+
+/// Deletions: recorded resources the configuration no longer has and the labelled objects
+/// refresh found untracked, dependents first.
+fn deletions(
+    state: &State,
+    by_address: &HashMap<&str, &Resource>,
+    selection: &Selection,
+    opts: &PlanOptions,
+) -> Vec<Change> {
     let mut deletes: Vec<Change> = Vec::new();
     for (address, old) in &state.resources {
         if by_address.contains_key(address.as_str()) {
             continue;
         }
-        if targeted.as_ref().is_some_and(|t| !t.contains(address)) || excluded.contains(address) {
+        if selection.leaves_out(address) {
             continue;
         }
         let drift = match opts
@@ -733,9 +883,7 @@ pub fn plan(
     }
     if let Some(obs) = &opts.observations {
         for o in &obs.orphans {
-            if targeted.as_ref().is_some_and(|t| !t.contains(&o.address))
-                || excluded.contains(&o.address)
-            {
+            if selection.leaves_out(&o.address) {
                 continue;
             }
             deletes.push(Change {
@@ -759,34 +907,15 @@ pub fn plan(
             });
         }
     }
-    let deletes = reverse_dependency_order(deletes);
+    reverse_dependency_order(deletes)
+}
 
-    let mut ordered: Vec<Change> = deletes;
-    for address in &order {
-        if let Some(c) = changes.remove(address) {
-            ordered.push(c);
-        }
-    }
-    let outputs = if targeted.is_some() {
-        Vec::new()
-    } else {
-        // An output showing an excluded resource keeps its recorded value.
-        output_changes(config, state, opts.key.as_ref(), &mut notes)
-            .into_iter()
-            .filter(|o| {
-                config
-                    .outputs
-                    .iter()
-                    .find(|c| c.name == o.name)
-                    .is_none_or(|c| c.deps.is_disjoint(&excluded))
-            })
-            .collect()
-    };
+fn summarize(ordered: &[Change], imports: usize) -> Summary {
     let mut summary = Summary {
-        import: imports.len(),
+        import: imports,
         ..Summary::default()
     };
-    for c in &ordered {
+    for c in ordered {
         match c.action {
             Action::Create => summary.create += 1,
             Action::Update => summary.update += 1,
@@ -796,12 +925,17 @@ pub fn plan(
             Action::NoOp => {}
         }
     }
+    summary
+}
+
+/// The graph's levels of parallel steps, each with only what changes (deletes apart).
+fn changed_levels(graph: &Graph, ordered: &[Change]) -> Vec<Vec<String>> {
     let changed: BTreeSet<&str> = ordered
         .iter()
         .filter(|c| c.action.is_change() && c.action != Action::Delete)
         .map(|c| c.address.as_str())
         .collect();
-    let levels = graph
+    graph
         .levels()
         .into_iter()
         .map(|l| {
@@ -810,21 +944,7 @@ pub fn plan(
                 .collect::<Vec<_>>()
         })
         .filter(|l| !l.is_empty())
-        .collect();
-    let mut plan = Plan {
-        changes: ordered,
-        outputs,
-        levels,
-        summary,
-        impact: None,
-        excluded: excluded.into_iter().collect(),
-        notes,
-        failing,
-        imports,
-        generated,
-    };
-    plan.impact = Some(impact::compute(&plan, config, graph, state));
-    Ok(plan)
+        .collect()
 }
 
 /// The members of one process group (the ranks of a multi-node engine) start as one: a member
@@ -994,176 +1114,6 @@ fn reverse_dependency_order(deletes: Vec<Change>) -> Vec<Change> {
 fn note(notes: &mut Vec<String>, text: &str) {
     if !notes.iter().any(|n| n == text) {
         notes.push(text.to_string());
-    }
-}
-
-fn output_value_recorded(
-    value: &serde_json::Value,
-    sensitive: bool,
-    key: Option<&HashKey>,
-) -> serde_json::Value {
-    if sensitive {
-        hash_sensitive(key, value)
-    } else {
-        value.clone()
-    }
-}
-
-fn output_changes(
-    config: &Config,
-    state: &State,
-    key: Option<&HashKey>,
-    notes: &mut Vec<String>,
-) -> Vec<OutputChange> {
-    let mut out = Vec::new();
-    for o in &config.outputs {
-        let after = output_value_recorded(&o.value, o.sensitive, key);
-        if o.sensitive && key.is_none() && state.outputs.contains_key(&o.name) {
-            note(notes, NOTE_NO_KEY);
-        }
-        if let Some(b) = state.outputs.get(&o.name).filter(|_| o.sensitive) {
-            if legacy_in(&b.value) {
-                note(notes, NOTE_LEGACY);
-            }
-        }
-        let before = state.outputs.get(&o.name);
-        let action = match before {
-            None => Action::Create,
-            Some(b) if b.value != after || b.sensitive != o.sensitive => Action::Update,
-            Some(_) => Action::NoOp,
-        };
-        out.push(OutputChange {
-            name: o.name.clone(),
-            action,
-            before: before.map(|b| b.value.clone()),
-            after: Some(after),
-            sensitive: o.sensitive,
-        });
-    }
-    for (name, b) in &state.outputs {
-        if !config.outputs.iter().any(|o| &o.name == name) {
-            out.push(OutputChange {
-                name: name.clone(),
-                action: Action::Delete,
-                before: Some(b.value.clone()),
-                after: None,
-                sensitive: b.sensitive,
-            });
-        }
-    }
-    out
-}
-
-/// Record a plan's changes as done: what a fully successful apply leaves in the state.
-/// `attributes` keep what the state had (the executor adds live facts such as container ids).
-pub fn record(plan: &Plan, state: &mut State) {
-    for c in &plan.changes {
-        let attributes = state
-            .resources
-            .get(&c.address)
-            .map(|r| r.attributes.clone())
-            .unwrap_or_default();
-        record_change(state, c, attributes, None);
-    }
-    record_outputs(plan, state);
-}
-
-/// The one writer of a resource's entry in the state: a change done, with the live facts its
-/// step left (`attributes`). A delete removes the entry.
-/// `last_apply_secs`: how long the step took; `None` keeps what the state had.
-pub fn record_change(
-    state: &mut State,
-    c: &Change,
-    attributes: BTreeMap<String, serde_json::Value>,
-    last_apply_secs: Option<f64>,
-) {
-    if c.action == Action::Delete {
-        state.resources.remove(&c.address);
-        return;
-    }
-    let (Some(after), Some(hash)) = (&c.after, &c.after_hash) else {
-        return;
-    };
-    let last_apply_secs =
-        last_apply_secs.or_else(|| state.resources.get(&c.address)?.last_apply_secs);
-    state.resources.insert(
-        c.address.clone(),
-        ResourceState {
-            kind: c.kind,
-            node: c.node.clone(),
-            config_hash: hash.clone(),
-            config: after.clone(),
-            attributes,
-            depends_on: c.depends_on.clone(),
-            last_apply_secs,
-        },
-    );
-}
-
-/// Journal marks in a recorded resource's attributes, written around a step so that a run
-/// killed in the middle leaves a state that says what was under way.
-///
-/// A create of a kind whose objects carry no label (an address on an interface) is recorded
-/// before it starts, marked pending: an object a kill left on the machine is then this
-/// deployment's (refresh sees it, plan adopts it, destroy removes it), never someone else's.
-pub const MARK_PENDING: &str = "journal_pending";
-/// A run (a probe) that started and has not finished: the next apply runs it again.
-pub const MARK_RUN_STARTED: &str = "run_started";
-/// The last run failed: `{"at": time, "error": text}`; plan says so.
-pub const MARK_RUN_FAILED: &str = "last_failure";
-
-/// Before a create whose object nobody could find untracked: the entry, marked pending since `at`.
-pub fn record_intent(state: &mut State, c: &Change, at: &str) {
-    let mut attributes = BTreeMap::new();
-    attributes.insert(MARK_PENDING.to_string(), serde_json::json!(at));
-    record_change(state, c, attributes, None);
-}
-
-/// Before a run of a recorded resource: mark it started at `at` (a new one plans to run anyway).
-pub fn mark_run_started(state: &mut State, address: &str, at: &str) -> bool {
-    let Some(r) = state.resources.get_mut(address) else {
-        return false;
-    };
-    r.attributes
-        .insert(MARK_RUN_STARTED.to_string(), serde_json::json!(at));
-    true
-}
-
-/// A run of a recorded resource failed at `at` with `error`: what the next plan reports.
-pub fn record_run_failed(state: &mut State, address: &str, at: &str, error: &str) -> bool {
-    let Some(r) = state.resources.get_mut(address) else {
-        return false;
-    };
-    r.attributes.remove(MARK_RUN_STARTED);
-    r.attributes.insert(
-        MARK_RUN_FAILED.to_string(),
-        serde_json::json!({ "at": at, "error": error }),
-    );
-    true
-}
-
-fn mark<'a>(state: &'a State, address: &str, key: &str) -> Option<&'a serde_json::Value> {
-    state.resources.get(address)?.attributes.get(key)
-}
-
-/// Record a plan's output changes in the state.
-pub fn record_outputs(plan: &Plan, state: &mut State) {
-    for o in &plan.outputs {
-        match (&o.action, &o.after) {
-            (Action::Delete, _) => {
-                state.outputs.remove(&o.name);
-            }
-            (_, Some(after)) => {
-                state.outputs.insert(
-                    o.name.clone(),
-                    OutputState {
-                        value: after.clone(),
-                        sensitive: o.sensitive,
-                    },
-                );
-            }
-            _ => {}
-        }
     }
 }
 

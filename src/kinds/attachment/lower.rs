@@ -23,42 +23,7 @@ impl dyn Engine<'_> + '_ {
         let name = item.name.clone();
         let header = item.header.clone();
         let address = format!("{}network.{}", self.prefix(), name);
-        let subnet_text = attrs.string("subnet").unwrap_or_default();
-        let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
-            Ok(net) if net.trunc() == net => Some(net),
-            Ok(net) => {
-                self.value_error(
-                    &attrs,
-                    "subnet",
-                    format!("{subnet_text:?} has host bits set"),
-                    &format!("write the network address: {}", net.trunc()),
-                );
-                None
-            }
-            Err(_) => {
-                self.value_error(
-                    &attrs,
-                    "subnet",
-                    format!("{subnet_text:?} is not a CIDR block"),
-                    "write it as ADDRESS/PREFIX, e.g. \"192.168.200.0/24\"",
-                );
-                None
-            }
-        };
-        let mtu = match attrs.number("mtu") {
-            None => Some(1500u32),
-            Some(m) if (576.0..=9216.0).contains(&m) && m.fract() == 0.0 => Some(m as u32),
-            Some(m) => {
-                self.value_error(
-                    &attrs,
-                    "mtu",
-                    format!("{m} is not a usable MTU"),
-                    "an MTU is 576 to 9216 (9000 for jumbo frames)",
-                );
-                None
-            }
-        };
-        let (subnet, mtu) = (subnet?, mtu?);
+        let (subnet, mtu) = self.network_subnet_and_mtu(&attrs)?;
         let mut attach_values = Map::new();
         let mut attach_deps = BTreeMap::new();
         let mut seen_addr: HashMap<std::net::IpAddr, (String, Span)> = HashMap::new();
@@ -100,65 +65,17 @@ impl dyn Engine<'_> + '_ {
                 self.value_error(&a, "interface", msg, "interface names are 1 to 15 letters, digits, `_`, `-` or `.`, as `ip link` shows them");
                 good = false;
             }
-            let ip: Option<std::net::IpAddr> = match addr_text.parse() {
-                Ok(ip) => Some(ip),
-                Err(_) => {
-                    let hint = if addr_text.contains('/') {
-                        "write the address without a prefix; the prefix comes from the network's subnet"
-                    } else {
-                        "write an IP address such as \"192.168.200.1\""
-                    };
-                    self.value_error(
-                        &a,
-                        "address",
-                        format!("{addr_text:?} is not an IP address"),
-                        hint,
-                    );
-                    good = false;
-                    None
-                }
-            };
+            let ip = self.attachment_ip(&a, &addr_text);
+            good &= ip.is_some();
             if let Some(ip) = ip {
                 let aspan = a.spans.get("address").cloned().unwrap_or(aheader.clone());
-                if !subnet.contains(&ip) {
-                    self.diag(
-                        Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
-                            .label(&aspan, format!("not in {subnet}"))
-                            .maybe_label(attrs.spans.get("subnet"), "the network's subnet")
-                            .help(format!("pick an address between {} and {}", first_host(&subnet), last_host(&subnet))),
-                    );
-                    good = false;
-                } else if ip == subnet.network()
-                    && subnet.prefix_len() < subnet.max_prefix_len() - 1
-                {
-                    self.diag(
-                        Diag::error(
-                            "config::invalid_value",
-                            format!(
-                                "attachment `{aname}`: {ip} is the network address of {subnet}"
-                            ),
-                        )
-                        .label(&aspan, "network address")
-                        .help(format!(
-                            "the first usable address is {}",
-                            first_host(&subnet)
-                        )),
-                    );
-                    good = false;
-                } else if let Some(d) = broadcast_address(&subnet, ip, &aname, &aspan) {
-                    self.diag(d);
-                    good = false;
-                } else if let Some((other, ospan)) = seen_addr.get(&ip) {
-                    self.diag(
-                        Diag::error("config::duplicate_address", format!("attachments `{other}` and `{aname}` of network `{name}` both use {ip}"))
-                            .label(&aspan, format!("{ip} again"))
-                            .label(ospan, format!("{ip} first used here"))
-                            .help("every attachment needs its own address"),
-                    );
-                    good = false;
-                } else {
-                    seen_addr.insert(ip, (aname.clone(), aspan));
-                }
+                let where_ = Where {
+                    network: &name,
+                    subnet: &subnet,
+                    subnet_span: attrs.spans.get("subnet"),
+                    attachment: &aname,
+                };
+                good &= self.attachment_address_ok(ip, aspan, &where_, &mut seen_addr);
             }
             if let Some(d) = management_subnet(
                 &name,
@@ -210,19 +127,14 @@ impl dyn Engine<'_> + '_ {
                 span: aheader,
             });
             names.push(res_address.clone());
-            let mut av = Map::new();
-            // The attachment value carries the node object so modules can read `attach.x.node.name`.
-            let node_value = a.raw.get("node").cloned().unwrap_or(Value::Null);
-            av.insert("kind".into(), "attachment".into());
-            av.insert("id".into(), res_address.clone().into());
-            av.insert("name".into(), aname.clone().into());
-            av.insert("node".into(), node_value);
-            av.insert("node_name".into(), node_name.into());
-            av.insert("interface".into(), interface.into());
-            av.insert("address".into(), addr_text.clone().into());
-            av.insert(
-                "cidr".into(),
-                format!("{addr_text}/{}", subnet.prefix_len()).into(),
+            let av = attachment_value(
+                &a,
+                &res_address,
+                &aname,
+                node_name,
+                interface,
+                &addr_text,
+                &subnet,
             );
             attach_values.insert(aname.clone(), Value::Object(av));
             attach_deps.insert(aname, DepTree::Leaf(BTreeSet::from([res_address])));
@@ -238,25 +150,166 @@ impl dyn Engine<'_> + '_ {
             attachments: names,
             span: header,
         });
-        let mut value = Map::new();
-        value.insert("kind".into(), "network".into());
-        value.insert("id".into(), address.into());
-        value.insert("name".into(), name.into());
-        value.insert("subnet".into(), subnet.to_string().into());
-        value.insert("mtu".into(), Value::from(mtu));
-        value.insert("prefix_len".into(), Value::from(subnet.prefix_len()));
-        value.insert("netmask".into(), subnet.netmask().to_string().into());
-        value.insert("attach".into(), Value::Object(attach_values));
-        let mut tree = BTreeMap::new();
-        tree.insert("attach".to_string(), DepTree::Keyed(attach_deps));
-        Some(Evaluated {
-            value: Value::Object(value),
-            sensitive: false,
-            sensitive_keys: HashSet::new(),
-            deps: DepTree::Keyed(tree),
-            all_resources: BTreeSet::new(),
-        })
+        Some(network_value(
+            address,
+            name,
+            &subnet,
+            mtu,
+            attach_values,
+            attach_deps,
+        ))
     }
+
+    /// The network's `subnet` (a network address) and `mtu` (1500 unless set); both checked,
+    /// each error reported.
+    fn network_subnet_and_mtu(&mut self, attrs: &Attrs) -> Option<(ipnet::IpNet, u32)> {
+        let subnet_text = attrs.string("subnet").unwrap_or_default();
+        let subnet: Option<ipnet::IpNet> = match subnet_text.parse::<ipnet::IpNet>() {
+            Ok(net) if net.trunc() == net => Some(net),
+            Ok(net) => {
+                self.value_error(
+                    attrs,
+                    "subnet",
+                    format!("{subnet_text:?} has host bits set"),
+                    &format!("write the network address: {}", net.trunc()),
+                );
+                None
+            }
+            Err(_) => {
+                self.value_error(
+                    attrs,
+                    "subnet",
+                    format!("{subnet_text:?} is not a CIDR block"),
+                    "write it as ADDRESS/PREFIX, e.g. \"192.168.200.0/24\"",
+                );
+                None
+            }
+        };
+        let mtu = match attrs.number("mtu") {
+            None => Some(1500u32),
+            Some(m) if (576.0..=9216.0).contains(&m) && m.fract() == 0.0 => Some(m as u32),
+            Some(m) => {
+                self.value_error(
+                    attrs,
+                    "mtu",
+                    format!("{m} is not a usable MTU"),
+                    "an MTU is 576 to 9216 (9000 for jumbo frames)",
+                );
+                None
+            }
+        };
+        Some((subnet?, mtu?))
+    }
+
+    /// An attachment's address: inside the subnet, not its network or broadcast address, and
+    /// not another attachment's (`seen`); each problem reported.
+    fn attachment_address_ok(
+        &mut self,
+        ip: std::net::IpAddr,
+        aspan: Span,
+        w: &Where<'_>,
+        seen: &mut HashMap<std::net::IpAddr, (String, Span)>,
+    ) -> bool {
+        let (name, subnet, aname) = (w.network, w.subnet, w.attachment);
+        if !subnet.contains(&ip) {
+            self.diag(
+                Diag::error("config::address_outside_subnet", format!("attachment `{aname}`: {ip} is outside the subnet {subnet} of network `{name}`"))
+                    .label(&aspan, format!("not in {subnet}"))
+                    .maybe_label(w.subnet_span, "the network's subnet")
+                    .help(format!("pick an address between {} and {}", first_host(subnet), last_host(subnet))),
+            );
+            false
+        } else if ip == subnet.network() && subnet.prefix_len() < subnet.max_prefix_len() - 1 {
+            self.diag(
+                Diag::error(
+                    "config::invalid_value",
+                    format!("attachment `{aname}`: {ip} is the network address of {subnet}"),
+                )
+                .label(&aspan, "network address")
+                .help(format!(
+                    "the first usable address is {}",
+                    first_host(subnet)
+                )),
+            );
+            false
+        } else if let Some(d) = broadcast_address(subnet, ip, aname, &aspan) {
+            self.diag(d);
+            false
+        } else if let Some((other, ospan)) = seen.get(&ip) {
+            self.diag(
+                Diag::error(
+                    "config::duplicate_address",
+                    format!(
+                        "attachments `{other}` and `{aname}` of network `{name}` both use {ip}"
+                    ),
+                )
+                .label(&aspan, format!("{ip} again"))
+                .label(ospan, format!("{ip} first used here"))
+                .help("every attachment needs its own address"),
+            );
+            false
+        } else {
+            seen.insert(ip, (aname.to_string(), aspan));
+            true
+        }
+    }
+
+    /// The attachment's `address`, an IP address without a prefix (the error reported).
+    fn attachment_ip(&mut self, a: &Attrs, addr_text: &str) -> Option<std::net::IpAddr> {
+        match addr_text.parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                let hint = if addr_text.contains('/') {
+                    "write the address without a prefix; the prefix comes from the network's subnet"
+                } else {
+                    "write an IP address such as \"192.168.200.1\""
+                };
+                self.value_error(
+                    a,
+                    "address",
+                    format!("{addr_text:?} is not an IP address"),
+                    hint,
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Where an attachment's address is checked: its network, the subnet and its span, its name.
+struct Where<'w> {
+    network: &'w str,
+    subnet: &'w ipnet::IpNet,
+    subnet_span: Option<&'w Span>,
+    attachment: &'w str,
+}
+
+/// What modules read of an attachment (`network.N.attach.A`): its node object, so that
+/// `attach.x.node.name` works, and its address with the subnet's prefix.
+fn attachment_value(
+    a: &Attrs,
+    res_address: &str,
+    aname: &str,
+    node_name: String,
+    interface: String,
+    addr_text: &str,
+    subnet: &ipnet::IpNet,
+) -> Map<String, Value> {
+    let mut av = Map::new();
+    // The attachment value carries the node object so modules can read `attach.x.node.name`.
+    let node_value = a.raw.get("node").cloned().unwrap_or(Value::Null);
+    av.insert("kind".into(), "attachment".into());
+    av.insert("id".into(), res_address.to_string().into());
+    av.insert("name".into(), aname.to_string().into());
+    av.insert("node".into(), node_value);
+    av.insert("node_name".into(), node_name.into());
+    av.insert("interface".into(), interface.into());
+    av.insert("address".into(), addr_text.to_string().into());
+    av.insert(
+        "cidr".into(),
+        format!("{addr_text}/{}", subnet.prefix_len()).into(),
+    );
+    av
 }
 
 /// An attachment on the subnet's broadcast address: the kernel would take every packet sent
@@ -320,5 +373,34 @@ fn last_host(net: &ipnet::IpNet) -> String {
     match net {
         ipnet::IpNet::V4(n) => n.hosts().last().map(|h| h.to_string()).unwrap_or_default(),
         ipnet::IpNet::V6(n) => n.broadcast().to_string(),
+    }
+}
+
+/// The value a network block gives (`network.N`): its subnet, MTU and attachments.
+fn network_value(
+    address: String,
+    name: String,
+    subnet: &ipnet::IpNet,
+    mtu: u32,
+    attach_values: Map<String, Value>,
+    attach_deps: BTreeMap<String, DepTree>,
+) -> Evaluated {
+    let mut value = Map::new();
+    value.insert("kind".into(), "network".into());
+    value.insert("id".into(), address.into());
+    value.insert("name".into(), name.into());
+    value.insert("subnet".into(), subnet.to_string().into());
+    value.insert("mtu".into(), Value::from(mtu));
+    value.insert("prefix_len".into(), Value::from(subnet.prefix_len()));
+    value.insert("netmask".into(), subnet.netmask().to_string().into());
+    value.insert("attach".into(), Value::Object(attach_values));
+    let mut tree = BTreeMap::new();
+    tree.insert("attach".to_string(), DepTree::Keyed(attach_deps));
+    Evaluated {
+        value: Value::Object(value),
+        sensitive: false,
+        sensitive_keys: HashSet::new(),
+        deps: DepTree::Keyed(tree),
+        all_resources: BTreeSet::new(),
     }
 }

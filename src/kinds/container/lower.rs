@@ -2,13 +2,15 @@
 //! (`kinds::container` builds and checks the desired configuration).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 use hcl::{Map, Value};
+use hcl_edit::structure::Block;
 use hcl_edit::Span as _;
 
 use super::{CONTAINER, READY};
 use crate::config::lowering::*;
-use crate::diag::Diag;
+use crate::diag::{Diag, SourceFile, Span};
 use crate::kinds::container;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
@@ -26,30 +28,7 @@ impl dyn Engine<'_> + '_ {
         let edge_deps = self.edge_deps("depends_on")?;
         let replace_by = self.edge_deps("replace_triggered_by")?;
         let base = format!("{}container.{}", self.prefix(), name);
-        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
-            None => vec![(None, Value::Null)],
-            Some(fe) => {
-                self.refuse_sensitive_for_each(fe, &format!("container `{name}`"))?;
-                let v = self.eval_expr(&ctx, &file, &fe.value)?;
-                let span = span_of(&file, fe.value.span());
-                match self.for_each_instances(&v) {
-                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
-                    Err(msg) => {
-                        self.diag(
-                            Diag::error(
-                                "config::for_each",
-                                format!("invalid for_each in container `{name}`"),
-                            )
-                            .label(&span, msg)
-                            .help(
-                                "for_each takes a map (each.key, each.value) or a set of strings",
-                            ),
-                        );
-                        return None;
-                    }
-                }
-            }
-        };
+        let instances = self.container_instances(&ctx, &file, block, &name)?;
         let mut values = Map::new();
         let mut inst_deps = BTreeMap::new();
         let mut single: Option<Value> = None;
@@ -69,44 +48,10 @@ impl dyn Engine<'_> + '_ {
                 ok = false;
                 continue;
             }
-            let mut ready = Vec::new();
-            let mut ready_ok = true;
-            for rb in block.body.get_blocks("ready") {
-                let rheader = header_span(&file, rb);
-                match self.eval_body(&ctx, &file, &rb.body, &READY) {
-                    Some(r) => match container::ready_config(&r.values) {
-                        Ok(v) => ready.push(v),
-                        Err(msg) => {
-                            // A bad pattern or URL is pointed at where it is written.
-                            let pattern_attr = ["fail_on_log", "warn_on_log", "progress"]
-                                .into_iter()
-                                .find(|a| msg.starts_with(&format!("{a} pattern")));
-                            let bad_url = matches!(r.values.get("http"), Some(Value::String(u)) if crate::schema::parse_url(u).is_err());
-                            let (span, help) = match pattern_attr.and_then(|a| r.spans.get(a)) {
-                                Some(s) => (s.clone(), "patterns are Rust regular expressions (the `regex` crate's syntax); escape a literal ( or . with \\\\"),
-                                None => (
-                                    bad_url.then(|| r.spans.get("http")).flatten().unwrap_or(&rheader).clone(),
-                                    "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\"",
-                                ),
-                            };
-                            self.diag(
-                                Diag::error(
-                                    "config::invalid_value",
-                                    format!("invalid ready check in container `{name}`"),
-                                )
-                                .label(&span, msg.clone())
-                                .help(help),
-                            );
-                            ready_ok = false;
-                        }
-                    },
-                    None => ready_ok = false,
-                }
-            }
-            if !ready_ok {
+            let Some(ready) = self.container_ready_checks(&ctx, &file, block, &name) else {
                 ok = false;
                 continue;
-            }
+            };
             let address = match &key {
                 Some(k) => format!("{base}[{k:?}]"),
                 None => base.clone(),
@@ -128,36 +73,7 @@ impl dyn Engine<'_> + '_ {
             let node = attrs.string("node").unwrap_or_default();
             let problems = container::check(&attrs.values);
             if !problems.is_empty() {
-                for p in problems {
-                    let span = attrs
-                        .spans
-                        .get(p.attribute)
-                        .cloned()
-                        .unwrap_or(header.clone());
-                    let label = if attrs.is_sensitive(p.attribute) {
-                        "invalid (sensitive value)".to_string()
-                    } else {
-                        p.message.clone()
-                    };
-                    let message = if attrs.is_sensitive(p.attribute) {
-                        format!("invalid `{}`", p.attribute)
-                    } else {
-                        format!("invalid `{}`: {}", p.attribute, p.message)
-                    };
-                    self.diag(
-                        Diag::error(
-                            "config::invalid_value",
-                            format!(
-                                "container `{name}`{}: {message}",
-                                key.as_ref()
-                                    .map(|k| format!(" [{k:?}]"))
-                                    .unwrap_or_default()
-                            ),
-                        )
-                        .label(&span, label)
-                        .help(p.help),
-                    );
-                }
+                self.report_container_problems(&attrs, problems, &name, key.as_deref(), &header);
                 ok = false;
                 continue;
             }
@@ -224,5 +140,126 @@ impl dyn Engine<'_> + '_ {
             deps,
             all_resources: BTreeSet::new(),
         })
+    }
+
+    /// The instances of a `container` block: one, or one per `for_each` key.
+    fn container_instances(
+        &mut self,
+        ctx: &Ctx,
+        file: &Arc<SourceFile>,
+        block: &Block,
+        name: &str,
+    ) -> Option<Vec<(Option<String>, Value)>> {
+        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
+            None => vec![(None, Value::Null)],
+            Some(fe) => {
+                self.refuse_sensitive_for_each(fe, &format!("container `{name}`"))?;
+                let v = self.eval_expr(ctx, file, &fe.value)?;
+                let span = span_of(file, fe.value.span());
+                match self.for_each_instances(&v) {
+                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
+                    Err(msg) => {
+                        self.diag(
+                            Diag::error(
+                                "config::for_each",
+                                format!("invalid for_each in container `{name}`"),
+                            )
+                            .label(&span, msg)
+                            .help(
+                                "for_each takes a map (each.key, each.value) or a set of strings",
+                            ),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(instances)
+    }
+
+    /// The `ready` blocks of a container instance, checked; `None` when one is invalid (its
+    /// error is reported).
+    fn container_ready_checks(
+        &mut self,
+        ctx: &Ctx,
+        file: &Arc<SourceFile>,
+        block: &Block,
+        name: &str,
+    ) -> Option<Vec<serde_json::Value>> {
+        let mut ready = Vec::new();
+        let mut ready_ok = true;
+        for rb in block.body.get_blocks("ready") {
+            let rheader = header_span(file, rb);
+            match self.eval_body(ctx, file, &rb.body, &READY) {
+                Some(r) => match container::ready_config(&r.values) {
+                    Ok(v) => ready.push(v),
+                    Err(msg) => {
+                        // A bad pattern or URL is pointed at where it is written.
+                        let pattern_attr = ["fail_on_log", "warn_on_log", "progress"]
+                            .into_iter()
+                            .find(|a| msg.starts_with(&format!("{a} pattern")));
+                        let bad_url = matches!(r.values.get("http"), Some(Value::String(u)) if crate::schema::parse_url(u).is_err());
+                        let (span, help) = match pattern_attr.and_then(|a| r.spans.get(a)) {
+                            Some(s) => (s.clone(), "patterns are Rust regular expressions (the `regex` crate's syntax); escape a literal ( or . with \\\\"),
+                            None => (
+                                bad_url.then(|| r.spans.get("http")).flatten().unwrap_or(&rheader).clone(),
+                                "a ready block has exactly one of exec = [...], http = \"http://…\" or tcp = \"HOST:PORT\"",
+                            ),
+                        };
+                        self.diag(
+                            Diag::error(
+                                "config::invalid_value",
+                                format!("invalid ready check in container `{name}`"),
+                            )
+                            .label(&span, msg.clone())
+                            .help(help),
+                        );
+                        ready_ok = false;
+                    }
+                },
+                None => ready_ok = false,
+            }
+        }
+        ready_ok.then_some(ready)
+    }
+
+    /// Each problem of a container instance's values, at the attribute that has it (a
+    /// sensitive value is not shown).
+    fn report_container_problems(
+        &mut self,
+        attrs: &Attrs,
+        problems: Vec<crate::kinds::Problem>,
+        name: &str,
+        key: Option<&str>,
+        header: &Span,
+    ) {
+        for p in problems {
+            let span = attrs
+                .spans
+                .get(p.attribute)
+                .cloned()
+                .unwrap_or(header.clone());
+            let label = if attrs.is_sensitive(p.attribute) {
+                "invalid (sensitive value)".to_string()
+            } else {
+                p.message.clone()
+            };
+            let message = if attrs.is_sensitive(p.attribute) {
+                format!("invalid `{}`", p.attribute)
+            } else {
+                format!("invalid `{}`: {}", p.attribute, p.message)
+            };
+            self.diag(
+                Diag::error(
+                    "config::invalid_value",
+                    format!(
+                        "container `{name}`{}: {message}",
+                        key.map(|k| format!(" [{k:?}]")).unwrap_or_default()
+                    ),
+                )
+                .label(&span, label)
+                .help(p.help),
+            );
+        }
     }
 }

@@ -239,6 +239,16 @@ fn has_control(s: &str) -> bool {
 /// Values Docker or a shell would misread, reported per attribute.
 pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     let mut out = Vec::new();
+    check_name_and_image(values, &mut out);
+    check_modes(values, &mut out);
+    check_mounts(values, &mut out);
+    check_env_and_labels(values, &mut out);
+    check_limits_paths_and_args(values, &mut out);
+    out
+}
+
+/// The container's name and image reference.
+fn check_name_and_image(values: &Map<String, Value>, out: &mut Vec<Problem>) {
     if let Some(name) = s(values, "name") {
         let ok = name.len() <= 128
             && name
@@ -268,6 +278,10 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
             ));
         }
     }
+}
+
+/// The namespace modes and the restart policy.
+fn check_modes(values: &Map<String, Value>, out: &mut Vec<Problem>) {
     for (attr, allowed) in [
         ("network_mode", &["host", "bridge", "none"][..]),
         ("ipc_mode", &["host", "private", "shareable", "none"][..]),
@@ -306,6 +320,10 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
             ));
         }
     }
+}
+
+/// Volumes and devices.
+fn check_mounts(values: &Map<String, Value>, out: &mut Vec<Problem>) {
     for v in strings(values, "volumes") {
         if let Err(msg) = check_volume(v) {
             out.push(Problem::new("volumes", msg, "write HOST_PATH:CONTAINER_PATH[:ro] with absolute paths, or VOLUME_NAME:CONTAINER_PATH"));
@@ -327,6 +345,10 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
             ));
         }
     }
+}
+
+/// Environment names and values, and labels off sparkform's prefix.
+fn check_env_and_labels(values: &Map<String, Value>, out: &mut Vec<Problem>) {
     if let Some(Value::Object(env)) = values.get("env") {
         for (k, v) in env {
             let key_ok = k
@@ -361,6 +383,10 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
             }
         }
     }
+}
+
+/// Ulimits, paths, and the arguments of command and entrypoint.
+fn check_limits_paths_and_args(values: &Map<String, Value>, out: &mut Vec<Problem>) {
     if let Some(Value::Object(ulimits)) = values.get("ulimits") {
         for (k, v) in ulimits {
             let text = v.as_str().unwrap_or_default();
@@ -410,7 +436,6 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
             ));
         }
     }
-    out
 }
 
 fn check_volume(v: &str) -> Result<(), String> {

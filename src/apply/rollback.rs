@@ -1,0 +1,350 @@
+//! Rollback: the undos in reverse dependency order (independent ones in parallel), the process
+//! groups restarted, and a check of what was restored.
+
+use super::*;
+
+/// Undo this apply's completed steps, each once every step that depended on it is undone
+/// (reverse dependency order), independent ones in parallel up to `-parallelism`; then the
+/// state holds what it held before the apply for every undone step.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn rollback(
+    req: &ApplyRequest<'_>,
+    jobs: &Jobs<'_>,
+    steps: &[Step],
+    dependents: &[Vec<usize>],
+    completed: &[(usize, Step, Applied)],
+    before: &State,
+    state: &mut State,
+    outcome: &mut ApplyOutcome,
+) {
+    let undoable: Vec<&(usize, Step, Applied)> = completed
+        .iter()
+        .filter(|(_, s, _)| matches!(s.kind, StepKind::Resource(_)))
+        .collect();
+    outcome.to_undo = undoable.len();
+    emit(
+        &req.events,
+        Event::RollbackStarted {
+            steps: undoable.len(),
+        },
+    );
+    let order: Vec<usize> = undoable.iter().map(|(i, _, _)| *i).collect();
+    let (blocks, mut waiting) = undo_order(&order, dependents);
+    // Undo never stops early: a second Ctrl-C exits the process, the journal has the truth.
+    let undo_cancel = CancellationToken::new();
+    // Latest first among the ready ones, as a sequential rollback would go.
+    let mut ready: Vec<usize> = (0..undoable.len()).filter(|&k| waiting[k] == 0).collect();
+    let mut running = crate::tasks::KeyedTasks::new();
+    let parallelism = req.parallelism.max(1);
+    let mut restored: Vec<String> = Vec::new();
+    loop {
+        while running.len() < parallelism {
+            let Some(k) = ready.pop() else { break };
+            let (_, step, applied) = undoable[k];
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let mut job = jobs.job(step);
+            job.cancel = undo_cancel.clone();
+            let applied = applied.clone();
+            running.spawn((k, Instant::now()), async move {
+                machine(kind)
+                    .undo(&job.cx(), job.step.change.action, &applied)
+                    .await
+            });
+        }
+        let Some(((k, started), joined)) = running.next().await else {
+            break;
+        };
+        let elapsed = started.elapsed();
+        // A panicking undo is a failed undo of its step; what it held back may still go.
+        let result = joined.unwrap_or_else(|panic| Err(StepError::new(panic)));
+        let address = &undoable[k].1.address;
+        match result {
+            Ok(summary) => {
+                outcome.undone += 1;
+                if undoable[k].1.change.orphan.is_none() {
+                    restored.push(address.clone());
+                }
+                emit(
+                    &req.events,
+                    Event::UndoDone {
+                        address: address.clone(),
+                        elapsed,
+                        summary,
+                    },
+                );
+                // Back to what the state said before this apply; an untracked object's undo
+                // leaves the tracked resource's entry alone.
+                if undoable[k].1.change.orphan.is_none() {
+                    match before.resources.get(address) {
+                        Some(r) => {
+                            state.resources.insert(address.clone(), r.clone());
+                        }
+                        None => {
+                            state.resources.remove(address);
+                        }
+                    }
+                }
+                if let Err(e) = req.store.write(state) {
+                    outcome.state_error = Some(e.to_string());
+                }
+            }
+            Err(e) => {
+                emit(
+                    &req.events,
+                    Event::UndoFailed {
+                        address: address.clone(),
+                        elapsed,
+                        error: e.render(),
+                    },
+                );
+                outcome.undo_failures.push((address.clone(), e));
+            }
+        }
+        // What it blocked may go now, failed or not: each undo restores its own step.
+        for &b in &blocks[k] {
+            waiting[b] -= 1;
+            if waiting[b] == 0 {
+                ready.push(b);
+            }
+        }
+    }
+    restart_process_groups(req, jobs, steps, completed, before, &mut restored, outcome).await;
+    check_restored(&jobs.pool, before, &restored, outcome).await;
+}
+
+/// A process group (the ranks of one engine) comes back whole or not at all. After the undos,
+/// every member the state recorded before the apply restarts, one after another in dependency
+/// order, each waiting for its recorded ready check: a member that came back on its own (its
+/// step failed and put its previous container back) may have joined a peer the rollback then
+/// removed. When one does not come back, the others stop: half a group serves nothing and
+/// holds the GPUs, and the next apply replaces the group.
+pub(super) async fn restart_process_groups(
+    req: &ApplyRequest<'_>,
+    jobs: &Jobs<'_>,
+    steps: &[Step],
+    completed: &[(usize, Step, Applied)],
+    before: &State,
+    restored: &mut Vec<String>,
+    outcome: &mut ApplyOutcome,
+) {
+    let touched: BTreeSet<&str> = completed
+        .iter()
+        .map(|(_, s, _)| s.address.as_str())
+        .chain(outcome.failures.iter().map(|(a, _)| a.as_str()))
+        .collect();
+    let mut groups: std::collections::BTreeMap<String, Vec<&Step>> = Default::default();
+    let mut touched_groups: BTreeSet<String> = BTreeSet::new();
+    for address in req.graph.order() {
+        let Some(group) = req.config.resource(&address).and_then(|r| r.group.clone()) else {
+            continue;
+        };
+        if touched.contains(address.as_str()) {
+            touched_groups.insert(group.clone());
+        }
+        if !before.resources.contains_key(&address) {
+            continue;
+        }
+        let step = steps.iter().find(|s| {
+            s.address == address
+                && s.change.orphan.is_none()
+                && matches!(s.kind, StepKind::Resource(_))
+        });
+        if let Some(step) = step {
+            groups.entry(group).or_default().push(step);
+        }
+    }
+    for (group, members) in groups {
+        if !touched_groups.contains(&group) || members.len() < 2 {
+            continue;
+        }
+        let mut came_back = Vec::new();
+        let mut failed: Option<(String, String)> = None;
+        for step in &members {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let mut job = jobs.job(step);
+            job.cancel = CancellationToken::new();
+            let started = Instant::now();
+            match machine(kind).restart(&job.cx()).await {
+                Ok(summary) => {
+                    emit(
+                        &req.events,
+                        Event::UndoDone {
+                            address: step.address.clone(),
+                            elapsed: started.elapsed(),
+                            summary,
+                        },
+                    );
+                    came_back.push(step.address.clone());
+                }
+                Err(e) => {
+                    emit(
+                        &req.events,
+                        Event::UndoFailed {
+                            address: step.address.clone(),
+                            elapsed: started.elapsed(),
+                            error: e.render(),
+                        },
+                    );
+                    failed = Some((step.address.clone(), e.message));
+                    break;
+                }
+            }
+        }
+        let Some((bad, why)) = failed else {
+            for a in came_back {
+                if !restored.contains(&a) {
+                    restored.push(a);
+                }
+            }
+            continue;
+        };
+        // None, then: every member stops, and each is named as not restored.
+        for step in &members {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            let job = jobs.job(step);
+            let stopped = machine(kind).stop(&job.cx()).await;
+            let was_undone = completed.iter().any(|(_, s, _)| s.address == step.address)
+                && !outcome
+                    .undo_failures
+                    .iter()
+                    .any(|(a, _)| *a == step.address);
+            if was_undone {
+                outcome.undone = outcome.undone.saturating_sub(1);
+            }
+            restored.retain(|a| *a != step.address);
+            if outcome
+                .undo_failures
+                .iter()
+                .any(|(a, _)| *a == step.address)
+            {
+                continue;
+            }
+            let message = if step.address == bad {
+                format!("it did not come back ({why}), so its process group is stopped rather than run half of it; the next apply replaces the group")
+            } else {
+                format!(
+                    "{}: its process group could not be restored whole ({bad} did not come back), so it was stopped rather than run half of it; the next apply replaces the group",
+                    match stopped {
+                        Ok(s) if !s.is_empty() => s,
+                        Ok(_) => "left as it is".to_string(),
+                        Err(e) => format!("and stopping it failed: {}", e.message),
+                    }
+                )
+            };
+            outcome
+                .undo_failures
+                .push((step.address.clone(), StepError::new(message)));
+        }
+    }
+}
+
+/// An undo that returned is not proof: look at what the undone steps restored, as refresh
+/// would, and count each one that is not as the state recorded it before the apply (a previous
+/// container that exited once started again, an address that did not come back) as not undone,
+/// saying why.
+pub(super) async fn check_restored(
+    pool: &HostPool,
+    before: &State,
+    restored: &[String],
+    outcome: &mut ApplyOutcome,
+) {
+    let mut expected = State {
+        resources: Default::default(),
+        outputs: Default::default(),
+        ..before.clone()
+    };
+    for a in restored {
+        if let Some(r) = before.resources.get(a) {
+            expected.resources.insert(a.clone(), r.clone());
+        }
+    }
+    let nodes: BTreeSet<String> = expected
+        .resources
+        .values()
+        .filter_map(|r| r.node.clone())
+        .collect();
+    let mut hosts = Vec::new();
+    for node in nodes {
+        match pool.get(&node) {
+            Ok(h) => hosts.push((node, h)),
+            Err(e) => not_restored(
+                outcome,
+                expected
+                    .resources
+                    .iter()
+                    .filter(|(_, r)| r.node.as_deref() == Some(node.as_str()))
+                    .map(|(a, _)| a.clone())
+                    .collect(),
+                &format!("it could not be checked: {e}"),
+            ),
+        }
+    }
+    let seen = match crate::refresh::observe_recorded(&expected, hosts).await {
+        Ok(seen) => seen,
+        Err(errors) => {
+            let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            not_restored(
+                outcome,
+                expected.resources.keys().cloned().collect(),
+                &format!("it could not be checked: {}", why.join("; ")),
+            );
+            return;
+        }
+    };
+    for (address, observed) in seen.resources {
+        let why = match observed {
+            crate::plan::Observed::InSync => continue,
+            crate::plan::Observed::Missing(why) => why,
+            crate::plan::Observed::Drifted(notes) => notes.join("; "),
+        };
+        not_restored(outcome, vec![address], &why);
+    }
+}
+
+pub(super) fn not_restored(outcome: &mut ApplyOutcome, addresses: Vec<String>, why: &str) {
+    for address in addresses {
+        if outcome.undo_failures.iter().any(|(a, _)| *a == address) {
+            continue;
+        }
+        outcome.undone = outcome.undone.saturating_sub(1);
+        outcome.undo_failures.push((
+            address,
+            StepError::new(format!("undone, but not as it was before: {why}")),
+        ));
+    }
+}
+
+/// For the undoable steps (`undoable[k]` is a step index), which undos each one's undo holds
+/// back (`blocks[k]`) and how many undos it waits for (`waiting[k]`): an undo waits for the
+/// undos of every undoable step downstream of it, also through steps that need no undo (a
+/// fabric check between attachments and containers). Pure.
+pub(super) fn undo_order(
+    undoable: &[usize],
+    dependents: &[Vec<usize>],
+) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let position: HashMap<usize, usize> =
+        undoable.iter().enumerate().map(|(k, i)| (*i, k)).collect();
+    let mut blocks: Vec<Vec<usize>> = vec![Vec::new(); undoable.len()];
+    let mut waiting: Vec<usize> = vec![0; undoable.len()];
+    for (k, i) in undoable.iter().enumerate() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<usize> = dependents[*i].clone();
+        while let Some(j) = stack.pop() {
+            if !seen.insert(j) {
+                continue;
+            }
+            if let Some(&kj) = position.get(&j) {
+                blocks[kj].push(k);
+                waiting[k] += 1;
+            }
+            stack.extend(dependents[j].iter().copied());
+        }
+    }
+    (blocks, waiting)
+}

@@ -1,0 +1,500 @@
+//! Docker plumbing: the create body, images (inspect, load, pull), exec, logs, removal.
+
+use super::*;
+
+/// Docker answers 304 when a container is already in the asked state: that is success.
+pub(super) fn already_so(
+    r: Result<(), bollard::errors::Error>,
+) -> Result<(), bollard::errors::Error> {
+    match r {
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 304, ..
+        }) => Ok(()),
+        other => other,
+    }
+}
+
+/// Whether a Docker client error means the connection to the node is gone (not a refusal).
+pub(super) fn connection_lost(e: &bollard::errors::Error) -> bool {
+    use bollard::errors::Error as E;
+    matches!(
+        e,
+        E::HyperLegacyError { .. }
+            | E::IOError { .. }
+            | E::RequestTimeoutError
+            | E::HyperResponseError { .. }
+    )
+}
+
+pub(super) fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
+    match e {
+        e if connection_lost(&e) => {
+            StepError::new(format!("{what}: the connection to the node's Docker Engine was lost ({e})"))
+                .help("the node or its network went down during the step; check it, then run apply again (the state records what was done)")
+        }
+        e => StepError::new(format!("{what}: {e}")),
+    }
+}
+
+pub(super) fn strs(v: Option<&serde_json::Value>) -> Option<Vec<String>> {
+    v.and_then(|v| v.as_array()).map(|a| {
+        a.iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect()
+    })
+}
+
+pub(super) fn restart_policy(text: &str) -> RestartPolicy {
+    let (name, count) = match text.split_once(':') {
+        Some((n, c)) => (n, c.parse().ok()),
+        None => (text, None),
+    };
+    RestartPolicy {
+        name: Some(match name {
+            "always" => RestartPolicyNameEnum::ALWAYS,
+            "unless-stopped" => RestartPolicyNameEnum::UNLESS_STOPPED,
+            "on-failure" => RestartPolicyNameEnum::ON_FAILURE,
+            _ => RestartPolicyNameEnum::NO,
+        }),
+        maximum_retry_count: count,
+    }
+}
+
+pub(super) fn ulimit_value(s: &str) -> i64 {
+    match s {
+        "unlimited" | "-1" => -1,
+        n => n.parse().unwrap_or(-1),
+    }
+}
+
+/// The Docker API body for a desired configuration, with sparkform's labels.
+pub fn create_body(
+    desired: &serde_json::Value,
+    lineage: &str,
+    address: &str,
+    config_hash: &str,
+    config_dir: &std::path::Path,
+) -> ContainerCreateBody {
+    let _ = config_dir;
+    let get = |k: &str| desired.get(k);
+    let mut labels: HashMap<String, String> = get("labels")
+        .and_then(|l| l.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
+    labels.insert(LABEL_LINEAGE.into(), lineage.into());
+    labels.insert(LABEL_ADDRESS.into(), address.into());
+    labels.insert(LABEL_CONFIG_HASH.into(), config_hash.into());
+    let env: Option<Vec<String>> = get("env").and_then(|e| e.as_object()).map(|m| {
+        m.iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                )
+            })
+            .collect()
+    });
+    let device_requests = match get("gpus") {
+        Some(serde_json::Value::String(s)) if s == "all" => Some(-1),
+        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|n| *n > 0),
+        _ => None,
+    }
+    .map(|count| {
+        vec![DeviceRequest {
+            driver: Some("nvidia".into()),
+            count: Some(count),
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        }]
+    });
+    let devices = strs(get("devices")).map(|ds| {
+        ds.iter()
+            .map(|d| {
+                let mut parts = d.split(':');
+                let host = parts.next().unwrap_or_default().to_string();
+                let inside = parts
+                    .next()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| host.clone());
+                DeviceMapping {
+                    path_on_host: Some(host),
+                    path_in_container: Some(inside),
+                    cgroup_permissions: Some(parts.next().unwrap_or("rwm").to_string()),
+                }
+            })
+            .collect()
+    });
+    let ulimits = get("ulimits").and_then(|u| u.as_object()).map(|m| {
+        m.iter()
+            .map(|(name, v)| {
+                let text = v
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string());
+                let (soft, hard) = match text.split_once(':') {
+                    Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
+                    None => (ulimit_value(&text), ulimit_value(&text)),
+                };
+                ResourcesUlimits {
+                    name: Some(name.clone()),
+                    soft: Some(soft),
+                    hard: Some(hard),
+                }
+            })
+            .collect()
+    });
+    ContainerCreateBody {
+        image: get("image").and_then(|v| v.as_str()).map(str::to_string),
+        cmd: strs(get("command")),
+        entrypoint: strs(get("entrypoint")),
+        env,
+        labels: Some(labels),
+        user: get("user").and_then(|v| v.as_str()).map(str::to_string),
+        working_dir: get("working_dir")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
+        stop_timeout: get("stop_timeout").and_then(|v| v.as_i64()),
+        host_config: Some(HostConfig {
+            network_mode: get("network_mode")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            ipc_mode: get("ipc_mode").and_then(|v| v.as_str()).map(str::to_string),
+            pid_mode: get("pid_mode").and_then(|v| v.as_str()).map(str::to_string),
+            shm_size: get("shm_size").and_then(|v| v.as_i64()),
+            device_requests,
+            devices,
+            binds: strs(get("volumes")),
+            ulimits,
+            cap_add: strs(get("cap_add")),
+            privileged: get("privileged").and_then(|v| v.as_bool()),
+            restart_policy: get("restart").and_then(|v| v.as_str()).map(restart_policy),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub(super) async fn ensure_image(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    desired: &serde_json::Value,
+) -> Result<String, StepError> {
+    let node = cx.change.node.clone().unwrap_or_default();
+    let image = desired
+        .get("image")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    match docker.inspect_image(image).await {
+        Ok(i) => return Ok(i.id.unwrap_or_default()),
+        Err(e) => image_missing(&node, image, e)?,
+    }
+    if let Some(archive) = desired.get("image_archive").and_then(|v| v.as_str()) {
+        let path = cx.config_dir.join(archive);
+        cx.progress(
+            format!("loading {} into {node}", path.display()),
+            None,
+            None,
+        );
+        load_archive(docker, &path).await?;
+    } else if desired.get("pull").and_then(|v| v.as_bool()) == Some(true) {
+        cx.progress(format!("pulling {image} on {node}"), None, None);
+        let mut stream = docker.create_image(
+            Some(q::CreateImageOptions {
+                from_image: Some(image.to_string()),
+                ..Default::default()
+            }),
+            None,
+            None,
+        );
+        // Bytes done and total per layer, summed: the engine reports each layer apart.
+        let mut layers: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
+        let mut last_report: Option<Instant> = None;
+        while let Some(item) = stream.next().await {
+            let info =
+                item.map_err(|e| StepError::new(format!("{node}: pulling {image} failed: {e}")))?;
+            // Extracting reports its own bytes for the same layer: only downloads count.
+            let downloading = info
+                .status
+                .as_deref()
+                .is_some_and(|s| s.starts_with("Downloading"));
+            if let (Some(id), Some(d), true) = (&info.id, &info.progress_detail, downloading) {
+                if let (Some(cur), Some(total)) = (d.current, d.total) {
+                    if total > 0 {
+                        layers.insert(id.clone(), (cur.min(total), total));
+                    }
+                }
+            }
+            if let (Some(id), Some(status)) = (&info.id, &info.status) {
+                // A finished layer reports no detail any more: count it as whole.
+                if status.starts_with("Download complete") || status.starts_with("Pull complete") {
+                    if let Some(l) = layers.get_mut(id) {
+                        l.0 = l.1;
+                    }
+                }
+            }
+            // An event a second is enough for a line, and keeps `--json` readable.
+            if last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                continue;
+            }
+            last_report = Some(Instant::now());
+            let message = if layers.is_empty() {
+                format!(
+                    "pulling {image}: {}",
+                    info.status.as_deref().unwrap_or("starting")
+                )
+            } else {
+                pull_progress(image, &layers)
+            };
+            cx.progress(message, None, None);
+        }
+    } else {
+        return Err(StepError::new(format!("image {image} is not on {node}"))
+            .help("load it there (`docker load`), set `image_archive = \"image.tar\"` to have sparkform load a saved image, or `pull = true` to pull it from a registry"));
+    }
+    docker
+        .inspect_image(image)
+        .await
+        .map(|i| i.id.unwrap_or_default())
+        .map_err(|e| {
+            StepError::new(format!(
+                "{node}: image {image} is still missing after loading it: {e}"
+            ))
+        })
+}
+
+/// Only a 404 means the image is not there (and may be loaded or pulled); any other answer, or
+/// none, is the engine or the connection failing, and loading the image would not help.
+pub(super) fn image_missing(
+    node: &str,
+    image: &str,
+    e: bollard::errors::Error,
+) -> Result<(), StepError> {
+    match e {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        } => Ok(()),
+        e if connection_lost(&e) => Err(docker_err(
+            &format!("{node}: cannot inspect image {image}"),
+            e,
+        )),
+        e => Err(StepError::new(format!(
+            "{node}: the Docker Engine failed to inspect image {image}: {e}"
+        ))
+        .help("this is not a missing image: the engine answered an error; check it on the node (`docker info`, its disk and logs), then run apply again")),
+    }
+}
+
+/// `pulling IMAGE: 1.20 GiB / 3.40 GiB (35%, 4 layers)`.
+pub(super) fn pull_progress(
+    image: &str,
+    layers: &std::collections::BTreeMap<String, (i64, i64)>,
+) -> String {
+    let (done, total) = layers.values().fold((0u64, 0u64), |(d, t), (c, n)| {
+        (d + (*c).max(0) as u64, t + (*n).max(0) as u64)
+    });
+    format!(
+        "pulling {image}: {} / {} ({}%, {} layer{})",
+        indicatif::BinaryBytes(done),
+        indicatif::BinaryBytes(total),
+        (done * 100).checked_div(total).unwrap_or(0),
+        layers.len(),
+        if layers.len() == 1 { "" } else { "s" }
+    )
+}
+
+pub(super) async fn load_archive(
+    docker: &bollard::Docker,
+    path: &std::path::Path,
+) -> Result<(), StepError> {
+    let file = tokio::fs::File::open(path).await.map_err(|e| {
+        StepError::new(format!(
+            "cannot open the image archive {}: {e}",
+            path.display()
+        ))
+    })?;
+    let stream = tokio_util::io::ReaderStream::new(file);
+    let mut out = docker.import_image_stream(
+        q::ImportImageOptions {
+            quiet: true,
+            ..Default::default()
+        },
+        stream,
+        None,
+    );
+    while let Some(item) = out.next().await {
+        let info =
+            item.map_err(|e| StepError::new(format!("loading {} failed: {e}", path.display())))?;
+        if let Some(err) = info.error_detail.and_then(|d| d.message) {
+            return Err(StepError::new(format!(
+                "loading {} failed: {err}",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Run a command in a container; (exit code, stdout, stderr).
+pub async fn exec_in(
+    docker: &bollard::Docker,
+    container: &str,
+    cmd: &[String],
+    timeout: Duration,
+) -> Result<(i64, String, String), String> {
+    let work = async {
+        let exec = docker
+            .create_exec(
+                container,
+                bollard::exec::CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(cmd.to_vec()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| format!("cannot exec in {container}: {e}"))?;
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let bollard::exec::StartExecResults::Attached { mut output, .. } = docker
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| format!("cannot start exec in {container}: {e}"))?
+        {
+            while let Some(Ok(chunk)) = output.next().await {
+                match chunk {
+                    bollard::container::LogOutput::StdErr { message } => {
+                        stderr.push_str(&String::from_utf8_lossy(&message))
+                    }
+                    other => stdout.push_str(&other.to_string()),
+                }
+            }
+        }
+        let code = docker
+            .inspect_exec(&exec.id)
+            .await
+            .map_err(|e| e.to_string())?
+            .exit_code
+            .unwrap_or(-1);
+        Ok((code, stdout, stderr))
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| {
+        format!(
+            "`{}` did not finish within {} s",
+            cmd.join(" "),
+            timeout.as_secs()
+        )
+    })?
+}
+
+/// The last `n` log lines of a container.
+pub async fn log_tail(docker: &bollard::Docker, container: &str, n: usize) -> Vec<String> {
+    log_tail_since(docker, container, n, 0).await
+}
+
+/// The last `n` log lines a container wrote since `since` (Unix seconds; 0: ever): a restarted
+/// container's log still holds what its previous run wrote, fatal lines included.
+pub(super) async fn log_tail_since(
+    docker: &bollard::Docker,
+    container: &str,
+    n: usize,
+    since: i32,
+) -> Vec<String> {
+    let mut stream = docker.logs(
+        container,
+        Some(q::LogsOptions {
+            stdout: true,
+            stderr: true,
+            tail: n.to_string(),
+            since,
+            ..Default::default()
+        }),
+    );
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.push_str(&chunk.to_string());
+    }
+    text.lines().map(str::to_string).collect()
+}
+
+pub(super) async fn remove(docker: &bollard::Docker, id: &str) -> Result<(), StepError> {
+    match docker
+        .remove_container(
+            id,
+            Some(q::RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(()),
+        Err(e) => Err(docker_err(&format!("cannot remove container {id}"), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pull_progress_sums_the_layers() {
+        let mut layers = std::collections::BTreeMap::new();
+        layers.insert("a".to_string(), (512 * 1024 * 1024, 1024 * 1024 * 1024));
+        layers.insert("b".to_string(), (0, 1024 * 1024 * 1024));
+        assert_eq!(
+            pull_progress("vllm/vllm-openai:v0.21.0", &layers),
+            "pulling vllm/vllm-openai:v0.21.0: 512.00 MiB / 2.00 GiB (25%, 2 layers)"
+        );
+    }
+
+    #[test]
+    fn only_a_404_from_image_inspect_is_a_missing_image() {
+        use bollard::errors::Error as E;
+        // Docker's answers, as its API gives them.
+        let missing = E::DockerResponseServerError {
+            status_code: 404,
+            message: "No such image: ray:1".into(),
+        };
+        assert!(image_missing("node.node2", "ray:1", missing).is_ok());
+        let broken = E::DockerResponseServerError {
+            status_code: 500,
+            message: "open /var/lib/docker/image/overlay2/repositories.json: input/output error"
+                .into(),
+        };
+        let e = image_missing("node.node2", "ray:1", broken).unwrap_err();
+        assert!(
+            e.message.contains("failed to inspect image ray:1")
+                && e.message.contains("input/output error"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("is not on"), "{}", e.message);
+        assert!(!e.help.as_deref().unwrap_or("").contains("docker load"));
+        // The forward of the node's socket ends when the node is cut off.
+        let lost = E::IOError {
+            err: std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "Connection reset by peer",
+            ),
+        };
+        let e = image_missing("node.node2", "ray:1", lost).unwrap_err();
+        assert!(
+            e.message
+                .contains("connection to the node's Docker Engine was lost"),
+            "{}",
+            e.message
+        );
+        assert!(image_missing("node.node2", "ray:1", E::RequestTimeoutError).is_err());
+    }
+}

@@ -1,0 +1,420 @@
+//! Drift: the recorded containers of a node judged against what runs there, and the node
+//! parity preflight (one image ID and one driver version on every node).
+
+use super::*;
+
+/// The recorded containers of a node against the labelled containers it has. Pure.
+pub(super) fn judge(
+    node: &str,
+    recorded: &[(String, ResourceState)],
+    list: &[bollard::models::ContainerSummary],
+    images_now: &std::collections::BTreeMap<String, Option<String>>,
+) -> NodeObservations {
+    let mut out = std::collections::BTreeMap::new();
+    let recorded_ids: HashMap<&str, &str> = recorded
+        .iter()
+        .filter_map(|(a, r)| Some((a.as_str(), r.attributes.get("container_id")?.as_str()?)))
+        .collect();
+    let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
+    let mut claimed: std::collections::BTreeSet<String> = Default::default();
+    for c in list {
+        // An imported container started by hand carries no labels: it is the recorded ID's.
+        if let Some((a, id)) = unlabelled_claim(c, &recorded_ids) {
+            found.insert(a.to_string(), c);
+            claimed.insert(id.to_string());
+            continue;
+        }
+        let (Some(a), Some(id)) = (
+            c.labels.as_ref().and_then(|l| l.get(LABEL_ADDRESS)),
+            c.id.as_ref(),
+        ) else {
+            continue;
+        };
+        let claim = match recorded_ids.get(a.as_str()) {
+            Some(rid) => *rid == id.as_str(),
+            // A state without the id (written by an older sparkform): the first by address.
+            None => recorded.iter().any(|(r, _)| r == a) && !found.contains_key(a),
+        };
+        if claim {
+            found.insert(a.clone(), c);
+            claimed.insert(id.clone());
+        }
+    }
+    for (addr, r) in recorded {
+        let obs = match found.get(addr) {
+            None => Observed::Missing(format!(
+                "container {} is gone from {node}",
+                r.config
+                    .get("name")
+                    .and_then(|n| n.as_str())
+                    .unwrap_or(addr)
+            )),
+            Some(c) => {
+                let mut notes = Vec::new();
+                let running = matches!(
+                    c.state,
+                    Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                );
+                if !running {
+                    notes.push(format!(
+                        "container {} is {} ({})",
+                        summary_name(c),
+                        c.state
+                            .map(|s| s.to_string())
+                            .unwrap_or_else(|| "in an unknown state".into()),
+                        c.status.clone().unwrap_or_default()
+                    ));
+                }
+                let hash = c.labels.as_ref().and_then(|l| l.get(LABEL_CONFIG_HASH));
+                if hash.is_some_and(|h| *h != r.config_hash) {
+                    notes.push(format!("container {} was created from another configuration than the state records", summary_name(c)));
+                }
+                notes.extend(image_moved(node, r, c, images_now));
+                if notes.is_empty() {
+                    Observed::InSync
+                } else {
+                    Observed::Drifted(notes)
+                }
+            }
+        };
+        out.insert(addr.clone(), obs);
+    }
+    let orphans = list
+        .iter()
+        .filter_map(|c| {
+            let addr = c.labels.as_ref()?.get(LABEL_ADDRESS)?;
+            (!claimed.contains(c.id.as_deref().unwrap_or_default())).then(|| Orphan {
+                kind: crate::kinds::KindId::Container,
+                address: addr.clone(),
+                node: node.to_string(),
+                name: summary_name(c),
+                id: c.id.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    (out, orphans)
+}
+
+pub(super) fn summary_name(c: &bollard::models::ContainerSummary) -> String {
+    c.names
+        .as_ref()
+        .and_then(|n| n.first())
+        .map(|n| n.trim_start_matches('/').to_string())
+        .unwrap_or_else(|| c.id.clone().unwrap_or_default())
+}
+
+/// A pull or `docker tag` on the node since the apply: the reference names another image than
+/// the one the container was created from, so a new container would run something else.
+pub(super) fn image_moved(
+    node: &str,
+    r: &ResourceState,
+    c: &bollard::models::ContainerSummary,
+    images_now: &std::collections::BTreeMap<String, Option<String>>,
+) -> Option<String> {
+    let image = r.config.get("image")?.as_str()?;
+    let runs = r
+        .attributes
+        .get("image_id")
+        .and_then(|v| v.as_str())
+        .filter(|v| !v.is_empty())
+        .or(c.image_id.as_deref())?;
+    let now = images_now.get(image)?.as_deref()?;
+    (now != runs).then(|| {
+        format!(
+            "image {image} on {node} is now {} (pulled or retagged); the container runs {}",
+            facts::short_id(now),
+            facts::short_id(runs)
+        )
+    })
+}
+
+/// One preflight before the first changed container of an apply starts: every image reference
+/// is the same image ID on every node that runs it, and the nodes run one NVIDIA driver
+/// version. A rank on another build or driver fails late and obscurely (NCCL, a version
+/// mismatch); here it fails before anything changed.
+pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> Option<Check> {
+    let containers: Vec<&Resource> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == crate::kinds::KindId::Container)
+        .collect();
+    let before: Vec<String> = containers
+        .iter()
+        .filter(|r| changed(&r.address))
+        .map(|r| r.address.clone())
+        .collect();
+    if before.is_empty() {
+        return None;
+    }
+    // Every container counts, changed or not: a new rank must match the ranks already running.
+    let mut images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    for r in &containers {
+        if let (Some(node), Some(image)) = (&r.node, r.config.get("image").and_then(|v| v.as_str()))
+        {
+            images
+                .entry(node.clone())
+                .or_default()
+                .insert(image.to_string());
+        }
+    }
+    Some(Check {
+        address: "containers (node parity)".into(),
+        after: Vec::new(),
+        covers: Vec::new(),
+        before,
+        nodes: images.keys().cloned().collect(),
+        run: std::sync::Arc::new(Parity { images }),
+    })
+}
+
+pub(super) struct Parity {
+    /// Node → the image references its containers use.
+    images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+}
+
+/// What one node said for the parity check.
+pub(super) type NodeParity = (
+    std::collections::BTreeMap<String, Option<String>>,
+    Option<String>,
+);
+
+#[async_trait]
+impl CheckRun for Parity {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        let mut tasks = crate::tasks::KeyedTasks::new();
+        for (node, images) in &self.images {
+            let host = pool.get(node)?;
+            let images: Vec<String> = images.iter().cloned().collect();
+            tasks.spawn(node.clone(), async move {
+                let (ids, nvidia) = tokio::join!(
+                    facts::image_ids(host.as_ref(), &images),
+                    facts::nvidia(host.as_ref())
+                );
+                Ok::<NodeParity, HostError>((ids, nvidia?.map(|n| n.driver)))
+            });
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        while let Some((node, r)) = tasks.next().await {
+            let r = r.map_err(|panic| StepError::new(format!("{node}: {panic}")))?;
+            seen.insert(node, r?);
+        }
+        judge_parity(&seen)
+    }
+}
+
+/// The parity verdict from what every node said. Pure.
+pub(super) fn judge_parity(
+    seen: &std::collections::BTreeMap<String, NodeParity>,
+) -> Result<String, StepError> {
+    let mut problems = Vec::new();
+    let mut fine = Vec::new();
+    let mut by_image: std::collections::BTreeMap<&str, Vec<(&str, &str)>> = Default::default();
+    for (node, (ids, _)) in seen {
+        for (image, id) in ids {
+            // A node without the image loads or pulls it in its own step.
+            if let Some(id) = id {
+                by_image.entry(image).or_default().push((node, id));
+            }
+        }
+    }
+    for (image, on) in &by_image {
+        let distinct: std::collections::BTreeSet<&str> = on.iter().map(|(_, id)| *id).collect();
+        if distinct.len() > 1 {
+            let each: Vec<String> = on
+                .iter()
+                .map(|(n, id)| format!("{n} has {}", facts::short_id(id)))
+                .collect();
+            problems.push(format!(
+                "image {image} is not the same on every node: {}",
+                each.join(", ")
+            ));
+        } else if let Some(id) = distinct.first() {
+            fine.push(format!(
+                "{image} is {} on {} node(s)",
+                facts::short_id(id),
+                on.len()
+            ));
+        }
+    }
+    let drivers: Vec<(&str, &str)> = seen
+        .iter()
+        .filter_map(|(n, (_, d))| Some((n.as_str(), d.as_deref()?)))
+        .collect();
+    let without: Vec<&str> = seen
+        .iter()
+        .filter(|(_, (_, d))| d.is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let distinct: std::collections::BTreeSet<&str> = drivers.iter().map(|(_, d)| *d).collect();
+    if distinct.len() > 1 || (!drivers.is_empty() && !without.is_empty()) {
+        let mut each: Vec<String> = drivers
+            .iter()
+            .map(|(n, d)| format!("{n} has {d}"))
+            .collect();
+        each.extend(without.iter().map(|n| format!("{n} has none")));
+        problems.push(format!(
+            "the NVIDIA driver differs between the nodes: {}",
+            each.join(", ")
+        ));
+    } else if let Some(d) = distinct.first() {
+        fine.push(format!("NVIDIA driver {d} everywhere"));
+    } else {
+        fine.push("no NVIDIA driver on any node: driver parity not checked".into());
+    }
+    if problems.is_empty() {
+        return Ok(fine.join("; "));
+    }
+    Err(StepError::new(format!("node parity: {}", problems.join("; ")))
+        .help("every rank must run the same build on the same driver: load or pull the same image on every node (or pin it by digest, REPO@sha256:…), and install one driver version everywhere; `sparkform nodes` shows what each node has"))
+}
+
+/// The recorded containers the lineage filter cannot find (imported ones, without labels), by
+/// their recorded IDs. None found when there are none to look for, or the engine refuses.
+pub(super) async fn unlabelled_by_id(
+    docker: &bollard::Docker,
+    recorded: &[(String, ResourceState)],
+    listed: &[bollard::models::ContainerSummary],
+) -> Vec<bollard::models::ContainerSummary> {
+    let ids: Vec<String> = recorded
+        .iter()
+        .filter_map(|(_, r)| r.attributes.get("container_id")?.as_str())
+        .filter(|id| !listed.iter().any(|c| c.id.as_deref() == Some(*id)))
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut filters = HashMap::new();
+    filters.insert("id".to_string(), ids.clone());
+    docker
+        .list_containers(Some(q::ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.id.as_ref().is_some_and(|id| ids.contains(id)))
+        .collect()
+}
+
+/// An unlabelled container whose ID the state records: (address, id).
+pub(super) fn unlabelled_claim<'a>(
+    c: &'a bollard::models::ContainerSummary,
+    recorded_ids: &HashMap<&'a str, &'a str>,
+) -> Option<(&'a str, &'a str)> {
+    if c.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_ADDRESS))
+    {
+        return None;
+    }
+    let id = c.id.as_deref()?;
+    recorded_ids
+        .iter()
+        .find(|(_, rid)| **rid == id)
+        .map(|(a, _)| (*a, id))
+}
+
+// ---- import: a container started by hand, observed with `docker inspect` ----
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(images: &[(&str, Option<&str>)], driver: Option<&str>) -> NodeParity {
+        (
+            images
+                .iter()
+                .map(|(i, id)| (i.to_string(), id.map(str::to_string)))
+                .collect(),
+            driver.map(str::to_string),
+        )
+    }
+
+    #[test]
+    fn parity_refuses_different_image_ids_naming_both() {
+        let seen: BTreeMap<String, NodeParity> = [
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaaaaaaaaaaaaaa"))], None),
+            ),
+            (
+                "node.b".into(),
+                node(&[("vllm:x", Some("sha256:bbbbbbbbbbbbbbbb"))], None),
+            ),
+        ]
+        .into();
+        let e = judge_parity(&seen).unwrap_err();
+        assert!(
+            e.message.contains("node.a has sha256:aaaaaaaaaaaa"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("node.b has sha256:bbbbbbbbbbbb"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn parity_passes_alike_nodes_and_skips_a_missing_image_or_driver() {
+        let seen: BTreeMap<String, NodeParity> = [
+            (
+                "node.a".into(),
+                node(&[("vllm:x", Some("sha256:aaaa"))], None),
+            ),
+            ("node.b".into(), node(&[("vllm:x", None)], None)),
+        ]
+        .into();
+        let ok = judge_parity(&seen).unwrap();
+        assert!(ok.contains("no NVIDIA driver on any node"), "{ok}");
+    }
+
+    #[test]
+    fn parity_refuses_different_drivers() {
+        let seen: BTreeMap<String, NodeParity> = [
+            ("node.a".into(), node(&[], Some("580.95.05"))),
+            ("node.b".into(), node(&[], Some("580.82.07"))),
+        ]
+        .into();
+        let e = judge_parity(&seen).unwrap_err();
+        assert!(
+            e.message
+                .contains("node.a has 580.95.05, node.b has 580.82.07"),
+            "{}",
+            e.message
+        );
+        let one_without: BTreeMap<String, NodeParity> = [
+            ("node.a".into(), node(&[], Some("580.95.05"))),
+            ("node.b".into(), node(&[], None)),
+        ]
+        .into();
+        assert!(judge_parity(&one_without).is_err());
+    }
+
+    #[test]
+    fn a_retagged_image_is_drift() {
+        let r: ResourceState = serde_json::from_value(serde_json::json!({
+            "kind": "container",
+            "node": "node.a",
+            "config": { "image": "vllm:x", "name": "rank" },
+            "config_hash": "h",
+            "attributes": { "image_id": "sha256:aaaaaaaaaaaaaaaa" }
+        }))
+        .unwrap();
+        let c = bollard::models::ContainerSummary::default();
+        let same: BTreeMap<String, Option<String>> =
+            [("vllm:x".into(), Some("sha256:aaaaaaaaaaaaaaaa".into()))].into();
+        assert_eq!(image_moved("node.a", &r, &c, &same), None);
+        let moved: BTreeMap<String, Option<String>> =
+            [("vllm:x".into(), Some("sha256:cccccccccccccccc".into()))].into();
+        let note = image_moved("node.a", &r, &c, &moved).unwrap();
+        assert!(note.contains("now sha256:cccccccccccc"), "{note}");
+        assert!(note.contains("runs sha256:aaaaaaaaaaaa"), "{note}");
+    }
+}

@@ -1,0 +1,454 @@
+//! A container on the machine: bollard over the node's forwarded Docker socket; observed by
+//! the labels sparkform puts on it. Here the `Machine` steps (apply, undo, finalize, restart,
+//! stop, observe, import); beside them the Docker plumbing (`docker`), readiness (`ready`),
+//! set-aside and restore (`aside`), drift and node parity (`drift`) and import (`import`).
+//! The files share one namespace (each `use super::*`), as when they were one file.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bollard::models::{
+    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
+};
+use bollard::query_parameters as q;
+use futures_util::StreamExt;
+
+use super::{LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
+use crate::config::{Config, Resource};
+use crate::hosts::{facts, Host, HostError, HostPool};
+use crate::kinds::machine::{
+    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, StepCx, StepError,
+};
+use crate::plan::{Action, Observed, Orphan};
+use crate::state::ResourceState;
+
+mod aside;
+mod docker;
+mod drift;
+mod import;
+mod ready;
+
+use aside::*;
+use docker::*;
+use drift::*;
+use ready::*;
+
+pub use docker::{create_body, exec_in, log_tail};
+pub use import::{import_container, imported_config, NOTE_UNLABELLED};
+pub use ready::tcp_open;
+
+pub struct ContainerMachine;
+pub static MACHINE: ContainerMachine = ContainerMachine;
+
+fn name_of(cx: &StepCx<'_>) -> String {
+    cx.desired_str("name")
+        .map(str::to_string)
+        .or_else(|| {
+            cx.recorded
+                .and_then(|r| r.config.get("name"))
+                .and_then(|n| n.as_str())
+                .map(str::to_string)
+        })
+        .or_else(|| cx.change.orphan.as_ref().map(|o| o.name.clone()))
+        .unwrap_or_else(|| cx.address.replace(['[', ']', '"'], "_"))
+}
+
+/// How long a container may take to stop: its `stop_timeout`, else Docker's 10 s.
+fn stop_secs(cx: &StepCx<'_>) -> i32 {
+    cx.recorded
+        .and_then(|r| r.config.get("stop_timeout"))
+        .or_else(|| cx.desired.and_then(|d| d.get("stop_timeout")))
+        .and_then(|v| v.as_i64())
+        .map_or(10, |s| s.clamp(0, 3600) as i32)
+}
+
+/// The container the state (or refresh) knows for this resource.
+fn recorded_id(cx: &StepCx<'_>) -> Option<String> {
+    cx.change.orphan.as_ref().map(|o| o.id.clone()).or_else(|| {
+        cx.recorded
+            .and_then(|r| r.attributes.get("container_id"))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    })
+}
+
+/// Create, start and wait for a new container. On failure nothing of it is left.
+async fn start_new(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    desired: &serde_json::Value,
+    name: &str,
+) -> Result<(String, String), StepError> {
+    let node = cx.change.node.clone().unwrap_or_default();
+    let image_id = ensure_image(cx, docker, desired).await?;
+    // A container with this name from an earlier, interrupted run of this deployment is ours
+    // to replace; anyone else's is not.
+    if let Ok(existing) = docker
+        .inspect_container(name, None::<q::InspectContainerOptions>)
+        .await
+    {
+        let labels = existing.config.and_then(|c| c.labels).unwrap_or_default();
+        if labels.get(LABEL_LINEAGE).map(String::as_str) == Some(cx.lineage) {
+            remove(docker, existing.id.as_deref().unwrap_or(name)).await?;
+        } else {
+            return Err(StepError::new(format!(
+                "a container named {name} already exists on {node} and sparkform did not create it"
+            ))
+            .help("remove or rename it, or give this container another `name`"));
+        }
+    }
+    let hash = cx.change.after_hash.clone().unwrap_or_default();
+    let body = create_body(desired, cx.lineage, cx.address, &hash, cx.config_dir);
+    cx.progress(format!("creating {name} on {node}"), None, None);
+    let created = docker
+        .create_container(
+            Some(q::CreateContainerOptions {
+                name: Some(name.to_string()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| docker_err(&format!("{node}: cannot create container {name}"), e))?;
+    let id = created.id;
+    if let Err(e) = docker
+        .start_container(&id, None::<q::StartContainerOptions>)
+        .await
+    {
+        let (_, logs) = evidence(docker, &id).await;
+        let _ = remove(docker, &id).await;
+        return Err(docker_err(&format!("{node}: cannot start container {name}"), e).details(logs));
+    }
+    let checks: Vec<serde_json::Value> = desired
+        .get("ready")
+        .and_then(|r| r.as_array())
+        .cloned()
+        .unwrap_or_default();
+    if let Err(e) = wait_ready(cx, docker, &id, name, &checks, 0).await {
+        let _ = remove(docker, &id).await;
+        return Err(e);
+    }
+    Ok((id, image_id))
+}
+
+#[async_trait]
+impl Machine for ContainerMachine {
+    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let name = name_of(cx);
+        let old = recorded_id(cx);
+        match action {
+            Action::Delete => {
+                let Some(old) = old else {
+                    return Ok(Applied::default());
+                };
+                if docker
+                    .inspect_container(&old, None::<q::InspectContainerOptions>)
+                    .await
+                    .is_err()
+                {
+                    return Ok(Applied {
+                        summary: format!("{name} was already gone"),
+                        ..Applied::default()
+                    });
+                }
+                // `docker stop` waits up to the stop timeout for the process to end.
+                cx.progress(
+                    format!("stopping {name}"),
+                    None,
+                    Some(stop_secs(cx).max(0) as u64),
+                );
+                let aside = set_aside(&docker, &old, &name, stop_secs(cx)).await?;
+                // An untracked one goes back under its own name on rollback: the resource's
+                // name is the tracked container's.
+                let back = cx
+                    .change
+                    .orphan
+                    .as_ref()
+                    .map_or(name.clone(), |o| o.name.clone());
+                Ok(Applied {
+                    attributes: Default::default(),
+                    undo: serde_json::json!({ "previous": old, "name": back, "aside": aside }),
+                    summary: format!("stopped {name}; removed once every step has succeeded"),
+                })
+            }
+            Action::Update => {
+                let desired = cx
+                    .desired
+                    .ok_or_else(|| StepError::new("no desired configuration"))?;
+                let old = old.unwrap_or_else(|| name.clone());
+                let previous_restart = cx
+                    .recorded
+                    .and_then(|r| r.config.get("restart"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("no")
+                    .to_string();
+                let restart = desired
+                    .get("restart")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("no");
+                if restart != previous_restart {
+                    docker
+                        .update_container(
+                            &old,
+                            bollard::models::ContainerUpdateBody {
+                                restart_policy: Some(restart_policy(restart)),
+                                ..Default::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| {
+                            docker_err(&format!("cannot update the restart policy of {name}"), e)
+                        })?;
+                }
+                Ok(Applied {
+                    attributes: cx
+                        .recorded
+                        .map(|r| r.attributes.clone())
+                        .unwrap_or_default(),
+                    undo: serde_json::json!({ "container": old, "previous_restart": previous_restart }),
+                    summary: format!("updated {name} in place"),
+                })
+            }
+            _ => {
+                let desired = cx
+                    .desired
+                    .ok_or_else(|| StepError::new("no desired configuration"))?;
+                let mut aside = None;
+                if let Some(old) = &old {
+                    if docker
+                        .inspect_container(old, None::<q::InspectContainerOptions>)
+                        .await
+                        .is_ok()
+                    {
+                        cx.progress(format!("stopping the previous {name}"), None, None);
+                        aside = Some(set_aside(&docker, old, &name, stop_secs(cx)).await?);
+                    }
+                }
+                match start_new(cx, &docker, desired, &name).await {
+                    Ok((id, image_id)) => {
+                        let mut attributes = std::collections::BTreeMap::new();
+                        attributes.insert("container_id".into(), serde_json::json!(id));
+                        attributes.insert("image_id".into(), serde_json::json!(image_id));
+                        Ok(Applied {
+                            attributes,
+                            undo: serde_json::json!({ "created": id, "previous": if aside.is_some() { old.clone() } else { None }, "name": name }),
+                            summary: format!(
+                                "{name} running ({})",
+                                id.chars().take(12).collect::<String>()
+                            ),
+                        })
+                    }
+                    Err(e) => {
+                        if let (Some(old), Some(_)) = (&old, &aside) {
+                            if let Err(r) = restore(&docker, old, &name).await {
+                                return Err(StepError::new(format!(
+                                    "{}; and bringing the previous container back failed: {}",
+                                    e.message, r.message
+                                ))
+                                .details(e.details));
+                            }
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn undo(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<String, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let u = &applied.undo;
+        let name = u
+            .get("name")
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| name_of(cx));
+        match action {
+            Action::Update => {
+                if let (Some(c), Some(r)) = (
+                    u.get("container").and_then(|v| v.as_str()),
+                    u.get("previous_restart").and_then(|v| v.as_str()),
+                ) {
+                    docker
+                        .update_container(
+                            c,
+                            bollard::models::ContainerUpdateBody {
+                                restart_policy: Some(restart_policy(r)),
+                                ..Default::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| docker_err("cannot restore the restart policy", e))?;
+                }
+                Ok(format!("restored the restart policy of {name}"))
+            }
+            _ => {
+                if let Some(created) = u.get("created").and_then(|v| v.as_str()) {
+                    remove(&docker, created).await?;
+                }
+                if let Some(prev) = u.get("previous").and_then(|v| v.as_str()) {
+                    // An untracked copy gives way to the tracked container at its address:
+                    // it stays set aside and stopped, and the next apply removes it.
+                    if cx.change.orphan.is_some() {
+                        if let Some(holder) = name_holder(&docker, prev, &name).await {
+                            return Ok(format!(
+                                "left the untracked {} set aside and stopped: {} holds the name {name}; the next apply removes it",
+                                prev.chars().take(12).collect::<String>(),
+                                holder.chars().take(12).collect::<String>()
+                            ));
+                        }
+                    }
+                    restore(&docker, prev, &name).await?;
+                    return Ok(format!(
+                        "removed the new {name}, the previous one runs again"
+                    ));
+                }
+                Ok(format!("removed {name}"))
+            }
+        }
+    }
+
+    async fn finalize(
+        &self,
+        cx: &StepCx<'_>,
+        _action: Action,
+        applied: &Applied,
+    ) -> Result<(), StepError> {
+        if let Some(prev) = applied.undo.get("previous").and_then(|v| v.as_str()) {
+            let host = cx.host()?;
+            let docker = host.docker().await?;
+            remove(&docker, prev).await?;
+        }
+        Ok(())
+    }
+
+    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let name = name_of(cx);
+        let id = recorded_id(cx)
+            .ok_or_else(|| StepError::new(format!("{name}: no container recorded to restart")))?;
+        cx.progress(format!("restarting {name}"), None, None);
+        let stopped = docker
+            .stop_container(
+                &id,
+                Some(q::StopContainerOptions {
+                    t: Some(stop_secs(cx)),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+        // What the previous run logged (a peer that went away) is no verdict on this one: it
+        // has stopped, so every line from now on is the new run's.
+        let since = i32::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+        let started = docker
+            .start_container(&id, None::<q::StartContainerOptions>)
+            .await;
+        already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
+        // Ready as it was recorded: the checks of the configuration it runs, not the new one.
+        let checks: Vec<serde_json::Value> = cx
+            .recorded
+            .and_then(|r| r.config.get("ready"))
+            .and_then(|r| r.as_array())
+            .cloned()
+            .unwrap_or_default();
+        wait_ready(cx, &docker, &id, &name, &checks, since).await?;
+        Ok(format!(
+            "restarted {name} ({}): its process group starts again as one",
+            id.chars().take(12).collect::<String>()
+        ))
+    }
+
+    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        let host = cx.host()?;
+        let docker = host.docker().await?;
+        let name = name_of(cx);
+        let Some(id) = recorded_id(cx) else {
+            return Ok(String::new());
+        };
+        let stopped = docker
+            .stop_container(
+                &id,
+                Some(q::StopContainerOptions {
+                    t: Some(stop_secs(cx)),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        match already_so(stopped) {
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(format!("stopped {name}")),
+            Err(e) => Err(docker_err(&format!("cannot stop {name}"), e)),
+        }
+    }
+
+    /// The container the state records for an address is the one with the recorded id; others
+    /// with the same address (set aside by an interrupted apply) are untracked.
+    async fn observe(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+    ) -> Result<NodeObservations, HostError> {
+        let node = host.node();
+        let docker = host.docker().await?;
+        let mut filters = HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            vec![format!("{LABEL_LINEAGE}={lineage}")],
+        );
+        let list = docker
+            .list_containers(Some(q::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| HostError::Docker {
+                node: node.to_string(),
+                message: format!("cannot list containers: {e}"),
+                help: None,
+            })?;
+        let mut list = list;
+        list.extend(unlabelled_by_id(&docker, recorded, &list).await);
+        let images: Vec<String> = recorded
+            .iter()
+            .filter_map(|(_, r)| r.config.get("image")?.as_str().map(str::to_string))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let now = facts::image_ids(host, &images).await;
+        Ok(judge(node, recorded, &list, &now))
+    }
+
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        parity_check(config, changed).into_iter().collect()
+    }
+
+    fn exec_target(&self, r: &Resource) -> Option<(String, String)> {
+        Some((r.node.clone()?, r.config.get("name")?.as_str()?.to_string()))
+    }
+
+    async fn import(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        object: &str,
+        desired: Option<&serde_json::Value>,
+    ) -> Result<crate::kinds::machine::Imported, StepError> {
+        import_container(host, address, object, desired).await
+    }
+}

@@ -1,0 +1,540 @@
+//! Readiness: a starting container watched until its ready checks pass, it dies or the
+//! timeout passes, with its log followed for progress, warnings and fatal lines.
+
+use super::*;
+
+/// Exit code, OOM kill and the last 40 log lines: the evidence for a failed container.
+pub(super) async fn evidence(docker: &bollard::Docker, id: &str) -> (String, Vec<String>) {
+    let mut summary = String::new();
+    if let Ok(i) = docker
+        .inspect_container(id, None::<q::InspectContainerOptions>)
+        .await
+    {
+        if let Some(st) = i.state {
+            if st.running == Some(true) {
+                summary.push_str("still running");
+            } else {
+                summary.push_str(&format!("exited with code {}", st.exit_code.unwrap_or(-1)));
+            }
+            if st.oom_killed == Some(true) {
+                summary.push_str(", killed for lack of memory (OOM)");
+            }
+        }
+    }
+    let mut logs = log_tail(docker, id, 40).await;
+    if logs.is_empty() {
+        logs.push("(no log output)".into());
+    }
+    (summary, logs)
+}
+
+/// What a look at a container during its start found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Liveness {
+    running: bool,
+    /// Docker is between two restarts of it (its restart policy brought it back after a crash).
+    restarting: bool,
+    /// Docker's `RestartCount`: how often its restart policy restarted it.
+    restarts: i64,
+}
+
+/// Whether the container runs and how often Docker restarted it; Err when the node does not
+/// answer.
+pub(super) async fn liveness(docker: &bollard::Docker, id: &str) -> Result<Liveness, String> {
+    match tokio::time::timeout(
+        Duration::from_secs(20),
+        docker.inspect_container(id, None::<q::InspectContainerOptions>),
+    )
+    .await
+    {
+        Err(_) => Err("the node's Docker Engine did not answer for 20 s".into()),
+        Ok(Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        })) => Ok(Liveness {
+            running: false,
+            restarting: false,
+            restarts: 0,
+        }),
+        Ok(Err(e)) if connection_lost(&e) => Err(format!(
+            "the connection to the node's Docker Engine was lost ({e})"
+        )),
+        Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
+        Ok(Ok(i)) => Ok(Liveness {
+            running: i.state.as_ref().and_then(|s| s.running).unwrap_or(false),
+            restarting: i.state.as_ref().and_then(|s| s.restarting).unwrap_or(false),
+            restarts: i.restart_count.unwrap_or(0),
+        }),
+    }
+}
+
+/// Why a container that is not ready yet will not become ready.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Doomed {
+    Exited,
+    /// Its restart policy keeps bringing it back after crashes; the text says how often.
+    CrashLoop(String),
+}
+
+/// A new container has restarted 0 times, so any restart before it is ready is a crash, and
+/// with `restart = "always"` Docker would go on restarting it for as long as sparkform waited.
+/// `None` while it may still become ready.
+pub(super) fn doomed(l: &Liveness) -> Option<Doomed> {
+    if l.restarting || l.restarts > 0 {
+        let times = match l.restarts {
+            ..=1 => "once".to_string(),
+            n => format!("{n} times"),
+        };
+        return Some(Doomed::CrashLoop(format!(
+            "is crash-looping: Docker restarted it {times} before it was ready"
+        )));
+    }
+    (!l.running).then_some(Doomed::Exited)
+}
+
+/// One attempt of a ready check; Err says why it did not pass yet.
+pub(super) async fn check_once(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    id: &str,
+    check: &serde_json::Value,
+) -> Result<(), String> {
+    let per_try = Duration::from_secs(
+        check
+            .get("interval")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(2)
+            .clamp(1, 30)
+            + 10,
+    );
+    if let Some(cmd) = strs(check.get("exec")) {
+        let (code, out, err) = exec_in(docker, id, &cmd, per_try).await?;
+        let want = check.get("exit_code").and_then(|v| v.as_i64()).unwrap_or(0);
+        if code != want {
+            let last = out
+                .lines()
+                .chain(err.lines())
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .to_string();
+            return Err(format!(
+                "`{}` exited {code}, expected {want}{}",
+                cmd.join(" "),
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {last}")
+                }
+            ));
+        }
+        if let Some(want) = check.get("output_contains").and_then(|v| v.as_str()) {
+            if !out.contains(want) {
+                return Err(format!(
+                    "`{}` output does not contain {want:?}",
+                    cmd.join(" ")
+                ));
+            }
+        }
+        return Ok(());
+    }
+    let host = cx.host().map_err(|e| e.message)?;
+    if let Some(url) = check.get("http").and_then(|v| v.as_str()) {
+        let (h, port, _) = crate::http::parse_url(url)?;
+        let ep = host.forward(&h, port).await.map_err(|e| e.to_string())?;
+        let r = crate::http::send(
+            &ep,
+            &crate::http::Request {
+                method: "GET".into(),
+                url: url.into(),
+                headers: Vec::new(),
+                body: None,
+                timeout: per_try,
+            },
+        )
+        .await?;
+        let want = check.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+        if r.status != want {
+            return Err(format!("GET {url} answered {}, expected {want}", r.status));
+        }
+        return Ok(());
+    }
+    if let Some(addr) = check.get("tcp").and_then(|v| v.as_str()) {
+        let (h, p) = addr.rsplit_once(':').ok_or("bad tcp address")?;
+        let port: u16 = p.parse().map_err(|_| "bad port")?;
+        let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
+        return tcp_open(&ep).await;
+    }
+    Err("the ready check has no exec, http or tcp".into())
+}
+
+/// Whether a TCP port answers through an endpoint. Through an SSH forward the local connect
+/// always succeeds; a refused remote connect shows as an immediate close.
+pub async fn tcp_open(ep: &crate::hosts::Endpoint) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    match ep {
+        crate::hosts::Endpoint::Tcp(h, p) => tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect((h.as_str(), *p)),
+        )
+        .await
+        .map_err(|_| format!("{h}:{p} did not answer"))?
+        .map(|_| ())
+        .map_err(|e| format!("{h}:{p}: {e}")),
+        crate::hosts::Endpoint::Unix(path) => {
+            let mut s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut b = [0u8; 1];
+            match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => Err("connection refused on the node".into()),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Fail at once when the container's log shows a known fatal condition (a regex of
+/// `fail_on_log`), with the fix that goes with it.
+pub(super) async fn fail_on_log(
+    docker: &bollard::Docker,
+    id: &str,
+    name: &str,
+    patterns: &serde_json::Map<String, serde_json::Value>,
+    since: i32,
+) -> Result<(), StepError> {
+    let Ok(lines) = tokio::time::timeout(
+        Duration::from_secs(10),
+        log_tail_since(docker, id, 200, since),
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    for (pattern, fix) in patterns {
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
+            let start = lines.len().saturating_sub(40);
+            return Err(StepError::new(format!(
+                "container {name} logged a fatal condition: {}",
+                line.trim()
+            ))
+            .details(lines[start..].to_vec())
+            .help(fix.as_str().unwrap_or_default().to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// The `warn_on_log` patterns (regex → what it means) that match one of `lines` and are not in
+/// `seen` yet: the pattern, the line and its message. Each warns once per start.
+pub(super) fn new_warnings(
+    lines: &[String],
+    patterns: &serde_json::Map<String, serde_json::Value>,
+    seen: &mut BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (pattern, help) in patterns {
+        if seen.contains(pattern) {
+            continue;
+        }
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
+            seen.insert(pattern.clone());
+            out.push((
+                line.trim().to_string(),
+                help.as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Report the log lines `warn_on_log` names (once each); the start goes on.
+pub(super) async fn warn_on_log(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    id: &str,
+    name: &str,
+    patterns: &serde_json::Map<String, serde_json::Value>,
+    seen: &mut BTreeSet<String>,
+    since: i32,
+) {
+    if patterns.len() == seen.len() {
+        return;
+    }
+    let Ok(lines) = tokio::time::timeout(
+        Duration::from_secs(10),
+        log_tail_since(docker, id, 200, since),
+    )
+    .await
+    else {
+        return;
+    };
+    for (line, help) in new_warnings(&lines, patterns, seen) {
+        crate::events::emit(
+            cx.events,
+            crate::events::Event::StepWarning {
+                address: cx.address.to_string(),
+                message: format!("container {name} logged: {line}"),
+                help,
+            },
+        );
+    }
+}
+
+/// Follows a starting container's log, so that every phase its `progress` patterns name is
+/// seen (and reported as an event) even when it lasts less than a check interval.
+pub(super) struct LogFollow<S> {
+    stream: Option<S>,
+    watch: super::super::progress::PhaseWatch,
+    label: Option<String>,
+    since: Instant,
+}
+
+impl<S> LogFollow<S>
+where
+    S: futures_util::Stream<Item = Result<bollard::container::LogOutput, bollard::errors::Error>>
+        + Unpin,
+{
+    /// Read what the log says until `deadline` or the apply is cancelled.
+    async fn read_until(&mut self, cx: &StepCx<'_>, deadline: tokio::time::Instant) {
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    _ = cx.cancel.cancelled() => {}
+                }
+                return;
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = cx.cancel.cancelled() => return,
+                chunk = stream.next() => match chunk {
+                    Some(Ok(chunk)) => {
+                        for p in self.watch.feed(&chunk.to_string()) {
+                            // A phase's time runs from its first line, not its last percentage.
+                            if self.label.as_deref() != Some(p.label.as_str()) {
+                                self.label = Some(p.label.clone());
+                                self.since = Instant::now();
+                            }
+                            crate::events::emit(cx.events, crate::events::Event::Phase {
+                                address: cx.address.to_string(),
+                                phase: p.label,
+                                percent: p.percent,
+                                line: p.line,
+                            });
+                        }
+                    }
+                    // The container ended its log or the node dropped the stream: the checks
+                    // that follow say which.
+                    _ => self.stream = None,
+                },
+            }
+        }
+    }
+
+    /// What the container does, for its progress line: the latest phase seen and since when.
+    fn doing(&self) -> Option<String> {
+        self.watch.current().map(|p| {
+            format!(
+                "{} ({} s)",
+                crate::events::phase_text(&p.label, p.percent),
+                self.since.elapsed().as_secs()
+            )
+        })
+    }
+}
+
+/// Wait until every ready check passes, the container dies, the timeout passes or the apply is
+/// cancelled. Only what the log says from `since` on counts (Unix seconds; 0 for a new
+/// container).
+pub(super) async fn wait_ready(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    id: &str,
+    name: &str,
+    checks: &[serde_json::Value],
+    since: i32,
+) -> Result<(), StepError> {
+    // One follower for all the checks: the phases of a start run across them.
+    let mut follow = LogFollow {
+        stream: Some(Box::pin(docker.logs(
+            id,
+            Some(q::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: true,
+                tail: "all".into(),
+                since,
+                ..Default::default()
+            }),
+        ))),
+        watch: super::super::progress::PhaseWatch::new(
+            // The patterns of all the checks: a later check's phases may start during an
+            // earlier one.
+            Some(&serde_json::Value::Object(
+                checks
+                    .iter()
+                    .filter_map(|c| c.get("progress").and_then(|p| p.as_object()))
+                    .flat_map(|m| m.clone())
+                    .collect(),
+            )),
+        ),
+        label: None,
+        since: Instant::now(),
+    };
+    for check in checks {
+        let timeout =
+            Duration::from_secs(check.get("timeout").and_then(|v| v.as_u64()).unwrap_or(300));
+        let interval = Duration::from_secs(
+            check
+                .get("interval")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(2)
+                .max(1),
+        );
+        let what = if let Some(c) = strs(check.get("exec")) {
+            format!("exec {}", c.join(" "))
+        } else if let Some(u) = check.get("http").and_then(|v| v.as_str()) {
+            format!("GET {u}")
+        } else {
+            format!(
+                "tcp {}",
+                check.get("tcp").and_then(|v| v.as_str()).unwrap_or("")
+            )
+        };
+        let start = Instant::now();
+        let mut backoff = Backoff::new(interval);
+        let warn_patterns = check.get("warn_on_log").and_then(|p| p.as_object());
+        let mut warned = BTreeSet::new();
+        loop {
+            if cx.cancel.is_cancelled() {
+                return Err(StepError::new(format!(
+                    "{name}: cancelled while waiting for `{what}`"
+                )));
+            }
+            let last = match check_once(cx, docker, id, check).await {
+                Ok(()) => {
+                    // A start that is ready at the first attempt still reports what it logged.
+                    if let Some(patterns) = warn_patterns {
+                        warn_on_log(cx, docker, id, name, patterns, &mut warned, since).await;
+                    }
+                    break;
+                }
+                Err(e) => e,
+            };
+            if let Some(patterns) = check.get("fail_on_log").and_then(|p| p.as_object()) {
+                fail_on_log(docker, id, name, patterns, since).await?;
+            }
+            if let Some(patterns) = warn_patterns {
+                warn_on_log(cx, docker, id, name, patterns, &mut warned, since).await;
+            }
+            let seen = liveness(docker, id).await.map_err(|e| {
+                StepError::new(format!("{name}: {e} while waiting for `{what}`"))
+                    .help("the node or its network may be down; check it and run again")
+            })?;
+            match doomed(&seen) {
+                Some(Doomed::CrashLoop(why)) => {
+                    let (_, logs) = evidence(docker, id).await;
+                    return Err(StepError::new(format!(
+                        "container {name} {why} (check `{what}`: {last})"
+                    ))
+                    .details(logs)
+                    .help("the log lines above are the container's last 40; its restart policy would keep restarting it, so sparkform does not wait for the ready timeout"));
+                }
+                Some(Doomed::Exited) => {
+                    let (state, logs) = evidence(docker, id).await;
+                    return Err(StepError::new(format!(
+                        "container {name} {state} before it was ready (check `{what}`: {last})"
+                    ))
+                    .details(logs)
+                    .help("the log lines above are the container's last 40"));
+                }
+                None => {}
+            }
+            if start.elapsed() >= timeout {
+                let (state, logs) = evidence(docker, id).await;
+                return Err(StepError::new(format!(
+                    "container {name} was not ready after {} s: `{what}` kept failing ({last}); the container is {state}",
+                    timeout.as_secs()
+                ))
+                .details(logs)
+                .help("raise the ready block's timeout if it is only slow; the log lines above are the container's last 40"));
+            }
+            let log = match follow.watch.last_line() {
+                Some(l) => Some(l.to_string()),
+                None if follow.stream.is_none() => {
+                    tokio::time::timeout(Duration::from_secs(10), log_tail(docker, id, 1))
+                        .await
+                        .ok()
+                        .and_then(|mut l| l.pop())
+                }
+                None => None,
+            };
+            cx.progress(
+                // What it is doing says more than the check that did not pass yet.
+                follow
+                    .doing()
+                    .unwrap_or_else(|| format!("waiting for `{what}`: {last}")),
+                log,
+                Some(timeout.as_secs()),
+            );
+            follow
+                .read_until(cx, tokio::time::Instant::now() + backoff.next_wait())
+                .await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warn_on_log_pattern_warns_once_with_its_line() {
+        let patterns: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+            r#"{"NET/Socket : Using|Using network Socket": "NCCL runs over TCP sockets"}"#,
+        )
+        .unwrap();
+        // NCCL's line when it falls back to sockets (NCCL_DEBUG=INFO).
+        let lines = vec![
+            "spark1:1234:1300 [0] NCCL INFO NET/IB : No device found.".to_string(),
+            "spark1:1234:1300 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.200.1<0>"
+                .to_string(),
+        ];
+        let mut seen = BTreeSet::new();
+        let first = new_warnings(&lines, &patterns, &mut seen);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].0.contains("NET/Socket : Using"), "{first:?}");
+        assert_eq!(first[0].1, "NCCL runs over TCP sockets");
+        assert!(new_warnings(&lines, &patterns, &mut seen).is_empty());
+        let rdma =
+            vec!["spark1:1234:1300 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE".to_string()];
+        assert!(new_warnings(&rdma, &patterns, &mut BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_restart_before_ready_is_a_crash_loop_and_an_exit_is_an_exit() {
+        let l = |running, restarting, restarts| Liveness {
+            running,
+            restarting,
+            restarts,
+        };
+        assert_eq!(doomed(&l(true, false, 0)), None);
+        assert_eq!(doomed(&l(false, false, 0)), Some(Doomed::Exited));
+        assert_eq!(
+            doomed(&l(true, false, 8)),
+            Some(Doomed::CrashLoop(
+                "is crash-looping: Docker restarted it 8 times before it was ready".into()
+            ))
+        );
+        // Between two restarts Docker reports it restarting (and running).
+        assert!(
+            matches!(doomed(&l(true, true, 1)), Some(Doomed::CrashLoop(m)) if m.contains("once"))
+        );
+    }
+}
