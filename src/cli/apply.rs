@@ -96,7 +96,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         Err(code) => return code,
     };
     let ws = ca.workspace();
-    let refresh = args.refresh.engage();
+    let refresh = args.refresh.read_mode();
     let recorded = match ws.state() {
         Ok(s) => s,
         Err(e) => return report_error(e),

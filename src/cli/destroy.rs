@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{ArgAction, Args};
 
 use super::apply::{execute, ExecArgs};
+use crate::ops;
 use crate::ops::apply::Source;
 use crate::ops::definitions::Pins;
 
@@ -53,7 +54,7 @@ pub fn run(args: DestroyArgs) -> ExitCode {
         Source::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),
-            refresh: args.refresh,
+            refresh: ops::ReadMode::refresh(args.refresh),
         },
     )
 }

@@ -26,16 +26,45 @@ macro_rules! define_machines {
 }
 super::for_each_kind!(define_machines);
 
-/// `-refresh=deep`: kinds whose observation can go further at a cost (the model kind rehashes
-/// every file on every node) do so. Set once by the command before its refresh.
-static DEEP_REFRESH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn set_deep_refresh(deep: bool) {
-    DEEP_REFRESH.store(deep, std::sync::atomic::Ordering::Relaxed);
+/// How the machines are read before a plan: what `-refresh` asked for, or what stands in for
+/// looking. Every read and observation is handed it (no global setting), so two operations in
+/// one process never see each other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadMode {
+    /// Look at the machines (`-refresh=true`, the default).
+    #[default]
+    Normal,
+    /// Look, and go further where a kind can at a cost: the model kind rehashes every file on
+    /// every node (`-refresh=deep`).
+    Deep,
+    /// Connect to nothing: what the state recorded stands in (`-refresh=false`; the commands
+    /// about what is deployed).
+    Recorded,
+    /// Connect to nothing: what a saved plan was made with stands in (`apply PLANFILE`).
+    Planned,
+    /// Connect to nothing and read nothing: the definitions as written (`validate`, `graph`).
+    None,
 }
 
-pub fn deep_refresh() -> bool {
-    DEEP_REFRESH.load(std::sync::atomic::Ordering::Relaxed)
+impl ReadMode {
+    /// `-refresh=true|false`: look, or take what the state recorded.
+    pub fn refresh(look: bool) -> ReadMode {
+        if look {
+            ReadMode::Normal
+        } else {
+            ReadMode::Recorded
+        }
+    }
+
+    /// Whether the machines are looked at.
+    pub fn looks(self) -> bool {
+        matches!(self, ReadMode::Normal | ReadMode::Deep)
+    }
+
+    /// Whether a kind that can look further at a cost does.
+    pub fn deep(self) -> bool {
+        self == ReadMode::Deep
+    }
 }
 
 /// Where an exec probe can run a command, by container address: (node, Docker name).
@@ -227,13 +256,14 @@ pub trait Machine: Send + Sync {
         Ok(String::new())
     }
     /// Look at one node: how the recorded resources of this kind there differ from the state,
-    /// and objects of this kind the state does not explain. Kinds that leave nothing on a
-    /// machine observe nothing.
+    /// and objects of this kind the state does not explain, looking as far as `mode` says
+    /// ([`ReadMode::deep`]). Kinds that leave nothing on a machine observe nothing.
     async fn observe(
         &self,
         _host: &dyn Host,
         _lineage: &str,
         _recorded: &[(String, ResourceState)],
+        _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
     }

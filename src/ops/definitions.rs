@@ -11,6 +11,7 @@ use crate::diag::Diag;
 use crate::events::Sender;
 use crate::graph::Graph;
 use crate::hosts::HostOptions;
+use crate::kinds::machine::ReadMode;
 use crate::plan::planfile::PlanFile;
 use crate::state::State;
 use crate::workspace::Workspace;
@@ -107,13 +108,13 @@ impl Evaluated {
         }
     }
 
-    /// The models' revisions resolved on their download nodes when `refresh` (connected for
-    /// it, then closed), else pinned by `state` (a revision it has no commit for is an error
-    /// naming the model block); as written when there is no model.
+    /// The models' revisions resolved on their download nodes when `refresh` looks (connected
+    /// for it, then closed), else pinned by `state` (a revision it has no commit for is an
+    /// error naming the model block); as written when there is no model.
     pub async fn resolve(
         self,
         state: Option<&State>,
-        refresh: bool,
+        refresh: ReadMode,
         hosts: &HostOptions,
         events: &Sender,
     ) -> Result<Definitions, OpError> {
@@ -121,7 +122,8 @@ impl Evaluated {
             return Ok(self.unchanged());
         }
         let observed =
-            resolve_models::resolve_models(&self.config, state, refresh, hosts, events).await?;
+            resolve_models::resolve_models(&self.config, state, refresh.looks(), hosts, events)
+                .await?;
         self.again(&observed)
     }
 }
@@ -248,7 +250,7 @@ output "path" {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let unpinned = rt.block_on(load(&ws, &VarInputs::default()).unwrap().resolve(
             None,
-            false,
+            ReadMode::Recorded,
             &HostOptions::default(),
             &tx,
         ));

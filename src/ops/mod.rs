@@ -17,6 +17,9 @@ pub mod verify;
 
 use std::sync::Arc;
 
+/// How a command reads the machines (`-refresh`): the commands pass it down explicitly.
+pub use crate::kinds::machine::ReadMode;
+
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostError;
 use crate::plan::planfile::PlanFileError;

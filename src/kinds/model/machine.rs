@@ -26,7 +26,7 @@ use crate::events::{emit, Event};
 use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
-    deep_refresh, Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, StepCx,
+    Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadMode, StepCx,
     StepError,
 };
 use crate::plan::{Action, Change, Observed};
@@ -1126,6 +1126,7 @@ impl Machine for ModelMachine {
         host: &dyn Host,
         lineage: &str,
         recorded: &[(String, ResourceState)],
+        mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let node = host.node().to_string();
         let mut out = BTreeMap::new();
@@ -1133,7 +1134,7 @@ impl Machine for ModelMachine {
             return Ok(Default::default());
         }
         let docker = host.docker().await?;
-        let deep = deep_refresh();
+        let deep = mode.deep();
         let never = tokio_util::sync::CancellationToken::new();
         for (address, r) in recorded {
             let Ok(w) = want(address, &r.config) else {
