@@ -176,6 +176,19 @@ pub struct Observed {
     pub models: BTreeMap<String, ModelObserved>,
 }
 
+impl Observed {
+    /// Nothing was observed: an evaluation with it is one without.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.models.is_empty()
+    }
+
+    /// `other`'s observations added to these (its own replace these where both have one).
+    pub fn extend(&mut self, other: Observed) {
+        self.nodes.extend(other.nodes);
+        self.models.extend(other.models);
+    }
+}
+
 /// Facts read on a node, for the node attributes a definition leaves unset.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeObserved {

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::KindId;
+use crate::config::Observed as Facts;
 use crate::config::{Config, Resource};
+use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::plan::{Action, Change, Observed, Orphan};
-use crate::state::ResourceState;
+use crate::plan::{Action, Change, Observed, Orphan, Plan};
+use crate::state::{ResourceState, State};
 
 macro_rules! define_machines {
     ($($variant:ident => $module:ident,)*) => {
@@ -65,6 +67,31 @@ impl ReadMode {
     pub fn deep(self) -> bool {
         self == ReadMode::Deep
     }
+}
+
+/// What a kind's plan-time read ([`Machine::read`]) is handed: the definitions as evaluated
+/// so far, how to read, and what stands in for looking.
+pub struct ReadCx<'a> {
+    pub config: &'a Config,
+    pub mode: ReadMode,
+    /// Connected to every kind's [`Machine::read_nodes`] when `mode` looks; empty otherwise.
+    pub pool: &'a HostPool,
+    /// The state on disk: what [`ReadMode::Recorded`] takes.
+    pub state: Option<&'a State>,
+    /// A saved plan: what [`ReadMode::Planned`] takes.
+    pub plan: Option<&'a Plan>,
+    /// A plan is made from what is read, so a value that cannot be read is an error; otherwise
+    /// (commands about what is deployed) it stays unread.
+    pub complete: bool,
+}
+
+/// Why a plan-time read failed.
+#[derive(Debug)]
+pub enum ReadError {
+    /// What the definitions ask cannot be read (a diagnostic on the block).
+    Config(Diagnostics),
+    /// Nodes that could not be reached.
+    Hosts(Vec<Arc<HostError>>),
 }
 
 /// Where an exec probe can run a command, by container address: (node, Docker name).
@@ -266,6 +293,18 @@ pub trait Machine: Send + Sync {
         _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
+    }
+    /// The nodes this kind's plan-time [`Machine::read`] works on for `config`'s resources
+    /// (connected before it when the mode looks). None by default: the kind reads nothing.
+    fn read_nodes(&self, _config: &Config) -> Vec<String> {
+        Vec::new()
+    }
+    /// Plan-time read: what the world says about the values this kind's resources leave to it
+    /// (a model's commit), for the evaluation of the definitions with it
+    /// (`config::load_observed`). `cx.mode` says how: looked up on `cx.pool`, or taken from the
+    /// state or a saved plan; a mode that does not look never waits on anything.
+    async fn read(&self, _cx: &ReadCx<'_>) -> Result<Facts, ReadError> {
+        Ok(Facts::default())
     }
     /// Look at an object that exists on the node (`object`: the part of the import id after
     /// `NODE:`) and say how the state would record it, changing nothing: its configuration in

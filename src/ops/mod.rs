@@ -10,7 +10,6 @@ pub mod nodes;
 pub mod observe;
 pub mod plan;
 pub mod refresh;
-pub mod resolve_models;
 pub mod status;
 pub mod tunnel;
 pub mod verify;

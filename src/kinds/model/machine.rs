@@ -26,9 +26,11 @@ use crate::events::{emit, Event};
 use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
-    Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadMode, StepCx,
-    StepError,
+    Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError,
+    ReadMode, StepCx, StepError,
 };
+
+mod read;
 use crate::plan::{Action, Change, Observed};
 use crate::state::ResourceState;
 
@@ -1197,6 +1199,14 @@ impl Machine for ModelMachine {
             out.insert(address.clone(), seen);
         }
         Ok((out, Vec::new()))
+    }
+
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        read::nodes(config)
+    }
+
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
+        read::read(cx).await
     }
 
     /// A pull step also runs `serve` on the download node.
