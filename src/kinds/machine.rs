@@ -17,11 +17,11 @@ use crate::plan::{Action, Change, Observed, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
 macro_rules! define_machines {
-    ($($variant:ident => $module:ident,)*) => {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// A kind's machine half.
         pub fn machine(kind: KindId) -> &'static dyn Machine {
             match kind {
-                $(KindId::$variant => &super::$module::machine::MACHINE,)*
+                $($(#[$meta])* KindId::$variant => &super::$module::machine::MACHINE,)*
             }
         }
     };
@@ -254,13 +254,16 @@ pub trait Machine: Send + Sync {
     /// Make the machine match the change: create, update in place, replace, delete (and for
     /// a kind that runs, run it). Waiting until the result is ready is part of it.
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError>;
-    /// Reverse a completed `apply` (rollback).
+    /// Reverse a completed `apply` (rollback). Kinds that leave nothing on a machine have
+    /// nothing to undo.
     async fn undo(
         &self,
-        cx: &StepCx<'_>,
-        action: Action,
-        applied: &Applied,
-    ) -> Result<String, StepError>;
+        _cx: &StepCx<'_>,
+        _action: Action,
+        _applied: &Applied,
+    ) -> Result<String, StepError> {
+        Ok(String::new())
+    }
     /// After the whole apply succeeded: drop what was kept for rollback.
     async fn finalize(
         &self,

@@ -202,17 +202,21 @@ impl Evaluated {
         } else {
             HostPool::from_hosts(BTreeMap::new())
         };
-        let observed = read(&ReadCx {
-            config: &self.config,
-            mode: refresh,
-            pool: &pool,
-            state,
-            plan: None,
-            complete: true,
-        })
-        .await;
+        let defs = self.read_with(&pool, refresh, state).await;
         pool.close().await;
-        self.again(&observed?)
+        defs
+    }
+
+    /// Every kind's values read on `pool` (connected to [`read_nodes`]; tests hand it fake
+    /// nodes) as `mode` says, then the definitions evaluated again with them.
+    pub async fn read_with(
+        self,
+        pool: &HostPool,
+        mode: ReadMode,
+        state: Option<&State>,
+    ) -> Result<Definitions, OpError> {
+        let observed = read_on(&self.config, pool, mode, state).await?;
+        self.again(&observed)
     }
 }
 
@@ -222,7 +226,7 @@ mod tests {
 
     use super::*;
     use crate::config::{ModelObserved, NodeObserved};
-    use crate::hosts::fake::{FakeHost, FakeWorld};
+    use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
     use crate::hosts::fake_docker::{FakeDocker, Fault};
     use crate::hosts::Host;
 
@@ -419,6 +423,62 @@ output "path" {
             .pin(Pins::Recorded(Some(&state)))
             .unwrap();
         assert_eq!(commits(&defs.config), vec![None, None]);
+    }
+
+    /// The toy kind (`kinds/toy/`, registered for these tests only): its folder and its line in
+    /// `for_each_kind!` are all it takes for its plan-time read to run and its value to reach
+    /// the plan; nothing here or in `ops` names it.
+    #[tokio::test]
+    async fn a_kind_with_a_read_phase_is_read_and_planned_through_the_seam_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            "node \"a\" {\n  address = \"10.0.0.1\"\n}\ntoy \"t\" {\n  node = node.a\n}\n",
+        )
+        .unwrap();
+        let ws = Workspace::new(dir.path(), None);
+        let world = FakeWorld::new();
+        let a = FakeHost::new("node.a", &world);
+        a.on(
+            &["cat", "/etc/toy-greeting"],
+            Answer::Exit(0, "hello from a\n".into(), String::new()),
+        );
+        let pool = HostPool::from_hosts(crate::hosts::fake::hosts(vec![a]));
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        assert_eq!(read_nodes(first.config()), ["node.a"]);
+        let greeting = |defs: &Definitions| {
+            let plan = crate::plan::plan(
+                &defs.config,
+                &defs.graph,
+                &State::new(),
+                &crate::plan::PlanOptions::default(),
+            )
+            .unwrap();
+            let change = plan.change("toy.t").expect("the toy is planned");
+            assert_eq!(change.action, crate::plan::Action::Create);
+            change.after.as_ref().map(|a| a["greeting"].clone())
+        };
+        let defs = first
+            .read_with(&pool, ReadMode::Normal, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            greeting(&defs),
+            Some(serde_json::json!("hello from a")),
+            "read on the node at plan time, evaluated again with it"
+        );
+        assert!(
+            world
+                .log()
+                .iter()
+                .any(|l| l.contains("cat /etc/toy-greeting")),
+            "{:?}",
+            world.log()
+        );
+        // Without looking nothing is read, and nothing is an error.
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        let defs = first.pin(Pins::Recorded(None)).unwrap();
+        assert_eq!(greeting(&defs), Some(serde_json::Value::Null));
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{resolve, ResolveRequest};
+use super::{list, resolve, ResolveRequest};
 use crate::config::{Config, ModelObserved, Observed, ResourceKind};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
@@ -163,18 +163,7 @@ async fn resolve_on(
                 continue;
             }
         };
-        let list = |k: &str| -> Vec<String> {
-            b.config
-                .get(k)
-                .and_then(|v| v.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let (include, exclude) = (list("include"), list("exclude"));
+        let (include, exclude) = (list(&b.config, "include"), list(&b.config, "exclude"));
         let (repo, revision) = (
             str_of(b, "repo").unwrap_or_default(),
             str_of(b, "revision").unwrap_or_default(),
