@@ -252,7 +252,7 @@ pub fn execute(
             Interrupt::Exiting => {
                 eprintln!("Exiting now.");
                 // The process exits next: no master connection may outlive it.
-                crate::hosts::lifetime::shutdown();
+                ops::apply::shutdown_connections();
             }
         });
         let outcome = prepared

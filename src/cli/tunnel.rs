@@ -78,9 +78,7 @@ pub fn run(args: TunnelArgs) -> ExitCode {
     };
     let opts = args.connect.options();
     rt.block_on(async {
-        let pool =
-            crate::hosts::HostPool::connect(&config, std::slice::from_ref(&target.node), &opts)
-                .await;
+        let pool = crate::ops::tunnel::connect(&config, &target, &opts).await;
         let code = match pool.get(&target.node) {
             Err(e) => {
                 eprintln!("Error: {e}");

@@ -247,6 +247,11 @@ impl Prepared {
     }
 }
 
+/// End every master connection at once: the process exits next, and none may outlive it.
+pub fn shutdown_connections() {
+    crate::hosts::lifetime::shutdown();
+}
+
 /// What Ctrl-C did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interrupt {

@@ -16,11 +16,12 @@ pub mod verify;
 
 use std::sync::Arc;
 
+/// How and to what the commands connect: `cli` names these through `ops`, never `hosts`.
+pub use crate::hosts::{HostError, HostOptions};
 /// How a command reads the machines (`-refresh`): the commands pass it down explicitly.
 pub use crate::kinds::machine::ReadMode;
 
 use crate::diag::{Diag, Diagnostics};
-use crate::hosts::HostError;
 use crate::plan::planfile::PlanFileError;
 use crate::state::StateError;
 
