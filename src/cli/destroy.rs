@@ -37,7 +37,7 @@ pub struct DestroyArgs {
 pub fn run(args: DestroyArgs) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
     // Destroy removes what the state records (and what carries the deployment's labels): the
-    // definitions only say how to reach the nodes, so no model is resolved.
+    // definitions only say how to reach the nodes, so nothing is read at plan time.
     let defs = match super::apply::load(&ca, args.common.json).and_then(|e| {
         e.pin(Pins::Unresolved)
             .map_err(|e| super::report_op_error(e, args.common.json))

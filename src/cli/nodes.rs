@@ -36,7 +36,7 @@ pub struct NodesArgs {
 }
 
 pub fn run(args: NodesArgs) -> ExitCode {
-    // The nodes and ports are the same whatever commit a model resolves to.
+    // The nodes and ports are the same whatever the kinds read at plan time.
     let config = match args.config.definitions(args.json, Pins::Unresolved) {
         Ok(d) => d.config,
         Err(code) => return code,

@@ -49,7 +49,7 @@ pub fn run(args: TunnelArgs) -> ExitCode {
         args.endpoint = Some(args.config.dir.to_string_lossy().into_owned());
         args.config.dir = ".".into();
     }
-    // The nodes and ports are the same whatever commit a model resolves to.
+    // The nodes and ports are the same whatever the kinds read at plan time.
     let config = match args.config.definitions(false, Pins::Unresolved) {
         Ok(d) => d.config,
         Err(code) => return code,

@@ -150,8 +150,8 @@ pub fn second_evaluation(
     if !facts_matter(config, observed) {
         return Ok(None);
     }
-    // The first evaluation may already hold what the machines said about other things (the
-    // models' resolved revisions): keep it, add the node facts.
+    // The first evaluation may already hold what the kinds read at plan time: keep it, add
+    // the node facts.
     let mut all = config.observed.clone();
     all.nodes.clone_from(&observed.nodes);
     let again =
