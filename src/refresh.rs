@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::config::Config;
 use crate::hosts::{Host, HostError, HostPool};
-use crate::kinds::machine::{machine, NodeObservations};
+use crate::kinds::machine::{machine, NodeObservations, ReadMode};
 use crate::kinds::KindId;
 use crate::plan::Observations;
 use crate::state::{ResourceState, State};
@@ -32,12 +32,14 @@ pub fn nodes_to_refresh(config: &Config, state: &State) -> Vec<String> {
 
 /// Observe every recorded attachment and container, and find untracked containers: connect to
 /// `nodes` and observe each one as soon as it is connected. Nodes that cannot be reached are
-/// returned as errors. The pool is handed back for reuse (an apply after the refresh).
+/// returned as errors. The pool is handed back for reuse (an apply after the refresh). `mode`
+/// says how far the kinds look (`-refresh=deep`).
 pub async fn connect_and_refresh(
     config: &Config,
     state: &State,
     nodes: &[String],
     opts: &crate::hosts::HostOptions,
+    mode: ReadMode,
 ) -> (
     HostPool,
     Result<Observations, Vec<std::sync::Arc<HostError>>>,
@@ -45,7 +47,7 @@ pub async fn connect_and_refresh(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let (pool, observed) = tokio::join!(
         HostPool::connect_reporting(config, nodes, opts, Some(tx)),
-        observe_as_connected(state, rx, true)
+        observe_as_connected(state, rx, true, mode)
     );
     let result = finish(observed, &pool, nodes);
     (pool, result)
@@ -57,7 +59,16 @@ pub async fn refresh_hosts(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    observe_hosts(state, hosts, true).await
+    refresh_hosts_as(state, hosts, ReadMode::Normal).await
+}
+
+/// [`refresh_hosts`], looking as far as `mode` says.
+pub async fn refresh_hosts_as(
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+    mode: ReadMode,
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    observe_hosts(state, hosts, true, mode).await
 }
 
 /// Observe only what `state` records on hosts already connected, looking for nothing untracked
@@ -66,20 +77,21 @@ pub async fn observe_recorded(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    observe_hosts(state, hosts, false).await
+    observe_hosts(state, hosts, false, ReadMode::Normal).await
 }
 
 async fn observe_hosts(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
     untracked: bool,
+    mode: ReadMode,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     for h in hosts {
         let _ = tx.send(h);
     }
     drop(tx);
-    let (mut out, errors) = observe_as_connected(state, rx, untracked).await;
+    let (mut out, errors) = observe_as_connected(state, rx, untracked, mode).await;
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -113,6 +125,7 @@ async fn observe_as_connected(
     state: &State,
     mut ready: tokio::sync::mpsc::UnboundedReceiver<(String, std::sync::Arc<dyn Host>)>,
     untracked: bool,
+    mode: ReadMode,
 ) -> (Observations, Vec<std::sync::Arc<HostError>>) {
     let mut by_node: HashMap<&str, Vec<(&String, &ResourceState)>> = HashMap::new();
     for (addr, r) in &state.resources {
@@ -145,7 +158,7 @@ async fn observe_as_connected(
                         .unwrap_or_default();
                     let lineage = state.lineage.clone();
                     tasks.spawn(node, async move {
-                        observe_node(host.as_ref(), &lineage, &recorded, untracked).await
+                        observe_node(host.as_ref(), &lineage, &recorded, untracked, mode).await
                     });
                 }
                 None => open = false,
@@ -166,6 +179,7 @@ async fn observe_node(
     lineage: &str,
     recorded: &[(String, ResourceState)],
     untracked: bool,
+    mode: ReadMode,
 ) -> Result<NodeObservations, HostError> {
     let looks = KindId::ALL.iter().filter_map(|&kind| {
         let mine: Vec<(String, ResourceState)> = recorded
@@ -174,7 +188,7 @@ async fn observe_node(
             .cloned()
             .collect();
         (!mine.is_empty() || (untracked && kind.kind().found_untracked()))
-            .then_some(async move { machine(kind).observe(host, lineage, &mine).await })
+            .then_some(async move { machine(kind).observe(host, lineage, &mine, mode).await })
     });
     let mut out = NodeObservations::default();
     for (resources, orphans) in futures_util::future::try_join_all(looks).await? {

@@ -96,7 +96,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         Err(code) => return code,
     };
     let ws = ca.workspace();
-    let refresh = args.refresh.engage();
+    let refresh = args.refresh.read_mode();
     let recorded = match ws.state() {
         Ok(s) => s,
         Err(e) => return report_error(e),
@@ -105,7 +105,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    // The models' revisions resolved on their download nodes (or pinned by the state).
+    // What the kinds read at plan time, looked up (or taken from the state).
     let hosts = args.common.connect.options();
     let resolved = rt.block_on(super::with_notes(json, |events| {
         let recorded = recorded.as_ref();
@@ -172,8 +172,8 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
         Err(code) => return code,
     };
     let ws = ca.workspace();
-    // The plan's models at the commits it shows, with the node facts it was made with: nothing
-    // is resolved again.
+    // What the plan was made with (the values its changes carry, the node facts it records):
+    // nothing is read again.
     let defs = match evaluated.pin(Pins::Planned(&pf)) {
         Ok(d) => d,
         Err(e) => return super::report_op_error(e, args.common.json),
@@ -252,7 +252,7 @@ pub fn execute(
             Interrupt::Exiting => {
                 eprintln!("Exiting now.");
                 // The process exits next: no master connection may outlive it.
-                crate::hosts::lifetime::shutdown();
+                ops::apply::shutdown_connections();
             }
         });
         let outcome = prepared

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{ArgAction, Args};
 
 use super::apply::{execute, ExecArgs};
+use crate::ops;
 use crate::ops::apply::Source;
 use crate::ops::definitions::Pins;
 
@@ -36,7 +37,7 @@ pub struct DestroyArgs {
 pub fn run(args: DestroyArgs) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
     // Destroy removes what the state records (and what carries the deployment's labels): the
-    // definitions only say how to reach the nodes, so no model is resolved.
+    // definitions only say how to reach the nodes, so nothing is read at plan time.
     let defs = match super::apply::load(&ca, args.common.json).and_then(|e| {
         e.pin(Pins::Unresolved)
             .map_err(|e| super::report_op_error(e, args.common.json))
@@ -53,7 +54,7 @@ pub fn run(args: DestroyArgs) -> ExitCode {
         Source::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),
-            refresh: args.refresh,
+            refresh: ops::ReadMode::refresh(args.refresh),
         },
     )
 }

@@ -21,7 +21,7 @@ pub struct GraphArgs {
 }
 
 pub fn run(args: GraphArgs) -> ExitCode {
-    // The shapes and edges are the same whatever commit a model resolves to.
+    // The shapes and edges are the same whatever the kinds read at plan time.
     let defs = match args.config.definitions(false, Pins::Unresolved) {
         Ok(d) => d,
         Err(code) => return code,

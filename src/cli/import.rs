@@ -60,7 +60,7 @@ pub fn run(args: ImportArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };
-    // The plan it shows compares with what is deployed: the models at the state's commits.
+    // The plan it shows compares with what is deployed: the values the state records.
     let (config, graph) = match evaluated.pin(Pins::Recorded(recorded.as_ref())) {
         Ok(d) => (d.config, d.graph),
         Err(e) => return super::report_op_error(e, false),

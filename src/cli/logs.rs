@@ -6,9 +6,8 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
-use crate::kinds::address::begins_like_an_address;
 use crate::ops::definitions::Pins;
-use crate::ops::logs::{fatal_match, LogEvent, LogLine, LogsRequest};
+use crate::ops::logs::{begins_like_an_address, fatal_match, LogEvent, LogLine, LogsRequest};
 
 /// Show the logs of the deployment's containers, from every node, merged in time order
 #[derive(Args, Debug)]

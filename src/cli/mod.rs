@@ -213,8 +213,8 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
-    pub fn options(&self) -> crate::hosts::HostOptions {
-        crate::hosts::HostOptions {
+    pub fn options(&self) -> crate::ops::HostOptions {
+        crate::ops::HostOptions {
             accept_new_host_keys: self.accept_new_host_keys,
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout.max(1)),
             use_user_config: std::env::var_os("SPARKFORM_NO_USER_SSH_CONFIG").is_none(),
@@ -456,7 +456,7 @@ pub fn diagnostics_json(diags: &[Diag]) -> String {
 
 /// A host error shared between tasks, rendered by miette with its help.
 #[derive(Debug)]
-pub struct SharedHostError(pub std::sync::Arc<crate::hosts::HostError>);
+pub struct SharedHostError(pub std::sync::Arc<crate::ops::HostError>);
 
 impl std::fmt::Display for SharedHostError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

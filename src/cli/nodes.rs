@@ -9,9 +9,8 @@ use super::{ConfigArgs, ConnectArgs};
 use std::collections::BTreeMap;
 
 use crate::config::Config;
-use crate::hosts::facts::{self, Facts};
 use crate::ops::definitions::Pins;
-use crate::ops::nodes::NodeFacts;
+use crate::ops::nodes::{differences, disagreements, explanations, short_id, Facts, NodeFacts};
 
 /// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images, interfaces)
 #[derive(Args, Debug)]
@@ -37,7 +36,7 @@ pub struct NodesArgs {
 }
 
 pub fn run(args: NodesArgs) -> ExitCode {
-    // The nodes and ports are the same whatever commit a model resolves to.
+    // The nodes and ports are the same whatever the kinds read at plan time.
     let config = match args.config.definitions(args.json, Pins::Unresolved) {
         Ok(d) => d.config,
         Err(code) => return code,
@@ -96,8 +95,8 @@ fn render_json(config: &Config, results: &Results) -> String {
                     let node = config.nodes.get(name);
                     serde_json::json!({
                         "facts": f,
-                        "disagreements": node.map(|n| facts::disagreements(config, n, f)).unwrap_or_default(),
-                        "explanations": node.map(|n| facts::explanations(n, f)).unwrap_or_default(),
+                        "disagreements": node.map(|n| disagreements(config, n, f)).unwrap_or_default(),
+                        "explanations": node.map(|n| explanations(n, f)).unwrap_or_default(),
                     })
                 }
                 Err(e) => serde_json::json!({ "error": e }),
@@ -107,7 +106,7 @@ fn render_json(config: &Config, results: &Results) -> String {
         .collect();
     let doc = serde_json::json!({
         "nodes": nodes,
-        "differences": facts::differences(&reached(results)),
+        "differences": differences(&reached(results)),
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
@@ -178,8 +177,7 @@ fn render_text(config: &Config, results: &Results) -> String {
         for (image, id) in &f.images {
             notes.push(format!(
                 "{name}: image {image}: {}",
-                id.as_deref()
-                    .map_or("not on this node".into(), facts::short_id)
+                id.as_deref().map_or("not on this node".into(), short_id)
             ));
         }
         let ifaces: Vec<String> = f
@@ -200,15 +198,15 @@ fn render_text(config: &Config, results: &Results) -> String {
             .collect();
         notes.push(format!("{name}: interfaces: {}", ifaces.join("; ")));
         if let Some(n) = config.nodes.get(name) {
-            for e in facts::explanations(n, f) {
+            for e in explanations(n, f) {
                 notes.push(format!("- {name}: {e}"));
             }
-            for d in facts::disagreements(config, n, f) {
+            for d in disagreements(config, n, f) {
                 notes.push(format!("! {name}: {d}"));
             }
         }
     }
-    for d in facts::differences(&reached(results)) {
+    for d in differences(&reached(results)) {
         notes.push(format!("! {d}"));
     }
     let mut out = super::table(&rows);

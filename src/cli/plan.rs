@@ -65,10 +65,13 @@ pub enum RefreshMode {
 }
 
 impl RefreshMode {
-    /// Whether the machines are looked at; a deep refresh is switched on for the kinds.
-    pub fn engage(self) -> bool {
-        crate::kinds::machine::set_deep_refresh(self == RefreshMode::Deep);
-        self != RefreshMode::False
+    /// How the operation reads the machines: handed down to every kind's observation.
+    pub fn read_mode(self) -> ops::ReadMode {
+        match self {
+            RefreshMode::True => ops::ReadMode::Normal,
+            RefreshMode::False => ops::ReadMode::Recorded,
+            RefreshMode::Deep => ops::ReadMode::Deep,
+        }
     }
 }
 
@@ -108,7 +111,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let refresh = args.refresh.engage();
+    let refresh = args.refresh.read_mode();
     // Model revisions resolved on their download nodes, then the definitions evaluated again.
     let hosts = args.connect.options();
     let resolved = rt.block_on(super::with_notes(args.json, |events| {

@@ -49,7 +49,7 @@ pub fn run(args: TunnelArgs) -> ExitCode {
         args.endpoint = Some(args.config.dir.to_string_lossy().into_owned());
         args.config.dir = ".".into();
     }
-    // The nodes and ports are the same whatever commit a model resolves to.
+    // The nodes and ports are the same whatever the kinds read at plan time.
     let config = match args.config.definitions(false, Pins::Unresolved) {
         Ok(d) => d.config,
         Err(code) => return code,
@@ -78,9 +78,7 @@ pub fn run(args: TunnelArgs) -> ExitCode {
     };
     let opts = args.connect.options();
     rt.block_on(async {
-        let pool =
-            crate::hosts::HostPool::connect(&config, std::slice::from_ref(&target.node), &opts)
-                .await;
+        let pool = crate::ops::tunnel::connect(&config, &target, &opts).await;
         let code = match pool.get(&target.node) {
             Err(e) => {
                 eprintln!("Error: {e}");

@@ -27,7 +27,7 @@ pub struct ValidateArgs {
 }
 
 pub fn run(args: ValidateArgs) -> ExitCode {
-    // Nothing is asked of the machines: a model's commit stays unresolved.
+    // Nothing is asked of the machines: what the kinds would read stays unread.
     match args.config.definitions(args.json, Pins::Unresolved) {
         Ok(Definitions { config, graph, .. }) => {
             if args.json {

@@ -60,7 +60,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         );
         return ExitCode::from(1);
     }
-    // What is deployed: the models at the commits the state records, never the hub's latest.
+    // What is deployed: the values the state records, never what the machines say now.
     let (config, graph) = match evaluated.pin(Pins::Recorded(Some(&state))) {
         Ok(d) => (d.config, d.graph),
         Err(e) => return super::report_op_error(e, args.json),

@@ -16,6 +16,20 @@ pub use super::model::{Network, Observed, Resource, ResourceKind};
 use crate::diag::{Diag, SourceFile, Span};
 use crate::schema::BlockSpec;
 
+impl Evaluated {
+    /// A value that depends on `resources` as a whole, with nothing sensitive in it (the value
+    /// a kind's block gives the blocks that reference it).
+    pub fn of_resources(value: Value, resources: BTreeSet<String>) -> Evaluated {
+        Evaluated {
+            value,
+            sensitive: false,
+            sensitive_keys: HashSet::new(),
+            deps: DepTree::Leaf(resources),
+            all_resources: BTreeSet::new(),
+        }
+    }
+}
+
 /// Which resources a part of a value depends on.
 #[derive(Debug, Clone)]
 pub enum DepTree {

@@ -174,6 +174,23 @@ pub struct Observed {
     pub nodes: BTreeMap<String, NodeObserved>,
     /// By the model block's address (`model.qwen`, `module.m.model.qwen`).
     pub models: BTreeMap<String, ModelObserved>,
+    /// What a kind's plan-time read found that has no place of its own above, by the address of
+    /// the block it is for (the toy kind of the tests).
+    pub kinds: BTreeMap<String, serde_json::Value>,
+}
+
+impl Observed {
+    /// Nothing was observed: an evaluation with it is one without.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.models.is_empty() && self.kinds.is_empty()
+    }
+
+    /// `other`'s observations added to these (its own replace these where both have one).
+    pub fn extend(&mut self, other: Observed) {
+        self.nodes.extend(other.nodes);
+        self.models.extend(other.models);
+        self.kinds.extend(other.kinds);
+    }
 }
 
 /// Facts read on a node, for the node attributes a definition leaves unset.

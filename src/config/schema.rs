@@ -114,14 +114,14 @@ pub static LOCALS: BlockSpec = BlockSpec {
 };
 
 macro_rules! top_level {
-    ($($variant:ident => $module:ident,)*) => {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// Every top-level block; the resource kinds' come from the registry, in its order.
         pub static TOP_LEVEL: &[&BlockSpec] = &[
             &VARIABLE,
             &LOCALS,
             &JUMP,
             &NODE,
-            $(crate::kinds::$module::TOP_BLOCK,)*
+            $($(#[$meta])* crate::kinds::$module::TOP_BLOCK,)*
             &CHECK,
             &MODULE,
             &OUTPUT,

@@ -82,6 +82,8 @@ struct Engine {
     /// Images whose inspect answers this status and message instead.
     image_errors: BTreeMap<String, (u16, String)>,
     requests: Vec<String>,
+    /// Every container created so far (name, create body), removed ones included.
+    created: Vec<(String, Value)>,
     gone_at: Option<usize>,
     gone: bool,
 }
@@ -295,6 +297,12 @@ impl FakeDocker {
     pub fn container(&self, name: &str) -> Option<Container> {
         let e = lock(&self.engine);
         e.find(name).map(|i| e.containers[i].clone())
+    }
+
+    /// Every container created so far, removed ones too (one-shot helpers), with the body it
+    /// was created with (`Entrypoint`, `Cmd`, `Env`…), in order.
+    pub fn created(&self) -> Vec<(String, Value)> {
+        lock(&self.engine).created.clone()
     }
 
     /// Every request so far, as `METHOD /path`, without the API version.
@@ -749,6 +757,7 @@ fn create_container(e: &mut Engine, q: &BTreeMap<String, String>, body: &Value) 
         )
     } else {
         let id = e.new_id();
+        e.created.push((name.clone(), body.clone()));
         let labels = body
             .get("Labels")
             .and_then(Value::as_object)

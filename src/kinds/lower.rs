@@ -6,11 +6,11 @@ use super::KindId;
 use crate::config::lowering::Lower;
 
 macro_rules! define_lowerings {
-    ($($variant:ident => $module:ident,)*) => {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// How a kind's top-level block becomes resources.
         pub fn lower(kind: KindId) -> Lower {
             match kind {
-                $(KindId::$variant => super::$module::lower::lower,)*
+                $($(#[$meta])* KindId::$variant => super::$module::lower::lower,)*
             }
         }
     };

@@ -8,34 +8,90 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::KindId;
+use crate::config::Observed as Facts;
 use crate::config::{Config, Resource};
+use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::plan::{Action, Change, Observed, Orphan};
-use crate::state::ResourceState;
+use crate::plan::{Action, Change, Observed, Orphan, Plan};
+use crate::state::{ResourceState, State};
 
 macro_rules! define_machines {
-    ($($variant:ident => $module:ident,)*) => {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// A kind's machine half.
         pub fn machine(kind: KindId) -> &'static dyn Machine {
             match kind {
-                $(KindId::$variant => &super::$module::machine::MACHINE,)*
+                $($(#[$meta])* KindId::$variant => &super::$module::machine::MACHINE,)*
             }
         }
     };
 }
 super::for_each_kind!(define_machines);
 
-/// `-refresh=deep`: kinds whose observation can go further at a cost (the model kind rehashes
-/// every file on every node) do so. Set once by the command before its refresh.
-static DEEP_REFRESH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-pub fn set_deep_refresh(deep: bool) {
-    DEEP_REFRESH.store(deep, std::sync::atomic::Ordering::Relaxed);
+/// How the machines are read before a plan: what `-refresh` asked for, or what stands in for
+/// looking. Every read and observation is handed it (no global setting), so two operations in
+/// one process never see each other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadMode {
+    /// Look at the machines (`-refresh=true`, the default).
+    #[default]
+    Normal,
+    /// Look, and go further where a kind can at a cost: the model kind rehashes every file on
+    /// every node (`-refresh=deep`).
+    Deep,
+    /// Connect to nothing: what the state recorded stands in (`-refresh=false`; the commands
+    /// about what is deployed).
+    Recorded,
+    /// Connect to nothing: what a saved plan was made with stands in (`apply PLANFILE`).
+    Planned,
+    /// Connect to nothing and read nothing: the definitions as written (`validate`, `graph`).
+    None,
 }
 
-pub fn deep_refresh() -> bool {
-    DEEP_REFRESH.load(std::sync::atomic::Ordering::Relaxed)
+impl ReadMode {
+    /// `-refresh=true|false`: look, or take what the state recorded.
+    pub fn refresh(look: bool) -> ReadMode {
+        if look {
+            ReadMode::Normal
+        } else {
+            ReadMode::Recorded
+        }
+    }
+
+    /// Whether the machines are looked at.
+    pub fn looks(self) -> bool {
+        matches!(self, ReadMode::Normal | ReadMode::Deep)
+    }
+
+    /// Whether a kind that can look further at a cost does.
+    pub fn deep(self) -> bool {
+        self == ReadMode::Deep
+    }
+}
+
+/// What a kind's plan-time read ([`Machine::read`]) is handed: the definitions as evaluated
+/// so far, how to read, and what stands in for looking.
+pub struct ReadCx<'a> {
+    pub config: &'a Config,
+    pub mode: ReadMode,
+    /// Connected to every kind's [`Machine::read_nodes`] when `mode` looks; empty otherwise.
+    pub pool: &'a HostPool,
+    /// The state on disk: what [`ReadMode::Recorded`] takes.
+    pub state: Option<&'a State>,
+    /// A saved plan: what [`ReadMode::Planned`] takes.
+    pub plan: Option<&'a Plan>,
+    /// A plan is made from what is read, so a value that cannot be read is an error; otherwise
+    /// (commands about what is deployed) it stays unread.
+    pub complete: bool,
+}
+
+/// Why a plan-time read failed.
+#[derive(Debug)]
+pub enum ReadError {
+    /// What the definitions ask cannot be read (a diagnostic on the block).
+    Config(Diagnostics),
+    /// Nodes that could not be reached.
+    Hosts(Vec<Arc<HostError>>),
 }
 
 /// Where an exec probe can run a command, by container address: (node, Docker name).
@@ -198,13 +254,16 @@ pub trait Machine: Send + Sync {
     /// Make the machine match the change: create, update in place, replace, delete (and for
     /// a kind that runs, run it). Waiting until the result is ready is part of it.
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError>;
-    /// Reverse a completed `apply` (rollback).
+    /// Reverse a completed `apply` (rollback). Kinds that leave nothing on a machine have
+    /// nothing to undo.
     async fn undo(
         &self,
-        cx: &StepCx<'_>,
-        action: Action,
-        applied: &Applied,
-    ) -> Result<String, StepError>;
+        _cx: &StepCx<'_>,
+        _action: Action,
+        _applied: &Applied,
+    ) -> Result<String, StepError> {
+        Ok(String::new())
+    }
     /// After the whole apply succeeded: drop what was kept for rollback.
     async fn finalize(
         &self,
@@ -227,15 +286,28 @@ pub trait Machine: Send + Sync {
         Ok(String::new())
     }
     /// Look at one node: how the recorded resources of this kind there differ from the state,
-    /// and objects of this kind the state does not explain. Kinds that leave nothing on a
-    /// machine observe nothing.
+    /// and objects of this kind the state does not explain, looking as far as `mode` says
+    /// ([`ReadMode::deep`]). Kinds that leave nothing on a machine observe nothing.
     async fn observe(
         &self,
         _host: &dyn Host,
         _lineage: &str,
         _recorded: &[(String, ResourceState)],
+        _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
+    }
+    /// The nodes this kind's plan-time [`Machine::read`] works on for `config`'s resources
+    /// (connected before it when the mode looks). None by default: the kind reads nothing.
+    fn read_nodes(&self, _config: &Config) -> Vec<String> {
+        Vec::new()
+    }
+    /// Plan-time read: what the world says about the values this kind's resources leave to it
+    /// (a model's commit), for the evaluation of the definitions with it
+    /// (`config::load_observed`). `cx.mode` says how: looked up on `cx.pool`, or taken from the
+    /// state or a saved plan; a mode that does not look never waits on anything.
+    async fn read(&self, _cx: &ReadCx<'_>) -> Result<Facts, ReadError> {
+        Ok(Facts::default())
     }
     /// Look at an object that exists on the node (`object`: the part of the import id after
     /// `NODE:`) and say how the state would record it, changing nothing: its configuration in

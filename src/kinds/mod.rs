@@ -13,13 +13,16 @@ pub(crate) mod lower;
 pub mod machine;
 pub mod model;
 pub mod probe;
+#[cfg(test)]
+pub mod toy;
 
 use serde::{Deserialize, Serialize};
 
 use crate::schema::BlockSpec;
 
 /// The registry: every resource kind, once, as `Variant => folder`. The folder's name is the
-/// kind's name in plans and state files. A new kind is its folder plus one line here.
+/// kind's name in plans and state files. A new kind is its folder plus one line here (with
+/// `#[cfg(...)]` before it when only some builds have it: the toy kind of the crate's tests).
 macro_rules! for_each_kind {
     ($then:ident) => {
         $then! {
@@ -27,32 +30,33 @@ macro_rules! for_each_kind {
             Container => container,
             Model => model,
             Probe => probe,
+            #[cfg(test)] Toy => toy,
         }
     };
 }
 pub(crate) use for_each_kind;
 
 macro_rules! define_kinds {
-    ($($variant:ident => $module:ident,)*) => {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// A resource kind. Serialised as its name (`"container"`), as state files always had it.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum KindId {
-            $($variant,)*
+            $($(#[$meta])* $variant,)*
         }
 
         impl KindId {
-            pub const ALL: &'static [KindId] = &[$(KindId::$variant,)*];
+            pub const ALL: &'static [KindId] = &[$($(#[$meta])* KindId::$variant,)*];
 
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(KindId::$variant => stringify!($module),)*
+                    $($(#[$meta])* KindId::$variant => stringify!($module),)*
                 }
             }
 
             /// The kind's pure half.
             pub fn kind(self) -> &'static dyn Kind {
                 match self {
-                    $(KindId::$variant => &$module::KIND,)*
+                    $($(#[$meta])* KindId::$variant => &$module::KIND,)*
                 }
             }
 
@@ -60,7 +64,7 @@ macro_rules! define_kinds {
             /// attachments).
             pub fn top_block(self) -> &'static BlockSpec {
                 match self {
-                    $(KindId::$variant => $module::TOP_BLOCK,)*
+                    $($(#[$meta])* KindId::$variant => $module::TOP_BLOCK,)*
                 }
             }
         }

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::ReadMode;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};
@@ -20,19 +21,22 @@ use super::OpError;
 
 /// Where the plan comes from.
 pub enum Source<'a> {
-    /// The definitions, after a refresh when `refresh` (and there is a state), with the facts
-    /// of the nodes that leave some to them (`ops::plan`).
-    Definitions { refresh: bool, options: PlanOptions },
+    /// The definitions, after a refresh when `refresh` looks (and there is a state), with the
+    /// facts of the nodes that leave some to them (`ops::plan`).
+    Definitions {
+        refresh: ReadMode,
+        options: PlanOptions,
+    },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
     /// Evaluated with the node facts the file records.
     PlanFile { file: &'a PlanFile, path: &'a Path },
     /// Remove what the deployment owns (only `targets` when given, none of `exclude`): what the
-    /// state records and, after a refresh when `refresh`, what the machines hold carrying its
-    /// labels that the state does not record.
+    /// state records and, after a refresh when `refresh` looks, what the machines hold carrying
+    /// its labels that the state does not record.
     Destroy {
         targets: Vec<String>,
         exclude: Vec<String>,
-        refresh: bool,
+        refresh: ReadMode,
     },
 }
 
@@ -143,9 +147,10 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         } => {
             // Look first: a run killed between creating something and recording it, or a
             // state that lost an entry, leaves labelled containers only the machines show.
-            let (observations, pool) = if refresh && recorded.is_some() {
+            let (observations, pool) = if refresh.looks() && recorded.is_some() {
                 let (o, p) =
-                    super::refresh::refresh(req.config, &state, &req.hosts, events).await?;
+                    super::refresh::refresh(req.config, &state, refresh, &req.hosts, events)
+                        .await?;
                 (Some(o), p)
             } else {
                 (None, None)
@@ -240,6 +245,11 @@ impl Prepared {
         })
         .await
     }
+}
+
+/// End every master connection at once: the process exits next, and none may outlive it.
+pub fn shutdown_connections() {
+    crate::hosts::lifetime::shutdown();
 }
 
 /// What Ctrl-C did.

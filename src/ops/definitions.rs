@@ -1,21 +1,28 @@
 //! The definitions as the commands use them, in one place. [`load`] evaluates them as written
 //! (the first evaluation: a command shows its warnings before anything connects); then the
-//! values they leave to others are filled by evaluating them again with what those say:
-//! [`Evaluated::resolve`] resolves the models' revisions on their download nodes (`plan`,
-//! `apply DIR`; pinned by the state with `-refresh=false`), [`Evaluated::pin`] never connects
-//! (the state's commits, or a saved plan's commits and node facts). The node facts of a plan
-//! made now are read later, on the refresh's connections (`ops::plan`).
+//! values they leave to the world are filled by evaluating them again with what every kind's
+//! plan-time read (`Machine::read`) says, as a [`ReadMode`] asks: [`Evaluated::resolve`] looks
+//! on the nodes the kinds read on (a model's revision on its download node: `plan`,
+//! `apply DIR`; the state's record with `-refresh=false`), [`Evaluated::pin`] never connects
+//! (the state's record, or what a saved plan was made with, its node facts too). No kind is
+//! named here. The node facts of a plan made now are read later, on the refresh's connections
+//! (`ops::plan`).
+
+use std::collections::BTreeMap;
+
+use futures_util::FutureExt;
 
 use crate::config::{Config, Observed, VarInputs};
 use crate::diag::Diag;
-use crate::events::Sender;
+use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
-use crate::hosts::HostOptions;
+use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::{machine, ReadCx, ReadError, ReadMode};
+use crate::kinds::KindId;
 use crate::plan::planfile::PlanFile;
 use crate::state::State;
 use crate::workspace::Workspace;
 
-use super::resolve_models;
 use super::OpError;
 
 /// The definitions evaluated as written: a model's commit only where its revision is one, the
@@ -27,14 +34,15 @@ pub struct Evaluated {
 
 /// What the definitions are evaluated with when nothing is asked of the machines.
 pub enum Pins<'a> {
-    /// Nothing: as written (commands that use the nodes, addresses and ports, which no commit
-    /// changes: validate, graph, nodes, status, logs, tunnel, destroy).
+    /// Nothing: as written (commands that use the nodes, addresses and ports, which no read
+    /// value changes: validate, graph, nodes, status, logs, tunnel, destroy).
     Unresolved,
-    /// The state's commits for the models whose revision is unchanged, the others left
-    /// unresolved; the hub is never asked (commands about what is deployed: verify, import).
+    /// What the state records, where the definitions still ask for it (a model's commit for an
+    /// unchanged revision); the rest stays unread, never an error (commands about what is
+    /// deployed: verify, import).
     Recorded(Option<&'a State>),
-    /// What a saved plan was made with: its models' commits and the node facts it records
-    /// (`apply PLANFILE`); never resolved again.
+    /// What a saved plan was made with: what its changes carry and the node facts it records
+    /// (`apply PLANFILE`); never read again.
     Planned(&'a PlanFile),
 }
 
@@ -51,6 +59,62 @@ pub struct Definitions {
 pub fn load(ws: &Workspace, vars: &VarInputs) -> Result<Evaluated, OpError> {
     let (config, graph) = ws.load(vars).map_err(OpError::Config)?;
     Ok(Evaluated { config, graph })
+}
+
+/// The nodes the kinds' plan-time reads work on, each once.
+pub fn read_nodes(config: &Config) -> Vec<String> {
+    let mut nodes: Vec<String> = KindId::ALL
+        .iter()
+        .flat_map(|&k| machine(k).read_nodes(config))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Every kind's plan-time read, merged: a definitions error stops at once, nodes that could
+/// not be reached are reported together.
+pub async fn read(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
+    let mut all = Observed::default();
+    let mut unreachable = Vec::new();
+    for &kind in KindId::ALL {
+        match machine(kind).read(cx).await {
+            Ok(seen) => all.extend(seen),
+            Err(ReadError::Config(d)) => return Err(OpError::Config(d)),
+            Err(ReadError::Hosts(e)) => unreachable.extend(e),
+        }
+    }
+    if !unreachable.is_empty() {
+        return Err(OpError::Refresh(unreachable));
+    }
+    Ok(all)
+}
+
+/// Every kind's read of `config` as `mode` looks, on `pool` (tests hand it fake nodes).
+pub async fn read_on(
+    config: &Config,
+    pool: &HostPool,
+    mode: ReadMode,
+    state: Option<&State>,
+) -> Result<Observed, OpError> {
+    read(&ReadCx {
+        config,
+        mode,
+        pool,
+        state,
+        plan: None,
+        complete: true,
+    })
+    .await
+}
+
+/// A read that does not look: it never waits on anything, so it is polled once, here.
+fn read_without_looking(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
+    read(cx).now_or_never().unwrap_or_else(|| {
+        Err(OpError::Local(
+            "a plan-time read waited on something without looking at the machines".into(),
+        ))
+    })
 }
 
 impl Evaluated {
@@ -74,7 +138,7 @@ impl Evaluated {
 
     /// Evaluated again with `observed` (kept as written when it is empty).
     fn again(self, observed: &Observed) -> Result<Definitions, OpError> {
-        if observed.models.is_empty() && observed.nodes.is_empty() {
+        if observed.is_empty() {
             return Ok(self.unchanged());
         }
         let config = crate::config::load_observed(&self.config.dir, &self.config.vars, observed)
@@ -90,38 +154,68 @@ impl Evaluated {
 
     /// Filled without connecting to anything.
     pub fn pin(self, pins: Pins<'_>) -> Result<Definitions, OpError> {
-        match pins {
-            Pins::Unresolved => Ok(self.unchanged()),
-            Pins::Recorded(state) => {
-                let observed = resolve_models::recorded(&self.config, state);
-                self.again(&observed)
-            }
+        let empty = HostPool::from_hosts(BTreeMap::new());
+        let cx = |mode, state, plan| ReadCx {
+            config: &self.config,
+            mode,
+            pool: &empty,
+            state,
+            plan,
+            complete: false,
+        };
+        let observed = match pins {
+            Pins::Unresolved => return Ok(self.unchanged()),
+            Pins::Recorded(state) => read_without_looking(&cx(ReadMode::Recorded, state, None))?,
             Pins::Planned(file) => {
                 let mut observed = file.observed();
                 if !super::plan::facts_matter(&self.config, &observed) {
                     observed.nodes.clear();
                 }
-                observed.models = resolve_models::planned(&file.plan).models;
-                self.again(&observed)
+                observed.extend(read_without_looking(&cx(
+                    ReadMode::Planned,
+                    None,
+                    Some(&file.plan),
+                ))?);
+                observed
             }
-        }
+        };
+        self.again(&observed)
     }
 
-    /// The models' revisions resolved on their download nodes when `refresh` (connected for
-    /// it, then closed), else pinned by `state` (a revision it has no commit for is an error
-    /// naming the model block); as written when there is no model.
+    /// Every kind's values read as `refresh` says: looked up on the nodes the kinds read on
+    /// (connected for it, then closed), else taken from `state` (a value it does not record is
+    /// an error naming the block); as written when no kind reads anything.
     pub async fn resolve(
         self,
         state: Option<&State>,
-        refresh: bool,
+        refresh: ReadMode,
         hosts: &HostOptions,
         events: &Sender,
     ) -> Result<Definitions, OpError> {
-        if !resolve_models::has_models(&self.config) {
+        let nodes = read_nodes(&self.config);
+        if nodes.is_empty() {
             return Ok(self.unchanged());
         }
-        let observed =
-            resolve_models::resolve_models(&self.config, state, refresh, hosts, events).await?;
+        let pool = if refresh.looks() {
+            emit(events, Event::Refreshing { nodes: nodes.len() });
+            HostPool::connect(&self.config, &nodes, hosts).await
+        } else {
+            HostPool::from_hosts(BTreeMap::new())
+        };
+        let defs = self.read_with(&pool, refresh, state).await;
+        pool.close().await;
+        defs
+    }
+
+    /// Every kind's values read on `pool` (connected to [`read_nodes`]; tests hand it fake
+    /// nodes) as `mode` says, then the definitions evaluated again with them.
+    pub async fn read_with(
+        self,
+        pool: &HostPool,
+        mode: ReadMode,
+        state: Option<&State>,
+    ) -> Result<Definitions, OpError> {
+        let observed = read_on(&self.config, pool, mode, state).await?;
         self.again(&observed)
     }
 }
@@ -132,9 +226,9 @@ mod tests {
 
     use super::*;
     use crate::config::{ModelObserved, NodeObserved};
-    use crate::hosts::fake::{FakeHost, FakeWorld};
+    use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
     use crate::hosts::fake_docker::{FakeDocker, Fault};
-    use crate::hosts::{Host, HostPool};
+    use crate::hosts::Host;
 
     const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -248,7 +342,7 @@ output "path" {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let unpinned = rt.block_on(load(&ws, &VarInputs::default()).unwrap().resolve(
             None,
-            false,
+            ReadMode::Recorded,
             &HostOptions::default(),
             &tx,
         ));
@@ -331,6 +425,62 @@ output "path" {
         assert_eq!(commits(&defs.config), vec![None, None]);
     }
 
+    /// The toy kind (`kinds/toy/`, registered for these tests only): its folder and its line in
+    /// `for_each_kind!` are all it takes for its plan-time read to run and its value to reach
+    /// the plan; nothing here or in `ops` names it.
+    #[tokio::test]
+    async fn a_kind_with_a_read_phase_is_read_and_planned_through_the_seam_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            "node \"a\" {\n  address = \"10.0.0.1\"\n}\ntoy \"t\" {\n  node = node.a\n}\n",
+        )
+        .unwrap();
+        let ws = Workspace::new(dir.path(), None);
+        let world = FakeWorld::new();
+        let a = FakeHost::new("node.a", &world);
+        a.on(
+            &["cat", "/etc/toy-greeting"],
+            Answer::Exit(0, "hello from a\n".into(), String::new()),
+        );
+        let pool = HostPool::from_hosts(crate::hosts::fake::hosts(vec![a]));
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        assert_eq!(read_nodes(first.config()), ["node.a"]);
+        let greeting = |defs: &Definitions| {
+            let plan = crate::plan::plan(
+                &defs.config,
+                &defs.graph,
+                &State::new(),
+                &crate::plan::PlanOptions::default(),
+            )
+            .unwrap();
+            let change = plan.change("toy.t").expect("the toy is planned");
+            assert_eq!(change.action, crate::plan::Action::Create);
+            change.after.as_ref().map(|a| a["greeting"].clone())
+        };
+        let defs = first
+            .read_with(&pool, ReadMode::Normal, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            greeting(&defs),
+            Some(serde_json::json!("hello from a")),
+            "read on the node at plan time, evaluated again with it"
+        );
+        assert!(
+            world
+                .log()
+                .iter()
+                .any(|l| l.contains("cat /etc/toy-greeting")),
+            "{:?}",
+            world.log()
+        );
+        // Without looking nothing is read, and nothing is an error.
+        let first = load(&ws, &VarInputs::default()).unwrap();
+        let defs = first.pin(Pins::Recorded(None)).unwrap();
+        assert_eq!(greeting(&defs), Some(serde_json::Value::Null));
+    }
+
     #[tokio::test]
     async fn an_unreachable_hub_names_the_model_block_and_says_what_to_check() {
         let (_dir, ws) = workspace();
@@ -348,7 +498,7 @@ output "path" {
         let a: Arc<dyn Host> =
             Arc::new(FakeHost::new("node.a", &world).docker_engine(docker.clone()));
         let pool = HostPool::from_hosts([("node.a".to_string(), a)].into_iter().collect());
-        let err = resolve_models::resolve_on(first.config(), &pool).await;
+        let err = read_on(first.config(), &pool, ReadMode::Normal, None).await;
         let Err(OpError::Config(d)) = err else {
             panic!("resolved without a hub: {:?}", err.map(|o| o.models));
         };

@@ -13,6 +13,9 @@ use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::container::{LABEL_ADDRESS, LABEL_LINEAGE};
 use crate::kinds::KindId;
 
+/// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
+pub use crate::kinds::address::begins_like_an_address;
+
 /// A container whose logs are asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {

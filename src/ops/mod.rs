@@ -10,15 +10,18 @@ pub mod nodes;
 pub mod observe;
 pub mod plan;
 pub mod refresh;
-pub mod resolve_models;
 pub mod status;
 pub mod tunnel;
 pub mod verify;
 
 use std::sync::Arc;
 
+/// How and to what the commands connect: `cli` names these through `ops`, never `hosts`.
+pub use crate::hosts::{HostError, HostOptions};
+/// How a command reads the machines (`-refresh`): the commands pass it down explicitly.
+pub use crate::kinds::machine::ReadMode;
+
 use crate::diag::{Diag, Diagnostics};
-use crate::hosts::HostError;
 use crate::plan::planfile::PlanFileError;
 use crate::state::StateError;
 

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::hosts::facts::{self, Facts};
+use crate::hosts::facts;
+/// What `nodes` shows of a node, and how it compares with the definitions and the others.
+pub use crate::hosts::facts::{differences, disagreements, explanations, short_id, Facts};
 use crate::hosts::{HostError, HostOptions, HostPool};
 
 /// What one node said.

@@ -2,8 +2,8 @@
 //! evaluation of a plan (`config::load_observed`): read on the connections a refresh opened,
 //! and on the nodes [`connect_for_facts`] adds so that the first plan of a deployment (no
 //! state, nothing to refresh) has them too. Each source of observed values is one function
-//! here, called from [`observe`]: the node facts now; model revisions resolved on a node go
-//! beside them.
+//! here, called from [`observe`]: the node facts now (what the kinds read at plan time is
+//! `Machine::read`'s, through `ops::definitions`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

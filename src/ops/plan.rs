@@ -13,6 +13,7 @@ use crate::diag::Diag;
 use crate::events::Sender;
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::ReadMode;
 use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::State;
 
@@ -23,8 +24,9 @@ pub struct PlanRequest<'a> {
     pub graph: &'a Graph,
     /// The state on disk; `None` when nothing was applied yet (nothing to refresh).
     pub recorded: Option<&'a State>,
-    /// Look at the machines first.
-    pub refresh: bool,
+    /// Look at the machines first (`ReadMode::looks`), and how far; otherwise the state's
+    /// record stands.
+    pub refresh: ReadMode,
     /// `-replace`, `-target`; observations are filled by the refresh.
     pub options: PlanOptions,
     pub hosts: HostOptions,
@@ -51,13 +53,14 @@ pub struct Planned {
 /// something, read the node facts there, evaluate again if they matter, plan.
 pub async fn plan(req: PlanRequest<'_>, events: &Sender) -> Result<Planned, OpError> {
     let (observations, mut pool) = match req.recorded {
-        Some(state) if req.refresh => {
-            let (o, p) = super::refresh::refresh(req.config, state, &req.hosts, events).await?;
+        Some(state) if req.refresh.looks() => {
+            let (o, p) =
+                super::refresh::refresh(req.config, state, req.refresh, &req.hosts, events).await?;
             (Some(o), p)
         }
         _ => (None, None),
     };
-    if req.refresh {
+    if req.refresh.looks() {
         pool = super::observe::connect_for_facts(req.config, pool, &req.hosts, events).await;
     }
     plan_connected(req, observations, pool).await
@@ -147,8 +150,8 @@ pub fn second_evaluation(
     if !facts_matter(config, observed) {
         return Ok(None);
     }
-    // The first evaluation may already hold what the machines said about other things (the
-    // models' resolved revisions): keep it, add the node facts.
+    // The first evaluation may already hold what the kinds read at plan time: keep it, add
+    // the node facts.
     let mut all = config.observed.clone();
     all.nodes.clone_from(&observed.nodes);
     let again =

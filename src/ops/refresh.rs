@@ -3,6 +3,7 @@
 use crate::config::Config;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::ReadMode;
 use crate::plan::Observations;
 use crate::refresh::{connect_and_refresh, nodes_to_refresh};
 use crate::state::State;
@@ -11,10 +12,11 @@ use super::OpError;
 
 /// Observe the machines the state and the configuration put resources on. The connections are
 /// handed back (`None` when no node needed looking at) so an apply can reuse them; on error
-/// they are closed.
+/// they are closed. `mode` says how far the kinds look (`-refresh=deep`).
 pub async fn refresh(
     config: &Config,
     state: &State,
+    mode: ReadMode,
     hosts: &HostOptions,
     events: &Sender,
 ) -> Result<(Observations, Option<HostPool>), OpError> {
@@ -23,12 +25,100 @@ pub async fn refresh(
         return Ok((Observations::default(), None));
     }
     emit(events, Event::Refreshing { nodes: nodes.len() });
-    let (pool, observed) = connect_and_refresh(config, state, &nodes, hosts).await;
+    let (pool, observed) = connect_and_refresh(config, state, &nodes, hosts, mode).await;
     match observed {
         Ok(o) => Ok((o, Some(pool))),
         Err(errors) => {
             pool.close().await;
             Err(OpError::Refresh(errors))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::hosts::fake::{FakeHost, FakeWorld};
+    use crate::hosts::fake_docker::{FakeDocker, Fault};
+    use crate::hosts::Host;
+    use crate::kinds::machine::ReadMode;
+    use crate::kinds::KindId;
+    use crate::state::{ResourceState, State};
+
+    const COMMIT: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+    /// A state recording the weights of `model.m` on node `a`.
+    fn state() -> State {
+        let mut state = State::new();
+        state.resources.insert(
+            "model.m[\"a\"]".into(),
+            ResourceState {
+                kind: KindId::Model,
+                node: Some("node.a".into()),
+                config_hash: String::new(),
+                config: serde_json::json!({
+                    "block": "model.m", "repo": "org/name", "revision": "main",
+                    "commit": COMMIT, "cache": "/data/hf", "image": "img:1",
+                    "node_name": "a", "role": "download", "download_node": "node.a",
+                }),
+                attributes: Default::default(),
+                depends_on: Vec::new(),
+                last_apply_secs: None,
+            },
+        );
+        state
+    }
+
+    type Hosts = Vec<(String, Arc<dyn Host>)>;
+
+    /// A node whose engine answers the model kind's observation with a complete copy.
+    fn node() -> (Arc<FakeDocker>, Hosts) {
+        let docker = Arc::new(FakeDocker::start().unwrap());
+        docker.fault(
+            "sparkform-model.m-a-observe",
+            Fault::ExitsAfterStart(
+                0,
+                vec![r#"{"event": "result", "recorded": true, "complete": true, "missing": [], "differ": [], "present": []}"#.into()],
+            ),
+        );
+        let world = FakeWorld::new();
+        let host: Arc<dyn Host> =
+            Arc::new(FakeHost::new("node.a", &world).docker_engine(docker.clone()));
+        (docker, vec![("node.a".to_string(), host)])
+    }
+
+    /// The arguments transfer.py's observation ran with on `docker`.
+    fn observe_args(docker: &FakeDocker) -> Vec<String> {
+        let created = docker.created();
+        let (_, body) = created
+            .iter()
+            .find(|(name, _)| name.ends_with("-observe"))
+            .expect("the model kind observed the node");
+        body["Entrypoint"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(body["Cmd"].as_array().into_iter().flatten())
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_deep_refresh_reaches_the_kinds_and_a_normal_one_beside_it_stays_shallow() {
+        let state = state();
+        let (deep_docker, deep_hosts) = node();
+        let (plain_docker, plain_hosts) = node();
+        // Both in one process at once: the mode is each operation's, nothing global.
+        let (deep, plain) = tokio::join!(
+            crate::refresh::refresh_hosts_as(&state, deep_hosts, ReadMode::Deep),
+            crate::refresh::refresh_hosts_as(&state, plain_hosts, ReadMode::Normal),
+        );
+        assert!(deep.is_ok() && plain.is_ok(), "{deep:?} {plain:?}");
+        let deep_args = observe_args(&deep_docker);
+        assert!(deep_args.iter().any(|a| a == "--deep"), "{deep_args:?}");
+        let plain_args = observe_args(&plain_docker);
+        assert!(plain_args.iter().any(|a| a == "observe"), "{plain_args:?}");
+        assert!(!plain_args.iter().any(|a| a == "--deep"), "{plain_args:?}");
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::hosts::{Host, HostOptions, HostPool};
-use crate::kinds::machine::machine;
+use crate::kinds::machine::{machine, ReadMode};
 use crate::kinds::KindId;
 use crate::plan::Observed;
 use crate::state::{ResourceState, State};
@@ -213,7 +213,10 @@ async fn look(host: &dyn Host, state: &State) -> Looked {
             }
             continue;
         }
-        let seen = match machine(kind).observe(host, &state.lineage, &of_kind).await {
+        let seen = match machine(kind)
+            .observe(host, &state.lineage, &of_kind, ReadMode::Normal)
+            .await
+        {
             Ok((m, _)) => m,
             Err(_) => Default::default(),
         };

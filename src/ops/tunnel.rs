@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::hosts::{Endpoint, Host};
+use crate::hosts::{Endpoint, Host, HostOptions, HostPool};
 use crate::kinds::KindId;
 
 /// What a tunnel reaches: a URL as a node sees it.
@@ -278,6 +278,11 @@ async fn relay(mut client: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), S
         Ok(_) => Ok(()),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// The target's node connected for a tunnel (close the pool when the tunnel is done).
+pub async fn connect(config: &Config, target: &Target, opts: &HostOptions) -> HostPool {
+    HostPool::connect(config, std::slice::from_ref(&target.node), opts).await
 }
 
 #[cfg(test)]

@@ -399,6 +399,40 @@ fn the_cli_gets_its_definitions_from_ops_definitions_alone() {
     assert!(allowed.is_empty(), "{allowed:?}");
 }
 
+/// What a command in `src/cli/` reaches only through `ops`: the machines (`hosts`) and the
+/// resource kinds (`kinds`, either half). A cli file parses, calls one operation, renders.
+fn cli_reaches_below_ops() -> regex::Regex {
+    regex::Regex::new(
+        r"\b(?:crate|sparkform|super::super)::(?:hosts|kinds)\b|\bcrate::\{[^}]*\b(?:hosts|kinds)\b",
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_cli_calls_neither_hosts_nor_kinds() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+    let (read, bad) = violations_below(&cli, |_| true, &cli_reaches_below_ops());
+    assert!(read > 10, "{read} files in {}", cli.display());
+    assert!(
+        bad.is_empty(),
+        "cli files call hosts or kinds themselves; go through an operation in ops (ARCHITECTURE.md, Layers):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: what it must catch, and what it must let through.
+    let caught = violations(
+        &cli_reaches_below_ops(),
+        "x.rs",
+        "crate::hosts::lifetime::shutdown();\nuse crate::kinds::address::begins_like_an_address;\nuse crate::{config, hosts};\nlet p = crate::hosts::HostPool::connect(&c, &n, &o).await;\n",
+    );
+    assert_eq!(caught.len(), 4, "{caught:?}");
+    let allowed = violations(
+        &cli_reaches_below_ops(),
+        "x.rs",
+        "use crate::ops::nodes::{short_id, Facts};\nlet o = crate::ops::HostOptions::default();\n// crate::hosts in a comment\n#[cfg(test)]\nmod tests { use crate::kinds::KindId; }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
+}
+
 /// A kind's block must be reachable from the top level of the language, or its resources can
 /// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
 #[test]

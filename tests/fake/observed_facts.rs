@@ -16,6 +16,7 @@ use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::ops::observe::nodes_needing_facts;
 use sparkform::ops::plan::{plan_connected, PlanRequest};
+use sparkform::ops::ReadMode;
 use sparkform::plan::{Observations, PlanOptions};
 use sparkform::state::{HashKey, State};
 
@@ -318,7 +319,7 @@ async fn plan_after_refresh(
         config,
         graph,
         recorded: Some(&state),
-        refresh: refreshed.is_some(),
+        refresh: ReadMode::refresh(refreshed.is_some()),
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
         hosts: HostOptions::default(),
     };
@@ -340,7 +341,7 @@ async fn first_plan(
         config,
         graph,
         recorded: None,
-        refresh: true,
+        refresh: ReadMode::Normal,
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
         hosts: HostOptions::default(),
     };
@@ -623,7 +624,7 @@ async fn plan_here_and_gone(
         config: &config,
         graph: &graph,
         recorded: None,
-        refresh,
+        refresh: ReadMode::refresh(refresh),
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
         hosts: HostOptions {
             use_user_config: false,
@@ -976,7 +977,7 @@ async fn the_first_plan_on_the_testbed_connects_its_nodes_and_their_facts_fill_i
         config: &config,
         graph: &graph,
         recorded: None,
-        refresh: true,
+        refresh: ReadMode::Normal,
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
         hosts: HostOptions {
             use_user_config: false,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use sparkform::hosts::HostOptions;
 use sparkform::ops::apply::{prepare, PrepareRequest, Source};
-use sparkform::ops::OpError;
+use sparkform::ops::{OpError, ReadMode};
 use sparkform::plan::planfile::PlanFile;
 use sparkform::plan::{self, Action, PlanOptions};
 use sparkform::state::{State, StateStore};
@@ -67,7 +67,7 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
             graph: &graph,
             store: store(dir.path()),
             source: Source::Definitions {
-                refresh: true,
+                refresh: ReadMode::Normal,
                 options: PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
             },
             hosts: HostOptions::default(),
@@ -152,7 +152,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
             source: Source::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
                 exclude: Vec::new(),
-                refresh: false,
+                refresh: ReadMode::Recorded,
             },
             hosts: HostOptions::default(),
         },
@@ -178,7 +178,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
         graph: &graph,
         store: store(dir.path()),
         source: Source::Definitions {
-            refresh: false,
+            refresh: ReadMode::Recorded,
             options: PlanOptions {
                 targets,
                 ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))

@@ -260,6 +260,9 @@ fn without_its_janitor_masters_still_end_and_the_next_run_sweeps_the_folder() {
 /// master and no folder.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the testbed: bash .ci/test"]
+// The guard only orders this file's tests, each on its own thread: no task of this test's
+// runtime ever waits for it.
+#[allow(clippy::await_holding_lock)]
 async fn an_idle_owner_keeps_its_masters_and_closing_ends_them() {
     use sparkform::hosts::{lifetime, Cmd, HostOptions, HostPool};
     let _sweeps = SWEEPS.read().unwrap_or_else(|e| e.into_inner());

@@ -11,7 +11,7 @@ use crate::config::{Config, Resource};
 use crate::hosts::facts::{parse_ip_addr, Interface};
 use crate::hosts::{Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Check, CheckRun, Machine, NodeObservations, StepCx, StepError,
+    Applied, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
 };
 use crate::plan::{Action, Observed};
 use crate::state::ResourceState;
@@ -238,6 +238,7 @@ impl Machine for AttachmentMachine {
         host: &dyn Host,
         _lineage: &str,
         recorded: &[(String, ResourceState)],
+        _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let mut out = NodeObservations::default();
         if recorded.is_empty() {

@@ -3,7 +3,7 @@
 //! what `ops` resolved before the evaluation (`Engine::observed`); without it the resources
 //! say the commit is not resolved, and an apply refuses them.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use hcl::{Map, Value};
 
@@ -343,12 +343,6 @@ impl dyn Engine<'_> + '_ {
         value.insert("download_node".into(), download.into());
         value.insert("resources".into(), Value::Object(resources));
         value.insert("image".into(), image.into());
-        Some(Evaluated {
-            value: Value::Object(value),
-            sensitive: false,
-            sensitive_keys: HashSet::new(),
-            deps: DepTree::Leaf(all),
-            all_resources: BTreeSet::new(),
-        })
+        Some(Evaluated::of_resources(Value::Object(value), all))
     }
 }

@@ -26,9 +26,11 @@ use crate::events::{emit, Event};
 use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
-    deep_refresh, Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, StepCx,
-    StepError,
+    Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError,
+    ReadMode, StepCx, StepError,
 };
+
+mod read;
 use crate::plan::{Action, Change, Observed};
 use crate::state::ResourceState;
 
@@ -1126,6 +1128,7 @@ impl Machine for ModelMachine {
         host: &dyn Host,
         lineage: &str,
         recorded: &[(String, ResourceState)],
+        mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let node = host.node().to_string();
         let mut out = BTreeMap::new();
@@ -1133,7 +1136,7 @@ impl Machine for ModelMachine {
             return Ok(Default::default());
         }
         let docker = host.docker().await?;
-        let deep = deep_refresh();
+        let deep = mode.deep();
         let never = tokio_util::sync::CancellationToken::new();
         for (address, r) in recorded {
             let Ok(w) = want(address, &r.config) else {
@@ -1196,6 +1199,14 @@ impl Machine for ModelMachine {
             out.insert(address.clone(), seen);
         }
         Ok((out, Vec::new()))
+    }
+
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        read::nodes(config)
+    }
+
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
+        read::read(cx).await
     }
 
     /// A pull step also runs `serve` on the download node.

@@ -19,7 +19,7 @@ use super::{LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
 use crate::config::{Config, Resource};
 use crate::hosts::{facts, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, StepCx, StepError,
+    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
 };
 use crate::plan::{Action, Observed, Orphan};
 use crate::state::ResourceState;
@@ -402,6 +402,7 @@ impl Machine for ContainerMachine {
         host: &dyn Host,
         lineage: &str,
         recorded: &[(String, ResourceState)],
+        _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let node = host.node();
         let docker = host.docker().await?;

@@ -1,22 +1,17 @@
-//! Plan-time resolution of model revisions: a branch or tag is resolved to a commit on each
-//! model's download node (as the hub answers that node), the commit and the manifest go into
-//! `config::Observed`, and the definitions are evaluated again with them, so plans show the
+//! The model kind's plan-time read (`Machine::read`): each model block's revision resolved to
+//! a commit on its download node (as the hub answers that node), or pinned by the state or by
+//! a saved plan, as the [`ReadMode`] says. What it reads goes into `config::Observed.models`;
+//! the second evaluation hands it to the lowering (`kinds::model::lower`), so plans show the
 //! commit and the modules see the real size and `config.json` facts.
-//!
-//! Without a refresh (`-refresh=false`), the commit the state pins is used when the revision
-//! is unchanged; otherwise the plan stops and says the revision needs a refresh. The commands
-//! reach this only through `ops::definitions`, which evaluates the definitions again with it.
 
 use std::collections::BTreeMap;
 
+use super::{list, resolve, ResolveRequest};
 use crate::config::{Config, ModelObserved, Observed, ResourceKind};
 use crate::diag::{Diag, Diagnostics};
-use crate::events::{emit, Event, Sender};
-use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::model::machine::{resolve, ResolveRequest};
+use crate::hosts::HostPool;
+use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
 use crate::state::State;
-
-use super::OpError;
 
 /// One model block, as its download node's resource describes it.
 struct Block {
@@ -47,6 +42,29 @@ fn blocks(config: &Config) -> BTreeMap<String, Block> {
         );
     }
     out
+}
+
+/// The download nodes: where the revisions are resolved.
+pub(super) fn nodes(config: &Config) -> Vec<String> {
+    let mut n: Vec<String> = blocks(config).into_values().map(|b| b.node).collect();
+    n.sort();
+    n.dedup();
+    n
+}
+
+/// What the world says about the models of `cx.config`, as `cx.mode` reads it.
+pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
+    let blocks = blocks(cx.config);
+    if blocks.is_empty() {
+        return Ok(Observed::default());
+    }
+    match cx.mode {
+        ReadMode::Normal | ReadMode::Deep => resolve_on(&blocks, cx.pool).await,
+        ReadMode::Recorded if cx.complete => pinned_by_state(&blocks, cx.state),
+        ReadMode::Recorded => Ok(recorded(&blocks, cx.state)),
+        ReadMode::Planned => Ok(cx.plan.map(planned).unwrap_or_default()),
+        ReadMode::None => Ok(Observed::default()),
+    }
 }
 
 /// The commit a state pins for a block at a revision, with what was recorded about it.
@@ -80,41 +98,12 @@ fn pinned_in<'a>(
     })
 }
 
-/// What the machines say about the models of `config`: resolved on the download nodes when
-/// `refresh` (connected for it, closed after), else pinned by the state.
-pub async fn resolve_models(
-    config: &Config,
-    state: Option<&State>,
-    refresh: bool,
-    hosts: &HostOptions,
-    events: &Sender,
-) -> Result<Observed, OpError> {
-    let blocks = blocks(config);
-    if blocks.is_empty() {
-        return Ok(Observed::default());
-    }
-    if !refresh {
-        return pinned_by_state(&blocks, state);
-    }
-    let nodes: Vec<String> = {
-        let mut n: Vec<String> = blocks.values().map(|b| b.node.clone()).collect();
-        n.sort();
-        n.dedup();
-        n
-    };
-    emit(events, Event::Refreshing { nodes: nodes.len() });
-    let pool = HostPool::connect(config, &nodes, hosts).await;
-    let resolved = resolve_on(config, &pool).await;
-    pool.close().await;
-    resolved
-}
-
 /// The commits the state pins for the revisions of `blocks`; an error for each revision it
 /// has none for (a branch or tag needs the hub, a commit is its own).
 fn pinned_by_state(
     blocks: &BTreeMap<String, Block>,
     state: Option<&State>,
-) -> Result<Observed, OpError> {
+) -> Result<Observed, ReadError> {
     let mut observed = Observed::default();
     let mut diags = Vec::new();
     for (address, b) in blocks {
@@ -135,16 +124,16 @@ fn pinned_by_state(
         }
     }
     if !diags.is_empty() {
-        return Err(OpError::Config(Diagnostics(diags)));
+        return Err(ReadError::Config(Diagnostics(diags)));
     }
     Ok(observed)
 }
 
 /// The commits the state pins for the models whose revision is unchanged; the others are left
 /// out (unresolved), never an error: for commands that look at or remove what is deployed.
-pub fn recorded(config: &Config, state: Option<&State>) -> Observed {
+fn recorded(blocks: &BTreeMap<String, Block>, state: Option<&State>) -> Observed {
     let mut observed = Observed::default();
-    for (address, b) in &blocks(config) {
+    for (address, b) in blocks {
         let revision = str_of(b, "revision").unwrap_or_default();
         if let Some(o) = pinned(state, address, &revision) {
             observed.models.insert(address.clone(), o);
@@ -157,13 +146,16 @@ fn str_of(b: &Block, k: &str) -> Option<String> {
     b.config.get(k).and_then(|v| v.as_str()).map(str::to_string)
 }
 
-/// Each model of `config` resolved on its download node, connected in `pool` (tests hand it
+/// Each model of `blocks` resolved on its download node, connected in `pool` (tests hand it
 /// fake nodes). A node not connected is a refresh error; a failed resolution stops at once
 /// with the model block's place and transfer.py's hint.
-pub async fn resolve_on(config: &Config, pool: &HostPool) -> Result<Observed, OpError> {
+async fn resolve_on(
+    blocks: &BTreeMap<String, Block>,
+    pool: &HostPool,
+) -> Result<Observed, ReadError> {
     let mut observed = Observed::default();
     let mut errors = Vec::new();
-    for (address, b) in &blocks(config) {
+    for (address, b) in blocks {
         let host = match pool.get(&b.node) {
             Ok(h) => h,
             Err(e) => {
@@ -171,18 +163,7 @@ pub async fn resolve_on(config: &Config, pool: &HostPool) -> Result<Observed, Op
                 continue;
             }
         };
-        let list = |k: &str| -> Vec<String> {
-            b.config
-                .get(k)
-                .and_then(|v| v.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let (include, exclude) = (list("include"), list("exclude"));
+        let (include, exclude) = (list(&b.config, "include"), list(&b.config, "exclude"));
         let (repo, revision) = (
             str_of(b, "repo").unwrap_or_default(),
             str_of(b, "revision").unwrap_or_default(),
@@ -222,7 +203,7 @@ pub async fn resolve_on(config: &Config, pool: &HostPool) -> Result<Observed, Op
                 );
             }
             Err(e) => {
-                return Err(OpError::Config(Diagnostics(vec![Diag::error(
+                return Err(ReadError::Config(Diagnostics(vec![Diag::error(
                     "plan::model_unresolved",
                     format!("{address}: {}", e.message),
                 )
@@ -232,18 +213,13 @@ pub async fn resolve_on(config: &Config, pool: &HostPool) -> Result<Observed, Op
         }
     }
     if !errors.is_empty() {
-        return Err(OpError::Refresh(errors));
+        return Err(ReadError::Hosts(errors));
     }
     Ok(observed)
 }
 
-/// Whether a configuration has a model to resolve.
-pub fn has_models(config: &Config) -> bool {
-    !blocks(config).is_empty()
-}
-
 /// The commits a plan's model changes carry.
-pub fn planned(plan: &crate::plan::Plan) -> Observed {
+fn planned(plan: &crate::plan::Plan) -> Observed {
     let mut observed = Observed::default();
     for c in &plan.changes {
         let Some(after) = c.after.as_ref() else {

@@ -1,0 +1,67 @@
+//! The toy kind on a machine: nothing to apply; at plan time it reads `/etc/toy-greeting` on
+//! each toy's node when the mode looks.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::config::{Config, Observed, ResourceKind};
+use crate::hosts::{Cmd, HostError};
+use crate::kinds::machine::{Applied, Machine, ReadCx, ReadError, StepCx, StepError};
+use crate::plan::Action;
+
+pub struct ToyMachine;
+pub static MACHINE: ToyMachine = ToyMachine;
+
+/// The toys of `config`: (address, node).
+fn toys(config: &Config) -> impl Iterator<Item = (&str, &str)> {
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Toy)
+        .filter_map(|r| Some((r.address.as_str(), r.node.as_deref()?)))
+}
+
+#[async_trait]
+impl Machine for ToyMachine {
+    async fn apply(&self, _cx: &StepCx<'_>, _action: Action) -> Result<Applied, StepError> {
+        Ok(Applied::default())
+    }
+
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        toys(config).map(|(_, node)| node.to_string()).collect()
+    }
+
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
+        let mut out = Observed::default();
+        if !cx.mode.looks() {
+            return Ok(out);
+        }
+        let mut errors = Vec::new();
+        for (address, node) in toys(cx.config) {
+            let host = match cx.pool.get(node) {
+                Ok(h) => h,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            match host.exec(&Cmd::new("cat").arg("/etc/toy-greeting")).await {
+                Ok(o) if o.success() => {
+                    out.kinds
+                        .insert(address.to_string(), o.stdout.trim().to_string().into());
+                }
+                Ok(o) => errors.push(Arc::new(HostError::Other {
+                    node: node.to_string(),
+                    message: o.stderr,
+                })),
+                Err(e) => errors.push(Arc::new(e)),
+            }
+        }
+        if errors.is_empty() {
+            Ok(out)
+        } else {
+            Err(ReadError::Hosts(errors))
+        }
+    }
+}
