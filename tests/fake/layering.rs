@@ -697,3 +697,66 @@ fn no_file_over_1200_lines_and_no_function_over_150() {
     );
     assert_eq!(long_functions(&text), [("long".to_string(), 151)]);
 }
+
+/// The direct edges between layers, as ARCHITECTURE.md lists them under "Layer edges" (one
+/// line a layer: `from → to, to`), read from its fenced block.
+fn documented_edges() -> BTreeSet<(String, String)> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .unwrap();
+    let Some(start) = doc.find("Layer edges") else {
+        return BTreeSet::new();
+    };
+    let block = doc[start..]
+        .split("```")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let mut out = BTreeSet::new();
+    for line in block.lines() {
+        let Some((from, tos)) = line.split_once('→') else {
+            continue;
+        };
+        for to in tos.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            out.insert((from.trim().to_string(), to.to_string()));
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's picture of the layers is the imports', edge for edge: an import that
+/// makes a new edge, or a documented edge nothing makes any more, fails here with the lines
+/// to write.
+#[test]
+fn the_architecture_doc_lists_exactly_the_layer_edges() {
+    let edges = layer_edges();
+    let actual: BTreeSet<(String, String)> = edges
+        .iter()
+        .flat_map(|(from, tos)| tos.iter().map(move |(to, _)| (from.clone(), to.clone())))
+        .collect();
+    let documented = documented_edges();
+    if actual != documented {
+        let mut by_layer: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (from, to) in &actual {
+            by_layer.entry(from).or_default().push(to);
+        }
+        let lines: Vec<String> = by_layer
+            .iter()
+            .map(|(from, tos)| format!("{from} → {}", tos.join(", ")))
+            .collect();
+        let missing: Vec<String> = actual
+            .difference(&documented)
+            .map(|(a, b)| format!("{a} → {b}"))
+            .collect();
+        let stale: Vec<String> = documented
+            .difference(&actual)
+            .map(|(a, b)| format!("{a} → {b}"))
+            .collect();
+        panic!(
+            "ARCHITECTURE.md's layer edges are not the imports'.\n  undocumented: {}\n  documented but not made: {}\nthe block to write:\n{}",
+            missing.join(", "),
+            stale.join(", "),
+            lines.join("\n")
+        );
+    }
+}
