@@ -127,3 +127,181 @@ pub type Sender = tokio::sync::mpsc::UnboundedSender<Event>;
 pub fn emit(tx: &Sender, e: Event) {
     let _ = tx.send(e);
 }
+
+/// What a shown text says where a value derived from a sensitive input was (as
+/// `diag::SENSITIVE_VALUE` says it in diagnostics).
+pub const HIDDEN: &str = "(sensitive value)";
+
+/// Texts that are never shown: the values a configuration derives from sensitive inputs, as
+/// they can appear in a message (raw, and escaped as JSON quotes them). The executor scrubs
+/// what each step returns before it reaches an event, the journal or an error, and the UI
+/// scrubs every event it draws, so a probe's URL, headers or expected answer that carry a
+/// token never reach the terminal, `--json` or the state file.
+#[derive(Debug, Clone, Default)]
+pub struct Secrets(std::sync::Arc<Vec<String>>);
+
+/// Shorter values are not scrubbed: replacing them would blot out ordinary words and tell what
+/// the secret is (docs/security.md).
+const MIN_SECRET: usize = 4;
+
+impl Secrets {
+    pub fn new(texts: impl IntoIterator<Item = String>) -> Secrets {
+        let mut all: Vec<String> = Vec::new();
+        for t in texts {
+            let json = serde_json::to_string(&t).unwrap_or_default();
+            let escaped = json
+                .get(1..json.len().saturating_sub(1))
+                .unwrap_or_default()
+                .to_string();
+            for f in [t, escaped] {
+                if f.chars().count() >= MIN_SECRET && !all.contains(&f) {
+                    all.push(f);
+                }
+            }
+        }
+        // Longest first, so a secret that contains another is replaced whole.
+        all.sort_by_key(|f| std::cmp::Reverse(f.len()));
+        Secrets(std::sync::Arc::new(all))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `s` with every secret replaced by [`HIDDEN`].
+    pub fn scrub(&self, s: &str) -> String {
+        let mut out = s.to_string();
+        for x in self.0.iter() {
+            if out.contains(x.as_str()) {
+                out = out.replace(x.as_str(), HIDDEN);
+            }
+        }
+        out
+    }
+
+    fn opt(&self, s: Option<String>) -> Option<String> {
+        s.map(|s| self.scrub(&s))
+    }
+}
+
+impl Event {
+    /// The event with every text it carries scrubbed of `secrets`.
+    pub fn scrubbed(self, secrets: &Secrets) -> Event {
+        if secrets.is_empty() {
+            return self;
+        }
+        let s = |t: String| secrets.scrub(&t);
+        match self {
+            Event::LockTakenOver {
+                pid,
+                host,
+                operation,
+                started,
+            } => Event::LockTakenOver {
+                pid,
+                host,
+                operation: s(operation),
+                started,
+            },
+            Event::StepStarted { address, action } => Event::StepStarted {
+                address: s(address),
+                action,
+            },
+            Event::StepProgress {
+                address,
+                message,
+                log,
+                timeout_secs,
+            } => Event::StepProgress {
+                address: s(address),
+                message: s(message),
+                log: secrets.opt(log),
+                timeout_secs,
+            },
+            Event::Phase {
+                address,
+                phase,
+                percent,
+                line,
+            } => Event::Phase {
+                address: s(address),
+                phase: s(phase),
+                percent,
+                line: s(line),
+            },
+            Event::StepWarning {
+                address,
+                message,
+                help,
+            } => Event::StepWarning {
+                address: s(address),
+                message: s(message),
+                help: s(help),
+            },
+            Event::StepDone {
+                address,
+                action,
+                elapsed,
+                summary,
+            } => Event::StepDone {
+                address: s(address),
+                action,
+                elapsed,
+                summary: s(summary),
+            },
+            Event::StepFailed {
+                address,
+                elapsed,
+                error,
+            } => Event::StepFailed {
+                address: s(address),
+                elapsed,
+                error: s(error),
+            },
+            Event::StepStopped {
+                address,
+                elapsed,
+                at,
+            } => Event::StepStopped {
+                address: s(address),
+                elapsed,
+                at: s(at),
+            },
+            Event::StepNotRun { address, reason } => Event::StepNotRun {
+                address: s(address),
+                reason: s(reason),
+            },
+            Event::Stopping { reason } => Event::Stopping { reason: s(reason) },
+            Event::UndoDone {
+                address,
+                elapsed,
+                summary,
+            } => Event::UndoDone {
+                address: s(address),
+                elapsed,
+                summary: s(summary),
+            },
+            Event::UndoFailed {
+                address,
+                elapsed,
+                error,
+            } => Event::UndoFailed {
+                address: s(address),
+                elapsed,
+                error: s(error),
+            },
+            Event::Finished {
+                ok,
+                elapsed,
+                summary,
+            } => Event::Finished {
+                ok,
+                elapsed,
+                summary: s(summary),
+            },
+            e @ (Event::Refreshing { .. }
+            | Event::Started { .. }
+            | Event::RollbackStarted { .. }) => e,
+        }
+    }
+}

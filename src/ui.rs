@@ -171,9 +171,12 @@ fn spinner_style(template: &str) -> indicatif::ProgressStyle {
 
 /// Draw events until the channel closes. Live lines are indicatif's: it knows the terminal's
 /// width (a line is cut, never wrapped), redraws on resize and prints finished lines above.
+/// Draw the events of an operation until its sender is dropped; every event is scrubbed of
+/// `secrets` first, whatever the mode.
 pub fn spawn(
     mode: Mode,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    secrets: crate::events::Secrets,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let start = Instant::now();
@@ -189,6 +192,7 @@ pub fn spawn(
                 _ = tick.tick() => None,
             };
             if let Some(e) = event {
+                let e = e.scrubbed(&secrets);
                 if mode == Mode::Json {
                     let mut out = std::io::stdout().lock();
                     let _ = writeln!(out, "{}", serde_json::to_string(&e).unwrap_or_default());

@@ -364,6 +364,7 @@ struct Job {
     events: Sender,
     cancel: CancellationToken,
     containers: Arc<ContainerIndex>,
+    secrets: crate::events::Secrets,
 }
 
 impl Job {
@@ -385,6 +386,7 @@ impl Job {
             events: &self.events,
             cancel: &self.cancel,
             containers: &self.containers,
+            secrets: &self.secrets,
         }
     }
 
@@ -405,6 +407,15 @@ impl Job {
                 }
                 machine(*kind).apply(&cx, self.step.change.action).await
             }
+        };
+        // What a step says (a probe's URL, its answer, what it expected) reaches events, the
+        // journal and errors only scrubbed of the configuration's sensitive values.
+        let result = match result {
+            Ok(mut applied) => {
+                applied.summary = self.secrets.scrub(&applied.summary);
+                Ok(applied)
+            }
+            Err(e) => Err(e.scrubbed(&self.secrets)),
         };
         (self.idx, self.step, result, start.elapsed())
     }
@@ -526,6 +537,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         events: req.events.clone(),
         cancel: req.cancel.clone(),
         containers: containers.clone(),
+        secrets: crate::events::Secrets::new(req.config.secret_texts()),
     };
     let mut run = Run::new(&req, &steps, &before, state, outcome);
     run.execute(&jobs).await;
@@ -687,6 +699,7 @@ struct Jobs<'a> {
     events: Sender,
     cancel: CancellationToken,
     containers: Arc<ContainerIndex>,
+    secrets: crate::events::Secrets,
 }
 
 impl Jobs<'_> {
@@ -705,6 +718,7 @@ impl Jobs<'_> {
             events: self.events.clone(),
             cancel: self.cancel.clone(),
             containers: self.containers.clone(),
+            secrets: self.secrets.clone(),
         }
     }
 }

@@ -51,6 +51,8 @@ pub(super) async fn rollback(
                 machine(kind)
                     .undo(&job.cx(), job.step.change.action, &applied)
                     .await
+                    .map(|s| job.secrets.scrub(&s))
+                    .map_err(|e| e.scrubbed(&job.secrets))
             });
         }
         let Some(((k, started), joined)) = running.next().await else {

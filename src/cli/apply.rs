@@ -245,7 +245,8 @@ pub fn execute(
     }
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let ui = crate::ui::spawn(crate::ui::mode(args.json), rx);
+        let secrets = crate::events::Secrets::new(config.secret_texts());
+        let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
         let cancel = tokio_util::sync::CancellationToken::new();
         let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {
             Interrupt::Stopping => eprintln!("\nInterrupted: finishing or stopping running steps, then rolling back. Press Ctrl-C again to exit at once (the state file says what exists)."),

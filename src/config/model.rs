@@ -53,6 +53,33 @@ impl Config {
     pub fn resource(&self, address: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| r.address == address)
     }
+
+    /// The texts of every value derived from a sensitive input (each resource's sensitive
+    /// paths, every string inside them), for the scrubbers of what a run shows and records.
+    pub fn secret_texts(&self) -> Vec<String> {
+        fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::String(s) => out.push(s.clone()),
+                serde_json::Value::Number(n) => out.push(n.to_string()),
+                serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+                serde_json::Value::Object(m) => m.values().for_each(|x| strings(x, out)),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for r in &self.resources {
+            for path in &r.sensitive {
+                let mut cur = Some(&r.config);
+                for p in path {
+                    cur = cur.and_then(|c| c.get(p));
+                }
+                if let Some(v) = cur {
+                    strings(v, &mut out);
+                }
+            }
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -128,6 +128,8 @@ pub struct StepCx<'a> {
     pub cancel: &'a tokio_util::sync::CancellationToken,
     /// Containers of the configuration by address: (node, Docker name), for exec probes.
     pub containers: &'a ContainerIndex,
+    /// The configuration's sensitive values: what a step reports passes through them.
+    pub secrets: &'a crate::events::Secrets,
 }
 
 impl StepCx<'_> {
@@ -137,15 +139,18 @@ impl StepCx<'_> {
         log: Option<String>,
         timeout_secs: Option<u64>,
     ) {
-        emit(
-            self.events,
-            Event::StepProgress {
-                address: self.address.to_string(),
-                message: message.into(),
-                log,
-                timeout_secs,
-            },
-        );
+        self.emit(Event::StepProgress {
+            address: self.address.to_string(),
+            message: message.into(),
+            log,
+            timeout_secs,
+        });
+    }
+
+    /// Report an event of this step, scrubbed of the configuration's sensitive values (what
+    /// a probe printed, a log line, a command).
+    pub fn emit(&self, event: Event) {
+        emit(self.events, event.scrubbed(self.secrets));
     }
 
     pub fn host(&self) -> Result<Arc<dyn Host>, StepError> {
@@ -185,6 +190,15 @@ impl StepError {
         self.details = d;
         self
     }
+    /// The error with every text it carries scrubbed of `secrets`.
+    pub fn scrubbed(self, secrets: &crate::events::Secrets) -> StepError {
+        StepError {
+            message: secrets.scrub(&self.message),
+            details: self.details.iter().map(|d| secrets.scrub(d)).collect(),
+            help: self.help.map(|h| secrets.scrub(&h)),
+        }
+    }
+
     /// The whole error as text: message, evidence, hint.
     pub fn render(&self) -> String {
         let mut s = self.message.clone();

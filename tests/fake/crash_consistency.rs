@@ -807,3 +807,45 @@ async fn a_rolled_back_recovery_never_fights_the_tracked_container_for_its_name(
         before.resources.get("container.head")
     );
 }
+
+/// A probe whose command carries a token from a sensitive variable fails, and what it printed
+/// echoes the token: neither the events (as the terminal and `--json` show them), nor the
+/// errors, nor the state file hold it; they say "(sensitive value)" where it was.
+#[tokio::test]
+async fn a_failing_probe_never_shows_or_records_the_token_it_carries() {
+    const TOKEN: &str = "sk-topsecret-4242";
+    let hcl = format!(
+        "variable \"api_key\" {{\n  type      = string\n  default   = \"{TOKEN}\"\n  sensitive = true\n}}\n{}",
+        serving("2s").replace(
+            r#"command   = ["curl", "-sf", "localhost:8000/v1/models"]"#,
+            r#"command   = ["curl", "-sf", "-H", "Authorization: Bearer ${var.api_key}", "localhost:8000/v1/models"]"#,
+        )
+    );
+    assert!(hcl.contains("var.api_key"), "the fixture changed");
+    let bed = Bed::new(&hcl, |_| {});
+    bed.d1.fault(
+        "head",
+        Fault::ExecExits(
+            "curl".into(),
+            22,
+            format!("curl: (22) 401 for Authorization: Bearer {TOKEN}"),
+        ),
+    );
+    let r = bed.apply(&[], None).await;
+    assert!(!r.outcome.ok);
+    let (address, e) = r
+        .outcome
+        .failures
+        .iter()
+        .find(|(a, _)| a == "probe.serving")
+        .expect("the probe failed");
+    let shown = e.render();
+    assert!(!shown.contains(TOKEN), "{address}: {shown}");
+    assert!(shown.contains("(sensitive value)"), "{shown}");
+    for ev in &r.events {
+        let json = serde_json::to_string(ev).unwrap();
+        assert!(!json.contains(TOKEN), "{json}");
+    }
+    let state = std::fs::read_to_string(bed.dir.path().join("state/sparkform.json")).unwrap();
+    assert!(!state.contains(TOKEN), "the state holds the token");
+}

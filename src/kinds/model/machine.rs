@@ -22,7 +22,7 @@ use futures_util::StreamExt;
 
 use super::{human_bytes, is_commit, judge_observed};
 use crate::config::Config;
-use crate::events::{emit, Event};
+use crate::events::Event;
 use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
@@ -471,15 +471,12 @@ impl Reporter<'_, '_> {
             human_bytes(total),
             human_bytes(rate)
         );
-        emit(
-            self.cx.events,
-            Event::Phase {
-                address: self.cx.address.to_string(),
-                phase: self.what.to_string(),
-                percent: pct,
-                line: line.clone(),
-            },
-        );
+        self.cx.emit(Event::Phase {
+            address: self.cx.address.to_string(),
+            phase: self.what.to_string(),
+            percent: pct,
+            line: line.clone(),
+        });
         self.cx.progress(line, None, None);
     }
 }

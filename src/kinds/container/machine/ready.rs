@@ -274,14 +274,11 @@ pub(super) async fn warn_on_log(
         return;
     };
     for (line, help) in new_warnings(&lines, patterns, seen) {
-        crate::events::emit(
-            cx.events,
-            crate::events::Event::StepWarning {
-                address: cx.address.to_string(),
-                message: format!("container {name} logged: {line}"),
-                help,
-            },
-        );
+        cx.emit(crate::events::Event::StepWarning {
+            address: cx.address.to_string(),
+            message: format!("container {name} logged: {line}"),
+            help,
+        });
     }
 }
 
@@ -320,7 +317,7 @@ where
                                 self.label = Some(p.label.clone());
                                 self.since = Instant::now();
                             }
-                            crate::events::emit(cx.events, crate::events::Event::Phase {
+                            cx.emit(crate::events::Event::Phase {
                                 address: cx.address.to_string(),
                                 phase: p.label,
                                 percent: p.percent,
