@@ -503,3 +503,31 @@ fn a_new_commit_with_an_untracked_copy_of_a_weights_user_plans_steps_that_can_al
         waits(vllm, false)
     );
 }
+
+/// A hub token written as a literal is still a secret: the plan and the state hold its keyed
+/// hash only, and the load warns that it is in the definitions.
+#[test]
+fn a_literal_token_is_hashed_in_the_state_and_warned_about() {
+    const LITERAL: &str = "hf_literal_token_0123456789";
+    let text = base(&MODEL.replace("var.hf_token", &format!("\"{LITERAL}\"")));
+    assert!(text.contains(LITERAL), "the fixture changed");
+    let (c, g) = load(&text, &observed(COMMIT_A, "main"));
+    assert!(
+        c.warnings.iter().any(|w| w
+            .message
+            .contains("its hub token is written in the definitions")),
+        "{:?}",
+        c.warnings.iter().map(|w| &w.message).collect::<Vec<_>>()
+    );
+    let mut state = sparkform::state::State::new();
+    let p = common::plan(&c, &g, &state);
+    plan::record(&p, &mut state);
+    let plan_text = serde_json::to_string(&p).unwrap();
+    let state_text = serde_json::to_string(&state).unwrap();
+    assert!(!plan_text.contains(LITERAL), "the plan holds the token");
+    assert!(!state_text.contains(LITERAL), "the state holds the token");
+    assert!(
+        !plan::render::render(&p).contains(LITERAL),
+        "the rendered plan shows the token"
+    );
+}

@@ -237,6 +237,20 @@ impl dyn Engine<'_> + '_ {
         let serve_image = attrs.string("serve_image");
         let token_sensitive = attrs.is_sensitive("token");
         let token = attrs.string("token");
+        // A token is a secret however it is written: the state and plans hold its keyed hash
+        // only; one written in the definitions is also in version control, which is said.
+        if token.is_some() && !token_sensitive {
+            if let Some(span) = attrs.spans.get("token").cloned() {
+                self.diag(
+                    Diag::warning(
+                        "config::literal_token",
+                        format!("model `{}`: its hub token is written in the definitions", item.name),
+                    )
+                    .label(&span, "this token is in every copy of this file")
+                    .help("pass it through a variable with `sensitive = true` (SPARKFORM_VAR_hf_token, or -var-file); sparkform keeps it hashed in the state either way"),
+                );
+            }
+        }
         let source_address = addresses.get(&download).cloned().flatten();
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
@@ -272,7 +286,7 @@ impl dyn Engine<'_> + '_ {
                 c.insert("serve_image".into(), serve_image.clone().into());
                 c.insert("endpoint".into(), endpoint.clone().into());
                 c.insert("token".into(), token.clone().into());
-                if token_sensitive && token.is_some() {
+                if token.is_some() {
                     sensitive.push(vec!["token".to_string()]);
                 }
             }
