@@ -163,7 +163,19 @@ pub(super) async fn restart_process_groups(
         }
         let mut came_back = Vec::new();
         let mut failed: Option<(String, String)> = None;
-        for step in &members {
+        // Every member stops first, the last in dependency order first: none of them may
+        // still hold a connection to a peer of the group being undone (a rank the failed
+        // step brought back joined the new rank 0 the rollback then removed).
+        for step in members.iter().rev() {
+            let StepKind::Resource(kind) = step.kind else {
+                continue;
+            };
+            if let Err(e) = machine(kind).stop(&jobs.job(step).cx()).await {
+                failed = Some((step.address.clone(), e.message));
+                break;
+            }
+        }
+        for step in members.iter().filter(|_| failed.is_none()) {
             let StepKind::Resource(kind) = step.kind else {
                 continue;
             };

@@ -350,8 +350,13 @@ impl Machine for ContainerMachine {
             .await;
         already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
         // What the previous run logged (a peer that went away) is no verdict on this one: it
-        // has stopped, so every line from now on is the new run's.
-        let since = i32::try_from(chrono::Utc::now().timestamp()).unwrap_or(0);
+        // has stopped, so every line from the next whole second on (Docker's `since` counts in
+        // seconds, and the previous run may have logged in this one) is the new run's, which
+        // starts only then.
+        let now = chrono::Utc::now();
+        let to_next = 1_000_000_000u64.saturating_sub(u64::from(now.timestamp_subsec_nanos()));
+        tokio::time::sleep(std::time::Duration::from_nanos(to_next)).await;
+        let since = i32::try_from(now.timestamp() + 1).unwrap_or(0);
         let started = docker
             .start_container(&id, None::<q::StartContainerOptions>)
             .await;
