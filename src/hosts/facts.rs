@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{Cmd, Host, HostError};
 use crate::config::{Config, Node, NodeObserved};
+use crate::kinds::DesiredConfig;
 use crate::kinds::{attachment, KindId};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -358,7 +359,7 @@ pub fn images_of(config: &Config) -> Vec<String> {
     let set: BTreeSet<String> = config
         .resources
         .iter()
-        .filter_map(|r| r.config.get("image")?.as_str().map(str::to_string))
+        .flat_map(|r| r.kind.kind().images(&r.config))
         .collect();
     set.into_iter().collect()
 }
@@ -541,7 +542,7 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
         .resources
         .iter()
         .filter(|r| r.kind == KindId::Attachment && r.node.as_deref() == Some(&node.address))
-        .filter_map(|r| Some((r, attachment::Desired::from_json(&r.config)?)));
+        .filter_map(|r| Some((r, attachment::Desired::from_config(&r.config).ok()?)));
     for (r, d) in attachments {
         let iface = d.interface.as_str();
         match facts.interfaces.iter().find(|i| i.name == iface) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::KindId;
+use super::{DesiredConfig, KindId};
 use crate::config::Observed as Facts;
 use crate::config::{Config, Resource};
 use crate::diag::Diagnostics;
@@ -159,10 +159,25 @@ impl StepCx<'_> {
             .ok_or_else(|| StepError::new(format!("{}: no node to run on", self.address)))
     }
 
-    pub fn desired_str(&self, key: &str) -> Option<&str> {
-        self.desired
-            .and_then(|d| d.get(key))
-            .and_then(|v| v.as_str())
+    /// The desired configuration as the kind's type.
+    pub fn desired_as<D: DesiredConfig>(&self) -> Result<D, StepError> {
+        let config = self
+            .desired
+            .ok_or_else(|| StepError::new(format!("{}: no desired configuration", self.address)))?;
+        // serde's message could quote a sensitive value: not shown.
+        D::from_config(config).map_err(|_| {
+            StepError::new(format!(
+                "{}: the desired configuration is not of this resource's kind",
+                self.address
+            ))
+            .help("this is a bug in sparkform: please report it")
+        })
+    }
+
+    /// What the state recorded before this apply, as the kind's type; `None` when nothing was
+    /// recorded or the record is not of the kind (written by another version).
+    pub fn recorded_as<D: DesiredConfig>(&self) -> Option<D> {
+        self.recorded.and_then(|r| D::from_config(&r.config).ok())
     }
 }
 

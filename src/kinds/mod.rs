@@ -60,6 +60,17 @@ macro_rules! define_kinds {
                 }
             }
 
+            /// `config` read as the kind's typed `Desired` and written again: what a
+            /// lowering produced comes back unchanged (the tests check every example), and a
+            /// configuration that is not the kind's says why.
+            pub fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
+                match self {
+                    $($(#[$meta])* KindId::$variant => {
+                        <$module::Desired as DesiredConfig>::from_config(config).map(|d| d.to_config())
+                    })*
+                }
+            }
+
             /// The top-level block that declares resources of the kind (`network` for
             /// attachments).
             pub fn top_block(self) -> &'static BlockSpec {
@@ -109,6 +120,34 @@ impl<'de> Deserialize<'de> for KindId {
             ))
         })
     }
+}
+
+/// A kind's desired configuration, typed (`kinds::<kind>::Desired`): what its lowering
+/// produces, what its machine half works on, and, as serde's JSON, what plans diff, hash and
+/// the state records. Its defaults live on the type, nowhere else.
+pub trait DesiredConfig: Serialize + serde::de::DeserializeOwned + Sized {
+    /// Read from a desired or recorded configuration of the kind.
+    fn from_config(config: &serde_json::Value) -> Result<Self, String> {
+        serde_json::from_value(config.clone()).map_err(|e| e.to_string())
+    }
+    /// As a resource's configuration.
+    fn to_config(&self) -> serde_json::Value {
+        // Serialising maps with string keys and plain fields cannot fail.
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The HTTP status a check wants: `status`, else 200 (a ready check's and a probe's).
+pub fn wanted_status(status: Option<&serde_json::Number>) -> u16 {
+    status
+        .and_then(serde_json::Number::as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .unwrap_or(200)
+}
+
+/// The exit code a check wants: `exit_code`, else 0.
+pub fn wanted_exit_code(code: Option<&serde_json::Number>) -> i64 {
+    code.and_then(serde_json::Number::as_i64).unwrap_or(0)
 }
 
 /// How a resource of a kind lives.
@@ -175,6 +214,11 @@ pub trait Kind: Sync {
         _after: &serde_json::Value,
     ) -> Option<String> {
         None
+    }
+    /// The image references a resource of the kind runs, from its configuration (what
+    /// `sparkform nodes` looks up on the nodes).
+    fn images(&self, _config: &serde_json::Value) -> Vec<String> {
+        Vec::new()
     }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;

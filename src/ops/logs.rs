@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::container::{LABEL_ADDRESS, LABEL_LINEAGE};
-use crate::kinds::KindId;
+use crate::kinds::container::{self, LABEL_ADDRESS, LABEL_LINEAGE};
+use crate::kinds::{DesiredConfig, KindId};
 
 /// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
 pub use crate::kinds::address::begins_like_an_address;
@@ -82,27 +82,23 @@ pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, Stri
         .into_iter()
         .filter(|r| addresses.is_empty() || addresses.iter().any(|a| named(a, &r.address)))
         .filter_map(|r| {
+            let desired = container::Desired::from_config(&r.config).ok()?;
             Some(Target {
                 address: r.address.clone(),
                 node: r.node.clone()?,
-                name: r.config.get("name")?.as_str()?.to_string(),
-                fail_on_log: fail_patterns(&r.config),
+                fail_on_log: fail_patterns(&desired),
+                name: desired.name,
             })
         })
         .collect())
 }
 
-fn fail_patterns(config: &serde_json::Value) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = config
-        .get("ready")
-        .and_then(|r| r.as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.get("fail_on_log")?.as_object())
-        .flat_map(|m| {
-            m.iter()
-                .map(|(p, f)| (p.clone(), f.as_str().unwrap_or_default().to_string()))
-        })
+fn fail_patterns(desired: &container::Desired) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = desired
+        .ready
+        .iter()
+        .filter_map(|r| r.fail_on_log.as_ref())
+        .flat_map(|m| m.iter().map(|(p, f)| (p.clone(), f.clone())))
         .collect();
     out.sort();
     out.dedup();

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{Endpoint, Host, HostOptions, HostPool};
-use crate::kinds::KindId;
+use crate::kinds::{attachment, probe, DesiredConfig, KindId};
 
 /// What a tunnel reaches: a URL as a node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,17 +34,13 @@ pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
         .filter_map(|o| Some((o.name.as_str(), o.value.as_str()?)))
         .filter(|(_, v)| v.starts_with("http://"))
         .collect();
-    let probes: Vec<(&str, &str, &str)> = config
+    let probes: Vec<(&str, String, String)> = config
         .resources
         .iter()
         .filter(|r| r.kind == KindId::Probe)
         .filter_map(|r| {
-            let http = r.config.get("http")?;
-            Some((
-                r.address.as_str(),
-                http.get("via")?.as_str()?,
-                http.get("url")?.as_str()?,
-            ))
+            let http = probe::Desired::from_config(&r.config).ok()?.http?;
+            Some((r.address.as_str(), http.via, http.url))
         })
         .collect();
     let candidates = || {
@@ -107,7 +103,7 @@ fn target(from: String, node: String, url: &str) -> Result<Target, String> {
 
 /// The node an output's URL is reached through: a probe's `via` for the same URL, the node
 /// with a fabric address equal to the URL's host, or the node of that host name.
-fn node_for_url(config: &Config, url: &str, probes: &[(&str, &str, &str)]) -> Option<String> {
+fn node_for_url(config: &Config, url: &str, probes: &[(&str, String, String)]) -> Option<String> {
     if let Some((_, via, _)) = probes.iter().find(|(_, _, u)| u.starts_with(url)) {
         return Some(via.to_string());
     }
@@ -116,7 +112,7 @@ fn node_for_url(config: &Config, url: &str, probes: &[(&str, &str, &str)]) -> Op
         .resources
         .iter()
         .filter(|r| r.kind == KindId::Attachment)
-        .find(|r| r.config.get("address").and_then(|a| a.as_str()) == Some(host.as_str()))
+        .find(|r| attachment::Desired::from_config(&r.config).is_ok_and(|a| a.address == host))
         .and_then(|r| r.node.clone())
         .or_else(|| {
             config

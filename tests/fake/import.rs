@@ -616,7 +616,10 @@ fn binds_in_another_order_are_the_definitions() {
         "Config": { "Image": "img" },
         "HostConfig": { "Binds": ["/b:/b", "/a:/a", "/extra:/extra"] },
     });
-    let desired = json!({ "volumes": ["/a:/a", "/b:/b"] });
+    let desired = sparkform::kinds::container::Desired {
+        volumes: Some(vec!["/a:/a".into(), "/b:/b".into()]),
+        ..Default::default()
+    };
     let c = sparkform::kinds::container::machine::imported_config(
         &inspect,
         &serde_json::Value::Null,
@@ -624,5 +627,5 @@ fn binds_in_another_order_are_the_definitions() {
         "node.n1",
         Some(&desired),
     );
-    assert_eq!(c["volumes"], json!(["/a:/a", "/b:/b", "/extra:/extra"]));
+    assert_eq!(c.volumes.unwrap(), ["/a:/a", "/b:/b", "/extra:/extra"]);
 }

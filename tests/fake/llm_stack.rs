@@ -2,6 +2,7 @@
 //! container configuration the seed example creates.
 
 use crate::common;
+use sparkform::kinds::DesiredConfig;
 
 use std::path::Path;
 
@@ -114,7 +115,8 @@ fn golden_container_configuration_of_the_seed_example() {
         .iter()
         .filter(|r| r.kind == ResourceKind::Container)
     {
-        let body = create_body(&r.config, "LINEAGE", &r.address, "sha256:CONFIG", &c.dir);
+        let desired = sparkform::kinds::container::Desired::from_config(&r.config).unwrap();
+        let body = create_body(&desired, "LINEAGE", &r.address, "sha256:CONFIG");
         let mut v = serde_json::to_value(&body).unwrap();
         if let Some(env) = v.get_mut("Env").and_then(|e| e.as_array_mut()) {
             env.sort_by(|a, b| a.as_str().cmp(&b.as_str()));

@@ -32,3 +32,4 @@ mod standins;
 mod taint;
 mod topology;
 mod transfer;
+mod typed_kinds;

@@ -9,6 +9,7 @@ use super::{ATTACH, NETWORK};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
 use crate::kinds::attachment;
+use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_network()
@@ -112,7 +113,7 @@ impl dyn Engine<'_> + '_ {
                 prefix_len: subnet.prefix_len(),
                 mtu,
             }
-            .to_json();
+            .to_config();
             let mut deps = ctx.deps.clone();
             deps.extend(self.extra_deps().iter().cloned());
             self.add_resource(Resource {

@@ -13,6 +13,7 @@ use crate::hosts::{Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Applied, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
 };
+use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Observed};
 use crate::state::ResourceState;
 
@@ -28,7 +29,7 @@ struct Settings {
 }
 
 fn settings(config: &serde_json::Value) -> Option<Settings> {
-    let d = Desired::from_json(config)?;
+    let d = Desired::from_config(config).ok()?;
     Some(Settings {
         cidr: d.cidr(),
         interface: d.interface,
@@ -340,7 +341,7 @@ fn dependent_changed(config: &Config, on: &[String], changed: &dyn Fn(&str) -> b
 }
 
 fn member(r: &Resource) -> Option<Member> {
-    let d = Desired::from_json(&r.config)?;
+    let d = Desired::from_config(&r.config).ok()?;
     Some(Member {
         address: r.address.clone(),
         node: r.node.clone()?,
@@ -351,7 +352,7 @@ fn member(r: &Resource) -> Option<Member> {
 
 /// An attachment as recorded, against the node's interfaces. Pure.
 pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {
-    let Some(d) = Desired::from_json(config) else {
+    let Ok(d) = Desired::from_config(config) else {
         return Observed::Drifted(vec![
             "the state records an incomplete attachment configuration".into(),
         ]);

@@ -74,16 +74,9 @@ pub struct Desired {
     pub mtu: u32,
 }
 
+impl super::DesiredConfig for Desired {}
+
 impl Desired {
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
-    }
-
-    /// Read from a desired or recorded configuration; `None` when it is not an attachment's.
-    pub fn from_json(config: &serde_json::Value) -> Option<Desired> {
-        serde_json::from_value(config.clone()).ok()
-    }
-
     /// `192.168.200.1/24`.
     pub fn cidr(&self) -> String {
         format!("{}/{}", self.address, self.prefix_len)

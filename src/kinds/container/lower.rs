@@ -12,6 +12,7 @@ use super::{CONTAINER, READY};
 use crate::config::lowering::*;
 use crate::diag::{Diag, SourceFile, Span};
 use crate::kinds::container;
+use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_container()
@@ -77,7 +78,23 @@ impl dyn Engine<'_> + '_ {
                 ok = false;
                 continue;
             }
-            let config = container::desired_config(&attrs.values, ready);
+            let config = match container::desired(&attrs.values, ready) {
+                Ok(d) => d.to_config(),
+                Err(_) => {
+                    // The schema's types make this unreachable; serde's message could quote a
+                    // sensitive value, so it is not shown.
+                    self.diag(
+                        Diag::error(
+                            "config::invalid_value",
+                            format!("container `{name}`: its attributes do not fit a container's configuration"),
+                        )
+                        .label(&header, "in this block")
+                        .help("this is a bug in sparkform: please report it with the block"),
+                    );
+                    ok = false;
+                    continue;
+                }
+            };
             let mut deps = ctx.deps.clone();
             deps.extend(edge_deps.iter().cloned());
             deps.extend(self.extra_deps().iter().cloned());
@@ -185,7 +202,7 @@ impl dyn Engine<'_> + '_ {
         file: &Arc<SourceFile>,
         block: &Block,
         name: &str,
-    ) -> Option<Vec<serde_json::Value>> {
+    ) -> Option<Vec<container::ReadyCheck>> {
         let mut ready = Vec::new();
         let mut ready_ok = true;
         for rb in block.body.get_blocks("ready") {

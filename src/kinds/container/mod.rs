@@ -1,5 +1,6 @@
 //! A container on a node's Docker Engine.
 
+pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
 pub mod progress;
@@ -72,7 +73,8 @@ pub static TOP_BLOCK: &BlockSpec = &CONTAINER;
 use hcl::{Map, Value};
 
 pub use super::to_json;
-use super::Problem;
+use super::{DesiredConfig, Problem};
+pub use desired::{Desired, Gpus, ReadyCheck, ReadyKind};
 
 pub struct Container;
 pub static KIND: Container = Container;
@@ -96,6 +98,11 @@ impl Kind for Container {
     }
     fn found_untracked(&self) -> bool {
         true
+    }
+    fn images(&self, config: &serde_json::Value) -> Vec<String> {
+        Desired::from_config(config)
+            .map(|d| vec![d.image])
+            .unwrap_or_default()
     }
     fn dot_shape(&self) -> &'static str {
         "box"
@@ -142,11 +149,9 @@ const ATTRIBUTES: &[&str] = &[
     "stop_timeout",
 ];
 
-/// The canonical desired configuration: set attributes only, `ready` checks last.
-pub fn desired_config(
-    values: &Map<String, Value>,
-    ready: Vec<serde_json::Value>,
-) -> serde_json::Value {
+/// The desired configuration of a container block's instance: its set attributes, typed, and
+/// its `ready` checks.
+pub fn desired(values: &Map<String, Value>, ready: Vec<ReadyCheck>) -> Result<Desired, String> {
     let mut out = serde_json::Map::new();
     for k in ATTRIBUTES {
         match values.get(*k) {
@@ -156,14 +161,13 @@ pub fn desired_config(
             }
         }
     }
-    if !ready.is_empty() {
-        out.insert("ready".into(), serde_json::Value::Array(ready));
-    }
-    serde_json::Value::Object(out)
+    let mut desired = Desired::from_config(&serde_json::Value::Object(out))?;
+    desired.ready = ready;
+    Ok(desired)
 }
 
 /// One `ready { … }` block as configuration: exactly one of exec, http, tcp.
-pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, String> {
+pub fn ready_config(values: &Map<String, Value>) -> Result<ReadyCheck, String> {
     let kinds: Vec<&str> = ["exec", "http", "tcp"]
         .into_iter()
         .filter(|k| values.get(*k).is_some_and(|v| !v.is_null()))
@@ -216,9 +220,7 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<serde_json::Value, St
             out.insert(k.clone(), to_json(v));
         }
     }
-    out.entry("timeout").or_insert(serde_json::json!(300));
-    out.entry("interval").or_insert(serde_json::json!(2));
-    Ok(serde_json::Value::Object(out))
+    serde_json::from_value(serde_json::Value::Object(out)).map_err(|e| e.to_string())
 }
 
 fn s<'a>(values: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
@@ -535,6 +537,6 @@ mod tests {
         ]);
         assert!(ready_config(&both).unwrap_err().contains("http and tcp"));
         let ok = ready_config(&map(&[("tcp", Value::from("127.0.0.1:6379"))])).unwrap();
-        assert_eq!(ok["timeout"], 300);
+        assert_eq!(ok.timeout_secs(), 300);
     }
 }

@@ -36,17 +36,11 @@ pub struct PhaseWatch {
 impl PhaseWatch {
     /// From a ready block's `progress` map; patterns that do not compile were rejected at
     /// validate time, so they are skipped here.
-    pub fn new(progress: Option<&serde_json::Value>) -> PhaseWatch {
+    pub fn new(progress: &std::collections::BTreeMap<String, String>) -> PhaseWatch {
         let patterns = progress
-            .and_then(|p| p.as_object())
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(p, label)| {
-                        Some((Regex::new(p).ok()?, label.as_str()?.to_string()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+            .iter()
+            .filter_map(|(p, label)| Some((Regex::new(p).ok()?, label.clone())))
+            .collect();
         PhaseWatch {
             patterns,
             partial: String::new(),
@@ -120,7 +114,7 @@ mod tests {
     use super::*;
 
     /// The patterns of `modules/vllm-serve`, so that the module's lines are the ones tested.
-    fn vllm_patterns() -> serde_json::Value {
+    fn vllm_patterns() -> std::collections::BTreeMap<String, String> {
         let text = include_str!("../../../modules/vllm-serve/outputs.hcl");
         let body: hcl::Body = hcl::from_str(text).expect("the module parses");
         let out = body
@@ -134,7 +128,7 @@ mod tests {
             .expect("value");
         let v: hcl::Value = hcl::eval::Evaluate::evaluate(value.expr(), &hcl::eval::Context::new())
             .expect("a literal map");
-        serde_json::to_value(v).expect("json")
+        serde_json::from_value(serde_json::to_value(v).expect("json")).expect("a map of strings")
     }
 
     // Lines as vLLM prints them: tqdm bars with vLLM's plain bar format (one line per update,
@@ -157,7 +151,7 @@ mod tests {
     #[test]
     fn the_phases_of_a_vllm_start_in_order() {
         let p = vllm_patterns();
-        let mut w = PhaseWatch::new(Some(&p));
+        let mut w = PhaseWatch::new(&p);
         assert!(!w.is_empty());
         let mut seen = Vec::new();
         for l in VLLM_START {
@@ -184,8 +178,11 @@ mod tests {
 
     #[test]
     fn lines_split_across_chunks_and_redrawn_bars() {
-        let p = serde_json::json!({ "Loading safetensors checkpoint shards: +(\\d+)%": "loading weights" });
-        let mut w = PhaseWatch::new(Some(&p));
+        let p = std::collections::BTreeMap::from([(
+            "Loading safetensors checkpoint shards: +(\\d+)%".to_string(),
+            "loading weights".to_string(),
+        )]);
+        let mut w = PhaseWatch::new(&p);
         assert!(w.feed("Loading safetensors checkpoint sh").is_empty());
         let ch = w.feed("ards:  12% Completed\nunrelated\n");
         assert_eq!(ch.len(), 1);

@@ -9,8 +9,10 @@ use hcl::{Map, Value};
 
 use super::{check_cache, check_pattern, check_repo, check_revision, is_commit, snapshot_path};
 use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
+use super::{ROLE_DOWNLOAD, ROLE_PULL};
 use crate::config::lowering::*;
 use crate::diag::Diag;
+use crate::kinds::{model, DesiredConfig};
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_model()
@@ -260,45 +262,46 @@ impl dyn Engine<'_> + '_ {
         let mut resources = Map::new();
         for n in &nodes {
             let address = format!("{block_address}[{n:?}]");
-            let role = if *n == download { "download" } else { "pull" };
-            let mut c = serde_json::Map::new();
-            c.insert("block".into(), block_address.clone().into());
-            c.insert("repo".into(), repo.clone().into());
-            c.insert("revision".into(), revision.clone().into());
-            c.insert("commit".into(), commit.clone().into());
-            c.insert("cache".into(), cache.clone().into());
-            c.insert("include".into(), include.clone().into());
-            c.insert("exclude".into(), exclude.clone().into());
-            c.insert("image".into(), image.clone().into());
-            c.insert("node_name".into(), n.clone().into());
-            c.insert("role".into(), role.into());
-            c.insert("download_node".into(), format!("node.{download}").into());
-            c.insert("address".into(), addresses.get(n).cloned().flatten().into());
-            c.insert("source_address".into(), source_address.clone().into());
-            c.insert("total_bytes".into(), total_bytes.into());
-            c.insert("files".into(), file_count.into());
-            c.insert(
-                "facts".into(),
-                facts.clone().unwrap_or(serde_json::Value::Null),
-            );
+            let role = if *n == download {
+                ROLE_DOWNLOAD
+            } else {
+                ROLE_PULL
+            };
+            let download_only = |v: &Option<String>| (role == ROLE_DOWNLOAD).then(|| v.clone());
+            let c = model::Desired {
+                block: block_address.clone(),
+                repo: repo.clone(),
+                revision: revision.clone(),
+                commit: commit.clone(),
+                cache: cache.clone(),
+                include: include.clone(),
+                exclude: exclude.clone(),
+                image: image.clone(),
+                node_name: n.clone(),
+                role: role.to_string(),
+                download_node: format!("node.{download}"),
+                address: addresses.get(n).cloned().flatten(),
+                source_address: source_address.clone(),
+                total_bytes,
+                files: file_count,
+                facts: facts.clone().unwrap_or(serde_json::Value::Null),
+                serve_image: download_only(&serve_image),
+                endpoint: download_only(&endpoint),
+                token: download_only(&token),
+            };
             let mut sensitive = Vec::new();
-            if role == "download" {
-                c.insert("serve_image".into(), serve_image.clone().into());
-                c.insert("endpoint".into(), endpoint.clone().into());
-                c.insert("token".into(), token.clone().into());
-                if token.is_some() {
-                    sensitive.push(vec!["token".to_string()]);
-                }
+            if role == ROLE_DOWNLOAD && token.is_some() {
+                sensitive.push(vec!["token".to_string()]);
             }
             let mut rdeps = deps.clone();
-            if role == "pull" {
+            if role == ROLE_PULL {
                 rdeps.insert(download_address.clone());
             }
             self.add_resource(Resource {
                 address: address.clone(),
                 kind: ResourceKind::Model,
                 node: Some(format!("node.{n}")),
-                config: serde_json::Value::Object(c),
+                config: c.to_config(),
                 sensitive,
                 deps: rdeps,
                 replace_triggered_by: BTreeSet::new(),

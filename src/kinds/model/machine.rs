@@ -20,8 +20,8 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::{human_bytes, is_commit, judge_observed};
-use crate::config::Config;
+use super::{human_bytes, is_commit, judge_observed, Desired};
+use crate::config::{Config, Resource};
 use crate::events::Event;
 use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
@@ -29,6 +29,7 @@ use crate::kinds::machine::{
     Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError,
     ReadMode, StepCx, StepError,
 };
+use crate::kinds::DesiredConfig;
 
 mod read;
 use crate::plan::{Action, Change, Observed};
@@ -366,10 +367,12 @@ fn failed(node: &str, what: &str, end: &JobEnd) -> StepError {
         .help(help)
 }
 
+/// A text field of what transfer.py or a one-shot run printed (a JSON line).
 fn s<'a>(v: &'a serde_json::Value, k: &str) -> Option<&'a str> {
     v.get(k).and_then(|x| x.as_str())
 }
 
+/// A list of texts of what a one-shot run printed.
 fn list(v: &serde_json::Value, k: &str) -> Vec<String> {
     v.get(k)
         .and_then(|x| x.as_array())
@@ -381,7 +384,7 @@ fn list(v: &serde_json::Value, k: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// What a step reads from its configuration.
+/// What a step reads from its configuration: the desired one with its commit resolved.
 struct Want {
     block: String,
     repo: String,
@@ -399,31 +402,40 @@ struct Want {
     exclude: Vec<String>,
 }
 
-fn want(address: &str, c: &serde_json::Value) -> Result<Want, StepError> {
-    let commit = s(c, "commit").filter(|c| is_commit(c)).ok_or_else(|| {
+fn want(address: &str, c: &Desired) -> Result<Want, StepError> {
+    let commit = c.commit.clone().filter(|c| is_commit(c)).ok_or_else(|| {
         StepError::new(format!(
             "{address}: revision {:?} of {} is not resolved to a commit",
-            s(c, "revision").unwrap_or_default(),
-            s(c, "repo").unwrap_or_default()
+            c.revision, c.repo
         ))
         .help("plan and apply resolve it on the download node; with -refresh=false the commit recorded in the state is used")
     })?;
     Ok(Want {
-        block: s(c, "block").unwrap_or_default().to_string(),
-        repo: s(c, "repo").unwrap_or_default().to_string(),
-        revision: s(c, "revision").unwrap_or_default().to_string(),
-        commit: commit.to_string(),
-        cache: s(c, "cache").unwrap_or_default().to_string(),
-        image: s(c, "image").unwrap_or_default().to_string(),
-        node_name: s(c, "node_name").unwrap_or_default().to_string(),
-        role: s(c, "role").unwrap_or_default().to_string(),
-        download_node: s(c, "download_node").unwrap_or_default().to_string(),
-        source_address: s(c, "source_address").map(str::to_string),
-        endpoint: s(c, "endpoint").map(str::to_string),
-        token: s(c, "token").map(str::to_string),
-        include: list(c, "include"),
-        exclude: list(c, "exclude"),
+        block: c.block.clone(),
+        repo: c.repo.clone(),
+        revision: c.revision.clone(),
+        commit,
+        cache: c.cache.clone(),
+        image: c.image.clone(),
+        node_name: c.node_name.clone(),
+        role: c.role.clone(),
+        download_node: c.download_node.clone(),
+        source_address: c.source_address.clone(),
+        endpoint: c.endpoint().map(str::to_string),
+        token: c.token().map(str::to_string),
+        include: c.include.clone(),
+        exclude: c.exclude.clone(),
     })
+}
+
+/// [`want`] of a recorded configuration.
+fn want_recorded(address: &str, config: &serde_json::Value) -> Result<Want, StepError> {
+    let c = Desired::from_config(config).map_err(|_| {
+        StepError::new(format!(
+            "{address}: the recorded configuration is not a model's"
+        ))
+    })?;
+    want(address, &c)
 }
 
 fn filters(w: &Want) -> Vec<String> {
@@ -878,11 +890,9 @@ pub async fn resolve(
 }
 
 fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
-    cx.recorded
-        .and_then(|r| r.config.get("commit"))
-        .and_then(|c| c.as_str())
+    cx.recorded_as::<Desired>()
+        .and_then(|d| d.commit)
         .filter(|c| is_commit(c))
-        .map(str::to_string)
 }
 
 /// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
@@ -976,26 +986,28 @@ impl CheckRun for ArchitectureCheck {
 /// whose architecture is known, when the model or something using it changes.
 pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
     let mut out = Vec::new();
-    for r in &config.resources {
-        let c = &r.config;
-        if r.kind != crate::config::ResourceKind::Model || s(c, "role") != Some("download") {
+    let models: Vec<(&Resource, Desired)> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == crate::config::ResourceKind::Model)
+        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
+        .collect();
+    for (r, c) in &models {
+        if !c.is_download() {
             continue;
         }
-        let (Some(block), Some(image)) = (s(c, "block"), s(c, "serve_image")) else {
+        let (block, Some(image)) = (c.block.as_str(), c.serve_image()) else {
             continue;
         };
-        let architectures = c
-            .get("facts")
-            .map(|f| list(f, "architectures"))
-            .unwrap_or_default();
+        // The model's config.json facts, as the read phase recorded them.
+        let architectures = list(&c.facts, "architectures");
         if architectures.is_empty() {
             continue;
         }
-        let mine: Vec<String> = config
-            .resources
+        let mine: Vec<String> = models
             .iter()
-            .filter(|m| m.kind == r.kind && s(&m.config, "block") == Some(block))
-            .map(|m| m.address.clone())
+            .filter(|(_, m)| m.block == block)
+            .map(|(m, _)| m.address.clone())
             .collect();
         let users: Vec<String> = config
             .resources
@@ -1018,7 +1030,9 @@ pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> V
                 block: block.to_string(),
                 node: r.node.clone().unwrap_or_default(),
                 image: image.to_string(),
-                cache: s(c, "cache").unwrap_or("/tmp").to_string(),
+                cache: Some(c.cache.clone())
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| "/tmp".into()),
                 architectures,
             }),
         });
@@ -1037,7 +1051,7 @@ impl Machine for ModelMachine {
             let rec = cx
                 .recorded
                 .ok_or_else(|| StepError::new(format!("{}: nothing recorded", cx.address)))?;
-            let w = want(cx.address, &rec.config)?;
+            let w = want_recorded(cx.address, &rec.config)?;
             let host = cx.host()?;
             let summary =
                 remove_snapshot(host.as_ref(), cx.lineage, &w, &w.commit, cx.cancel).await?;
@@ -1046,10 +1060,7 @@ impl Machine for ModelMachine {
                 ..Default::default()
             });
         }
-        let desired = cx
-            .desired
-            .ok_or_else(|| StepError::new(format!("{}: no configuration", cx.address)))?;
-        let w = want(cx.address, desired)?;
+        let w = want(cx.address, &cx.desired_as::<Desired>()?)?;
         // Drift (a file missing or corrupt) rereads every file, not only the unrecorded ones.
         let deep = !cx.change.drift.is_empty();
         let mut applied = match w.role.as_str() {
@@ -1086,13 +1097,8 @@ impl Machine for ModelMachine {
             .and_then(|c| c.as_str())
             .unwrap_or_default();
         let (node, cache) = cx
-            .desired
-            .map(|d| {
-                (
-                    s(d, "node_name").unwrap_or_default().to_string(),
-                    s(d, "cache").unwrap_or_default().to_string(),
-                )
-            })
+            .desired_as::<Desired>()
+            .map(|d| (d.node_name, d.cache))
             .unwrap_or_default();
         Ok(format!(
             "kept the verified copy at {} on {node} in {cache}: the next apply uses it without fetching it again",
@@ -1108,13 +1114,10 @@ impl Machine for ModelMachine {
         _action: Action,
         applied: &Applied,
     ) -> Result<(), StepError> {
-        let (Some(prev), Some(desired)) = (
-            applied.undo.get("previous").and_then(|c| c.as_str()),
-            cx.desired,
-        ) else {
+        let Some(prev) = applied.undo.get("previous").and_then(|c| c.as_str()) else {
             return Ok(());
         };
-        let w = want(cx.address, desired)?;
+        let w = want(cx.address, &cx.desired_as::<Desired>()?)?;
         let host = cx.host()?;
         remove_snapshot(host.as_ref(), cx.lineage, &w, prev, cx.cancel).await?;
         Ok(())
@@ -1136,7 +1139,7 @@ impl Machine for ModelMachine {
         let deep = mode.deep();
         let never = tokio_util::sync::CancellationToken::new();
         for (address, r) in recorded {
-            let Ok(w) = want(address, &r.config) else {
+            let Ok(w) = want_recorded(address, &r.config) else {
                 out.insert(
                     address.clone(),
                     Observed::Missing("no commit recorded".into()),

@@ -3,8 +3,11 @@
 //! fetches it from the hub, every other node pulls it from the download node over the fabric.
 //! The program that does the work on the nodes is `transfer.py` (in a one-shot container).
 
+pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
+
+pub use desired::{Desired, ROLE_DOWNLOAD, ROLE_PULL};
 
 use super::{Kind, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec};
@@ -66,6 +69,13 @@ impl Kind for Model {
         IN_PLACE
     }
     /// Files missing or corrupt on a node are fetched again in place (what is verified stays).
+    /// The image its transfers run in.
+    fn images(&self, config: &serde_json::Value) -> Vec<String> {
+        use super::DesiredConfig;
+        Desired::from_config(config)
+            .map(|d| vec![d.image])
+            .unwrap_or_default()
+    }
     fn on_drift(&self) -> OnDrift {
         OnDrift::Update
     }

@@ -9,6 +9,7 @@ use super::PROBE;
 use crate::config::lowering::*;
 use crate::diag::Diag;
 use crate::kinds::probe;
+use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_probe()
@@ -51,7 +52,7 @@ impl dyn Engine<'_> + '_ {
         }
         let values: BTreeMap<&str, &Map<String, Value>> =
             parts.iter().map(|(k, a)| (*k, &a.values)).collect();
-        let (config, node) = match probe::desired_config(&attrs.values, &values) {
+        let (config, node) = match probe::desired(&attrs.values, &values) {
             // An exec probe in a container runs on that container's node.
             Ok((c, None)) => {
                 let node = parts
@@ -90,7 +91,7 @@ impl dyn Engine<'_> + '_ {
             address: address.clone(),
             kind: ResourceKind::Probe,
             node,
-            config,
+            config: config.to_config(),
             sensitive,
             deps,
             replace_triggered_by: BTreeSet::new(),

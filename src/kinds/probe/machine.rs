@@ -5,10 +5,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{parse_json_path, PathStep};
+use super::desired::{Check, Expect};
+use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
 use crate::kinds::container::machine::{exec_in, tcp_open};
 use crate::kinds::machine::{Applied, Backoff, ContainerIndex, Machine, StepCx, StepError};
+use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Change};
 
 pub struct ProbeMachine;
@@ -38,43 +40,33 @@ fn excerpt(s: &str) -> String {
 
 /// One attempt: Ok(summary of what it got) or Err(why it does not pass).
 async fn attempt(
-    config: &serde_json::Value,
+    config: &Desired,
     pool: &HostPool,
     containers: &ContainerIndex,
     per_try: Duration,
 ) -> Result<String, String> {
-    let expect = config.get("expect").cloned().unwrap_or_default();
-    let form = config
-        .get("form")
-        .and_then(|f| f.as_str())
-        .unwrap_or_default();
-    let body = config.get(form).cloned().unwrap_or_default();
-    let s = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
-    match form {
-        "http" => {
-            let via = s(&body, "via").unwrap_or_default();
-            let url = s(&body, "url").unwrap_or_default();
-            let host = pool.get(&via).map_err(|e| e.to_string())?;
-            let (h, port, _) = crate::http::parse_url(&url)?;
+    let expect = &config.expect;
+    match config.check() {
+        Some(Check::Http(http)) => {
+            let url = &http.url;
+            let host = pool.get(&http.via).map_err(|e| e.to_string())?;
+            let (h, port, _) = crate::http::parse_url(url)?;
             let ep = host.forward(&h, port).await.map_err(|e| e.to_string())?;
-            let mut headers: Vec<(String, String)> = body
-                .get("headers")
-                .and_then(|h| h.as_object())
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let payload = match (body.get("json"), body.get("body")) {
+            let mut headers: Vec<(String, String)> = http
+                .headers
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let payload = match (&http.json, &http.body) {
                 (Some(j), _) => {
                     headers.push(("Content-Type".into(), "application/json".into()));
                     Some(serde_json::to_vec(j).unwrap_or_default())
                 }
-                (None, Some(b)) => Some(b.as_str().unwrap_or_default().as_bytes().to_vec()),
+                (None, Some(b)) => Some(b.as_bytes().to_vec()),
                 _ => None,
             };
-            let method = s(&body, "method").unwrap_or_else(|| {
+            let method = http.method.clone().unwrap_or_else(|| {
                 if payload.is_some() {
                     "POST".into()
                 } else {
@@ -93,7 +85,7 @@ async fn attempt(
             )
             .await?;
             let text = String::from_utf8_lossy(&r.body).to_string();
-            let want_status = expect.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+            let want_status = expect.want_status();
             if r.status != want_status {
                 return Err(format!(
                     "{method} {url} answered {} (expected {want_status}): {}",
@@ -102,13 +94,13 @@ async fn attempt(
                 ));
             }
             let mut subject = text.clone();
-            if let Some(path) = s(&expect, "json_path") {
-                let steps = parse_json_path(&path)?;
+            if let Some(path) = &expect.json_path {
+                let steps = parse_json_path(path)?;
                 let doc: serde_json::Value = serde_json::from_str(&text)
                     .map_err(|_| format!("the answer is not JSON: {}", excerpt(&text)))?;
                 let at = json_at(&doc, &steps)
                     .ok_or_else(|| format!("the answer has no {path}: {}", excerpt(&text)))?;
-                if let Some(want) = expect.get("equals") {
+                if let Some(want) = &expect.equals {
                     if at != want {
                         return Err(format!("{path} is {at}, expected {want}"));
                     }
@@ -118,79 +110,68 @@ async fn attempt(
                     .map(str::to_string)
                     .unwrap_or_else(|| at.to_string());
             }
-            check_text(&expect, &subject)?;
+            check_text(expect, &subject)?;
             Ok(format!("{}: {}", r.status, excerpt(&subject)))
         }
-        "exec" => {
-            let cmd: Vec<String> = body
-                .get("command")
-                .and_then(|c| c.as_array())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let (code, out, err) = if let Some(container) = s(&body, "container") {
-                let (node, name) = containers.get(&container).cloned().ok_or_else(|| {
+        Some(Check::Exec(exec)) => {
+            let cmd = &exec.command;
+            let (code, out, err) = if let Some(container) = &exec.container {
+                let (node, name) = containers.get(container).cloned().ok_or_else(|| {
                     format!("{container} is not a container of this configuration")
                 })?;
                 let host = pool.get(&node).map_err(|e| e.to_string())?;
                 let docker = host.docker().await.map_err(|e| e.to_string())?;
-                exec_in(&docker, &name, &cmd, per_try).await?
+                exec_in(&docker, &name, cmd, per_try).await?
             } else {
-                let node = s(&body, "node").unwrap_or_default();
-                let host = pool.get(&node).map_err(|e| e.to_string())?;
+                let node = exec.node.as_deref().unwrap_or_default();
+                let host = pool.get(node).map_err(|e| e.to_string())?;
                 let mut c =
                     Cmd::new(cmd.first().map(String::as_str).unwrap_or("true")).timeout(per_try);
                 c.args.extend(cmd.iter().skip(1).cloned());
                 let o = host.exec(&c).await.map_err(|e| e.to_string())?;
                 (i64::from(o.code.unwrap_or(-1)), o.stdout, o.stderr)
             };
-            let want = expect
-                .get("exit_code")
-                .and_then(|v| v.as_i64())
-                .unwrap_or(0);
+            let want = expect.want_exit_code();
             if code != want {
                 return Err(format!(
                     "exited {code} (expected {want}): {}",
                     excerpt(&format!("{out} {err}"))
                 ));
             }
-            if let Some(want) = s(&expect, "stdout_contains") {
-                if !out.contains(&want) {
+            if let Some(want) = &expect.stdout_contains {
+                if !out.contains(want.as_str()) {
                     return Err(format!(
                         "stdout does not contain {want:?}: {}",
                         excerpt(&out)
                     ));
                 }
             }
-            check_text(&expect, &out)?;
+            check_text(expect, &out)?;
             Ok(format!("exit {code}: {}", excerpt(&out)))
         }
-        _ => {
-            let via = s(&body, "via").unwrap_or_default();
-            let addr = s(&body, "address").unwrap_or_default();
+        Some(Check::Tcp(tcp)) => {
+            let addr = &tcp.address;
             let (h, p) = addr.rsplit_once(':').ok_or("bad address")?;
             let port: u16 = p.parse().map_err(|_| "bad port")?;
-            let host = pool.get(&via).map_err(|e| e.to_string())?;
+            let host = pool.get(&tcp.via).map_err(|e| e.to_string())?;
             let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
             tcp_open(&ep).await?;
             Ok(format!("{addr} accepts connections"))
         }
+        None => Err(format!("the probe has no {} block", config.form)),
     }
 }
 
-fn check_text(expect: &serde_json::Value, subject: &str) -> Result<(), String> {
-    if let Some(want) = expect.get("contains").and_then(|v| v.as_str()) {
-        if !subject.contains(want) {
+fn check_text(expect: &Expect, subject: &str) -> Result<(), String> {
+    if let Some(want) = &expect.contains {
+        if !subject.contains(want.as_str()) {
             return Err(format!(
                 "the answer does not contain {want:?}: {}",
                 excerpt(subject)
             ));
         }
     }
-    if let Some(re) = expect.get("matches").and_then(|v| v.as_str()) {
+    if let Some(re) = &expect.matches {
         let re = regex::Regex::new(re).map_err(|e| e.to_string())?;
         if !re.is_match(subject) {
             return Err(format!(
@@ -204,20 +185,14 @@ fn check_text(expect: &serde_json::Value, subject: &str) -> Result<(), String> {
 
 /// Run a probe until it passes or its timeout ends; Ok((latency of the passing attempt, summary)).
 pub async fn run(
-    config: &serde_json::Value,
+    config: &Desired,
     pool: &HostPool,
     containers: &ContainerIndex,
     cancel: &tokio_util::sync::CancellationToken,
     mut progress: impl FnMut(String, u64),
 ) -> Result<(Duration, String), StepError> {
-    let timeout = Duration::from_secs(config.get("timeout").and_then(|v| v.as_u64()).unwrap_or(60));
-    let interval = Duration::from_secs(
-        config
-            .get("interval")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(2)
-            .max(1),
-    );
+    let timeout = Duration::from_secs(config.timeout_secs());
+    let interval = Duration::from_secs(config.interval_secs().max(1));
     let per_try = timeout.clamp(Duration::from_secs(5), Duration::from_secs(600));
     let start = Instant::now();
     let mut tries = 0u32;
@@ -255,10 +230,8 @@ impl Machine for ProbeMachine {
         if action == Action::Delete {
             return Ok(Applied::default());
         }
-        let config = cx
-            .desired
-            .ok_or_else(|| StepError::new("no probe configuration"))?;
-        let (latency, summary) = run(config, cx.pool, cx.containers, cx.cancel, |m, t| {
+        let config = cx.desired_as::<Desired>()?;
+        let (latency, summary) = run(&config, cx.pool, cx.containers, cx.cancel, |m, t| {
             cx.progress(m, None, Some(t))
         })
         .await?;
@@ -286,7 +259,15 @@ impl Machine for ProbeMachine {
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
-        Some(run(config, pool, containers, cancel, progress).await)
+        let config = match Desired::from_config(config) {
+            Ok(c) => c,
+            Err(_) => {
+                return Some(Err(StepError::new(
+                    "the recorded configuration is not a probe's",
+                )))
+            }
+        };
+        Some(run(&config, pool, containers, cancel, progress).await)
     }
 
     fn other_nodes(&self, _change: &Change, containers: &ContainerIndex) -> Vec<String> {

@@ -1,7 +1,10 @@
 //! A probe: an HTTP request, a command or a TCP connection whose answer gates the apply.
 
+pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
+
+pub use desired::Desired;
 
 use super::{Kind, Lifecycle, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
@@ -97,7 +100,7 @@ use std::collections::BTreeMap;
 use hcl::{Map, Value};
 
 use super::to_json;
-use super::Problem;
+use super::{DesiredConfig, Problem};
 
 pub struct Probe;
 pub static KIND: Probe = Probe;
@@ -134,11 +137,11 @@ fn problem(block: &'static str, attribute: &'static str, message: String, help: 
     }
 }
 
-/// The canonical configuration of a probe and the node it runs through.
-pub fn desired_config(
+/// The desired configuration of a probe and the node it runs through.
+pub fn desired(
     attrs: &Map<String, Value>,
     parts: &BTreeMap<&str, &Map<String, Value>>,
-) -> Result<(serde_json::Value, Option<String>), Problem> {
+) -> Result<(Desired, Option<String>), Problem> {
     let forms: Vec<&str> = ["http", "exec", "tcp"]
         .into_iter()
         .filter(|k| parts.contains_key(k))
@@ -268,21 +271,22 @@ pub fn desired_config(
     out.insert("form".into(), form.into());
     out.insert(form.to_string(), clean(&body));
     out.insert("expect".into(), clean(&expect));
-    out.insert(
-        "timeout".into(),
-        attrs
-            .get("timeout")
-            .map(to_json)
-            .unwrap_or(serde_json::json!(60)),
-    );
-    out.insert(
-        "interval".into(),
-        attrs
-            .get("interval")
-            .map(to_json)
-            .unwrap_or(serde_json::json!(2)),
-    );
-    Ok((serde_json::Value::Object(out), node))
+    for k in ["timeout", "interval"] {
+        if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {
+            out.insert(k.into(), to_json(v));
+        }
+    }
+    // The schema's types make a failure unreachable; serde's message could quote a sensitive
+    // value, so it is not shown.
+    let desired = Desired::from_config(&serde_json::Value::Object(out)).map_err(|_| {
+        problem(
+            "",
+            "",
+            "its attributes do not fit a probe's configuration".into(),
+            "this is a bug in sparkform: please report it with the block",
+        )
+    })?;
+    Ok((desired, node))
 }
 
 fn clean(m: &Map<String, Value>) -> serde_json::Value {

@@ -25,7 +25,10 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
         address: address.clone(),
         kind: ResourceKind::Toy,
         node: Some(node.clone()),
-        config: serde_json::json!({ "node": node, "greeting": greeting }),
+        config: crate::kinds::DesiredConfig::to_config(&super::Desired {
+            node: node.clone(),
+            greeting,
+        }),
         sensitive: Vec::new(),
         deps,
         replace_triggered_by: BTreeSet::new(),

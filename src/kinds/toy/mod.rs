@@ -12,6 +12,15 @@ use crate::schema::{self, req, spec, BlockSpec};
 /// The block that declares it.
 pub static TOY: BlockSpec = spec("toy", &["name"], &[req("node", schema::Kind::Node)], &[]);
 
+/// Its desired configuration: the node and what the read phase found there.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Desired {
+    pub node: String,
+    pub greeting: serde_json::Value,
+}
+
+impl super::DesiredConfig for Desired {}
+
 /// The top-level block that declares it.
 pub static TOP_BLOCK: &BlockSpec = &TOY;
 

@@ -69,43 +69,25 @@ pub(super) fn ulimit_value(s: &str) -> i64 {
 
 /// The Docker API body for a desired configuration, with sparkform's labels.
 pub fn create_body(
-    desired: &serde_json::Value,
+    desired: &Desired,
     lineage: &str,
     address: &str,
     config_hash: &str,
-    config_dir: &std::path::Path,
 ) -> ContainerCreateBody {
-    let _ = config_dir;
-    let get = |k: &str| desired.get(k);
-    let mut labels: HashMap<String, String> = get("labels")
-        .and_then(|l| l.as_object())
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut labels: HashMap<String, String> = desired
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     labels.insert(LABEL_LINEAGE.into(), lineage.into());
     labels.insert(LABEL_ADDRESS.into(), address.into());
     labels.insert(LABEL_CONFIG_HASH.into(), config_hash.into());
-    let env: Option<Vec<String>> = get("env").and_then(|e| e.as_object()).map(|m| {
-        m.iter()
-            .map(|(k, v)| {
-                format!(
-                    "{k}={}",
-                    v.as_str()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| v.to_string())
-                )
-            })
-            .collect()
-    });
-    let device_requests = match get("gpus") {
-        Some(serde_json::Value::String(s)) if s == "all" => Some(-1),
-        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|n| *n > 0),
-        _ => None,
-    }
-    .map(|count| {
+    let env: Option<Vec<String>> = desired
+        .env
+        .as_ref()
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect());
+    let device_requests = desired.gpu_count().map(|count| {
         vec![DeviceRequest {
             driver: Some("nvidia".into()),
             count: Some(count),
@@ -113,7 +95,7 @@ pub fn create_body(
             ..Default::default()
         }]
     });
-    let devices = strs(get("devices")).map(|ds| {
+    let devices = desired.devices.as_ref().map(|ds| {
         ds.iter()
             .map(|d| {
                 let mut parts = d.split(':');
@@ -130,16 +112,12 @@ pub fn create_body(
             })
             .collect()
     });
-    let ulimits = get("ulimits").and_then(|u| u.as_object()).map(|m| {
+    let ulimits = desired.ulimits.as_ref().map(|m| {
         m.iter()
-            .map(|(name, v)| {
-                let text = v
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| v.to_string());
+            .map(|(name, text)| {
                 let (soft, hard) = match text.split_once(':') {
                     Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
-                    None => (ulimit_value(&text), ulimit_value(&text)),
+                    None => (ulimit_value(text), ulimit_value(text)),
                 };
                 ResourcesUlimits {
                     name: Some(name.clone()),
@@ -150,30 +128,26 @@ pub fn create_body(
             .collect()
     });
     ContainerCreateBody {
-        image: get("image").and_then(|v| v.as_str()).map(str::to_string),
-        cmd: strs(get("command")),
-        entrypoint: strs(get("entrypoint")),
+        image: Some(desired.image.clone()),
+        cmd: desired.command.clone(),
+        entrypoint: desired.entrypoint.clone(),
         env,
         labels: Some(labels),
-        user: get("user").and_then(|v| v.as_str()).map(str::to_string),
-        working_dir: get("working_dir")
-            .and_then(|v| v.as_str())
-            .map(str::to_string),
-        stop_timeout: get("stop_timeout").and_then(|v| v.as_i64()),
+        user: desired.user.clone(),
+        working_dir: desired.working_dir.clone(),
+        stop_timeout: desired.stop_timeout.as_ref().and_then(|n| n.as_i64()),
         host_config: Some(HostConfig {
-            network_mode: get("network_mode")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            ipc_mode: get("ipc_mode").and_then(|v| v.as_str()).map(str::to_string),
-            pid_mode: get("pid_mode").and_then(|v| v.as_str()).map(str::to_string),
-            shm_size: get("shm_size").and_then(|v| v.as_i64()),
+            network_mode: desired.network_mode.clone(),
+            ipc_mode: desired.ipc_mode.clone(),
+            pid_mode: desired.pid_mode.clone(),
+            shm_size: desired.shm_size.as_ref().and_then(|n| n.as_i64()),
             device_requests,
             devices,
-            binds: strs(get("volumes")),
+            binds: desired.volumes.clone(),
             ulimits,
-            cap_add: strs(get("cap_add")),
-            privileged: get("privileged").and_then(|v| v.as_bool()),
-            restart_policy: get("restart").and_then(|v| v.as_str()).map(restart_policy),
+            cap_add: desired.cap_add.clone(),
+            privileged: desired.privileged,
+            restart_policy: desired.restart.as_deref().map(restart_policy),
             ..Default::default()
         }),
         ..Default::default()
@@ -183,18 +157,15 @@ pub fn create_body(
 pub(super) async fn ensure_image(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
-    desired: &serde_json::Value,
+    desired: &Desired,
 ) -> Result<String, StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
-    let image = desired
-        .get("image")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default();
+    let image = desired.image.as_str();
     match docker.inspect_image(image).await {
         Ok(i) => return Ok(i.id.unwrap_or_default()),
         Err(e) => image_missing(&node, image, e)?,
     }
-    if let Some(archive) = desired.get("image_archive").and_then(|v| v.as_str()) {
+    if let Some(archive) = desired.image_archive.as_deref() {
         let path = cx.config_dir.join(archive);
         cx.progress(
             format!("loading {} into {node}", path.display()),
@@ -202,7 +173,7 @@ pub(super) async fn ensure_image(
             None,
         );
         load_archive(docker, &path).await?;
-    } else if desired.get("pull").and_then(|v| v.as_bool()) == Some(true) {
+    } else if desired.pull == Some(true) {
         cx.progress(format!("pulling {image} on {node}"), None, None);
         let mut stream = docker.create_image(
             Some(q::CreateImageOptions {

@@ -44,9 +44,11 @@ pub(super) fn judge(
         let obs = match found.get(addr) {
             None => Observed::Missing(format!(
                 "container {} is gone from {node}",
-                r.config
-                    .get("name")
-                    .and_then(|n| n.as_str())
+                Desired::from_config(&r.config)
+                    .ok()
+                    .map(|d| d.name)
+                    .filter(|n| !n.is_empty())
+                    .as_deref()
                     .unwrap_or(addr)
             )),
             Some(c) => {
@@ -111,7 +113,8 @@ pub(super) fn image_moved(
     c: &bollard::models::ContainerSummary,
     images_now: &std::collections::BTreeMap<String, Option<String>>,
 ) -> Option<String> {
-    let image = r.config.get("image")?.as_str()?;
+    let image = Desired::from_config(&r.config).ok()?.image;
+    let image = image.as_str();
     let runs = r
         .attributes
         .get("image_id")
@@ -150,12 +153,8 @@ pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> O
     let mut images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
         Default::default();
     for r in &containers {
-        if let (Some(node), Some(image)) = (&r.node, r.config.get("image").and_then(|v| v.as_str()))
-        {
-            images
-                .entry(node.clone())
-                .or_default()
-                .insert(image.to_string());
+        if let (Some(node), Ok(d)) = (&r.node, Desired::from_config(&r.config)) {
+            images.entry(node.clone()).or_default().insert(d.image);
         }
     }
     Some(Check {

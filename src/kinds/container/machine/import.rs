@@ -12,7 +12,7 @@ pub async fn import_container(
     host: &dyn Host,
     address: &str,
     object: &str,
-    desired: Option<&serde_json::Value>,
+    desired: Option<&Desired>,
 ) -> Result<crate::kinds::machine::Imported, StepError> {
     let node = host.node().to_string();
     if object.is_empty() || object.chars().any(|c| c.is_control() || c == '/') {
@@ -58,13 +58,10 @@ pub async fn import_container(
     };
     let config = imported_config(&inspect, &image, address, &node, desired);
     // An env var the definition does not set may hold a token: never shown, never in clear.
-    let wanted_env = desired
-        .and_then(|d| d.get("env"))
-        .and_then(|e| e.as_object());
+    let wanted_env = desired.and_then(|d| d.env.as_ref());
     let secret_paths = config
-        .get("env")
-        .and_then(|e| e.as_object())
-        .into_iter()
+        .env
+        .iter()
         .flatten()
         .filter(|(k, _)| wanted_env.is_none_or(|w| !w.contains_key(*k)))
         .map(|(k, _)| vec!["env".to_string(), k.clone()])
@@ -84,7 +81,7 @@ pub async fn import_container(
         notes.push("Docker reports no image reference for it".into());
     }
     Ok(crate::kinds::machine::Imported {
-        config,
+        config: config.to_config(),
         attributes,
         notes,
         secret_paths,
@@ -142,17 +139,21 @@ pub(super) fn cap_name(c: &str) -> String {
 /// says in other words (a device written short, a ulimit as one number, `CAP_` prefixes), the
 /// desired text is kept, so a container started with the same settings plans no change. Values
 /// at Docker's or the image's default are left out unless `desired` sets them so. Pure.
+///
+/// Docker's answers are JSON read by path; what `desired` says is compared attribute by
+/// attribute with what runs (`Seen::put`), so it is read in its JSON form.
 pub fn imported_config(
     inspect: &serde_json::Value,
     image: &serde_json::Value,
     address: &str,
     node: &str,
-    desired: Option<&serde_json::Value>,
-) -> serde_json::Value {
+    desired: Option<&Desired>,
+) -> Desired {
+    let wanted = desired.map(Desired::to_config);
     let seen = Seen {
         inspect,
         image,
-        desired,
+        desired: wanted.as_ref(),
     };
     let mut out = serde_json::Map::new();
     seen.identity_and_process(&mut out, address, node);
@@ -161,17 +162,9 @@ pub fn imported_config(
     seen.mounts_and_limits(&mut out);
     seen.user_restart_and_labels(&mut out);
     seen.sparkforms_own(&mut out);
-    // The attributes in the order of the desired configuration.
-    let mut ordered = serde_json::Map::new();
-    for k in super::super::ATTRIBUTES
-        .iter()
-        .chain(std::iter::once(&"ready"))
-    {
-        if let Some(v) = out.remove(*k) {
-            ordered.insert((*k).to_string(), v);
-        }
-    }
-    serde_json::Value::Object(ordered)
+    // Every value above has the attribute's type, so this cannot fail; if it did, the import
+    // would record what Docker says alone.
+    Desired::from_config(&serde_json::Value::Object(out)).unwrap_or_default()
 }
 
 type Attrs = serde_json::Map<String, serde_json::Value>;

@@ -15,12 +15,13 @@ use bollard::models::{
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::{LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
+use super::{Desired, ReadyCheck, ReadyKind, LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
 use crate::config::{Config, Resource};
 use crate::hosts::{facts, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
 };
+use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Observed, Orphan};
 use crate::state::ResourceState;
 
@@ -42,26 +43,32 @@ pub use ready::tcp_open;
 pub struct ContainerMachine;
 pub static MACHINE: ContainerMachine = ContainerMachine;
 
+/// The container as the definitions want it.
+fn desired(cx: &StepCx<'_>) -> Option<Desired> {
+    cx.desired_as::<Desired>().ok()
+}
+
+/// The container as the state recorded it.
+fn recorded(cx: &StepCx<'_>) -> Option<Desired> {
+    cx.recorded_as::<Desired>()
+}
+
 fn name_of(cx: &StepCx<'_>) -> String {
-    cx.desired_str("name")
-        .map(str::to_string)
-        .or_else(|| {
-            cx.recorded
-                .and_then(|r| r.config.get("name"))
-                .and_then(|n| n.as_str())
-                .map(str::to_string)
-        })
+    let named = |d: Desired| Some(d.name).filter(|n| !n.is_empty());
+    desired(cx)
+        .and_then(named)
+        .or_else(|| recorded(cx).and_then(named))
         .or_else(|| cx.change.orphan.as_ref().map(|o| o.name.clone()))
         .unwrap_or_else(|| cx.address.replace(['[', ']', '"'], "_"))
 }
 
-/// How long a container may take to stop: its `stop_timeout`, else Docker's 10 s.
+/// How long a container may take to stop: the `stop_timeout` it was created with (else the
+/// desired one), else Docker's 10 s.
 fn stop_secs(cx: &StepCx<'_>) -> i32 {
-    cx.recorded
-        .and_then(|r| r.config.get("stop_timeout"))
-        .or_else(|| cx.desired.and_then(|d| d.get("stop_timeout")))
-        .and_then(|v| v.as_i64())
-        .map_or(10, |s| s.clamp(0, 3600) as i32)
+    recorded(cx)
+        .filter(|d| d.stop_timeout.is_some())
+        .or_else(|| desired(cx))
+        .map_or(super::desired::DEFAULT_STOP_SECS, |d| d.stop_secs())
 }
 
 /// The container the state (or refresh) knows for this resource.
@@ -78,7 +85,7 @@ fn recorded_id(cx: &StepCx<'_>) -> Option<String> {
 async fn start_new(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
-    desired: &serde_json::Value,
+    desired: &Desired,
     name: &str,
 ) -> Result<(String, String), StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
@@ -100,7 +107,7 @@ async fn start_new(
         }
     }
     let hash = cx.change.after_hash.clone().unwrap_or_default();
-    let body = create_body(desired, cx.lineage, cx.address, &hash, cx.config_dir);
+    let body = create_body(desired, cx.lineage, cx.address, &hash);
     cx.progress(format!("creating {name} on {node}"), None, None);
     let created = docker
         .create_container(
@@ -121,12 +128,7 @@ async fn start_new(
         let _ = remove(docker, &id).await;
         return Err(docker_err(&format!("{node}: cannot start container {name}"), e).details(logs));
     }
-    let checks: Vec<serde_json::Value> = desired
-        .get("ready")
-        .and_then(|r| r.as_array())
-        .cloned()
-        .unwrap_or_default();
-    if let Err(e) = wait_ready(cx, docker, &id, name, &checks, 0).await {
+    if let Err(e) = wait_ready(cx, docker, &id, name, &desired.ready, 0).await {
         let _ = remove(docker, &id).await;
         return Err(e);
     }
@@ -176,20 +178,13 @@ impl Machine for ContainerMachine {
                 })
             }
             Action::Update => {
-                let desired = cx
-                    .desired
-                    .ok_or_else(|| StepError::new("no desired configuration"))?;
+                let desired = cx.desired_as::<Desired>()?;
                 let old = old.unwrap_or_else(|| name.clone());
-                let previous_restart = cx
-                    .recorded
-                    .and_then(|r| r.config.get("restart"))
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("no")
+                let previous_restart = recorded(cx)
+                    .unwrap_or_default()
+                    .restart_policy()
                     .to_string();
-                let restart = desired
-                    .get("restart")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("no");
+                let restart = desired.restart_policy();
                 if restart != previous_restart {
                     docker
                         .update_container(
@@ -214,9 +209,7 @@ impl Machine for ContainerMachine {
                 })
             }
             _ => {
-                let desired = cx
-                    .desired
-                    .ok_or_else(|| StepError::new("no desired configuration"))?;
+                let desired = cx.desired_as::<Desired>()?;
                 let mut aside = None;
                 if let Some(old) = &old {
                     if docker
@@ -228,7 +221,7 @@ impl Machine for ContainerMachine {
                         aside = Some(set_aside(&docker, old, &name, stop_secs(cx)).await?);
                     }
                 }
-                match start_new(cx, &docker, desired, &name).await {
+                match start_new(cx, &docker, &desired, &name).await {
                     Ok((id, image_id)) => {
                         let mut attributes = std::collections::BTreeMap::new();
                         attributes.insert("container_id".into(), serde_json::json!(id));
@@ -362,12 +355,7 @@ impl Machine for ContainerMachine {
             .await;
         already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
         // Ready as it was recorded: the checks of the configuration it runs, not the new one.
-        let checks: Vec<serde_json::Value> = cx
-            .recorded
-            .and_then(|r| r.config.get("ready"))
-            .and_then(|r| r.as_array())
-            .cloned()
-            .unwrap_or_default();
+        let checks = recorded(cx).map(|d| d.ready).unwrap_or_default();
         wait_ready(cx, &docker, &id, &name, &checks, since).await?;
         Ok(format!(
             "restarted {name} ({}): its process group starts again as one",
@@ -432,7 +420,7 @@ impl Machine for ContainerMachine {
         list.extend(unlabelled_by_id(&docker, recorded, &list).await);
         let images: Vec<String> = recorded
             .iter()
-            .filter_map(|(_, r)| r.config.get("image")?.as_str().map(str::to_string))
+            .filter_map(|(_, r)| Desired::from_config(&r.config).ok().map(|d| d.image))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -445,7 +433,8 @@ impl Machine for ContainerMachine {
     }
 
     fn exec_target(&self, r: &Resource) -> Option<(String, String)> {
-        Some((r.node.clone()?, r.config.get("name")?.as_str()?.to_string()))
+        let name = Desired::from_config(&r.config).ok()?.name;
+        Some((r.node.clone()?, name))
     }
 
     async fn import(
@@ -455,6 +444,7 @@ impl Machine for ContainerMachine {
         object: &str,
         desired: Option<&serde_json::Value>,
     ) -> Result<crate::kinds::machine::Imported, StepError> {
-        import_container(host, address, object, desired).await
+        let desired = desired.and_then(|d| Desired::from_config(d).ok());
+        import_container(host, address, object, desired.as_ref()).await
     }
 }

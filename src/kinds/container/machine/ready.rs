@@ -1,6 +1,8 @@
 //! Readiness: a starting container watched until its ready checks pass, it dies or the
 //! timeout passes, with its log followed for progress, warnings and fatal lines.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 /// Exit code, OOM kill and the last 40 log lines: the evidence for a failed container.
@@ -96,19 +98,12 @@ pub(super) async fn check_once(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     id: &str,
-    check: &serde_json::Value,
+    check: &ReadyCheck,
 ) -> Result<(), String> {
-    let per_try = Duration::from_secs(
-        check
-            .get("interval")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(2)
-            .clamp(1, 30)
-            + 10,
-    );
-    if let Some(cmd) = strs(check.get("exec")) {
-        let (code, out, err) = exec_in(docker, id, &cmd, per_try).await?;
-        let want = check.get("exit_code").and_then(|v| v.as_i64()).unwrap_or(0);
+    let per_try = Duration::from_secs(check.interval_secs().clamp(1, 30) + 10);
+    if let ReadyKind::Exec(cmd) = check.probe() {
+        let (code, out, err) = exec_in(docker, id, cmd, per_try).await?;
+        let want = check.want_exit_code();
         if code != want {
             let last = out
                 .lines()
@@ -126,7 +121,7 @@ pub(super) async fn check_once(
                 }
             ));
         }
-        if let Some(want) = check.get("output_contains").and_then(|v| v.as_str()) {
+        if let Some(want) = check.output_contains.as_deref() {
             if !out.contains(want) {
                 return Err(format!(
                     "`{}` output does not contain {want:?}",
@@ -137,7 +132,7 @@ pub(super) async fn check_once(
         return Ok(());
     }
     let host = cx.host().map_err(|e| e.message)?;
-    if let Some(url) = check.get("http").and_then(|v| v.as_str()) {
+    if let ReadyKind::Http(url) = check.probe() {
         let (h, port, _) = crate::http::parse_url(url)?;
         let ep = host.forward(&h, port).await.map_err(|e| e.to_string())?;
         let r = crate::http::send(
@@ -151,13 +146,13 @@ pub(super) async fn check_once(
             },
         )
         .await?;
-        let want = check.get("status").and_then(|v| v.as_u64()).unwrap_or(200) as u16;
+        let want = check.want_status();
         if r.status != want {
             return Err(format!("GET {url} answered {}, expected {want}", r.status));
         }
         return Ok(());
     }
-    if let Some(addr) = check.get("tcp").and_then(|v| v.as_str()) {
+    if let ReadyKind::Tcp(addr) = check.probe() {
         let (h, p) = addr.rsplit_once(':').ok_or("bad tcp address")?;
         let port: u16 = p.parse().map_err(|_| "bad port")?;
         let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
@@ -198,7 +193,7 @@ pub(super) async fn fail_on_log(
     docker: &bollard::Docker,
     id: &str,
     name: &str,
-    patterns: &serde_json::Map<String, serde_json::Value>,
+    patterns: &BTreeMap<String, String>,
     since: i32,
 ) -> Result<(), StepError> {
     let Ok(lines) = tokio::time::timeout(
@@ -220,7 +215,7 @@ pub(super) async fn fail_on_log(
                 line.trim()
             ))
             .details(lines[start..].to_vec())
-            .help(fix.as_str().unwrap_or_default().to_string()));
+            .help(fix.clone()));
         }
     }
     Ok(())
@@ -230,7 +225,7 @@ pub(super) async fn fail_on_log(
 /// `seen` yet: the pattern, the line and its message. Each warns once per start.
 pub(super) fn new_warnings(
     lines: &[String],
-    patterns: &serde_json::Map<String, serde_json::Value>,
+    patterns: &BTreeMap<String, String>,
     seen: &mut BTreeSet<String>,
 ) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -242,11 +237,8 @@ pub(super) fn new_warnings(
             continue;
         };
         if let Some(line) = lines.iter().find(|l| re.is_match(l)) {
-            seen.insert(pattern.clone());
-            out.push((
-                line.trim().to_string(),
-                help.as_str().unwrap_or_default().to_string(),
-            ));
+            seen.insert(pattern.to_string());
+            out.push((line.trim().to_string(), help.clone()));
         }
     }
     out
@@ -258,7 +250,7 @@ pub(super) async fn warn_on_log(
     docker: &bollard::Docker,
     id: &str,
     name: &str,
-    patterns: &serde_json::Map<String, serde_json::Value>,
+    patterns: &BTreeMap<String, String>,
     seen: &mut BTreeSet<String>,
     since: i32,
 ) {
@@ -353,7 +345,7 @@ pub(super) async fn wait_ready(
     docker: &bollard::Docker,
     id: &str,
     name: &str,
-    checks: &[serde_json::Value],
+    checks: &[ReadyCheck],
     since: i32,
 ) -> Result<(), StepError> {
     // One follower for all the checks: the phases of a start run across them.
@@ -369,43 +361,25 @@ pub(super) async fn wait_ready(
                 ..Default::default()
             }),
         ))),
+        // The patterns of all the checks: a later check's phases may start during an earlier
+        // one.
         watch: super::super::progress::PhaseWatch::new(
-            // The patterns of all the checks: a later check's phases may start during an
-            // earlier one.
-            Some(&serde_json::Value::Object(
-                checks
-                    .iter()
-                    .filter_map(|c| c.get("progress").and_then(|p| p.as_object()))
-                    .flat_map(|m| m.clone())
-                    .collect(),
-            )),
+            &checks
+                .iter()
+                .filter_map(|c| c.progress.as_ref())
+                .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())))
+                .collect(),
         ),
         label: None,
         since: Instant::now(),
     };
     for check in checks {
-        let timeout =
-            Duration::from_secs(check.get("timeout").and_then(|v| v.as_u64()).unwrap_or(300));
-        let interval = Duration::from_secs(
-            check
-                .get("interval")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(2)
-                .max(1),
-        );
-        let what = if let Some(c) = strs(check.get("exec")) {
-            format!("exec {}", c.join(" "))
-        } else if let Some(u) = check.get("http").and_then(|v| v.as_str()) {
-            format!("GET {u}")
-        } else {
-            format!(
-                "tcp {}",
-                check.get("tcp").and_then(|v| v.as_str()).unwrap_or("")
-            )
-        };
+        let timeout = Duration::from_secs(check.timeout_secs());
+        let interval = Duration::from_secs(check.interval_secs().max(1));
+        let what = check.describe();
         let start = Instant::now();
         let mut backoff = Backoff::new(interval);
-        let warn_patterns = check.get("warn_on_log").and_then(|p| p.as_object());
+        let warn_patterns = check.warn_on_log.as_ref();
         let mut warned = BTreeSet::new();
         loop {
             if cx.cancel.is_cancelled() {
@@ -423,7 +397,7 @@ pub(super) async fn wait_ready(
                 }
                 Err(e) => e,
             };
-            if let Some(patterns) = check.get("fail_on_log").and_then(|p| p.as_object()) {
+            if let Some(patterns) = &check.fail_on_log {
                 fail_on_log(docker, id, name, patterns, since).await?;
             }
             if let Some(patterns) = warn_patterns {
@@ -493,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_warn_on_log_pattern_warns_once_with_its_line() {
-        let patterns: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+        let patterns: BTreeMap<String, String> = serde_json::from_str(
             r#"{"NET/Socket : Using|Using network Socket": "NCCL runs over TCP sockets"}"#,
         )
         .unwrap();

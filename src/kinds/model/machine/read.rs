@@ -6,17 +6,18 @@
 
 use std::collections::BTreeMap;
 
-use super::{list, resolve, ResolveRequest};
+use super::{resolve, Desired, ResolveRequest};
 use crate::config::{Config, ModelObserved, Observed, ResourceKind};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
 use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
+use crate::kinds::DesiredConfig;
 use crate::state::State;
 
 /// One model block, as its download node's resource describes it.
 struct Block {
     node: String,
-    config: serde_json::Value,
+    config: Desired,
     span: crate::diag::Span,
 }
 
@@ -26,17 +27,17 @@ fn blocks(config: &Config) -> BTreeMap<String, Block> {
         if r.kind != ResourceKind::Model {
             continue;
         }
-        if r.config.get("role").and_then(|v| v.as_str()) != Some("download") {
-            continue;
-        }
-        let Some(block) = r.config.get("block").and_then(|v| v.as_str()) else {
+        let Ok(config) = Desired::from_config(&r.config) else {
             continue;
         };
+        if !config.is_download() || config.block.is_empty() {
+            continue;
+        }
         out.insert(
-            block.to_string(),
+            config.block.clone(),
             Block {
                 node: r.node.clone().unwrap_or_default(),
-                config: r.config.clone(),
+                config,
                 span: r.span.clone(),
             },
         );
@@ -70,7 +71,11 @@ pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
 /// The commit a state pins for a block at a revision, with what was recorded about it.
 fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelObserved> {
     pinned_in(
-        state?.resources.values().map(|r| &r.config),
+        state?
+            .resources
+            .values()
+            .filter(|r| r.kind == ResourceKind::Model)
+            .map(|r| &r.config),
         block,
         revision,
     )
@@ -82,18 +87,16 @@ fn pinned_in<'a>(
     revision: &str,
 ) -> Option<ModelObserved> {
     configs.find_map(|c| {
-        (c.get("block").and_then(|v| v.as_str()) == Some(block)
-            && c.get("revision").and_then(|v| v.as_str()) == Some(revision))
-        .then_some(())?;
-        let commit = c.get("commit")?.as_str()?.to_string();
+        let c = Desired::from_config(c).ok()?;
+        (c.block == block && c.revision == revision).then_some(())?;
         Some(ModelObserved {
             revision: revision.to_string(),
-            commit,
+            commit: c.commit?,
             manifest: serde_json::json!({
-                "total_bytes": c.get("total_bytes").cloned().unwrap_or_default(),
-                "files": c.get("files").cloned().unwrap_or_default(),
+                "total_bytes": c.total_bytes,
+                "files": c.files,
             }),
-            config: c.get("facts").cloned().unwrap_or_default(),
+            config: c.facts,
         })
     })
 }
@@ -107,7 +110,7 @@ fn pinned_by_state(
     let mut observed = Observed::default();
     let mut diags = Vec::new();
     for (address, b) in blocks {
-        let revision = str_of(b, "revision").unwrap_or_default();
+        let revision = b.config.revision.clone();
         match pinned(state, address, &revision) {
             Some(o) => {
                 observed.models.insert(address.clone(), o);
@@ -134,16 +137,11 @@ fn pinned_by_state(
 fn recorded(blocks: &BTreeMap<String, Block>, state: Option<&State>) -> Observed {
     let mut observed = Observed::default();
     for (address, b) in blocks {
-        let revision = str_of(b, "revision").unwrap_or_default();
-        if let Some(o) = pinned(state, address, &revision) {
+        if let Some(o) = pinned(state, address, &b.config.revision) {
             observed.models.insert(address.clone(), o);
         }
     }
     observed
-}
-
-fn str_of(b: &Block, k: &str) -> Option<String> {
-    b.config.get(k).and_then(|v| v.as_str()).map(str::to_string)
 }
 
 /// Each model of `blocks` resolved on its download node, connected in `pool` (tests hand it
@@ -163,26 +161,18 @@ async fn resolve_on(
                 continue;
             }
         };
-        let (include, exclude) = (list(&b.config, "include"), list(&b.config, "exclude"));
-        let (repo, revision) = (
-            str_of(b, "repo").unwrap_or_default(),
-            str_of(b, "revision").unwrap_or_default(),
-        );
-        let (image, cache) = (
-            str_of(b, "image").unwrap_or_default(),
-            str_of(b, "cache").unwrap_or_default(),
-        );
-        let (endpoint, token) = (str_of(b, "endpoint"), str_of(b, "token"));
+        let c = &b.config;
+        let revision = c.revision.clone();
         let req = ResolveRequest {
             block: address,
-            repo: &repo,
+            repo: &c.repo,
             revision: &revision,
-            image: &image,
-            cache: &cache,
-            endpoint: endpoint.as_deref(),
-            token: token.as_deref(),
-            include: &include,
-            exclude: &exclude,
+            image: &c.image,
+            cache: &c.cache,
+            endpoint: c.endpoint(),
+            token: c.token(),
+            include: &c.include,
+            exclude: &c.exclude,
         };
         match resolve(host.as_ref(), &req).await {
             Ok(manifest) => {
@@ -225,15 +215,13 @@ fn planned(plan: &crate::plan::Plan) -> Observed {
         let Some(after) = c.after.as_ref() else {
             continue;
         };
-        let (Some(block), Some(revision)) = (
-            after.get("block").and_then(|v| v.as_str()),
-            after.get("revision").and_then(|v| v.as_str()),
-        ) else {
-            continue;
-        };
         if c.kind != ResourceKind::Model {
             continue;
         }
+        let Ok(d) = Desired::from_config(after) else {
+            continue;
+        };
+        let (block, revision) = (d.block.as_str(), d.revision.as_str());
         if let Some(o) = pinned_in(std::iter::once(after), block, revision) {
             observed.models.insert(block.to_string(), o);
         }

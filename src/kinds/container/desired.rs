@@ -1,0 +1,244 @@
+//! A container's desired configuration, typed: what its lowering produces, what its machine
+//! half works on, and (as JSON, through serde) what plans diff and the state records. The
+//! defaults are here and nowhere else.
+//!
+//! Numbers are kept as `serde_json::Number` so that the JSON is the one the definitions
+//! evaluated to (`30`, not `30.0`): it is hashed into the container's label, and a different
+//! form would replace every container.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Number;
+
+use crate::kinds::DesiredConfig;
+
+/// Docker's own stop timeout, when the block sets none.
+pub const DEFAULT_STOP_SECS: i32 = 10;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Desired {
+    /// The Docker name (the block's `name`, else the address's parts joined by `-`).
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub node: String,
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_mode: Option<String>,
+    /// Bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<Gpus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<String>>,
+    /// `name = "soft:hard"` or one value for both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulimits: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_add: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileged: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Docker's restart policy (`no`, `always`, `unless-stopped`, `on-failure[:N]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<bool>,
+    /// An image archive (relative to the definitions) loaded when the node lacks the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_archive: Option<String>,
+    /// Seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_timeout: Option<Number>,
+    /// The `ready` blocks, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ready: Vec<ReadyCheck>,
+}
+
+impl DesiredConfig for Desired {}
+
+/// `gpus = 2` or `gpus = "all"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Gpus {
+    Count(u64),
+    Named(String),
+}
+
+impl Desired {
+    /// Seconds a stop may take: `stop_timeout`, else Docker's 10, within 0..=3600.
+    pub fn stop_secs(&self) -> i32 {
+        self.stop_timeout
+            .as_ref()
+            .and_then(Number::as_i64)
+            .map_or(DEFAULT_STOP_SECS, |s| s.clamp(0, 3600) as i32)
+    }
+
+    /// The restart policy, `no` when unset (Docker's default).
+    pub fn restart_policy(&self) -> &str {
+        self.restart.as_deref().unwrap_or("no")
+    }
+
+    /// Docker's GPU request count: -1 for all, `None` for none.
+    pub fn gpu_count(&self) -> Option<i64> {
+        match &self.gpus {
+            Some(Gpus::Named(s)) if s == "all" => Some(-1),
+            Some(Gpus::Count(n)) => i64::try_from(*n).ok().filter(|n| *n > 0),
+            _ => None,
+        }
+    }
+
+    /// The patterns of every check's `progress`: a later check's phases may start during an
+    /// earlier one.
+    pub fn progress_patterns(&self) -> BTreeMap<String, String> {
+        self.ready
+            .iter()
+            .filter_map(|c| c.progress.as_ref())
+            .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect()
+    }
+}
+
+/// One `ready { … }` block: exactly one of `exec`, `http`, `tcp` (the lowering checks it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadyCheck {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<String>,
+    /// The HTTP status an `http` check wants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Number>,
+    /// The exit code an `exec` check wants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_contains: Option<String>,
+    /// Seconds; always written (the lowering puts the default in).
+    #[serde(default = "default_timeout")]
+    pub timeout: Number,
+    /// Seconds between attempts; always written.
+    #[serde(default = "default_interval")]
+    pub interval: Number,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_on_log: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_on_log: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<BTreeMap<String, String>>,
+}
+
+pub const DEFAULT_READY_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_READY_INTERVAL_SECS: u64 = 2;
+
+fn default_timeout() -> Number {
+    Number::from(DEFAULT_READY_TIMEOUT_SECS)
+}
+
+fn default_interval() -> Number {
+    Number::from(DEFAULT_READY_INTERVAL_SECS)
+}
+
+/// What a ready check does.
+pub enum ReadyKind<'a> {
+    Exec(&'a [String]),
+    Http(&'a str),
+    Tcp(&'a str),
+    None,
+}
+
+impl ReadyCheck {
+    pub fn probe(&self) -> ReadyKind<'_> {
+        if let Some(cmd) = &self.exec {
+            ReadyKind::Exec(cmd)
+        } else if let Some(url) = &self.http {
+            ReadyKind::Http(url)
+        } else if let Some(addr) = &self.tcp {
+            ReadyKind::Tcp(addr)
+        } else {
+            ReadyKind::None
+        }
+    }
+
+    pub fn timeout_secs(&self) -> u64 {
+        self.timeout.as_u64().unwrap_or(DEFAULT_READY_TIMEOUT_SECS)
+    }
+
+    pub fn interval_secs(&self) -> u64 {
+        self.interval
+            .as_u64()
+            .unwrap_or(DEFAULT_READY_INTERVAL_SECS)
+    }
+
+    pub fn want_status(&self) -> u16 {
+        crate::kinds::wanted_status(self.status.as_ref())
+    }
+
+    pub fn want_exit_code(&self) -> i64 {
+        crate::kinds::wanted_exit_code(self.exit_code.as_ref())
+    }
+
+    /// What the check does, in progress lines and errors.
+    pub fn describe(&self) -> String {
+        match self.probe() {
+            ReadyKind::Exec(c) => format!("exec {}", c.join(" ")),
+            ReadyKind::Http(u) => format!("GET {u}"),
+            ReadyKind::Tcp(a) => format!("tcp {a}"),
+            ReadyKind::None => "tcp ".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_json_is_the_evaluated_one() {
+        let config = json!({
+            "name": "c", "node": "n1", "image": "i:1", "shm_size": 17179869184u64,
+            "gpus": "all", "stop_timeout": 30, "env": {"A": "1"},
+            "ready": [{"http": "http://127.0.0.1:8000/health", "timeout": 900, "interval": 2}],
+        });
+        let d = Desired::from_config(&config).unwrap();
+        assert_eq!(d.to_config(), config);
+        assert_eq!(d.stop_secs(), 30);
+        assert_eq!(d.gpu_count(), Some(-1));
+        assert_eq!(d.ready[0].want_status(), 200);
+        let float = json!({"name": "c", "node": "n", "image": "i", "stop_timeout": 1.5});
+        assert_eq!(Desired::from_config(&float).unwrap().to_config(), float);
+    }
+
+    #[test]
+    fn defaults_live_here() {
+        let d = Desired::from_config(&json!({"name": "c", "ready": [{"tcp": "h:1"}]})).unwrap();
+        assert_eq!(d.stop_secs(), DEFAULT_STOP_SECS);
+        assert_eq!(d.restart_policy(), "no");
+        assert_eq!(d.ready[0].timeout_secs(), 300);
+        assert_eq!(d.ready[0].interval_secs(), 2);
+        assert_eq!(d.gpu_count(), None);
+    }
+}

@@ -1,0 +1,138 @@
+//! A model resource's desired configuration (one per node of a `model` block), typed: what the
+//! lowering produces and the machine half works on. Unknown values are written as `null`, as
+//! the recorded configurations always had them; the fields only the download node has are
+//! absent on the others.
+
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::DesiredConfig;
+
+/// The download node fetches from the hub and serves its peers; a pull node copies from it.
+pub const ROLE_DOWNLOAD: &str = "download";
+pub const ROLE_PULL: &str = "pull";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Desired {
+    /// The block's address (`model.qwen`).
+    #[serde(default)]
+    pub block: String,
+    #[serde(default)]
+    pub repo: String,
+    /// As written (`main`, a tag, a commit).
+    #[serde(default)]
+    pub revision: String,
+    /// What the revision resolved to; `null` until the read phase resolved it.
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// The cache folder on the node.
+    #[serde(default)]
+    pub cache: String,
+    #[serde(default)]
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// The image the transfers run in.
+    #[serde(default)]
+    pub image: String,
+    #[serde(default)]
+    pub node_name: String,
+    /// [`ROLE_DOWNLOAD`] or [`ROLE_PULL`].
+    #[serde(default)]
+    pub role: String,
+    /// `node.NAME` of the download node.
+    #[serde(default)]
+    pub download_node: String,
+    /// This node's fabric address.
+    #[serde(default)]
+    pub address: Option<String>,
+    /// The download node's fabric address, which pulls copy from.
+    #[serde(default)]
+    pub source_address: Option<String>,
+    /// The manifest's size and file count, once resolved.
+    #[serde(default)]
+    pub total_bytes: Option<u64>,
+    #[serde(default)]
+    pub files: Option<u64>,
+    /// The model's `config.json` facts (architectures, …), once resolved.
+    #[serde(default)]
+    pub facts: serde_json::Value,
+    /// The download node's own: written (maybe `null`) there, absent on pull nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub serve_image: Option<Option<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub endpoint: Option<Option<String>>,
+    /// The hub token (sensitive: hashed in plans and the state).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
+    pub token: Option<Option<String>>,
+}
+
+impl DesiredConfig for Desired {}
+
+impl Desired {
+    pub fn is_download(&self) -> bool {
+        self.role == ROLE_DOWNLOAD
+    }
+
+    pub fn serve_image(&self) -> Option<&str> {
+        self.serve_image.as_ref().and_then(|s| s.as_deref())
+    }
+
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_ref().and_then(|s| s.as_deref())
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_ref().and_then(|s| s.as_deref())
+    }
+}
+
+/// A field that is absent (`None`), present as `null` (`Some(None)`) or set: the outer
+/// `Option` is whether the key is there.
+mod present {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer, T: Serialize>(
+        v: &Option<Option<T>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(inner) => inner.serialize(s),
+            // `skip_serializing_if` leaves an absent field out before this is called.
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nulls_stay_nulls_and_absent_stays_absent() {
+        let download = json!({
+            "block": "model.m", "repo": "org/m", "revision": "main", "commit": null,
+            "cache": "/c", "include": [], "exclude": [], "image": "i", "node_name": "a",
+            "role": "download", "download_node": "node.a", "address": null,
+            "source_address": null, "total_bytes": null, "files": null, "facts": null,
+            "serve_image": null, "endpoint": "http://h", "token": null,
+        });
+        let d = Desired::from_config(&download).unwrap();
+        assert_eq!(d.to_config(), download);
+        assert_eq!(d.endpoint(), Some("http://h"));
+        assert!(d.is_download());
+        let mut pull = download.as_object().unwrap().clone();
+        for k in ["serve_image", "endpoint", "token"] {
+            pull.remove(k);
+        }
+        pull.insert("role".into(), json!("pull"));
+        let pull = serde_json::Value::Object(pull);
+        assert_eq!(Desired::from_config(&pull).unwrap().to_config(), pull);
+    }
+}
