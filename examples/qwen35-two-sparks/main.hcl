@@ -14,6 +14,13 @@ variable "hf_token" {
   description = "A Hugging Face token, if the hub asks for one: set SPARKFORM_VAR_hf_token in the environment, never in a committed file. The state keeps only its keyed hash."
 }
 
+variable "api_key" {
+  type        = string
+  default     = null
+  sensitive   = true
+  description = "The endpoint's API key (clients send `Authorization: Bearer KEY`): set SPARKFORM_VAR_api_key. Without one, plan warns that anyone on the nodes' networks can use the model."
+}
+
 locals {
   image = "hellohal2064/vllm-qwen3.5-gb10:latest"
 }
@@ -85,14 +92,16 @@ module "qwen" {
   gpu_memory_utilization = 0.80
   port                   = 30000
   extra_args             = ["--enable-auto-tool-choice", "--reasoning-parser", "qwen3"]
+  api_key                = var.api_key
 }
 
 # Only a real chat completion proves that the model generates tokens.
 probe "hello" {
   http {
-    via    = node.spark1
-    url    = "${module.qwen.endpoint}/v1/chat/completions"
-    method = "POST"
+    via     = node.spark1
+    url     = "${module.qwen.endpoint}/v1/chat/completions"
+    method  = "POST"
+    headers = module.qwen.auth_headers
     json = {
       model      = module.qwen.served_model_name
       max_tokens = 256

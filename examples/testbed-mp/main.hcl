@@ -36,6 +36,13 @@ variable "rendezvous_timeout" {
   default = "1m"
 }
 
+variable "api_key" {
+  type        = string
+  default     = "sparkform-testbed-key"
+  sensitive   = true
+  description = "The endpoint's API key. The testbed's is a throwaway written here; a real deployment passes its own in SPARKFORM_VAR_api_key and writes it in no file."
+}
+
 jump "testbed" {
   address       = "127.0.0.1"
   user          = "root"
@@ -109,14 +116,16 @@ module "qwen" {
   health_timeout         = "3m"
   start_timeout          = "2m"
   rendezvous_timeout     = var.rendezvous_timeout
+  api_key                = var.api_key
 }
 
 # The stand-in's answer names the fabric address of every rank that joined rank 0.
 probe "hello" {
   http {
-    via    = node.node1
-    url    = "${module.qwen.endpoint}/v1/chat/completions"
-    method = "POST"
+    via     = node.node1
+    url     = "${module.qwen.endpoint}/v1/chat/completions"
+    method  = "POST"
+    headers = module.qwen.auth_headers
     json = {
       model      = module.qwen.served_model_name
       max_tokens = 64

@@ -45,6 +45,13 @@ variable "expect_model" {
   description = "What the hello probe expects the model to call itself."
 }
 
+variable "api_key" {
+  type        = string
+  default     = "sparkform-testbed-key"
+  sensitive   = true
+  description = "The endpoint's API key. The testbed's is a throwaway written here; a real deployment passes its own in SPARKFORM_VAR_api_key and writes it in no file."
+}
+
 jump "testbed" {
   address       = "127.0.0.1"
   user          = "root"
@@ -117,13 +124,15 @@ module "qwen" {
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   ray_args               = ["--object-store-memory=100000000", "--num-cpus=1"]
   health_timeout         = "5m"
+  api_key                = var.api_key
 }
 
 probe "hello" {
   http {
-    via    = node.node1
-    url    = "${module.qwen.endpoint}/v1/chat/completions"
-    method = "POST"
+    via     = node.node1
+    url     = "${module.qwen.endpoint}/v1/chat/completions"
+    method  = "POST"
+    headers = module.qwen.auth_headers
     json = {
       model      = module.qwen.served_model_name
       max_tokens = 64

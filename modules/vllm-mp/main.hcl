@@ -29,6 +29,8 @@ module "serve" {
   max_model_len          = var.max_model_len
   port                   = var.port
   extra_args             = var.extra_args
+  api_key                = var.api_key
+  listen                 = var.listen
 }
 
 locals {
@@ -68,9 +70,10 @@ container "rank0" {
   cap_add      = module.fabric.cap_add
   ulimits      = module.fabric.ulimits
   volumes      = module.fabric.volumes
-  env          = module.fabric.node_env[var.head.name]
-  command      = concat(module.serve.serve_args, local.mp_args, ["--node-rank", "0"], module.serve.server_args)
-  restart      = "no"
+  # The API key (when there is one) by vLLM's environment, never its command line.
+  env     = merge(module.fabric.node_env[var.head.name], { VLLM_API_KEY = var.api_key })
+  command = concat(module.serve.serve_args, local.mp_args, ["--node-rank", "0"], module.serve.server_args)
+  restart = "no"
   # The ranks are one torch.distributed process group: a rank that must be replaced for any
   # reason (drift, an untracked copy a kill left, a failed start) replaces every rank, and a
   # rollback brings back all of them or none.

@@ -16,3 +16,9 @@ output "master" {
 output "rendezvous" {
   value = probe.rendezvous
 }
+
+output "auth_headers" {
+  description = "What a client of the endpoint sends: the API key as a bearer token, when there is one (sensitive then)."
+  value       = module.serve.auth_headers
+  sensitive   = true
+}

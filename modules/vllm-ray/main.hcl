@@ -32,6 +32,8 @@ module "serve" {
   max_model_len          = var.max_model_len
   port                   = var.port
   extra_args             = var.extra_args
+  api_key                = var.api_key
+  listen                 = var.listen
 }
 
 locals {
@@ -56,9 +58,11 @@ container "vllm" {
   cap_add      = local.fabric.cap_add
   ulimits      = local.fabric.ulimits
   volumes      = concat(local.fabric.volumes, ["/tmp/ray:/tmp/ray"])
+  # The API key (when there is one) by vLLM's environment, never its command line.
   env = merge(module.ray.fabric_env, {
     RAY_ADDRESS  = module.ray.address
     VLLM_HOST_IP = module.ray.head_ip
+    VLLM_API_KEY = var.api_key
   })
   command = concat(
     module.serve.serve_args,

@@ -12,3 +12,9 @@ output "served_model_name" {
 output "ray_address" {
   value = module.ray.address
 }
+
+output "auth_headers" {
+  description = "What a client of the endpoint sends: the API key as a bearer token, when there is one (sensitive then)."
+  value       = module.serve.auth_headers
+  sensitive   = true
+}

@@ -134,3 +134,16 @@ variable "nccl_socket_fallback" {
   default     = "fail"
   description = "\"fail\" or \"allow\": whether a log showing NCCL on TCP sockets instead of RoCE fails the ready check."
 }
+
+variable "api_key" {
+  type        = string
+  default     = null
+  sensitive   = true
+  description = "The API key clients send as a bearer token (../vllm-serve: through vLLM's environment, never its command line); the output `auth_headers` carries it for probes."
+}
+
+variable "listen" {
+  type        = string
+  default     = "0.0.0.0"
+  description = "The address the API server listens on; plan warns when it is beyond the node and there is no api_key."
+}

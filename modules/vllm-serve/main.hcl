@@ -10,6 +10,8 @@ locals {
   min_memory  = min([for n in var.nodes : n.memory_gib == null ? 0 : n.memory_gib]...)
   per_node    = local.size_gib == null ? 0 : local.size_gib / length(var.nodes) + var.overhead_gib
   large_model = local.size_gib == null ? true : local.size_gib >= var.large_model_gib
+  # Only the node itself can reach an endpoint on loopback.
+  listens_beyond_the_node = !contains(["127.0.0.1", "localhost", "::1"], var.listen)
 
   serve_args = [
     "vllm", "serve", local.model_arg,
@@ -18,7 +20,7 @@ locals {
   ]
   server_args = concat(
     [
-      "--host", "0.0.0.0",
+      "--host", var.listen,
       "--port", tostring(var.port),
       "--served-model-name", local.served_name,
       "--gpu-memory-utilization", tostring(var.gpu_memory_utilization),
@@ -52,5 +54,11 @@ check "model_fits" {
 check "enforce_eager_on_a_large_model" {
   condition     = !(contains(var.extra_args, "--enforce-eager") && local.large_model)
   error_message = "--enforce-eager in extra_args: on a large model it cost about 55% of throughput in one report and did not cure wedged servers in another; remove it unless CUDA graph capture itself fails"
+  severity      = "warning"
+}
+
+check "endpoint_without_a_key" {
+  condition     = var.api_key != null || !local.listens_beyond_the_node
+  error_message = "the API server listens on ${var.listen} without an api_key: anyone on a network this node is on can use the model; set api_key from a sensitive variable, or listen = \"127.0.0.1\" and reach it with `sparkform tunnel`"
   severity      = "warning"
 }

@@ -28,3 +28,9 @@ output "progress" {
     "Application startup complete"                      = "API server up"
   }
 }
+
+output "auth_headers" {
+  description = "The headers a client of the endpoint sends: the API key as a bearer token, when there is one."
+  value       = var.api_key == null ? {} : { Authorization = "Bearer ${var.api_key}" }
+  sensitive   = true
+}

@@ -78,3 +78,16 @@ variable "large_model_gib" {
   default     = 30
   description = "From this size on (or when the size is unknown) --enforce-eager earns a plan warning."
 }
+
+variable "api_key" {
+  type        = string
+  default     = null
+  sensitive   = true
+  description = "The key clients send as `Authorization: Bearer KEY` on /v1 (vLLM's VLLM_API_KEY: it reaches vLLM through its environment, never its command line). Pass it from a sensitive variable (SPARKFORM_VAR_api_key); the state keeps only its keyed hash."
+}
+
+variable "listen" {
+  type        = string
+  default     = "0.0.0.0"
+  description = "The address the API server listens on (`--host`): every network of the node by default; 127.0.0.1 keeps it to the node (reach it with `sparkform tunnel`)."
+}

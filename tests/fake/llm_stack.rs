@@ -303,3 +303,47 @@ fn the_seed_examples_token_never_shows() {
         );
     }
 }
+
+#[test]
+fn the_api_key_reaches_vllm_by_its_environment_and_the_probe_sends_it_never_shown() {
+    const KEY: &str = "sparkform-testbed-key";
+    let (c, g) = common::load_resolved(Path::new("examples/testbed"));
+    let vllm = c.resource("module.qwen.container.vllm").unwrap();
+    assert_eq!(vllm.config["env"]["VLLM_API_KEY"], KEY);
+    assert!(
+        !vllm.config["command"].to_string().contains(KEY),
+        "never on its command line"
+    );
+    let probe = c.resource("probe.hello").unwrap();
+    assert_eq!(
+        probe.config["http"]["headers"]["Authorization"],
+        format!("Bearer {KEY}")
+    );
+    assert!(
+        !c.warnings
+            .iter()
+            .any(|w| w.message.contains("without an api_key")),
+        "a key: no warning"
+    );
+    let p = common::plan(&c, &g, &sparkform::state::State::new());
+    let text = sparkform::plan::render::render(&p);
+    let json = serde_json::to_string(&p).unwrap();
+    assert!(!text.contains(KEY) && !json.contains(KEY), "{text}");
+
+    // Without a key, an endpoint on every network of the node is a warning; on loopback not.
+    let warns = |text: &str| {
+        let dir = common::write_config(&[("main.hcl", text)]);
+        let c = config::load(dir.path(), &VarInputs::default()).unwrap();
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("without an api_key"))
+    };
+    let keyless = example("testbed").replace("= var.api_key", "= null");
+    assert!(warns(&keyless), "no key, listening on 0.0.0.0");
+    let local = keyless.replace(
+        "api_key                = null",
+        "api_key                = null\n  listen                 = \"127.0.0.1\"",
+    );
+    assert_ne!(local, keyless);
+    assert!(!warns(&local), "no key, listening on the node alone");
+}

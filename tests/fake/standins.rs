@@ -355,6 +355,65 @@ fn refused(s: &Served, messages: &[&str]) {
     }
 }
 
+/// One request to the stand-in on loopback: the status code.
+fn status_of(port: u16, request: &str) -> Option<u16> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(request.as_bytes()).ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn vllm_standin_asks_for_the_api_key_on_v1_as_vllm_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = Hub::start(tmp.path());
+    let (main, _) = hub.refs();
+    let model = hub.snapshot(&main, &tmp.path().join("keyed"));
+    let port = free_port();
+    let child = Command::new(python())
+        .arg(testbed_dir().join("vllm-standin.py"))
+        .arg("serve")
+        .arg(&model)
+        .args([
+            "--distributed-executor-backend",
+            "mp",
+            "--host",
+            "127.0.0.1",
+        ])
+        .args(["--port", &port.to_string()])
+        .env("VLLM_STANDIN_PHASE_SECS", "0")
+        .env("VLLM_API_KEY", "k-123")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _child = Guard(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while health(port) != Some(200) {
+        assert!(Instant::now() < deadline, "the stand-in did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let get = |auth: &str| {
+        status_of(
+            port,
+            &format!("GET /v1/models HTTP/1.0\r\nHost: x\r\n{auth}\r\n"),
+        )
+    };
+    assert_eq!(get(""), Some(401), "no key");
+    assert_eq!(
+        get("Authorization: Bearer wrong\r\n"),
+        Some(401),
+        "a wrong key"
+    );
+    assert_eq!(get("Authorization: Bearer k-123\r\n"), Some(200), "the key");
+    assert_eq!(health(port), Some(200), "/health stays open");
+}
+
 const ENGINE_FAILED: &str = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}";
 
 #[test]

@@ -240,6 +240,7 @@ def parse(argv):
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
@@ -303,6 +304,8 @@ class State:
     loaded = False
     ips = []
     served = ""
+    # The API key /v1 asks for (None: open).
+    api_key = None
     # What the chat reply says runs the model ("Ray workers" or "ranks").
     placed = "Ray workers"
     lock = threading.Lock()
@@ -503,7 +506,21 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def refused(self):
+        """vLLM's API key (VLLM_API_KEY, or --api-key) guards every /v1 route, as its
+        AuthenticationMiddleware does: without `Authorization: Bearer KEY` the answer is 401
+        {"error": "Unauthorized"}; /health stays open."""
+        key = State.api_key
+        if not key or not self.path.startswith("/v1"):
+            return False
+        if self.headers.get("Authorization") == f"Bearer {key}":
+            return False
+        self.reply(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self):
+        if self.refused():
+            return
         if self.path == "/health":
             with State.lock:
                 ok = State.healthy and State.loaded
@@ -515,6 +532,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})
 
     def do_POST(self):
+        if self.refused():
+            return
         if self.path != "/v1/chat/completions":
             self.reply(404, {"error": {"message": f"no route {self.path}", "code": 404}})
             return
@@ -552,6 +571,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = parse(sys.argv[1:])
     State.served = args.served_model_name or args.model
+    State.api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     log(f"vllm stand-in: serve {args.model} as {State.served} on {args.host}:{args.port}, "
         f"VLLM_HOST_IP={os.environ.get('VLLM_HOST_IP')}, RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}, "
         f"backend={args.distributed_executor_backend}, nnodes={args.nnodes}, node_rank={args.node_rank}, "

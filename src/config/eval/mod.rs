@@ -454,38 +454,67 @@ impl Loader {
 
     fn mark_sensitive(&self, scope: &Scope<'_>, attr: &Attribute, out: &mut Attrs) {
         let key = attr.key.as_str().to_string();
-        if let Expression::Object(obj) = &attr.value {
-            // A key derived from a secret hides the whole object: keys show in plans.
-            let secret_key = obj.iter().any(|(k, _)| match k {
-                hcl_edit::expr::ObjectKey::Expression(e) => {
-                    scope.refs_sensitive(&refs::collect(e).refs)
-                }
-                hcl_edit::expr::ObjectKey::Ident(_) => false,
-            });
-            if secret_key {
-                out.sensitive.push(vec![key]);
-                return;
-            }
-            for (k, v) in obj.iter() {
-                let c = refs::collect(v.expr());
-                if scope.refs_sensitive(&c.refs) {
-                    let kname = match k {
-                        hcl_edit::expr::ObjectKey::Ident(id) => id.as_str().to_string(),
-                        hcl_edit::expr::ObjectKey::Expression(Expression::String(s)) => {
-                            s.value().to_string()
-                        }
-                        _ => {
+        match &attr.value {
+            Expression::Object(obj) => self.mark_object(scope, &key, obj, out),
+            // `merge(a, { K = secret })`: an object literal among merge's arguments is marked
+            // key by key, as if it were written alone (a launcher adds one secret to a map of
+            // plain settings, and the plan still shows the settings); any other argument that
+            // is derived from a secret hides the whole value.
+            Expression::FuncCall(call)
+                if call.name.namespace.is_empty() && call.name.name.as_str() == "merge" =>
+            {
+                for arg in call.args.iter() {
+                    match arg {
+                        Expression::Object(obj) => self.mark_object(scope, &key, obj, out),
+                        other if scope.refs_sensitive(&refs::collect(other).refs) => {
                             out.sensitive.push(vec![key.clone()]);
-                            continue;
                         }
-                    };
-                    out.sensitive.push(vec![key.clone(), kname]);
+                        _ => {}
+                    }
                 }
             }
-        } else {
-            let c = refs::collect(&attr.value);
+            other => {
+                if scope.refs_sensitive(&refs::collect(other).refs) {
+                    out.sensitive.push(vec![key]);
+                }
+            }
+        }
+    }
+
+    /// The sensitive parts of an object literal written for attribute `key`: each value derived
+    /// from a secret, or the whole attribute when a key is.
+    fn mark_object(
+        &self,
+        scope: &Scope<'_>,
+        key: &str,
+        obj: &hcl_edit::expr::Object,
+        out: &mut Attrs,
+    ) {
+        // A key derived from a secret hides the whole object: keys show in plans.
+        let secret_key = obj.iter().any(|(k, _)| match k {
+            hcl_edit::expr::ObjectKey::Expression(e) => {
+                scope.refs_sensitive(&refs::collect(e).refs)
+            }
+            hcl_edit::expr::ObjectKey::Ident(_) => false,
+        });
+        if secret_key {
+            out.sensitive.push(vec![key.to_string()]);
+            return;
+        }
+        for (k, v) in obj.iter() {
+            let c = refs::collect(v.expr());
             if scope.refs_sensitive(&c.refs) {
-                out.sensitive.push(vec![key]);
+                let kname = match k {
+                    hcl_edit::expr::ObjectKey::Ident(id) => id.as_str().to_string(),
+                    hcl_edit::expr::ObjectKey::Expression(Expression::String(s)) => {
+                        s.value().to_string()
+                    }
+                    _ => {
+                        out.sensitive.push(vec![key.to_string()]);
+                        continue;
+                    }
+                };
+                out.sensitive.push(vec![key.to_string(), kname]);
             }
         }
     }

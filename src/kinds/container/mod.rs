@@ -156,6 +156,13 @@ pub fn desired(values: &Map<String, Value>, ready: Vec<ReadyCheck>) -> Result<De
     for k in ATTRIBUTES {
         match values.get(*k) {
             None | Some(Value::Null) => {}
+            // A map entry set to null is not set, as an attribute set to null is not: a
+            // launcher's `VLLM_API_KEY = var.api_key` without a key adds no variable.
+            Some(Value::Object(m)) => {
+                let set = m.iter().filter(|(_, v)| !v.is_null());
+                let m: serde_json::Map<_, _> = set.map(|(k, v)| (k.clone(), to_json(v))).collect();
+                out.insert((*k).to_string(), serde_json::Value::Object(m));
+            }
             Some(v) => {
                 out.insert((*k).to_string(), to_json(v));
             }
