@@ -391,6 +391,11 @@ impl FakeNodes {
             })
     }
 
+    /// The nodes it has, by address.
+    pub fn nodes(&self) -> Vec<String> {
+        self.hosts.keys().cloned().collect()
+    }
+
     /// How many connections were opened to each node so far.
     pub fn opened(&self) -> BTreeMap<String, usize> {
         self.opened
