@@ -243,6 +243,11 @@ impl Bed {
     /// `sparkform plan DIR`, on the fakes: evaluate, one read phase, refresh, plan; then the
     /// connections closed.
     async fn plan(&self) -> sparkform::plan::Plan {
+        self.plan_as(ReadMode::Normal).await
+    }
+
+    /// [`Self::plan`] with `-refresh` as `refresh` says.
+    async fn plan_as(&self, refresh: ReadMode) -> sparkform::plan::Plan {
         let recorded = self.store().load().unwrap();
         let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
             .unwrap_or_else(|e| panic!("{e:?}"));
@@ -251,7 +256,7 @@ impl Bed {
             PrepareRequest {
                 evaluated,
                 recorded: recorded.as_ref(),
-                refresh: ReadMode::Normal,
+                refresh,
                 options: PlanOptions {
                     key: Some(self.store().key_or_create().unwrap()),
                     ..PlanOptions::default()
@@ -297,6 +302,18 @@ async fn a_no_op_plan_connects_once_per_node_and_evaluates_at_most_twice() {
         sparkform::plan::render::render(&plan)
     );
     assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
+    assert!(evaluations <= 2, "{evaluations} evaluations");
+
+    // -refresh=false: the state pins the commit, nothing is connected (and no fact is read,
+    // so the head's memory is unset now).
+    let (plan, opened, evaluations) = bed.counted(bed.plan_as(ReadMode::Recorded)).await;
+    let head = plan
+        .change("container.head")
+        .and_then(|c| c.after.as_ref())
+        .map(|a| a["command"].to_string())
+        .unwrap_or_default();
+    assert!(head.contains(COMMIT), "{head}");
+    assert!(opened.is_empty(), "{opened:?}");
     assert!(evaluations <= 2, "{evaluations} evaluations");
 }
 
