@@ -8,12 +8,10 @@ use clap::Args;
 
 use super::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
 use crate::apply;
-use crate::config::Config;
 use crate::diag::Diag;
-use crate::graph::Graph;
 use crate::ops;
 use crate::ops::apply::{Interrupt, PrepareRequest, RunOptions, Source};
-use crate::ops::definitions::{Evaluated, Pins};
+use crate::ops::definitions::Evaluated;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{render, PlanOptions};
 use crate::workspace::Workspace;
@@ -96,26 +94,6 @@ pub fn run(args: ApplyArgs) -> ExitCode {
         Err(code) => return code,
     };
     let ws = ca.workspace();
-    let refresh = args.refresh.read_mode();
-    let recorded = match ws.state() {
-        Ok(s) => s,
-        Err(e) => return report_error(e),
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    // What the kinds read at plan time, looked up (or taken from the state).
-    let hosts = args.common.connect.options();
-    let resolved = rt.block_on(super::with_notes(json, |events| {
-        let recorded = recorded.as_ref();
-        async move { evaluated.resolve(recorded, refresh, &hosts, &events).await }
-    }));
-    let defs = match resolved {
-        Ok(d) => d,
-        Err(e) => return super::report_op_error(e, json),
-    };
-    show_warnings(&defs.warnings, json);
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
@@ -128,10 +106,9 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     execute(
         &args.common,
         &ws,
-        &defs.config,
-        &defs.graph,
+        evaluated,
         Source::Definitions {
-            refresh,
+            refresh: args.refresh.read_mode(),
             options: opts,
         },
     )
@@ -174,16 +151,10 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
     let ws = ca.workspace();
     // What the plan was made with (the values its changes carry, the node facts it records):
     // nothing is read again.
-    let defs = match evaluated.pin(Pins::Planned(&pf)) {
-        Ok(d) => d,
-        Err(e) => return super::report_op_error(e, args.common.json),
-    };
-    show_warnings(&defs.warnings, args.common.json);
     execute(
         &args.common,
         &ws,
-        &defs.config,
-        &defs.graph,
+        evaluated,
         Source::PlanFile {
             file: &pf,
             path: &args.path,
@@ -195,8 +166,7 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
 pub fn execute(
     args: &ExecArgs,
     ws: &Workspace,
-    config: &Config,
-    graph: &Graph,
+    evaluated: Evaluated,
     source: Source<'_>,
 ) -> ExitCode {
     let operation = source.operation();
@@ -206,8 +176,7 @@ pub fn execute(
         Err(code) => return code,
     };
     let request = PrepareRequest {
-        config,
-        graph,
+        evaluated,
         store: ws.store(),
         source,
         hosts: args.connect.options(),
@@ -219,8 +188,8 @@ pub fn execute(
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
+    show_warnings(&prepared.warnings, args.json);
     if !args.json {
-        report_warnings(&prepared.warnings);
         print!("{}", render::render(&prepared.plan));
     }
     let prompt = !args.auto_approve && !from_planfile;
@@ -245,7 +214,7 @@ pub fn execute(
     }
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let secrets = crate::events::Secrets::new(config.secret_texts());
+        let secrets = crate::events::Secrets::new(prepared.config().secret_texts());
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
         let cancel = tokio_util::sync::CancellationToken::new();
         let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {
@@ -258,8 +227,6 @@ pub fn execute(
         });
         let outcome = prepared
             .apply(
-                config,
-                graph,
                 RunOptions {
                     parallelism: args.parallelism,
                     rollback: !args.no_rollback,

@@ -9,7 +9,6 @@ use clap::{ArgAction, Args};
 use super::apply::{execute, ExecArgs};
 use crate::ops;
 use crate::ops::apply::Source;
-use crate::ops::definitions::Pins;
 
 /// Remove every container and fabric address the deployment owns
 #[derive(Args, Debug)]
@@ -38,19 +37,15 @@ pub fn run(args: DestroyArgs) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
     // Destroy removes what the state records (and what carries the deployment's labels): the
     // definitions only say how to reach the nodes, so nothing is read at plan time.
-    let defs = match super::apply::load(&ca, args.common.json).and_then(|e| {
-        e.pin(Pins::Unresolved)
-            .map_err(|e| super::report_op_error(e, args.common.json))
-    }) {
-        Ok(d) => d,
+    let evaluated = match super::apply::load(&ca, args.common.json) {
+        Ok(e) => e,
         Err(code) => return code,
     };
     let ws = ca.workspace();
     execute(
         &args.common,
         &ws,
-        &defs.config,
-        &defs.graph,
+        evaluated,
         Source::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),

@@ -213,11 +213,14 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
+    // The tests' builds have one more field (`fake`), the product's none.
+    #[allow(clippy::needless_update)]
     pub fn options(&self) -> crate::ops::HostOptions {
         crate::ops::HostOptions {
             accept_new_host_keys: self.accept_new_host_keys,
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout.max(1)),
             use_user_config: std::env::var_os("SPARKFORM_NO_USER_SSH_CONFIG").is_none(),
+            ..crate::ops::HostOptions::default()
         }
     }
 }

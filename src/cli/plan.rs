@@ -111,27 +111,10 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let refresh = args.refresh.read_mode();
-    // Model revisions resolved on their download nodes, then the definitions evaluated again.
-    let hosts = args.connect.options();
-    let resolved = rt.block_on(super::with_notes(args.json, |events| {
-        let recorded = recorded.as_ref();
-        async move { evaluated.resolve(recorded, refresh, &hosts, &events).await }
-    }));
-    let (config, graph) = match resolved {
-        Ok(d) => {
-            if !args.json {
-                report_warnings(&d.warnings);
-            }
-            (d.config, d.graph)
-        }
-        Err(e) => return super::report_op_error(e, args.json),
-    };
-    let request = ops::plan::PlanRequest {
-        config: &config,
-        graph: &graph,
+    let request = ops::prepare::PrepareRequest {
+        evaluated,
         recorded: recorded.as_ref(),
-        refresh,
+        refresh: args.refresh.read_mode(),
         options: PlanOptions {
             replace: args.replace.clone(),
             targets: args.target.clone(),
@@ -143,19 +126,29 @@ pub fn run(args: PlanArgs) -> ExitCode {
         },
         hosts: args.connect.options(),
     };
-    let planned = rt.block_on(super::with_notes(args.json, |events| async move {
-        let planned = ops::plan::plan(request, &events).await?;
-        if let Some(pool) = planned.pool {
-            pool.close().await;
-        }
-        Ok::<_, ops::OpError>((planned.plan, planned.warnings, planned.observed))
+    let prepared = rt.block_on(super::with_notes(args.json, |events| async move {
+        let mut prepared = ops::prepare::prepare(request, &events).await?;
+        prepared.close().await;
+        Ok::<_, ops::OpError>(prepared)
     }));
-    let (plan, warnings, observed) = match planned {
+    let ops::prepare::Prepared {
+        config,
+        plan,
+        warnings,
+        observed,
+        ..
+    } = match prepared {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
     if args.json {
-        let all: Vec<_> = config.warnings.iter().chain(&warnings).cloned().collect();
+        // Every warning of the evaluation the plan was made from, and those of the reading.
+        let mut all = config.warnings.clone();
+        for w in &warnings {
+            if !all.iter().any(|a| a.message == w.message) {
+                all.push(w.clone());
+            }
+        }
         let doc = serde_json::json!({
             "format_version": 1,
             "diagnostics": super::diagnostics_values(&all),

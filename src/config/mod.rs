@@ -25,6 +25,34 @@ pub use parse::strip_bom;
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use eval::{InputValue, Loader};
 
+/// How many times the definitions of a folder were evaluated in this process (tests: how many
+/// evaluations an operation makes), keyed by the folder so tests running at once do not mix.
+#[cfg(feature = "test-support")]
+pub mod evaluations {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static COUNTS: Mutex<Option<HashMap<PathBuf, usize>>> = Mutex::new(None);
+
+    pub(super) fn count(dir: &Path) {
+        let mut counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+        *counts
+            .get_or_insert_with(HashMap::new)
+            .entry(dir.to_path_buf())
+            .or_default() += 1;
+    }
+
+    /// The evaluations of the definitions in `dir` so far.
+    pub fn of(dir: &Path) -> usize {
+        let counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+        counts
+            .as_ref()
+            .and_then(|c| c.get(dir).copied())
+            .unwrap_or(0)
+    }
+}
+
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
     load_observed(dir, vars, &Observed::default())
@@ -36,6 +64,8 @@ pub fn load_observed(
     vars: &VarInputs,
     observed: &Observed,
 ) -> Result<Config, Diagnostics> {
+    #[cfg(feature = "test-support")]
+    evaluations::count(dir);
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.
     crate::diag::forget_secrets();

@@ -348,6 +348,63 @@ pub fn hosts(nodes: Vec<FakeHost>) -> BTreeMap<String, Arc<dyn Host>> {
         .collect()
 }
 
+/// What [`super::HostPool::connect`] opens when [`super::HostOptions::fake`] is set: the
+/// node's fake host instead of an ssh master, each opening counted (how many connections an
+/// operation makes: one per node).
+#[derive(Clone, Default)]
+pub struct FakeNodes {
+    hosts: BTreeMap<String, Arc<dyn Host>>,
+    opened: Arc<Mutex<BTreeMap<String, usize>>>,
+}
+
+impl std::fmt::Debug for FakeNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeNodes")
+            .field("hosts", &self.hosts.keys().collect::<Vec<_>>())
+            .field("opened", &self.opened())
+            .finish()
+    }
+}
+
+impl FakeNodes {
+    pub fn new(hosts: BTreeMap<String, Arc<dyn Host>>) -> FakeNodes {
+        FakeNodes {
+            hosts,
+            opened: Arc::default(),
+        }
+    }
+
+    /// The node's host, counted as one connection; an error for a node it does not have.
+    pub fn open(&self, node: &str) -> Result<Arc<dyn Host>, HostError> {
+        *self
+            .opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(node.to_string())
+            .or_default() += 1;
+        self.hosts
+            .get(node)
+            .cloned()
+            .ok_or_else(|| HostError::Other {
+                node: node.to_string(),
+                message: "no such fake node".into(),
+            })
+    }
+
+    /// The nodes it has, by address.
+    pub fn nodes(&self) -> Vec<String> {
+        self.hosts.keys().cloned().collect()
+    }
+
+    /// How many connections were opened to each node so far.
+    pub fn opened(&self) -> BTreeMap<String, usize> {
+        self.opened
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

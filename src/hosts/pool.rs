@@ -21,6 +21,9 @@ pub struct HostOptions {
     pub connect_timeout: Duration,
     /// Read the user's ~/.ssh/config for aliases (off in tests, for isolation).
     pub use_user_config: bool,
+    /// Tests: "connect" to these fake nodes instead, counting each connection.
+    #[cfg(feature = "test-support")]
+    pub fake: Option<super::fake::FakeNodes>,
 }
 
 impl Default for HostOptions {
@@ -29,6 +32,8 @@ impl Default for HostOptions {
             accept_new_host_keys: false,
             connect_timeout: Duration::from_secs(10),
             use_user_config: true,
+            #[cfg(feature = "test-support")]
+            fake: None,
         }
     }
 }
@@ -65,6 +70,10 @@ impl HostPool {
         opts: &HostOptions,
         ready: Option<Ready>,
     ) -> HostPool {
+        #[cfg(feature = "test-support")]
+        if let Some(fake) = &opts.fake {
+            return Self::connect_fake(fake, config, nodes, &ready);
+        }
         let mut hosts: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
         let mut errors = undeclared(config, nodes);
         let wanted: Vec<&crate::config::Node> =
@@ -256,6 +265,30 @@ impl HostPool {
         self.jump_masters
             .extend(std::mem::take(&mut more.jump_masters));
         self.dirs.extend(std::mem::take(&mut more.dirs));
+    }
+
+    /// [`Self::connect_reporting`] on fake nodes (`HostOptions::fake`), each counted.
+    #[cfg(feature = "test-support")]
+    fn connect_fake(
+        fake: &super::fake::FakeNodes,
+        config: &Config,
+        nodes: &[String],
+        ready: &Option<Ready>,
+    ) -> HostPool {
+        let mut pool = HostPool::from_hosts(BTreeMap::new());
+        pool.errors = undeclared(config, nodes);
+        for node in nodes.iter().filter(|n| config.nodes.contains_key(*n)) {
+            match fake.open(node) {
+                Ok(host) => {
+                    report(ready, node, &host);
+                    pool.hosts.insert(node.clone(), host);
+                }
+                Err(e) => {
+                    pool.errors.insert(node.clone(), Arc::new(e));
+                }
+            }
+        }
+        pool
     }
 
     /// A pool of hosts made elsewhere (the fake ones of tests): nothing to connect or close.

@@ -1,12 +1,13 @@
 //! Apply and destroy as operations: lock the state, load it, make the plan (from the
-//! definitions with a refresh, from a plan file checked for freshness, or the destroy plan),
-//! then, once the caller agreed, run the executor. Ctrl-C handling is offered to callers that
-//! own a terminal.
+//! definitions through `ops::prepare`, from a plan file checked for freshness, or the destroy
+//! plan), then, once the caller agreed, run the executor on the definitions the plan was made
+//! from. Ctrl-C handling is offered to callers that own a terminal.
 
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
+use super::definitions::{Evaluated, Pins};
 use crate::apply::{ApplyOutcome, ApplyRequest};
 use crate::config::Config;
 use crate::events::{emit, Event, Sender};
@@ -21,14 +22,13 @@ use super::OpError;
 
 /// Where the plan comes from.
 pub enum Source<'a> {
-    /// The definitions, after a refresh when `refresh` looks (and there is a state), with the
-    /// facts of the nodes that leave some to them (`ops::plan`).
+    /// The definitions, read and refreshed as `refresh` says (`ops::prepare`).
     Definitions {
         refresh: ReadMode,
         options: PlanOptions,
     },
     /// A `plan -out` file read from `path`: refused when the state or the definitions changed.
-    /// Evaluated with the node facts the file records.
+    /// Evaluated with what the file records (`Pins::Planned`), connecting to nothing.
     PlanFile { file: &'a PlanFile, path: &'a Path },
     /// Remove what the deployment owns (only `targets` when given, none of `exclude`): what the
     /// state records and, after a refresh when `refresh` looks, what the machines hold carrying
@@ -50,8 +50,8 @@ impl Source<'_> {
 }
 
 pub struct PrepareRequest<'a> {
-    pub config: &'a Config,
-    pub graph: &'a Graph,
+    /// The definitions as written (`ops::definitions::load`; the caller showed their warnings).
+    pub evaluated: Evaluated,
     pub store: StateStore,
     pub source: Source<'a>,
     pub hosts: HostOptions,
@@ -60,10 +60,11 @@ pub struct PrepareRequest<'a> {
 /// A plan ready to apply, holding the state lock until it is applied or dropped.
 pub struct Prepared {
     pub plan: Plan,
-    /// Warnings of the planning the caller has not shown (node facts: `ops::plan::Planned`).
+    /// Warnings of the planning the caller has not shown (`ops::prepare::Prepared`).
     pub warnings: Vec<crate::diag::Diag>,
-    /// The definitions as the plan evaluated them with the node facts; the apply uses these.
-    reloaded: Option<Box<(Config, Graph)>>,
+    /// The definitions as the plan evaluated them; the apply uses these.
+    config: Config,
+    graph: Graph,
     store: StateStore,
     state: State,
     pool: Option<HostPool>,
@@ -89,74 +90,54 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
-    let mut reloaded = None;
-    let mut warnings = Vec::new();
-    let (plan, pool) = match req.source {
+    let (defs, plan, warnings, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
-            // Evaluated with the node facts the plan used, the plan's configurations must still
+            // Evaluated with what the plan was made with, the plan's configurations must still
             // be what the definitions say; the apply then runs that evaluation.
-            reloaded = super::plan::second_evaluation(req.config, &file.observed())?;
-            if let Some(r) = &reloaded {
-                warnings = super::plan::new_warnings(req.config, &r.0);
-            }
-            let (config, graph) = match &reloaded {
-                Some(r) => (&r.0, &r.1),
-                None => (req.config, req.graph),
-            };
-            let opts = PlanOptions {
-                key,
-                ..PlanOptions::default()
-            };
-            let now = crate::plan::plan(config, graph, &state, &opts)?;
-            let stale = file
-                .plan
-                .changes
-                .iter()
-                .filter(|c| c.action.is_change() && c.after_hash.is_some())
-                .find(|c| {
-                    now.change(&c.address).and_then(|n| n.after_hash.as_ref())
-                        != c.after_hash.as_ref()
-                });
-            if let Some(c) = stale {
-                return Err(OpError::DefinitionsChanged(c.address.clone()));
-            }
-            (file.plan.clone(), None)
+            let defs = req.evaluated.pin(Pins::Planned(file))?;
+            check_planned(file, &defs.config, &defs.graph, &state, key)?;
+            let warnings = defs.warnings.clone();
+            ((defs.config, defs.graph), file.plan.clone(), warnings, None)
         }
         Source::Definitions { refresh, options } => {
-            let options = PlanOptions { key, ..options };
-            let planned = super::plan::plan(
-                super::plan::PlanRequest {
-                    config: req.config,
-                    graph: req.graph,
+            let prepared = super::prepare::prepare(
+                super::prepare::PrepareRequest {
+                    evaluated: req.evaluated,
                     recorded: recorded.as_ref(),
                     refresh,
-                    options,
+                    options: PlanOptions { key, ..options },
                     hosts: req.hosts.clone(),
                 },
                 events,
             )
             .await?;
-            (reloaded, warnings) = (planned.reloaded, planned.warnings);
-            (planned.plan, planned.pool)
+            (
+                (prepared.config, prepared.graph),
+                prepared.plan,
+                prepared.warnings,
+                prepared.pool,
+            )
         }
         Source::Destroy {
             targets,
             exclude,
             refresh,
         } => {
+            // The definitions only say how to reach the nodes: nothing is read at plan time.
+            let defs = req.evaluated.pin(Pins::Unresolved)?;
             // Look first: a run killed between creating something and recording it, or a
             // state that lost an entry, leaves labelled containers only the machines show.
             let (observations, pool) = if refresh.looks() && recorded.is_some() {
                 let (o, p) =
-                    super::refresh::refresh(req.config, &state, refresh, &req.hosts, events)
+                    super::refresh::refresh(&defs.config, &state, refresh, &req.hosts, events)
                         .await?;
                 (Some(o), p)
             } else {
                 (None, None)
             };
-            match plan_destroy(req.config, &state, targets, exclude, observations) {
-                Ok(plan) => (plan, pool),
+            match plan_destroy(&defs.config, &state, targets, exclude, observations) {
+                Ok(plan) => ((defs.config, defs.graph), plan, defs.warnings, pool),
                 Err(e) => {
                     if let Some(p) = pool {
                         p.close().await;
@@ -166,15 +147,45 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             }
         }
     };
+    let (config, graph) = defs;
     Ok(Prepared {
         plan,
         warnings,
-        reloaded,
+        config,
+        graph,
         store: req.store,
         state,
         pool,
         _lock: lock,
     })
+}
+
+/// A saved plan's changes against what the definitions, evaluated as it was made, plan now:
+/// the first whose configuration differs refuses it.
+fn check_planned(
+    file: &PlanFile,
+    config: &Config,
+    graph: &Graph,
+    state: &State,
+    key: Option<crate::state::HashKey>,
+) -> Result<(), OpError> {
+    let opts = PlanOptions {
+        key,
+        ..PlanOptions::default()
+    };
+    let now = crate::plan::plan(config, graph, state, &opts)?;
+    let stale = file
+        .plan
+        .changes
+        .iter()
+        .filter(|c| c.action.is_change() && c.after_hash.is_some())
+        .find(|c| {
+            now.change(&c.address).and_then(|n| n.after_hash.as_ref()) != c.after_hash.as_ref()
+        });
+    match stale {
+        Some(c) => Err(OpError::DefinitionsChanged(c.address.clone())),
+        None => Ok(()),
+    }
 }
 
 /// What `destroy` removes: every resource the state records and, from `observations` (a
@@ -217,22 +228,21 @@ impl Prepared {
         }
     }
 
+    /// The definitions the plan was made from (what the apply runs).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// Run the plan; the lock is released when it returns.
     pub async fn apply(
         self,
-        config: &Config,
-        graph: &Graph,
         opts: RunOptions,
         events: Sender,
         cancel: CancellationToken,
     ) -> ApplyOutcome {
-        let (config, graph) = match &self.reloaded {
-            Some(r) => (&r.0, &r.1),
-            None => (config, graph),
-        };
         crate::apply::apply(ApplyRequest {
-            config,
-            graph,
+            config: &self.config,
+            graph: &self.graph,
             plan: &self.plan,
             store: &self.store,
             state: self.state,

@@ -1,12 +1,10 @@
 //! The definitions as the commands use them, in one place. [`load`] evaluates them as written
 //! (the first evaluation: a command shows its warnings before anything connects); then the
 //! values they leave to the world are filled by evaluating them again with what every kind's
-//! plan-time read (`Machine::read`) says, as a [`ReadMode`] asks: [`Evaluated::resolve`] looks
-//! on the nodes the kinds read on (a model's revision on its download node: `plan`,
-//! `apply DIR`; the state's record with `-refresh=false`), [`Evaluated::pin`] never connects
-//! (the state's record, or what a saved plan was made with, its node facts too). No kind is
-//! named here. The node facts of a plan made now are read later, on the refresh's connections
-//! (`ops::plan`).
+//! plan-time read (`Machine::read`) says, as a [`ReadMode`] asks: `ops::prepare` looks on its
+//! pool (a model's revision on its download node, beside the node facts: `plan`, `apply DIR`;
+//! the state's record with `-refresh=false`), [`Evaluated::pin`] never connects (the state's
+//! record, or what a saved plan was made with, its node facts too). No kind is named here.
 
 use std::collections::BTreeMap;
 
@@ -14,9 +12,8 @@ use futures_util::FutureExt;
 
 use crate::config::{Config, Observed, VarInputs};
 use crate::diag::Diag;
-use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
-use crate::hosts::{HostOptions, HostPool};
+use crate::hosts::HostPool;
 use crate::kinds::machine::{machine, ReadCx, ReadError, ReadMode};
 use crate::kinds::KindId;
 use crate::plan::planfile::PlanFile;
@@ -137,7 +134,7 @@ impl Evaluated {
     }
 
     /// Evaluated again with `observed` (kept as written when it is empty).
-    fn again(self, observed: &Observed) -> Result<Definitions, OpError> {
+    pub(super) fn again(self, observed: &Observed) -> Result<Definitions, OpError> {
         if observed.is_empty() {
             return Ok(self.unchanged());
         }
@@ -181,43 +178,6 @@ impl Evaluated {
         };
         self.again(&observed)
     }
-
-    /// Every kind's values read as `refresh` says: looked up on the nodes the kinds read on
-    /// (connected for it, then closed), else taken from `state` (a value it does not record is
-    /// an error naming the block); as written when no kind reads anything.
-    pub async fn resolve(
-        self,
-        state: Option<&State>,
-        refresh: ReadMode,
-        hosts: &HostOptions,
-        events: &Sender,
-    ) -> Result<Definitions, OpError> {
-        let nodes = read_nodes(&self.config);
-        if nodes.is_empty() {
-            return Ok(self.unchanged());
-        }
-        let pool = if refresh.looks() {
-            emit(events, Event::Refreshing { nodes: nodes.len() });
-            HostPool::connect(&self.config, &nodes, hosts).await
-        } else {
-            HostPool::from_hosts(BTreeMap::new())
-        };
-        let defs = self.read_with(&pool, refresh, state).await;
-        pool.close().await;
-        defs
-    }
-
-    /// Every kind's values read on `pool` (connected to [`read_nodes`]; tests hand it fake
-    /// nodes) as `mode` says, then the definitions evaluated again with them.
-    pub async fn read_with(
-        self,
-        pool: &HostPool,
-        mode: ReadMode,
-        state: Option<&State>,
-    ) -> Result<Definitions, OpError> {
-        let observed = read_on(&self.config, pool, mode, state).await?;
-        self.again(&observed)
-    }
 }
 
 #[cfg(test)]
@@ -228,7 +188,7 @@ mod tests {
     use crate::config::{ModelObserved, NodeObserved};
     use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
     use crate::hosts::fake_docker::{FakeDocker, Fault};
-    use crate::hosts::Host;
+    use crate::hosts::{Host, HostOptions};
 
     const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -340,10 +300,14 @@ output "path" {
         // Without the plan, these definitions need the hub (there is no state to pin them).
         let rt = tokio::runtime::Runtime::new().unwrap();
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let unpinned = rt.block_on(load(&ws, &VarInputs::default()).unwrap().resolve(
-            None,
-            ReadMode::Recorded,
-            &HostOptions::default(),
+        let unpinned = rt.block_on(crate::ops::prepare::prepare(
+            crate::ops::prepare::PrepareRequest {
+                evaluated: load(&ws, &VarInputs::default()).unwrap(),
+                recorded: None,
+                refresh: ReadMode::Recorded,
+                options: crate::plan::PlanOptions::default(),
+                hosts: HostOptions::default(),
+            },
             &tx,
         ));
         match unpinned {
@@ -443,13 +407,18 @@ output "path" {
             &["cat", "/etc/toy-greeting"],
             Answer::Exit(0, "hello from a\n".into(), String::new()),
         );
-        let pool = HostPool::from_hosts(crate::hosts::fake::hosts(vec![a]));
+        let hosts = HostOptions {
+            fake: Some(crate::hosts::fake::FakeNodes::new(
+                crate::hosts::fake::hosts(vec![a]),
+            )),
+            ..HostOptions::default()
+        };
         let first = load(&ws, &VarInputs::default()).unwrap();
         assert_eq!(read_nodes(first.config()), ["node.a"]);
-        let greeting = |defs: &Definitions| {
+        let greeting = |config: &Config, graph: &Graph| {
             let plan = crate::plan::plan(
-                &defs.config,
-                &defs.graph,
+                config,
+                graph,
                 &State::new(),
                 &crate::plan::PlanOptions::default(),
             )
@@ -458,12 +427,21 @@ output "path" {
             assert_eq!(change.action, crate::plan::Action::Create);
             change.after.as_ref().map(|a| a["greeting"].clone())
         };
-        let defs = first
-            .read_with(&pool, ReadMode::Normal, None)
-            .await
-            .unwrap();
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let prepared = crate::ops::prepare::prepare(
+            crate::ops::prepare::PrepareRequest {
+                evaluated: first,
+                recorded: None,
+                refresh: ReadMode::Normal,
+                options: crate::plan::PlanOptions::default(),
+                hosts,
+            },
+            &tx,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(
-            greeting(&defs),
+            greeting(&prepared.config, &prepared.graph),
             Some(serde_json::json!("hello from a")),
             "read on the node at plan time, evaluated again with it"
         );
@@ -478,7 +456,10 @@ output "path" {
         // Without looking nothing is read, and nothing is an error.
         let first = load(&ws, &VarInputs::default()).unwrap();
         let defs = first.pin(Pins::Recorded(None)).unwrap();
-        assert_eq!(greeting(&defs), Some(serde_json::Value::Null));
+        assert_eq!(
+            greeting(&defs.config, &defs.graph),
+            Some(serde_json::Value::Null)
+        );
     }
 
     #[tokio::test]

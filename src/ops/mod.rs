@@ -9,6 +9,7 @@ pub mod logs;
 pub mod nodes;
 pub mod observe;
 pub mod plan;
+pub mod prepare;
 pub mod refresh;
 pub mod status;
 pub mod tunnel;

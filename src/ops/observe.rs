@@ -1,24 +1,21 @@
-//! What the machines say about the values a definition leaves to them, for the second
-//! evaluation of a plan (`config::load_observed`): read on the connections a refresh opened,
-//! and on the nodes [`connect_for_facts`] adds so that the first plan of a deployment (no
-//! state, nothing to refresh) has them too. Each source of observed values is one function
-//! here, called from [`observe`]: the node facts now (what the kinds read at plan time is
-//! `Machine::read`'s, through `ops::definitions`).
+//! The node facts (`gpus`, `memory_gib`, `unified_memory`) a definition leaves to the
+//! machines, read in `ops::prepare`'s read phase beside the kinds' plan-time reads, on its
+//! pool: on the nodes refreshed and on those that leave a fact unset ([`nodes_needing_facts`]:
+//! all of them on a first plan, with no state).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::config::{Config, Node, NodeObserved, Observed};
 use crate::diag::Diag;
-use crate::events::{emit, Event, Sender};
-use crate::hosts::{facts, Host, HostOptions, HostPool};
+use crate::hosts::{facts, Host, HostPool};
 
-/// Everything observed on the connected nodes, and a warning for each node whose facts could
-/// not be read (what it leaves unset then stays unset): a connected node that failed to
-/// answer, or a node that needs facts and could not be connected.
-pub async fn observe(config: &Config, pool: &HostPool) -> (Observed, Vec<Diag>) {
+/// The facts of `nodes` (addresses) connected in `pool`, and a warning for each node whose
+/// facts could not be read (what it leaves unset then stays unset): a connected node that
+/// failed to answer, or a node that needs facts and could not be connected.
+pub async fn observe(config: &Config, pool: &HostPool, nodes: &[String]) -> (Observed, Vec<Diag>) {
     let mut warnings = Vec::new();
-    let nodes = node_facts(config, pool, &mut warnings).await;
+    let nodes = node_facts(config, pool, nodes, &mut warnings).await;
     let observed = Observed {
         nodes,
         ..Observed::default()
@@ -43,44 +40,6 @@ fn leaves_facts_unset(n: &Node) -> bool {
     n.unified_memory.is_none() || n.memory_gib.is_none() || (n.gpus.is_none() && n.gpu_devices)
 }
 
-/// `pool` (the refresh's connections, if it opened any) with connections added to the nodes
-/// that need facts and are not in it yet; `None` when no node needs any and there was no pool.
-/// The apply reuses the pool, so it makes no second handshake with these nodes. A node that
-/// cannot be reached is kept as an error in the pool, which [`observe`] turns into a warning.
-pub async fn connect_for_facts(
-    config: &Config,
-    pool: Option<HostPool>,
-    hosts: &HostOptions,
-    events: &Sender,
-) -> Option<HostPool> {
-    let missing: Vec<String> = nodes_needing_facts(config)
-        .into_iter()
-        .filter(|n| {
-            pool.as_ref()
-                .is_none_or(|p| p.get(n).is_err() && !p.errors().contains_key(n))
-        })
-        .collect();
-    if missing.is_empty() {
-        return pool;
-    }
-    match pool {
-        Some(mut p) => {
-            p.connect_more(config, &missing, hosts).await;
-            Some(p)
-        }
-        None => {
-            // Nothing was refreshed (no state yet): this is all the looking the plan does.
-            emit(
-                events,
-                Event::Refreshing {
-                    nodes: missing.len(),
-                },
-            );
-            Some(HostPool::connect(config, &missing, hosts).await)
-        }
-    }
-}
-
 fn name_counts(config: &Config) -> BTreeMap<&str, usize> {
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
     for n in config.nodes.values() {
@@ -95,11 +54,12 @@ fn name_counts(config: &Config) -> BTreeMap<&str, usize> {
 async fn node_facts(
     config: &Config,
     pool: &HostPool,
+    on: &[String],
     warnings: &mut Vec<Diag>,
 ) -> BTreeMap<String, NodeObserved> {
     let names = name_counts(config);
     let mut tasks = crate::tasks::KeyedTasks::new();
-    for (address, host) in pool.connected() {
+    for (address, host) in pool.connected().filter(|(a, _)| on.contains(*a)) {
         let Some(node) = config.nodes.get(address) else {
             continue;
         };

@@ -35,6 +35,45 @@ pub async fn refresh(
     }
 }
 
+/// Observe the machines the state and the configuration put resources on, on `pool` (the
+/// connections `ops::prepare` opened; the nodes it lacks are connected into it): nodes that
+/// cannot be reached are an error, the pool stays the caller's.
+pub async fn refresh_on(
+    config: &Config,
+    state: &State,
+    mode: ReadMode,
+    pool: &mut Option<HostPool>,
+    hosts: &HostOptions,
+) -> Result<Observations, OpError> {
+    let nodes = nodes_to_refresh(config, state);
+    if nodes.is_empty() {
+        return Ok(Observations::default());
+    }
+    let pool = match pool {
+        Some(p) => {
+            p.connect_more(config, &nodes, hosts).await;
+            p
+        }
+        None => pool.insert(HostPool::connect(config, &nodes, hosts).await),
+    };
+    let mut connected = Vec::new();
+    let mut unreachable = Vec::new();
+    for node in &nodes {
+        match pool.get(node) {
+            Ok(h) => connected.push((node.clone(), h)),
+            Err(e) => unreachable.push(e),
+        }
+    }
+    match crate::refresh::refresh_hosts_as(state, connected, mode).await {
+        Ok(o) if unreachable.is_empty() => Ok(o),
+        Ok(_) => Err(OpError::Refresh(unreachable)),
+        Err(mut errors) => {
+            errors.extend(unreachable);
+            Err(OpError::Refresh(errors))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

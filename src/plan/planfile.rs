@@ -110,7 +110,7 @@ impl PlanFile {
         }
     }
 
-    /// Record the node facts the plan was made with (`ops::plan::Planned::observed`).
+    /// Record the node facts the plan was made with (`ops::prepare::Prepared::observed`).
     pub fn with_observed(mut self, observed: &Observed) -> Self {
         self.node_facts = observed
             .nodes

@@ -26,6 +26,7 @@ mod observed_facts;
 mod ops;
 mod plan_render;
 mod plan_snapshots;
+mod prepare;
 mod properties;
 mod reference;
 mod standins;

@@ -397,44 +397,6 @@ fn a_registry_lacking_the_architecture_is_named() {
         .contains("No module named"));
 }
 
-#[test]
-fn the_node_facts_evaluation_keeps_the_resolved_revision() {
-    // A plan resolves the models first, then evaluates again when the node facts fill
-    // something: the second evaluation must not fall back to an unresolved model.
-    let dir = common::write_config(&[("main.hcl", &base(MODEL))]);
-    let first = config::load_observed(
-        dir.path(),
-        &VarInputs::default(),
-        &observed(COMMIT_A, "main"),
-    )
-    .unwrap_or_else(|d| panic!("{}", render_plain(&d.0)));
-    assert!(output(&first, "path").to_string().contains(COMMIT_A));
-    let mut facts = Observed::default();
-    facts.nodes.insert(
-        "a".into(),
-        config::NodeObserved {
-            unified_memory: Some(true),
-            memory_gib: Some(119.6),
-            gpus: None,
-        },
-    );
-    let again = sparkform::ops::plan::second_evaluation(&first, &facts)
-        .unwrap_or_else(|e| panic!("{e:?}"))
-        .expect("the facts fill the node's memory, so it is evaluated again");
-    let a = again
-        .0
-        .nodes
-        .values()
-        .find(|n| n.name == "a")
-        .expect("node a");
-    assert_eq!(a.memory_gib, Some(119.6));
-    assert!(
-        output(&again.0, "path").to_string().contains(COMMIT_A),
-        "{}",
-        output(&again.0, "path")
-    );
-}
-
 /// What a recovery apply met after a kill left an untracked copy of a container that uses
 /// the weights (issue: "Apply complete" after 2 of 10 steps): the untracked copy's delete
 /// waited for the architecture check (it shares the guarded container's address), the check

@@ -12,12 +12,13 @@ use std::sync::Arc;
 
 use sparkform::config::{self, Config, NodeObserved, Observed, VarInputs};
 use sparkform::diag::Diag;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
+use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::ops::observe::nodes_needing_facts;
-use sparkform::ops::plan::{plan_connected, PlanRequest};
+use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::ReadMode;
-use sparkform::plan::{Observations, PlanOptions};
+use sparkform::plan::PlanOptions;
 use sparkform::state::{HashKey, State};
 
 /// A DGX Spark as the node shows it: 119.6 GiB in `MemTotal`, one GB10 with no memory of its own.
@@ -300,8 +301,9 @@ fn fake_spark(name: &str, world: &Arc<FakeWorld>) -> FakeHost {
     h
 }
 
-fn pool(hosts: Vec<FakeHost>) -> HostPool {
-    HostPool::from_hosts(
+/// The fake nodes as the plan "connects" them.
+fn pool(hosts: Vec<FakeHost>) -> FakeNodes {
+    FakeNodes::new(
         hosts
             .into_iter()
             .map(|h| (h.node().to_string(), Arc::new(h) as Arc<dyn Host>))
@@ -309,46 +311,100 @@ fn pool(hosts: Vec<FakeHost>) -> HostPool {
     )
 }
 
-async fn plan_after_refresh(
+/// A fake node with an engine of its own (what a refresh of containers asks).
+fn with_engine(h: FakeHost) -> FakeHost {
+    h.docker_engine(Arc::new(FakeDocker::start().unwrap()))
+}
+
+/// What `ops::prepare` made, as these tests look at it: `reloaded` when the definitions were
+/// evaluated again.
+struct Planned {
+    plan: sparkform::plan::Plan,
+    pool: Option<HostPool>,
+    reloaded: Option<Box<(Config, sparkform::graph::Graph)>>,
+    warnings: Vec<Diag>,
+    observed: Observed,
+}
+
+/// `ops::prepare` on the definitions of `config`'s folder, as written.
+async fn prepare_on(
     config: &Config,
-    graph: &sparkform::graph::Graph,
-    refreshed: Option<HostPool>,
-) -> sparkform::ops::plan::Planned {
-    let state = State::new();
-    let req = PlanRequest {
-        config,
-        graph,
-        recorded: Some(&state),
-        refresh: ReadMode::refresh(refreshed.is_some()),
+    recorded: Option<&State>,
+    refresh: ReadMode,
+    hosts: HostOptions,
+    events: &sparkform::events::Sender,
+) -> Planned {
+    let ws = sparkform::workspace::Workspace::new(&config.dir, None);
+    let evaluated = sparkform::ops::definitions::load(&ws, &VarInputs::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let before = config::evaluations::of(&config.dir);
+    let req = PrepareRequest {
+        evaluated,
+        recorded,
+        refresh,
         options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
-        hosts: HostOptions::default(),
+        hosts,
     };
-    let observations = refreshed.as_ref().map(|_| Observations::default());
-    match plan_connected(req, observations, refreshed).await {
+    let p = match prepare(req, events).await {
         Ok(p) => p,
         Err(e) => panic!("{e:?}"),
+    };
+    let again = config::evaluations::of(&config.dir) > before;
+    Planned {
+        plan: p.plan,
+        pool: p.pool,
+        reloaded: again.then(|| Box::new((p.config, p.graph))),
+        warnings: p.warnings,
+        observed: p.observed,
     }
 }
 
-/// The first plan of a deployment: no state, nothing refreshed, the nodes in `pool` connected
-/// for their facts.
-async fn first_plan(
+/// A plan after a refresh of the nodes of `refreshed` (the state records a container on each,
+/// gone since), or without one.
+async fn plan_after_refresh(
     config: &Config,
-    graph: &sparkform::graph::Graph,
-    pool: HostPool,
-) -> sparkform::ops::plan::Planned {
-    let req = PlanRequest {
-        config,
-        graph,
-        recorded: None,
-        refresh: ReadMode::Normal,
-        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
-        hosts: HostOptions::default(),
-    };
-    match plan_connected(req, None, Some(pool)).await {
-        Ok(p) => p,
-        Err(e) => panic!("{e:?}"),
+    _graph: &sparkform::graph::Graph,
+    refreshed: Option<FakeNodes>,
+) -> Planned {
+    // Nodes that leave a fact unset are connected for it anyway; the others are refreshed.
+    let needing = nodes_needing_facts(config);
+    let mut state = State::new();
+    for node in refreshed
+        .iter()
+        .flat_map(FakeNodes::nodes)
+        .filter(|n| !needing.contains(n))
+    {
+        state.resources.insert(
+            format!("container.on_{}", node.trim_start_matches("node.")),
+            sparkform::state::ResourceState {
+                kind: sparkform::kinds::KindId::Container,
+                node: Some(node),
+                config_hash: String::new(),
+                config: serde_json::json!({"name": "gone"}),
+                attributes: Default::default(),
+                depends_on: Vec::new(),
+                last_apply_secs: None,
+            },
+        );
     }
+    let hosts = HostOptions {
+        fake: refreshed.clone(),
+        ..HostOptions::default()
+    };
+    let refresh = ReadMode::refresh(refreshed.is_some());
+    let events = tokio::sync::mpsc::unbounded_channel().0;
+    prepare_on(config, Some(&state), refresh, hosts, &events).await
+}
+
+/// The first plan of a deployment: no state, nothing refreshed, the nodes of `pool` connected
+/// for their facts.
+async fn first_plan(config: &Config, _graph: &sparkform::graph::Graph, pool: FakeNodes) -> Planned {
+    let hosts = HostOptions {
+        fake: Some(pool),
+        ..HostOptions::default()
+    };
+    let events = tokio::sync::mpsc::unbounded_channel().0;
+    prepare_on(config, None, ReadMode::Normal, hosts, &events).await
 }
 
 fn output_after(plan: &sparkform::plan::Plan, name: &str) -> serde_json::Value {
@@ -364,7 +420,10 @@ async fn plan_reads_the_facts_on_the_refreshed_nodes_and_evaluates_again_with_th
     let dir = common::write_config(&[("main.hcl", TWO_NODES)]);
     let (config, graph) = common::load(dir.path());
     let world = FakeWorld::new();
-    let hosts = vec![fake_spark("node.n1", &world), fake_spark("node.n2", &world)];
+    let hosts = vec![
+        fake_spark("node.n1", &world),
+        with_engine(fake_spark("node.n2", &world)),
+    ];
     let planned = plan_after_refresh(&config, &graph, Some(pool(hosts))).await;
     if let Some(p) = planned.pool {
         p.close().await;
@@ -472,7 +531,7 @@ node "n1" {
     let planned = plan_after_refresh(
         &config,
         &graph,
-        Some(pool(vec![fake_spark("node.n1", &world)])),
+        Some(pool(vec![with_engine(fake_spark("node.n1", &world))])),
     )
     .await;
     assert!(planned.reloaded.is_none());
@@ -543,8 +602,22 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
     needing.sort();
     assert_eq!(needing, ["node.spark1", "node.spark2"]);
     let world = FakeWorld::new();
+    // spark1 resolves the model's revision at plan time, in the same read phase.
+    let resolving = Arc::new(FakeDocker::start().unwrap());
+    resolving.fault(
+        "sparkform-model.qwen-spark1-resolve",
+        sparkform::hosts::fake_docker::Fault::ExitsAfterStart(
+            0,
+            vec![serde_json::json!({
+                "event": "result", "mode": "resolve", "commit": "a".repeat(40),
+                "total_bytes": 3000, "files": [{"path": "model.safetensors"}],
+                "config": {"architectures": ["Qwen3ForCausalLM"]},
+            })
+            .to_string()],
+        ),
+    );
     let hosts = vec![
-        fake_spark("node.spark1", &world),
+        fake_spark("node.spark1", &world).docker_engine(resolving),
         fake_spark("node.spark2", &world),
     ];
     let planned = first_plan(&config, &graph, pool(hosts)).await;
@@ -612,30 +685,16 @@ fn memory_here() -> f64 {
 
 async fn plan_here_and_gone(
     refresh: bool,
-) -> (
-    tempfile::TempDir,
-    sparkform::ops::plan::Planned,
-    Vec<sparkform::events::Event>,
-) {
+) -> (tempfile::TempDir, Planned, Vec<sparkform::events::Event>) {
     let dir = common::write_config(&[("main.hcl", HERE_AND_GONE), ("known_hosts", "")]);
-    let (config, graph) = common::load(dir.path());
+    let (config, _) = common::load(dir.path());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let req = PlanRequest {
-        config: &config,
-        graph: &graph,
-        recorded: None,
-        refresh: ReadMode::refresh(refresh),
-        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
-        hosts: HostOptions {
-            use_user_config: false,
-            connect_timeout: std::time::Duration::from_secs(5),
-            ..HostOptions::default()
-        },
+    let hosts = HostOptions {
+        use_user_config: false,
+        connect_timeout: std::time::Duration::from_secs(5),
+        ..HostOptions::default()
     };
-    let planned = match sparkform::ops::plan::plan(req, &tx).await {
-        Ok(p) => p,
-        Err(e) => panic!("{e:?}"),
-    };
+    let planned = prepare_on(&config, None, ReadMode::refresh(refresh), hosts, &tx).await;
     drop(tx);
     let mut events = Vec::new();
     while let Some(e) = rx.recv().await {
@@ -758,9 +817,9 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
 
     // `apply FILE` loads the definitions without facts, as the command does, and the plan is
     // accepted: prepare evaluates them again with the recorded facts.
+    let ws = sparkform::workspace::Workspace::new(dir.path(), None);
     let request = |file| PrepareRequest {
-        config: &config,
-        graph: &graph,
+        evaluated: sparkform::ops::definitions::load(&ws, &VarInputs::default()).unwrap(),
         store: store(),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
@@ -971,25 +1030,15 @@ async fn the_first_plan_on_the_testbed_connects_its_nodes_and_their_facts_fill_i
         2222,
     ) + "output \"facts\" {\n  value = [node.n1.memory_gib, node.n2.memory_gib, node.n1.gpus, node.n1.unified_memory]\n}\n";
     let dir = common::write_config(&[("main.hcl", &text)]);
-    let (config, graph) = common::load(dir.path());
+    let (config, _) = common::load(dir.path());
     // No state: nothing to refresh, so this is the plan's own connecting and reading.
-    let req = PlanRequest {
-        config: &config,
-        graph: &graph,
-        recorded: None,
-        refresh: ReadMode::Normal,
-        options: PlanOptions::with_key(HashKey::from_bytes([7; 32])),
-        hosts: HostOptions {
-            use_user_config: false,
-            ..HostOptions::default()
-        },
+    let hosts = HostOptions {
+        use_user_config: false,
+        ..HostOptions::default()
     };
     let started = std::time::Instant::now();
-    let planned =
-        match sparkform::ops::plan::plan(req, &tokio::sync::mpsc::unbounded_channel().0).await {
-            Ok(p) => p,
-            Err(e) => panic!("{e:?}"),
-        };
+    let events = tokio::sync::mpsc::unbounded_channel().0;
+    let planned = prepare_on(&config, None, ReadMode::Normal, hosts, &events).await;
     eprintln!(
         "first plan: connecting two nodes through the jump host, their facts, the second evaluation: {:.0} ms",
         started.elapsed().as_secs_f64() * 1000.0

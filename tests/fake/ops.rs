@@ -53,6 +53,13 @@ fn store(dir: &Path) -> StateStore {
     StateStore::new(dir.join("state/sparkform.json"))
 }
 
+/// The definitions of `dir` as written, as a command loads them.
+fn evaluated(dir: &Path) -> sparkform::ops::definitions::Evaluated {
+    let ws = sparkform::workspace::Workspace::new(dir, None);
+    sparkform::ops::definitions::load(&ws, &sparkform::config::VarInputs::default())
+        .unwrap_or_else(|e| panic!("{e:?}"))
+}
+
 fn events() -> sparkform::events::Sender {
     tokio::sync::mpsc::unbounded_channel().0
 }
@@ -60,11 +67,9 @@ fn events() -> sparkform::events::Sender {
 #[tokio::test]
 async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
     let dir = folder();
-    let (config, graph) = common::load(dir.path());
     let prepared = prepare(
         PrepareRequest {
-            config: &config,
-            graph: &graph,
+            evaluated: evaluated(dir.path()),
             store: store(dir.path()),
             source: Source::Definitions {
                 refresh: ReadMode::Normal,
@@ -106,24 +111,22 @@ async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved(
         text.replace("192.168.1.2\"", "192.168.1.3\""),
     )
     .unwrap();
-    let (changed, changed_graph) = common::load(dir.path());
-    let request = |config, graph, file| PrepareRequest {
-        config,
-        graph,
+    let request = |file| PrepareRequest {
+        evaluated: evaluated(dir.path()),
         store: store(dir.path()),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
-    match prepare(request(&changed, &changed_graph, &file), &events()).await {
+    match prepare(request(&file), &events()).await {
         Err(OpError::DefinitionsChanged(a)) => assert_eq!(a, "network.fabric.attach.n2"),
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("a stale plan file was accepted"),
     }
 
-    // The state moves on after the plan was made.
+    // The state moves on after the plan was made (checked before the definitions).
     let mut s = State::new();
     store(dir.path()).write(&mut s).unwrap();
-    match prepare(request(&config, &graph, &file), &events()).await {
+    match prepare(request(&file), &events()).await {
         Err(OpError::PlanFile(e)) => assert!(e.to_string().contains("tb.plan"), "{e}"),
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("a plan made without a state was accepted over one"),
@@ -146,8 +149,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
     store(dir.path()).write(&mut state).unwrap();
     let prepared = prepare(
         PrepareRequest {
-            config: &config,
-            graph: &graph,
+            evaluated: evaluated(dir.path()),
             store: store(dir.path()),
             source: Source::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
@@ -172,10 +174,8 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
 #[tokio::test]
 async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() {
     let dir = folder();
-    let (config, graph) = common::load(dir.path());
     let request = |targets: Vec<String>| PrepareRequest {
-        config: &config,
-        graph: &graph,
+        evaluated: evaluated(dir.path()),
         store: store(dir.path()),
         source: Source::Definitions {
             refresh: ReadMode::Recorded,

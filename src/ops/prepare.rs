@@ -1,0 +1,195 @@
+//! One prepare pipeline, for every command that plans from the definitions (`plan`,
+//! `apply DIR`): the definitions evaluated as written (the caller's [`Evaluated`], whose
+//! warnings it showed) → one read phase on one pool of connections (every kind's plan-time
+//! `Machine::read` and the node facts, at once) → at most one evaluation again, with everything
+//! read → the refresh (the recorded resources observed) on the same pool → the plan. The pool
+//! is handed back for an apply, or to be closed; on an error it is closed here.
+//!
+//! With a [`ReadMode`] that does not look nothing is connected for the reads (the state's
+//! record stands in: `-refresh=false`); `import` blocks are observed either way
+//! (`ops::import::observe_blocks`, on the same pool).
+
+use std::collections::BTreeMap;
+
+use crate::config::{Config, Observed};
+use crate::diag::Diag;
+use crate::events::{emit, Event, Sender};
+use crate::graph::Graph;
+use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::machine::ReadMode;
+use crate::plan::{Plan, PlanOptions};
+use crate::state::State;
+
+use super::definitions::{Definitions, Evaluated};
+use super::OpError;
+
+pub struct PrepareRequest<'a> {
+    /// The definitions as written (`ops::definitions::load`): the caller showed their warnings.
+    pub evaluated: Evaluated,
+    /// The state on disk; `None` when nothing was applied yet (nothing to refresh).
+    pub recorded: Option<&'a State>,
+    /// How the machines are read (`-refresh`): looked at (and how far), or the state's record.
+    pub refresh: ReadMode,
+    /// `-replace`, `-target`, the key; the observations are the refresh's.
+    pub options: PlanOptions,
+    pub hosts: HostOptions,
+}
+
+/// What [`prepare`] made.
+pub struct Prepared {
+    /// The definitions the plan was made from (evaluated with what was read): an apply of the
+    /// plan uses them.
+    pub config: Config,
+    pub graph: Graph,
+    pub plan: Plan,
+    /// Warnings the caller has not shown with the first evaluation: node facts that could not
+    /// be read, facts that contradict the definitions, checks that fail once the read values
+    /// are in.
+    pub warnings: Vec<Diag>,
+    /// The node facts read (empty without looking): a plan file records them, so that
+    /// `apply FILE` evaluates the definitions as this plan did.
+    pub observed: Observed,
+    /// The connections when any were opened (close them, or hand them to an apply).
+    pub pool: Option<HostPool>,
+}
+
+impl Prepared {
+    /// Close the connections (a plan that is not applied).
+    pub async fn close(&mut self) {
+        close(self.pool.take()).await;
+    }
+}
+
+/// Evaluate, read, evaluate again, refresh, plan (module docs).
+pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepared, OpError> {
+    let PrepareRequest {
+        evaluated,
+        recorded,
+        refresh,
+        options,
+        hosts,
+    } = req;
+    let mut pool = connect(evaluated.config(), recorded, refresh, &hosts, events).await;
+    match phases(evaluated, recorded, refresh, options, &hosts, &mut pool).await {
+        Ok((defs, plan, warnings, observed)) => Ok(Prepared {
+            config: defs.config,
+            graph: defs.graph,
+            plan,
+            warnings,
+            observed,
+            pool,
+        }),
+        Err(e) => {
+            close(pool).await;
+            Err(e)
+        }
+    }
+}
+
+/// Everything after connecting, on `pool`.
+async fn phases(
+    evaluated: Evaluated,
+    recorded: Option<&State>,
+    refresh: ReadMode,
+    options: PlanOptions,
+    hosts: &HostOptions,
+    pool: &mut Option<HostPool>,
+) -> Result<(Definitions, Plan, Vec<Diag>, Observed), OpError> {
+    let (read, facts, mut warnings) = read(evaluated.config(), recorded, refresh, pool).await?;
+    // One evaluation with everything read: the node facts only where they fill or contradict
+    // something.
+    let mut all = read;
+    if super::plan::facts_matter(evaluated.config(), &facts) {
+        all.nodes.clone_from(&facts.nodes);
+    }
+    let defs = evaluated.again(&all)?;
+    warnings.extend(defs.warnings.iter().cloned());
+    let observations = match recorded {
+        Some(state) if refresh.looks() => {
+            Some(super::refresh::refresh_on(&defs.config, state, refresh, pool, hosts).await?)
+        }
+        _ => None,
+    };
+    let empty = State::new();
+    let state = recorded.unwrap_or(&empty);
+    let plan = super::plan::plan_on(
+        &defs.config,
+        &defs.graph,
+        state,
+        PlanOptions {
+            observations,
+            ..options
+        },
+        pool,
+        hosts,
+    )
+    .await?;
+    Ok((defs, plan, warnings, facts))
+}
+
+/// The nodes the read phase and the refresh work on: those the kinds read on, those holding
+/// recorded resources or the definitions' containers, those that leave a fact unset.
+fn nodes_to_connect(config: &Config, recorded: Option<&State>) -> Vec<String> {
+    let mut nodes = super::definitions::read_nodes(config);
+    if let Some(state) = recorded {
+        nodes.extend(crate::refresh::nodes_to_refresh(config, state));
+    }
+    nodes.extend(super::observe::nodes_needing_facts(config));
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// One connection to each node of [`nodes_to_connect`] when `refresh` looks; `None` when it
+/// does not or no node needs looking at.
+async fn connect(
+    config: &Config,
+    recorded: Option<&State>,
+    refresh: ReadMode,
+    hosts: &HostOptions,
+    events: &Sender,
+) -> Option<HostPool> {
+    if !refresh.looks() {
+        return None;
+    }
+    let nodes = nodes_to_connect(config, recorded);
+    if nodes.is_empty() {
+        return None;
+    }
+    emit(events, Event::Refreshing { nodes: nodes.len() });
+    Some(HostPool::connect(config, &nodes, hosts).await)
+}
+
+/// The read phase: every kind's plan-time read (as `refresh` says) and the node facts of the
+/// refreshed nodes and of those that leave one unset, at once, on `pool`; with the warnings of
+/// the facts that could not be read.
+async fn read(
+    config: &Config,
+    recorded: Option<&State>,
+    refresh: ReadMode,
+    pool: &Option<HostPool>,
+) -> Result<(Observed, Observed, Vec<Diag>), OpError> {
+    let empty = HostPool::from_hosts(BTreeMap::new());
+    let on = pool.as_ref().unwrap_or(&empty);
+    let mut facts_on = super::observe::nodes_needing_facts(config);
+    if let Some(state) = recorded {
+        facts_on.extend(crate::refresh::nodes_to_refresh(config, state));
+    }
+    let facts = async {
+        match pool {
+            Some(p) => super::observe::observe(config, p, &facts_on).await,
+            None => (Observed::default(), Vec::new()),
+        }
+    };
+    let (read, (facts, warnings)) = tokio::join!(
+        super::definitions::read_on(config, on, refresh, recorded),
+        facts
+    );
+    Ok((read?, facts, warnings))
+}
+
+async fn close(pool: Option<HostPool>) {
+    if let Some(p) = pool {
+        p.close().await;
+    }
+}

@@ -1,0 +1,342 @@
+//! One prepare pipeline (`ops::prepare`): a plan evaluates the definitions, reads what they
+//! leave to the world (the kinds' plan-time reads and the node facts) on one connection per
+//! node, evaluates them at most once more, refreshes on the same connections and plans. Counted
+//! on fake nodes ("connected" through `HostOptions::fake`) and by `config::evaluations`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sparkform::apply::ApplyOutcome;
+use sparkform::config::VarInputs;
+use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+use sparkform::hosts::{Host, HostOptions};
+use sparkform::ops::prepare::{prepare, PrepareRequest};
+use sparkform::ops::ReadMode;
+use sparkform::plan::PlanOptions;
+use sparkform::state::{State, StateStore};
+use sparkform::workspace::Workspace;
+
+const COMMIT: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+/// The shape of examples/testbed: two nodes that leave their memory to the machines, a fabric,
+/// a model block whose revision is a branch (resolved on its download node at plan time), a
+/// head serving its snapshot, a worker, and a probe.
+const TESTBED_LIKE: &str = r#"
+node "n1" {
+  address     = "10.0.0.1"
+  gpus        = 1
+  gpu_devices = false
+}
+node "n2" {
+  address     = "10.0.0.2"
+  gpus        = 1
+  gpu_devices = false
+}
+
+network "a" {
+  subnet = "192.168.10.0/24"
+  mtu    = 9000
+  attach "n1" {
+    node      = node.n1
+    interface = "eth1"
+    address   = "192.168.10.1"
+  }
+  attach "n2" {
+    node      = node.n2
+    interface = "eth1"
+    address   = "192.168.10.2"
+  }
+}
+
+model "m" {
+  repo     = "org/name"
+  revision = "main"
+  nodes    = [node.n1]
+  cache    = "/data/hf"
+  network  = network.a
+  endpoint = "http://10.255.255.1:9"
+  image    = "img:1"
+}
+
+container "head" {
+  node       = node.n1
+  image      = "ray:1"
+  command    = ["serve", model.m.path, "--memory", "${node.n1.memory_gib}"]
+  depends_on = [network.a]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+container "worker" {
+  node       = node.n2
+  image      = "ray:1"
+  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
+  depends_on = [container.head]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+probe "serving" {
+  timeout    = "5s"
+  interval   = "1s"
+  depends_on = [container.worker]
+  exec {
+    container = container.head
+    command   = ["curl", "-sf", "localhost:8000/v1/models"]
+  }
+}
+
+output "memory" {
+  value = [node.n1.memory_gib, node.n2.memory_gib]
+}
+"#;
+
+const MEMINFO: &str = "MemTotal:       125410000 kB\nMemFree:        100000000 kB\n";
+
+struct Bed {
+    dir: tempfile::TempDir,
+    fakes: FakeNodes,
+}
+
+impl Bed {
+    /// The definitions in a folder of their own, and two fake nodes with fake Docker Engines
+    /// that answer the node facts, the model's resolve, download and observe.
+    fn new() -> Bed {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("main.hcl"), TESTBED_LIKE).unwrap();
+        let world = FakeWorld::new();
+        let node = |name: &str| {
+            let docker = Arc::new(FakeDocker::start().unwrap());
+            let short = name.trim_start_matches("node.");
+            let line = |json: serde_json::Value| vec![json.to_string()];
+            docker.fault(
+                &format!("sparkform-model.m-{short}-resolve"),
+                Fault::ExitsAfterStart(
+                    0,
+                    line(serde_json::json!({
+                        "event": "result", "mode": "resolve", "repo": "org/name",
+                        "revision": "main", "commit": COMMIT, "total_bytes": 3000,
+                        "files": [{"path": "model.safetensors", "size": 3000}],
+                        "config": {"architectures": ["Qwen3ForCausalLM"]},
+                    })),
+                ),
+            );
+            docker.fault(
+                &format!("sparkform-model.m-{short}-download"),
+                Fault::ExitsAfterStart(
+                    0,
+                    line(serde_json::json!({
+                        "event": "result", "mode": "download", "repo": "org/name",
+                        "commit": COMMIT, "snapshot": format!("/data/hf/snapshots/{COMMIT}"),
+                        "bytes_total": 3000, "bytes_downloaded": 3000, "files_downloaded": 1,
+                    })),
+                ),
+            );
+            docker.fault(
+                &format!("sparkform-model.m-{short}-observe"),
+                Fault::ExitsAfterStart(
+                    0,
+                    line(serde_json::json!({
+                        "event": "result", "mode": "observe", "recorded": true,
+                        "complete": true, "missing": [], "differ": [], "present": [],
+                    })),
+                ),
+            );
+            let h = FakeHost::new(name, &world)
+                .interface("eth1", 1500, &[])
+                .docker_engine(docker);
+            h.on(
+                &["cat", "/proc/meminfo"],
+                Answer::Exit(0, MEMINFO.into(), String::new()),
+            );
+            h.on(
+                &[
+                    "nvidia-smi",
+                    "--query-gpu=name,memory.total",
+                    "--format=csv,noheader,nounits",
+                ],
+                Answer::Exit(0, "NVIDIA GB10, [N/A]\n".into(), String::new()),
+            );
+            (name.to_string(), Arc::new(h) as Arc<dyn Host>)
+        };
+        let hosts: BTreeMap<String, Arc<dyn Host>> =
+            [node("node.n1"), node("node.n2")].into_iter().collect();
+        Bed {
+            dir,
+            fakes: FakeNodes::new(hosts),
+        }
+    }
+
+    fn workspace(&self) -> Workspace {
+        Workspace::new(self.dir.path(), None)
+    }
+
+    fn store(&self) -> StateStore {
+        StateStore::new(self.dir.path().join("state/sparkform.json"))
+    }
+
+    fn hosts(&self) -> HostOptions {
+        HostOptions {
+            fake: Some(self.fakes.clone()),
+            ..HostOptions::default()
+        }
+    }
+
+    /// Connections opened and evaluations made by `f`.
+    async fn counted<T>(
+        &self,
+        f: impl std::future::Future<Output = T>,
+    ) -> (T, BTreeMap<String, usize>, usize) {
+        let (opened, evaluated) = (
+            self.fakes.opened(),
+            sparkform::config::evaluations::of(self.dir.path()),
+        );
+        let out = f.await;
+        let mut now = self.fakes.opened();
+        for (node, n) in &mut now {
+            *n -= opened.get(node).copied().unwrap_or(0);
+        }
+        now.retain(|_, n| *n > 0);
+        let evaluations = sparkform::config::evaluations::of(self.dir.path()) - evaluated;
+        (out, now, evaluations)
+    }
+
+    /// `sparkform apply DIR -auto-approve`, on the fakes.
+    async fn apply(&self) -> ApplyOutcome {
+        let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let prepared = sparkform::ops::apply::prepare(
+            sparkform::ops::apply::PrepareRequest {
+                evaluated,
+                store: self.store(),
+                source: sparkform::ops::apply::Source::Definitions {
+                    refresh: ReadMode::Normal,
+                    options: PlanOptions::default(),
+                },
+                hosts: self.hosts(),
+            },
+            &tx,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        prepared
+            .apply(
+                sparkform::ops::apply::RunOptions {
+                    parallelism: 4,
+                    rollback: true,
+                    hosts: self.hosts(),
+                },
+                tx,
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await
+    }
+
+    /// `sparkform plan DIR`, on the fakes: evaluate, one read phase, refresh, plan; then the
+    /// connections closed.
+    async fn plan(&self) -> sparkform::plan::Plan {
+        self.plan_as(ReadMode::Normal).await
+    }
+
+    /// [`Self::plan`] with `-refresh` as `refresh` says.
+    async fn plan_as(&self, refresh: ReadMode) -> sparkform::plan::Plan {
+        let recorded = self.store().load().unwrap();
+        let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut prepared = prepare(
+            PrepareRequest {
+                evaluated,
+                recorded: recorded.as_ref(),
+                refresh,
+                options: PlanOptions {
+                    key: Some(self.store().key_or_create().unwrap()),
+                    ..PlanOptions::default()
+                },
+                hosts: self.hosts(),
+            },
+            &tx,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        prepared.close().await;
+        prepared.plan
+    }
+}
+
+fn both_nodes_once() -> BTreeMap<String, usize> {
+    [("node.n1".to_string(), 1), ("node.n2".to_string(), 1)]
+        .into_iter()
+        .collect()
+}
+
+/// Before `ops::prepare` (the reads on connections of their own, then a refresh on new ones,
+/// then the node facts' evaluation), this plan opened two connections to n1 and one to n2 and
+/// evaluated the definitions three times.
+#[tokio::test]
+async fn a_no_op_plan_connects_once_per_node_and_evaluates_at_most_twice() {
+    let bed = Bed::new();
+    // The first apply too: its plan's connections are the apply's.
+    let (outcome, opened, _) = bed.counted(bed.apply()).await;
+    assert_eq!(opened, both_nodes_once(), "connections opened by the apply");
+    assert!(outcome.ok, "{:?} {:?}", outcome.failures, outcome.not_run);
+    let state: State = bed.store().load().unwrap().expect("a state");
+    assert!(
+        state.resources.contains_key("model.m[\"n1\"]"),
+        "{:?}",
+        state.resources.keys()
+    );
+
+    let (plan, opened, evaluations) = bed.counted(bed.plan()).await;
+    assert!(
+        !plan.has_changes(),
+        "{}",
+        sparkform::plan::render::render(&plan)
+    );
+    assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
+    assert!(evaluations <= 2, "{evaluations} evaluations");
+
+    // -refresh=false: the state pins the commit, nothing is connected (and no fact is read,
+    // so the head's memory is unset now).
+    let (plan, opened, evaluations) = bed.counted(bed.plan_as(ReadMode::Recorded)).await;
+    let head = plan
+        .change("container.head")
+        .and_then(|c| c.after.as_ref())
+        .map(|a| a["command"].to_string())
+        .unwrap_or_default();
+    assert!(head.contains(COMMIT), "{head}");
+    assert!(opened.is_empty(), "{opened:?}");
+    assert!(evaluations <= 2, "{evaluations} evaluations");
+}
+
+/// No state: the download node and the nodes that leave their memory unset, each once (before
+/// `ops::prepare`: n1 twice, three evaluations).
+#[tokio::test]
+async fn a_first_plan_connects_once_per_node() {
+    let bed = Bed::new();
+    let (plan, opened, evaluations) = bed.counted(bed.plan()).await;
+    assert_eq!(
+        plan.summary.create,
+        5,
+        "{}",
+        sparkform::plan::render::render(&plan)
+    );
+    // One evaluation again, with both what the download node resolved and the node facts: the
+    // head serves the resolved snapshot with the memory n1 showed.
+    let head = plan
+        .change("container.head")
+        .and_then(|c| c.after.as_ref())
+        .map(|a| a["command"].to_string())
+        .unwrap_or_default();
+    assert!(head.contains(COMMIT) && head.contains("119.6"), "{head}");
+    assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
+    assert!(evaluations <= 2, "{evaluations} evaluations");
+}
