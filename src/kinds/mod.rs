@@ -137,6 +137,16 @@ pub trait DesiredConfig: Serialize + serde::de::DeserializeOwned + Sized {
     }
 }
 
+/// A list of texts as evaluated: an element the first evaluation cannot know yet (a node fact
+/// the read phase fills) is `null`, kept so the configuration reads back as it was written;
+/// what runs takes the [`known`] ones.
+pub type Texts = Vec<Option<String>>;
+
+/// The elements of a [`Texts`] that are known.
+pub fn known(list: &[Option<String>]) -> Vec<String> {
+    list.iter().flatten().cloned().collect()
+}
+
 /// The HTTP status a check wants: `status`, else 200 (a ready check's and a probe's).
 pub fn wanted_status(status: Option<&serde_json::Number>) -> u16 {
     status

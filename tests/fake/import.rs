@@ -617,7 +617,7 @@ fn binds_in_another_order_are_the_definitions() {
         "HostConfig": { "Binds": ["/b:/b", "/a:/a", "/extra:/extra"] },
     });
     let desired = sparkform::kinds::container::Desired {
-        volumes: Some(vec!["/a:/a".into(), "/b:/b".into()]),
+        volumes: Some(vec![Some("/a:/a".into()), Some("/b:/b".into())]),
         ..Default::default()
     };
     let c = sparkform::kinds::container::machine::imported_config(
@@ -627,5 +627,8 @@ fn binds_in_another_order_are_the_definitions() {
         "node.n1",
         Some(&desired),
     );
-    assert_eq!(c.volumes.unwrap(), ["/a:/a", "/b:/b", "/extra:/extra"]);
+    assert_eq!(
+        sparkform::kinds::known(&c.volumes.unwrap()),
+        ["/a:/a", "/b:/b", "/extra:/extra"]
+    );
 }

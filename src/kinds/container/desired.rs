@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use crate::kinds::DesiredConfig;
+use crate::kinds::{known, DesiredConfig, Texts};
 
 /// Docker's own stop timeout, when the block sets none.
 pub const DEFAULT_STOP_SECS: i32 = 10;
@@ -26,9 +26,9 @@ pub struct Desired {
     #[serde(default)]
     pub image: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub command: Option<Vec<String>>,
+    pub command: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entrypoint: Option<Vec<String>>,
+    pub entrypoint: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,14 +43,14 @@ pub struct Desired {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<Gpus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub devices: Option<Vec<String>>,
+    pub devices: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volumes: Option<Vec<String>>,
+    pub volumes: Option<Texts>,
     /// `name = "soft:hard"` or one value for both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ulimits: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cap_add: Option<Vec<String>>,
+    pub cap_add: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privileged: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,7 +123,7 @@ impl Desired {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReadyCheck {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<Vec<String>>,
+    pub exec: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,7 +163,7 @@ fn default_interval() -> Number {
 
 /// What a ready check does.
 pub enum ReadyKind<'a> {
-    Exec(&'a [String]),
+    Exec(Vec<String>),
     Http(&'a str),
     Tcp(&'a str),
     None,
@@ -172,7 +172,7 @@ pub enum ReadyKind<'a> {
 impl ReadyCheck {
     pub fn probe(&self) -> ReadyKind<'_> {
         if let Some(cmd) = &self.exec {
-            ReadyKind::Exec(cmd)
+            ReadyKind::Exec(known(cmd))
         } else if let Some(url) = &self.http {
             ReadyKind::Http(url)
         } else if let Some(addr) = &self.tcp {
@@ -221,11 +221,17 @@ mod tests {
         let config = json!({
             "name": "c", "node": "n1", "image": "i:1", "shm_size": 17179869184u64,
             "gpus": "all", "stop_timeout": 30, "env": {"A": "1"},
+            // a node fact the first evaluation does not know yet
+            "command": ["serve", "--memory", null],
             "ready": [{"http": "http://127.0.0.1:8000/health", "timeout": 900, "interval": 2}],
         });
         let d = Desired::from_config(&config).unwrap();
         assert_eq!(d.to_config(), config);
         assert_eq!(d.stop_secs(), 30);
+        assert_eq!(
+            crate::kinds::known(d.command.as_deref().unwrap()),
+            ["serve", "--memory"]
+        );
         assert_eq!(d.gpu_count(), Some(-1));
         assert_eq!(d.ready[0].want_status(), 200);
         let float = json!({"name": "c", "node": "n", "image": "i", "stop_timeout": 1.5});

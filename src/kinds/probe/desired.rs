@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use crate::kinds::DesiredConfig;
+use crate::kinds::{DesiredConfig, Texts};
 
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_INTERVAL_SECS: u64 = 2;
@@ -60,7 +60,7 @@ pub struct Exec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
     #[serde(default)]
-    pub command: Vec<String>,
+    pub command: Texts,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

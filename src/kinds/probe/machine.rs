@@ -114,7 +114,7 @@ async fn attempt(
             Ok(format!("{}: {}", r.status, excerpt(&subject)))
         }
         Some(Check::Exec(exec)) => {
-            let cmd = &exec.command;
+            let cmd = &crate::kinds::known(&exec.command);
             let (code, out, err) = if let Some(container) = &exec.container {
                 let (node, name) = containers.get(container).cloned().ok_or_else(|| {
                     format!("{container} is not a container of this configuration")

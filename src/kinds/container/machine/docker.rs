@@ -1,6 +1,7 @@
 //! Docker plumbing: the create body, images (inspect, load, pull), exec, logs, removal.
 
 use super::*;
+use crate::kinds::known;
 
 /// Docker answers 304 when a container is already in the asked state: that is success.
 pub(super) fn already_so(
@@ -95,7 +96,7 @@ pub fn create_body(
             ..Default::default()
         }]
     });
-    let devices = desired.devices.as_ref().map(|ds| {
+    let devices = desired.devices.as_deref().map(known).map(|ds| {
         ds.iter()
             .map(|d| {
                 let mut parts = d.split(':');
@@ -129,8 +130,8 @@ pub fn create_body(
     });
     ContainerCreateBody {
         image: Some(desired.image.clone()),
-        cmd: desired.command.clone(),
-        entrypoint: desired.entrypoint.clone(),
+        cmd: desired.command.as_deref().map(known),
+        entrypoint: desired.entrypoint.as_deref().map(known),
         env,
         labels: Some(labels),
         user: desired.user.clone(),
@@ -143,9 +144,9 @@ pub fn create_body(
             shm_size: desired.shm_size.as_ref().and_then(|n| n.as_i64()),
             device_requests,
             devices,
-            binds: desired.volumes.clone(),
+            binds: desired.volumes.as_deref().map(known),
             ulimits,
-            cap_add: desired.cap_add.clone(),
+            cap_add: desired.cap_add.as_deref().map(known),
             privileged: desired.privileged,
             restart_policy: desired.restart.as_deref().map(restart_policy),
             ..Default::default()

@@ -102,7 +102,7 @@ pub(super) async fn check_once(
 ) -> Result<(), String> {
     let per_try = Duration::from_secs(check.interval_secs().clamp(1, 30) + 10);
     if let ReadyKind::Exec(cmd) = check.probe() {
-        let (code, out, err) = exec_in(docker, id, cmd, per_try).await?;
+        let (code, out, err) = exec_in(docker, id, &cmd, per_try).await?;
         let want = check.want_exit_code();
         if code != want {
             let last = out
