@@ -11,7 +11,7 @@ use super::{check_cache, check_pattern, check_repo, check_revision, is_commit, s
 use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
 use super::{ROLE_DOWNLOAD, ROLE_PULL};
 use crate::config::lowering::*;
-use crate::diag::Diag;
+use crate::diag::{Diag, Span};
 use crate::kinds::{model, DesiredConfig};
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
@@ -102,110 +102,8 @@ impl dyn Engine<'_> + '_ {
                 );
             }
         }
-        let node_values: Vec<Value> = match attrs.raw.get("nodes").or(attrs.values.get("nodes")) {
-            Some(Value::Array(a)) => a.clone(),
-            Some(v @ Value::Object(_)) => vec![v.clone()],
-            _ => Vec::new(),
-        };
-        let mut nodes: Vec<String> = Vec::new();
-        for v in &node_values {
-            match node_name(v) {
-                Some(n) if !nodes.contains(&n) => nodes.push(n),
-                Some(n) => {
-                    self.value_error(
-                        &attrs,
-                        "nodes",
-                        format!("node.{n} is listed twice"),
-                        "list each node once",
-                    );
-                    ok = false;
-                }
-                None => {
-                    self.value_error(
-                        &attrs,
-                        "nodes",
-                        "expected a list of node references".into(),
-                        "nodes = [node.spark1, node.spark2]",
-                    );
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if nodes.is_empty() && ok {
-            self.value_error(
-                &attrs,
-                "nodes",
-                "no node".into(),
-                "nodes = [node.spark1, node.spark2]",
-            );
-            ok = false;
-        }
-        let download = match attrs.string("download_node") {
-            Some(id) => {
-                let n = id.strip_prefix("node.").unwrap_or(&id).to_string();
-                if !nodes.contains(&n) && ok {
-                    self.value_error(
-                        &attrs,
-                        "download_node",
-                        format!("{id} is not one of the model's nodes"),
-                        "the download node is one of `nodes`",
-                    );
-                    ok = false;
-                }
-                n
-            }
-            None => nodes.first().cloned().unwrap_or_default(),
-        };
-        let network = attrs.raw.get("network").or(attrs.values.get("network"));
-        let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
-        for n in &nodes {
-            addresses.insert(n.clone(), network.and_then(|net| fabric_address(net, n)));
-        }
-        if nodes.len() > 1 && ok {
-            match network {
-                None => {
-                    self.diag(
-                        Diag::error(
-                            "config::missing_attribute",
-                            format!("model `{name}`: `network` is required with more than one node"),
-                        )
-                        .label(&header, "copies between the nodes need the fabric")
-                        .help("network = network.roce: the nodes pull the weights from the download node over its addresses, never over the management network"),
-                    );
-                    ok = false;
-                }
-                Some(net) => {
-                    let lacking: Vec<&String> = addresses
-                        .iter()
-                        .filter(|(_, a)| a.is_none())
-                        .map(|(n, _)| n)
-                        .collect();
-                    if !lacking.is_empty() {
-                        let net_name = net
-                            .as_object()
-                            .and_then(|o| o.get("id"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("the network")
-                            .to_string();
-                        self.value_error(
-                            &attrs,
-                            "network",
-                            format!(
-                                "{net_name} has no attachment on {}",
-                                lacking
-                                    .iter()
-                                    .map(|n| format!("node.{n}"))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            ),
-                            "attach every node of the model to the network the copies travel over",
-                        );
-                        ok = false;
-                    }
-                }
-            }
-        }
+        let (nodes, download) = self.model_nodes(&attrs, &mut ok);
+        let addresses = self.model_addresses(&attrs, &name, &header, &nodes, &mut ok);
         if !ok {
             return None;
         }
@@ -253,48 +151,199 @@ impl dyn Engine<'_> + '_ {
                 );
             }
         }
-        let source_address = addresses.get(&download).cloned().flatten();
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());
+        // What every node's resource shares; the node's own parts are filled per node.
+        let base = model::Desired {
+            block: block_address.clone(),
+            repo,
+            revision,
+            commit,
+            cache,
+            include,
+            exclude,
+            image,
+            node_name: String::new(),
+            role: String::new(),
+            download_node: format!("node.{download}"),
+            address: None,
+            source_address: addresses.get(&download).cloned().flatten(),
+            total_bytes,
+            files: file_count,
+            facts: facts.unwrap_or(serde_json::Value::Null),
+            serve_image: Some(serve_image),
+            endpoint: Some(endpoint),
+            token: Some(token),
+        };
+        let (resources, all) =
+            self.add_model_resources(&base, &nodes, &download, &addresses, deps, &header);
+        Some(Evaluated::of_resources(
+            model_value(&name, &base, &nodes, &download, resources),
+            all,
+        ))
+    }
+
+    /// The `nodes` of a model block and its download node; errors reported (`ok` false then).
+    fn model_nodes(&mut self, attrs: &Attrs, ok: &mut bool) -> (Vec<String>, String) {
+        let node_values: Vec<Value> = match attrs.raw.get("nodes").or(attrs.values.get("nodes")) {
+            Some(Value::Array(a)) => a.clone(),
+            Some(v @ Value::Object(_)) => vec![v.clone()],
+            _ => Vec::new(),
+        };
+        let mut nodes: Vec<String> = Vec::new();
+        for v in &node_values {
+            match node_name(v) {
+                Some(n) if !nodes.contains(&n) => nodes.push(n),
+                Some(n) => {
+                    self.value_error(
+                        attrs,
+                        "nodes",
+                        format!("node.{n} is listed twice"),
+                        "list each node once",
+                    );
+                    *ok = false;
+                }
+                None => {
+                    self.value_error(
+                        attrs,
+                        "nodes",
+                        "expected a list of node references".into(),
+                        "nodes = [node.spark1, node.spark2]",
+                    );
+                    *ok = false;
+                    break;
+                }
+            }
+        }
+        if nodes.is_empty() && *ok {
+            self.value_error(
+                attrs,
+                "nodes",
+                "no node".into(),
+                "nodes = [node.spark1, node.spark2]",
+            );
+            *ok = false;
+        }
+        let download = match attrs.string("download_node") {
+            Some(id) => {
+                let n = id.strip_prefix("node.").unwrap_or(&id).to_string();
+                if !nodes.contains(&n) && *ok {
+                    self.value_error(
+                        attrs,
+                        "download_node",
+                        format!("{id} is not one of the model's nodes"),
+                        "the download node is one of `nodes`",
+                    );
+                    *ok = false;
+                }
+                n
+            }
+            None => nodes.first().cloned().unwrap_or_default(),
+        };
+        (nodes, download)
+    }
+
+    /// Each node's address on the block's `network`; errors reported (`ok` false then).
+    fn model_addresses(
+        &mut self,
+        attrs: &Attrs,
+        name: &str,
+        header: &Span,
+        nodes: &[String],
+        ok: &mut bool,
+    ) -> BTreeMap<String, Option<String>> {
+        let network = attrs.raw.get("network").or(attrs.values.get("network"));
+        let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for n in nodes {
+            addresses.insert(n.clone(), network.and_then(|net| fabric_address(net, n)));
+        }
+        if nodes.len() > 1 && *ok {
+            match network {
+                None => {
+                    self.diag(
+                        Diag::error(
+                            "config::missing_attribute",
+                            format!("model `{name}`: `network` is required with more than one node"),
+                        )
+                        .label(header, "copies between the nodes need the fabric")
+                        .help("network = network.roce: the nodes pull the weights from the download node over its addresses, never over the management network"),
+                    );
+                    *ok = false;
+                }
+                Some(net) => {
+                    let lacking: Vec<&String> = addresses
+                        .iter()
+                        .filter(|(_, a)| a.is_none())
+                        .map(|(n, _)| n)
+                        .collect();
+                    if !lacking.is_empty() {
+                        let net_name = net
+                            .as_object()
+                            .and_then(|o| o.get("id"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("the network")
+                            .to_string();
+                        self.value_error(
+                            attrs,
+                            "network",
+                            format!(
+                                "{net_name} has no attachment on {}",
+                                lacking
+                                    .iter()
+                                    .map(|n| format!("node.{n}"))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                            "attach every node of the model to the network the copies travel over",
+                        );
+                        *ok = false;
+                    }
+                }
+            }
+        }
+        addresses
+    }
+
+    /// One resource per node: the download node's with its own fields, the others pulling
+    /// from it. The resources by node name and their addresses.
+    fn add_model_resources(
+        &mut self,
+        base: &model::Desired,
+        nodes: &[String],
+        download: &str,
+        addresses: &BTreeMap<String, Option<String>>,
+        deps: BTreeSet<String>,
+        header: &Span,
+    ) -> (Map<String, Value>, BTreeSet<String>) {
+        let block_address = &base.block;
         let download_address = format!("{block_address}[{download:?}]");
         let mut all = BTreeSet::new();
         let mut resources = Map::new();
-        for n in &nodes {
+        for n in nodes {
             let address = format!("{block_address}[{n:?}]");
-            let role = if *n == download {
-                ROLE_DOWNLOAD
-            } else {
-                ROLE_PULL
-            };
-            let download_only = |v: &Option<String>| (role == ROLE_DOWNLOAD).then(|| v.clone());
+            let is_download = n == download;
+            let own = |v: &Option<Option<String>>| if is_download { v.clone() } else { None };
             let c = model::Desired {
-                block: block_address.clone(),
-                repo: repo.clone(),
-                revision: revision.clone(),
-                commit: commit.clone(),
-                cache: cache.clone(),
-                include: include.clone(),
-                exclude: exclude.clone(),
-                image: image.clone(),
                 node_name: n.clone(),
-                role: role.to_string(),
-                download_node: format!("node.{download}"),
+                role: if is_download {
+                    ROLE_DOWNLOAD
+                } else {
+                    ROLE_PULL
+                }
+                .to_string(),
                 address: addresses.get(n).cloned().flatten(),
-                source_address: source_address.clone(),
-                total_bytes,
-                files: file_count,
-                facts: facts.clone().unwrap_or(serde_json::Value::Null),
-                serve_image: download_only(&serve_image),
-                endpoint: download_only(&endpoint),
-                token: download_only(&token),
+                serve_image: own(&base.serve_image),
+                endpoint: own(&base.endpoint),
+                token: own(&base.token),
+                ..base.clone()
             };
             let mut sensitive = Vec::new();
-            if role == ROLE_DOWNLOAD && token.is_some() {
+            if c.token().is_some() {
                 sensitive.push(vec!["token".to_string()]);
             }
             let mut rdeps = deps.clone();
-            if role == ROLE_PULL {
+            if !is_download {
                 rdeps.insert(download_address.clone());
             }
             self.add_resource(Resource {
@@ -311,55 +360,71 @@ impl dyn Engine<'_> + '_ {
             resources.insert(n.clone(), address.clone().into());
             all.insert(address);
         }
-        let mut value = Map::new();
-        value.insert("kind".into(), "model".into());
-        value.insert("id".into(), block_address.clone().into());
-        value.insert("name".into(), name.into());
-        value.insert("repo".into(), repo.clone().into());
-        value.insert("revision".into(), revision.clone().into());
-        value.insert(
-            "commit".into(),
-            commit.clone().map(Value::from).unwrap_or(Value::Null),
-        );
-        // Unresolved (validate, or a plan that could not resolve): a path that says so, so
-        // that the modules still evaluate; an apply refuses an unresolved model.
-        let path = snapshot_path(
-            &cache,
-            &repo,
-            commit
-                .as_deref()
-                .unwrap_or(&format!("unresolved-{revision}")),
-        );
-        value.insert("path".into(), path.into());
-        value.insert("cache".into(), cache.clone().into());
-        value.insert(
-            "size_bytes".into(),
-            total_bytes.map(Value::from).unwrap_or(Value::Null),
-        );
-        value.insert(
-            "size_gib".into(),
-            total_bytes
-                .map(|b| Value::from(b as f64 / (1u64 << 30) as f64))
-                .unwrap_or(Value::Null),
-        );
-        let facts_value: Value = facts
-            .as_ref()
-            .and_then(|f| hcl::to_value(f).ok())
-            .unwrap_or(Value::Null);
-        let architectures: Value = facts_value
-            .as_object()
-            .and_then(|o| o.get("architectures"))
-            .cloned()
-            .unwrap_or(Value::Array(Vec::new()));
-        value.insert("config".into(), facts_value);
-        value.insert("architectures".into(), architectures);
-        value.insert(
-            "nodes".into(),
-            Value::Array(nodes.iter().cloned().map(Value::from).collect()),
-        );
-        value.insert("download_node".into(), download.into());
-        value.insert("resources".into(), Value::Object(resources));
-        value.insert("image".into(), image.into());
-        Some(Evaluated::of_resources(Value::Object(value), all))
+        (resources, all)
     }
+}
+
+/// The value the modules reference as `model.NAME`.
+fn model_value(
+    name: &str,
+    base: &model::Desired,
+    nodes: &[String],
+    download: &str,
+    resources: Map<String, Value>,
+) -> Value {
+    let (repo, revision, commit, cache) = (&base.repo, &base.revision, &base.commit, &base.cache);
+    let total_bytes = base.total_bytes;
+    let facts = Some(&base.facts).filter(|f| !f.is_null());
+    let image = base.image.clone();
+    let block_address = &base.block;
+    let mut value = Map::new();
+    value.insert("kind".into(), "model".into());
+    value.insert("id".into(), block_address.clone().into());
+    value.insert("name".into(), name.into());
+    value.insert("repo".into(), repo.clone().into());
+    value.insert("revision".into(), revision.clone().into());
+    value.insert(
+        "commit".into(),
+        commit.clone().map(Value::from).unwrap_or(Value::Null),
+    );
+    // Unresolved (validate, or a plan that could not resolve): a path that says so, so
+    // that the modules still evaluate; an apply refuses an unresolved model.
+    let path = snapshot_path(
+        cache,
+        repo,
+        commit
+            .as_deref()
+            .unwrap_or(&format!("unresolved-{revision}")),
+    );
+    value.insert("path".into(), path.into());
+    value.insert("cache".into(), cache.clone().into());
+    value.insert(
+        "size_bytes".into(),
+        total_bytes.map(Value::from).unwrap_or(Value::Null),
+    );
+    value.insert(
+        "size_gib".into(),
+        total_bytes
+            .map(|b| Value::from(b as f64 / (1u64 << 30) as f64))
+            .unwrap_or(Value::Null),
+    );
+    let facts_value: Value = facts
+        .as_ref()
+        .and_then(|f| hcl::to_value(f).ok())
+        .unwrap_or(Value::Null);
+    let architectures: Value = facts_value
+        .as_object()
+        .and_then(|o| o.get("architectures"))
+        .cloned()
+        .unwrap_or(Value::Array(Vec::new()));
+    value.insert("config".into(), facts_value);
+    value.insert("architectures".into(), architectures);
+    value.insert(
+        "nodes".into(),
+        Value::Array(nodes.iter().cloned().map(Value::from).collect()),
+    );
+    value.insert("download_node".into(), download.into());
+    value.insert("resources".into(), Value::Object(resources));
+    value.insert("image".into(), image.into());
+    Value::Object(value)
 }

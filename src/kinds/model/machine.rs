@@ -21,19 +21,21 @@ use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
 use super::{human_bytes, is_commit, judge_observed, Desired};
-use crate::config::{Config, Resource};
+use crate::config::Config;
 use crate::events::Event;
-use crate::hosts::HostPool;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{
-    Applied, Check, CheckRun, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError,
-    ReadMode, StepCx, StepError,
+    Applied, Check, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
+    StepError,
 };
 use crate::kinds::DesiredConfig;
 
+mod arch;
 mod read;
+
 use crate::plan::{Action, Change, Observed};
 use crate::state::ResourceState;
+pub use arch::{architecture_checks, lacking};
 
 pub struct ModelMachine;
 pub static MACHINE: ModelMachine = ModelMachine;
@@ -648,24 +650,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
             ))
         }
         Some(port) => {
-            let mut args = vec![
-                "pull".to_string(),
-                source.clone(),
-                port.to_string(),
-                "--repo".into(),
-                w.repo.clone(),
-                "--commit".into(),
-                w.commit.clone(),
-                "--cache".into(),
-                w.cache.clone(),
-            ];
-            if !is_commit(&w.revision) {
-                args.extend(["--ref".to_string(), w.revision.clone()]);
-            }
-            if deep {
-                args.push("--deep".into());
-            }
-            args.extend(filters(w));
+            let args = pull_args(w, &source, port, deep);
             let job = Job {
                 node: &node,
                 docker: &docker,
@@ -705,14 +690,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
             &end,
         ));
     };
-    let mut peers: Vec<String> = served
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| s(v, "event") == Some("served"))
-        .filter_map(|v| s(&v, "peer").map(str::to_string))
-        .collect();
-    peers.sort();
-    peers.dedup();
+    let peers = peers_served(&served);
     let mut extra = BTreeMap::new();
     extra.insert(
         "source".into(),
@@ -732,6 +710,42 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
             format!("{total} verified on {node} ({copied} copied from {dl_node} over {source})")
         },
     ))
+}
+
+/// transfer.py's `pull` from the serve at `source:port`.
+fn pull_args(w: &Want, source: &str, port: u64, deep: bool) -> Vec<String> {
+    let mut args = vec![
+        "pull".to_string(),
+        source.to_string(),
+        port.to_string(),
+        "--repo".into(),
+        w.repo.clone(),
+        "--commit".into(),
+        w.commit.clone(),
+        "--cache".into(),
+        w.cache.clone(),
+    ];
+    if !is_commit(&w.revision) {
+        args.extend(["--ref".to_string(), w.revision.clone()]);
+    }
+    if deep {
+        args.push("--deep".into());
+    }
+    args.extend(filters(w));
+    args
+}
+
+/// The peers a serve's log says it served, each once.
+fn peers_served(log: &[String]) -> Vec<String> {
+    let mut peers: Vec<String> = log
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| s(v, "event") == Some("served"))
+        .filter_map(|v| s(&v, "peer").map(str::to_string))
+        .collect();
+    peers.sort();
+    peers.dedup();
+    peers
 }
 
 /// Whether a helper (its [`LABEL_TRANSFER`] value) is one of a block's transfers on a node:
@@ -893,151 +907,6 @@ fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
     cx.recorded_as::<Desired>()
         .and_then(|d| d.commit)
         .filter(|c| is_commit(c))
-}
-
-/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
-const ARCHS_PY: &str = "import json, sys\n\
-try:\n    from vllm import ModelRegistry\n\
-except Exception as e:\n    print(json.dumps({'error': '%s: %s' % (type(e).__name__, e)})); sys.exit(3)\n\
-print(json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())}))\n";
-
-/// The architecture check: the image that serves the weights lists the architecture of the
-/// model's `config.json`. It runs after the model's steps and before every changed resource
-/// that uses the model (the Ray and vLLM containers the modules make depend on it), so an image
-/// that cannot load the model is refused in seconds, before anything starts.
-struct ArchitectureCheck {
-    block: String,
-    node: String,
-    image: String,
-    cache: String,
-    architectures: Vec<String>,
-}
-
-/// Which of `wanted` a registry lacks; an error when the answer is not a registry.
-pub fn lacking(wanted: &[String], answer: &serde_json::Value) -> Result<Vec<String>, String> {
-    if let Some(e) = s(answer, "error") {
-        return Err(e.to_string());
-    }
-    let have = list(answer, "architectures");
-    if have.is_empty() {
-        return Err("the image's vLLM lists no architecture".into());
-    }
-    Ok(wanted
-        .iter()
-        .filter(|a| !have.contains(a))
-        .cloned()
-        .collect())
-}
-
-#[async_trait]
-impl CheckRun for ArchitectureCheck {
-    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
-        let host = pool.get(&self.node)?;
-        let node = host.node().to_string();
-        let docker = host.docker().await?;
-        let job = Job {
-            node: &node,
-            docker: &docker,
-            who: helper(&self.block, &node.replace("node.", ""), "archcheck"),
-            image: &self.image,
-            cache: &self.cache,
-            args: Vec::new(),
-            input: String::new(),
-            lineage: "check",
-        };
-        let cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
-        let id = spawn_with(&job, cmd).await?;
-        let mut ignore = |_: &serde_json::Value| {};
-        let run = follow(&docker, &id, &mut ignore, None);
-        let end = tokio::time::timeout(Duration::from_secs(120), run).await;
-        remove_container(&docker, &id).await;
-        let Ok(end) = end else {
-            return Err(StepError::new(format!(
-                "{node}: {} did not answer which architectures its vLLM serves within 120 s",
-                self.image
-            )));
-        };
-        let answer = end.events.last().cloned().unwrap_or_else(
-            || serde_json::json!({"error": end.stderr.last().cloned().unwrap_or_else(|| format!("exit code {}", end.code))}),
-        );
-        match lacking(&self.architectures, &answer) {
-            Ok(missing) if missing.is_empty() => Ok(format!(
-                "{} serves {}",
-                self.image,
-                self.architectures.join(", ")
-            )),
-            Ok(missing) => Err(StepError::new(format!(
-                "{node}: the image {} cannot serve {}: its vLLM does not list the architecture {} of the model's config.json",
-                self.image,
-                self.block,
-                missing.join(", ")
-            ))
-            .help("use a vLLM image (a newer release, or a build) whose model registry has it; nothing that uses the model was started")),
-            Err(why) => Err(StepError::new(format!(
-                "{node}: cannot ask {} which architectures its vLLM serves: {why}",
-                self.image
-            ))
-            .help("serve_image must be the vLLM image the modules run (python3 with the vllm package)")),
-        }
-    }
-}
-
-/// The architecture checks of a configuration: one per model block with a `serve_image`
-/// whose architecture is known, when the model or something using it changes.
-pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
-    let mut out = Vec::new();
-    let models: Vec<(&Resource, Desired)> = config
-        .resources
-        .iter()
-        .filter(|r| r.kind == crate::config::ResourceKind::Model)
-        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
-        .collect();
-    for (r, c) in &models {
-        if !c.is_download() {
-            continue;
-        }
-        let (block, Some(image)) = (c.block.as_str(), c.serve_image()) else {
-            continue;
-        };
-        // The model's config.json facts, as the read phase recorded them.
-        let architectures = list(&c.facts, "architectures");
-        if architectures.is_empty() {
-            continue;
-        }
-        let mine: Vec<String> = models
-            .iter()
-            .filter(|(_, m)| m.block == block)
-            .map(|(m, _)| m.address.clone())
-            .collect();
-        let users: Vec<String> = config
-            .resources
-            .iter()
-            .filter(|u| !mine.contains(&u.address) && changed(&u.address))
-            .filter(|u| u.deps.iter().any(|d| mine.contains(d)))
-            .map(|u| u.address.clone())
-            .collect();
-        let model_changed: Vec<String> = mine.iter().filter(|a| changed(a)).cloned().collect();
-        if users.is_empty() && model_changed.is_empty() {
-            continue;
-        }
-        out.push(Check {
-            address: format!("{block} (architecture check)"),
-            after: model_changed,
-            covers: Vec::new(),
-            before: users,
-            nodes: r.node.clone().into_iter().collect(),
-            run: Arc::new(ArchitectureCheck {
-                block: block.to_string(),
-                node: r.node.clone().unwrap_or_default(),
-                image: image.to_string(),
-                cache: Some(c.cache.clone())
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| "/tmp".into()),
-                architectures,
-            }),
-        });
-    }
-    out
 }
 
 #[async_trait]

@@ -1,0 +1,159 @@
+//! The model kind's architecture check (`Machine::checks`): a one-shot run of the block's
+//! `serve_image` lists vLLM's model registry on the download node, after the weights' steps
+//! and before every changed resource that uses them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{follow, helper, list, remove_container, s, spawn_with, Desired, Job};
+use crate::config::{Config, Resource};
+use crate::hosts::HostPool;
+use crate::kinds::machine::{Check, CheckRun, StepError};
+use crate::kinds::DesiredConfig;
+
+/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
+const ARCHS_PY: &str = "import json, sys\n\
+try:\n    from vllm import ModelRegistry\n\
+except Exception as e:\n    print(json.dumps({'error': '%s: %s' % (type(e).__name__, e)})); sys.exit(3)\n\
+print(json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())}))\n";
+
+/// The architecture check: the image that serves the weights lists the architecture of the
+/// model's `config.json`. It runs after the model's steps and before every changed resource
+/// that uses the model (the Ray and vLLM containers the modules make depend on it), so an image
+/// that cannot load the model is refused in seconds, before anything starts.
+struct ArchitectureCheck {
+    block: String,
+    node: String,
+    image: String,
+    cache: String,
+    architectures: Vec<String>,
+}
+
+/// Which of `wanted` a registry lacks; an error when the answer is not a registry.
+pub fn lacking(wanted: &[String], answer: &serde_json::Value) -> Result<Vec<String>, String> {
+    if let Some(e) = s(answer, "error") {
+        return Err(e.to_string());
+    }
+    let have = list(answer, "architectures");
+    if have.is_empty() {
+        return Err("the image's vLLM lists no architecture".into());
+    }
+    Ok(wanted
+        .iter()
+        .filter(|a| !have.contains(a))
+        .cloned()
+        .collect())
+}
+
+#[async_trait]
+impl CheckRun for ArchitectureCheck {
+    async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
+        let host = pool.get(&self.node)?;
+        let node = host.node().to_string();
+        let docker = host.docker().await?;
+        let job = Job {
+            node: &node,
+            docker: &docker,
+            who: helper(&self.block, &node.replace("node.", ""), "archcheck"),
+            image: &self.image,
+            cache: &self.cache,
+            args: Vec::new(),
+            input: String::new(),
+            lineage: "check",
+        };
+        let cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
+        let id = spawn_with(&job, cmd).await?;
+        let mut ignore = |_: &serde_json::Value| {};
+        let run = follow(&docker, &id, &mut ignore, None);
+        let end = tokio::time::timeout(Duration::from_secs(120), run).await;
+        remove_container(&docker, &id).await;
+        let Ok(end) = end else {
+            return Err(StepError::new(format!(
+                "{node}: {} did not answer which architectures its vLLM serves within 120 s",
+                self.image
+            )));
+        };
+        let answer = end.events.last().cloned().unwrap_or_else(
+            || serde_json::json!({"error": end.stderr.last().cloned().unwrap_or_else(|| format!("exit code {}", end.code))}),
+        );
+        match lacking(&self.architectures, &answer) {
+            Ok(missing) if missing.is_empty() => Ok(format!(
+                "{} serves {}",
+                self.image,
+                self.architectures.join(", ")
+            )),
+            Ok(missing) => Err(StepError::new(format!(
+                "{node}: the image {} cannot serve {}: its vLLM does not list the architecture {} of the model's config.json",
+                self.image,
+                self.block,
+                missing.join(", ")
+            ))
+            .help("use a vLLM image (a newer release, or a build) whose model registry has it; nothing that uses the model was started")),
+            Err(why) => Err(StepError::new(format!(
+                "{node}: cannot ask {} which architectures its vLLM serves: {why}",
+                self.image
+            ))
+            .help("serve_image must be the vLLM image the modules run (python3 with the vllm package)")),
+        }
+    }
+}
+
+/// The architecture checks of a configuration: one per model block with a `serve_image`
+/// whose architecture is known, when the model or something using it changes.
+pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    let mut out = Vec::new();
+    let models: Vec<(&Resource, Desired)> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == crate::config::ResourceKind::Model)
+        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
+        .collect();
+    for (r, c) in &models {
+        if !c.is_download() {
+            continue;
+        }
+        let (block, Some(image)) = (c.block.as_str(), c.serve_image()) else {
+            continue;
+        };
+        // The model's config.json facts, as the read phase recorded them.
+        let architectures = list(&c.facts, "architectures");
+        if architectures.is_empty() {
+            continue;
+        }
+        let mine: Vec<String> = models
+            .iter()
+            .filter(|(_, m)| m.block == block)
+            .map(|(m, _)| m.address.clone())
+            .collect();
+        let users: Vec<String> = config
+            .resources
+            .iter()
+            .filter(|u| !mine.contains(&u.address) && changed(&u.address))
+            .filter(|u| u.deps.iter().any(|d| mine.contains(d)))
+            .map(|u| u.address.clone())
+            .collect();
+        let model_changed: Vec<String> = mine.iter().filter(|a| changed(a)).cloned().collect();
+        if users.is_empty() && model_changed.is_empty() {
+            continue;
+        }
+        out.push(Check {
+            address: format!("{block} (architecture check)"),
+            after: model_changed,
+            covers: Vec::new(),
+            before: users,
+            nodes: r.node.clone().into_iter().collect(),
+            run: Arc::new(ArchitectureCheck {
+                block: block.to_string(),
+                node: r.node.clone().unwrap_or_default(),
+                image: image.to_string(),
+                cache: Some(c.cache.clone())
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| "/tmp".into()),
+                architectures,
+            }),
+        });
+    }
+    out
+}
