@@ -13,6 +13,7 @@ pub mod graph;
 pub mod hosts;
 pub mod http;
 pub mod kinds;
+pub mod lockfile;
 pub mod ops;
 pub mod plan;
 pub mod refresh;

@@ -80,6 +80,11 @@ pub struct ReadCx<'a> {
     pub state: Option<&'a State>,
     /// A saved plan: what [`ReadMode::Planned`] takes.
     pub plan: Option<&'a Plan>,
+    /// `sparkform.lock.hcl`: what a kind finds locked there it takes instead of reading the
+    /// world (a branch stays at its locked commit), unless `upgrade`.
+    pub lock: Option<&'a crate::lockfile::Lock>,
+    /// `-upgrade`: read the world again, whatever the lock says.
+    pub upgrade: bool,
     /// A plan is made from what is read, so a value that cannot be read is an error; otherwise
     /// (commands about what is deployed) it stays unread.
     pub complete: bool,

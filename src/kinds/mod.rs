@@ -225,6 +225,15 @@ pub trait Kind: Sync {
     ) -> Option<String> {
         None
     }
+    /// What `sparkform.lock.hcl` keeps of a resource of the kind, from its configuration: the
+    /// entry's block type, its label and its attributes (the kind's plan-time read takes them
+    /// back through `ReadCx::lock`); `None` when the lock keeps nothing of it.
+    fn lock_entry(
+        &self,
+        _config: &serde_json::Value,
+    ) -> Option<(String, String, crate::lockfile::Entry)> {
+        None
+    }
     /// The image references a resource of the kind runs, from its configuration (what
     /// `sparkform nodes` looks up on the nodes).
     fn images(&self, _config: &serde_json::Value) -> Vec<String> {

@@ -21,12 +21,18 @@ use crate::state::State;
 use crate::workspace::Workspace;
 
 use super::OpError;
+use crate::diag::Diagnostics;
+use crate::lockfile::Lock;
 
 /// The definitions evaluated as written: a model's commit only where its revision is one, the
 /// node facts as declared.
 pub struct Evaluated {
     config: Config,
     graph: Graph,
+    /// `sparkform.lock.hcl` beside them, when there is one.
+    lock: Option<Lock>,
+    /// `-upgrade`: the plan-time reads ignore the lock.
+    upgrade: bool,
 }
 
 /// What the definitions are evaluated with when nothing is asked of the machines.
@@ -55,7 +61,13 @@ pub struct Definitions {
 /// The definitions of `ws` evaluated as written, and their graph; every error at once.
 pub fn load(ws: &Workspace, vars: &VarInputs) -> Result<Evaluated, OpError> {
     let (config, graph) = ws.load(vars).map_err(OpError::Config)?;
-    Ok(Evaluated { config, graph })
+    let lock = Lock::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![d])))?;
+    Ok(Evaluated {
+        config,
+        graph,
+        lock,
+        upgrade: false,
+    })
 }
 
 /// The nodes the kinds' plan-time reads work on, each once.
@@ -89,18 +101,20 @@ pub async fn read(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
 
 /// Every kind's read of `config` as `mode` looks, on `pool` (tests hand it fake nodes).
 pub async fn read_on(
-    config: &Config,
+    evaluated: &Evaluated,
     pool: &HostPool,
     mode: ReadMode,
     state: Option<&State>,
 ) -> Result<Observed, OpError> {
     read(&ReadCx {
-        config,
+        config: &evaluated.config,
         mode,
         pool,
         state,
         plan: None,
         complete: true,
+        lock: evaluated.lock.as_ref(),
+        upgrade: evaluated.upgrade,
     })
     .await
 }
@@ -117,6 +131,17 @@ fn read_without_looking(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
 impl Evaluated {
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The lock file read beside the definitions.
+    pub fn lock(&self) -> Option<&Lock> {
+        self.lock.as_ref()
+    }
+
+    /// `-upgrade`: read again what the lock pins.
+    pub fn upgrading(mut self, upgrade: bool) -> Self {
+        self.upgrade = upgrade;
+        self
     }
 
     /// The first evaluation's warnings.
@@ -159,6 +184,8 @@ impl Evaluated {
             state,
             plan,
             complete: false,
+            lock: self.lock.as_ref(),
+            upgrade: false,
         };
         let observed = match pins {
             Pins::Unresolved => return Ok(self.unchanged()),

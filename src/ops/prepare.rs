@@ -95,7 +95,7 @@ async fn phases(
     hosts: &HostOptions,
     pool: &mut Option<HostPool>,
 ) -> Result<(Definitions, Plan, Vec<Diag>, Observed), OpError> {
-    let (read, facts, mut warnings) = read(evaluated.config(), recorded, refresh, pool).await?;
+    let (read, facts, mut warnings) = read(&evaluated, recorded, refresh, pool).await?;
     // One evaluation with everything read: the node facts only where they fill or contradict
     // something.
     let mut all = read;
@@ -164,11 +164,12 @@ async fn connect(
 /// refreshed nodes and of those that leave one unset, at once, on `pool`; with the warnings of
 /// the facts that could not be read.
 async fn read(
-    config: &Config,
+    evaluated: &Evaluated,
     recorded: Option<&State>,
     refresh: ReadMode,
     pool: &Option<HostPool>,
 ) -> Result<(Observed, Observed, Vec<Diag>), OpError> {
+    let config = evaluated.config();
     let empty = HostPool::from_hosts(BTreeMap::new());
     let on = pool.as_ref().unwrap_or(&empty);
     let mut facts_on = super::observe::nodes_needing_facts(config);
@@ -182,7 +183,7 @@ async fn read(
         }
     };
     let (read, (facts, warnings)) = tokio::join!(
-        super::definitions::read_on(config, on, refresh, recorded),
+        super::definitions::read_on(evaluated, on, refresh, recorded),
         facts
     );
     Ok((read?, facts, warnings))

@@ -69,6 +69,27 @@ impl Kind for Model {
         IN_PLACE
     }
     /// Files missing or corrupt on a node are fetched again in place (what is verified stays).
+    /// The download node's resource, once its revision is resolved: the repository, the
+    /// revision as written, its commit, the manifest's size and file count, and the
+    /// `config.json` facts (as their JSON text).
+    fn lock_entry(
+        &self,
+        config: &serde_json::Value,
+    ) -> Option<(String, String, crate::lockfile::Entry)> {
+        use super::DesiredConfig;
+        let d = Desired::from_config(config).ok()?;
+        let commit = d.commit.clone().filter(|_| d.is_download())?;
+        let mut e = crate::lockfile::Entry::new();
+        e.insert("repo".into(), d.repo.into());
+        e.insert("revision".into(), d.revision.into());
+        e.insert("commit".into(), commit.into());
+        e.insert("total_bytes".into(), d.total_bytes.into());
+        e.insert("files".into(), d.files.into());
+        if !d.facts.is_null() {
+            e.insert("facts".into(), d.facts.to_string().into());
+        }
+        Some(("model".into(), d.block, e))
+    }
     /// The image its transfers run in.
     fn images(&self, config: &serde_json::Value) -> Vec<String> {
         use super::DesiredConfig;

@@ -59,13 +59,60 @@ pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
     if blocks.is_empty() {
         return Ok(Observed::default());
     }
-    match cx.mode {
-        ReadMode::Normal | ReadMode::Deep => resolve_on(&blocks, cx.pool).await,
-        ReadMode::Recorded if cx.complete => pinned_by_state(&blocks, cx.state),
-        ReadMode::Recorded => Ok(recorded(&blocks, cx.state)),
-        ReadMode::Planned => Ok(cx.plan.map(planned).unwrap_or_default()),
-        ReadMode::None => Ok(Observed::default()),
+    // What the lock pins stands, unless `-upgrade`: the rest is read as the mode says.
+    let locked = match (cx.lock, cx.mode) {
+        (_, ReadMode::Planned | ReadMode::None) => Observed::default(),
+        (_, _) if cx.upgrade => Observed::default(),
+        (Some(lock), _) => locked_in(&blocks, lock),
+        (None, _) => Observed::default(),
+    };
+    let rest: BTreeMap<String, Block> = blocks
+        .into_iter()
+        .filter(|(address, _)| !locked.models.contains_key(address))
+        .collect();
+    let mut observed = match cx.mode {
+        _ if rest.is_empty() => Observed::default(),
+        ReadMode::Normal | ReadMode::Deep => resolve_on(&rest, cx.pool).await?,
+        ReadMode::Recorded if cx.complete => pinned_by_state(&rest, cx.state)?,
+        ReadMode::Recorded => recorded(&rest, cx.state),
+        ReadMode::Planned => cx.plan.map(planned).unwrap_or_default(),
+        ReadMode::None => Observed::default(),
+    };
+    observed.models.extend(locked.models);
+    Ok(observed)
+}
+
+/// The blocks the lock pins at their revision as written, with what it recorded of them.
+fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> Observed {
+    let mut observed = Observed::default();
+    for (address, b) in blocks {
+        let Some(e) = lock.entry("model", address) else {
+            continue;
+        };
+        let text = |k: &str| e.get(k).and_then(|v| v.as_str());
+        let (Some(revision), Some(commit)) = (text("revision"), text("commit")) else {
+            continue;
+        };
+        if revision != b.config.revision || text("repo") != Some(b.config.repo.as_str()) {
+            continue;
+        }
+        let facts = text("facts")
+            .and_then(|f| serde_json::from_str(f).ok())
+            .unwrap_or_default();
+        observed.models.insert(
+            address.clone(),
+            ModelObserved {
+                revision: revision.to_string(),
+                commit: commit.to_string(),
+                manifest: serde_json::json!({
+                    "total_bytes": e.get("total_bytes").cloned().unwrap_or_default(),
+                    "files": e.get("files").cloned().unwrap_or_default(),
+                }),
+                config: facts,
+            },
+        );
     }
+    observed
 }
 
 /// The commit a state pins for a block at a revision, with what was recorded about it.
