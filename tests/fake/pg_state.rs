@@ -1,7 +1,8 @@
 //! The PostgreSQL state backend against a real server (a throwaway cluster per test,
 //! `common::pg`): compare-and-swap writes, the session lock (a second holder refused naming
 //! the first, a SIGKILLed holder's lock gone at once), migration local → pg → local byte for
-//! byte, encryption with a wrong key, and an apply on fake nodes recorded in PostgreSQL.
+//! byte, encryption with a wrong key, an apply on fake nodes recorded in PostgreSQL, and an
+//! apply SIGKILLed by the chaos hook right after a journal write (a whole state, no lock left).
 
 use crate::common;
 use crate::common::pg::Pg;
@@ -392,4 +393,151 @@ async fn pg_plan_and_apply_on_a_fake_node_record_in_postgres() {
         next.summary.create + next.summary.update + next.summary.replace,
         0
     );
+}
+
+const TWO_NODES: &str = r#"
+state {
+  backend = "pg"
+}
+node "n1" {
+  address        = "10.0.0.1"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+node "n2" {
+  address        = "10.0.0.2"
+  gpus           = 1
+  memory_gib     = 128
+  unified_memory = true
+}
+network "fabric" {
+  subnet = "192.168.1.0/24"
+  mtu    = 9000
+  attach "n1" {
+    node      = node.n1
+    interface = "eth1"
+    address   = "192.168.1.1"
+  }
+  attach "n2" {
+    node      = node.n2
+    interface = "eth1"
+    address   = "192.168.1.2"
+  }
+}
+"#;
+
+/// Not a test of its own: the child process of the next test (it does nothing unless the
+/// parent set the variables). It applies TWO_NODES on fake nodes with the state in PostgreSQL,
+/// holding the lock, one step at a time; the chaos hook kills it after a journal write.
+#[test]
+fn pg_apply_child() {
+    let (Ok(conn), Ok(dir)) = (
+        std::env::var("SPARKFORM_TEST_PG_APPLY_CONN"),
+        std::env::var("SPARKFORM_TEST_PG_APPLY_DIR"),
+    ) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let (config, graph) = common::load(&dir);
+    let store = pg_store_conn(&conn, &dir, "default");
+    let key = HashKey::from_bytes([7; 32]);
+    let plan =
+        sparkform::plan::plan(&config, &graph, &State::new(), &PlanOptions::with_key(key)).unwrap();
+    let world = FakeWorld::new();
+    let pool = HostPool::from_hosts(
+        ["node.n1", "node.n2"]
+            .into_iter()
+            .map(|n| {
+                let h = Arc::new(FakeHost::new(n, &world).interface("eth1", 9000, &[]));
+                (n.to_string(), h as Arc<dyn sparkform::hosts::Host>)
+            })
+            .collect(),
+    );
+    let _lock = store.lock("apply").unwrap();
+    println!("APPLYING {}", std::process::id());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = rt.block_on(apply(ApplyRequest {
+        config: &config,
+        graph: &graph,
+        plan: &plan,
+        store: &store,
+        state: State::default(),
+        parallelism: 1,
+        rollback: true,
+        hosts: HostOptions::default(),
+        pool: Some(pool),
+        events: tokio::sync::mpsc::unbounded_channel().0,
+        cancel: CancellationToken::new(),
+    }));
+    // Reached only when the hook did not fire.
+    println!("APPLIED ok={}", outcome.ok);
+}
+
+fn pg_store_conn(conn: &str, local: &Path, workspace: &str) -> StateStore {
+    StateStore::postgres(local.join("state/sparkform.json"), target(workspace), conn)
+        .unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+#[test]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+fn pg_an_apply_killed_after_a_journal_write_leaves_a_whole_state_and_no_lock() {
+    let pg = Pg::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("main.hcl"), TWO_NODES).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "pg_state::pg_apply_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SPARKFORM_TEST_PG_APPLY_CONN", &pg.conn)
+        .env("SPARKFORM_TEST_PG_APPLY_DIR", dir.path())
+        .env("SPARKFORM_CHAOS_KILL_AFTER", "create:attach.n1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        child.status.signal(),
+        Some(9),
+        "the hook did not kill the apply: {stdout}\n{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    let pid: u32 = stdout
+        .split_once("APPLYING ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .expect("the child's pid");
+    let killed = Instant::now();
+    let store = pg_store(&pg, dir.path(), "default");
+    let lock = store.lock("apply").unwrap_or_else(|e| panic!("{e:?}"));
+    let took = killed.elapsed();
+    eprintln!("pg lock free {took:?} after the apply was killed");
+    assert_eq!(lock.took_over.as_ref().map(|i| i.pid), Some(pid));
+    // The state is a whole document: the step the kill followed is recorded, the next is not.
+    let state = store.load().unwrap().expect("the journal wrote the state");
+    assert!(
+        state.resources.contains_key("network.fabric.attach.n1"),
+        "{:?}",
+        state.resources.keys()
+    );
+    assert!(!state.resources.contains_key("network.fabric.attach.n2"));
+    assert!(
+        state.serial >= 2,
+        "the lineage first, then the step: {}",
+        state.serial
+    );
+    drop(lock);
+    // A next run writes from what it read.
+    let mut next = state.clone();
+    store.write(&mut next).unwrap();
+    assert_eq!(next.serial, state.serial + 1);
 }
