@@ -7,8 +7,10 @@
 //!
 //! The calls are synchronous, as the local file's: each runs on a thread of its own with a
 //! small runtime, so they work alike from plain code and from inside the commands' runtime.
-//! TLS is not used (`NoTls`): the server must be on this machine (a unix socket or a loopback
-//! address) unless `SPARKFORM_PG_ALLOW_PLAINTEXT=1` says a network in between is trusted.
+//! TLS (rustls, the server's certificate checked against the system's roots and the file
+//! `SPARKFORM_PG_CA_FILE` or `PGSSLROOTCERT` names): required for a server that is not on a
+//! unix socket or a loopback address (plain only with `SPARKFORM_PG_ALLOW_PLAINTEXT=1`); on this
+//! machine only when the connection string says `sslmode=require`.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -16,8 +18,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::backend::{Backend, Expect, PgTarget};
 use super::lock::RemoteLock;
@@ -25,16 +28,27 @@ use super::{holder_process, LockInfo, LockStatus, StateError, StateLock};
 
 pub const CONN_ENV: &str = "SPARKFORM_PG_CONN";
 const PLAINTEXT_ENV: &str = "SPARKFORM_PG_ALLOW_PLAINTEXT";
+const CA_ENV: &str = "SPARKFORM_PG_CA_FILE";
 /// How long one call may take, connecting included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Debug)]
 pub(crate) struct PgBackend {
     target: PgTarget,
-    /// Holds the password, if any: never printed (its `Debug` is not used).
+    /// Holds the password, if any: never printed.
     config: Config,
+    /// The TLS connector, unless the connection is plain (`sslmode` disabled).
+    tls: Option<MakeRustlsConnect>,
     /// Where a local state would be: one there while the row is missing is refused.
     local_file: PathBuf,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("target", &self.target)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 fn backend_error(message: impl Into<String>) -> StateError {
@@ -122,17 +136,33 @@ impl PgBackend {
             config.host("/run/postgresql");
         }
         let plaintext_ok = std::env::var(PLAINTEXT_ENV).is_ok_and(|v| v == "1");
-        if !plaintext_ok && !config.get_hosts().iter().all(is_loopback) {
-            return Err(StateError::Backend {
-                message: "the PostgreSQL server is on another machine, and this sparkform speaks to it without TLS".into(),
-                help: format!("reach it over a unix socket or a loopback address (an ssh or stunnel tunnel), or set {PLAINTEXT_ENV}=1 if the network in between is trusted"),
-            });
+        let remote = !config.get_hosts().iter().all(is_loopback);
+        match (config.get_ssl_mode(), remote) {
+            (SslMode::Disable, true) if !plaintext_ok => {
+                return Err(StateError::Backend {
+                    message: "the PostgreSQL server is on another machine, and the connection string turns TLS off (sslmode=disable)".into(),
+                    help: format!("drop sslmode=disable (TLS is then required), or set {PLAINTEXT_ENV}=1 if the network in between is trusted"),
+                })
+            }
+            // This machine: plain unless the connection string asks for TLS.
+            (SslMode::Prefer, false) => {
+                config.ssl_mode(SslMode::Disable);
+            }
+            (SslMode::Prefer, true) if !plaintext_ok => {
+                config.ssl_mode(SslMode::Require);
+            }
+            _ => {}
         }
+        let tls = match config.get_ssl_mode() {
+            SslMode::Disable => None,
+            _ => Some(tls_connector()?),
+        };
         config.application_name("sparkform");
         config.connect_timeout(Duration::from_secs(10));
         Ok(PgBackend {
             target,
             config,
+            tls,
             local_file,
         })
     }
@@ -167,10 +197,10 @@ impl PgBackend {
         F: FnOnce(Client) -> Fut + Send,
         Fut: Future<Output = Result<T, StateError>> + Send,
     {
-        let config = &self.config;
+        let (config, tls) = (&self.config, self.tls.clone());
         let tables = (self.table("states"), self.table("locks"), self.schema());
         on_own_runtime(async move {
-            let client = connect(config).await?;
+            let client = connect(config, tls).await?;
             ensure_tables(&client, &tables).await?;
             call(client).await
         })
@@ -212,15 +242,62 @@ impl PgBackend {
     }
 }
 
-async fn connect(config: &Config) -> Result<Client, StateError> {
-    let (client, connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| backend_error(format!("cannot connect to PostgreSQL: {e}")))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+async fn connect(config: &Config, tls: Option<MakeRustlsConnect>) -> Result<Client, StateError> {
+    let failed = |e: tokio_postgres::Error| {
+        use std::error::Error;
+        // The cause says why (a certificate not trusted, a refused password); never the password.
+        let cause = e.source().map(|c| format!(": {c}")).unwrap_or_default();
+        backend_error(format!("cannot connect to PostgreSQL: {e}{cause}"))
+    };
+    let client = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls).await.map_err(failed)?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+    };
     Ok(client)
+}
+
+/// rustls with ring, the system's roots and the CA file the environment names.
+fn tls_connector() -> Result<MakeRustlsConnect, StateError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    let ca_file = std::env::var_os(CA_ENV).or_else(|| std::env::var_os("PGSSLROOTCERT"));
+    if let Some(path) = ca_file {
+        let shown = std::path::Path::new(&path).display().to_string();
+        let bad = |why: String| backend_error(format!("the CA file {shown} ({CA_ENV}): {why}"));
+        let certs = CertificateDer::pem_file_iter(&path).map_err(|e| bad(e.to_string()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| bad(e.to_string()))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(backend_error(format!(
+            "TLS to PostgreSQL needs CA certificates, and none were found: set {CA_ENV} to the PEM file of the server's CA"
+        )));
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| backend_error(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
 
 fn query_error(e: tokio_postgres::Error) -> StateError {
@@ -473,6 +550,7 @@ impl Backend for PgBackend {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
         let config = self.config.clone();
+        let tls = self.tls.clone();
         let tables = (self.table("states"), self.table("locks"), self.schema());
         let key = self.lock_key();
         let workspace = self.workspace().to_string();
@@ -494,7 +572,14 @@ impl Backend for PgBackend {
                     }
                 };
                 rt.block_on(hold_lock(
-                    config, tables, key, workspace, place, ours, ready_tx, release_rx,
+                    (config, tls),
+                    tables,
+                    key,
+                    workspace,
+                    place,
+                    ours,
+                    ready_tx,
+                    release_rx,
                 ));
             })
             .map_err(|e| backend_error(format!("cannot start the lock's thread: {e}")))?;
@@ -586,7 +671,7 @@ impl Backend for PgBackend {
 /// then holds both until `release` (or its sender's drop), and gives them back.
 #[allow(clippy::too_many_arguments)]
 async fn hold_lock(
-    config: Config,
+    (config, tls): (Config, Option<MakeRustlsConnect>),
     tables: (String, String, String),
     key: i64,
     workspace: String,
@@ -597,7 +682,7 @@ async fn hold_lock(
 ) {
     let locks = tables.1.clone();
     let taken = tokio::time::timeout(CALL_TIMEOUT, async {
-        let client = connect(&config).await?;
+        let client = connect(&config, tls).await?;
         ensure_tables(&client, &tables).await?;
         let got: bool = client
             .query_one("SELECT pg_try_advisory_lock($1)", &[&key])

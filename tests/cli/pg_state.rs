@@ -76,10 +76,10 @@ fn the_pg_backend_without_a_connection_says_what_to_set() {
     // A remote server without TLS is refused before anything is sent.
     let (code, _, err) = out(sparkform().args(["state", "list"]).arg(dir.path()).env(
         "SPARKFORM_PG_CONN",
-        "host=db.example.org user=u password=secret",
+        "host=db.example.org user=u password=secret sslmode=disable",
     ));
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("without TLS"), "{err}");
+    assert!(err.contains("turns TLS off"), "{err}");
     assert!(!err.contains("secret"), "{err}");
 }
 
@@ -199,4 +199,44 @@ fn pg_state_migrate_pull_and_push_through_the_binary() {
     let (code, _, err) = out(sf().args(["state", "list"]).arg(dir.path()));
     assert_eq!(code, 1, "{err}");
     common::pg::bin_dir().expect("binaries");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+fn pg_state_over_tls_checks_the_servers_certificate() {
+    let pg = Pg::start_tls();
+    let dir = folder("state {\n  backend = \"pg\"\n}");
+    let file = dir.path().join("doc.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&sample()).unwrap()).unwrap();
+    let conn = pg.tcp_conn.clone().expect("a TLS server");
+    let sf = |conn: &str| {
+        let mut c = sparkform();
+        c.env("SPARKFORM_PG_CONN", conn);
+        c
+    };
+    // Trusted through the CA file: pushed and read back over TLS (the server takes no
+    // plain TCP connection: its pg_hba has only hostssl).
+    let ca = pg.folder().join("ca.crt");
+    let (code, _, err) = out(sf(&conn)
+        .env("SPARKFORM_PG_CA_FILE", &ca)
+        .args(["state", "push"])
+        .arg(&file)
+        .arg(dir.path()));
+    assert_eq!(code, 0, "{err}");
+    let (code, pulled, err) = out(sf(&conn)
+        .env("SPARKFORM_PG_CA_FILE", &ca)
+        .args(["state", "pull"])
+        .arg(dir.path()));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(pulled.as_bytes(), &std::fs::read(&file).unwrap()[..]);
+    // Not trusted without it.
+    let (code, _, err) = out(sf(&conn).args(["state", "pull"]).arg(dir.path()));
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // Plain TCP is refused by this server: what passed above went over TLS.
+    let plain = conn.replace("sslmode=require", "sslmode=disable");
+    let (code, _, err) = out(sf(&plain).args(["state", "pull"]).arg(dir.path()));
+    assert_eq!(code, 1);
+    assert!(err.contains("no pg_hba.conf entry"), "{err}");
 }

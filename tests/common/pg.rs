@@ -39,6 +39,8 @@ pub struct Pg {
     user: Option<&'static str>,
     /// The libpq connection string of the cluster (no password: `trust` on its socket).
     pub conn: String,
+    /// With [`Pg::start_tls`]: `host=127.0.0.1 port=P … sslmode=require`.
+    pub tcp_conn: Option<String>,
 }
 
 fn is_root() -> bool {
@@ -49,6 +51,17 @@ fn is_root() -> bool {
 impl Pg {
     /// A running cluster; panics saying why when PostgreSQL is missing or does not start.
     pub fn start() -> Pg {
+        Pg::start_with(false)
+    }
+
+    /// A cluster that also listens on a loopback port with TLS only (a certificate for
+    /// `127.0.0.1` signed by a test CA, `ca.crt` in [`Pg::folder`]; its pg_hba takes TCP
+    /// connections only over TLS).
+    pub fn start_tls() -> Pg {
+        Pg::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Pg {
         let bin = bin_dir().unwrap_or_else(|| panic!("no PostgreSQL here: this test {NEEDS}"));
         let dir = tempfile::Builder::new()
             .prefix("sf-pg")
@@ -71,14 +84,17 @@ impl Pg {
         } else {
             None
         };
-        let pg = Pg {
+        // The port names the socket too; a TLS cluster listens on it on loopback as well.
+        let port = if tls { free_port() } else { 5432 };
+        let mut pg = Pg {
             conn: format!(
-                "host={} port=5432 user=sparkform dbname=postgres",
+                "host={} port={port} user=sparkform dbname=postgres",
                 dir.path().display()
             ),
             dir,
             bin,
             user,
+            tcp_conn: None,
         };
         let data = pg.data();
         let out = pg.run(
@@ -95,10 +111,18 @@ impl Pg {
             ],
         );
         assert!(out.status.success(), "initdb failed: {}", text(&out));
-        let options = format!(
-            "-k {} -c listen_addresses='' -p 5432 -c fsync=off -c synchronous_commit=off",
+        let mut options = format!(
+            "-k {} -p {port} -c fsync=off -c synchronous_commit=off",
             pg.dir.path().display()
         );
+        if tls {
+            options.push_str(&pg.tls_options());
+            pg.tcp_conn = Some(format!(
+                "host=127.0.0.1 port={port} user=sparkform dbname=postgres sslmode=require"
+            ));
+        } else {
+            options.push_str(" -c listen_addresses=''");
+        }
         let log = pg.dir.path().join("server.log").display().to_string();
         let out = pg.run(
             "pg_ctl",
@@ -113,6 +137,96 @@ impl Pg {
             std::fs::read_to_string(&log).unwrap_or_default()
         );
         pg
+    }
+
+    /// A self-signed certificate and key owned by the server's user, a pg_hba with `local`
+    /// and `hostssl` only, and the server options that use them.
+    fn tls_options(&self) -> String {
+        let d = self.dir.path();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .expect("openssl");
+            assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
+        };
+        // A CA, and the server's certificate it signs (webpki refuses a CA as the server's).
+        let days = ["-days", "1"];
+        openssl(
+            &[
+                &["req", "-x509", "-newkey", "rsa:2048", "-nodes"][..],
+                &days,
+                &[
+                    "-subj",
+                    "/CN=sparkform test CA",
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                ],
+            ]
+            .concat(),
+        );
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(
+            &[
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    "server.csr",
+                    "-CA",
+                    "ca.crt",
+                    "-CAkey",
+                    "ca.key",
+                ][..],
+                &[
+                    "-CAcreateserial",
+                    "-out",
+                    "server.crt",
+                    "-extfile",
+                    "server.ext",
+                ],
+                &days,
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            d.join("hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        if self.user.is_some() {
+            for f in ["server.key", "server.crt", "hba.conf"] {
+                let out = Command::new("chown")
+                    .arg("nobody")
+                    .arg(d.join(f))
+                    .output()
+                    .expect("chown");
+                assert!(out.status.success(), "chown: {}", text(&out));
+            }
+        }
+        format!(
+            " -c listen_addresses=127.0.0.1 -c ssl=on -c ssl_cert_file={0}/server.crt -c ssl_key_file={0}/server.key -c hba_file={0}/hba.conf",
+            d.display()
+        )
     }
 
     pub fn folder(&self) -> &Path {
@@ -159,6 +273,12 @@ impl Pg {
         assert!(out.status.success(), "psql {sql}: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").port()
 }
 
 fn text(out: &Output) -> String {
