@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config::backend::{BackendKind, StateBlock};
 use crate::config::{self, Config, VarInputs};
 use crate::diag::Diagnostics;
 use crate::graph::Graph;
-use crate::state::{HashKey, State, StateError, StateStore};
+use crate::state::{HashKey, PgTarget, State, StateError, StateKey, StateStore};
 
 pub const DEFAULT_STATE_FILE: &str = "state/sparkform.json";
 
@@ -14,16 +15,42 @@ pub const DEFAULT_STATE_FILE: &str = "state/sparkform.json";
 pub struct Workspace {
     pub dir: PathBuf,
     pub state_path: PathBuf,
+    /// The definitions' `state` block (`None`: the local file), or why it cannot be used.
+    pub backend: Result<Option<StateBlock>, String>,
 }
 
 impl Workspace {
-    /// `dir` holds the definitions; the state defaults to `dir/state/sparkform.json`.
+    /// `dir` holds the definitions; the state is where their `state` block says, by default
+    /// the local file `dir/state/sparkform.json` (or `state`, with the local backend).
     pub fn new(dir: &Path, state: Option<&Path>) -> Self {
+        let default = dir.join(DEFAULT_STATE_FILE);
+        let backend = match config::backend::read(dir) {
+            Ok(b) => Ok(b),
+            Err(d) => Err(format!(
+                "cannot tell where the state lives:\n{}",
+                crate::diag::render_plain(&d.0)
+            )),
+        };
+        let backend = match (backend, state) {
+            (Ok(Some(b)), Some(p)) if b.backend == BackendKind::Pg && p != default => Err(format!(
+                "-state {} names a local file, but the `state` block at {} keeps the state in PostgreSQL: drop -state, or move the state with `sparkform state migrate`",
+                p.display(),
+                b.at
+            )),
+            (b, _) => b,
+        };
         Workspace {
             dir: dir.to_path_buf(),
-            state_path: state
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| dir.join(DEFAULT_STATE_FILE)),
+            state_path: state.map(Path::to_path_buf).unwrap_or(default),
+            backend,
+        }
+    }
+
+    /// The backend the definitions choose: `local` (also without a `state` block) or `pg`.
+    pub fn backend_kind(&self) -> BackendKind {
+        match &self.backend {
+            Ok(Some(b)) => b.backend,
+            _ => BackendKind::Local,
         }
     }
 
@@ -43,16 +70,71 @@ impl Workspace {
         }
     }
 
-    /// What every command says when the state file does not exist.
+    /// What every command says when there is no state.
     pub fn nothing_applied(&self) -> String {
-        format!(
-            "No state at {}: nothing has been applied",
-            self.state_path.display()
-        )
+        match self.backend_kind() {
+            BackendKind::Local => format!(
+                "No state at {}: nothing has been applied",
+                self.state_path.display()
+            ),
+            BackendKind::Pg => format!(
+                "No state in {}: nothing has been applied",
+                self.store().describe()
+            ),
+        }
     }
 
+    /// Where the state is, as the `state` block says; encrypted with the key the environment
+    /// gives (`SPARKFORM_STATE_KEY`, `SPARKFORM_STATE_KEY_FILE`). A store whose use fails
+    /// with why when the block or the environment is wrong.
     pub fn store(&self) -> StateStore {
-        StateStore::new(self.state_path.clone())
+        self.store_on(self.backend_kind())
+    }
+
+    /// The store of `kind`, whatever the block chooses (`state migrate`'s source and
+    /// target): PostgreSQL takes the block's schema and workspace, or the defaults.
+    pub fn store_on(&self, kind: BackendKind) -> StateStore {
+        let block = match &self.backend {
+            Ok(b) => b.as_ref(),
+            Err(why) => {
+                return StateStore::unusable(
+                    self.state_path.clone(),
+                    StateError::Backend {
+                        message: why.clone(),
+                        help: "fix the `state` block (docs/language.md#state)".into(),
+                    },
+                )
+            }
+        };
+        let key = match StateKey::from_env() {
+            Ok(k) => k,
+            Err(why) => {
+                return StateStore::unusable(
+                    self.state_path.clone(),
+                    StateError::Backend {
+                        message: why,
+                        help: "the state's encryption key comes from SPARKFORM_STATE_KEY (base64 of 32 bytes) or the file SPARKFORM_STATE_KEY_FILE names".into(),
+                    },
+                )
+            }
+        };
+        let store = match kind {
+            BackendKind::Local => Ok(StateStore::new(self.state_path.clone())),
+            BackendKind::Pg => {
+                let target = PgTarget {
+                    schema: block
+                        .map_or(config::backend::DEFAULT_SCHEMA.into(), |b| b.schema.clone()),
+                    workspace: block.map_or(config::backend::DEFAULT_WORKSPACE.into(), |b| {
+                        b.workspace.clone()
+                    }),
+                };
+                StateStore::postgres_from_env(self.dir.join(DEFAULT_STATE_FILE), target)
+            }
+        };
+        match store {
+            Ok(s) => s.with_key(key),
+            Err(e) => StateStore::unusable(self.state_path.clone(), e),
+        }
     }
 
     /// The recorded state, or `None` when nothing was ever applied.

@@ -282,6 +282,7 @@ const SINGLE_DASH: &[&str] = &[
     "no-rollback",
     "connect-timeout",
     "force",
+    "to",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

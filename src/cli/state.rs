@@ -1,4 +1,4 @@
-//! `sparkform state list|show`: read the recorded state.
+//! `sparkform state list|show|pull|push|migrate`: read the recorded state, or move it as it is.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,9 +10,43 @@ use crate::plan::render;
 use crate::state::ResourceState;
 use crate::workspace::Workspace;
 
-/// Read the recorded state
+/// Read the recorded state, or move it as it is
 #[derive(Subcommand, Debug)]
 pub enum StateCommand {
+    /// Print the state document (decrypted when it is encrypted) to stdout
+    #[command(after_help = "Example:\n  sparkform state pull examples/testbed > backup.json")]
+    Pull(StateArgs),
+    /// Replace the state with the document in FILE (as `state pull` prints it)
+    #[command(
+        long_about = "Replace the state with the document in FILE, byte for byte, holding the state lock. \
+Refused when the state there has another lineage (another deployment's) or a newer serial, unless -force.",
+        after_help = "Example:\n  sparkform state push backup.json examples/testbed"
+    )]
+    Push {
+        /// The state document to write
+        file: PathBuf,
+        /// Write it even over another lineage or a newer serial
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        args: StateArgs,
+    },
+    /// Move the state to PostgreSQL or back to the local file
+    #[command(
+        long_about = "Copy the state, byte for byte, from the other backend to the one named by --to: \
+--to pg reads DIR/state/sparkform.json and writes the row of the `state` block's schema and workspace \
+(the connection from SPARKFORM_PG_CONN); --to local the other way. Both locks are held; a target \
+holding another deployment's state (another lineage) or a newer serial is refused. A local source \
+file is renamed sparkform.json.migrated. Then set `backend` in the `state` block to match.",
+        after_help = "Example:\n  SPARKFORM_PG_CONN='host=/run/postgresql dbname=sparkform' sparkform state migrate -to pg examples/testbed"
+    )]
+    Migrate {
+        /// Where the state goes: `pg` or `local`
+        #[arg(long, value_name = "BACKEND", value_parser = ["pg", "local"])]
+        to: String,
+        #[command(flatten)]
+        args: StateArgs,
+    },
     /// List the addresses of every recorded resource
     #[command(after_help = "Example:\n  sparkform state list examples/testbed")]
     List(StateArgs),
@@ -47,6 +81,9 @@ pub fn run(cmd: StateCommand) -> ExitCode {
     let (args, address) = match &cmd {
         StateCommand::List(a) => (a, None),
         StateCommand::Show { address, args } => (args, Some(address)),
+        StateCommand::Pull(args) => return pull(args),
+        StateCommand::Push { file, force, args } => return push(args, file, *force),
+        StateCommand::Migrate { to, args } => return migrate(args, to),
     };
     let ws = match args.workspace() {
         Ok(ws) => ws,
@@ -92,6 +129,102 @@ pub fn run(cmd: StateCommand) -> ExitCode {
                 ExitCode::from(1)
             }
         },
+    }
+}
+
+fn pull(args: &StateArgs) -> ExitCode {
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
+    match ws.store().read_document() {
+        Ok(Some(doc)) => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(&doc).and_then(|()| out.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("Error: cannot write the state to stdout: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Ok(None) => {
+            eprintln!("Error: {}.", ws.nothing_applied());
+            ExitCode::from(1)
+        }
+        Err(e) => report_error(e),
+    }
+}
+
+fn push(args: &StateArgs, file: &std::path::Path, force: bool) -> ExitCode {
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
+    let doc = match std::fs::read(file) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("Error: cannot read {}: {e}", file.display());
+            return ExitCode::from(1);
+        }
+    };
+    let store = ws.store();
+    match store.push(&doc, file, force) {
+        Ok(m) => {
+            let was = m
+                .replaced
+                .map(|s| format!(" (it was at serial {s})"))
+                .unwrap_or_default();
+            println!(
+                "Pushed {} to {}: serial {}, lineage {}, {} resources{was}.",
+                file.display(),
+                store.describe(),
+                m.serial,
+                m.lineage,
+                m.resources
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(e),
+    }
+}
+
+fn migrate(args: &StateArgs, to: &str) -> ExitCode {
+    use crate::config::backend::BackendKind;
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
+    if to == "pg" && ws.backend_kind() != BackendKind::Pg {
+        eprintln!("Error: the definitions keep the state in the local file: set `backend = \"pg\"` in their `state` block first (docs/language.md#state), then migrate; until then the commands refuse to run beside a local state.");
+        return ExitCode::from(1);
+    }
+    let (from, target) = if to == "pg" {
+        (BackendKind::Local, BackendKind::Pg)
+    } else {
+        (BackendKind::Pg, BackendKind::Local)
+    };
+    let (source, dest) = (ws.store_on(from), ws.store_on(target));
+    match source.migrate_to(&dest) {
+        Ok(m) => {
+            println!(
+                "Migrated the state from {} to {}: serial {}, lineage {}, {} resources.",
+                source.describe(),
+                dest.describe(),
+                m.serial,
+                m.lineage,
+                m.resources
+            );
+            if ws.backend_kind() != target {
+                println!(
+                    "Now set `backend = \"{}\"` in the definitions' `state` block: until then the commands refuse to run.",
+                    target.name()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_error(e),
     }
 }
 

@@ -1,6 +1,7 @@
 //! From a folder of HCL files to an evaluated [`Config`]. Reads the files; does no other I/O.
 
 mod arith;
+pub mod backend;
 mod eval;
 pub mod functions;
 pub mod limits;

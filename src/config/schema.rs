@@ -97,6 +97,18 @@ pub static IMPORT: BlockSpec = spec(
     &[],
 );
 
+/// `state { backend = "pg" … }`: where the state lives (`config::backend`). Literal strings.
+pub static STATE: BlockSpec = spec(
+    "state",
+    &[],
+    &[
+        opt("backend", Kind::Str),
+        opt("schema", Kind::Str),
+        opt("workspace", Kind::Str),
+    ],
+    &[],
+);
+
 pub static MODULE: BlockSpec = BlockSpec {
     kind: "module",
     labels: &["name"],
@@ -126,6 +138,7 @@ macro_rules! top_level {
             &MODULE,
             &OUTPUT,
             &IMPORT,
+            &STATE,
         ];
     };
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{io_err, parent_dir, StateError, StateStore, SPARKFORM_VERSION};
+use crate::state::{io_err, parent_dir, StateError, SPARKFORM_VERSION};
 
 /// How many times to re-open the lock file when it is replaced under us.
 const MAX_OPEN_ATTEMPTS: u32 = 50;
@@ -40,7 +40,7 @@ pub struct LockInfo {
 }
 
 impl LockInfo {
-    fn new(operation: &str) -> Self {
+    pub(super) fn new(operation: &str) -> Self {
         LockInfo {
             id: uuid::Uuid::new_v4().to_string(),
             host: this_host(),
@@ -59,6 +59,8 @@ impl LockInfo {
 pub struct StateLock {
     /// Kept open: closing it releases the OS lock.
     file: Option<File>,
+    /// The lock of a backend other than the local file (PostgreSQL's session lock).
+    remote: Option<Box<dyn RemoteLock>>,
     path: PathBuf,
     info: LockInfo,
     /// Set when a stale lock file (left by a process that no longer holds
@@ -81,7 +83,26 @@ impl StateLock {
         self.release_inner()
     }
 
+    /// A lock held by another backend, for the life of `remote`.
+    pub(super) fn remote(
+        remote: Box<dyn RemoteLock>,
+        place: PathBuf,
+        info: LockInfo,
+        took_over: Option<LockInfo>,
+    ) -> Self {
+        StateLock {
+            file: None,
+            remote: Some(remote),
+            path: place,
+            info,
+            took_over,
+        }
+    }
+
     fn release_inner(&mut self) -> Result<(), StateError> {
+        if let Some(mut remote) = self.remote.take() {
+            return remote.release();
+        }
         let Some(file) = self.file.take() else {
             return Ok(());
         };
@@ -102,6 +123,11 @@ impl StateLock {
         drop(file);
         result
     }
+}
+
+/// A lock held elsewhere than in a local file; released once, by `release` or on drop.
+pub(crate) trait RemoteLock: Send + Sync + std::fmt::Debug {
+    fn release(&mut self) -> Result<(), StateError>;
 }
 
 impl Drop for StateLock {
@@ -150,122 +176,121 @@ fn read_info_at(path: &Path) -> Result<Option<LockInfo>, StateError> {
         })
 }
 
-impl StateStore {
-    /// Takes the state lock for `operation` (e.g. `"apply"`), failing fast
-    /// with [`StateError::Locked`] if another process holds it.
-    pub fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
-        let path = self.lock_path();
-        let dir = parent_dir(&path);
-        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+/// Takes the state lock for `operation` (e.g. `"apply"`), failing fast
+/// with [`StateError::Locked`] if another process holds it.
+pub(super) fn lock_file(path: PathBuf, operation: &str) -> Result<StateLock, StateError> {
+    let dir = parent_dir(&path);
+    fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
 
-        for _ in 0..MAX_OPEN_ATTEMPTS {
-            // Never truncate before holding the OS lock: the file may hold
-            // the current holder's info.
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(|e| io_err(&path, e))?;
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(fs::TryLockError::WouldBlock) => return Err(holder_error(&path, &mut file)),
-                Err(fs::TryLockError::Error(e)) => return Err(io_err(&path, e)),
-            }
-            // The previous holder may have unlinked the file between our open
-            // and our lock (or force-unlock may have): then we locked an
-            // orphan inode, and someone else can create a new file. Retry.
-            if !same_file(&file, &path).map_err(|e| io_err(&path, e))? {
-                continue;
-            }
-
-            // We hold it. Whatever is in the file was left by a process that
-            // no longer holds the OS lock.
-            let previous = read_from(&mut file).map_err(|e| io_err(&path, e))?;
-            let took_over = serde_json::from_str::<LockInfo>(&previous).ok();
-
-            let info = LockInfo::new(operation);
-            let mut doc =
-                serde_json::to_vec_pretty(&info).map_err(|e| io_err(&path, io::Error::other(e)))?;
-            doc.push(b'\n');
-            let written = file
-                .set_len(0)
-                .and_then(|()| file.seek(SeekFrom::Start(0)))
-                .and_then(|_| file.write_all(&doc))
-                .and_then(|()| file.sync_all());
-            let lock = StateLock {
-                file: Some(file),
-                path: path.clone(),
-                info,
-                took_over,
-            };
-            // On failure, dropping `lock` cleans up (the id check fails on a
-            // partial write, so the file is left for the next taker).
-            written.map_err(|e| io_err(&path, e))?;
-            return Ok(lock);
+    for _ in 0..MAX_OPEN_ATTEMPTS {
+        // Never truncate before holding the OS lock: the file may hold
+        // the current holder's info.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io_err(&path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(holder_error(&path, &mut file)),
+            Err(fs::TryLockError::Error(e)) => return Err(io_err(&path, e)),
         }
-        Err(StateError::LockBusy { path })
-    }
-
-    /// Removes the lock file if its ID is `id`, returning what it contained.
-    ///
-    /// A lock whose holder still holds the OS lock (an operation is running) is refused with
-    /// [`StateError::LockLive`] unless `force`: removing it would let a second writer in
-    /// beside the first. With `force` the file is removed anyway, and a new `lock()` succeeds
-    /// alongside the old holder, which then does not remove the new holder's file when it
-    /// finishes.
-    pub fn force_unlock(&self, id: &str, force: bool) -> Result<LockInfo, StateError> {
-        let path = self.lock_path();
-        let info =
-            read_info_at(&path)?.ok_or_else(|| StateError::NotLocked { path: path.clone() })?;
-        if info.id != id {
-            return Err(StateError::LockIdMismatch {
-                path,
-                expected: id.to_string(),
-                found: info.id,
-            });
+        // The previous holder may have unlinked the file between our open
+        // and our lock (or force-unlock may have): then we locked an
+        // orphan inode, and someone else can create a new file. Retry.
+        if !same_file(&file, &path).map_err(|e| io_err(&path, e))? {
+            continue;
         }
-        if !force && os_lock_held(&path)? {
-            let process = holder_process(&info).describe(&info);
-            return Err(StateError::LockLive {
-                path,
-                holder: Box::new(info),
-                process,
-            });
-        }
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path, e)),
-            _ => Ok(info),
-        }
-    }
 
-    /// The current lock file's contents, `Ok(None)` if there is none. A file
-    /// may remain after its holder was killed; [`StateStore::lock_status`]
-    /// tells whether it is live.
-    pub fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError> {
-        read_info_at(&self.lock_path())
-    }
+        // We hold it. Whatever is in the file was left by a process that
+        // no longer holds the OS lock.
+        let previous = read_from(&mut file).map_err(|e| io_err(&path, e))?;
+        let took_over = serde_json::from_str::<LockInfo>(&previous).ok();
 
-    /// Whether an operation holds the lock now, left a stale lock file, or neither. Reading
-    /// commands (plan) use it to say that an apply is running.
-    pub fn lock_status(&self) -> Result<LockStatus, StateError> {
-        let path = self.lock_path();
-        let info = match read_info_at(&path) {
-            Ok(Some(info)) => info,
-            Ok(None) => return Ok(LockStatus::Free),
-            // A holder that is still writing its info holds the OS lock already.
-            Err(StateError::LockCorrupt { .. }) if os_lock_held(&path)? => {
-                return Ok(LockStatus::Starting)
-            }
-            Err(e) => return Err(e),
+        let info = LockInfo::new(operation);
+        let mut doc =
+            serde_json::to_vec_pretty(&info).map_err(|e| io_err(&path, io::Error::other(e)))?;
+        doc.push(b'\n');
+        let written = file
+            .set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(&doc))
+            .and_then(|()| file.sync_all());
+        let lock = StateLock {
+            file: Some(file),
+            remote: None,
+            path: path.clone(),
+            info,
+            took_over,
         };
-        Ok(if os_lock_held(&path)? {
-            LockStatus::Held(info)
-        } else {
-            LockStatus::Stale(info)
-        })
+        // On failure, dropping `lock` cleans up (the id check fails on a
+        // partial write, so the file is left for the next taker).
+        written.map_err(|e| io_err(&path, e))?;
+        return Ok(lock);
     }
+    Err(StateError::LockBusy { path })
+}
+
+/// Removes the lock file if its ID is `id`, returning what it contained.
+///
+/// A lock whose holder still holds the OS lock (an operation is running) is refused with
+/// [`StateError::LockLive`] unless `force`: removing it would let a second writer in
+/// beside the first. With `force` the file is removed anyway, and a new `lock()` succeeds
+/// alongside the old holder, which then does not remove the new holder's file when it
+/// finishes.
+pub(super) fn force_unlock_file(
+    path: PathBuf,
+    id: &str,
+    force: bool,
+) -> Result<LockInfo, StateError> {
+    let info = read_info_at(&path)?.ok_or_else(|| StateError::NotLocked { path: path.clone() })?;
+    if info.id != id {
+        return Err(StateError::LockIdMismatch {
+            path,
+            expected: id.to_string(),
+            found: info.id,
+        });
+    }
+    if !force && os_lock_held(&path)? {
+        let process = holder_process(&info).describe(&info);
+        return Err(StateError::LockLive {
+            path,
+            holder: Box::new(info),
+            process,
+        });
+    }
+    match fs::remove_file(&path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path, e)),
+        _ => Ok(info),
+    }
+}
+
+/// The current lock file's contents, `Ok(None)` if there is none. A file
+/// may remain after its holder was killed; [`StateStore::lock_status`]
+/// tells whether it is live.
+pub(super) fn read_lock_info_file(path: &Path) -> Result<Option<LockInfo>, StateError> {
+    read_info_at(path)
+}
+
+/// Whether an operation holds the lock now, left a stale lock file, or neither. Reading
+/// commands (plan) use it to say that an apply is running.
+pub(super) fn lock_status_file(path: PathBuf) -> Result<LockStatus, StateError> {
+    let info = match read_info_at(&path) {
+        Ok(Some(info)) => info,
+        Ok(None) => return Ok(LockStatus::Free),
+        // A holder that is still writing its info holds the OS lock already.
+        Err(StateError::LockCorrupt { .. }) if os_lock_held(&path)? => {
+            return Ok(LockStatus::Starting)
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(if os_lock_held(&path)? {
+        LockStatus::Held(info)
+    } else {
+        LockStatus::Stale(info)
+    })
 }
 
 /// Who holds the state lock, as a reading command sees it.
@@ -317,7 +342,7 @@ pub enum HolderProcess {
 }
 
 impl HolderProcess {
-    fn describe(&self, info: &LockInfo) -> String {
+    pub(crate) fn describe(&self, info: &LockInfo) -> String {
         match self {
             HolderProcess::Sparkform => format!("PID {} is a running sparkform", info.pid),
             HolderProcess::Other(name) => format!("PID {} runs `{name}`", info.pid),
@@ -409,6 +434,7 @@ fn holder_error(path: &Path, file: &mut File) -> StateError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::StateStore;
 
     fn store() -> (tempfile::TempDir, StateStore) {
         let dir = tempfile::tempdir().unwrap();

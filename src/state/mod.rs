@@ -2,14 +2,22 @@
 //! atomic writes, a `.backup` of the previous version and an advisory lock
 //! (see [`lock`]).
 
+mod backend;
+pub mod crypt;
 mod lock;
+mod pg;
+mod transfer;
 
+pub use backend::{Expect, PgTarget};
+pub use crypt::StateKey;
 pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
+pub use transfer::Moved;
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -296,6 +304,74 @@ pub enum StateError {
         process: String,
     },
 
+    #[error("{message}")]
+    #[diagnostic(code(sparkform::state::backend), help("{help}"))]
+    Backend { message: String, help: String },
+
+    #[error(
+        "the state in {place} changed under this run: it is at serial {found_serial} (lineage {found_lineage}), and this run read serial {read_serial}; nothing was written"
+    )]
+    #[diagnostic(
+        code(sparkform::state::stale),
+        help("another sparkform wrote the state meanwhile (a run that did not hold the lock, or after a force-unlock): run `sparkform plan` again to see the state as it is now")
+    )]
+    Stale {
+        place: String,
+        read_serial: u64,
+        found_serial: u64,
+        found_lineage: String,
+    },
+
+    #[error(
+        "the state in {place} has lineage {theirs}, not {ours}: it is another deployment's state"
+    )]
+    #[diagnostic(code(sparkform::state::lineage), help("{help}"))]
+    OtherLineage {
+        place: String,
+        ours: String,
+        theirs: String,
+        help: String,
+    },
+
+    #[error("the document has serial {ours}, older than the serial {theirs} in {place}")]
+    #[diagnostic(
+        code(sparkform::state::older_serial),
+        help("`sparkform state pull` prints the state as it is now; `-force` pushes the older document anyway")
+    )]
+    OlderSerial {
+        place: String,
+        ours: u64,
+        theirs: u64,
+    },
+
+    #[error("the state in {place} is encrypted, and no key is set")]
+    #[diagnostic(
+        code(sparkform::state::no_key),
+        help("set SPARKFORM_STATE_KEY (base64 of the 32-byte key) or SPARKFORM_STATE_KEY_FILE (a file holding it) to the key it was written with; nothing was read or written")
+    )]
+    EncryptedNoKey { place: String },
+
+    #[error("the state in {place} does not open with the key set (SPARKFORM_STATE_KEY or SPARKFORM_STATE_KEY_FILE)")]
+    #[diagnostic(
+        code(sparkform::state::wrong_key),
+        help("it was encrypted with another key, or altered; set the key it was written with. Nothing was written")
+    )]
+    WrongKey { place: String },
+
+    #[error("the encrypted state in {place} is not as sparkform writes it: {why}")]
+    #[diagnostic(
+        code(sparkform::state::envelope),
+        help("restore it from a backup (the local backend keeps the previous version as .backup, PostgreSQL in the row's `previous` column)")
+    )]
+    Envelope { place: String, why: String },
+
+    #[error("the definitions keep the state in {place}, which has none, but the local file {} holds a state", file.display())]
+    #[diagnostic(
+        code(sparkform::state::still_local),
+        help("run `sparkform state migrate --to pg` to move it there (it refuses a target that holds another deployment's state), or, if the state was moved back to the file, set `backend = \"local\"` in the `state` block")
+    )]
+    StillLocal { place: String, file: PathBuf },
+
     #[error("state is not locked ({} does not exist)", path.display())]
     #[diagnostic(code(sparkform::state::not_locked), help("nothing to unlock"))]
     NotLocked { path: PathBuf },
@@ -361,19 +437,131 @@ fn ignore_in_git(dir: &Path, name: &str) -> Result<(), StateError> {
         .map_err(|e| io_err(&path, e))
 }
 
-/// Where the state lives on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the state lives: the local file (`path`), or another [`backend::Backend`]
+/// (PostgreSQL), with the key of its encryption at rest when one is set. The key of the hashes
+/// of sensitive values is beside `path` for every backend.
+#[derive(Debug, Clone)]
 pub struct StateStore {
     path: PathBuf,
+    backend: Arc<dyn backend::Backend>,
+    key: Option<StateKey>,
+}
+
+impl PartialEq for StateStore {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.describe() == other.describe()
+    }
 }
 
 impl StateStore {
+    /// The local file `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        StateStore { path: path.into() }
+        let path = path.into();
+        StateStore {
+            backend: Arc::new(backend::LocalFile::new(path.clone())),
+            path,
+            key: None,
+        }
     }
 
+    /// The row `target` of PostgreSQL, reached with the libpq connection string `conn`
+    /// (`host=/run/postgresql dbname=d user=u`, or a URL); never printed. `local_path` is where
+    /// the local state would be: the key of the hashes lives beside it, and a state left there
+    /// is refused rather than hidden.
+    pub fn postgres(
+        local_path: impl Into<PathBuf>,
+        target: PgTarget,
+        conn: &str,
+    ) -> Result<Self, StateError> {
+        let path = local_path.into();
+        let pg = pg::PgBackend::new(target, conn, path.clone())?;
+        Ok(StateStore {
+            backend: Arc::new(pg),
+            path,
+            key: None,
+        })
+    }
+
+    /// PostgreSQL, the connection from the environment (`SPARKFORM_PG_CONN`, else libpq's
+    /// `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`).
+    pub fn postgres_from_env(
+        local_path: impl Into<PathBuf>,
+        target: PgTarget,
+    ) -> Result<Self, StateError> {
+        let path = local_path.into();
+        let pg = pg::PgBackend::from_env(target, path.clone())?;
+        Ok(StateStore {
+            backend: Arc::new(pg),
+            path,
+            key: None,
+        })
+    }
+
+    /// A store whose every use fails with `why` (a `state` block or an environment that does
+    /// not say where the state is): commands that never touch the state still run.
+    pub fn unusable(local_path: impl Into<PathBuf>, why: StateError) -> Self {
+        use miette::Diagnostic;
+        let path = local_path.into();
+        let help = why.help().map(|h| h.to_string()).unwrap_or_else(|| {
+            "fix the `state` block or the environment it needs (docs/language.md#state)".into()
+        });
+        let message = match &why {
+            StateError::Backend { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        StateStore {
+            backend: Arc::new(backend::Unusable { message, help }),
+            path,
+            key: None,
+        }
+    }
+
+    /// The same store, its documents encrypted with `key` (and read with it).
+    pub fn with_key(mut self, key: Option<StateKey>) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Whether documents are encrypted when written.
+    pub fn encrypts(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Where the state is, for messages: `the file X`, `PostgreSQL sparkform.states, workspace "w"`.
+    pub fn describe(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// `local` or `pg`.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The local path: the state file of the local backend; for the others, where the key of
+    /// the hashes is kept (its folder).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Takes the state lock for `operation` (e.g. `"apply"`), failing fast with
+    /// [`StateError::Locked`] naming the holder if another process holds it.
+    pub fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
+        self.backend.lock(operation)
+    }
+
+    /// Removes the lock whose ID is `id`; a live one only with `force`.
+    pub fn force_unlock(&self, id: &str, force: bool) -> Result<LockInfo, StateError> {
+        self.backend.force_unlock(id, force)
+    }
+
+    /// The current holder's record, `Ok(None)` if there is none.
+    pub fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError> {
+        self.backend.read_lock_info()
+    }
+
+    /// Whether an operation holds the lock now, left a stale record, or neither.
+    pub fn lock_status(&self) -> Result<LockStatus, StateError> {
+        self.backend.lock_status()
     }
 
     /// `<path>.backup`: the previous version, kept by [`StateStore::write`].
@@ -435,46 +623,47 @@ impl StateStore {
         Ok(key)
     }
 
-    /// Reads the state; `Ok(None)` if the file does not exist.
+    /// Reads the state; `Ok(None)` if there is none yet.
     pub fn load(&self) -> Result<Option<State>, StateError> {
-        let text = match fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err(&self.path, e)),
+        let Some(plain) = self.read_document()? else {
+            return Ok(None);
         };
-        let corrupt = |e: serde_json::Error| StateError::Corrupt {
-            path: self.path.clone(),
-            line: e.line(),
-            column: e.column(),
-            message: json_message(&e),
+        let place = self.backend.place();
+        let text = String::from_utf8(plain).map_err(|e| StateError::Corrupt {
+            path: place.clone(),
+            line: 1,
+            column: 1,
+            message: format!("not UTF-8 text: {e}"),
+        })?;
+        parse_document(&place, &text).map(Some)
+    }
+
+    /// The stored document as plain text (opened with the key when it is encrypted); what
+    /// `state pull` prints. `Ok(None)` if there is none yet.
+    pub fn read_document(&self) -> Result<Option<Vec<u8>>, StateError> {
+        let Some(stored) = self.backend.read()? else {
+            return Ok(None);
         };
-        // Look at the version first so that a newer format with a different
-        // shape is reported as such rather than as corruption.
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(corrupt)?;
-        if let Some(found) = value.get("format_version").and_then(|v| v.as_u64()) {
-            if found > u64::from(FORMAT_VERSION) {
-                let written_by = value
-                    .get("sparkform_version")
-                    .and_then(|v| v.as_str())
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string);
-                return Err(StateError::NewerFormat {
-                    path: self.path.clone(),
-                    found,
-                    supported: FORMAT_VERSION,
-                    written_by,
-                });
-            }
+        crypt::open(stored, self.key.as_ref())
+            .map(Some)
+            .map_err(|p| self.crypt_error(p))
+    }
+
+    fn crypt_error(&self, problem: crypt::Problem) -> StateError {
+        let place = self.describe();
+        match problem {
+            crypt::Problem::NoKey => StateError::EncryptedNoKey { place },
+            crypt::Problem::WrongKey => StateError::WrongKey { place },
+            crypt::Problem::Damaged(why) => StateError::Envelope { place, why },
         }
-        // Parse the text again (not the Value) so errors carry line/column.
-        serde_json::from_str(&text).map(Some).map_err(corrupt)
     }
 
     /// Writes `state` atomically, bumping its serial and recording this
-    /// sparkform's version. The previous document is kept at
-    /// [`StateStore::backup_path`]. A crash at any point leaves either the
-    /// old or the new complete document at [`StateStore::path`]. On error
-    /// `state` is left unchanged.
+    /// sparkform's version. The local file keeps the previous document at
+    /// [`StateStore::backup_path`]; PostgreSQL keeps it in the row and writes only over the
+    /// serial and lineage it read (a stale writer is refused with [`StateError::Stale`]). A
+    /// crash at any point leaves either the old or the new complete document. On error `state`
+    /// is left unchanged.
     pub fn write(&self, state: &mut State) -> Result<(), StateError> {
         let saved = (
             state.format_version,
@@ -484,65 +673,134 @@ impl StateStore {
         state.format_version = FORMAT_VERSION;
         state.serial = saved.1.saturating_add(1);
         state.sparkform_version = SPARKFORM_VERSION.to_string();
-        let result = self.write_inner(state);
+        let expect = if saved.1 == 0 {
+            Expect::Absent
+        } else {
+            Expect::Serial(saved.1, state.lineage.clone())
+        };
+        let result = serde_json::to_vec_pretty(&*state)
+            .map_err(|e| io_err(&self.path, io::Error::other(e)))
+            .and_then(|mut doc| {
+                doc.push(b'\n');
+                self.store_document(&doc, state.serial, &state.lineage, expect)
+            });
         if result.is_err() {
             (state.format_version, state.serial, state.sparkform_version) = saved;
         }
         result
     }
 
-    fn write_inner(&self, state: &State) -> Result<(), StateError> {
-        let dir = parent_dir(&self.path);
-        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-        let file_name = self
-            .path
-            .file_name()
-            .ok_or_else(|| {
-                io_err(
-                    &self.path,
-                    io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"),
-                )
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let pid = std::process::id();
-
-        let mut doc = serde_json::to_vec_pretty(state)
-            .map_err(|e| io_err(&self.path, io::Error::other(e)))?;
-        doc.push(b'\n');
-
-        let tmp = dir.join(format!(".{file_name}.tmp-{pid}"));
-        let result = self.write_via(&tmp, &dir, &file_name, pid, &doc);
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
-    }
-
-    fn write_via(
+    /// Stores the plain document `doc` (of `serial` and `lineage`) as it is, encrypted when a
+    /// key is set; `expect` is what the backend must hold now. An encrypted document this
+    /// store cannot open is never written over.
+    pub fn store_document(
         &self,
-        tmp: &Path,
-        dir: &Path,
-        file_name: &str,
-        pid: u32,
         doc: &[u8],
+        serial: u64,
+        lineage: &str,
+        expect: Expect,
     ) -> Result<(), StateError> {
-        write_synced(tmp, doc)?;
-
-        if fs::symlink_metadata(&self.path).is_ok() {
-            let backup = self.backup_path();
-            let backup_tmp = dir.join(format!(".{file_name}.backup.tmp-{pid}"));
-            let result = link_or_copy(&self.path, &backup_tmp)
-                .and_then(|()| fs::rename(&backup_tmp, &backup).map_err(|e| io_err(&backup, e)));
-            if result.is_err() {
-                let _ = fs::remove_file(&backup_tmp);
+        // A document sealed with another key (or sealed while no key is set now) stays as it
+        // is, on every backend: the serial and lineage PostgreSQL compares are not secret.
+        match self.backend.read() {
+            Ok(Some(stored)) => {
+                crypt::open(stored, self.key.as_ref()).map_err(|p| self.crypt_error(p))?;
             }
-            result?;
+            Ok(None) | Err(StateError::StillLocal { .. }) => {}
+            Err(e) => return Err(e),
         }
-
-        fs::rename(tmp, &self.path).map_err(|e| io_err(&self.path, e))?;
-        sync_dir(dir)
+        let sealed;
+        let bytes = match &self.key {
+            Some(k) => {
+                sealed = k.seal(doc).map_err(|why| StateError::Envelope {
+                    place: self.describe(),
+                    why,
+                })?;
+                &sealed[..]
+            }
+            None => doc,
+        };
+        self.backend.write(bytes, serial, lineage, expect)
     }
+}
+
+/// Parses a state document read from `place`: a newer format is reported as such, a damaged
+/// one with its line and column.
+pub fn parse_document(place: &Path, text: &str) -> Result<State, StateError> {
+    let corrupt = |e: serde_json::Error| StateError::Corrupt {
+        path: place.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        message: json_message(&e),
+    };
+    // Look at the version first so that a newer format with a different
+    // shape is reported as such rather than as corruption.
+    let value: serde_json::Value = serde_json::from_str(text).map_err(corrupt)?;
+    if let Some(found) = value.get("format_version").and_then(|v| v.as_u64()) {
+        if found > u64::from(FORMAT_VERSION) {
+            let written_by = value
+                .get("sparkform_version")
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_string);
+            return Err(StateError::NewerFormat {
+                path: place.to_path_buf(),
+                found,
+                supported: FORMAT_VERSION,
+                written_by,
+            });
+        }
+    }
+    // Parse the text again (not the Value) so errors carry line/column.
+    serde_json::from_str(text).map_err(corrupt)
+}
+
+/// Writes `doc` to `path` atomically, the previous version kept as `path.backup`.
+pub(crate) fn write_file(path: &Path, doc: &[u8]) -> Result<(), StateError> {
+    let dir = parent_dir(path);
+    fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| {
+            io_err(
+                path,
+                io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"),
+            )
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let pid = std::process::id();
+    let tmp = dir.join(format!(".{file_name}.tmp-{pid}"));
+    let result = write_via(path, &tmp, &dir, &file_name, pid, doc);
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_via(
+    path: &Path,
+    tmp: &Path,
+    dir: &Path,
+    file_name: &str,
+    pid: u32,
+    doc: &[u8],
+) -> Result<(), StateError> {
+    write_synced(tmp, doc)?;
+
+    if fs::symlink_metadata(path).is_ok() {
+        let backup = with_suffix(path, ".backup");
+        let backup_tmp = dir.join(format!(".{file_name}.backup.tmp-{pid}"));
+        let result = link_or_copy(path, &backup_tmp)
+            .and_then(|()| fs::rename(&backup_tmp, &backup).map_err(|e| io_err(&backup, e)));
+        if result.is_err() {
+            let _ = fs::remove_file(&backup_tmp);
+        }
+        result?;
+    }
+
+    fs::rename(tmp, path).map_err(|e| io_err(path, e))?;
+    sync_dir(dir)
 }
 
 /// Creates/truncates `path`, writes `bytes` and fsyncs it.

@@ -10,4 +10,5 @@ mod broken_pipe;
 mod cli;
 mod cli_convention;
 mod hostile;
+mod pg_state;
 mod sensitive_args;

@@ -24,6 +24,7 @@ mod machine_faults;
 mod model_kind;
 mod observed_facts;
 mod ops;
+mod pg_state;
 mod plan_render;
 mod plan_snapshots;
 mod prepare;

@@ -85,6 +85,10 @@ impl Loader {
             }
             return;
         }
+        if kind == "state" {
+            self.collect_state(file, block, &header);
+            return;
+        }
         if kind == "import" {
             self.check_nested(file, &block.body, spec, &header);
             self.lower_import(file, block, header);
@@ -127,6 +131,34 @@ impl Loader {
                 calls_functions,
             },
         );
+    }
+
+    /// `state { … }`: only in the root module, once; its literal values checked.
+    fn collect_state(&mut self, file: &Arc<SourceFile>, block: &Block, header: &Span) {
+        if self.stack.len() > 1 {
+            self.diags.push(
+                Diag::error(
+                    "config::state_in_module",
+                    "a `state` block belongs in the root module",
+                )
+                .label(header, "inside a module")
+                .help("where the state lives is the deployment's choice: move it to the definitions you run sparkform on"),
+            );
+            return;
+        }
+        match crate::config::backend::check_block(file, block) {
+            Ok(b) => match &self.state_block {
+                Some(first) => self.diags.push(
+                    Diag::error("config::state_block", "a second `state` block")
+                        .label(header, "here")
+                        .help(format!(
+                            "the state lives in one place: keep the block at {first}"
+                        )),
+                ),
+                None => self.state_block = Some(b.at),
+            },
+            Err(ds) => ds.into_iter().for_each(|d| self.diags.push(d)),
+        }
     }
 
     pub(super) fn block_refs(

@@ -146,6 +146,8 @@ pub struct Loader {
     stack: Vec<PathBuf>,
     pub config: Config,
     pub observed: crate::config::Observed,
+    /// Where the root module's `state` block is, once one was read.
+    state_block: Option<String>,
 }
 
 const MAX_MODULE_DEPTH: usize = 16;
@@ -169,6 +171,7 @@ impl Loader {
                 imports: Vec::new(),
             },
             observed: Default::default(),
+            state_block: None,
         }
     }
 

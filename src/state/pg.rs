@@ -1,0 +1,766 @@
+//! The PostgreSQL backend: one row per workspace in `SCHEMA.states` (the document, its serial
+//! and lineage, the previous document), every write a compare-and-swap on the serial and
+//! lineage the writer read; the lock a session advisory lock held on a connection of its own
+//! for the life of the run (the server releases it when that connection drops, so a killed
+//! run leaves no lock behind), with a holder row in `SCHEMA.locks` for `plan`'s note and
+//! `force-unlock`.
+//!
+//! The calls are synchronous, as the local file's: each runs on a thread of its own with a
+//! small runtime, so they work alike from plain code and from inside the commands' runtime.
+//! TLS (rustls, the server's certificate checked against the system's roots and the file
+//! `SPARKFORM_PG_CA_FILE` or `PGSSLROOTCERT` names): required for a server that is not on a
+//! unix socket or a loopback address (plain only with `SPARKFORM_PG_ALLOW_PLAINTEXT=1`); on this
+//! machine only when the connection string says `sslmode=require`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::backend::{Backend, Expect, PgTarget};
+use super::lock::RemoteLock;
+use super::{holder_process, LockInfo, LockStatus, StateError, StateLock};
+
+pub const CONN_ENV: &str = "SPARKFORM_PG_CONN";
+const PLAINTEXT_ENV: &str = "SPARKFORM_PG_ALLOW_PLAINTEXT";
+const CA_ENV: &str = "SPARKFORM_PG_CA_FILE";
+/// How long one call may take, connecting included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) struct PgBackend {
+    target: PgTarget,
+    /// Holds the password, if any: never printed.
+    config: Config,
+    /// The TLS connector, unless the connection is plain (`sslmode` disabled).
+    tls: Option<MakeRustlsConnect>,
+    /// Where a local state would be: one there while the row is missing is refused.
+    local_file: PathBuf,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("target", &self.target)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend_error(message: impl Into<String>) -> StateError {
+    StateError::Backend {
+        message: message.into(),
+        help: format!(
+            "{CONN_ENV} (or libpq's PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD) says how to reach the server; check that it runs and that the user may create the schema's tables"
+        ),
+    }
+}
+
+fn is_loopback(host: &Host) -> bool {
+    match host {
+        Host::Unix(_) => true,
+        Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+    }
+}
+
+impl PgBackend {
+    pub(crate) fn new(
+        target: PgTarget,
+        conn: &str,
+        local_file: PathBuf,
+    ) -> Result<Self, StateError> {
+        // The parser's errors name the option, never its value.
+        let config = Config::from_str(conn).map_err(|e| {
+            backend_error(format!(
+                "the PostgreSQL connection string is not valid: {e}"
+            ))
+        })?;
+        Self::with_config(target, config, local_file)
+    }
+
+    pub(crate) fn from_env(target: PgTarget, local_file: PathBuf) -> Result<Self, StateError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mut config = match var(CONN_ENV) {
+            Some(conn) => Config::from_str(&conn).map_err(|e| {
+                backend_error(format!("{CONN_ENV} is not a valid connection string: {e}"))
+            })?,
+            None if var("PGHOST").is_some() || var("PGDATABASE").is_some() => {
+                let mut c = Config::new();
+                if let Some(h) = var("PGHOST") {
+                    c.host(&h);
+                }
+                if let Some(p) = var("PGPORT") {
+                    let port = p
+                        .parse()
+                        .map_err(|_| backend_error("PGPORT is not a port number"))?;
+                    c.port(port);
+                }
+                if let Some(u) = var("PGUSER") {
+                    c.user(&u);
+                }
+                if let Some(d) = var("PGDATABASE") {
+                    c.dbname(&d);
+                }
+                c
+            }
+            None => {
+                return Err(StateError::Backend {
+                    message: "the definitions keep the state in PostgreSQL, and the environment does not say how to reach it".into(),
+                    help: format!("set {CONN_ENV} (e.g. \"host=/run/postgresql dbname=sparkform user=deploy\"), or PGHOST and PGDATABASE; a password goes in PGPASSWORD or ~/.pgpass, never in the definitions"),
+                })
+            }
+        };
+        if config.get_password().is_none() {
+            if let Some(p) = var("PGPASSWORD") {
+                config.password(p);
+            }
+        }
+        Self::with_config(target, config, local_file)
+    }
+
+    fn with_config(
+        target: PgTarget,
+        mut config: Config,
+        local_file: PathBuf,
+    ) -> Result<Self, StateError> {
+        if config.get_hosts().is_empty() {
+            config.host("/run/postgresql");
+        }
+        let plaintext_ok = std::env::var(PLAINTEXT_ENV).is_ok_and(|v| v == "1");
+        let remote = !config.get_hosts().iter().all(is_loopback);
+        match (config.get_ssl_mode(), remote) {
+            (SslMode::Disable, true) if !plaintext_ok => {
+                return Err(StateError::Backend {
+                    message: "the PostgreSQL server is on another machine, and the connection string turns TLS off (sslmode=disable)".into(),
+                    help: format!("drop sslmode=disable (TLS is then required), or set {PLAINTEXT_ENV}=1 if the network in between is trusted"),
+                })
+            }
+            // This machine: plain unless the connection string asks for TLS.
+            (SslMode::Prefer, false) => {
+                config.ssl_mode(SslMode::Disable);
+            }
+            (SslMode::Prefer, true) if !plaintext_ok => {
+                config.ssl_mode(SslMode::Require);
+            }
+            _ => {}
+        }
+        let tls = match config.get_ssl_mode() {
+            SslMode::Disable => None,
+            _ => Some(tls_connector()?),
+        };
+        config.application_name("sparkform");
+        config.connect_timeout(Duration::from_secs(10));
+        Ok(PgBackend {
+            target,
+            config,
+            tls,
+            local_file,
+        })
+    }
+
+    fn table(&self, name: &str) -> String {
+        // The schema is checked to be a plain identifier (`config::backend`); quoted anyway.
+        format!("\"{}\".{name}", self.target.schema.replace('"', "\"\""))
+    }
+
+    /// The advisory lock's key: this schema and workspace, as a non-negative 63-bit number.
+    fn lock_key(&self) -> i64 {
+        let digest = Sha256::digest(
+            format!(
+                "sparkform state lock\0{}\0{}",
+                self.target.schema, self.target.workspace
+            )
+            .as_bytes(),
+        );
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&digest[..8]);
+        (u64::from_be_bytes(bytes) >> 1) as i64
+    }
+
+    fn workspace(&self) -> &str {
+        &self.target.workspace
+    }
+
+    /// Runs `call` on a connection of its own, on a thread of its own.
+    fn call<T, F, Fut>(&self, call: F) -> Result<T, StateError>
+    where
+        T: Send,
+        F: FnOnce(Client) -> Fut + Send,
+        Fut: Future<Output = Result<T, StateError>> + Send,
+    {
+        let (config, tls) = (&self.config, self.tls.clone());
+        let tables = (self.table("states"), self.table("locks"), self.schema());
+        on_own_runtime(async move {
+            let client = connect(config, tls).await?;
+            ensure_tables(&client, &tables).await?;
+            call(client).await
+        })
+    }
+
+    fn schema(&self) -> String {
+        format!("\"{}\"", self.target.schema.replace('"', "\"\""))
+    }
+
+    /// The row's serial and lineage now, for a refused write's message.
+    async fn current(
+        client: &Client,
+        states: &str,
+        workspace: &str,
+    ) -> Result<Option<(u64, String)>, StateError> {
+        let row = client
+            .query_opt(
+                &format!("SELECT serial, lineage FROM {states} WHERE workspace = $1"),
+                &[&workspace],
+            )
+            .await
+            .map_err(query_error)?;
+        Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get::<_, String>(1))))
+    }
+
+    fn lock_place(&self) -> PathBuf {
+        self.place()
+    }
+
+    /// The holder row, and whether the advisory lock is held by some session.
+    fn holder(&self) -> Result<(Option<LockInfo>, bool), StateError> {
+        let locks = self.table("locks");
+        let key = self.lock_key();
+        let workspace = self.workspace().to_string();
+        self.call(move |client| async move {
+            let info = read_holder(&client, &locks, &workspace).await?;
+            Ok((info, lock_held(&client, key).await?))
+        })
+    }
+}
+
+async fn connect(config: &Config, tls: Option<MakeRustlsConnect>) -> Result<Client, StateError> {
+    let failed = |e: tokio_postgres::Error| {
+        use std::error::Error;
+        // The cause says why (a certificate not trusted, a refused password); never the password.
+        let cause = e.source().map(|c| format!(": {c}")).unwrap_or_default();
+        backend_error(format!("cannot connect to PostgreSQL: {e}{cause}"))
+    };
+    let client = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls).await.map_err(failed)?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+    };
+    Ok(client)
+}
+
+/// rustls with ring, the system's roots and the CA file the environment names.
+fn tls_connector() -> Result<MakeRustlsConnect, StateError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    let ca_file = std::env::var_os(CA_ENV).or_else(|| std::env::var_os("PGSSLROOTCERT"));
+    if let Some(path) = ca_file {
+        let shown = std::path::Path::new(&path).display().to_string();
+        let bad = |why: String| backend_error(format!("the CA file {shown} ({CA_ENV}): {why}"));
+        let certs = CertificateDer::pem_file_iter(&path).map_err(|e| bad(e.to_string()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| bad(e.to_string()))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(backend_error(format!(
+            "TLS to PostgreSQL needs CA certificates, and none were found: set {CA_ENV} to the PEM file of the server's CA"
+        )));
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| backend_error(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
+fn query_error(e: tokio_postgres::Error) -> StateError {
+    let detail = e
+        .as_db_error()
+        .map(|d| format!("{}: {}", d.code().code(), d.message()))
+        .unwrap_or_else(|| e.to_string());
+    backend_error(format!("PostgreSQL refused the state's query: {detail}"))
+}
+
+/// The tables, created if missing (under a transaction-scoped advisory lock, so two first
+/// runs do not race on the catalog).
+async fn ensure_tables(
+    client: &Client,
+    (states, locks, schema): &(String, String, String),
+) -> Result<(), StateError> {
+    let present = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+            &[states, locks],
+        )
+        .await
+        .map_err(query_error)?;
+    if present.get::<_, bool>(0) {
+        return Ok(());
+    }
+    client
+        .batch_execute(&format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(7283476192834761);
+             CREATE SCHEMA IF NOT EXISTS {schema};
+             CREATE TABLE IF NOT EXISTS {states} (
+                 workspace text PRIMARY KEY,
+                 serial bigint NOT NULL,
+                 lineage text NOT NULL,
+                 document text NOT NULL,
+                 previous text,
+                 updated timestamptz NOT NULL DEFAULT now()
+             );
+             CREATE TABLE IF NOT EXISTS {locks} (
+                 workspace text PRIMARY KEY,
+                 id text NOT NULL,
+                 host text NOT NULL,
+                 pid bigint NOT NULL,
+                 started text NOT NULL,
+                 operation text NOT NULL,
+                 version text NOT NULL
+             );
+             COMMIT;"
+        ))
+        .await
+        .map_err(query_error)
+}
+
+async fn read_holder(
+    client: &Client,
+    locks: &str,
+    workspace: &str,
+) -> Result<Option<LockInfo>, StateError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT id, host, pid, started, operation, version FROM {locks} WHERE workspace = $1"
+            ),
+            &[&workspace],
+        )
+        .await
+        .map_err(query_error)?;
+    Ok(row.map(|r| LockInfo {
+        id: r.get(0),
+        host: r.get(1),
+        pid: u32::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+        started: r.get(3),
+        operation: r.get(4),
+        version: r.get(5),
+    }))
+}
+
+/// Whether a session holds the advisory lock: taken and given back at once when free (a
+/// writer starting in that instant finds the state locked and can retry).
+async fn lock_held(client: &Client, key: i64) -> Result<bool, StateError> {
+    let got: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+        .await
+        .map_err(query_error)?
+        .get(0);
+    if got {
+        client
+            .query_one("SELECT pg_advisory_unlock($1)", &[&key])
+            .await
+            .map_err(query_error)?;
+    }
+    Ok(!got)
+}
+
+/// `fut` on a current-thread runtime of its own thread, bounded by [`CALL_TIMEOUT`].
+fn on_own_runtime<T: Send>(
+    fut: impl Future<Output = Result<T, StateError>> + Send,
+) -> Result<T, StateError> {
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| backend_error(format!("cannot start the PostgreSQL client: {e}")))?;
+            rt.block_on(async {
+                tokio::time::timeout(CALL_TIMEOUT, fut)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(backend_error(format!(
+                            "PostgreSQL did not answer within {} s",
+                            CALL_TIMEOUT.as_secs()
+                        )))
+                    })
+            })
+        });
+        worker
+            .join()
+            .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client thread panicked")))
+    })
+}
+
+impl Backend for PgBackend {
+    fn name(&self) -> &'static str {
+        "pg"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "PostgreSQL {}.states, workspace \"{}\"",
+            self.target.schema, self.target.workspace
+        )
+    }
+
+    fn read(&self) -> Result<Option<Vec<u8>>, StateError> {
+        let states = self.table("states");
+        let workspace = self.workspace().to_string();
+        let doc = self.call(move |client| async move {
+            let row = client
+                .query_opt(
+                    &format!("SELECT document FROM {states} WHERE workspace = $1"),
+                    &[&workspace],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(row.map(|r| r.get::<_, String>(0).into_bytes()))
+        })?;
+        if doc.is_none() && self.local_file.exists() {
+            return Err(StateError::StillLocal {
+                place: self.describe(),
+                file: self.local_file.clone(),
+            });
+        }
+        Ok(doc)
+    }
+
+    fn write(
+        &self,
+        doc: &[u8],
+        serial: u64,
+        lineage: &str,
+        expect: Expect,
+    ) -> Result<(), StateError> {
+        let text = String::from_utf8(doc.to_vec())
+            .map_err(|_| backend_error("the state document is not UTF-8 text"))?;
+        let serial_db = i64::try_from(serial).map_err(|_| backend_error("serial overflow"))?;
+        let states = self.table("states");
+        let workspace = self.workspace().to_string();
+        let lineage = lineage.to_string();
+        let place = self.describe();
+        self.call(move |client| async move {
+            let params_new: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&workspace, &serial_db, &lineage, &text];
+            let (changed, read_serial) = match &expect {
+                Expect::Absent => (
+                    client
+                        .execute(
+                            &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO NOTHING"),
+                            &params_new,
+                        )
+                        .await
+                        .map_err(query_error)?,
+                    0,
+                ),
+                Expect::Serial(read, read_lineage) => {
+                    let read_db = i64::try_from(*read).map_err(|_| backend_error("serial overflow"))?;
+                    (
+                        client
+                            .execute(
+                                &format!("UPDATE {states} SET previous = document, document = $4, serial = $2, lineage = $3, updated = now() WHERE workspace = $1 AND serial = $5 AND lineage = $6"),
+                                &[&workspace, &serial_db, &lineage, &text, &read_db, read_lineage],
+                            )
+                            .await
+                            .map_err(query_error)?,
+                        *read,
+                    )
+                }
+                Expect::Any => (
+                    client
+                        .execute(
+                            &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO UPDATE SET previous = {states}.document, document = EXCLUDED.document, serial = EXCLUDED.serial, lineage = EXCLUDED.lineage, updated = now()"),
+                            &params_new,
+                        )
+                        .await
+                        .map_err(query_error)?,
+                    0,
+                ),
+            };
+            if changed == 1 {
+                return Ok(());
+            }
+            let (found_serial, found_lineage) = PgBackend::current(&client, &states, &workspace)
+                .await?
+                .unwrap_or((0, "(none: the row is gone)".into()));
+            Err(StateError::Stale {
+                place,
+                read_serial,
+                found_serial,
+                found_lineage,
+            })
+        })
+    }
+
+    fn set_aside(&self) -> Result<(), StateError> {
+        let states = self.table("states");
+        let workspace = self.workspace().to_string();
+        let aside = format!("{workspace}.migrated");
+        self.call(move |client| async move {
+            client.batch_execute("BEGIN").await.map_err(query_error)?;
+            client
+                .execute(
+                    &format!("DELETE FROM {states} WHERE workspace = $1"),
+                    &[&aside],
+                )
+                .await
+                .map_err(query_error)?;
+            client
+                .execute(
+                    &format!("UPDATE {states} SET workspace = $2 WHERE workspace = $1"),
+                    &[&workspace, &aside],
+                )
+                .await
+                .map_err(query_error)?;
+            client.batch_execute("COMMIT").await.map_err(query_error)
+        })
+    }
+
+    fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
+        let info = LockInfo::new(operation);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let config = self.config.clone();
+        let tls = self.tls.clone();
+        let tables = (self.table("states"), self.table("locks"), self.schema());
+        let key = self.lock_key();
+        let workspace = self.workspace().to_string();
+        let place = self.lock_place();
+        let ours = info.clone();
+        let thread = std::thread::Builder::new()
+            .name("sparkform-pg-lock".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(backend_error(format!(
+                            "cannot start the PostgreSQL client: {e}"
+                        ))));
+                        return;
+                    }
+                };
+                rt.block_on(hold_lock(
+                    (config, tls),
+                    tables,
+                    key,
+                    workspace,
+                    place,
+                    ours,
+                    ready_tx,
+                    release_rx,
+                ));
+            })
+            .map_err(|e| backend_error(format!("cannot start the lock's thread: {e}")))?;
+        let took_over = match ready_rx.recv() {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(backend_error("the PostgreSQL lock's thread ended early"));
+            }
+        };
+        let held = PgLock {
+            release: Some(release_tx),
+            thread: Some(thread),
+        };
+        Ok(StateLock::remote(
+            Box::new(held),
+            self.lock_place(),
+            info,
+            took_over,
+        ))
+    }
+
+    fn force_unlock(&self, id: &str, force: bool) -> Result<LockInfo, StateError> {
+        let path = self.lock_place();
+        let (info, held) = self.holder()?;
+        let info = info.ok_or_else(|| StateError::NotLocked { path: path.clone() })?;
+        if info.id != id {
+            return Err(StateError::LockIdMismatch {
+                path,
+                expected: id.to_string(),
+                found: info.id,
+            });
+        }
+        if held && !force {
+            let process = holder_process(&info).describe(&info);
+            return Err(StateError::LockLive {
+                path,
+                holder: Box::new(info),
+                process,
+            });
+        }
+        let locks = self.table("locks");
+        let workspace = self.workspace().to_string();
+        let key = self.lock_key();
+        let id = id.to_string();
+        self.call(move |client| async move {
+            if held {
+                // `-force` on a live lock: its session is ended, so the lock is free, as the
+                // local file's `-force` removes a lock file its holder still has open.
+                client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
+                        &[&key],
+                    )
+                    .await
+                    .map_err(query_error)?;
+            }
+            client
+                .execute(
+                    &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
+                    &[&workspace, &id],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(())
+        })?;
+        Ok(info)
+    }
+
+    fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError> {
+        self.holder().map(|(info, _)| info)
+    }
+
+    fn lock_status(&self) -> Result<LockStatus, StateError> {
+        Ok(match self.holder()? {
+            (None, false) => LockStatus::Free,
+            (None, true) => LockStatus::Starting,
+            (Some(info), true) => LockStatus::Held(info),
+            (Some(info), false) => LockStatus::Stale(info),
+        })
+    }
+}
+
+/// The lock's connection: takes the advisory lock, records the holder, says so on `ready`,
+/// then holds both until `release` (or its sender's drop), and gives them back.
+#[allow(clippy::too_many_arguments)]
+async fn hold_lock(
+    (config, tls): (Config, Option<MakeRustlsConnect>),
+    tables: (String, String, String),
+    key: i64,
+    workspace: String,
+    place: PathBuf,
+    ours: LockInfo,
+    ready: std::sync::mpsc::Sender<Result<Option<LockInfo>, StateError>>,
+    release: tokio::sync::oneshot::Receiver<()>,
+) {
+    let locks = tables.1.clone();
+    let taken = tokio::time::timeout(CALL_TIMEOUT, async {
+        let client = connect(&config, tls).await?;
+        ensure_tables(&client, &tables).await?;
+        let got: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+            .await
+            .map_err(query_error)?
+            .get(0);
+        let previous = read_holder(&client, &locks, &workspace).await?;
+        if !got {
+            return Err(match previous {
+                Some(holder) => StateError::Locked {
+                    path: place,
+                    holder: Box::new(holder),
+                },
+                None => StateError::LockBusy { path: place },
+            });
+        }
+        // We hold it: a holder row left is a killed run's.
+        let pid = i64::from(ours.pid);
+        client
+            .execute(
+                &format!("INSERT INTO {locks} (workspace, id, host, pid, started, operation, version) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (workspace) DO UPDATE SET id = EXCLUDED.id, host = EXCLUDED.host, pid = EXCLUDED.pid, started = EXCLUDED.started, operation = EXCLUDED.operation, version = EXCLUDED.version"),
+                &[&workspace, &ours.id, &ours.host, &pid, &ours.started, &ours.operation, &ours.version],
+            )
+            .await
+            .map_err(query_error)?;
+        Ok((client, previous))
+    })
+    .await
+    .unwrap_or_else(|_| {
+        Err(backend_error(format!(
+            "PostgreSQL did not give the lock within {} s",
+            CALL_TIMEOUT.as_secs()
+        )))
+    });
+    let client = match taken {
+        Ok((client, previous)) => {
+            if ready.send(Ok(previous)).is_err() {
+                return;
+            }
+            client
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = release.await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let _ = client
+            .execute(
+                &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
+                &[&workspace, &ours.id],
+            )
+            .await;
+        let _ = client
+            .query_one("SELECT pg_advisory_unlock($1)", &[&key])
+            .await;
+    })
+    .await;
+    // Dropping the client and the runtime closes the connection.
+}
+
+/// The held lock: its thread and the way to tell it to let go.
+#[derive(Debug)]
+struct PgLock {
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RemoteLock for PgLock {
+    fn release(&mut self) -> Result<(), StateError> {
+        if let Some(tx) = self.release.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| backend_error("the PostgreSQL lock's thread panicked"))?;
+        }
+        Ok(())
+    }
+}
