@@ -1484,3 +1484,74 @@ fn a_range_corrupted_by_the_peer_fails_the_file_and_a_good_peer_repairs_it() {
     );
     assert_eq!(observe(&py, &dst, true)["complete"], true);
 }
+
+#[test]
+fn a_peer_lost_during_ranges_fails_the_pull_and_one_stream_resumes_from_the_recorded_prefix() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let big = bytes(60, (6 << 20) + 5);
+    let files = vec![("big.safetensors", big.clone())];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    let mut serve = Serve::start(&py, &src, &["--max-rate", "1000000"]);
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a: Vec<String> = pull_args(&d, &port).iter().map(|s| s.to_string()).collect();
+    a.extend(SPLIT.iter().map(|s| s.to_string()));
+    let py2 = py.clone();
+    let puller = std::thread::spawn(move || {
+        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+        run(&py2, &a)
+    });
+    let sha = sha256(&big);
+    let side = storage(&dst)
+        .join("blobs")
+        .join(format!("{sha}.sparkform-partial.ranges"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sidecar_done(&side).unwrap_or(0) < (1 << 20) {
+        assert!(Instant::now() < deadline, "no ranges completed in 30 s");
+        assert!(
+            !puller.is_finished(),
+            "the pull ended before the peer was lost"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = serve.child.kill();
+    let _ = serve.child.wait();
+    // every stream ends (none waits out its socket timeout), the first error is the one reported
+    let o = puller.join().unwrap();
+    assert_eq!(
+        o.code, 4,
+        "exit code 4 (peer failed) expected: {}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("big.safetensors"), "{}", o.stderr);
+    let done = sidecar_done(&side).unwrap();
+    assert!(done >= 1 << 20 && done < big.len() as u64, "{done}");
+    // resumed as one stream (--streams 1): only the recorded prefix is kept, the rest is one GET
+    let doc: Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    let prefix = match &doc["done"][0] {
+        r if r[0] == 0 => r[1].as_u64().unwrap(),
+        _ => 0,
+    };
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port();
+    let mut a = pull_args(&d, &port);
+    a.extend(["--streams", "1"]);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let size = big.len() as u64;
+    assert_eq!(o.result()["bytes_copied"], size - prefix);
+    let ev = o.events.iter().find(|e| e["event"] == "file").unwrap();
+    assert_eq!(ev["resumed_from"], prefix, "{ev}");
+    assert_eq!(
+        std::fs::read(snapshot_file(&dst, "big.safetensors")).unwrap(),
+        big
+    );
+    assert!(!side.exists());
+    let served = serve.stop();
+    assert_eq!(
+        served_ranges(&served, "big.safetensors"),
+        vec![(prefix, size - prefix)]
+    );
+}

@@ -943,7 +943,7 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             sent = 0
             # sendfile: the bytes go from the page cache to the socket without passing through Python
-            step = 1 << 20 if st.max_rate else 64 << 20
+            step = 256 << 10 if st.max_rate else 64 << 20
             t0 = time.monotonic()
             bad = st.corrupt[1] if st.corrupt and st.corrupt[0] == rel and start <= st.corrupt[1] <= end else None
             while sent < length:
@@ -956,7 +956,7 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
                     break
                 sent += n
                 st.touch()
-                if st.max_rate and sent < length:
+                if st.max_rate:   # after the last chunk too: a ranged GET of one chunk is paced as well
                     ahead = sent / st.max_rate - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
@@ -1479,7 +1479,7 @@ class Ranges:
                                % (human(got - a), path, a))
                 self.complete(a, b)
         except Fail as e:
-            self.fail(e)
+            self.fail(e if path in e.message else Fail(e.code, "%s: %s" % (path, e.message)))
         except OSError as e:
             self.fail(Fail(EXIT_IO, "%s: %s" % (path, e)))
         except Exception as e:   # a bug: the file must not count as copied all the same
