@@ -1448,6 +1448,7 @@ class Ranges:
         if x > self.fed:
             self.hasher.add(self.fed, x)   # may wait for the hasher: the streams wait with it
             self.fed = x
+            self.lock.notify_all()         # a stream waiting to start a range ahead
 
     def stream(self, peer, partial, path, progress):
         fd = None
