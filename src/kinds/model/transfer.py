@@ -968,7 +968,7 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 64
+    request_queue_size = 256   # each puller opens up to --jobs x --streams connections
 
     def server_bind(self):
         # HTTPServer's own server_bind resolves the bound address's name (socket.getfqdn): on
@@ -1281,6 +1281,8 @@ def kept_ranges(partial, side, size, split):
     as completed; without one, the file's bytes (one stream writes a prefix). For one stream
     the file is cut to the sidecar's prefix and the sidecar goes; for ranges a sidecar is
     written before the file can grow to its full size."""
+    for tmp in glob.glob(glob.escape(side) + ".*.tmp"):   # a sidecar write a kill cut short
+        unlink_quiet(tmp)
     if not os.path.exists(partial):
         if split:
             write_ranges(side, size, [])
