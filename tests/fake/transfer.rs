@@ -184,6 +184,9 @@ struct Serve {
 
 impl Serve {
     fn start(py: &str, cache: &Path, extra: &[&str]) -> Serve {
+        Serve::start_env(py, cache, extra, &[])
+    }
+    fn start_env(py: &str, cache: &Path, extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut child = Command::new(py)
             .arg(script())
             .args([
@@ -204,6 +207,7 @@ impl Serve {
                 "120",
             ])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -1206,4 +1210,348 @@ fn every_byte_is_hashed_once_whichever_way_it_reaches_the_file() {
     assert!(served
         .iter()
         .any(|e| e["event"] == "served" && e["path"] == "big.safetensors" && e["offset"] == kept));
+}
+
+/// A large file as ranged GETs at once: small sizes by the flags, so a few MiB make many ranges.
+const SPLIT: [&str; 6] = [
+    "--split-at",
+    "1048576",
+    "--range-bytes",
+    "262144",
+    "--streams",
+    "4",
+];
+
+/// The served events for `path`: (offset, bytes) in the order they were sent.
+fn served_ranges(served: &[Value], path: &str) -> Vec<(u64, u64)> {
+    served
+        .iter()
+        .filter(|e| e["event"] == "served" && e["path"] == path)
+        .map(|e| (e["offset"].as_u64().unwrap(), e["bytes"].as_u64().unwrap()))
+        .collect()
+}
+
+/// The completed ranges a split pull's sidecar records, in bytes.
+fn sidecar_done(path: &Path) -> Option<u64> {
+    let doc: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    Some(
+        doc["done"]
+            .as_array()?
+            .iter()
+            .map(|r| r[1].as_u64().unwrap() - r[0].as_u64().unwrap())
+            .sum(),
+    )
+}
+
+#[test]
+fn a_large_file_comes_as_ranges_at_once_and_is_hashed_in_order() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    // of an odd size, so the last range is short; the small ones under --split-at
+    let big = bytes(30, (6 << 20) + 4_321);
+    let files = vec![
+        ("big.safetensors", big.clone()),
+        ("small.bin", bytes(31, 700_000)),
+        ("config.json", b"{}".to_vec()),
+    ];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    let serve = Serve::start(&py, &src, &[]);
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a = pull_args(&d, &port);
+    a.extend(SPLIT);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "pull: {}", o.stderr);
+    for (p, data) in &files {
+        assert_eq!(&std::fs::read(snapshot_file(&dst, p)).unwrap(), data, "{p}");
+    }
+    let mut want: Vec<String> = files.iter().map(|(p, _)| p.to_string()).collect();
+    want.sort();
+    assert_eq!(o.files("verified"), want);
+    let ranges = big.len().div_ceil(262_144) as u64;
+    let ev = o
+        .events
+        .iter()
+        .find(|e| e["event"] == "file" && e["path"] == "big.safetensors")
+        .unwrap();
+    assert_eq!(ev["ranges"], ranges, "{ev}");
+    assert_eq!(ev["streams"], 4, "{ev}");
+    // the files in flight: from the cores usable here (less one, 2..16), no more than the files
+    let start = o.events.iter().find(|e| e["event"] == "start").unwrap();
+    let cores = start["cores"].as_u64().unwrap() as usize;
+    assert!(cores >= 1, "{start}");
+    assert_eq!(start["jobs_from"], "cores", "{start}");
+    assert_eq!(
+        start["jobs"],
+        (cores.saturating_sub(1)).clamp(2, 16).min(files.len()),
+        "{start}"
+    );
+    assert_eq!(start["streams"], 4);
+    let blobs = storage(&dst).join("blobs");
+    let sha = sha256(&big);
+    assert!(!blobs.join(format!("{sha}.sparkform-partial")).exists());
+    assert!(!blobs
+        .join(format!("{sha}.sparkform-partial.ranges"))
+        .exists());
+    assert_eq!(observe(&py, &dst, true)["complete"], true);
+    // --jobs wins over the cores
+    let dst2 = tmp.path().join("dst2");
+    let d2 = cache_arg(&dst2);
+    let mut a = pull_args(&d2, &port);
+    a.extend(["--jobs", "1", "--streams", "1"]);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let start = o.events.iter().find(|e| e["event"] == "start").unwrap();
+    assert_eq!(start["jobs"], 1, "{start}");
+    assert_eq!(start["jobs_from"], "--jobs", "{start}");
+    let served = serve.stop();
+    // the first pull: one ranged GET per range, each within --range-bytes, together the file once
+    let mut got = served_ranges(&served, "big.safetensors");
+    let whole: Vec<(u64, u64)> = got
+        .iter()
+        .filter(|r| r.0 == 0 && r.1 == big.len() as u64)
+        .copied()
+        .collect();
+    assert_eq!(
+        whole.len(),
+        1,
+        "the --streams 1 pull: one GET of the whole file: {got:?}"
+    );
+    got.retain(|r| !whole.contains(r));
+    got.sort();
+    assert_eq!(got.len() as u64, ranges, "{got:?}");
+    let mut at = 0;
+    for (off, n) in &got {
+        assert_eq!(*off, at, "{got:?}");
+        assert!(*n <= 262_144, "{got:?}");
+        at += n;
+    }
+    assert_eq!(at, big.len() as u64);
+    assert_eq!(
+        served_ranges(&served, "small.bin").len(),
+        2,
+        "under --split-at: one GET a pull"
+    );
+}
+
+#[test]
+fn a_pull_killed_mid_file_refetches_only_the_ranges_it_had_not_completed() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let big = bytes(40, (8 << 20) + 777);
+    let files = vec![("big.safetensors", big.clone())];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    // 1 MB/s a range, 4 at once: the file takes about 2 s, time enough to kill the pull inside it
+    let serve = Serve::start(&py, &src, &["--max-rate", "1000000"]);
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a = pull_args(&d, &port);
+    a.extend(SPLIT);
+    let mut child = Command::new(&py)
+        .arg(script())
+        .args(&a)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let sha = sha256(&big);
+    let blobs = storage(&dst).join("blobs");
+    let partial = blobs.join(format!("{sha}.sparkform-partial"));
+    let side = blobs.join(format!("{sha}.sparkform-partial.ranges"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sidecar_done(&side).unwrap_or(0) < (2 << 20) {
+        assert!(Instant::now() < deadline, "no ranges completed in 30 s");
+        assert!(
+            matches!(child.try_wait(), Ok(None)),
+            "the pull ended before the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL: no handler runs
+    child.wait().unwrap();
+    let done = sidecar_done(&side).unwrap();
+    let size = big.len() as u64;
+    assert!(
+        done < size,
+        "the pull finished before the kill ({done} bytes)"
+    );
+    // preallocated: the file's length says nothing of what arrived, only the sidecar does
+    assert_eq!(std::fs::metadata(&partial).unwrap().len(), size);
+    assert!(!blobs.join(&sha).exists());
+    assert!(!snapshot_file(&dst, "big.safetensors").exists());
+    assert_eq!(observe(&py, &dst, false)["complete"], false);
+    let first = serve.stop();
+    assert!(
+        served_ranges(&first, "big.safetensors").len() >= 4,
+        "{first:?}"
+    );
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port();
+    let mut a = pull_args(&d, &port);
+    a.extend(SPLIT);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(
+        std::fs::read(snapshot_file(&dst, "big.safetensors")).unwrap(),
+        big
+    );
+    assert!(
+        !o.events.iter().any(|e| e["event"] == "warning"),
+        "the kept ranges were right: {:?}",
+        o.events
+    );
+    let ev = o.events.iter().find(|e| e["event"] == "file").unwrap();
+    assert_eq!(ev["status"], "verified");
+    assert_eq!(ev["resumed_from"], done, "{ev}");
+    assert_eq!(o.result()["bytes_copied"], size - done);
+    assert!(!side.exists() && !partial.exists());
+    assert_eq!(observe(&py, &dst, true)["complete"], true);
+    // the second peer served exactly what the sidecar did not name as completed
+    let second = serve.stop();
+    let again: u64 = served_ranges(&second, "big.safetensors")
+        .iter()
+        .map(|r| r.1)
+        .sum();
+    assert_eq!(again, size - done, "{second:?}");
+    assert!(again < size);
+}
+
+#[test]
+fn a_range_corrupted_by_the_peer_fails_the_file_and_a_good_peer_repairs_it() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let big = bytes(50, (5 << 20) + 99);
+    let files = vec![
+        ("big.safetensors", big.clone()),
+        ("config.json", b"{}".to_vec()),
+    ];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    // one byte in the middle of a range that is neither the first nor the last
+    let serve = Serve::start_env(
+        &py,
+        &src,
+        &[],
+        &[("SPARKFORM_TEST_CORRUPT_SERVED", "big.safetensors@3000001")],
+    );
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a = pull_args(&d, &port);
+    a.extend(SPLIT);
+    let o = run(&py, &a);
+    assert_eq!(
+        o.code, 3,
+        "exit code 3 (verification) expected: {}",
+        o.stderr
+    );
+    let last = o.events.last().unwrap();
+    assert_eq!(last["event"], "error");
+    let msg = last["message"].as_str().unwrap();
+    assert!(
+        msg.contains("big.safetensors") && msg.contains("sha256"),
+        "{msg}"
+    );
+    assert_eq!(o.files("failed"), vec!["big.safetensors".to_string()]);
+    let sha = sha256(&big);
+    let blobs = storage(&dst).join("blobs");
+    for name in [
+        sha.clone(),
+        format!("{sha}.sparkform-partial"),
+        format!("{sha}.sparkform-partial.ranges"),
+    ] {
+        assert!(!blobs.join(&name).exists(), "{name} kept after a mismatch");
+    }
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(storage(&dst).join(format!("sparkform/{COMMIT}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(paths(&rec["files"]), vec!["config.json".to_string()]);
+    let bad = serve.stop();
+    assert!(served_ranges(&bad, "big.safetensors").len() > 4, "{bad:?}");
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port();
+    let mut a = pull_args(&d, &port);
+    a.extend(SPLIT);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.files("skipped"), vec!["config.json".to_string()]);
+    assert_eq!(
+        std::fs::read(snapshot_file(&dst, "big.safetensors")).unwrap(),
+        big
+    );
+    assert_eq!(observe(&py, &dst, true)["complete"], true);
+}
+
+#[test]
+fn a_peer_lost_during_ranges_fails_the_pull_and_one_stream_resumes_from_the_recorded_prefix() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let big = bytes(60, (6 << 20) + 5);
+    let files = vec![("big.safetensors", big.clone())];
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    let mut serve = Serve::start(&py, &src, &["--max-rate", "1000000"]);
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a: Vec<String> = pull_args(&d, &port).iter().map(|s| s.to_string()).collect();
+    a.extend(SPLIT.iter().map(|s| s.to_string()));
+    let py2 = py.clone();
+    let puller = std::thread::spawn(move || {
+        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+        run(&py2, &a)
+    });
+    let sha = sha256(&big);
+    let side = storage(&dst)
+        .join("blobs")
+        .join(format!("{sha}.sparkform-partial.ranges"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sidecar_done(&side).unwrap_or(0) < (1 << 20) {
+        assert!(Instant::now() < deadline, "no ranges completed in 30 s");
+        assert!(
+            !puller.is_finished(),
+            "the pull ended before the peer was lost"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = serve.child.kill();
+    let _ = serve.child.wait();
+    // every stream ends (none waits out its socket timeout), the first error is the one reported
+    let o = puller.join().unwrap();
+    assert_eq!(
+        o.code, 4,
+        "exit code 4 (peer failed) expected: {}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("big.safetensors"), "{}", o.stderr);
+    let done = sidecar_done(&side).unwrap();
+    assert!(done >= 1 << 20 && done < big.len() as u64, "{done}");
+    // resumed as one stream (--streams 1): only the recorded prefix is kept, the rest is one GET
+    let doc: Value = serde_json::from_slice(&std::fs::read(&side).unwrap()).unwrap();
+    let prefix = match &doc["done"][0] {
+        r if r[0] == 0 => r[1].as_u64().unwrap(),
+        _ => 0,
+    };
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port();
+    let mut a = pull_args(&d, &port);
+    a.extend(["--streams", "1"]);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let size = big.len() as u64;
+    assert_eq!(o.result()["bytes_copied"], size - prefix);
+    let ev = o.events.iter().find(|e| e["event"] == "file").unwrap();
+    assert_eq!(ev["resumed_from"], prefix, "{ev}");
+    assert_eq!(
+        std::fs::read(snapshot_file(&dst, "big.safetensors")).unwrap(),
+        big
+    );
+    assert!(!side.exists());
+    let served = serve.stop();
+    assert_eq!(
+        served_ranges(&served, "big.safetensors"),
+        vec![(prefix, size - prefix)]
+    );
 }

@@ -18,7 +18,8 @@ Modes (stdout: one JSON object per line; stderr: what went wrong, for a person):
 
 Every JSON line has an "event": "progress" (bytes_done, bytes_total, rate_bps, files: the
 files in flight with done/total), "file" (one file finished: verified, skipped or failed),
-"listening" (serve: bound, with the port), "served" (serve: a file sent to a peer),
+"start" (pull: the files to fetch, the files in flight "jobs" and why, "cores", "streams"),
+"listening" (serve: bound, with the port), "served" (serve: a file or a range sent to a peer),
 "warning", and last, on success, "result" with everything the caller records. On failure
 the last line is {"event": "error", "code": N, "message": ...} and the same message goes to
 stderr.
@@ -49,18 +50,28 @@ refs}), on every node, so vLLM finds the snapshot with HF_HUB_OFFLINE=1. The ver
 of a node is CACHE/models--ORG--NAME/sparkform/COMMIT.json (not under snapshots/, which the
 hub's cache scanner requires to hold folders only). A file is in it only once its bytes
 matched; it records size and mtime so a later run trusts an unchanged file without rereading
-it (--deep rereads). pull fetches several files at once (--jobs) and each file as one stream:
-sha256 is sequential, so splitting a file would need a second read pass to hash it. pull writes
+it (--deep rereads). pull fetches several files at once (--jobs; by default the cores usable
+here less one, 2 to 16, no more than the files to fetch; the "start" event says how many), into
 blobs/BLOB.sparkform-partial, the body moved from the socket to the file by splice(2) where the
 kernel allows it (else read into a buffer and written), hashing while it streams (in a thread of
 its own per file, reading the range just written through an mmap, so hashing overlaps receiving
 and copies nothing) and starting the disk's writeback as it goes, and renames it to blobs/BLOB
-only when the sha256 matches: a killed transfer leaves a partial file that a later pull resumes
-(rehashing the prefix it keeps) and that nothing else trusts.
+only when the sha256 matches. A file under --split-at (1 GiB) is one GET: a killed transfer
+leaves a prefix that a later pull resumes with a ranged GET (rehashing the prefix). A larger
+file is preallocated and comes as ranged GETs of --range-bytes (64 MiB), --streams (4) at once,
+each written at its offset; the hasher still reads the file in order, fed the longest prefix
+written, and no range starts more than --streams ranges ahead of it. Each completed range is
+recorded in BLOB.sparkform-partial.ranges (replaced atomically): a later pull rehashes the
+recorded prefix and fetches only the ranges not recorded, never trusting the file's length. A
+partial file is trusted by nothing else; a file whose hash fails is removed (a resumed one is
+fetched once more from zero).
 
 The token (download, resolve) comes from the environment variable named by --token-env
 (default HF_TOKEN) or, with --token-stdin, from the first line of standard input; never from
 the command line. It is never printed.
+
+Test hook (tests/fake/transfer.rs), read only when set: SPARKFORM_TEST_CORRUPT_SERVED=PATH@OFFSET
+makes serve flip that byte of PATH in every response holding it.
 """
 
 import argparse
@@ -91,6 +102,9 @@ import urllib.request
 FORMAT = "sparkform-model-manifest/1"
 VERIFIED_FORMAT = "sparkform-verified-manifest/1"
 PARTIAL = ".sparkform-partial"
+# next to a partial file fetched as ranges: the ranges completed (pull --split-at)
+RANGES = ".ranges"
+RANGES_FORMAT = "sparkform-partial-ranges/1"
 CHUNK = 1 << 20
 # pull: how much is written before the hasher gets the range, how far it may fall behind, and
 # how often the written range is handed to the disk
@@ -830,6 +844,10 @@ class ServeState:
         self.stop = threading.Event()
         self.bytes = 0
         self.reason = None
+        # test hook, read only when set: SPARKFORM_TEST_CORRUPT_SERVED=PATH@OFFSET flips that
+        # byte of PATH in every response that holds it (a peer whose copy went bad mid-range)
+        hook = os.environ.get("SPARKFORM_TEST_CORRUPT_SERVED")
+        self.corrupt = (hook.rsplit("@", 1)[0], int(hook.rsplit("@", 1)[1])) if hook else None
 
     def touch(self, d=0):
         with self.lock:
@@ -925,15 +943,20 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             sent = 0
             # sendfile: the bytes go from the page cache to the socket without passing through Python
-            step = 1 << 20 if st.max_rate else 64 << 20
+            step = 256 << 10 if st.max_rate else 64 << 20
             t0 = time.monotonic()
+            bad = st.corrupt[1] if st.corrupt and st.corrupt[0] == rel and start <= st.corrupt[1] <= end else None
             while sent < length:
-                n = self.connection.sendfile(fh, offset=start + sent, count=min(length - sent, step))
+                if bad == start + sent:   # the test hook: this byte goes out flipped
+                    n = self.connection.send(bytes([os.pread(fh.fileno(), 1, bad)[0] ^ 0xFF]))
+                else:
+                    count = min(length - sent, step, bad - start - sent if bad is not None and bad > start + sent else step)
+                    n = self.connection.sendfile(fh, offset=start + sent, count=count)
                 if not n:
                     break
                 sent += n
                 st.touch()
-                if st.max_rate and sent < length:
+                if st.max_rate:   # after the last chunk too: a ranged GET of one chunk is paced as well
                     ahead = sent / st.max_rate - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
@@ -945,7 +968,7 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 64
+    request_queue_size = 256   # each puller opens up to --jobs x --streams connections
 
     def server_bind(self):
         # HTTPServer's own server_bind resolves the bound address's name (socket.getfqdn): on
@@ -1252,74 +1275,336 @@ def receive(resp, fd, got, size, hasher, progress, path, cancel, timeout):
     return got
 
 
-def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
+def kept_ranges(partial, side, size, split):
+    """What of a partial file is trusted, as sorted disjoint byte ranges [a, b). With a sidecar
+    (a file fetched as ranges: preallocated, so its length says nothing), the ranges it records
+    as completed; without one, the file's bytes (one stream writes a prefix). For one stream
+    the file is cut to the sidecar's prefix and the sidecar goes; for ranges a sidecar is
+    written before the file can grow to its full size."""
+    for tmp in glob.glob(glob.escape(side) + ".*.tmp"):   # a sidecar write a kill cut short
+        unlink_quiet(tmp)
+    if not os.path.exists(partial):
+        if split:
+            write_ranges(side, size, [])
+        else:
+            unlink_quiet(side)
+        return []
+    if os.path.exists(side):
+        done = read_ranges(side, size)
+    else:
+        have = os.path.getsize(partial)
+        if have > size:
+            os.unlink(partial)
+            return []
+        done = [(0, have)] if have else []
+        if split:
+            write_ranges(side, size, done)
+        return done
+    if not split:
+        prefix = done[0][1] if done and done[0][0] == 0 else 0
+        done = [(0, prefix)] if prefix else []
+        write_ranges(side, size, done)   # first, so a kill before the cut trusts no more
+        os.truncate(partial, prefix)
+        os.unlink(side)
+    return done
+
+
+def unlink_quiet(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def merge(ranges):
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def read_ranges(side, size):
+    """The completed ranges a sidecar records; none when it is unreadable or for another size."""
+    try:
+        with open(side, "rb") as fh:
+            doc = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict) or doc.get("format") != RANGES_FORMAT or doc.get("size") != size \
+            or not isinstance(doc.get("done"), list):
+        return []
+    ok = [tuple(r) for r in doc["done"] if isinstance(r, list) and len(r) == 2
+          and all(type(x) is int for x in r) and 0 <= r[0] < r[1] <= size]
+    return merge(ok)
+
+
+def write_ranges(side, size, done):
+    # replaced atomically, not fsynced: a killed process loses nothing the kernel holds; after a
+    # crash of the machine a range it names may not be on the disk, and the whole-file hash
+    # fails (the file is then fetched again from zero)
+    tmp = "%s.%d.%d.tmp" % (side, os.getpid(), threading.get_ident())
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(dict(format=RANGES_FORMAT, size=size, done=[list(r) for r in done]), fh)
+    os.replace(tmp, side)
+
+
+def pieces(size, done, step):
+    """The ranges of at most `step` bytes that cover what `done` leaves out, in file order."""
+    out, x = [], 0
+    for a, b in done + [(size, size)]:
+        while x < a:
+            e = min(a, x + step)
+            out.append((x, e))
+            x = e
+        x = max(x, b)
+    return out
+
+
+def preallocate(fd, size, path):
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in UNSUPPORTED:
+            raise Fail(EXIT_IO, "%s: %s cannot be allocated: %s" % (path, human(size), e))
+        os.ftruncate(fd, max(size, os.fstat(fd).st_size))
+
+
+class Either:
+    def __init__(self, *events):
+        self.events = events
+
+    def is_set(self):
+        return any(e.is_set() for e in self.events)
+
+
+class Ranges:
+    """One file fetched as ranged GETs of --range-bytes, --streams at once, each stream with its
+    own connection and file descriptor, writing at its range's offset. The hasher still gets the
+    file in order: after each window a stream writes, the longest prefix written (completed
+    ranges, then the written part of the range in flight there) goes to it; a range ahead of that
+    prefix waits in the page cache, and no stream starts a range more than --streams ranges ahead
+    of it, so nothing is read back from the disk and memory stays bounded. Each completed range is
+    recorded in the sidecar, so a killed pull refetches only the ranges not completed."""
+
+    def __init__(self, size, done, step, streams, hasher, fed, side, cancel):
+        self.size, self.side, self.hasher = size, side, hasher
+        self.done = list(done)
+        self.todo = pieces(size, self.done, step)
+        self.todo.reverse()   # popped from the end: file order
+        self.flight = {}      # start of a range in flight -> how far it is written
+        self.fed = fed        # bytes handed to the hasher: a prefix of the file
+        self.ahead = streams * step
+        self.lock = threading.Condition()
+        self.stop = threading.Event()
+        self.cancel = Either(cancel, self.stop)
+        self.error = None
+        self.received = 0
+        self.requests = 0
+
+    def take(self):
+        with self.lock:
+            while self.todo and not self.cancel.is_set() and self.hasher is not None \
+                    and self.todo[-1][0] - self.fed > self.ahead:
+                self.lock.wait(0.2)
+            if self.cancel.is_set() or not self.todo:
+                return None
+            a, b = self.todo.pop()
+            self.flight[a] = a
+            self.requests += 1
+            return a, b
+
+    def wrote(self, a, upto):
+        with self.lock:
+            self.flight[a] = upto
+            self._feed()
+
+    def complete(self, a, b):
+        with self.lock:
+            self.flight.pop(a, None)
+            self.done = merge(self.done + [(a, b)])
+            write_ranges(self.side, self.size, self.done)
+            self._feed()
+            self.lock.notify_all()
+
+    def fail(self, e):
+        with self.lock:
+            if self.error is None or (self.error.code == EXIT_INTR and e.code != EXIT_INTR):
+                self.error = e
+            self.stop.set()
+            self.lock.notify_all()
+
+    def _feed(self):
+        if self.hasher is None:
+            return
+        x = self.fed
+        while x < self.size:
+            e = next((e for s, e in self.done if s <= x < e), None)
+            if e is None:
+                e = next((w for s, w in self.flight.items() if s <= x < w), None)
+            if e is None:
+                break
+            x = e
+        if x > self.fed:
+            self.hasher.add(self.fed, x)   # may wait for the hasher: the streams wait with it
+            self.fed = x
+            self.lock.notify_all()         # a stream waiting to start a range ahead
+
+    def stream(self, peer, partial, path, progress):
+        fd = None
+        try:
+            fd = os.open(partial, os.O_RDWR)
+            while True:
+                piece = self.take()
+                if piece is None:
+                    return
+                a, b = piece
+                resp = peer.request("/file/" + urllib.parse.quote(path), {"Range": "bytes=%d-%d" % (a, b - 1)})
+                want = "bytes %d-%d/%d" % (a, b - 1, self.size)
+                if resp.status != 206 or resp.getheader("Content-Range") != want:
+                    resp.read()
+                    if resp.status == 404:
+                        raise Fail(EXIT_NOTFOUND, "the peer does not serve %s (not verified there)" % path)
+                    raise Fail(EXIT_REMOTE, "the peer answered HTTP %d (%s) for %s, not %s"
+                               % (resp.status, resp.getheader("Content-Range"), path, want))
+                os.lseek(fd, a, os.SEEK_SET)
+                try:
+                    got = receive(resp, fd, a, b, Window(self, a) if self.hasher else None, progress, path,
+                                  self.cancel, peer.timeout)
+                except (OSError, http.client.HTTPException) as e:
+                    raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke: %s" % (path, e))
+                with self.lock:
+                    self.received += got - a
+                if got < b:
+                    raise Fail(EXIT_REMOTE, "the peer sent %s of %s's range at %d and stopped"
+                               % (human(got - a), path, a))
+                self.complete(a, b)
+        except Fail as e:
+            self.fail(e if path in e.message else Fail(e.code, "%s: %s" % (path, e.message)))
+        except OSError as e:
+            self.fail(Fail(EXIT_IO, "%s: %s" % (path, e)))
+        except Exception as e:   # a bug: the file must not count as copied all the same
+            self.fail(Fail(EXIT_IO, "%s: internal error: %r" % (path, e)))
+        finally:
+            if fd is not None:
+                os.close(fd)
+            peer.reset()
+
+
+class Window:
+    """What receive() hands its hasher, for a range: how far the range starting at `a` is written."""
+
+    def __init__(self, ranges, a):
+        self.ranges, self.a = ranges, a
+
+    def add(self, a, b):
+        self.ranges.wrote(self.a, b)
+
+
+def fetch_ranges(peer, fh, partial, side, f, done, fed, hs, progress, args, cancel):
+    """The parts of f that `done` leaves out, as ranges at once; returns (bytes received, requests)."""
+    preallocate(fh.fileno(), f["size"], f["path"])
+    hasher = RangeHasher(hs, fh.fileno(), FADVISE) if hs else None
+    rf = Ranges(f["size"], done, args.range_bytes, args.streams, hasher, fed, side, cancel)
+    threads = [threading.Thread(target=rf.stream, args=(peer, partial, f["path"], progress), daemon=True)
+               for _ in range(min(args.streams, len(rf.todo)))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if hasher:
+            hasher.close()
+    if rf.error:
+        raise rf.error
+    if hasher:
+        hasher.check()
+        if rf.fed != f["size"]:
+            raise Fail(EXIT_IO, "%s: internal error: %d of %d bytes hashed" % (f["path"], rf.fed, f["size"]))
+    return rf.received, rf.requests
+
+
+def fetch_stream(peer, fh, have, f, hs, progress, cancel):
+    """f from `have` on as one GET (ranged when resuming); returns the bytes received."""
+    resp = peer.request("/file/" + urllib.parse.quote(f["path"]), {"Range": "bytes=%d-" % have} if have else {})
+    if resp.status == 404:
+        resp.read()
+        raise Fail(EXIT_NOTFOUND, "the peer does not serve %s (not verified there)" % f["path"])
+    if resp.status not in (200, 206) or (have and resp.status != 206):
+        resp.read()
+        raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for %s" % (resp.status, f["path"]))
+    hasher = RangeHasher(hs, fh.fileno(), FADVISE) if hs else None
+    try:
+        got = receive(resp, fh.fileno(), have, f["size"], hasher, progress, f["path"], cancel, peer.timeout)
+    except (OSError, http.client.HTTPException) as e:
+        peer.reset()
+        raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke: %s" % (f["path"], e))
+    except Fail:
+        peer.reset()
+        raise
+    finally:
+        if hasher:
+            hasher.close()
+    if hasher:
+        hasher.check()
+    if got < f["size"]:
+        peer.reset()
+        raise Fail(EXIT_REMOTE, "the peer sent %s of %s's %s and stopped"
+                   % (human(got), f["path"], human(f["size"])))
+    return got - have
+
+
+def pull_one(peer, storage, commit, f, rec, progress, args, cancel):
     """Fetches one file into blobs/BLOB.sparkform-partial, resuming it, hashing while streaming;
-    renames it into place only when it matches. Returns the sha256 and the bytes it received
-    (a resumed file's kept prefix is not received again)."""
+    renames it into place only when it matches. A file of at least --split-at bytes comes as
+    ranges at once (Ranges), its completed ranges recorded in BLOB.sparkform-partial.ranges.
+    Returns the sha256 and the bytes it received (what was kept is not received again)."""
     blobs = os.path.join(storage, "blobs")
     final = os.path.join(blobs, f["blob"])
     partial = final + PARTIAL
+    side = partial + RANGES
     os.makedirs(blobs, exist_ok=True)
+    split = args.streams > 1 and f["size"] >= args.split_at and f["size"] > args.range_bytes
     received = 0
     for attempt in (1, 2):
-        hs = hashers_for(f) if hashing else {}
-        have = 0
-        if os.path.exists(partial):
-            have = os.path.getsize(partial)
-            if have > f["size"]:
-                os.unlink(partial)
-                have = 0
+        hs = hashers_for(f) if args.hash else {}
+        done = kept_ranges(partial, side, f["size"], split)
+        have = sum(b - a for a, b in done)
+        prefix = done[0][1] if done and done[0][0] == 0 else 0
+        requests = None
         # readable, for the hasher's mmap; not O_APPEND, which splice refuses
-        fh = open(partial, "r+b" if have else "w+b", buffering=0)
+        fh = open(partial, "r+b" if os.path.exists(partial) else "w+b", buffering=0)
         try:
-            fh.seek(have)
-            if have and hashing:
+            if prefix and hs:
                 # the kept prefix is hashed once here: the hash state of a killed run is lost
-                feed(hs, partial, have)
+                feed(hs, partial, prefix)
             progress.start(f["path"], f["size"], have)
-            got = have
-            if have < f["size"]:
-                hdr = {"Range": "bytes=%d-" % have} if have else {}
-                resp = peer.request("/file/" + urllib.parse.quote(f["path"]), hdr)
-                if resp.status == 404:
-                    resp.read()
-                    raise Fail(EXIT_NOTFOUND, "the peer does not serve %s (not verified there)" % f["path"])
-                if resp.status not in (200, 206) or (have and resp.status != 206):
-                    resp.read()
-                    raise Fail(EXIT_REMOTE, "the peer answered HTTP %d for %s" % (resp.status, f["path"]))
-                hasher = RangeHasher(hs, fh.fileno(), FADVISE) if hs else None
-                try:
-                    got = receive(resp, fh.fileno(), got, f["size"], hasher, progress, f["path"], cancel,
-                                  peer.timeout)
-                except (OSError, http.client.HTTPException) as e:
-                    peer.reset()
-                    raise Fail(EXIT_REMOTE, "the transfer of %s from the peer broke: %s" % (f["path"], e))
-                except Fail:
-                    peer.reset()
-                    raise
-                finally:
-                    if hasher:
-                        hasher.close()
-                received += max(got - have, 0)
-                if hasher:
-                    hasher.check()
-                if got < f["size"]:
-                    peer.reset()
-                    raise Fail(EXIT_REMOTE, "the peer sent %s of %s's %s and stopped"
-                               % (human(got), f["path"], human(f["size"])))
+            if split:
+                n, requests = fetch_ranges(peer, fh, partial, side, f, done, prefix, hs, progress, args, cancel)
+            elif have < f["size"]:
+                fh.seek(have)
+                n = fetch_stream(peer, fh, have, f, hs, progress, cancel)
+            else:
+                n = 0
+            received += n
             os.fsync(fh.fileno())
+            size = os.fstat(fh.fileno()).st_size
         finally:
             fh.close()
-        if hashing:
+        if args.hash:
             digests = {k: h.hexdigest() for k, h in hs.items()}
         else:
             digests = {"sha256": f.get("sha256")}
-        why = mismatch(f, digests, got) if hashing else (None if got == f["size"] else "size")
+        why = mismatch(f, digests, size) if args.hash else (None if size == f["size"] else "size")
+        unlink_quiet(side)   # before the rename, so a kill between them leaves a whole file, no sidecar
         if why:
             os.unlink(partial)
-            progress.finish(f["path"], rewind=got)
+            progress.finish(f["path"], rewind=f["size"])
             if attempt == 1 and have:
-                # the kept prefix may be what is wrong: once more from zero
+                # what was kept may be what is wrong: once more from zero
                 emit("warning", message="%s did not match after resuming (%s): fetching it again from zero"
                      % (f["path"], why))
                 continue
@@ -1328,10 +1613,11 @@ def pull_one(peer, storage, commit, f, rec, progress, hashing, cancel):
         progress.finish(f["path"])
         pointer = link_snapshot(storage, commit, f)
         sha = digests.get("sha256")
-        if hashing:   # an unhashed copy is never recorded: a later run rereads it before trusting it
+        if args.hash:   # an unhashed copy is never recorded: a later run rereads it before trusting it
             rec.add(f, sha, os.stat(pointer).st_mtime_ns)
-        emit("file", path=f["path"], status="verified" if hashing else "copied", bytes=f["size"],
-             resumed_from=have, sha256=sha)
+        extra = dict(ranges=requests, streams=args.streams) if requests is not None else {}
+        emit("file", path=f["path"], status="verified" if args.hash else "copied", bytes=f["size"],
+             resumed_from=have, sha256=sha, **extra)
         return sha, received
     raise Fail(EXIT_VERIFY, "%s does not match" % f["path"])
 
@@ -1406,7 +1692,7 @@ def cmd_pull(args):
                     return
                 f = queue.pop(0)
             try:
-                _, n = pull_one(peer, storage, args.commit, f, rec, progress, args.hash, cancel)
+                _, n = pull_one(peer, storage, args.commit, f, rec, progress, args, cancel)
                 with lock:
                     received[0] += n
             except Fail as e:
@@ -1429,7 +1715,13 @@ def cmd_pull(args):
         cancel.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(args.jobs, len(todo))))]
+    cores = usable_cores()
+    jobs = args.jobs or max(2, min(16, cores - 1))
+    jobs = max(1, min(jobs, len(todo)))
+    emit("start", mode="pull", jobs=jobs, jobs_from="--jobs" if args.jobs else "cores", cores=cores,
+         streams=args.streams, split_at=args.split_at, range_bytes=args.range_bytes, files=len(todo),
+         bytes=sum(f["size"] for f in todo), files_skipped=skipped)
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
     for t in threads:
         t.start()
     for t in threads:
@@ -1448,9 +1740,27 @@ def cmd_pull(args):
     write_ref(cache, args.repo, args.ref, args.commit)
     emit("result", mode="pull", repo=args.repo, commit=args.commit, snapshot=snap,
          manifest_path=rec.path, bytes_total=total, bytes_copied=got, files_copied=len(todo),
-         files_skipped=skipped, seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
+         files_skipped=skipped, jobs=jobs, streams=args.streams, seconds=round(wall, 3),
+         rate_bps=int(got / max(wall, 1e-6)),
          cpu_seconds=round(cpu_seconds(), 3), hashed=args.hash,
          config=config_facts(os.path.join(snap, "config.json")))
+
+
+def usable_cores():
+    """The cores this process may run on: its CPU affinity (a container's --cpuset-cpus), no more
+    than its cgroup's CPU quota (--cpus) where one is set."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as fh:
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
 
 
 def cpu_seconds():
@@ -1541,7 +1851,7 @@ def cmd_remove(args):
     freed = 0
     blobs = os.path.join(storage, "blobs")
     for b in sorted(mine - others):
-        for p in (os.path.join(blobs, b), os.path.join(blobs, b + PARTIAL)):
+        for p in (os.path.join(blobs, b), os.path.join(blobs, b + PARTIAL), os.path.join(blobs, b + PARTIAL + RANGES)):
             try:
                 freed += os.path.getsize(p)
                 os.unlink(p)
@@ -1646,7 +1956,14 @@ def parser():
     pl.add_argument("port", type=int)
     pl.add_argument("--repo", required=True)
     pl.add_argument("--commit", required=True)
-    pl.add_argument("--jobs", type=int, default=4, help="files fetched at once")
+    pl.add_argument("--jobs", type=int, help="files fetched at once (default: the cores usable here less one, "
+                    "2 to 16, no more than the files to fetch)")
+    pl.add_argument("--streams", type=int, default=4,
+                    help="ranged GETs at once for a file of at least --split-at bytes (1: one stream a file)")
+    pl.add_argument("--split-at", type=int, default=1 << 30,
+                    help="files of at least this many bytes come as ranges at once (default 1 GiB)")
+    pl.add_argument("--range-bytes", type=int, default=64 << 20,
+                    help="the size of each of those ranges (default 64 MiB)")
     pl.add_argument("--ref", help="also point refs/REF at the commit (e.g. main)")
     pl.add_argument("--deep", action="store_true", help="rehash files already verified")
     pl.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
@@ -1679,6 +1996,9 @@ def main(argv):
         if getattr(args, "commit", None) is not None and args.mode != "download" \
                 and not COMMIT_RE.match(args.commit):
             raise Fail(EXIT_USAGE, "--commit must be the 40-hex commit, not %r" % args.commit)
+        if args.mode == "pull" and (args.jobs is not None and args.jobs < 1 or args.streams < 1
+                                    or args.split_at < 1 or args.range_bytes < 4096):
+            raise Fail(EXIT_USAGE, "pull: --jobs, --streams and --split-at must be positive, --range-bytes >= 4096")
         if args.mode == "pull" and not args.hash:
             emit("warning", message="--no-hash: files are copied without verification (benchmarks only)")
         {"resolve": cmd_resolve, "download": cmd_download, "verify": cmd_verify, "serve": cmd_serve,
