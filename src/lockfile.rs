@@ -34,35 +34,39 @@ impl Lock {
     }
 
     /// The lock beside the definitions in `dir`; `None` when there is none.
-    pub fn load(dir: &Path) -> Result<Option<Lock>, Diag> {
+    pub fn load(dir: &Path) -> Result<Option<Lock>, Box<Diag>> {
         let path = Lock::path(dir);
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_error(&path, &e)),
+            Err(e) => return Err(Box::new(io_error(&path, &e))),
         };
         if meta.len() > MAX_BYTES {
-            return Err(Diag::error(
-                "lock::too_large",
-                format!(
-                    "{} is {} bytes, more than a lock file holds",
-                    path.display(),
-                    meta.len()
-                ),
-            )
-            .help("it is written by sparkform: remove it and run `sparkform lock`"));
+            return Err(Box::new(
+                Diag::error(
+                    "lock::too_large",
+                    format!(
+                        "{} is {} bytes, more than a lock file holds",
+                        path.display(),
+                        meta.len()
+                    ),
+                )
+                .help("it is written by sparkform: remove it and run `sparkform lock`"),
+            ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| io_error(&path, &e))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| Box::new(io_error(&path, &e)))?;
         Lock::parse(&path, text).map(Some)
     }
 
     /// Read a lock file's text; errors point at the line.
-    pub fn parse(path: &Path, text: String) -> Result<Lock, Diag> {
+    pub fn parse(path: &Path, text: String) -> Result<Lock, Box<Diag>> {
         let file = Arc::new(SourceFile::new(path, text.clone()));
         let located = |range: std::ops::Range<usize>, message: String, label: &str| {
-            Diag::error("lock::invalid", format!("{}: {message}", FILE))
-                .label(&Span::new(&file, range), label.to_string())
-                .help("the lock file is written by sparkform: restore it from version control, or remove it and run `sparkform lock`")
+            Box::new(
+                Diag::error("lock::invalid", format!("{}: {message}", FILE))
+                    .label(&Span::new(&file, range), label.to_string())
+                    .help("the lock file is written by sparkform: restore it from version control, or remove it and run `sparkform lock`"),
+            )
         };
         let body = hcl_edit::parser::parse_body(&text).map_err(|e| {
             let at = offset_of(&text, e.location().line(), e.location().column());
@@ -87,7 +91,7 @@ impl Lock {
                     return Err(located(
                         span,
                         format!("block `{}` needs exactly one label", block.ident.as_str()),
-                        "e.g. model \"model.qwen\"",
+                        "one label: the locked block's address",
                     ))
                 }
             };
@@ -271,8 +275,8 @@ mod tests {
     fn it_reads_back_what_it_writes_and_is_fmt_clean() {
         let lock = sample();
         let text = lock.render();
+        // `sparkform fmt` leaves it as it is: tests/fake/prepare.rs checks a written one.
         assert_eq!(Lock::parse(Path::new(FILE), text.clone()).unwrap(), lock);
-        assert_eq!(crate::fmt::format_source(&text).unwrap(), text, "fmt-clean");
         assert!(text.contains("model \"model.m\" {"), "{text}");
     }
 

@@ -61,6 +61,8 @@ pub struct ApplyOutcome {
     pub undo_failures: Vec<(String, StepError)>,
     /// Warnings from cleaning up after success (an old container that would not go away).
     pub warnings: Vec<String>,
+    /// What the operation did besides the steps, for the closing lines (a lock file written).
+    pub notes: Vec<String>,
     /// Planned steps that did not run, each with why (skipped after a failure, blocked by a
     /// step that did not finish). A run that leaves any is never a success.
     pub not_run: Vec<(String, String)>,
@@ -601,6 +603,7 @@ impl ApplyOutcome {
             to_undo: 0,
             undo_failures: Vec::new(),
             warnings: Vec::new(),
+            notes: Vec::new(),
             not_run: Vec::new(),
             ran: crate::plan::Summary::default(),
             state: before.clone(),

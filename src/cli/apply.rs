@@ -45,6 +45,9 @@ pub struct ApplyArgs {
     /// Observe the machines before planning (deep: also rehash every model file on every node)
     #[arg(long, value_name = "true|false|deep", value_enum, default_value = "true", num_args = 0..=1, default_missing_value = "true")]
     pub refresh: super::plan::RefreshMode,
+    /// Resolve again what sparkform.lock.hcl pins (a branch's new commit), and write the lock
+    #[arg(long)]
+    pub upgrade: bool,
 }
 
 /// What apply and destroy share.
@@ -70,8 +73,17 @@ pub struct ExecArgs {
     /// Progress as JSON lines
     #[arg(long)]
     pub json: bool,
+    /// readonly: a change the apply would make to sparkform.lock.hcl is an error (for CI)
+    #[arg(long, value_name = "readonly", value_enum)]
+    pub lockfile: Option<LockfileMode>,
     #[command(flatten)]
     pub connect: ConnectArgs,
+}
+
+/// `-lockfile=readonly`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockfileMode {
+    Readonly,
 }
 
 impl ExecArgs {
@@ -90,7 +102,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     let json = args.common.json;
     let ca = args.common.config_args(args.path.clone());
     let evaluated = match load(&ca, json) {
-        Ok(e) => e,
+        Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
     };
     let ws = ca.workspace();
@@ -177,6 +189,7 @@ pub fn execute(
     };
     let request = PrepareRequest {
         evaluated,
+        lockfile_readonly: args.lockfile == Some(LockfileMode::Readonly),
         store: ws.store(),
         source,
         hosts: args.connect.options(),
@@ -199,7 +212,16 @@ pub fn execute(
         rt.block_on(prepared.drop_connections());
     }
     if !has_changes {
-        return ExitCode::SUCCESS;
+        // Nothing to apply, but the lock may still be new or out of date.
+        return match prepared.write_lock() {
+            Ok(notes) => {
+                if !args.json {
+                    notes.iter().for_each(|n| println!("{n}"));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => super::report_op_error(e, args.json),
+        };
     }
     if prompt && !confirm(operation) {
         eprintln!(
@@ -264,6 +286,9 @@ fn report(outcome: &apply::ApplyOutcome, operation: &str, json: bool) -> ExitCod
     }
     if outcome.ok {
         if !json {
+            for n in &outcome.notes {
+                println!("{n}");
+            }
             // What ran, not what was planned: the two agree only because every step ran.
             let s = &outcome.ran;
             if operation == "destroy" {
@@ -371,6 +396,7 @@ mod tests {
             to_undo: 4,
             undo_failures: Vec::new(),
             warnings: Vec::new(),
+            notes: Vec::new(),
             not_run: Vec::new(),
             ran: Default::default(),
             state: State::new(),

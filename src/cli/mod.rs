@@ -24,6 +24,7 @@ mod fmt;
 mod force_unlock;
 mod graph;
 mod import;
+mod lock;
 mod logs;
 mod nodes;
 mod out;
@@ -78,6 +79,7 @@ pub enum Command {
     Tunnel(tunnel::TunnelArgs),
     Status(status::StatusArgs),
     Import(import::ImportArgs),
+    Lock(lock::LockArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
     Show(show::ShowArgs),
@@ -283,6 +285,8 @@ const SINGLE_DASH: &[&str] = &[
     "connect-timeout",
     "force",
     "to",
+    "upgrade",
+    "lockfile",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -324,6 +328,7 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         Command::Validate(a) => validate::run(a),
+        Command::Lock(a) => lock::run(a),
         Command::Plan(a) => plan::run(a),
         Command::Apply(a) => apply::run(a),
         Command::Destroy(a) => destroy::run(a),

@@ -50,6 +50,9 @@ pub struct PlanArgs {
     /// Plan everything except this resource and what depends on it (repeatable)
     #[arg(long, value_name = "ADDRESS")]
     pub exclude: Vec<String>,
+    /// Resolve again what sparkform.lock.hcl pins (a branch's new commit) and show the lock's changes
+    #[arg(long)]
+    pub upgrade: bool,
     /// Write blocks for `import` blocks whose resource has no block yet to FILE (a new file)
     #[arg(long = "generate-config-out", value_name = "FILE")]
     pub generate_config_out: Option<PathBuf>,
@@ -87,9 +90,10 @@ pub fn run(args: PlanArgs) -> ExitCode {
     }
     let ws = args.config.workspace();
     let evaluated = match args.config.evaluate(args.json) {
-        Ok(e) => e,
+        Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
     };
+    let lock_before = evaluated.lock().cloned();
     if !args.json {
         report_warnings(evaluated.warnings());
     }
@@ -141,6 +145,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
+    let lock_changes = ops::lock::LockUpdate::new(&config, lock_before.as_ref()).changes();
     if args.json {
         // Every warning of the evaluation the plan was made from, and those of the reading.
         let mut all = config.warnings.clone();
@@ -155,11 +160,16 @@ pub fn run(args: PlanArgs) -> ExitCode {
             "lock": lock_note,
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
             "plan": plan,
+            "lock_file_changes": lock_changes,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         report_warnings(&warnings);
         print!("{}", render::render(&plan));
+        if !lock_changes.is_empty() {
+            println!("\n{} changes (an apply writes them):", ops::lock::FILE);
+            lock_changes.iter().for_each(|c| println!("  {c}"));
+        }
     }
     if let Some(out) = &args.generate_config_out {
         let (text, skipped) = ops::import::generated_hcl(&plan.generated);

@@ -18,6 +18,7 @@ use crate::plan::planfile::PlanFile;
 use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};
 
+use super::lock::LockUpdate;
 use super::OpError;
 
 /// Where the plan comes from.
@@ -52,6 +53,8 @@ impl Source<'_> {
 pub struct PrepareRequest<'a> {
     /// The definitions as written (`ops::definitions::load`; the caller showed their warnings).
     pub evaluated: Evaluated,
+    /// `-lockfile=readonly`: a change to `sparkform.lock.hcl` is an error before anything runs.
+    pub lockfile_readonly: bool,
     pub store: StateStore,
     pub source: Source<'a>,
     pub hosts: HostOptions,
@@ -69,6 +72,9 @@ pub struct Prepared {
     state: State,
     pool: Option<HostPool>,
     _lock: StateLock,
+    /// `sparkform.lock.hcl` before and after (none for destroy): written once the apply
+    /// succeeded.
+    pub lock_file: Option<LockUpdate>,
 }
 
 /// Lock, load the state, plan. A lock left by a process that is gone is taken over and said
@@ -87,6 +93,8 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         );
     }
     let recorded = req.store.load()?;
+    let lock_before = req.evaluated.lock().cloned();
+    let is_destroy = matches!(req.source, Source::Destroy { .. });
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
@@ -148,6 +156,15 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         }
     };
     let (config, graph) = defs;
+    let lock_file = (!is_destroy).then(|| LockUpdate::new(&config, lock_before.as_ref()));
+    if let (Some(update), true) = (&lock_file, req.lockfile_readonly) {
+        if let Err(e) = update.refuse_changes() {
+            if let Some(p) = pool {
+                p.close().await;
+            }
+            return Err(e);
+        }
+    }
     Ok(Prepared {
         plan,
         warnings,
@@ -157,6 +174,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         state,
         pool,
         _lock: lock,
+        lock_file,
     })
 }
 
@@ -233,14 +251,23 @@ impl Prepared {
         &self.config
     }
 
-    /// Run the plan; the lock is released when it returns.
+    /// Write `sparkform.lock.hcl` when the plan changes it: lines saying what it wrote.
+    pub fn write_lock(&self) -> Result<Vec<String>, OpError> {
+        self.lock_file
+            .as_ref()
+            .map_or(Ok(Vec::new()), write_lock_file)
+    }
+
+    /// Run the plan, then write the lock file when it succeeded; the state lock is released
+    /// when it returns.
     pub async fn apply(
         self,
         opts: RunOptions,
         events: Sender,
         cancel: CancellationToken,
     ) -> ApplyOutcome {
-        crate::apply::apply(ApplyRequest {
+        let lock_file = self.lock_file.clone();
+        let mut outcome = crate::apply::apply(ApplyRequest {
             config: &self.config,
             graph: &self.graph,
             plan: &self.plan,
@@ -253,8 +280,29 @@ impl Prepared {
             events,
             cancel,
         })
-        .await
+        .await;
+        if let (Some(update), true) = (&lock_file, outcome.ok) {
+            match write_lock_file(update) {
+                Ok(notes) => outcome.notes.extend(notes),
+                Err(OpError::Local(message)) => outcome.warnings.push(message),
+                Err(other) => outcome.warnings.push(format!("{other:?}")),
+            }
+        }
+        outcome
     }
+}
+
+/// Write the lock file when it changes: the lines that say so.
+fn write_lock_file(update: &LockUpdate) -> Result<Vec<String>, OpError> {
+    if !update.write()? {
+        return Ok(Vec::new());
+    }
+    let mut notes = vec![format!(
+        "\nWrote {} (commit it with the definitions):",
+        crate::lockfile::FILE
+    )];
+    notes.extend(update.changes().iter().map(|c| format!("  {c}")));
+    Ok(notes)
 }
 
 /// End every master connection at once: the process exits next, and none may outlive it.

@@ -61,7 +61,7 @@ pub struct Definitions {
 /// The definitions of `ws` evaluated as written, and their graph; every error at once.
 pub fn load(ws: &Workspace, vars: &VarInputs) -> Result<Evaluated, OpError> {
     let (config, graph) = ws.load(vars).map_err(OpError::Config)?;
-    let lock = Lock::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![d])))?;
+    let lock = Lock::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
     Ok(Evaluated {
         config,
         graph,
@@ -506,7 +506,7 @@ output "path" {
         let a: Arc<dyn Host> =
             Arc::new(FakeHost::new("node.a", &world).docker_engine(docker.clone()));
         let pool = HostPool::from_hosts([("node.a".to_string(), a)].into_iter().collect());
-        let err = read_on(first.config(), &pool, ReadMode::Normal, None).await;
+        let err = read_on(&first, &pool, ReadMode::Normal, None).await;
         let Err(OpError::Config(d)) = err else {
             panic!("resolved without a hub: {:?}", err.map(|o| o.models));
         };

@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod definitions;
 pub mod import;
+pub mod lock;
 pub mod logs;
 pub mod nodes;
 pub mod observe;

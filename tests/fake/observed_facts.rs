@@ -820,6 +820,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
     let ws = sparkform::workspace::Workspace::new(dir.path(), None);
     let request = |file| PrepareRequest {
         evaluated: sparkform::ops::definitions::load(&ws, &VarInputs::default()).unwrap(),
+        lockfile_readonly: false,
         store: store(),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),

@@ -70,6 +70,7 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
     let prepared = prepare(
         PrepareRequest {
             evaluated: evaluated(dir.path()),
+            lockfile_readonly: false,
             store: store(dir.path()),
             source: Source::Definitions {
                 refresh: ReadMode::Normal,
@@ -113,6 +114,7 @@ async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved(
     .unwrap();
     let request = |file| PrepareRequest {
         evaluated: evaluated(dir.path()),
+        lockfile_readonly: false,
         store: store(dir.path()),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
@@ -150,6 +152,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
     let prepared = prepare(
         PrepareRequest {
             evaluated: evaluated(dir.path()),
+            lockfile_readonly: false,
             store: store(dir.path()),
             source: Source::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
@@ -176,6 +179,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
     let dir = folder();
     let request = |targets: Vec<String>| PrepareRequest {
         evaluated: evaluated(dir.path()),
+        lockfile_readonly: false,
         store: store(dir.path()),
         source: Source::Definitions {
             refresh: ReadMode::Recorded,

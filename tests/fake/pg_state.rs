@@ -329,8 +329,12 @@ async fn pg_plan_and_apply_on_a_fake_node_record_in_postgres() {
     let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
     let prepared = prepare(
         PrepareRequest {
-            config: &config,
-            graph: &graph,
+            evaluated: sparkform::ops::definitions::load(
+                &sparkform::workspace::Workspace::new(dir.path(), None),
+                &sparkform::config::VarInputs::default(),
+            )
+            .unwrap_or_else(|e| panic!("{e:?}")),
+            lockfile_readonly: false,
             store: store.clone(),
             source: Source::Definitions {
                 refresh: ReadMode::Normal,

@@ -210,12 +210,25 @@ impl Bed {
 
     /// `sparkform apply DIR -auto-approve`, on the fakes.
     async fn apply(&self) -> ApplyOutcome {
+        self.apply_with(false, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    /// [`Self::apply`] with `-upgrade` and `-lockfile=readonly` as given.
+    async fn apply_with(
+        &self,
+        upgrade: bool,
+        lockfile_readonly: bool,
+    ) -> Result<ApplyOutcome, sparkform::ops::OpError> {
         let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
-            .unwrap_or_else(|e| panic!("{e:?}"));
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .upgrading(upgrade);
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let prepared = sparkform::ops::apply::prepare(
             sparkform::ops::apply::PrepareRequest {
                 evaluated,
+                lockfile_readonly,
                 store: self.store(),
                 source: sparkform::ops::apply::Source::Definitions {
                     refresh: ReadMode::Normal,
@@ -225,9 +238,12 @@ impl Bed {
             },
             &tx,
         )
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
-        prepared
+        .await?;
+        if !prepared.plan.has_changes() {
+            // As `sparkform apply` does: nothing to run, the lock file may still change.
+            prepared.write_lock()?;
+        }
+        Ok(prepared
             .apply(
                 sparkform::ops::apply::RunOptions {
                     parallelism: 4,
@@ -237,7 +253,7 @@ impl Bed {
                 tx,
                 tokio_util::sync::CancellationToken::new(),
             )
-            .await
+            .await)
     }
 
     /// `sparkform plan DIR`, on the fakes: evaluate, one read phase, refresh, plan; then the
@@ -248,9 +264,20 @@ impl Bed {
 
     /// [`Self::plan`] with `-refresh` as `refresh` says.
     async fn plan_as(&self, refresh: ReadMode) -> sparkform::plan::Plan {
+        self.plan_with(refresh, false).await.0
+    }
+
+    /// The plan and the lock file's changes, with `-refresh` and `-upgrade` as given.
+    async fn plan_with(
+        &self,
+        refresh: ReadMode,
+        upgrade: bool,
+    ) -> (sparkform::plan::Plan, Vec<String>) {
         let recorded = self.store().load().unwrap();
         let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
-            .unwrap_or_else(|e| panic!("{e:?}"));
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .upgrading(upgrade);
+        let lock_before = evaluated.lock().cloned();
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let mut prepared = prepare(
             PrepareRequest {
@@ -268,7 +295,9 @@ impl Bed {
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
         prepared.close().await;
-        prepared.plan
+        let changes =
+            sparkform::ops::lock::LockUpdate::new(&prepared.config, lock_before.as_ref()).changes();
+        (prepared.plan, changes)
     }
 }
 
@@ -339,4 +368,104 @@ async fn a_first_plan_connects_once_per_node() {
     assert!(head.contains(COMMIT) && head.contains("119.6"), "{head}");
     assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
     assert!(evaluations <= 2, "{evaluations} evaluations");
+}
+
+const OTHER: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+fn head_command(plan: &sparkform::plan::Plan) -> String {
+    plan.change("container.head")
+        .and_then(|c| c.after.as_ref())
+        .map(|a| a["command"].to_string())
+        .unwrap_or_default()
+}
+
+/// `sparkform.lock.hcl`: written by the first apply, left alone by a no-op one; what it pins
+/// stands against what the hub says until `-upgrade`; `-lockfile=readonly` refuses a change;
+/// a fresh clone plans from it with `-refresh=false`.
+#[tokio::test]
+async fn the_lock_file_pins_the_commit_until_upgrade() {
+    let bed = Bed::new();
+    let path = bed.dir.path().join(sparkform::ops::lock::FILE);
+    assert!(bed.apply().await.ok);
+    let text = std::fs::read_to_string(&path).expect("the first apply writes the lock");
+    assert!(
+        text.contains("model \"model.m\" {") && text.contains(COMMIT) && text.contains("\"main\""),
+        "{text}"
+    );
+    assert_eq!(
+        sparkform::fmt::format_source(&text).unwrap(),
+        text,
+        "fmt-clean"
+    );
+    assert!(bed.apply().await.ok);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        text,
+        "a no-op apply"
+    );
+
+    // The lock pins another commit of `main` (as when it was written, before the branch
+    // moved to what the hub says now): plans take the lock's.
+    std::fs::write(&path, text.replace(COMMIT, OTHER)).unwrap();
+    let (plan, changes) = bed.plan_with(ReadMode::Normal, false).await;
+    assert!(
+        head_command(&plan).contains(OTHER),
+        "{}",
+        head_command(&plan)
+    );
+    assert!(changes.is_empty(), "{changes:?}");
+    // -upgrade asks the hub again, and says how the lock moves.
+    let (plan, changes) = bed.plan_with(ReadMode::Normal, true).await;
+    assert!(
+        head_command(&plan).contains(COMMIT),
+        "{}",
+        head_command(&plan)
+    );
+    assert_eq!(
+        changes,
+        ["model.m: main at aaaaaaaaaaaa (was main at bbbbbbbbbbbb)"],
+        "{changes:?}"
+    );
+    // -lockfile=readonly: the apply that would move the lock stops before anything runs.
+    let refused = bed.apply_with(true, true).await;
+    assert!(
+        matches!(&refused, Err(sparkform::ops::OpError::Config(d)) if d.0[0].code == "lock::readonly"),
+        "{:?}",
+        refused.err()
+    );
+    assert!(
+        std::fs::read_to_string(&path).unwrap().contains(OTHER),
+        "unchanged"
+    );
+
+    // A fresh clone (the definitions and the lock, no state): -refresh=false plans the locked
+    // commit, connecting to nothing.
+    let clone = Bed::new();
+    std::fs::copy(&path, clone.dir.path().join(sparkform::ops::lock::FILE)).unwrap();
+    let (plan, opened, _) = clone.counted(clone.plan_as(ReadMode::Recorded)).await;
+    assert!(
+        head_command(&plan).contains(OTHER),
+        "{}",
+        head_command(&plan)
+    );
+    assert!(opened.is_empty(), "{opened:?}");
+}
+
+/// A lock file that does not parse stops every command that reads the definitions, at its line.
+#[tokio::test]
+async fn a_malformed_lock_file_is_a_located_error() {
+    let bed = Bed::new();
+    std::fs::write(
+        bed.dir.path().join(sparkform::ops::lock::FILE),
+        "model \"model.m\" {\n  commit = var.x\n}\n",
+    )
+    .unwrap();
+    match sparkform::ops::definitions::load(&bed.workspace(), &VarInputs::default()) {
+        Err(sparkform::ops::OpError::Config(d)) => {
+            assert_eq!(d.0[0].code, "lock::invalid");
+            assert!(!d.0[0].labels.is_empty());
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("a malformed lock loaded"),
+    }
 }

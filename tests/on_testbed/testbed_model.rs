@@ -148,7 +148,8 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     let (code, out, _) = sparkform(&["plan", d, "-refresh=deep", "-detailed-exitcode"]);
     assert_eq!(code, 0, "still corrupt after the apply:\n{out}");
 
-    // The branch moves on the hub: the plan says so, on both nodes.
+    // The branch moves on the hub: the lock the first apply wrote keeps the commit, until
+    // -upgrade, whose plan says so on both nodes and shows how the lock moves.
     {
         struct MoveBack;
         impl Drop for MoveBack {
@@ -157,12 +158,21 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
             }
         }
         let _back = MoveBack;
+        let lock = std::fs::read_to_string(Path::new(d).join("sparkform.lock.hcl"))
+            .expect("the apply wrote the lock file");
+        assert!(lock.contains(first.trim()), "{lock}");
         hub(&["move", REPO, "main", "1"]);
         let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
-        assert_eq!(code, 2, "a moved branch is no change:\n{out}\n{err}");
+        assert_eq!(code, 0, "the lock pins main:\n{out}\n{err}");
+        let (code, out, err) = sparkform(&["plan", d, "-upgrade", "-detailed-exitcode"]);
+        assert_eq!(code, 2, "-upgrade sees no move:\n{out}\n{err}");
         assert_eq!(
             out.matches("revision changed: main now points at").count(),
             2,
+            "{out}"
+        );
+        assert!(
+            out.contains("sparkform.lock.hcl changes") && out.contains("model.standin: main at"),
             "{out}"
         );
     }
