@@ -25,11 +25,23 @@ pub struct Desired {
     pub node: String,
     #[serde(default)]
     pub image: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub command: Option<Texts>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub entrypoint: Option<Texts>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_mode: Option<String>,
@@ -38,20 +50,48 @@ pub struct Desired {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_mode: Option<String>,
     /// Bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub shm_size: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub gpus: Option<Gpus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub devices: Option<Texts>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub volumes: Option<Texts>,
     /// `name = "soft:hard"` or one value for both.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub ulimits: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub cap_add: Option<Texts>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub privileged: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
@@ -60,15 +100,27 @@ pub struct Desired {
     /// Docker's restart policy (`no`, `always`, `unless-stopped`, `on-failure[:N]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub labels: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub pull: Option<bool>,
     /// An image archive (relative to the definitions) loaded when the node lacks the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_archive: Option<String>,
     /// Seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub stop_timeout: Option<Number>,
     /// The `ready` blocks, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -76,6 +128,24 @@ pub struct Desired {
 }
 
 impl DesiredConfig for Desired {}
+
+/// A value the state recorded as its hash (sensitive) where a map, list, number or flag
+/// belongs: read as not set, so the rest of a recorded configuration is still read. A desired
+/// configuration holds clear values only.
+fn hidden<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::de::Error as _;
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Null => Ok(None),
+        v @ serde_json::Value::String(_) => Ok(serde_json::from_value(v).ok()),
+        v => serde_json::from_value(v)
+            .map(Some)
+            .map_err(D::Error::custom),
+    }
+}
 
 /// `gpus = 2` or `gpus = "all"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,17 +192,29 @@ impl Desired {
 /// One `ready { … }` block: exactly one of `exec`, `http`, `tcp` (the lowering checks it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReadyCheck {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub exec: Option<Texts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp: Option<String>,
     /// The HTTP status an `http` check wants.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub status: Option<Number>,
     /// The exit code an `exec` check wants.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub exit_code: Option<Number>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_contains: Option<String>,
@@ -142,11 +224,23 @@ pub struct ReadyCheck {
     /// Seconds between attempts; always written.
     #[serde(default = "default_interval")]
     pub interval: Number,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub fail_on_log: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub warn_on_log: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
     pub progress: Option<BTreeMap<String, String>>,
 }
 
@@ -236,6 +330,16 @@ mod tests {
         assert_eq!(d.ready[0].want_status(), 200);
         let float = json!({"name": "c", "node": "n", "image": "i", "stop_timeout": 1.5});
         assert_eq!(Desired::from_config(&float).unwrap().to_config(), float);
+    }
+
+    #[test]
+    fn a_recorded_hash_where_a_map_belongs_hides_only_that_attribute() {
+        let recorded =
+            json!({"name": "c", "image": "i", "env": "hmac-sha256:00", "stop_timeout": 7});
+        let d = Desired::from_config(&recorded).unwrap();
+        assert_eq!((d.stop_secs(), d.name.as_str()), (7, "c"));
+        assert_eq!(d.env, None);
+        assert!(Desired::from_config(&json!({"name": "c", "env": 3})).is_err());
     }
 
     #[test]
