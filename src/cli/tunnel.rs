@@ -15,8 +15,10 @@ use crate::ops::definitions::Pins;
 http probe's URL as its `via` node sees it) to a local port, through the node's SSH master \
 connection, print the local URL and keep it open until Ctrl-C. Says when the remote side stops \
 answering. With --exec, run a command against it (through sh -c, with SPARKFORM_TUNNEL_URL set and \
-{url} replaced by the local URL), close, and exit with the command's code.",
-    after_help = "Example:\n  sparkform tunnel examples/testbed endpoint\n  sparkform tunnel examples/testbed probe.hello -L 8080\n  sparkform tunnel examples/testbed endpoint --exec 'curl -s {url}/v1/models'"
+{url} replaced by the local URL; when the definitions' probes send the endpoint an API key, \
+SPARKFORM_TUNNEL_AUTHORIZATION holds their Authorization header and OPENAI_API_KEY the key), close, \
+and exit with the command's code.",
+    after_help = "Example:\n  sparkform tunnel examples/testbed endpoint\n  sparkform tunnel examples/testbed probe.hello -L 8080\n  sparkform tunnel examples/testbed endpoint --exec 'curl -s -H \"Authorization: $SPARKFORM_TUNNEL_AUTHORIZATION\" {url}/v1/models'"
 )]
 pub struct TunnelArgs {
     #[command(flatten)]
@@ -130,7 +132,16 @@ async fn serve(
             ExitCode::SUCCESS
         }
         Some(cmd) => {
-            let child = tokio::process::Command::new("sh")
+            let mut command = tokio::process::Command::new("sh");
+            // The endpoint's key, when its probes send one: in the environment only (never in
+            // an argument another user could read).
+            if let Some(auth) = &target.authorization {
+                command.env("SPARKFORM_TUNNEL_AUTHORIZATION", auth);
+                if let Some(key) = auth.strip_prefix("Bearer ") {
+                    command.env("OPENAI_API_KEY", key);
+                }
+            }
+            let child = command
                 .arg("-c")
                 .arg(exec_script(cmd, &url))
                 .env("SPARKFORM_TUNNEL_URL", &url)

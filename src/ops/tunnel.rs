@@ -23,10 +23,32 @@ pub struct Target {
     pub port: u16,
     /// Path and query of the URL (`/v1/chat/completions`).
     pub path: String,
+    /// The `Authorization` header the definitions' probes send to this endpoint (its API key),
+    /// for `--exec`'s command: sensitive, passed in its environment only.
+    pub authorization: Option<String>,
 }
 
 /// An output or probe by name, or the deployment's only HTTP endpoint when `what` is `None`.
 pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
+    let mut t = resolve_url(config, what)?;
+    t.authorization = authorization_for(config, &t);
+    Ok(t)
+}
+
+/// The `Authorization` header of an http probe of the definitions that goes to `t`'s host
+/// and port.
+fn authorization_for(config: &Config, t: &Target) -> Option<String> {
+    let base = format!("http://{}:{}", t.host, t.port);
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == KindId::Probe)
+        .filter_map(|r| probe::Desired::from_config(&r.config).ok()?.http)
+        .filter(|h| h.url == base || h.url.starts_with(&format!("{base}/")))
+        .find_map(|h| h.headers?.get("Authorization").cloned())
+}
+
+fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
     let url_outputs: Vec<(&str, &str)> = config
         .outputs
         .iter()
@@ -98,6 +120,7 @@ fn target(from: String, node: String, url: &str) -> Result<Target, String> {
         host,
         port,
         path,
+        authorization: None,
     })
 }
 

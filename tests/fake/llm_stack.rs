@@ -325,6 +325,15 @@ fn the_api_key_reaches_vllm_by_its_environment_and_the_probe_sends_it_never_show
             .any(|w| w.message.contains("without an api_key")),
         "a key: no warning"
     );
+    // `tunnel --exec` hands the probes' header to its command, for the endpoint and the probe.
+    for what in ["endpoint", "probe.hello"] {
+        let t = sparkform::ops::tunnel::resolve(&c, Some(what)).unwrap();
+        assert_eq!(
+            t.authorization.as_deref(),
+            Some("Bearer sparkform-testbed-key"),
+            "{what}"
+        );
+    }
     let p = common::plan(&c, &g, &sparkform::state::State::new());
     let text = sparkform::plan::render::render(&p);
     let json = serde_json::to_string(&p).unwrap();

@@ -167,6 +167,8 @@ fn actions(plan: &Value, action: &str) -> Vec<String> {
 const HEAD: &str = "module.qwen.module.ray.container.ray_head";
 const WORKER: &str = "module.qwen.module.ray.container.ray_worker[\"node2\"]";
 const VLLM: &str = "module.qwen.container.vllm";
+/// examples/testbed's `api_key` default.
+const TESTBED_API_KEY: &str = "sparkform-testbed-key";
 
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
@@ -206,7 +208,11 @@ fn a_deployment_started_by_hand_is_imported_without_a_restart() {
         "the hand-started Ray head did not come up"
     );
     tb.ssh("sf-node2", &docker_run(&after(WORKER)));
-    tb.ssh("sf-node1", &docker_run(&after(VLLM)));
+    // The plan shows the endpoint's key as sensitive; the person who starts vLLM by hand has
+    // it (the testbed example's throwaway key).
+    let mut vllm = after(VLLM);
+    vllm["env"]["VLLM_API_KEY"] = Value::from(TESTBED_API_KEY);
+    tb.ssh("sf-node1", &docker_run(&vllm));
     assert!(
         wait_for(
             &tb,

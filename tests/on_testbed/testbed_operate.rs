@@ -65,7 +65,7 @@ fn tunnel_logs_and_status_on_the_testbed() {
         EXAMPLE,
         "probe.hello",
         "--exec",
-        r#"curl -sf -H 'Content-Type: application/json' -d '{"model":"testbed/standin-qwen3","messages":[{"role":"user","content":"Hello! What model are you?"}]}' "$SPARKFORM_TUNNEL_URL" && test "{url}" = "$SPARKFORM_TUNNEL_URL""#,
+        r#"curl -sf -H "Authorization: $SPARKFORM_TUNNEL_AUTHORIZATION" -H 'Content-Type: application/json' -d '{"model":"testbed/standin-qwen3","messages":[{"role":"user","content":"Hello! What model are you?"}]}' "$SPARKFORM_TUNNEL_URL" && test "{url}" = "$SPARKFORM_TUNNEL_URL""#,
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("Hello! I am testbed/standin-qwen3"), "{out}");
@@ -75,7 +75,7 @@ fn tunnel_logs_and_status_on_the_testbed() {
         EXAMPLE,
         "endpoint",
         "--exec",
-        "curl -sf {url}/v1/models; exit 7",
+        "curl -sf -H \"Authorization: Bearer $OPENAI_API_KEY\" {url}/v1/models; exit 7",
     ]);
     assert_eq!(code, 7, "{out}\n{err}");
     assert!(out.contains("\"id\": \"testbed/standin-qwen3\""), "{out}");
