@@ -604,19 +604,12 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
         who: helper(&w.block, &w.node_name, "serve"),
         image: &w.image,
         cache: &w.cache,
-        args: vec![
-            "serve".into(),
-            source.clone(),
-            "0".into(),
-            "--repo".into(),
-            w.repo.clone(),
-            "--commit".into(),
-            w.commit.clone(),
-            "--cache".into(),
-            w.cache.clone(),
-            "--idle-timeout".into(),
-            SERVE_IDLE_SECS.to_string(),
-        ],
+        args: [
+            vec!["serve".into(), source.clone(), "0".into()],
+            snapshot_args(w, &w.commit),
+            vec!["--idle-timeout".into(), SERVE_IDLE_SECS.to_string()],
+        ]
+        .concat(),
         input: String::new(),
         lineage: cx.lineage,
     };
@@ -712,19 +705,22 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     ))
 }
 
-/// transfer.py's `pull` from the serve at `source:port`.
-fn pull_args(w: &Want, source: &str, port: u64, deep: bool) -> Vec<String> {
-    let mut args = vec![
-        "pull".to_string(),
-        source.to_string(),
-        port.to_string(),
+/// Which snapshot a transfer works on: the repository, `commit` and the cache folder.
+fn snapshot_args(w: &Want, commit: &str) -> Vec<String> {
+    vec![
         "--repo".into(),
         w.repo.clone(),
         "--commit".into(),
-        w.commit.clone(),
+        commit.to_string(),
         "--cache".into(),
         w.cache.clone(),
-    ];
+    ]
+}
+
+/// transfer.py's `pull` from the serve at `source:port`.
+fn pull_args(w: &Want, source: &str, port: u64, deep: bool) -> Vec<String> {
+    let mut args = vec!["pull".to_string(), source.to_string(), port.to_string()];
+    args.extend(snapshot_args(w, &w.commit));
     if !is_commit(&w.revision) {
         args.extend(["--ref".to_string(), w.revision.clone()]);
     }
@@ -805,15 +801,7 @@ async fn remove_snapshot(
         who: helper(&w.block, &w.node_name, "remove"),
         image: &w.image,
         cache: &w.cache,
-        args: vec![
-            "remove".into(),
-            "--repo".into(),
-            w.repo.clone(),
-            "--commit".into(),
-            commit.to_string(),
-            "--cache".into(),
-            w.cache.clone(),
-        ],
+        args: [vec!["remove".into()], snapshot_args(w, commit)].concat(),
         input: String::new(),
         lineage,
     };
@@ -1015,15 +1003,8 @@ impl Machine for ModelMachine {
                 );
                 continue;
             };
-            let mut args = vec![
-                "observe".to_string(),
-                "--repo".into(),
-                w.repo.clone(),
-                "--commit".into(),
-                w.commit.clone(),
-                "--cache".into(),
-                w.cache.clone(),
-            ];
+            let mut args = vec!["observe".to_string()];
+            args.extend(snapshot_args(&w, &w.commit));
             if deep {
                 args.push("--deep".into());
             }
