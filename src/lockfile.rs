@@ -159,8 +159,16 @@ impl Lock {
     /// What changes from `self` to `new`, one line per entry, in the plan's words.
     pub fn changes(&self, new: &Lock) -> Vec<String> {
         let mut out = Vec::new();
+        // A model's label is its address (`model.qwen`); an image's, its reference.
+        let named = |(kind, label): &(String, String)| {
+            if label.starts_with(kind.as_str()) {
+                label.clone()
+            } else {
+                format!("{kind} {label}")
+            }
+        };
         for (key, after) in &new.entries {
-            let name = &key.1;
+            let name = named(key);
             match self.entries.get(key) {
                 None => out.push(format!("{name}: locked ({})", summary(after))),
                 Some(before) if before != after => out.push(format!(
@@ -176,7 +184,7 @@ impl Lock {
             .keys()
             .filter(|k| !new.entries.contains_key(*k))
         {
-            out.push(format!("{}: no longer locked", key.1));
+            out.push(format!("{}: no longer locked", named(key)));
         }
         out
     }
@@ -189,9 +197,23 @@ fn summary(e: &Entry) -> String {
         (Some(r), Some(c)) => format!("{r} at {}", &c[..c.len().min(12)]),
         _ => e
             .iter()
-            .map(|(k, v)| format!("{k} = {v}"))
+            .map(|(k, v)| match v.as_str() {
+                Some(text) => format!("{k} = {}", short_digest(text)),
+                None => format!("{k} = {v}"),
+            })
             .collect::<Vec<_>>()
             .join(", "),
+    }
+}
+
+/// A digest as people compare them: `sha256:` and 12 hex digits (a registry digest keeps its
+/// repository); other texts as they are.
+fn short_digest(text: &str) -> String {
+    match text.split_once("sha256:") {
+        Some((before, hex)) if hex.len() > 12 && hex.chars().all(|c| c.is_ascii_hexdigit()) => {
+            format!("{before}sha256:{}", &hex[..12])
+        }
+        _ => text.to_string(),
     }
 }
 
@@ -310,5 +332,20 @@ mod tests {
             ["model.m: main at 89abcdef0123 (was main at 0123456789ab)"]
         );
         assert!(before.changes(&before).is_empty());
+        let image = |digest: &str| {
+            let mut lock = Lock::default();
+            let mut e = Entry::new();
+            e.insert("node2".into(), digest.into());
+            lock.entries.insert(("image".into(), "ray:1".into()), e);
+            lock
+        };
+        let (a, b) = (
+            format!("sha256:{}", "a".repeat(64)),
+            format!("sha256:{}", "b".repeat(64)),
+        );
+        assert_eq!(
+            image(&a).changes(&image(&b)),
+            ["image ray:1: node2 = sha256:bbbbbbbbbbbb (was node2 = sha256:aaaaaaaaaaaa)"]
+        );
     }
 }

@@ -140,12 +140,20 @@ pub fn run(args: PlanArgs) -> ExitCode {
         plan,
         warnings,
         observed,
+        images,
         ..
     } = match prepared {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
-    let lock_changes = ops::lock::LockUpdate::new(&config, lock_before.as_ref()).changes();
+    let lock_changes = ops::lock::LockUpdate::new(
+        &config,
+        lock_before.as_ref(),
+        args.upgrade,
+        &images,
+        recorded.as_ref(),
+    )
+    .changes();
     if args.json {
         // Every warning of the evaluation the plan was made from, and those of the reading.
         let mut all = config.warnings.clone();

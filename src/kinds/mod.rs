@@ -239,6 +239,15 @@ pub trait Kind: Sync {
     fn images(&self, _config: &serde_json::Value) -> Vec<String> {
         Vec::new()
     }
+    /// The images a recorded resource of the kind runs: (reference, what a lock file pins it
+    /// to), from its recorded configuration and attributes in the state.
+    fn images_run(
+        &self,
+        _config: &serde_json::Value,
+        _attributes: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;
 }

@@ -94,10 +94,12 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     }
     let recorded = req.store.load()?;
     let lock_before = req.evaluated.lock().cloned();
+    let upgrade = req.evaluated.upgrade();
     let is_destroy = matches!(req.source, Source::Destroy { .. });
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
+    let mut images = super::lock::ImagesSeen::new();
     let (defs, plan, warnings, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
@@ -120,6 +122,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
                 events,
             )
             .await?;
+            images = prepared.images;
             (
                 (prepared.config, prepared.graph),
                 prepared.plan,
@@ -156,14 +159,30 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         }
     };
     let (config, graph) = defs;
-    let lock_file = (!is_destroy).then(|| LockUpdate::new(&config, lock_before.as_ref()));
-    if let (Some(update), true) = (&lock_file, req.lockfile_readonly) {
-        if let Err(e) = update.refuse_changes() {
-            if let Some(p) = pool {
-                p.close().await;
-            }
-            return Err(e);
+    let lock_file = (!is_destroy).then(|| {
+        LockUpdate::new(
+            &config,
+            lock_before.as_ref(),
+            upgrade,
+            &images,
+            recorded.as_ref(),
+        )
+    });
+    let refused = match &lock_file {
+        // An image the lock pins that the node no longer has under its reference: running
+        // what the node has would not be what the lock says (`-upgrade` takes it).
+        Some(_) if !upgrade => super::lock::refuse_image_drift(&warnings),
+        _ => Ok(()),
+    }
+    .and_then(|()| match (&lock_file, req.lockfile_readonly) {
+        (Some(update), true) => update.refuse_changes(),
+        _ => Ok(()),
+    });
+    if let Err(e) = refused {
+        if let Some(p) = pool {
+            p.close().await;
         }
+        return Err(e);
     }
     Ok(Prepared {
         plan,
@@ -267,6 +286,7 @@ impl Prepared {
         cancel: CancellationToken,
     ) -> ApplyOutcome {
         let lock_file = self.lock_file.clone();
+        let config = self.config.clone();
         let mut outcome = crate::apply::apply(ApplyRequest {
             config: &self.config,
             graph: &self.graph,
@@ -282,7 +302,7 @@ impl Prepared {
         })
         .await;
         if let (Some(update), true) = (&lock_file, outcome.ok) {
-            match write_lock_file(update) {
+            match write_lock_file(&update.applied(&config, &outcome.state)) {
                 Ok(notes) => outcome.notes.extend(notes),
                 Err(OpError::Local(message)) => outcome.warnings.push(message),
                 Err(other) => outcome.warnings.push(format!("{other:?}")),

@@ -138,6 +138,11 @@ impl Evaluated {
         self.lock.as_ref()
     }
 
+    /// Whether this reads again what the lock pins (`-upgrade`).
+    pub fn upgrade(&self) -> bool {
+        self.upgrade
+    }
+
     /// `-upgrade`: read again what the lock pins.
     pub fn upgrading(mut self, upgrade: bool) -> Self {
         self.upgrade = upgrade;

@@ -49,6 +49,9 @@ pub struct Prepared {
     /// The node facts read (empty without looking): a plan file records them, so that
     /// `apply FILE` evaluates the definitions as this plan did.
     pub observed: Observed,
+    /// What the definitions' image references name on their nodes (empty without looking),
+    /// for the lock file.
+    pub images: super::lock::ImagesSeen,
     /// The connections when any were opened (close them, or hand them to an apply).
     pub pool: Option<HostPool>,
 }
@@ -71,12 +74,13 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     } = req;
     let mut pool = connect(evaluated.config(), recorded, refresh, &hosts, events).await;
     match phases(evaluated, recorded, refresh, options, &hosts, &mut pool).await {
-        Ok((defs, plan, warnings, observed)) => Ok(Prepared {
+        Ok((defs, plan, warnings, observed, images)) => Ok(Prepared {
             config: defs.config,
             graph: defs.graph,
             plan,
             warnings,
             observed,
+            images,
             pool,
         }),
         Err(e) => {
@@ -94,16 +98,34 @@ async fn phases(
     options: PlanOptions,
     hosts: &HostOptions,
     pool: &mut Option<HostPool>,
-) -> Result<(Definitions, Plan, Vec<Diag>, Observed), OpError> {
-    let (read, facts, mut warnings) = read(&evaluated, recorded, refresh, pool).await?;
+) -> Result<
+    (
+        Definitions,
+        Plan,
+        Vec<Diag>,
+        Observed,
+        super::lock::ImagesSeen,
+    ),
+    OpError,
+> {
+    let (read, facts, images, mut warnings) = read(&evaluated, recorded, refresh, pool).await?;
     // One evaluation with everything read: the node facts only where they fill or contradict
     // something.
     let mut all = read;
     if super::plan::facts_matter(evaluated.config(), &facts) {
         all.nodes.clone_from(&facts.nodes);
     }
+    let lock = evaluated.lock().cloned();
+    let upgrade = evaluated.upgrade();
     let defs = evaluated.again(&all)?;
     warnings.extend(defs.warnings.iter().cloned());
+    if !upgrade {
+        warnings.extend(super::lock::image_drift(
+            &defs.config,
+            lock.as_ref(),
+            &images,
+        ));
+    }
     let observations = match recorded {
         Some(state) if refresh.looks() => {
             Some(super::refresh::refresh_on(&defs.config, state, refresh, pool, hosts).await?)
@@ -124,7 +146,7 @@ async fn phases(
         hosts,
     )
     .await?;
-    Ok((defs, plan, warnings, facts))
+    Ok((defs, plan, warnings, facts, images))
 }
 
 /// The nodes the read phase and the refresh work on: those the kinds read on, those holding
@@ -160,15 +182,15 @@ async fn connect(
     Some(HostPool::connect(config, &nodes, hosts).await)
 }
 
-/// The read phase: every kind's plan-time read (as `refresh` says) and the node facts of the
-/// refreshed nodes and of those that leave one unset, at once, on `pool`; with the warnings of
-/// the facts that could not be read.
+/// The read phase: every kind's plan-time read (as `refresh` says), the node facts of the
+/// refreshed nodes and of those that leave one unset, and what the image references name on
+/// the nodes, at once, on `pool`; with the warnings of the facts that could not be read.
 async fn read(
     evaluated: &Evaluated,
     recorded: Option<&State>,
     refresh: ReadMode,
     pool: &Option<HostPool>,
-) -> Result<(Observed, Observed, Vec<Diag>), OpError> {
+) -> Result<(Observed, Observed, super::lock::ImagesSeen, Vec<Diag>), OpError> {
     let config = evaluated.config();
     let empty = HostPool::from_hosts(BTreeMap::new());
     let on = pool.as_ref().unwrap_or(&empty);
@@ -182,11 +204,18 @@ async fn read(
             None => (Observed::default(), Vec::new()),
         }
     };
-    let (read, (facts, warnings)) = tokio::join!(
+    let images = async {
+        match pool {
+            Some(p) => super::lock::read_images(config, p).await,
+            None => Default::default(),
+        }
+    };
+    let (read, (facts, warnings), images) = tokio::join!(
         super::definitions::read_on(evaluated, on, refresh, recorded),
-        facts
+        facts,
+        images
     );
-    Ok((read?, facts, warnings))
+    Ok((read?, facts, images, warnings))
 }
 
 async fn close(pool: Option<HostPool>) {

@@ -103,6 +103,7 @@ const MEMINFO: &str = "MemTotal:       125410000 kB\nMemFree:        100000000 k
 struct Bed {
     dir: tempfile::TempDir,
     fakes: FakeNodes,
+    dockers: BTreeMap<String, Arc<FakeDocker>>,
 }
 
 impl Bed {
@@ -112,8 +113,7 @@ impl Bed {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("main.hcl"), TESTBED_LIKE).unwrap();
         let world = FakeWorld::new();
-        let node = |name: &str| {
-            let docker = Arc::new(FakeDocker::start().unwrap());
+        let node = |name: &str, docker: Arc<FakeDocker>| {
             let short = name.trim_start_matches("node.");
             let line = |json: serde_json::Value| vec![json.to_string()];
             docker.fault(
@@ -166,11 +166,19 @@ impl Bed {
             );
             (name.to_string(), Arc::new(h) as Arc<dyn Host>)
         };
-        let hosts: BTreeMap<String, Arc<dyn Host>> =
-            [node("node.n1"), node("node.n2")].into_iter().collect();
+        let mut dockers = BTreeMap::new();
+        let hosts: BTreeMap<String, Arc<dyn Host>> = ["node.n1", "node.n2"]
+            .into_iter()
+            .map(|name| {
+                let docker = Arc::new(FakeDocker::start().unwrap());
+                dockers.insert(name.to_string(), docker.clone());
+                node(name, docker)
+            })
+            .collect();
         Bed {
             dir,
             fakes: FakeNodes::new(hosts),
+            dockers,
         }
     }
 
@@ -267,12 +275,17 @@ impl Bed {
         self.plan_with(refresh, false).await.0
     }
 
-    /// The plan and the lock file's changes, with `-refresh` and `-upgrade` as given.
+    /// The plan, the lock file's changes and the plan's warnings, with `-refresh` and
+    /// `-upgrade` as given.
     async fn plan_with(
         &self,
         refresh: ReadMode,
         upgrade: bool,
-    ) -> (sparkform::plan::Plan, Vec<String>) {
+    ) -> (
+        sparkform::plan::Plan,
+        Vec<String>,
+        Vec<sparkform::diag::Diag>,
+    ) {
         let recorded = self.store().load().unwrap();
         let evaluated = sparkform::ops::definitions::load(&self.workspace(), &VarInputs::default())
             .unwrap_or_else(|e| panic!("{e:?}"))
@@ -295,9 +308,15 @@ impl Bed {
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
         prepared.close().await;
-        let changes =
-            sparkform::ops::lock::LockUpdate::new(&prepared.config, lock_before.as_ref()).changes();
-        (prepared.plan, changes)
+        let changes = sparkform::ops::lock::LockUpdate::new(
+            &prepared.config,
+            lock_before.as_ref(),
+            upgrade,
+            &prepared.images,
+            recorded.as_ref(),
+        )
+        .changes();
+        (prepared.plan, changes, prepared.warnings)
     }
 }
 
@@ -407,7 +426,7 @@ async fn the_lock_file_pins_the_commit_until_upgrade() {
     // The lock pins another commit of `main` (as when it was written, before the branch
     // moved to what the hub says now): plans take the lock's.
     std::fs::write(&path, text.replace(COMMIT, OTHER)).unwrap();
-    let (plan, changes) = bed.plan_with(ReadMode::Normal, false).await;
+    let (plan, changes, _) = bed.plan_with(ReadMode::Normal, false).await;
     assert!(
         head_command(&plan).contains(OTHER),
         "{}",
@@ -415,7 +434,7 @@ async fn the_lock_file_pins_the_commit_until_upgrade() {
     );
     assert!(changes.is_empty(), "{changes:?}");
     // -upgrade asks the hub again, and says how the lock moves.
-    let (plan, changes) = bed.plan_with(ReadMode::Normal, true).await;
+    let (plan, changes, _) = bed.plan_with(ReadMode::Normal, true).await;
     assert!(
         head_command(&plan).contains(COMMIT),
         "{}",
@@ -449,6 +468,70 @@ async fn the_lock_file_pins_the_commit_until_upgrade() {
         head_command(&plan)
     );
     assert!(opened.is_empty(), "{opened:?}");
+}
+
+/// The lock pins each node's image digest: a node whose reference names another image since
+/// (pulled or retagged) is drift naming both, an apply refuses it until `-upgrade`, which
+/// replaces what runs it and moves the lock.
+#[tokio::test]
+async fn a_retagged_image_is_drift_until_upgrade() {
+    let bed = Bed::new();
+    let path = bed.dir.path().join(sparkform::ops::lock::FILE);
+    assert!(bed.apply().await.ok);
+    let text = std::fs::read_to_string(&path).unwrap();
+    // The fake engine's image IDs are `sha256:NAME`.
+    assert!(
+        text.contains("image \"ray:1\" {\n  n1 = \"sha256:ray:1\"\n  n2 = \"sha256:ray:1\"\n}"),
+        "{text}"
+    );
+    let (plan, changes, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    assert!(!plan.has_changes() && changes.is_empty(), "{changes:?}");
+    assert!(warnings.iter().all(|w| w.code != "lock::image_drift"));
+
+    let rebuilt = format!("sha256:{}", "c".repeat(64));
+    bed.dockers["node.n2"].image("ray:1", &rebuilt);
+    let (_, changes, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    let drift: Vec<&str> = warnings
+        .iter()
+        .filter(|w| w.code == "lock::image_drift")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(
+        drift,
+        ["image ray:1 on node.n2 is sha256:cccccccccccc (pulled or retagged since it was locked); sparkform.lock.hcl pins sha256:ray:1"],
+        "{warnings:?}"
+    );
+    assert!(changes.is_empty(), "the lock stands: {changes:?}");
+    let refused = bed.apply_with(false, false).await;
+    assert!(
+        matches!(&refused, Err(sparkform::ops::OpError::Config(d)) if d.0[0].code == "lock::image_drift"),
+        "{:?}",
+        refused.err()
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "unchanged");
+
+    // The new build on both nodes (one alone would fail the apply's node parity check).
+    bed.dockers["node.n1"].image("ray:1", &rebuilt);
+    let (_, changes, warnings) = bed.plan_with(ReadMode::Normal, true).await;
+    assert!(warnings.iter().all(|w| w.code != "lock::image_drift"));
+    assert_eq!(
+        changes,
+        ["image ray:1: n1 = sha256:cccccccccccc, n2 = sha256:cccccccccccc (was n1 = sha256:ray:1, n2 = sha256:ray:1)"]
+    );
+    let outcome = bed.apply_with(true, false).await.unwrap();
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains(&format!("n1 = \"{rebuilt}\"\n  n2 = \"{rebuilt}\"")),
+        "{text}"
+    );
+    let (plan, changes, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    assert!(
+        !plan.has_changes() && changes.is_empty(),
+        "{changes:?} {}",
+        sparkform::plan::render::render(&plan)
+    );
+    assert!(warnings.iter().all(|w| w.code != "lock::image_drift"));
 }
 
 /// A lock file that does not parse stops every command that reads the definitions, at its line.

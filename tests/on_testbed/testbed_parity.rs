@@ -1,5 +1,6 @@
 //! Node parity on the testbed: one image reference naming different images on the two nodes is
-//! refused before any container starts, a retag after an apply plans as drift, and `sparkform
+//! refused before any container starts, a retag after an apply plans as drift (and, against the
+//! lock file's digest, is refused until `-upgrade`), and `sparkform
 //! nodes` shows the nodes alike with the testbed's expected differences explained.
 
 use crate::common;
@@ -80,8 +81,11 @@ fn ours(tb: &Testbed, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// No leftovers, and no lock file in the example: one another test's run wrote pins IMAGE to
+/// what it ran then, and the refusals here are the node parity check's.
 fn clean(tb: &Testbed) {
     tb.clear_leftovers();
+    let _ = std::fs::remove_file(std::path::Path::new(EXAMPLE).join("sparkform.lock.hcl"));
 }
 
 #[test]
@@ -126,12 +130,38 @@ fn image_parity_on_the_testbed() {
     assert_eq!(code, 0, "{out}\n{err}");
     let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
     assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
+    let lock = std::path::Path::new(EXAMPLE).join("sparkform.lock.hcl");
+    let locked = std::fs::read_to_string(&lock).expect("the apply wrote the lock file");
+    assert!(
+        locked.contains(&format!("image \"{IMAGE}\" {{\n  node1 = \"{good}\"")),
+        "{locked}"
+    );
     {
         let _retag = Retag::to(&tb, "sf-node2", OTHER);
+        let other = image_id(&tb, "sf-node2", IMAGE);
         let (code, out, err) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
         assert_eq!(code, 2, "a retag is drift:\n{out}\n{err}");
         assert!(out.contains("pulled or retagged"), "{out}");
         assert!(out.contains(&short(&good)), "{out}");
+        // The lock pins what ran: the plan names both digests, an apply refuses to run another.
+        // As one line: the diagnostic is wrapped to the terminal's width.
+        let all = format!("{out}\n{err}")
+            .replace('│', " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            all.contains(&format!(
+                "image {IMAGE} on node.node2 is {} (pulled or retagged since it was locked); sparkform.lock.hcl pins {}",
+                short(&other),
+                short(&good)
+            )),
+            "{all}"
+        );
+        let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
+        assert_ne!(code, 0, "{out}\n{err}");
+        assert!(format!("{out}\n{err}").contains("-upgrade"), "{out}\n{err}");
+        assert_eq!(std::fs::read_to_string(&lock).unwrap(), locked);
     }
     let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
     assert_eq!(code, 0, "the tag is back, no drift:\n{out}");

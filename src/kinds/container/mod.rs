@@ -104,6 +104,26 @@ impl Kind for Container {
             .map(|d| vec![d.image])
             .unwrap_or_default()
     }
+    fn images_run(
+        &self,
+        config: &serde_json::Value,
+        attributes: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Vec<(String, String)> {
+        let Ok(d) = Desired::from_config(config) else {
+            return Vec::new();
+        };
+        let text = |k: &str| {
+            attributes
+                .get(k)
+                .and_then(|v| v.as_str())
+                .filter(|v| !v.is_empty())
+        };
+        // A state written before the lock file knew digests recorded the image ID only.
+        text("image_digest")
+            .or(text("image_id"))
+            .map(|digest| vec![(d.image, digest.to_string())])
+            .unwrap_or_default()
+    }
     fn dot_shape(&self) -> &'static str {
         "box"
     }

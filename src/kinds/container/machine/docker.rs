@@ -159,11 +159,11 @@ pub(super) async fn ensure_image(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     desired: &Desired,
-) -> Result<String, StepError> {
+) -> Result<(String, String), StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
     let image = desired.image.as_str();
     match docker.inspect_image(image).await {
-        Ok(i) => return Ok(i.id.unwrap_or_default()),
+        Ok(i) => return Ok(id_and_digest(image, i)),
         Err(e) => image_missing(&node, image, e)?,
     }
     if let Some(archive) = desired.image_archive.as_deref() {
@@ -232,12 +232,25 @@ pub(super) async fn ensure_image(
     docker
         .inspect_image(image)
         .await
-        .map(|i| i.id.unwrap_or_default())
+        .map(|i| id_and_digest(image, i))
         .map_err(|e| {
             StepError::new(format!(
                 "{node}: image {image} is still missing after loading it: {e}"
             ))
         })
+}
+
+/// An image's ID, and what a lock file pins its reference to (`facts::ImageSeen::digest`).
+pub(super) fn id_and_digest(
+    reference: &str,
+    image: bollard::models::ImageInspect,
+) -> (String, String) {
+    let seen = facts::ImageSeen {
+        id: image.id.unwrap_or_default(),
+        repo_digests: image.repo_digests.unwrap_or_default(),
+    };
+    let digest = seen.digest(reference);
+    (seen.id, digest)
 }
 
 /// Only a 404 means the image is not there (and may be loaded or pulled); any other answer, or

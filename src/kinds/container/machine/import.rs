@@ -68,7 +68,22 @@ pub async fn import_container(
         .collect();
     let mut attributes = std::collections::BTreeMap::new();
     attributes.insert("container_id".into(), serde_json::json!(inspect["Id"]));
+    let repo_digests = image
+        .get("RepoDigests")
+        .and_then(|d| d.as_array())
+        .map(|d| {
+            d.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let image_digest = facts::ImageSeen {
+        id: image_id.clone(),
+        repo_digests,
+    }
+    .digest(&image_ref);
     attributes.insert("image_id".into(), serde_json::json!(image_id));
+    attributes.insert("image_digest".into(), serde_json::json!(image_digest));
     let mut notes = Vec::new();
     let labelled = inspect
         .pointer("/Config/Labels")

@@ -87,9 +87,9 @@ async fn start_new(
     docker: &bollard::Docker,
     desired: &Desired,
     name: &str,
-) -> Result<(String, String), StepError> {
+) -> Result<(String, (String, String)), StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
-    let image_id = ensure_image(cx, docker, desired).await?;
+    let image = ensure_image(cx, docker, desired).await?;
     // A container with this name from an earlier, interrupted run of this deployment is ours
     // to replace; anyone else's is not.
     if let Ok(existing) = docker
@@ -132,7 +132,7 @@ async fn start_new(
         let _ = remove(docker, &id).await;
         return Err(e);
     }
-    Ok((id, image_id))
+    Ok((id, image))
 }
 
 #[async_trait]
@@ -222,10 +222,11 @@ impl Machine for ContainerMachine {
                     }
                 }
                 match start_new(cx, &docker, &desired, &name).await {
-                    Ok((id, image_id)) => {
+                    Ok((id, (image_id, image_digest))) => {
                         let mut attributes = std::collections::BTreeMap::new();
                         attributes.insert("container_id".into(), serde_json::json!(id));
                         attributes.insert("image_id".into(), serde_json::json!(image_id));
+                        attributes.insert("image_digest".into(), serde_json::json!(image_digest));
                         Ok(Applied {
                             attributes,
                             undo: serde_json::json!({ "created": id, "previous": if aside.is_some() { old.clone() } else { None }, "name": name }),
