@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 
 use crate::config::Config;
 use crate::ops::definitions::Pins;
-use crate::ops::nodes::{differences, disagreements, explanations, short_id, Facts, NodeFacts};
+use crate::ops::nodes::{
+    differences, disagreements, explanations, short_id, Facts, NodeFacts, RdmaFabric,
+};
 
 /// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images, interfaces)
 #[derive(Args, Debug)]
@@ -169,6 +171,7 @@ fn render_text(config: &Config, results: &Results) -> String {
                 rdma.join(", ")
             }
         ));
+        notes.extend(fabric_lines(name, &f.fabric));
         notes.push(format!(
             "{name}: memlock: {} (ssh user), {} (containers by default)",
             f.memlock.as_deref().unwrap_or("unknown"),
@@ -218,6 +221,57 @@ fn render_text(config: &Config, results: &Results) -> String {
     out
 }
 
+/// Each RDMA port (state, link layer, rate, the PCIe link of its device, the fabric addresses
+/// its GID table carries as RoCE v2 with their index) and logind's IPC removal.
+fn fabric_lines(name: &str, f: &RdmaFabric) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in &f.ports {
+        let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+        let pcie = f.pcie.get(&p.device).map(|l| {
+            format!(
+                "; PCIe x{} of x{} at {}",
+                text(&l.width),
+                text(&l.max_width),
+                text(&l.speed)
+            )
+        });
+        let gids: Vec<String> = p
+            .gids
+            .iter()
+            .filter(|g| g.is_roce_v2())
+            .filter_map(|g| Some(format!("{} = {}", g.index, g.ipv4()?)))
+            .collect();
+        out.push(format!(
+            "{name}: rdma {} port {}: {}, {}, {}{}; RoCE v2 GIDs: {}",
+            p.device,
+            p.port,
+            text(&p.state),
+            text(&p.link_layer),
+            text(&p.rate),
+            pcie.unwrap_or_default(),
+            if gids.is_empty() {
+                "none with an IPv4 address".into()
+            } else {
+                gids.join(", ")
+            }
+        ));
+    }
+    out.push(format!(
+        "{name}: logind RemoveIPC: {}{}",
+        match f.remove_ipc {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "unset (systemd's default: yes)",
+        },
+        if f.lingering.is_empty() {
+            String::new()
+        } else {
+            format!("; lingering: {}", f.lingering.join(", "))
+        }
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +306,7 @@ mod tests {
                 driver: driver.into(),
                 cuda: Some("13.0".into()),
             }),
+            fabric: Default::default(),
             rdma: vec![RdmaDevice {
                 name: "rocep1s0f0".into(),
                 netdevs: vec!["enp1s0f0np0".into()],

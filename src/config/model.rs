@@ -204,6 +204,9 @@ pub struct Observed {
     /// What a kind's plan-time read found that has no place of its own above, by the address of
     /// the block it is for (the toy kind of the tests).
     pub kinds: BTreeMap<String, serde_json::Value>,
+    /// What a kind's plan-time read found worth a warning (a PCIe link below its width): the
+    /// plan shows them; the evaluation does not read them.
+    pub warnings: Vec<crate::diag::Diag>,
 }
 
 impl Observed {
@@ -217,6 +220,7 @@ impl Observed {
         self.nodes.extend(other.nodes);
         self.models.extend(other.models);
         self.kinds.extend(other.kinds);
+        self.warnings.extend(other.warnings);
     }
 }
 

@@ -51,6 +51,8 @@ pub struct Facts {
     /// None when the node has no NVIDIA driver (`nvidia-smi` missing or failing).
     pub nvidia: Option<Nvidia>,
     pub rdma: Vec<RdmaDevice>,
+    /// The RDMA ports, GID tables, PCIe links and logind's IPC removal.
+    pub fabric: super::fabric::RdmaFabric,
     /// The locked-memory limit of the ssh user's processes (`ulimit -l`).
     pub memlock: Option<String>,
     /// The locked-memory limit containers get by default: daemon.json's `default-ulimits`,
@@ -93,15 +95,16 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         host.exec(&smi),
         docker_version(host),
     );
-    let (kernel, nvidia, rdma, memlock, docker_memlock, images) = tokio::join!(
+    let (kernel, nvidia, fabric, memlock, docker_memlock, images) = tokio::join!(
         host.exec(&kernel),
         nvidia(host),
-        rdma_devices(host),
+        super::fabric::read(host),
         own_memlock(host),
         docker_memlock(host),
         image_ids(host, images),
     );
     let kernel = kernel?.stdout.trim().to_string();
+    let fabric = fabric?;
     let os = os?;
     let os = os
         .stdout
@@ -134,7 +137,8 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         memory_gib,
         gpus,
         nvidia: nvidia?,
-        rdma: rdma?,
+        rdma: rdma_devices(&fabric),
+        fabric,
         memlock: memlock?,
         docker_memlock: docker_memlock?,
         docker,
@@ -233,31 +237,15 @@ pub fn parse_smi_header(text: &str) -> Option<Nvidia> {
     })
 }
 
-async fn rdma_devices(host: &dyn Host) -> Result<Vec<RdmaDevice>, HostError> {
-    const CLASS: &str = "/sys/class/infiniband";
-    let list = host.exec(&Cmd::new("ls").arg(CLASS)).await?;
-    if !list.success() {
-        return Ok(Vec::new());
-    }
-    let names: Vec<String> = list.stdout.split_whitespace().map(str::to_string).collect();
-    let nets = futures_util::future::join_all(names.iter().map(|n| {
-        let cmd = Cmd::new("ls").arg(format!("{CLASS}/{n}/device/net"));
-        async move { host.exec(&cmd).await }
-    }))
-    .await;
+/// The RDMA devices and the network devices each drives.
+fn rdma_devices(fabric: &super::fabric::RdmaFabric) -> Vec<RdmaDevice> {
+    let mut names: BTreeSet<&String> = fabric.netdevs.keys().collect();
+    names.extend(fabric.ports.iter().map(|p| &p.device));
     names
         .into_iter()
-        .zip(nets)
-        .map(|(name, net)| {
-            let net = net?;
-            Ok(RdmaDevice {
-                name,
-                netdevs: if net.success() {
-                    net.stdout.split_whitespace().map(str::to_string).collect()
-                } else {
-                    Vec::new()
-                },
-            })
+        .map(|name| RdmaDevice {
+            name: name.clone(),
+            netdevs: fabric.netdevs.get(name).cloned().unwrap_or_default(),
         })
         .collect()
 }
@@ -463,6 +451,37 @@ pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
             facts
                 .iter()
                 .map(|(n, f)| (n, f.nvidia.as_ref().and_then(|v| v.cuda.clone())))
+                .collect(),
+        );
+    }
+    // A GID index pinned from one node is wrong on another whose index differs.
+    if facts.values().any(|f| !f.fabric.ports.is_empty()) {
+        compare(
+            "RoCE v2 GID index of the IPv4 addresses".into(),
+            facts
+                .iter()
+                .map(|(n, f)| {
+                    let idx: BTreeSet<u32> = f
+                        .fabric
+                        .ports
+                        .iter()
+                        .flat_map(|p| &p.gids)
+                        .filter(|g| g.is_roce_v2() && g.ipv4().is_some())
+                        .map(|g| g.index)
+                        .collect();
+                    let idx: Vec<String> = idx.iter().map(u32::to_string).collect();
+                    (n, (!idx.is_empty()).then(|| idx.join(" ")))
+                })
+                .collect(),
+        );
+        compare(
+            "RDMA ports up".into(),
+            facts
+                .iter()
+                .map(|(n, f)| {
+                    let up = f.fabric.ports.iter().filter(|p| p.is_active()).count();
+                    (n, Some(up.to_string()))
+                })
                 .collect(),
         );
     }
@@ -723,6 +742,7 @@ Max locked memory         8388608              8388608              bytes\n";
                 cuda: Some("13.0".into()),
             }),
             rdma: Vec::new(),
+            fabric: Default::default(),
             memlock: None,
             docker_memlock: None,
             docker: Ok("28.2.2".into()),

@@ -2,6 +2,7 @@
 //! Engine, reach one of its ports. `ssh` reaches nodes through jump hosts with one master
 //! connection each; `local` is this machine.
 
+pub mod fabric;
 pub mod facts;
 // Nodes in memory for the tests, never in the product (Cargo.toml, feature `test-support`).
 #[cfg(feature = "test-support")]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
+pub use crate::hosts::fabric::RdmaFabric;
 use crate::hosts::facts;
 /// What `nodes` shows of a node, and how it compares with the definitions and the others.
 pub use crate::hosts::facts::{differences, disagreements, explanations, short_id, Facts};

@@ -112,6 +112,7 @@ async fn phases(
     // One evaluation with everything read: the node facts only where they fill or contradict
     // something.
     let mut all = read;
+    warnings.append(&mut all.warnings);
     if super::plan::facts_matter(evaluated.config(), &facts) {
         all.nodes.clone_from(&facts.nodes);
     }

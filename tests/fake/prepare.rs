@@ -104,6 +104,7 @@ struct Bed {
     dir: tempfile::TempDir,
     fakes: FakeNodes,
     dockers: BTreeMap<String, Arc<FakeDocker>>,
+    hosts: BTreeMap<String, Arc<FakeHost>>,
 }
 
 impl Bed {
@@ -164,21 +165,25 @@ impl Bed {
                 ],
                 Answer::Exit(0, "NVIDIA GB10, [N/A]\n".into(), String::new()),
             );
-            (name.to_string(), Arc::new(h) as Arc<dyn Host>)
+            Arc::new(h)
         };
         let mut dockers = BTreeMap::new();
-        let hosts: BTreeMap<String, Arc<dyn Host>> = ["node.n1", "node.n2"]
+        let mut hosts = BTreeMap::new();
+        let fake: BTreeMap<String, Arc<dyn Host>> = ["node.n1", "node.n2"]
             .into_iter()
             .map(|name| {
                 let docker = Arc::new(FakeDocker::start().unwrap());
                 dockers.insert(name.to_string(), docker.clone());
-                node(name, docker)
+                let host = node(name, docker);
+                hosts.insert(name.to_string(), host.clone());
+                (name.to_string(), host as Arc<dyn Host>)
             })
             .collect();
         Bed {
             dir,
-            fakes: FakeNodes::new(hosts),
+            fakes: FakeNodes::new(fake),
             dockers,
+            hosts,
         }
     }
 
@@ -532,6 +537,71 @@ async fn a_retagged_image_is_drift_until_upgrade() {
         sparkform::plan::render::render(&plan)
     );
     assert!(warnings.iter().all(|w| w.code != "lock::image_drift"));
+}
+
+/// A node's sysfs as the fabric read prints it: one RDMA device driving `eth1` (the fabric's
+/// interface), its port in `state`, its PCIe link `width` wide of 4.
+fn sysfs(state: &str, width: u32) -> String {
+    let c = "/sys/class/infiniband/rocep1s0f1";
+    format!(
+        "net:rocep1s0f1:eth1\n{c}/ports/1/state:{state}\n{c}/ports/1/link_layer:Ethernet\n\
+         {c}/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:c0a8:0a02\n{c}/ports/1/gid_attrs/types/3:RoCE v2\n\
+         {c}/device/current_link_width:{width}\n{c}/device/max_link_width:4\n"
+    )
+}
+
+/// The fabric read at plan time: an RDMA port that is down behind the fabric's interface
+/// refuses the plan naming the node, the port and the fix; a PCIe link narrower than its
+/// device's maximum is a warning; a node without RDMA devices (as n1 here) is not judged.
+#[tokio::test]
+async fn a_fabric_port_down_refuses_the_plan_and_a_narrow_pcie_link_is_a_warning() {
+    let bed = Bed::new();
+    let sysfs_of = |node: &str, text: String| {
+        bed.hosts[node].on(&["sh", "-c"], Answer::Exit(0, text, String::new()));
+    };
+    sysfs_of("node.n2", sysfs("1: DOWN", 4));
+    let recorded = bed.store().load().unwrap();
+    let evaluated = sparkform::ops::definitions::load(&bed.workspace(), &VarInputs::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = |evaluated| PrepareRequest {
+        evaluated,
+        recorded: recorded.as_ref(),
+        refresh: ReadMode::Normal,
+        options: PlanOptions::default(),
+        hosts: bed.hosts(),
+    };
+    match prepare(request(evaluated), &tx).await {
+        Err(sparkform::ops::OpError::Config(d)) => {
+            assert_eq!(d.0.len(), 1, "{:?}", d.0);
+            assert_eq!(d.0[0].code, "fabric::port_down");
+            assert_eq!(
+                d.0[0].message,
+                "node.n2: RDMA port rocep1s0f1/1 behind eth1 is 1: DOWN"
+            );
+            assert!(d.0[0].help.as_deref().unwrap_or_default().contains("cable"));
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(p) => panic!("planned with a port down: {:?}", p.warnings),
+    }
+
+    sysfs_of("node.n2", sysfs("4: ACTIVE", 1));
+    let evaluated = sparkform::ops::definitions::load(&bed.workspace(), &VarInputs::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut prepared = prepare(request(evaluated), &tx)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    prepared.close().await;
+    let pcie: Vec<&str> = prepared
+        .warnings
+        .iter()
+        .filter(|w| w.code == "fabric::pcie_width")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(
+        pcie,
+        ["node.n2: RDMA device rocep1s0f1 runs its PCIe link at x1 of x4"]
+    );
 }
 
 /// A lock file that does not parse stops every command that reads the definitions, at its line.

@@ -11,7 +11,8 @@ use crate::config::{Config, Resource};
 use crate::hosts::facts::{parse_ip_addr, Interface};
 use crate::hosts::{Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
+    Applied, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
+    StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Observed};
@@ -278,6 +279,39 @@ impl Machine for AttachmentMachine {
         import_attachment(host, address, object, desired).await
     }
 
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        let mut nodes: Vec<String> = attachments(config).map(|(n, _, _)| n.to_string()).collect();
+        nodes.dedup();
+        nodes
+    }
+
+    /// The fabric as each node's sysfs shows it, judged against the attachments
+    /// ([`judge_fabric`]): a port down refuses the plan, a narrow PCIe link is a warning.
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
+        let mut out = crate::config::Observed::default();
+        if !cx.mode.looks() {
+            return Ok(out);
+        }
+        let nodes = self.read_nodes(cx.config);
+        let reads = nodes.iter().filter_map(|n| {
+            let host = cx.pool.get(n).ok()?;
+            Some(async move { (n.clone(), crate::hosts::fabric::read(host.as_ref()).await) })
+        });
+        let mut fabrics = std::collections::BTreeMap::new();
+        for (node, read) in futures_util::future::join_all(reads).await {
+            // A node that cannot be read here is the refresh's to report.
+            if let Ok(f) = read {
+                fabrics.insert(node, f);
+            }
+        }
+        let (errors, warnings) = judge_fabric(cx.config, &fabrics);
+        if !errors.is_empty() {
+            return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
+        }
+        out.warnings = warnings;
+        Ok(out)
+    }
+
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
         let by_address: std::collections::HashMap<&str, &Resource> = config
             .resources
@@ -351,6 +385,72 @@ fn member(r: &Resource) -> Option<Member> {
 }
 
 /// An attachment as recorded, against the node's interfaces. Pure.
+/// Every attachment of the definitions: (node address, its resource, its settings).
+fn attachments(config: &Config) -> impl Iterator<Item = (&str, &Resource, Desired)> {
+    config.resources.iter().filter_map(|r| {
+        if r.kind != crate::config::ResourceKind::Attachment {
+            return None;
+        }
+        Some((r.node.as_deref()?, r, Desired::from_config(&r.config).ok()?))
+    })
+}
+
+/// The RDMA ports behind each attachment's interface, as `fabrics` (by node address) shows
+/// them: (errors, warnings). A port that is down refuses the plan (NCCL would fall back to
+/// sockets or fail); a PCIe link narrower than its device's maximum is a warning. An interface
+/// no RDMA device drives (no RDMA hardware, as on the testbed) is not judged. Pure.
+pub fn judge_fabric(
+    config: &Config,
+    fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
+) -> (Vec<crate::diag::Diag>, Vec<crate::diag::Diag>) {
+    use crate::diag::Diag;
+    let (mut errors, mut warnings) = (Vec::new(), Vec::new());
+    for (node, r, d) in attachments(config) {
+        let Some(f) = fabrics.get(node) else {
+            continue;
+        };
+        for p in f.ports_on(&d.interface) {
+            if !p.is_active() {
+                errors.push(
+                    Diag::error(
+                        "fabric::port_down",
+                        format!(
+                            "{node}: RDMA port {}/{} behind {} is {}",
+                            p.device,
+                            p.port,
+                            d.interface,
+                            p.state.as_deref().unwrap_or("in an unknown state")
+                        ),
+                    )
+                    .label(&r.span, "this attachment's fabric")
+                    .help(format!(
+                        "bring the link up: check the cable and the switch port, `ip link show {}` and `ibdev2netdev` on the node; a port that is down leaves NCCL on TCP sockets or failing",
+                        d.interface
+                    )),
+                );
+            }
+            if let Some(narrow) = f.pcie.get(&p.device).and_then(|l| l.below_max()) {
+                if !warnings
+                    .iter()
+                    .any(|w: &Diag| w.message.contains(&p.device))
+                {
+                    warnings.push(
+                        Diag::warning(
+                            "fabric::pcie_width",
+                            format!(
+                                "{node}: RDMA device {} runs its PCIe link at {narrow}",
+                                p.device
+                            ),
+                        )
+                        .help("the card is in a narrower slot or behind a riser than it can use: the fabric's bandwidth is capped by the link; reseat it or use a full-width slot"),
+                    );
+                }
+            }
+        }
+    }
+    (errors, warnings)
+}
+
 pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {
     let Ok(d) = Desired::from_config(config) else {
         return Observed::Drifted(vec![
