@@ -21,9 +21,15 @@ pub const MIN_SECRET: usize = 4;
 pub const MAX_SECRETS: usize = 4096;
 
 /// A set of sensitive texts, longest first so that a secret containing another is replaced
-/// whole. Cloning shares it.
-#[derive(Debug, Clone, Default)]
+/// whole. Cloning shares it; `{:?}` shows how many texts it holds, never one.
+#[derive(Clone, Default)]
 pub struct Secrets(Arc<Vec<String>>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} texts)", self.0.len())
+    }
+}
 
 impl Secrets {
     pub fn new(texts: impl IntoIterator<Item = String>) -> Secrets {
@@ -121,5 +127,6 @@ mod tests {
         s.add("Bearer token");
         assert_eq!(s.scrub("Bearer token"), HIDDEN);
         assert_eq!(s.ranges("x token"), vec![2..7]);
+        assert_eq!(format!("{s:?}"), "Secrets(2 texts)");
     }
 }
