@@ -337,80 +337,41 @@ thread_local! {
 }
 
 /// What a message says where a value derived from a sensitive variable would be.
-pub const SENSITIVE_VALUE: &str = "(sensitive value)";
-
-/// Shortest sensitive value the scrubber looks for: a shorter one would blot out ordinary
-/// words; such values are kept out of messages by the evaluator's taint alone.
-const MIN_SECRET: usize = 4;
-/// Most sensitive values remembered per thread (a guard against a definition that makes
-/// millions of them).
-const MAX_SECRETS: usize = 4096;
+pub const SENSITIVE_VALUE: &str = crate::secrets::HIDDEN;
 
 thread_local! {
-    // The string forms of the sensitive values of the load running on this thread, as they
-    // can appear in a message: raw, escaped as Rust and as JSON quote them.
-    static SECRETS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    // The sensitive values of the load running on this thread, as they can appear in a message
+    // (`secrets::Secrets`, the one scrubber): the load hands them on in `Config::secrets`.
+    static SECRETS: std::cell::RefCell<crate::secrets::Secrets> =
+        std::cell::RefCell::new(crate::secrets::Secrets::default());
 }
 
 /// Remember a sensitive value's text, so that no message, label, help or snippet built on this
 /// thread shows it: the backstop behind the evaluator's taint, which gives messages about
 /// sensitive expressions generic text.
 pub fn note_secret(text: &str) {
-    if text.chars().count() < MIN_SECRET {
-        return;
-    }
-    let debug = format!("{text:?}");
-    let json = serde_json::to_string(text).unwrap_or_default();
-    let forms = [
-        text.to_string(),
-        debug[1..debug.len() - 1].to_string(),
-        json.get(1..json.len().saturating_sub(1))
-            .unwrap_or_default()
-            .to_string(),
-    ];
-    SECRETS.with(|s| {
-        let mut s = s.borrow_mut();
-        for f in forms {
-            if s.len() < MAX_SECRETS && f.chars().count() >= MIN_SECRET && !s.contains(&f) {
-                s.push(f);
-            }
-        }
-        // Longest first, so a secret that contains another is replaced whole.
-        s.sort_by_key(|f| std::cmp::Reverse(f.len()));
-    });
+    SECRETS.with(|s| s.borrow_mut().add(text));
 }
 
-/// Forget the sensitive values remembered on this thread (the end of a load).
+/// Forget the sensitive values remembered on this thread (the start of a load).
 pub fn forget_secrets() {
-    SECRETS.with(|s| s.borrow_mut().clear());
+    SECRETS.with(|s| *s.borrow_mut() = crate::secrets::Secrets::default());
+}
+
+/// The sensitive values remembered on this thread: what the load hands on, so that what a run
+/// shows later, on any thread, is scrubbed of the same values.
+pub fn noted_secrets() -> crate::secrets::Secrets {
+    SECRETS.with(|s| s.borrow().clone())
 }
 
 /// `s` with every remembered sensitive value replaced by [`SENSITIVE_VALUE`].
 pub fn scrub(s: &str) -> std::borrow::Cow<'_, str> {
-    SECRETS.with(|secrets| {
-        let secrets = secrets.borrow();
-        if !secrets.iter().any(|x| s.contains(x.as_str())) {
-            return std::borrow::Cow::Borrowed(s);
-        }
-        let mut out = s.to_string();
-        for x in secrets.iter() {
-            if out.contains(x.as_str()) {
-                out = out.replace(x.as_str(), SENSITIVE_VALUE);
-            }
-        }
-        std::borrow::Cow::Owned(out)
-    })
+    SECRETS.with(|secrets| secrets.borrow().scrub(s))
 }
 
 /// Byte ranges of `text` that hold a remembered sensitive value, for masking source lines.
 fn secret_ranges(text: &str) -> Vec<Range<usize>> {
-    SECRETS.with(|secrets| {
-        let mut out = Vec::new();
-        for x in secrets.borrow().iter() {
-            out.extend(text.match_indices(x.as_str()).map(|(i, m)| i..i + m.len()));
-        }
-        out
-    })
+    SECRETS.with(|secrets| secrets.borrow().ranges(text))
 }
 
 /// Shortest file content that [`note_file_contents`] remembers: shorter ones say too little to

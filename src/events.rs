@@ -128,61 +128,11 @@ pub fn emit(tx: &Sender, e: Event) {
     let _ = tx.send(e);
 }
 
-/// What a shown text says where a value derived from a sensitive input was (as
-/// `diag::SENSITIVE_VALUE` says it in diagnostics).
-pub const HIDDEN: &str = "(sensitive value)";
-
-/// Texts that are never shown: the values a configuration derives from sensitive inputs, as
-/// they can appear in a message (raw, and escaped as JSON quotes them). The executor scrubs
-/// what each step returns before it reaches an event, the journal or an error, and the UI
-/// scrubs every event it draws, so a probe's URL, headers or expected answer that carry a
-/// token never reach the terminal, `--json` or the state file.
-#[derive(Debug, Clone, Default)]
-pub struct Secrets(std::sync::Arc<Vec<String>>);
-
-/// Shorter values are not scrubbed: replacing them would blot out ordinary words and tell what
-/// the secret is (docs/security.md).
-const MIN_SECRET: usize = 4;
-
-impl Secrets {
-    pub fn new(texts: impl IntoIterator<Item = String>) -> Secrets {
-        let mut all: Vec<String> = Vec::new();
-        for t in texts {
-            let json = serde_json::to_string(&t).unwrap_or_default();
-            let escaped = json
-                .get(1..json.len().saturating_sub(1))
-                .unwrap_or_default()
-                .to_string();
-            for f in [t, escaped] {
-                if f.chars().count() >= MIN_SECRET && !all.contains(&f) {
-                    all.push(f);
-                }
-            }
-        }
-        // Longest first, so a secret that contains another is replaced whole.
-        all.sort_by_key(|f| std::cmp::Reverse(f.len()));
-        Secrets(std::sync::Arc::new(all))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// `s` with every secret replaced by [`HIDDEN`].
-    pub fn scrub(&self, s: &str) -> String {
-        let mut out = s.to_string();
-        for x in self.0.iter() {
-            if out.contains(x.as_str()) {
-                out = out.replace(x.as_str(), HIDDEN);
-            }
-        }
-        out
-    }
-
-    fn opt(&self, s: Option<String>) -> Option<String> {
-        s.map(|s| self.scrub(&s))
-    }
-}
+/// The one scrubber of sensitive values (`secrets`): the executor scrubs what each step returns
+/// before it reaches an event, the journal or an error, and the UI scrubs every event it draws,
+/// so a probe's URL, headers or expected answer that carry a token never reach the terminal,
+/// `--json` or the state file.
+pub use crate::secrets::{Secrets, HIDDEN};
 
 impl Event {
     /// The event with every text it carries scrubbed of `secrets`.
@@ -190,7 +140,7 @@ impl Event {
         if secrets.is_empty() {
             return self;
         }
-        let s = |t: String| secrets.scrub(&t);
+        let s = |t: String| secrets.scrub(&t).into_owned();
         match self {
             Event::LockTakenOver {
                 pid,
@@ -215,7 +165,7 @@ impl Event {
             } => Event::StepProgress {
                 address: s(address),
                 message: s(message),
-                log: secrets.opt(log),
+                log: log.map(s),
                 timeout_secs,
             },
             Event::Phase {

@@ -18,6 +18,7 @@ pub mod ops;
 pub mod plan;
 pub mod refresh;
 pub mod schema;
+pub mod secrets;
 pub mod state;
 pub mod tasks;
 pub mod ui;

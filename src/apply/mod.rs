@@ -414,7 +414,7 @@ impl Job {
         // journal and errors only scrubbed of the configuration's sensitive values.
         let result = match result {
             Ok(mut applied) => {
-                applied.summary = self.secrets.scrub(&applied.summary);
+                applied.summary = self.secrets.scrub(&applied.summary).into_owned();
                 Ok(applied)
             }
             Err(e) => Err(e.scrubbed(&self.secrets)),
@@ -539,7 +539,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         events: req.events.clone(),
         cancel: req.cancel.clone(),
         containers: containers.clone(),
-        secrets: crate::events::Secrets::new(req.config.secret_texts()),
+        secrets: req.config.secrets.clone(),
     };
     let mut run = Run::new(&req, &steps, &before, state, outcome);
     run.execute(&jobs).await;

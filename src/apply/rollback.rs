@@ -51,7 +51,7 @@ pub(super) async fn rollback(
                 machine(kind)
                     .undo(&job.cx(), job.step.change.action, &applied)
                     .await
-                    .map(|s| job.secrets.scrub(&s))
+                    .map(|s| job.secrets.scrub(&s).into_owned())
                     .map_err(|e| e.scrubbed(&job.secrets))
             });
         }

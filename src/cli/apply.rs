@@ -236,7 +236,7 @@ pub fn execute(
     }
     let outcome = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let secrets = crate::events::Secrets::new(prepared.config().secret_texts());
+        let secrets = prepared.config().secrets.clone();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
         let cancel = tokio_util::sync::CancellationToken::new();
         let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {

@@ -90,7 +90,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     };
     let results = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let secrets = crate::events::Secrets::new(config.secret_texts());
+        let secrets = config.secrets.clone();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
         let r = crate::ops::verify::verify(
             &config,

@@ -117,6 +117,11 @@ pub fn load_observed(
         return Err(loader.diags);
     }
     loader.config.warnings = loader.diags.0;
+    // One set of sensitive texts for everything shown later: what the load noted (the
+    // variables' values, every tainted value) and what the lowering built from them.
+    let mut secrets = crate::diag::noted_secrets();
+    secrets.extend(&crate::secrets::Secrets::new(loader.config.secret_texts()));
+    loader.config.secrets = secrets;
     Ok(loader.config)
 }
 

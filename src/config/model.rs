@@ -47,6 +47,10 @@ pub struct Config {
     pub warnings: Vec<Diag>,
     /// The root module's `import` blocks, in declaration order.
     pub imports: Vec<Import>,
+    /// The texts of every value derived from a sensitive input (the variables' values, what
+    /// the evaluation and the lowering derived from them): the one scrubber of what a run shows
+    /// and records (`secrets::Secrets`).
+    pub secrets: crate::secrets::Secrets,
 }
 
 impl Config {

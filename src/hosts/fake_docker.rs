@@ -84,6 +84,8 @@ struct Engine {
     requests: Vec<String>,
     /// Every container created so far (name, create body), removed ones included.
     created: Vec<(String, Value)>,
+    /// Every archive put into a container (its name, the tar), removed ones included.
+    uploads: Vec<(String, Vec<u8>)>,
     gone_at: Option<usize>,
     gone: bool,
 }
@@ -305,6 +307,12 @@ impl FakeDocker {
         lock(&self.engine).created.clone()
     }
 
+    /// Every archive put into a container so far (the container's name, the tar as sent), in
+    /// order: what the model kind's helpers get as files (the program, their input).
+    pub fn uploads(&self) -> Vec<(String, Vec<u8>)> {
+        lock(&self.engine).uploads.clone()
+    }
+
     /// Every request so far, as `METHOD /path`, without the API version.
     pub fn requests(&self) -> Vec<String> {
         lock(&self.engine).requests.clone()
@@ -478,18 +486,23 @@ async fn handle(
     }
     let q = query(&req);
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let body: Value = if method == Method::POST || method == Method::PUT {
-        let bytes = req
-            .body_mut()
+    let raw = if method == Method::POST || method == Method::PUT {
+        req.body_mut()
             .collect()
             .await
             .map_err(std::io::Error::other)?
-            .to_bytes();
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+            .to_bytes()
     } else {
-        Value::Null
+        bytes::Bytes::new()
     };
+    let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let mut e = lock(engine);
+    if let (&Method::PUT, ["containers", key, "archive"]) = (&method, segs.as_slice()) {
+        if let Some(i) = e.find(&unescape(key)) {
+            let name = e.containers[i].name.clone();
+            e.uploads.push((name, raw.to_vec()));
+        }
+    }
     let r = match (&method, segs.as_slice()) {
         (&Method::GET | &Method::HEAD, ["_ping"]) => {
             let mut r = Response::new(Full::new(Cursor::new(b"OK".to_vec())));
@@ -615,7 +628,8 @@ fn container_request(
             }
             reply(StatusCode::OK, inspect(&e.containers[i]))
         }
-        // Files put into a container (the model kind's program) are taken and not kept.
+        // Files put into a container (the model kind's program) are recorded (`uploads`), not
+        // unpacked.
         (&Method::PUT, ["archive"]) => empty(StatusCode::OK),
         (&Method::POST, ["start" | "restart"]) => start_container(e, i, rest == ["restart"]),
         (&Method::POST, ["stop" | "kill"]) => {

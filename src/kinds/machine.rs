@@ -213,9 +213,13 @@ impl StepError {
     /// The error with every text it carries scrubbed of `secrets`.
     pub fn scrubbed(self, secrets: &crate::events::Secrets) -> StepError {
         StepError {
-            message: secrets.scrub(&self.message),
-            details: self.details.iter().map(|d| secrets.scrub(d)).collect(),
-            help: self.help.map(|h| secrets.scrub(&h)),
+            message: secrets.scrub(&self.message).into_owned(),
+            details: self
+                .details
+                .iter()
+                .map(|d| secrets.scrub(d).into_owned())
+                .collect(),
+            help: self.help.map(|h| secrets.scrub(&h).into_owned()),
         }
     }
 

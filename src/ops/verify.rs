@@ -93,6 +93,9 @@ pub async fn verify(
     let pool = HostPool::connect(config, &nodes, hosts).await;
     let cancel = CancellationToken::new();
     let mut out = Vec::new();
+    // What the probes report, scrubbed of the definitions' sensitive values at the source.
+    let secrets = &config.secrets;
+    let emit = |events: &Sender, e: Event| emit(events, e.scrubbed(secrets));
     for p in probes {
         emit(
             events,
@@ -117,7 +120,9 @@ pub async fn verify(
         let r = machine(p.kind)
             .verify(&p.config, &pool, &containers, &cancel, &progress)
             .await
-            .unwrap_or_else(|| Ok((Duration::ZERO, "nothing to verify".into())));
+            .unwrap_or_else(|| Ok((Duration::ZERO, "nothing to verify".into())))
+            .map(|(t, s)| (t, secrets.scrub(&s).into_owned()))
+            .map_err(|e| e.scrubbed(secrets));
         match &r {
             Ok((_, s)) => emit(
                 events,

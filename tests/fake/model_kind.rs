@@ -1,6 +1,6 @@
-//! The `model` kind without machines: its lowering (a resource per node, roles, fabric
-//! addresses, the value modules reference), what a resolved revision changes in a plan, and
-//! the errors of a bad block.
+//! The `model` kind: its lowering (a resource per node, roles, fabric addresses, the value
+//! modules reference), what a resolved revision changes in a plan, the errors of a bad block,
+//! and on fake nodes the transfer token its serve and pull containers get.
 
 use crate::common;
 
@@ -492,4 +492,156 @@ fn a_literal_token_is_hashed_in_the_state_and_warned_about() {
         !plan::render::render(&p).contains(LITERAL),
         "the rendered plan shows the token"
     );
+}
+
+/// The files of a tar archive (ustar, as the model kind builds it): (name, contents).
+fn tar_files(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 512 <= tar.len() && tar[at] != 0 {
+        let h = &tar[at..at + 512];
+        let name = String::from_utf8_lossy(&h[..100])
+            .trim_end_matches('\0')
+            .to_string();
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&h[124..136]).trim_end_matches(['\0', ' ']),
+            8,
+        )
+        .expect("an octal size");
+        out.push((name, tar[at + 512..at + 512 + size].to_vec()));
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    out
+}
+
+/// Every pull is a transfer of its own with a random token: the serve on the download node and
+/// the pull get it as their standard input (the `input` file put into each container before it
+/// starts, which the container removes once open), never in a command line, the environment,
+/// an event or the state.
+#[tokio::test]
+async fn each_transfer_has_a_random_token_given_as_input_never_as_an_argument() {
+    use sparkform::apply::{apply, ApplyRequest};
+    use sparkform::hosts::fake::{FakeHost, FakeWorld};
+    use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+    use sparkform::hosts::{Host, HostOptions, HostPool};
+    use std::sync::Arc;
+
+    let text = base(&MODEL.replace("[node.a, node.b]", "[node.a, node.b, node.c]"))
+        .replace(
+            "node \"b\" {",
+            "node \"c\" {\n  address = \"10.0.0.3\"\n}\nnode \"b\" {",
+        )
+        .replace(
+            "  attach \"b\" {",
+            "  attach \"c\" {\n    node      = node.c\n    interface = \"eth1\"\n    address   = \"192.168.200.3\"\n  }\n  attach \"b\" {",
+        );
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let (c, g) = common::load_resolved(dir.path());
+    let commit = common::RESOLVED_COMMIT;
+    let line = |v: serde_json::Value| vec![v.to_string()];
+    let a = Arc::new(FakeDocker::start().unwrap());
+    a.fault(
+        "sparkform-model.m-a-download",
+        Fault::ExitsAfterStart(
+            0,
+            line(serde_json::json!({"event": "result", "mode": "download", "commit": commit,
+                                    "bytes_total": 3000, "bytes_downloaded": 3000, "files_downloaded": 2})),
+        ),
+    );
+    let mut pullers = Vec::new();
+    for n in ["b", "c"] {
+        a.fault(
+            &format!("sparkform-model.m-{n}-serve"),
+            Fault::Logs(line(
+                serde_json::json!({"event": "listening", "address": "192.168.200.1", "port": 40000}),
+            )),
+        );
+        let d = Arc::new(FakeDocker::start().unwrap());
+        d.fault(
+            &format!("sparkform-model.m-{n}-pull"),
+            Fault::ExitsAfterStart(
+                0,
+                line(serde_json::json!({"event": "result", "mode": "pull", "commit": commit,
+                                        "bytes_total": 3000, "bytes_copied": 3000, "files_copied": 2})),
+            ),
+        );
+        pullers.push((n, d));
+    }
+    let world = FakeWorld::new();
+    let host = |name: &str, d: &Arc<FakeDocker>| {
+        let h = FakeHost::new(name, &world)
+            .interface("eth1", 1500, &[])
+            .docker_engine(d.clone());
+        (name.to_string(), Arc::new(h) as Arc<dyn Host>)
+    };
+    let mut hosts = vec![host("node.a", &a)];
+    hosts.extend(pullers.iter().map(|(n, d)| host(&format!("node.{n}"), d)));
+    let store = sparkform::state::StateStore::new(dir.path().join("state/sparkform.json"));
+    let p = common::plan(&c, &g, &sparkform::state::State::new());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let outcome = apply(ApplyRequest {
+        config: &c,
+        graph: &g,
+        plan: &p,
+        store: &store,
+        state: sparkform::state::State::new(),
+        parallelism: 4,
+        rollback: true,
+        hosts: HostOptions::default(),
+        pool: Some(HostPool::from_hosts(hosts.into_iter().collect())),
+        events: tx,
+        cancel: tokio_util::sync::CancellationToken::new(),
+    })
+    .await;
+    assert!(outcome.ok, "{:?} {:?}", outcome.failures, outcome.not_run);
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(serde_json::to_string(&e).unwrap());
+    }
+    let input_of = |d: &FakeDocker, name: &str| -> String {
+        let uploads = d.uploads();
+        let (_, tar) = uploads
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("nothing put into {name}"));
+        let files = tar_files(tar);
+        let (_, input) = files
+            .iter()
+            .find(|(f, _)| f == "sparkform/input")
+            .expect("an input file");
+        String::from_utf8(input.clone()).unwrap()
+    };
+    let state = std::fs::read_to_string(dir.path().join("state/sparkform.json")).unwrap();
+    let mut tokens = Vec::new();
+    for (n, d) in &pullers {
+        let served = input_of(&a, &format!("sparkform-model.m-{n}-serve"));
+        let pulled = input_of(d, &format!("sparkform-model.m-{n}-pull"));
+        let token = served.trim_end().to_string();
+        assert!(
+            token.len() == 64 && token.chars().all(|c| c.is_ascii_hexdigit()),
+            "{served:?}"
+        );
+        assert_eq!(served, format!("{token}\n"));
+        assert_eq!(
+            pulled, served,
+            "the pull sends the token its serve requires"
+        );
+        // In no command line (what `ps` and `docker inspect` show), environment, event or state.
+        let created: Vec<(String, serde_json::Value)> =
+            a.created().into_iter().chain(d.created()).collect();
+        for (name, body) in &created {
+            let shown = body.to_string();
+            assert!(!shown.contains(&token), "{name}: {shown}");
+            if name.ends_with("-serve") || name.ends_with("-pull") {
+                assert!(shown.contains("--auth-stdin"), "{name}: {shown}");
+            }
+        }
+        assert!(events.iter().all(|e| !e.contains(&token)));
+        assert!(
+            !state.contains(&token),
+            "the state holds a transfer's token"
+        );
+        tokens.push(token);
+    }
+    assert_ne!(tokens[0], tokens[1], "two transfers share a token");
 }

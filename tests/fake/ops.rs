@@ -204,3 +204,63 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
         Err(OpError::State(_))
     ));
 }
+
+/// `ops::verify` reports what a probe said scrubbed of the definitions' sensitive values at the
+/// source (its events and its results), not only where the UI draws them: a probe whose
+/// command carries `Bearer ${var.api_key}` and whose answer echoes the bare key.
+#[tokio::test]
+async fn verify_reports_a_probe_scrubbed_of_the_sensitive_values_it_carries() {
+    use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+    use std::sync::Arc;
+    const KEY: &str = "sk-verify-0123456789abcdef";
+    let dir = common::write_config(&[(
+        "main.hcl",
+        &format!(
+            r#"
+variable "api_key" {{
+  type      = string
+  sensitive = true
+  default   = "{KEY}"
+}}
+node "n1" {{ address = "10.0.0.1" }}
+probe "p" {{
+  timeout  = "1s"
+  interval = "1s"
+  exec {{
+    node    = node.n1
+    command = ["check", "Bearer ${{var.api_key}}"]
+  }}
+}}
+"#
+        ),
+    )]);
+    let (c, g) = common::load(dir.path());
+    let world = FakeWorld::new();
+    let h = FakeHost::new("node.n1", &world);
+    h.on(
+        &["check"],
+        Answer::Exit(1, String::new(), format!("invalid key {KEY}\n")),
+    );
+    let fakes = FakeNodes::new(
+        [(
+            "node.n1".to_string(),
+            Arc::new(h) as Arc<dyn sparkform::hosts::Host>,
+        )]
+        .into_iter()
+        .collect(),
+    );
+    let hosts = HostOptions {
+        fake: Some(fakes),
+        ..HostOptions::default()
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let results = sparkform::ops::verify::verify(&c, &g.order(), &[], &hosts, &tx).await;
+    let (_, r) = results.first().expect("the probe ran");
+    let shown = r.as_ref().expect_err("the probe failed").render();
+    assert!(shown.contains("invalid key (sensitive value)"), "{shown}");
+    drop(tx);
+    while let Some(e) = rx.recv().await {
+        let json = serde_json::to_string(&e).unwrap();
+        assert!(!json.contains(KEY), "{json}");
+    }
+}

@@ -15,6 +15,9 @@ use sha2::{Digest, Sha256};
 
 const REPO: &str = "org/model";
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+/// The transfer's token serve requires and pull sends (sparkform makes a random one per
+/// transfer); on standard input, with `--auth-stdin`.
+const AUTH: &str = "5f0c9a7e3b1d4c2a8e6f0b9d7c5a3e1f2b4d6c8a0e9f7b5d3c1a2e4f6b8d0c9a";
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kinds/model/transfer.py")
@@ -132,12 +135,8 @@ fn run_with(py: &str, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Out {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    // A program that reads no input may be gone before it is written: not this test's matter.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
     let o = child.wait_with_output().unwrap();
     Out {
         code: o.status.code().unwrap_or(-1),
@@ -146,8 +145,17 @@ fn run_with(py: &str, args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Out {
     }
 }
 
+/// A run with the transfer's token on standard input (what serve and pull read with
+/// `--auth-stdin`; the other modes read nothing there).
 fn run(py: &str, args: &[&str]) -> Out {
-    run_with(py, args, "", &[])
+    run_with(py, args, &format!("{AUTH}\n"), &[])
+}
+
+/// Writes the transfer's token to a child's standard input and closes it.
+fn give_auth(child: &mut Child) {
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(format!("{AUTH}\n").as_bytes());
+    }
 }
 
 fn cache_arg(p: &Path) -> String {
@@ -186,6 +194,7 @@ impl Serve {
     fn start(py: &str, cache: &Path, extra: &[&str]) -> Serve {
         Serve::start_env(py, cache, extra, &[])
     }
+    /// A serve of the snapshot in `cache`, its token [`AUTH`] on its standard input.
     fn start_env(py: &str, cache: &Path, extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut child = Command::new(py)
             .arg(script())
@@ -205,21 +214,26 @@ impl Serve {
                 "60",
                 "--max-time",
                 "120",
+                "--auth-stdin",
             ])
             .args(extra)
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
+        let stdin = child.stdin.take();
         // the guard exists before anything can panic, so a failed start leaves no process behind
         let mut s = Serve {
             child,
             port: 0,
             out,
         };
+        if let Some(mut stdin) = stdin {
+            stdin.write_all(format!("{AUTH}\n").as_bytes()).unwrap();
+        }
         loop {
             let mut line = String::new();
             s.out.read_line(&mut line).unwrap();
@@ -238,7 +252,10 @@ impl Serve {
     /// Everything it printed: asks it to stop (POST /stop), so every transfer's event is out.
     fn stop(mut self) -> Vec<Value> {
         if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
-            let _ = c.write_all(b"POST /stop HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+            let _ = c.write_all(
+                format!("POST /stop HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {AUTH}\r\nContent-Length: 0\r\n\r\n")
+                    .as_bytes(),
+            );
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
@@ -283,6 +300,7 @@ fn pull_args<'a>(cache: &'a str, port: &'a str) -> Vec<&'a str> {
         REPO,
         "--commit",
         COMMIT,
+        "--auth-stdin",
     ]
 }
 
@@ -306,6 +324,121 @@ fn paths(v: &Value) -> Vec<String> {
         .collect();
     p.sort();
     p
+}
+
+/// One request to a serve on loopback, `Authorization: Bearer AUTH` when `auth` is given:
+/// the status and the body.
+fn request(port: u16, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
+    use std::io::Read;
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = auth
+        .map(|a| format!("Authorization: Bearer {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        c,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// serve answers nothing to a request without the transfer's token: 403 and the same body
+/// whether the path is served, not served or no endpoint at all, for GET, HEAD and POST /stop
+/// (which leaves it serving); with the token it serves. A pull with another token fails.
+#[test]
+fn serve_answers_only_requests_with_the_transfers_token() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let manifest = make_source(&src, &sample_files());
+    verify_source(&py, &src, &manifest);
+    let serve = Serve::start(&py, &src, &[]);
+    let port = serve.port;
+    let wrong = AUTH.replace('5', "6");
+    let mut refused = Vec::new();
+    for auth in [None, Some(wrong.as_str()), Some(&AUTH[..63])] {
+        for (method, path) in [
+            ("GET", "/manifest"),
+            ("GET", "/file/config.json"),
+            ("GET", "/file/no-such-file"),
+            ("GET", "/nothing-here"),
+            ("HEAD", "/file/config.json"),
+            ("POST", "/stop"),
+            ("POST", "/nothing-here"),
+        ] {
+            let (status, body) = request(port, method, path, auth);
+            assert_eq!(status, 403, "{method} {path} with {auth:?}: {body}");
+            refused.push(body);
+        }
+    }
+    refused.retain(|b| !b.is_empty()); // HEAD has no body
+    refused.dedup();
+    assert_eq!(
+        refused,
+        vec![r#"{"error": "forbidden"}"#],
+        "a 403 tells paths apart"
+    );
+    // POST /stop without the token stopped nothing: it serves with the token
+    let (status, body) = request(port, "GET", "/manifest", Some(AUTH));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["commit"],
+        COMMIT
+    );
+    let (status, body) = request(port, "GET", "/file/config.json", Some(AUTH));
+    assert_eq!(status, 200);
+    assert!(body.contains("Qwen3ForCausalLM"), "{body}");
+    assert_eq!(
+        request(port, "GET", "/file/no-such-file", Some(AUTH)).0,
+        404
+    );
+    // a pull with another token gets nothing
+    let d = cache_arg(&dst);
+    let port_arg = serve.port();
+    let o = run_with(&py, &pull_args(&d, &port_arg), &format!("{wrong}\n"), &[]);
+    assert_eq!(o.code, 4, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("refused this transfer's token (HTTP 403)"),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        !o.stderr.contains(&wrong) && !o.stderr.contains(AUTH),
+        "{}",
+        o.stderr
+    );
+    // with the token, a POST /stop stops it; nothing it printed holds the token
+    let (status, _) = request(port, "POST", "/stop", Some(AUTH));
+    assert_eq!(status, 200);
+    let events = serve.stop();
+    let result = events
+        .iter()
+        .find(|e| e["event"] == "result")
+        .expect("a result");
+    assert_eq!(result["reason"], "stopped");
+    let printed = serde_json::to_string(&events).unwrap();
+    assert!(
+        !printed.contains(AUTH) && !printed.contains(&wrong),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("refused a request without this transfer's token"),
+        "{printed}"
+    );
 }
 
 #[test]
@@ -377,11 +510,12 @@ fn a_killed_pull_resumes_and_keeps_what_it_verified() {
     let mut child = Command::new(&py)
         .arg(script())
         .args(&a)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    give_auth(&mut child);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut first_done: Option<String> = None;
@@ -611,21 +745,27 @@ fn bad_requests_are_refused_with_their_exit_codes() {
     );
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(o.stderr.contains("fabric address"), "{}", o.stderr);
+    // no transfer token, or one too short to be sparkform's
+    let serve = [
+        "serve",
+        "127.0.0.1",
+        "0",
+        "--cache",
+        &c,
+        "--repo",
+        REPO,
+        "--commit",
+        COMMIT,
+    ];
+    let o = run(&py, &serve);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("--auth-stdin"), "{}", o.stderr);
+    let with_auth = [&serve[..], &["--auth-stdin"]].concat();
+    let o = run_with(&py, &with_auth, "short\n", &[]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("shorter than 32"), "{}", o.stderr);
     // nothing verified to serve
-    let o = run(
-        &py,
-        &[
-            "serve",
-            "127.0.0.1",
-            "0",
-            "--cache",
-            &c,
-            "--repo",
-            REPO,
-            "--commit",
-            COMMIT,
-        ],
-    );
+    let o = run(&py, &with_auth);
     assert_eq!(o.code, 5, "{}", o.stderr);
     assert!(o.stderr.contains("run download first"), "{}", o.stderr);
     // a manifest whose paths escape the snapshot
@@ -666,6 +806,7 @@ fn bad_requests_are_refused_with_their_exit_codes() {
             REPO,
             "--commit",
             COMMIT,
+            "--auth-stdin",
         ],
     );
     assert_eq!(o.code, 4, "{}", o.stderr);
@@ -1030,15 +1171,19 @@ fn run_patched(py: &str, prelude: &str, args: &[&str]) -> Out {
         "{prelude}\nimport os, runpy, sys\nscript = os.environ['SPARKFORM_TEST_SCRIPT']\n\
          sys.argv = [script] + sys.argv[1:]\nrunpy.run_path(script, run_name='__main__')\n"
     );
-    let o = Command::new(py)
+    let mut child = Command::new(py)
         .arg("-c")
         .arg(code)
         .args(args)
         .env("SPARKFORM_TEST_SCRIPT", script())
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .env_remove("HF_TOKEN")
-        .output()
+        .spawn()
         .unwrap();
+    give_auth(&mut child);
+    let o = child.wait_with_output().unwrap();
     Out {
         code: o.status.code().unwrap_or(-1),
         events: parse_lines(&String::from_utf8_lossy(&o.stdout)),
@@ -1352,11 +1497,12 @@ fn a_pull_killed_mid_file_refetches_only_the_ranges_it_had_not_completed() {
     let mut child = Command::new(&py)
         .arg(script())
         .args(&a)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    give_auth(&mut child);
     let sha = sha256(&big);
     let blobs = storage(&dst).join("blobs");
     let partial = blobs.join(format!("{sha}.sparkform-partial"));

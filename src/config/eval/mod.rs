@@ -169,6 +169,7 @@ impl Loader {
                 outputs: Vec::new(),
                 warnings: Vec::new(),
                 imports: Vec::new(),
+                secrets: Default::default(),
             },
             observed: Default::default(),
             state_block: None,

@@ -4,9 +4,10 @@
 //! `serve` on the download node's fabric address, pulls from it (sha256 while streaming) and
 //! stops the serve container however the step ends.
 //!
-//! The program and its input (the token, when there is one) reach the container as files put
-//! into it before it starts (Docker's archive upload): never in its command line or its
-//! environment, so `docker inspect` shows neither. Helper containers carry the label
+//! The program and its input (the hub token of a download; the transfer's own random token
+//! of a serve and its pull) reach the container as files put into it before it starts
+//! (Docker's archive upload), the input removed once it is open: never in its command line or
+//! its environment, so `docker inspect` shows neither. Helper containers carry the label
 //! [`LABEL_HELPER`] (not the lineage label containers are observed by), what they do in
 //! [`LABEL_TRANSFER`], and a name derived from the step, so one left by a killed run is
 //! replaced by the next run of its step, and stopped before a delete removes the copy.
@@ -50,9 +51,11 @@ pub const LABEL_HELPER: &str = "sparkform.model-helper";
 /// finds what a killed one left without parsing names.
 const LABEL_TRANSFER: &str = "sparkform.model-transfer";
 
-/// How the container runs the program: its input file on standard input, the mode and its
-/// arguments passed as arguments (`"$@"`), never pasted into the shell line.
-const RUNNER: &str = "exec python3 /sparkform/transfer.py \"$@\" < /sparkform/input";
+/// How the container runs the program: its input file on standard input, removed as soon as it
+/// is open (so a token in it is in no file once the program runs, and none is left in a
+/// container a killed run leaves behind), the mode and its arguments passed as arguments
+/// (`"$@"`), never pasted into the shell line.
+const RUNNER: &str = "exec < /sparkform/input && rm -f /sparkform/input 2>/dev/null; exec python3 /sparkform/transfer.py \"$@\"";
 
 /// How long a serve container waits for a request before it stops by itself (a puller that
 /// went away, a sparkform that was killed).
@@ -66,7 +69,7 @@ struct Job<'a> {
     image: &'a str,
     cache: &'a str,
     args: Vec<String>,
-    /// Standard input: the token's line, when there is one.
+    /// Standard input: the hub token's or the transfer token's line, when there is one.
     input: String,
     lineage: &'a str,
 }
@@ -597,6 +600,10 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     let dl_host: Arc<dyn Host> = cx.pool.get(&w.download_node)?;
     let dl_node = dl_host.node().to_string();
     let dl_docker = dl_host.docker().await?;
+    // A token of this transfer alone, that serve requires of every request and pull sends: in
+    // both containers' input (standard input), never in an argument, the environment or the
+    // state.
+    let token = transfer_token()?;
     // serve: the download node's fabric address only, an ephemeral port
     let serve = Job {
         node: &dl_node,
@@ -607,10 +614,14 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
         args: [
             vec!["serve".into(), source.clone(), "0".into()],
             snapshot_args(w, &w.commit),
-            vec!["--idle-timeout".into(), SERVE_IDLE_SECS.to_string()],
+            vec![
+                "--idle-timeout".into(),
+                SERVE_IDLE_SECS.to_string(),
+                "--auth-stdin".into(),
+            ],
         ]
         .concat(),
-        input: String::new(),
+        input: format!("{token}\n"),
         lineage: cx.lineage,
     };
     cx.progress(
@@ -651,7 +662,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
                 image: &w.image,
                 cache: &w.cache,
                 args,
-                input: String::new(),
+                input: format!("{token}\n"),
                 lineage: cx.lineage,
             };
             let mut rep = Reporter {
@@ -705,6 +716,14 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     ))
 }
 
+/// A transfer's token: 32 bytes from the operating system's CSPRNG, as hex.
+fn transfer_token() -> Result<String, StepError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| StepError::new(format!("no random token for the transfer: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Which snapshot a transfer works on: the repository, `commit` and the cache folder.
 fn snapshot_args(w: &Want, commit: &str) -> Vec<String> {
     vec![
@@ -727,6 +746,7 @@ fn pull_args(w: &Want, source: &str, port: u64, deep: bool) -> Vec<String> {
     if deep {
         args.push("--deep".into());
     }
+    args.push("--auth-stdin".into());
     args.extend(filters(w));
     args
 }

@@ -70,6 +70,13 @@ The token (download, resolve) comes from the environment variable named by --tok
 (default HF_TOKEN) or, with --token-stdin, from the first line of standard input; never from
 the command line. It is never printed.
 
+serve and pull need the transfer's own token, a random one per transfer that sparkform makes
+(at least 32 characters): with --auth-stdin it is the first line of standard input (pull
+with --manifest -: the manifest follows it). serve answers every request without it (as
+"Authorization: Bearer TOKEN") with 403 and the same body, whatever the path or method, so
+nothing tells whether a file is served; POST /stop needs it too. The comparison takes the same
+time whatever the token sent (hmac.compare_digest).
+
 Test hook (tests/fake/transfer.rs), read only when set: SPARKFORM_TEST_CORRUPT_SERVED=PATH@OFFSET
 makes serve flip that byte of PATH in every response holding it.
 """
@@ -80,6 +87,7 @@ import fcntl
 import fnmatch
 import glob
 import hashlib
+import hmac
 import http.client
 import http.server
 import json
@@ -572,12 +580,17 @@ def fetch_config_facts(endpoint, manifest, token):
 
 # ------------------------------------------------------------------ token and stdin
 
+# The shortest transfer token serve and pull accept: sparkform's are 64 hex digits.
+MIN_AUTH = 32
+
+
 def read_inputs(args):
-    """(token, manifest) from the environment and standard input: with --token-stdin the first
-    line of stdin is the token; with --manifest - the rest of stdin is the manifest."""
+    """(token, manifest) from the environment and standard input: with --token-stdin (the hub
+    token) or --auth-stdin (the transfer's token, serve and pull) the first line of stdin is the
+    token; with --manifest - the rest of stdin is the manifest."""
     token = None
     manifest_text = None
-    want_token_stdin = getattr(args, "token_stdin", False)
+    want_token_stdin = getattr(args, "token_stdin", False) or getattr(args, "auth_stdin", False)
     want_manifest_stdin = getattr(args, "manifest", None) == "-"
     if want_token_stdin or want_manifest_stdin:
         data = sys.stdin.buffer.read().decode("utf-8", "replace")
@@ -599,6 +612,17 @@ def read_inputs(args):
         if manifest is None:
             raise Fail(EXIT_USAGE, "manifest %s does not exist" % args.manifest)
     return token, manifest
+
+
+def transfer_token(args, token):
+    """The transfer's token that serve requires and pull sends: read from stdin, never argv."""
+    if not getattr(args, "auth_stdin", False):
+        raise Fail(EXIT_USAGE, "%s needs the transfer's token: pass --auth-stdin with it as the first "
+                   "line of standard input" % args.mode)
+    if token is None or len(token) < MIN_AUTH or not re.match(r"^[\x21-\x7e]+$", token):
+        raise Fail(EXIT_USAGE, "%s: the transfer's token on standard input is missing, shorter than %d "
+                   "characters or not printable ASCII" % (args.mode, MIN_AUTH))
+    return token
 
 
 def cache_of(args):
@@ -832,7 +856,9 @@ def cmd_verify(args):
 # ------------------------------------------------------------------ serve
 
 class ServeState:
-    def __init__(self, files, snap, manifest, idle, max_rate):
+    def __init__(self, files, snap, manifest, idle, max_rate, auth):
+        self.auth = ("Bearer " + auth).encode("ascii")   # what every request must send
+        self.refused = set()        # the peers a refusal was reported for (once each)
         self.max_rate = max_rate    # bytes/s per transfer, 0: unbounded
         self.files = files          # path -> local file
         self.snap = snap
@@ -872,8 +898,27 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _allowed(self):
+        """Whether the request carries the transfer's token; if not it is answered 403, the same
+        answer for every path and method, and the connection is closed."""
+        st = self.server.state
+        sent = self.headers.get("Authorization", "").encode("latin-1", "replace")
+        if hmac.compare_digest(sent, st.auth):
+            return True
+        self.close_connection = True
+        self._send_json(403, {"error": "forbidden"})
+        peer = self.client_address[0]
+        with st.lock:
+            first = peer not in st.refused
+            st.refused.add(peer)
+        if first:
+            emit("warning", message="refused a request without this transfer's token from %s" % peer)
+        return False
+
     def do_POST(self):
         st = self.server.state
+        if not self._allowed():
+            return
         if self.path == "/stop":
             self._send_json(200, {"stopping": True})
             st.reason = "stopped"
@@ -886,6 +931,8 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         st = self.server.state
+        if not self._allowed():
+            return
         st.touch(1)
         try:
             self._get(st)
@@ -983,6 +1030,8 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 def cmd_serve(args):
     if args.address in ("", "0.0.0.0", "::", "*"):
         raise Fail(EXIT_USAGE, "serve binds one address (the node's fabric address), not %r" % args.address)
+    token, _ = read_inputs(args)
+    auth = transfer_token(args, token)
     cache = cache_of(args)
     path = verified_path(cache, args.repo, args.commit)
     doc = read_json_file(path, "verified manifest")
@@ -1006,7 +1055,7 @@ def cmd_serve(args):
     if stale:
         emit("warning", message="%d file(s) not verified here (or changed since) are not served: %s"
              % (len(stale), ", ".join(stale[:5])))
-    st = ServeState(files, snap, manifest, args.idle_timeout, args.max_rate)
+    st = ServeState(files, snap, manifest, args.idle_timeout, args.max_rate, auth)
     try:
         srv = Server((args.address, args.port), ServeHandler)
     except OSError as e:
@@ -1039,8 +1088,9 @@ def cmd_serve(args):
 # ------------------------------------------------------------------ pull
 
 class Peer:
-    def __init__(self, host, port, timeout):
+    def __init__(self, host, port, timeout, auth):
         self.host, self.port, self.timeout = host, port, timeout
+        self.auth = "Bearer " + auth
         self.local = threading.local()
 
     def conn(self):
@@ -1060,12 +1110,18 @@ class Peer:
         for attempt in (1, 2):
             c = self.conn()
             try:
-                c.request("GET", path, headers=headers or {})
-                return c.getresponse()
+                c.request("GET", path, headers=dict(headers or {}, Authorization=self.auth))
+                resp = c.getresponse()
             except (http.client.HTTPException, OSError) as e:
                 self.reset()
                 if attempt == 2:
                     raise Fail(EXIT_REMOTE, "the peer %s:%d cannot be reached: %s" % (self.host, self.port, e))
+                continue
+            if resp.status == 403:
+                self.reset()
+                raise Fail(EXIT_REMOTE, "the peer %s:%d refused this transfer's token (HTTP 403): "
+                           "is another transfer serving there?" % (self.host, self.port))
+            return resp
         raise Fail(EXIT_REMOTE, "unreachable")
 
 
@@ -1624,10 +1680,10 @@ def pull_one(peer, storage, commit, f, rec, progress, args, cancel):
 
 def cmd_pull(args):
     SPLICE[0] = SPLICE[0] and args.splice
-    token_unused, manifest = read_inputs(args)
-    del token_unused
+    token, manifest = read_inputs(args)
+    auth = transfer_token(args, token)
     cache = cache_of(args)
-    peer = Peer(args.peer, args.port, args.timeout)
+    peer = Peer(args.peer, args.port, args.timeout, auth)
     if manifest is None:
         resp = peer.request("/manifest")
         body = resp.read()
@@ -1942,6 +1998,8 @@ def parser():
     s.add_argument("--max-time", type=float, default=0, help="stop after this long in any case (0: no bound)")
     s.add_argument("--max-rate", type=float, default=0,
                    help="bytes per second per transfer, to leave the link to a running cluster (0: no bound)")
+    s.add_argument("--auth-stdin", action="store_true",
+                   help="the first line of stdin is the transfer's token, which every request must send")
     common(s, filters=False)
 
     v = sub.add_parser("verify", help="check a snapshot against the manifest and record it as verified")
@@ -1971,6 +2029,8 @@ def parser():
                     help="benchmarks only: skip the checksum (files are then recorded unverified)")
     pl.add_argument("--no-splice", dest="splice", action="store_false",
                     help="receive through a buffer rather than splice(2) (which is used where the kernel allows it)")
+    pl.add_argument("--auth-stdin", action="store_true",
+                    help="the first line of stdin is the transfer's token, sent with every request")
     common(pl, manifest=True)
 
     o = sub.add_parser("observe", help="compare the local snapshot with the manifest")
