@@ -128,6 +128,8 @@ pub fn run(args: PlanArgs) -> ExitCode {
         return ExitCode::from(1);
     }
     let ws = args.config.workspace();
+    // The store made first: PostgreSQL's connection opens while the definitions evaluate.
+    let _ = ws.store();
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,

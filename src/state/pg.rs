@@ -51,13 +51,29 @@ pub(crate) struct PgBackend {
     local_file: PathBuf,
     /// The connection every call of this run shares, once opened.
     session: Arc<Mutex<Option<Session>>>,
+    /// The connection being opened, from the moment the backend is made (it opens while the
+    /// command evaluates the definitions); the first call waits for it.
+    opening: Mutex<Option<Opening>>,
+}
+
+/// A connection being opened on its thread.
+type Opening = std::sync::mpsc::Receiver<Result<Conn, StateError>>;
+
+/// A connection, and the runtime (on its own thread) that drives it and runs every call on it.
+#[derive(Clone)]
+struct Conn {
+    client: Arc<Client>,
+    runtime: tokio::runtime::Handle,
 }
 
 /// The run's connection, and the lock held on it.
 struct Session {
-    client: Arc<Client>,
+    conn: Conn,
     /// The holder of the advisory lock this connection holds, if it holds it.
     locked: Option<LockInfo>,
+    /// The tables were found or created on it (what a write or the lock needs first; a read
+    /// takes a missing table for no state).
+    tables: bool,
 }
 
 /// `SCHEMA.states`, `SCHEMA.locks`, `SCHEMA`, quoted.
@@ -183,12 +199,14 @@ impl PgBackend {
         };
         config.application_name("sparkform");
         config.connect_timeout(Duration::from_secs(10));
+        let opening = start_session(&config, tls.clone());
         Ok(PgBackend {
             target,
             config,
             tls,
             local_file,
             session: Arc::new(Mutex::new(None)),
+            opening: Mutex::new(Some(opening)),
         })
     }
 
@@ -222,46 +240,77 @@ impl PgBackend {
     /// The run's connection: the one open, or a new one when there is none or it closed
     /// without holding the lock. One that held the lock and closed is an error: the lock went
     /// with it, and another run may hold it now.
-    fn client(&self) -> Result<(Arc<Client>, Option<LockInfo>), StateError> {
+    fn client(&self) -> Result<(Conn, Option<LockInfo>), StateError> {
         let mut session = self
             .session
             .lock()
             .map_err(|_| backend_error("the PostgreSQL session was poisoned by a panic"))?;
         if let Some(open) = session.as_ref() {
-            if !open.client.is_closed() {
-                return Ok((open.client.clone(), open.locked.clone()));
+            if !open.conn.client.is_closed() {
+                return Ok((open.conn.clone(), open.locked.clone()));
             }
             if open.locked.is_some() {
                 return Err(lost_lock());
             }
         }
-        let client = open_session(&self.config, self.tls.clone(), self.tables())?;
+        let pending = self.opening.lock().ok().and_then(|mut o| o.take());
+        let pending = pending.unwrap_or_else(|| start_session(&self.config, self.tls.clone()));
+        let conn = pending
+            .recv()
+            .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client's thread ended early")))?;
         *session = Some(Session {
-            client: client.clone(),
+            conn: conn.clone(),
             locked: None,
+            tables: false,
         });
-        Ok((client, None))
+        Ok((conn, None))
     }
 
-    /// Runs `call` on the run's connection, on a thread of its own.
+    /// The tables, checked (and created when missing) once per connection: before a write or
+    /// the lock.
+    fn ensure_tables(&self) -> Result<(), StateError> {
+        let (conn, _) = self.client()?;
+        let client = conn.client.clone();
+        let ready = |s: &Mutex<Option<Session>>| {
+            s.lock().ok().is_some_and(|s| {
+                s.as_ref()
+                    .is_some_and(|o| o.tables && Arc::ptr_eq(&o.conn.client, &client))
+            })
+        };
+        if ready(&self.session) {
+            return Ok(());
+        }
+        let tables = self.tables();
+        let c = client.clone();
+        run_on(&conn, async move { ensure_tables(&c, &tables).await })?;
+        if let Ok(mut s) = self.session.lock() {
+            if let Some(open) = s.as_mut().filter(|o| Arc::ptr_eq(&o.conn.client, &client)) {
+                open.tables = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `call` on the run's connection, on the thread that drives it.
     fn call<T, F, Fut>(&self, call: F) -> Result<T, StateError>
     where
-        T: Send,
-        F: FnOnce(Arc<Client>) -> Fut + Send,
-        Fut: Future<Output = Result<T, StateError>> + Send,
+        T: Send + 'static,
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, StateError>> + Send + 'static,
     {
-        let (client, locked) = self.client()?;
-        let closed = client.clone();
-        on_own_runtime(call(client)).map_err(|e| match (closed.is_closed(), locked) {
-            (true, Some(_)) => lost_lock(),
-            _ => e,
+        let (conn, locked) = self.client()?;
+        run_on(&conn, call(conn.client.clone())).map_err(|e| {
+            match (conn.client.is_closed(), locked) {
+                (true, Some(_)) => lost_lock(),
+                _ => e,
+            }
         })
     }
 
     /// Marks the session's lock as held by `info`, or given back (`None`).
     fn set_locked(session: &Mutex<Option<Session>>, client: &Arc<Client>, info: Option<LockInfo>) {
         if let Ok(mut s) = session.lock() {
-            if let Some(open) = s.as_mut().filter(|o| Arc::ptr_eq(&o.client, client)) {
+            if let Some(open) = s.as_mut().filter(|o| Arc::ptr_eq(&o.conn.client, client)) {
                 open.locked = info;
             }
         }
@@ -310,8 +359,12 @@ impl PgBackend {
                     ),
                     &[(&workspace, Type::TEXT), (&key, Type::INT8)],
                 )
-                .await
-                .map_err(query_error)?;
+                .await;
+            // No tables yet: nothing was ever locked (the lock creates them first).
+            let row = match row {
+                Err(e) if no_tables(&e) => return Ok((None, false)),
+                r => r.map_err(query_error)?,
+            };
             let info = row.get::<_, Option<String>>(1).map(|id| LockInfo {
                 id,
                 host: row.get(2),
@@ -325,20 +378,26 @@ impl PgBackend {
     }
 }
 
+/// The schema or its tables do not exist (no state was ever written there).
+fn no_tables(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME
+    )
+}
+
 fn lost_lock() -> StateError {
     backend_error("the connection to PostgreSQL that held the state lock was lost, and the lock with it: nothing more is written in this run (the state is as of its last write)")
 }
 
-/// Opens the run's connection on a thread of its own that drives it until the last
-/// [`Client`] is dropped; the tables checked, and created when missing, first.
-fn open_session(
-    config: &Config,
-    tls: Option<MakeRustlsConnect>,
-    tables: Tables,
-) -> Result<Arc<Client>, StateError> {
+/// Opens a connection on a thread of its own, whose runtime drives it (and runs the calls on
+/// it) until the last [`Client`] is dropped; what it comes to arrives on the receiver.
+fn start_session(config: &Config, tls: Option<MakeRustlsConnect>) -> Opening {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let config = config.clone();
-    std::thread::Builder::new()
+    let failed = ready_tx.clone();
+    let spawned = std::thread::Builder::new()
         .name("sparkform-pg".into())
         .spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
@@ -353,24 +412,24 @@ fn open_session(
                     return;
                 }
             };
+            let runtime = rt.handle().clone();
             rt.block_on(async move {
-                let opened = tokio::time::timeout(CALL_TIMEOUT, async {
-                    let (client, driver) = connect(&config, tls).await?;
-                    let driver = tokio::spawn(driver);
-                    ensure_tables(&client, &tables).await?;
-                    Ok::<_, StateError>((client, driver))
-                })
-                .await
-                .unwrap_or_else(|_| {
-                    Err(backend_error(format!(
-                        "PostgreSQL did not answer within {} s",
-                        CALL_TIMEOUT.as_secs()
-                    )))
-                });
+                let opened = tokio::time::timeout(CALL_TIMEOUT, connect(&config, tls))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(backend_error(format!(
+                            "PostgreSQL did not answer within {} s",
+                            CALL_TIMEOUT.as_secs()
+                        )))
+                    });
                 match opened {
                     Ok((client, driver)) => {
-                        if ready_tx.send(Ok(Arc::new(client))).is_ok() {
-                            let _ = driver.await;
+                        let conn = Conn {
+                            client: Arc::new(client),
+                            runtime,
+                        };
+                        if ready_tx.send(Ok(conn)).is_ok() {
+                            driver.await;
                         }
                     }
                     Err(e) => {
@@ -378,11 +437,37 @@ fn open_session(
                     }
                 }
             });
-        })
-        .map_err(|e| backend_error(format!("cannot start the PostgreSQL client's thread: {e}")))?;
+        });
+    if let Err(e) = spawned {
+        let _ = failed.send(Err(backend_error(format!(
+            "cannot start the PostgreSQL client's thread: {e}"
+        ))));
+    }
     ready_rx
-        .recv()
-        .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client's thread ended early")))
+}
+
+/// `fut` on `conn`'s runtime, bounded by [`CALL_TIMEOUT`]; this thread waits for it.
+fn run_on<T: Send + 'static>(
+    conn: &Conn,
+    fut: impl Future<Output = Result<T, StateError>> + Send + 'static,
+) -> Result<T, StateError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    conn.runtime.spawn(async move {
+        let done = tokio::time::timeout(CALL_TIMEOUT, fut)
+            .await
+            .unwrap_or_else(|_| {
+                Err(backend_error(format!(
+                    "PostgreSQL did not answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                )))
+            });
+        let _ = tx.send(done);
+    });
+    rx.recv().unwrap_or_else(|_| {
+        Err(backend_error(
+            "the connection to PostgreSQL closed during the call",
+        ))
+    })
 }
 
 /// What drives a connection: it ends when the connection does.
@@ -524,33 +609,6 @@ async fn read_holder(
     }))
 }
 
-/// `fut` on a current-thread runtime of its own thread, bounded by [`CALL_TIMEOUT`].
-fn on_own_runtime<T: Send>(
-    fut: impl Future<Output = Result<T, StateError>> + Send,
-) -> Result<T, StateError> {
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| backend_error(format!("cannot start the PostgreSQL client: {e}")))?;
-            rt.block_on(async {
-                tokio::time::timeout(CALL_TIMEOUT, fut)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(backend_error(format!(
-                            "PostgreSQL did not answer within {} s",
-                            CALL_TIMEOUT.as_secs()
-                        )))
-                    })
-            })
-        });
-        worker
-            .join()
-            .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client thread panicked")))
-    })
-}
-
 impl Backend for PgBackend {
     fn name(&self) -> &'static str {
         "pg"
@@ -572,9 +630,13 @@ impl Backend for PgBackend {
                     &format!("SELECT document FROM {states} WHERE workspace = $1"),
                     &[(&workspace, Type::TEXT)],
                 )
-                .await
-                .map_err(query_error)?;
-            Ok(row.map(|r| r.get::<_, String>(0).into_bytes()))
+                .await;
+            match row {
+                Err(e) if no_tables(&e) => Ok(None),
+                r => Ok(r
+                    .map_err(query_error)?
+                    .map(|r| r.get::<_, String>(0).into_bytes())),
+            }
         })?;
         if doc.is_none() && self.local_file.exists() {
             return Err(StateError::StillLocal {
@@ -595,6 +657,7 @@ impl Backend for PgBackend {
         let text = String::from_utf8(doc.to_vec())
             .map_err(|_| backend_error("the state document is not UTF-8 text"))?;
         let serial_db = i64::try_from(serial).map_err(|_| backend_error("serial overflow"))?;
+        self.ensure_tables()?;
         let states = self.table("states");
         let workspace = self.workspace().to_string();
         let lineage = lineage.to_string();
@@ -667,6 +730,7 @@ impl Backend for PgBackend {
         let states = self.table("states");
         let workspace = self.workspace().to_string();
         let aside = format!("{workspace}.migrated");
+        self.ensure_tables()?;
         self.call(move |client| async move {
             client.batch_execute("BEGIN").await.map_err(query_error)?;
             let moved = async {
@@ -697,7 +761,8 @@ impl Backend for PgBackend {
 
     fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
         let info = LockInfo::new(operation);
-        let (client, held) = self.client()?;
+        let (conn, held) = self.client()?;
+        let client = conn.client.clone();
         if let Some(holder) = held {
             // This run holds it already (the advisory lock would be taken again on the same
             // connection): a second holder in one run is refused as one in another run is.
@@ -706,13 +771,14 @@ impl Backend for PgBackend {
                 holder: Box::new(holder),
             });
         }
+        self.ensure_tables()?;
         let locks = self.table("locks");
         let key = self.lock_key();
         let workspace = self.workspace().to_string();
         let place = self.lock_place();
         let ours = info.clone();
         let taking = client.clone();
-        let took_over = on_own_runtime(async move {
+        let took_over = run_on(&conn, async move {
             take_lock(&taking, &locks, key, &workspace, place, &ours).await
         })
         .map_err(|e| match client.is_closed() {
@@ -723,7 +789,7 @@ impl Backend for PgBackend {
         })?;
         Self::set_locked(&self.session, &client, Some(info.clone()));
         let held = PgLock {
-            client: Some(client),
+            conn: Some(conn),
             session: self.session.clone(),
             locks: self.table("locks"),
             workspace: self.workspace().to_string(),
@@ -847,7 +913,7 @@ async fn take_lock(
 
 /// The held lock: the connection it is held on, and what giving it back deletes.
 struct PgLock {
-    client: Option<Arc<Client>>,
+    conn: Option<Conn>,
     session: Arc<Mutex<Option<Session>>>,
     locks: String,
     workspace: String,
@@ -866,19 +932,25 @@ impl std::fmt::Debug for PgLock {
 
 impl RemoteLock for PgLock {
     fn release(&mut self) -> Result<(), StateError> {
-        let Some(client) = self.client.take() else {
+        let Some(conn) = self.conn.take() else {
             return Ok(());
         };
+        let client = conn.client.clone();
         // A connection that closed gave the lock back with it.
         if !client.is_closed() {
-            let (locks, workspace, id, key) = (&self.locks, &self.workspace, &self.id, self.key);
+            let (locks, workspace, id, key) = (
+                self.locks.clone(),
+                self.workspace.clone(),
+                self.id.clone(),
+                self.key,
+            );
             let c = client.clone();
-            let _ = on_own_runtime(async move {
+            let _ = run_on(&conn, async move {
                 let _ = tokio::time::timeout(Duration::from_secs(10), async {
                     let _ = c
                         .execute_typed(
                             &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
-                            &[(workspace, Type::TEXT), (id, Type::TEXT)],
+                            &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
                         )
                         .await;
                     let _ = c

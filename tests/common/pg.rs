@@ -158,10 +158,11 @@ impl Pg {
         );
     }
 
-    /// Stops the server at once (`-m immediate`: its connections dropped as by a crash).
+    /// Stops the server (`-m fast`: every connection is ended at once, what was committed is
+    /// kept; `immediate` would lose it, the cluster runs with fsync and synchronous commit off).
     pub fn stop(&self) {
         let data = self.data();
-        let out = self.run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
+        let out = self.run("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
         assert!(
             out.status.success(),
             "the server did not stop: {}",

@@ -641,6 +641,8 @@ async fn pg_stopped_mid_apply_stops_the_apply_loses_nothing_and_the_next_apply_c
         .into_iter()
         .collect(),
     );
+    // The tables (what the lock creates first), so the watch below can read them.
+    drop(pg_store(&pg, dir.path(), "default").lock("test").unwrap());
     let recorded = |pg: &Pg| {
         pg.psql("SELECT coalesce(max(serial), 0) || ' ' || coalesce(bool_or(document LIKE '%\"container.a\"%'), false) FROM sparkform.states WHERE workspace = 'default'")
     };
