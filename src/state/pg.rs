@@ -365,15 +365,7 @@ impl PgBackend {
                 Err(e) if no_tables(&e) => return Ok((None, false)),
                 r => r.map_err(query_error)?,
             };
-            let info = row.get::<_, Option<String>>(1).map(|id| LockInfo {
-                id,
-                host: row.get(2),
-                pid: u32::try_from(row.get::<_, i64>(3)).unwrap_or(0),
-                started: row.get(4),
-                operation: row.get(5),
-                version: row.get(6),
-            });
-            Ok((info, row.get::<_, bool>(0)))
+            Ok((holder_of(&row), row.get::<_, bool>(0)))
         })
     }
 }
@@ -585,28 +577,21 @@ async fn ensure_tables(
         .map_err(query_error)
 }
 
-async fn read_holder(
-    client: &Client,
-    locks: &str,
-    workspace: &str,
-) -> Result<Option<LockInfo>, StateError> {
-    let row = client
-        .query_typed_opt(
-            &format!(
-                "SELECT id, host, pid, started, operation, version FROM {locks} WHERE workspace = $1"
-            ),
-            &[(&workspace, Type::TEXT)],
-        )
-        .await
-        .map_err(query_error)?;
-    Ok(row.map(|r| LockInfo {
-        id: r.get(0),
-        host: r.get(1),
-        pid: u32::try_from(r.get::<_, i64>(2)).unwrap_or(0),
-        started: r.get(3),
-        operation: r.get(4),
-        version: r.get(5),
-    }))
+/// The holder row in columns 1 to 6 of `row` (a LEFT JOIN: none when the id is null).
+fn holder_of(row: &tokio_postgres::Row) -> Option<LockInfo> {
+    let id = row.try_get::<_, Option<String>>(1).ok().flatten()?;
+    Some(LockInfo {
+        id,
+        host: row.try_get(2).unwrap_or_default(),
+        pid: row
+            .try_get::<_, i64>(3)
+            .ok()
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        started: row.try_get(4).unwrap_or_default(),
+        operation: row.try_get(5).unwrap_or_default(),
+        version: row.try_get(6).unwrap_or_default(),
+    })
 }
 
 impl Backend for PgBackend {
@@ -876,12 +861,16 @@ async fn take_lock(
     ours: &LockInfo,
 ) -> Result<Option<LockInfo>, StateError> {
     let workspace = workspace.to_string();
-    let got: bool = client
-        .query_typed_one("SELECT pg_try_advisory_lock($1)", &[(&key, Type::INT8)])
+    // Taken, and the holder row read, in one statement.
+    let row = client
+        .query_typed_one(
+            &format!("SELECT pg_try_advisory_lock($2), l.id, l.host, l.pid, l.started, l.operation, l.version FROM (SELECT 1) AS one LEFT JOIN {locks} AS l ON l.workspace = $1"),
+            &[(&workspace, Type::TEXT), (&key, Type::INT8)],
+        )
         .await
-        .map_err(query_error)?
-        .get(0);
-    let previous = read_holder(client, locks, &workspace).await?;
+        .map_err(query_error)?;
+    let got: bool = row.get(0);
+    let previous = holder_of(&row);
     if !got {
         return Err(match previous {
             Some(holder) => StateError::Locked {
