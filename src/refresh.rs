@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::hosts::{Host, HostError, HostPool};
 use crate::kinds::machine::{machine, NodeObservations, ReadMode};
 use crate::kinds::KindId;
-use crate::plan::Observations;
+use crate::plan::{Foreign, Observations};
 use crate::state::{ResourceState, State};
 
 /// The nodes refresh must look at: those holding recorded resources, and those where the
@@ -45,9 +45,10 @@ pub async fn connect_and_refresh(
     Result<Observations, Vec<std::sync::Arc<HostError>>>,
 ) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let wanted = unrecorded_by_node(config, state);
     let (pool, observed) = tokio::join!(
         HostPool::connect_reporting(config, nodes, opts, Some(tx)),
-        observe_as_connected(state, rx, true, mode)
+        observe_as_connected(state, rx, true, mode, &wanted)
     );
     let result = finish(observed, &pool, nodes);
     (pool, result)
@@ -91,13 +92,77 @@ async fn observe_hosts(
         let _ = tx.send(h);
     }
     drop(tx);
-    let (mut out, errors) = observe_as_connected(state, rx, untracked, mode).await;
+    let (mut out, errors) =
+        observe_as_connected(state, rx, untracked, mode, &Unrecorded::new()).await;
     if !errors.is_empty() {
         return Err(errors);
     }
     out.orphans
         .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
     Ok(out)
+}
+
+/// The definitions' resources the state does not record, by node and kind: where refresh
+/// looks for objects a lost or replaced state left (`Machine::find_foreign`).
+type Unrecorded = HashMap<String, Vec<(KindId, String)>>;
+
+fn unrecorded_by_node(config: &Config, state: &State) -> Unrecorded {
+    let mut out = Unrecorded::new();
+    for r in &config.resources {
+        if let (Some(node), false) = (&r.node, state.resources.contains_key(&r.address)) {
+            out.entry(node.clone())
+                .or_default()
+                .push((r.kind, r.address.clone()));
+        }
+    }
+    out
+}
+
+/// [`refresh_hosts_as`] that also looks for what the definitions declare and the state
+/// lacks, under another lineage (as [`connect_and_refresh`] does).
+pub async fn refresh_hosts_for(
+    config: &Config,
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+    mode: ReadMode,
+) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
+    let (mut out, errors) = observe_listed(config, state, hosts, mode).await;
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    out.orphans
+        .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
+    out.foreign.sort();
+    Ok(out)
+}
+
+/// Where there is no state at all: what the definitions' addresses have running under a
+/// lineage (a lost state), on the nodes that answer; a node that does not is left out (there
+/// is nothing recorded to refresh, so it stops nothing).
+pub async fn find_foreign_hosts(
+    config: &Config,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+) -> Vec<Foreign> {
+    let none = State::new();
+    let (out, _unreachable) = observe_listed(config, &none, hosts, ReadMode::Normal).await;
+    let mut foreign = out.foreign;
+    foreign.sort();
+    foreign
+}
+
+async fn observe_listed(
+    config: &Config,
+    state: &State,
+    hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
+    mode: ReadMode,
+) -> (Observations, Vec<std::sync::Arc<HostError>>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for h in hosts {
+        let _ = tx.send(h);
+    }
+    drop(tx);
+    let wanted = unrecorded_by_node(config, state);
+    observe_as_connected(state, rx, true, mode, &wanted).await
 }
 
 /// What the nodes said, plus an error for every node that could not be reached.
@@ -117,6 +182,7 @@ fn finish(
     }
     out.orphans
         .sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
+    out.foreign.sort();
     Ok(out)
 }
 
@@ -126,6 +192,7 @@ async fn observe_as_connected(
     mut ready: tokio::sync::mpsc::UnboundedReceiver<(String, std::sync::Arc<dyn Host>)>,
     untracked: bool,
     mode: ReadMode,
+    unrecorded: &Unrecorded,
 ) -> (Observations, Vec<std::sync::Arc<HostError>>) {
     let mut by_node: HashMap<&str, Vec<(&String, &ResourceState)>> = HashMap::new();
     for (addr, r) in &state.resources {
@@ -137,12 +204,13 @@ async fn observe_as_connected(
     let mut out = Observations::default();
     let mut errors = Vec::new();
     let collect = |node: String,
-                   joined: Result<Result<NodeObservations, HostError>, String>,
+                   joined: Result<Result<(NodeObservations, Vec<Foreign>), HostError>, String>,
                    out: &mut Observations,
                    errors: &mut Vec<std::sync::Arc<HostError>>| match joined {
-        Ok(Ok((resources, orphans))) => {
+        Ok(Ok(((resources, orphans), foreign))) => {
             out.resources.extend(resources);
             out.orphans.extend(orphans);
+            out.foreign.extend(foreign);
         }
         Ok(Err(e)) => errors.push(std::sync::Arc::new(e)),
         Err(message) => errors.push(std::sync::Arc::new(HostError::Other { node, message })),
@@ -157,8 +225,13 @@ async fn observe_as_connected(
                         .map(|v| v.iter().map(|(a, r)| ((*a).clone(), (*r).clone())).collect())
                         .unwrap_or_default();
                     let lineage = state.lineage.clone();
+                    let wanted = unrecorded.get(&node).cloned().unwrap_or_default();
                     tasks.spawn(node, async move {
-                        observe_node(host.as_ref(), &lineage, &recorded, untracked, mode).await
+                        let host = host.as_ref();
+                        tokio::try_join!(
+                            observe_node(host, &lineage, &recorded, untracked, mode),
+                            find_foreign(host, &lineage, &wanted)
+                        )
                     });
                 }
                 None => open = false,
@@ -169,6 +242,25 @@ async fn observe_as_connected(
         }
     }
     (out, errors)
+}
+
+/// Every kind with resources in `wanted` looks at the node for them under another lineage.
+async fn find_foreign(
+    host: &dyn Host,
+    lineage: &str,
+    wanted: &[(KindId, String)],
+) -> Result<Vec<Foreign>, HostError> {
+    let looks = KindId::ALL.iter().filter_map(|&kind| {
+        let addresses: Vec<String> = wanted
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, a)| a.clone())
+            .collect();
+        (!addresses.is_empty())
+            .then_some(async move { machine(kind).find_foreign(host, lineage, &addresses).await })
+    });
+    let found = futures_util::future::try_join_all(looks).await?;
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// Every kind looks at the node at once: one round trip to it, not one per kind. With

@@ -17,6 +17,9 @@ pub struct Workspace {
     pub state_path: PathBuf,
     /// The definitions' `state` block (`None`: the local file), or why it cannot be used.
     pub backend: Result<Option<StateBlock>, String>,
+    /// [`Workspace::store`], made once: every use in a run shares its backend (PostgreSQL's
+    /// one connection for the lock, the reads and the writes).
+    store: std::sync::Arc<std::sync::OnceLock<StateStore>>,
 }
 
 impl Workspace {
@@ -43,6 +46,7 @@ impl Workspace {
             dir: dir.to_path_buf(),
             state_path: state.map(Path::to_path_buf).unwrap_or(default),
             backend,
+            store: Default::default(),
         }
     }
 
@@ -88,7 +92,9 @@ impl Workspace {
     /// gives (`SPARKFORM_STATE_KEY`, `SPARKFORM_STATE_KEY_FILE`). A store whose use fails
     /// with why when the block or the environment is wrong.
     pub fn store(&self) -> StateStore {
-        self.store_on(self.backend_kind())
+        self.store
+            .get_or_init(|| self.store_on(self.backend_kind()))
+            .clone()
     }
 
     /// The store of `kind`, whatever the block chooses (`state migrate`'s source and

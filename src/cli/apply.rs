@@ -101,11 +101,13 @@ pub fn run(args: ApplyArgs) -> ExitCode {
     }
     let json = args.common.json;
     let ca = args.common.config_args(args.path.clone());
+    // The store made first: PostgreSQL's connection opens while the definitions evaluate.
+    let ws = ca.workspace();
+    let _ = ws.store();
     let evaluated = match load(&ca, json) {
         Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
     };
-    let ws = ca.workspace();
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),

@@ -287,6 +287,8 @@ const SINGLE_DASH: &[&str] = &[
     "to",
     "upgrade",
     "lockfile",
+    "generate-config-out",
+    "generate-import-out",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

@@ -21,7 +21,7 @@ as (sensitive).";
 #[derive(Args, Debug)]
 #[command(
     long_about = LONG_ABOUT,
-    after_help = "Examples:\n  sparkform plan examples/testbed\n  sparkform plan examples/testbed -refresh=false         # no connection: the recorded state\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'"
+    after_help = "Examples:\n  sparkform plan examples/testbed\n  sparkform plan examples/testbed -refresh=false         # no connection: the recorded state\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'\n  sparkform plan . -generate-import-out=imports.hcl        # adopt what a lost state left running"
 )]
 pub struct PlanArgs {
     #[command(flatten)]
@@ -56,6 +56,11 @@ pub struct PlanArgs {
     /// Write blocks for `import` blocks whose resource has no block yet to FILE (a new file)
     #[arg(long = "generate-config-out", value_name = "FILE")]
     pub generate_config_out: Option<PathBuf>,
+    /// Write `import` blocks to FILE (a new file; put it in the definitions' folder) for the
+    /// containers that run with sparkform's labels for the definitions' addresses under
+    /// another state's lineage (a lost state): the next apply adopts them, restarting nothing
+    #[arg(long = "generate-import-out", value_name = "FILE")]
+    pub generate_import_out: Option<PathBuf>,
 }
 
 /// `-refresh=true|false|deep`.
@@ -78,17 +83,53 @@ impl RefreshMode {
     }
 }
 
-pub fn run(args: PlanArgs) -> ExitCode {
-    if let Some(out) = args.generate_config_out.as_ref().filter(|p| p.exists()) {
-        let d = crate::diag::Diag::error(
-            "cli::generate_config_out",
-            format!("-generate-config-out {}: the file exists", out.display()),
+/// A `-generate-*-out` file that exists already, or that a plan without looking cannot fill.
+fn refuse_out_file(args: &PlanArgs) -> Option<crate::diag::Diag> {
+    let named = [
+        ("generate-config-out", &args.generate_config_out),
+        ("generate-import-out", &args.generate_import_out),
+    ];
+    for (flag, out) in named {
+        if let Some(out) = out.as_ref().filter(|p| p.exists()) {
+            return Some(
+                crate::diag::Diag::error(
+                    "cli::generate_out",
+                    format!("-{flag} {}: the file exists", out.display()),
+                )
+                .help("it is never overwritten: name a new file, or remove this one"),
+            );
+        }
+    }
+    (args.generate_import_out.is_some() && args.refresh == RefreshMode::False).then(|| {
+        crate::diag::Diag::error(
+            "cli::generate_import_out",
+            "-generate-import-out finds what runs on the nodes, and -refresh=false looks at none",
         )
-        .help("it is never overwritten: name a new file, or remove this one");
+        .help("drop -refresh=false")
+    })
+}
+
+/// Write `text` to `out`, a new file.
+fn write_new(out: &std::path::Path, text: &str) -> Result<(), crate::state::StateError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(|e| crate::state::StateError::Io {
+            path: out.to_path_buf(),
+            source: e,
+        })
+}
+
+pub fn run(args: PlanArgs) -> ExitCode {
+    if let Some(d) = refuse_out_file(&args) {
         report_diagnostics(&Diagnostics(vec![d]), args.json);
         return ExitCode::from(1);
     }
     let ws = args.config.workspace();
+    // The store made first: PostgreSQL's connection opens while the definitions evaluate.
+    let _ = ws.store();
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
@@ -185,22 +226,35 @@ pub fn run(args: PlanArgs) -> ExitCode {
             eprintln!("Warning: {s}");
         }
         if !text.is_empty() {
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(out)
-                .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
-            if let Err(e) = written {
-                return report_error(crate::state::StateError::Io {
-                    path: out.clone(),
-                    source: e,
-                });
+            if let Err(e) = write_new(out, &text) {
+                return report_error(e);
             }
             if !args.json {
                 println!(
                     "\nWrote {} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
                     plan.generated.len() - skipped.len(),
                     if plan.generated.len() - skipped.len() == 1 { "" } else { "s" },
+                    out.display()
+                );
+            }
+        }
+    }
+    if let Some(out) = &args.generate_import_out {
+        let text = crate::plan::import_blocks(&plan.foreign);
+        if text.is_empty() {
+            eprintln!(
+                "Nothing runs under another state's lineage for these definitions: {} not written.",
+                out.display()
+            );
+        } else {
+            if let Err(e) = write_new(out, &text) {
+                return report_error(e);
+            }
+            if !args.json {
+                let n = text.matches("\nimport {").count();
+                println!(
+                    "\nWrote {n} import block{} to {}: with it in the definitions' folder, `sparkform apply` adopts what runs, restarting nothing.",
+                    if n == 1 { "" } else { "s" },
                     out.display()
                 );
             }

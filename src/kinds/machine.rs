@@ -13,7 +13,7 @@ use crate::config::{Config, Resource};
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::plan::{Action, Change, Observed, Orphan, Plan};
+use crate::plan::{Action, Change, Foreign, Observed, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
 macro_rules! define_machines {
@@ -334,6 +334,19 @@ pub trait Machine: Send + Sync {
         _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
+    }
+    /// Objects of this kind on one node that carry sparkform's labels for one of `addresses`
+    /// (resources of the definitions that the state does not record) under another lineage
+    /// than `lineage`, or under none: what a lost or replaced state left running. The plan
+    /// lists them and offers the `import` blocks that adopt them. Kinds whose objects carry no
+    /// labels find none.
+    async fn find_foreign(
+        &self,
+        _host: &dyn Host,
+        _lineage: &str,
+        _addresses: &[String],
+    ) -> Result<Vec<Foreign>, HostError> {
+        Ok(Vec::new())
     }
     /// The nodes this kind's plan-time [`Machine::read`] works on for `config`'s resources
     /// (connected before it when the mode looks). None by default: the kind reads nothing.

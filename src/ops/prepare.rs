@@ -131,6 +131,10 @@ async fn phases(
         Some(state) if refresh.looks() => {
             Some(super::refresh::refresh_on(&defs.config, state, refresh, pool, hosts).await?)
         }
+        // No state: nothing to refresh, but what a lost one left running is worth a look.
+        None if refresh.looks() => {
+            Some(super::refresh::foreign_on(&defs.config, pool, hosts).await)
+        }
         _ => None,
     };
     let empty = State::new();

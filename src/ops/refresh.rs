@@ -64,13 +64,41 @@ pub async fn refresh_on(
             Err(e) => unreachable.push(e),
         }
     }
-    match crate::refresh::refresh_hosts_as(state, connected, mode).await {
+    match crate::refresh::refresh_hosts_for(config, state, connected, mode).await {
         Ok(o) if unreachable.is_empty() => Ok(o),
         Ok(_) => Err(OpError::Refresh(unreachable)),
         Err(mut errors) => {
             errors.extend(unreachable);
             Err(OpError::Refresh(errors))
         }
+    }
+}
+
+/// No state at all: look on the nodes of the definitions' containers, as far as they answer,
+/// for what a lost state left running (`refresh::find_foreign_hosts`).
+pub async fn foreign_on(
+    config: &Config,
+    pool: &mut Option<HostPool>,
+    hosts: &HostOptions,
+) -> Observations {
+    let nodes = nodes_to_refresh(config, &State::new());
+    if nodes.is_empty() {
+        return Observations::default();
+    }
+    let pool = match pool {
+        Some(p) => {
+            p.connect_more(config, &nodes, hosts).await;
+            p
+        }
+        None => pool.insert(HostPool::connect(config, &nodes, hosts).await),
+    };
+    let connected = nodes
+        .iter()
+        .filter_map(|n| Some((n.clone(), pool.get(n).ok()?)))
+        .collect();
+    Observations {
+        foreign: crate::refresh::find_foreign_hosts(config, connected).await,
+        ..Observations::default()
     }
 }
 

@@ -2,11 +2,13 @@
 //! and which probes to run. Pure: no I/O.
 
 pub mod diff;
+mod foreign;
 pub mod impact;
 mod outputs;
 pub mod planfile;
 mod record;
 pub mod render;
+pub use foreign::{import_block, import_blocks, Foreign};
 
 use outputs::output_changes;
 use record::mark;
@@ -157,6 +159,10 @@ pub struct Plan {
     /// observed for the blocks to write, not applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generated: Vec<Import>,
+    /// Objects that carry sparkform's labels for the definitions' addresses under another
+    /// state's lineage (a lost state): `-generate-import-out` writes the blocks that adopt them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign: Vec<Foreign>,
 }
 
 /// A run whose last recorded result failed.
@@ -262,6 +268,8 @@ pub const NOTE_LEGACY: &str = "the state holds sensitive values as unkeyed hashe
 pub struct Observations {
     pub resources: BTreeMap<String, Observed>,
     pub orphans: Vec<Orphan>,
+    /// Objects of the definitions' addresses the state lacks, under another lineage or none.
+    pub foreign: Vec<Foreign>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -475,6 +483,7 @@ pub fn plan(
             })
             .collect()
     };
+    let foreign = foreign::listed(config, state, opts.observations.as_ref(), &imports);
     let summary = summarize(&ordered, imports.len());
     let levels = changed_levels(graph, &ordered);
     let mut plan = Plan {
@@ -488,6 +497,7 @@ pub fn plan(
         failing,
         imports,
         generated,
+        foreign,
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)

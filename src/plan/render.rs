@@ -31,6 +31,7 @@ pub fn render(plan: &Plan) -> String {
             }
             render_failing(&mut out, plan);
             render_excluded(&mut out, plan);
+            render_foreign(&mut out, plan);
             return out;
         }
         out.push_str(
@@ -69,6 +70,7 @@ pub fn render(plan: &Plan) -> String {
     }
     render_failing(&mut out, plan);
     render_excluded(&mut out, plan);
+    render_foreign(&mut out, plan);
     out.push('\n');
     out.push_str(&summary_line(plan));
     out.push('\n');
@@ -111,6 +113,36 @@ fn render_failing(out: &mut String, plan: &Plan) {
         let _ = writeln!(out, "  ! {} failed ({at}): {}", f.address, f.error);
     }
     out.push_str("Run `sparkform verify` to check them now, or `sparkform apply -replace ADDRESS` to replace what they test.\n");
+}
+
+/// Objects of the definitions' addresses running under another state's lineage: what they are,
+/// and the `import` blocks that adopt them instead of creating them anew.
+fn render_foreign(out: &mut String, plan: &Plan) {
+    if plan.foreign.is_empty() {
+        return;
+    }
+    out.push_str("\nWarning: these run already with sparkform's labels for addresses the state does not record, under another state's lineage (was the state lost or replaced?):\n");
+    for f in &plan.foreign {
+        let lineage = f.lineage.as_deref().unwrap_or("none");
+        let _ = writeln!(
+            out,
+            "  ! {} on {}: {} {} ({}), lineage {lineage}",
+            f.address,
+            f.node,
+            f.kind,
+            f.name,
+            f.id.chars().take(12).collect::<String>()
+        );
+    }
+    out.push_str("This plan creates them anew, and an apply stops at the first name it finds taken. To adopt them instead, restarting nothing, write their `import` blocks with `sparkform plan -generate-import-out=FILE` (FILE in the definitions' folder, e.g. imports.hcl), then apply; the blocks are:\n");
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &plan.foreign {
+        if seen.insert(f.address.as_str()) {
+            for line in f.import_block().lines() {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+    }
 }
 
 /// The objects an apply adopts before its steps, and whether what runs already matches.

@@ -7,6 +7,12 @@
 //!
 //! The calls are synchronous, as the local file's: each runs on a thread of its own with a
 //! small runtime, so they work alike from plain code and from inside the commands' runtime.
+//! They share one connection (one server backend, one TLS session) per backend, that is per
+//! command run: opened at the first call (the tables checked, and created when missing, once),
+//! driven by a thread of its own until the last user lets go. The lock is held on it too, so a
+//! connection lost while the lock is held is never opened again behind the lock's back: every
+//! later call fails, and the apply stops with the state as of its last write. Statements go
+//! with their parameter types (no prepare round trip); the lock's status is one statement.
 //! TLS (rustls, the server's certificate checked against the system's roots and the file
 //! `SPARKFORM_PG_CA_FILE` or `PGSSLROOTCERT` names): required for a server that is not on a
 //! unix socket or a loopback address (plain only with `SPARKFORM_PG_ALLOW_PLAINTEXT=1`); on this
@@ -18,7 +24,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+
 use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -40,7 +49,38 @@ pub(crate) struct PgBackend {
     tls: Option<MakeRustlsConnect>,
     /// Where a local state would be: one there while the row is missing is refused.
     local_file: PathBuf,
+    /// The connection every call of this run shares, once opened.
+    session: Arc<Mutex<Option<Session>>>,
+    /// The connection being opened, from the moment the backend is made (it opens while the
+    /// command evaluates the definitions); the first call waits for it.
+    opening: Mutex<Option<Opening>>,
 }
+
+/// A connection being opened on its thread.
+type Opening = std::sync::mpsc::Receiver<Result<Conn, StateError>>;
+
+/// A connection, and the runtime (on its own thread) that drives it and runs every call on it.
+#[derive(Clone)]
+struct Conn {
+    client: Arc<Client>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// The run's connection, and the lock held on it.
+struct Session {
+    conn: Conn,
+    /// The holder of the advisory lock this connection holds, if it holds it.
+    locked: Option<LockInfo>,
+    /// The tables were found or created on it (what a write or the lock needs first; a read
+    /// takes a missing table for no state).
+    tables: bool,
+}
+
+/// `SCHEMA.states`, `SCHEMA.locks`, `SCHEMA`, quoted.
+type Tables = (String, String, String);
+
+/// One statement parameter with its type, so a statement needs no prepare round trip.
+type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 impl std::fmt::Debug for PgBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -159,11 +199,14 @@ impl PgBackend {
         };
         config.application_name("sparkform");
         config.connect_timeout(Duration::from_secs(10));
+        let opening = start_session(&config, tls.clone());
         Ok(PgBackend {
             target,
             config,
             tls,
             local_file,
+            session: Arc::new(Mutex::new(None)),
+            opening: Mutex::new(Some(opening)),
         })
     }
 
@@ -190,20 +233,87 @@ impl PgBackend {
         &self.target.workspace
     }
 
-    /// Runs `call` on a connection of its own, on a thread of its own.
+    fn tables(&self) -> Tables {
+        (self.table("states"), self.table("locks"), self.schema())
+    }
+
+    /// The run's connection: the one open, or a new one when there is none or it closed
+    /// without holding the lock. One that held the lock and closed is an error: the lock went
+    /// with it, and another run may hold it now.
+    fn client(&self) -> Result<(Conn, Option<LockInfo>), StateError> {
+        let mut session = self
+            .session
+            .lock()
+            .map_err(|_| backend_error("the PostgreSQL session was poisoned by a panic"))?;
+        if let Some(open) = session.as_ref() {
+            if !open.conn.client.is_closed() {
+                return Ok((open.conn.clone(), open.locked.clone()));
+            }
+            if open.locked.is_some() {
+                return Err(lost_lock());
+            }
+        }
+        let pending = self.opening.lock().ok().and_then(|mut o| o.take());
+        let pending = pending.unwrap_or_else(|| start_session(&self.config, self.tls.clone()));
+        let conn = pending
+            .recv()
+            .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client's thread ended early")))?;
+        *session = Some(Session {
+            conn: conn.clone(),
+            locked: None,
+            tables: false,
+        });
+        Ok((conn, None))
+    }
+
+    /// The tables, checked (and created when missing) once per connection: before a write or
+    /// the lock.
+    fn ensure_tables(&self) -> Result<(), StateError> {
+        let (conn, _) = self.client()?;
+        let client = conn.client.clone();
+        let ready = |s: &Mutex<Option<Session>>| {
+            s.lock().ok().is_some_and(|s| {
+                s.as_ref()
+                    .is_some_and(|o| o.tables && Arc::ptr_eq(&o.conn.client, &client))
+            })
+        };
+        if ready(&self.session) {
+            return Ok(());
+        }
+        let tables = self.tables();
+        let c = client.clone();
+        run_on(&conn, async move { ensure_tables(&c, &tables).await })?;
+        if let Ok(mut s) = self.session.lock() {
+            if let Some(open) = s.as_mut().filter(|o| Arc::ptr_eq(&o.conn.client, &client)) {
+                open.tables = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `call` on the run's connection, on the thread that drives it.
     fn call<T, F, Fut>(&self, call: F) -> Result<T, StateError>
     where
-        T: Send,
-        F: FnOnce(Client) -> Fut + Send,
-        Fut: Future<Output = Result<T, StateError>> + Send,
+        T: Send + 'static,
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, StateError>> + Send + 'static,
     {
-        let (config, tls) = (&self.config, self.tls.clone());
-        let tables = (self.table("states"), self.table("locks"), self.schema());
-        on_own_runtime(async move {
-            let client = connect(config, tls).await?;
-            ensure_tables(&client, &tables).await?;
-            call(client).await
+        let (conn, locked) = self.client()?;
+        run_on(&conn, call(conn.client.clone())).map_err(|e| {
+            match (conn.client.is_closed(), locked) {
+                (true, Some(_)) => lost_lock(),
+                _ => e,
+            }
         })
+    }
+
+    /// Marks the session's lock as held by `info`, or given back (`None`).
+    fn set_locked(session: &Mutex<Option<Session>>, client: &Arc<Client>, info: Option<LockInfo>) {
+        if let Ok(mut s) = session.lock() {
+            if let Some(open) = s.as_mut().filter(|o| Arc::ptr_eq(&o.conn.client, client)) {
+                open.locked = info;
+            }
+        }
     }
 
     fn schema(&self) -> String {
@@ -217,9 +327,9 @@ impl PgBackend {
         workspace: &str,
     ) -> Result<Option<(u64, String)>, StateError> {
         let row = client
-            .query_opt(
+            .query_typed_opt(
                 &format!("SELECT serial, lineage FROM {states} WHERE workspace = $1"),
-                &[&workspace],
+                &[(&workspace, Type::TEXT)],
             )
             .await
             .map_err(query_error)?;
@@ -230,42 +340,157 @@ impl PgBackend {
         self.place()
     }
 
-    /// The holder row, and whether the advisory lock is held by some session.
+    /// The holder row, and whether the advisory lock is held by some session (this run's
+    /// included): one statement.
     fn holder(&self) -> Result<(Option<LockInfo>, bool), StateError> {
+        if let Some(ours) = self.client()?.1 {
+            return Ok((Some(ours), true));
+        }
         let locks = self.table("locks");
         let key = self.lock_key();
         let workspace = self.workspace().to_string();
         self.call(move |client| async move {
-            let info = read_holder(&client, &locks, &workspace).await?;
-            Ok((info, lock_held(&client, key).await?))
+            // Taken and given back at once when free (a writer starting in that instant finds
+            // the state locked and can retry).
+            let row = client
+                .query_typed_one(
+                    &format!(
+                        "SELECT CASE WHEN pg_try_advisory_lock($2) THEN NOT pg_advisory_unlock($2) ELSE true END, l.id, l.host, l.pid, l.started, l.operation, l.version FROM (SELECT 1) AS one LEFT JOIN {locks} AS l ON l.workspace = $1"
+                    ),
+                    &[(&workspace, Type::TEXT), (&key, Type::INT8)],
+                )
+                .await;
+            // No tables yet: nothing was ever locked (the lock creates them first).
+            let row = match row {
+                Err(e) if no_tables(&e) => return Ok((None, false)),
+                r => r.map_err(query_error)?,
+            };
+            Ok((holder_of(&row), row.get::<_, bool>(0)))
         })
     }
 }
 
-async fn connect(config: &Config, tls: Option<MakeRustlsConnect>) -> Result<Client, StateError> {
+/// The schema or its tables do not exist (no state was ever written there).
+fn no_tables(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME
+    )
+}
+
+fn lost_lock() -> StateError {
+    backend_error("the connection to PostgreSQL that held the state lock was lost, and the lock with it: nothing more is written in this run (the state is as of its last write)")
+}
+
+/// Opens a connection on a thread of its own, whose runtime drives it (and runs the calls on
+/// it) until the last [`Client`] is dropped; what it comes to arrives on the receiver.
+fn start_session(config: &Config, tls: Option<MakeRustlsConnect>) -> Opening {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let config = config.clone();
+    let failed = ready_tx.clone();
+    let spawned = std::thread::Builder::new()
+        .name("sparkform-pg".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(backend_error(format!(
+                        "cannot start the PostgreSQL client: {e}"
+                    ))));
+                    return;
+                }
+            };
+            let runtime = rt.handle().clone();
+            rt.block_on(async move {
+                let opened = tokio::time::timeout(CALL_TIMEOUT, connect(&config, tls))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(backend_error(format!(
+                            "PostgreSQL did not answer within {} s",
+                            CALL_TIMEOUT.as_secs()
+                        )))
+                    });
+                match opened {
+                    Ok((client, driver)) => {
+                        let conn = Conn {
+                            client: Arc::new(client),
+                            runtime,
+                        };
+                        if ready_tx.send(Ok(conn)).is_ok() {
+                            driver.await;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        let _ = failed.send(Err(backend_error(format!(
+            "cannot start the PostgreSQL client's thread: {e}"
+        ))));
+    }
+    ready_rx
+}
+
+/// `fut` on `conn`'s runtime, bounded by [`CALL_TIMEOUT`]; this thread waits for it.
+fn run_on<T: Send + 'static>(
+    conn: &Conn,
+    fut: impl Future<Output = Result<T, StateError>> + Send + 'static,
+) -> Result<T, StateError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    conn.runtime.spawn(async move {
+        let done = tokio::time::timeout(CALL_TIMEOUT, fut)
+            .await
+            .unwrap_or_else(|_| {
+                Err(backend_error(format!(
+                    "PostgreSQL did not answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                )))
+            });
+        let _ = tx.send(done);
+    });
+    rx.recv().unwrap_or_else(|_| {
+        Err(backend_error(
+            "the connection to PostgreSQL closed during the call",
+        ))
+    })
+}
+
+/// What drives a connection: it ends when the connection does.
+type Driver = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+async fn connect(
+    config: &Config,
+    tls: Option<MakeRustlsConnect>,
+) -> Result<(Client, Driver), StateError> {
     let failed = |e: tokio_postgres::Error| {
         use std::error::Error;
         // The cause says why (a certificate not trusted, a refused password); never the password.
         let cause = e.source().map(|c| format!(": {c}")).unwrap_or_default();
         backend_error(format!("cannot connect to PostgreSQL: {e}{cause}"))
     };
-    let client = match tls {
+    Ok(match tls {
         Some(tls) => {
             let (client, connection) = config.connect(tls).await.map_err(failed)?;
-            tokio::spawn(async move {
+            let driver: Driver = Box::pin(async move {
                 let _ = connection.await;
             });
-            client
+            (client, driver)
         }
         None => {
             let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
-            tokio::spawn(async move {
+            let driver: Driver = Box::pin(async move {
                 let _ = connection.await;
             });
-            client
+            (client, driver)
         }
-    };
-    Ok(client)
+    })
 }
 
 /// rustls with ring, the system's roots and the CA file the environment names.
@@ -315,9 +540,9 @@ async fn ensure_tables(
     (states, locks, schema): &(String, String, String),
 ) -> Result<(), StateError> {
     let present = client
-        .query_one(
+        .query_typed_one(
             "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-            &[states, locks],
+            &[(states, Type::TEXT), (locks, Type::TEXT)],
         )
         .await
         .map_err(query_error)?;
@@ -352,71 +577,20 @@ async fn ensure_tables(
         .map_err(query_error)
 }
 
-async fn read_holder(
-    client: &Client,
-    locks: &str,
-    workspace: &str,
-) -> Result<Option<LockInfo>, StateError> {
-    let row = client
-        .query_opt(
-            &format!(
-                "SELECT id, host, pid, started, operation, version FROM {locks} WHERE workspace = $1"
-            ),
-            &[&workspace],
-        )
-        .await
-        .map_err(query_error)?;
-    Ok(row.map(|r| LockInfo {
-        id: r.get(0),
-        host: r.get(1),
-        pid: u32::try_from(r.get::<_, i64>(2)).unwrap_or(0),
-        started: r.get(3),
-        operation: r.get(4),
-        version: r.get(5),
-    }))
-}
-
-/// Whether a session holds the advisory lock: taken and given back at once when free (a
-/// writer starting in that instant finds the state locked and can retry).
-async fn lock_held(client: &Client, key: i64) -> Result<bool, StateError> {
-    let got: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
-        .await
-        .map_err(query_error)?
-        .get(0);
-    if got {
-        client
-            .query_one("SELECT pg_advisory_unlock($1)", &[&key])
-            .await
-            .map_err(query_error)?;
-    }
-    Ok(!got)
-}
-
-/// `fut` on a current-thread runtime of its own thread, bounded by [`CALL_TIMEOUT`].
-fn on_own_runtime<T: Send>(
-    fut: impl Future<Output = Result<T, StateError>> + Send,
-) -> Result<T, StateError> {
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| backend_error(format!("cannot start the PostgreSQL client: {e}")))?;
-            rt.block_on(async {
-                tokio::time::timeout(CALL_TIMEOUT, fut)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(backend_error(format!(
-                            "PostgreSQL did not answer within {} s",
-                            CALL_TIMEOUT.as_secs()
-                        )))
-                    })
-            })
-        });
-        worker
-            .join()
-            .unwrap_or_else(|_| Err(backend_error("the PostgreSQL client thread panicked")))
+/// The holder row in columns 1 to 6 of `row` (a LEFT JOIN: none when the id is null).
+fn holder_of(row: &tokio_postgres::Row) -> Option<LockInfo> {
+    let id = row.try_get::<_, Option<String>>(1).ok().flatten()?;
+    Some(LockInfo {
+        id,
+        host: row.try_get(2).unwrap_or_default(),
+        pid: row
+            .try_get::<_, i64>(3)
+            .ok()
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0),
+        started: row.try_get(4).unwrap_or_default(),
+        operation: row.try_get(5).unwrap_or_default(),
+        version: row.try_get(6).unwrap_or_default(),
     })
 }
 
@@ -437,13 +611,17 @@ impl Backend for PgBackend {
         let workspace = self.workspace().to_string();
         let doc = self.call(move |client| async move {
             let row = client
-                .query_opt(
+                .query_typed_opt(
                     &format!("SELECT document FROM {states} WHERE workspace = $1"),
-                    &[&workspace],
+                    &[(&workspace, Type::TEXT)],
                 )
-                .await
-                .map_err(query_error)?;
-            Ok(row.map(|r| r.get::<_, String>(0).into_bytes()))
+                .await;
+            match row {
+                Err(e) if no_tables(&e) => Ok(None),
+                r => Ok(r
+                    .map_err(query_error)?
+                    .map(|r| r.get::<_, String>(0).into_bytes())),
+            }
         })?;
         if doc.is_none() && self.local_file.exists() {
             return Err(StateError::StillLocal {
@@ -464,17 +642,22 @@ impl Backend for PgBackend {
         let text = String::from_utf8(doc.to_vec())
             .map_err(|_| backend_error("the state document is not UTF-8 text"))?;
         let serial_db = i64::try_from(serial).map_err(|_| backend_error("serial overflow"))?;
+        self.ensure_tables()?;
         let states = self.table("states");
         let workspace = self.workspace().to_string();
         let lineage = lineage.to_string();
         let place = self.describe();
         self.call(move |client| async move {
-            let params_new: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&workspace, &serial_db, &lineage, &text];
+            let params_new: [Param; 4] = [
+                (&workspace, Type::TEXT),
+                (&serial_db, Type::INT8),
+                (&lineage, Type::TEXT),
+                (&text, Type::TEXT),
+            ];
             let (changed, read_serial) = match &expect {
                 Expect::Absent => (
                     client
-                        .execute(
+                        .execute_typed(
                             &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO NOTHING"),
                             &params_new,
                         )
@@ -486,9 +669,16 @@ impl Backend for PgBackend {
                     let read_db = i64::try_from(*read).map_err(|_| backend_error("serial overflow"))?;
                     (
                         client
-                            .execute(
+                            .execute_typed(
                                 &format!("UPDATE {states} SET previous = document, document = $4, serial = $2, lineage = $3, updated = now() WHERE workspace = $1 AND serial = $5 AND lineage = $6"),
-                                &[&workspace, &serial_db, &lineage, &text, &read_db, read_lineage],
+                                &[
+                                    (&workspace, Type::TEXT),
+                                    (&serial_db, Type::INT8),
+                                    (&lineage, Type::TEXT),
+                                    (&text, Type::TEXT),
+                                    (&read_db, Type::INT8),
+                                    (read_lineage, Type::TEXT),
+                                ],
                             )
                             .await
                             .map_err(query_error)?,
@@ -497,7 +687,7 @@ impl Backend for PgBackend {
                 }
                 Expect::Any => (
                     client
-                        .execute(
+                        .execute_typed(
                             &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO UPDATE SET previous = {states}.document, document = EXCLUDED.document, serial = EXCLUDED.serial, lineage = EXCLUDED.lineage, updated = now()"),
                             &params_new,
                         )
@@ -525,78 +715,71 @@ impl Backend for PgBackend {
         let states = self.table("states");
         let workspace = self.workspace().to_string();
         let aside = format!("{workspace}.migrated");
+        self.ensure_tables()?;
         self.call(move |client| async move {
             client.batch_execute("BEGIN").await.map_err(query_error)?;
-            client
-                .execute(
-                    &format!("DELETE FROM {states} WHERE workspace = $1"),
-                    &[&aside],
-                )
-                .await
-                .map_err(query_error)?;
-            client
-                .execute(
-                    &format!("UPDATE {states} SET workspace = $2 WHERE workspace = $1"),
-                    &[&workspace, &aside],
-                )
-                .await
-                .map_err(query_error)?;
-            client.batch_execute("COMMIT").await.map_err(query_error)
+            let moved = async {
+                client
+                    .execute_typed(
+                        &format!("DELETE FROM {states} WHERE workspace = $1"),
+                        &[(&aside, Type::TEXT)],
+                    )
+                    .await?;
+                client
+                    .execute_typed(
+                        &format!("UPDATE {states} SET workspace = $2 WHERE workspace = $1"),
+                        &[(&workspace, Type::TEXT), (&aside, Type::TEXT)],
+                    )
+                    .await
+            }
+            .await;
+            match moved {
+                Ok(_) => client.batch_execute("COMMIT").await.map_err(query_error),
+                Err(e) => {
+                    // The connection serves the rest of the run: no transaction left open.
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    Err(query_error(e))
+                }
+            }
         })
     }
 
     fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
         let info = LockInfo::new(operation);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let config = self.config.clone();
-        let tls = self.tls.clone();
-        let tables = (self.table("states"), self.table("locks"), self.schema());
+        let (conn, held) = self.client()?;
+        let client = conn.client.clone();
+        if let Some(holder) = held {
+            // This run holds it already (the advisory lock would be taken again on the same
+            // connection): a second holder in one run is refused as one in another run is.
+            return Err(StateError::Locked {
+                path: self.lock_place(),
+                holder: Box::new(holder),
+            });
+        }
+        self.ensure_tables()?;
+        let locks = self.table("locks");
         let key = self.lock_key();
         let workspace = self.workspace().to_string();
         let place = self.lock_place();
         let ours = info.clone();
-        let thread = std::thread::Builder::new()
-            .name("sparkform-pg-lock".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(backend_error(format!(
-                            "cannot start the PostgreSQL client: {e}"
-                        ))));
-                        return;
-                    }
-                };
-                rt.block_on(hold_lock(
-                    (config, tls),
-                    tables,
-                    key,
-                    workspace,
-                    place,
-                    ours,
-                    ready_tx,
-                    release_rx,
-                ));
-            })
-            .map_err(|e| backend_error(format!("cannot start the lock's thread: {e}")))?;
-        let took_over = match ready_rx.recv() {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(e);
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(backend_error("the PostgreSQL lock's thread ended early"));
-            }
-        };
+        let taking = client.clone();
+        let took_over = run_on(&conn, async move {
+            take_lock(&taking, &locks, key, &workspace, place, &ours).await
+        })
+        .map_err(|e| match client.is_closed() {
+            true => backend_error(format!(
+                "the connection to PostgreSQL was lost while taking the lock: {e}"
+            )),
+            false => e,
+        })?;
+        Self::set_locked(&self.session, &client, Some(info.clone()));
         let held = PgLock {
-            release: Some(release_tx),
-            thread: Some(thread),
+            conn: Some(conn),
+            session: self.session.clone(),
+            locks: self.table("locks"),
+            workspace: self.workspace().to_string(),
+            id: info.id.clone(),
+            key,
         };
         Ok(StateLock::remote(
             Box::new(held),
@@ -634,17 +817,17 @@ impl Backend for PgBackend {
                 // `-force` on a live lock: its session is ended, so the lock is free, as the
                 // local file's `-force` removes a lock file its holder still has open.
                 client
-                    .execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1",
-                        &[&key],
+                    .execute_typed(
+                        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND ((classid::int8 << 32) | objid::int8) = $1 AND pid <> pg_backend_pid()",
+                        &[(&key, Type::INT8)],
                     )
                     .await
                     .map_err(query_error)?;
             }
             client
-                .execute(
+                .execute_typed(
                     &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
-                    &[&workspace, &id],
+                    &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
                 )
                 .await
                 .map_err(query_error)?;
@@ -667,100 +850,107 @@ impl Backend for PgBackend {
     }
 }
 
-/// The lock's connection: takes the advisory lock, records the holder, says so on `ready`,
-/// then holds both until `release` (or its sender's drop), and gives them back.
-#[allow(clippy::too_many_arguments)]
-async fn hold_lock(
-    (config, tls): (Config, Option<MakeRustlsConnect>),
-    tables: (String, String, String),
+/// Takes the advisory lock on the run's connection and records the holder: the holder row a
+/// killed run left, if any. Refused, naming the holder, when another session holds it.
+async fn take_lock(
+    client: &Client,
+    locks: &str,
     key: i64,
-    workspace: String,
+    workspace: &str,
     place: PathBuf,
-    ours: LockInfo,
-    ready: std::sync::mpsc::Sender<Result<Option<LockInfo>, StateError>>,
-    release: tokio::sync::oneshot::Receiver<()>,
-) {
-    let locks = tables.1.clone();
-    let taken = tokio::time::timeout(CALL_TIMEOUT, async {
-        let client = connect(&config, tls).await?;
-        ensure_tables(&client, &tables).await?;
-        let got: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
-            .await
-            .map_err(query_error)?
-            .get(0);
-        let previous = read_holder(&client, &locks, &workspace).await?;
-        if !got {
-            return Err(match previous {
-                Some(holder) => StateError::Locked {
-                    path: place,
-                    holder: Box::new(holder),
-                },
-                None => StateError::LockBusy { path: place },
-            });
-        }
-        // We hold it: a holder row left is a killed run's.
-        let pid = i64::from(ours.pid);
-        client
-            .execute(
-                &format!("INSERT INTO {locks} (workspace, id, host, pid, started, operation, version) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (workspace) DO UPDATE SET id = EXCLUDED.id, host = EXCLUDED.host, pid = EXCLUDED.pid, started = EXCLUDED.started, operation = EXCLUDED.operation, version = EXCLUDED.version"),
-                &[&workspace, &ours.id, &ours.host, &pid, &ours.started, &ours.operation, &ours.version],
-            )
-            .await
-            .map_err(query_error)?;
-        Ok((client, previous))
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(backend_error(format!(
-            "PostgreSQL did not give the lock within {} s",
-            CALL_TIMEOUT.as_secs()
-        )))
-    });
-    let client = match taken {
-        Ok((client, previous)) => {
-            if ready.send(Ok(previous)).is_err() {
-                return;
-            }
-            client
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    let _ = release.await;
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        let _ = client
-            .execute(
-                &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
-                &[&workspace, &ours.id],
-            )
-            .await;
-        let _ = client
-            .query_one("SELECT pg_advisory_unlock($1)", &[&key])
-            .await;
-    })
-    .await;
-    // Dropping the client and the runtime closes the connection.
+    ours: &LockInfo,
+) -> Result<Option<LockInfo>, StateError> {
+    let workspace = workspace.to_string();
+    // Taken, and the holder row read, in one statement.
+    let row = client
+        .query_typed_one(
+            &format!("SELECT pg_try_advisory_lock($2), l.id, l.host, l.pid, l.started, l.operation, l.version FROM (SELECT 1) AS one LEFT JOIN {locks} AS l ON l.workspace = $1"),
+            &[(&workspace, Type::TEXT), (&key, Type::INT8)],
+        )
+        .await
+        .map_err(query_error)?;
+    let got: bool = row.get(0);
+    let previous = holder_of(&row);
+    if !got {
+        return Err(match previous {
+            Some(holder) => StateError::Locked {
+                path: place,
+                holder: Box::new(holder),
+            },
+            None => StateError::LockBusy { path: place },
+        });
+    }
+    // We hold it: a holder row left is a killed run's.
+    let pid = i64::from(ours.pid);
+    client
+        .execute_typed(
+            &format!("INSERT INTO {locks} (workspace, id, host, pid, started, operation, version) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (workspace) DO UPDATE SET id = EXCLUDED.id, host = EXCLUDED.host, pid = EXCLUDED.pid, started = EXCLUDED.started, operation = EXCLUDED.operation, version = EXCLUDED.version"),
+            &[
+                (&workspace, Type::TEXT),
+                (&ours.id, Type::TEXT),
+                (&ours.host, Type::TEXT),
+                (&pid, Type::INT8),
+                (&ours.started, Type::TEXT),
+                (&ours.operation, Type::TEXT),
+                (&ours.version, Type::TEXT),
+            ],
+        )
+        .await
+        .map_err(query_error)?;
+    Ok(previous)
 }
 
-/// The held lock: its thread and the way to tell it to let go.
-#[derive(Debug)]
+/// The held lock: the connection it is held on, and what giving it back deletes.
 struct PgLock {
-    release: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    conn: Option<Conn>,
+    session: Arc<Mutex<Option<Session>>>,
+    locks: String,
+    workspace: String,
+    id: String,
+    key: i64,
+}
+
+impl std::fmt::Debug for PgLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLock")
+            .field("workspace", &self.workspace)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RemoteLock for PgLock {
     fn release(&mut self) -> Result<(), StateError> {
-        if let Some(tx) = self.release.take() {
-            let _ = tx.send(());
+        let Some(conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let client = conn.client.clone();
+        // A connection that closed gave the lock back with it.
+        if !client.is_closed() {
+            let (locks, workspace, id, key) = (
+                self.locks.clone(),
+                self.workspace.clone(),
+                self.id.clone(),
+                self.key,
+            );
+            let c = client.clone();
+            let _ = run_on(&conn, async move {
+                let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                    let _ = c
+                        .execute_typed(
+                            &format!("DELETE FROM {locks} WHERE workspace = $1 AND id = $2"),
+                            &[(&workspace, Type::TEXT), (&id, Type::TEXT)],
+                        )
+                        .await;
+                    let _ = c
+                        .query_typed_one("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
+                        .await;
+                })
+                .await;
+                Ok(())
+            });
         }
-        if let Some(t) = self.thread.take() {
-            t.join()
-                .map_err(|_| backend_error("the PostgreSQL lock's thread panicked"))?;
-        }
+        PgBackend::set_locked(&self.session, &client, None);
         Ok(())
     }
 }

@@ -41,6 +41,8 @@ pub struct Pg {
     pub conn: String,
     /// With [`Pg::start_tls`]: `host=127.0.0.1 port=P … sslmode=require`.
     pub tcp_conn: Option<String>,
+    /// The server's options (`pg_ctl -o`), for [`Pg::start_again`].
+    options: String,
 }
 
 fn is_root() -> bool {
@@ -95,6 +97,7 @@ impl Pg {
             bin,
             user,
             tcp_conn: None,
+            options: String::new(),
         };
         let data = pg.data();
         let out = pg.run(
@@ -123,11 +126,28 @@ impl Pg {
         } else {
             options.push_str(" -c listen_addresses=''");
         }
-        let log = pg.dir.path().join("server.log").display().to_string();
-        let out = pg.run(
+        pg.options = options;
+        pg.start_again();
+        pg
+    }
+
+    /// Starts the server (again, after [`Pg::stop`]), on the same socket and data.
+    pub fn start_again(&self) {
+        let data = self.data();
+        let log = self.dir.path().join("server.log").display().to_string();
+        let out = self.run(
             "pg_ctl",
             &[
-                "-D", &data, "-l", &log, "-w", "-t", "60", "-o", &options, "start",
+                "-D",
+                &data,
+                "-l",
+                &log,
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &self.options,
+                "start",
             ],
         );
         assert!(
@@ -136,7 +156,18 @@ impl Pg {
             text(&out),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        pg
+    }
+
+    /// Stops the server (`-m fast`: every connection is ended at once, what was committed is
+    /// kept; `immediate` would lose it, the cluster runs with fsync and synchronous commit off).
+    pub fn stop(&self) {
+        let data = self.data();
+        let out = self.run("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
+        assert!(
+            out.status.success(),
+            "the server did not stop: {}",
+            text(&out)
+        );
     }
 
     /// A self-signed certificate and key owned by the server's user, a pg_hba with `local`

@@ -20,6 +20,7 @@ mod keyed_hashes;
 mod launchers;
 mod layering;
 mod llm_stack;
+mod lost_state;
 mod machine_faults;
 mod model_kind;
 mod observed_facts;

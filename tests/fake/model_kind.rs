@@ -423,6 +423,7 @@ fn a_new_commit_with_an_untracked_copy_of_a_weights_user_plans_steps_that_can_al
             name: "sparkform-vllm".into(),
             id: "0123456789ab0123456789ab".into(),
         }],
+        foreign: Vec::new(),
     };
     let p = plan::plan(
         &c2,

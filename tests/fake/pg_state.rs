@@ -545,3 +545,161 @@ fn pg_an_apply_killed_after_a_journal_write_leaves_a_whole_state_and_no_lock() {
     store.write(&mut next).unwrap();
     assert_eq!(next.serial, state.serial + 1);
 }
+
+const CHAIN: &str = r#"
+node "n1" {
+  address    = "10.0.0.1"
+  gpus       = 1
+  memory_gib = 128
+}
+container "a" {
+  node    = node.n1
+  name    = "a"
+  image   = "img:1"
+  command = ["a"]
+}
+container "b" {
+  node       = node.n1
+  name       = "b"
+  image      = "img:1"
+  command    = ["b"]
+  depends_on = [container.a]
+  ready {
+    exec     = ["check"]
+    timeout  = "60s"
+    interval = "1s"
+  }
+}
+container "c" {
+  node       = node.n1
+  name       = "c"
+  image      = "img:1"
+  command    = ["c"]
+  depends_on = [container.b]
+}
+"#;
+
+/// `sparkform apply DIR -auto-approve` of `dir` on `fakes`, the state in `store`.
+async fn apply_on(
+    dir: &Path,
+    store: StateStore,
+    fakes: &sparkform::hosts::fake::FakeNodes,
+) -> sparkform::apply::ApplyOutcome {
+    let hosts = HostOptions {
+        fake: Some(fakes.clone()),
+        ..HostOptions::default()
+    };
+    let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let prepared = prepare(
+        PrepareRequest {
+            evaluated: sparkform::ops::definitions::load(
+                &sparkform::workspace::Workspace::new(dir, None),
+                &sparkform::config::VarInputs::default(),
+            )
+            .unwrap_or_else(|e| panic!("{e:?}")),
+            lockfile_readonly: false,
+            store,
+            source: Source::Definitions {
+                refresh: ReadMode::Normal,
+                options: PlanOptions::default(),
+            },
+            hosts: hosts.clone(),
+        },
+        &events,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    prepared
+        .apply(
+            sparkform::ops::apply::RunOptions {
+                parallelism: 4,
+                rollback: true,
+                hosts,
+            },
+            events,
+            CancellationToken::new(),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+async fn pg_stopped_mid_apply_stops_the_apply_loses_nothing_and_the_next_apply_converges() {
+    use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+    let pg = Pg::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("main.hcl"), CHAIN).unwrap();
+    let engine = Arc::new(FakeDocker::start().unwrap());
+    // b is not ready until the test says so: PostgreSQL stops while it waits.
+    engine.fault("b", Fault::ExecExits("check".into(), 1, "not yet".into()));
+    let host = FakeHost::new("node.n1", &FakeWorld::new()).docker_engine(engine.clone());
+    let fakes = sparkform::hosts::fake::FakeNodes::new(
+        [(
+            "node.n1".to_string(),
+            Arc::new(host) as Arc<dyn sparkform::hosts::Host>,
+        )]
+        .into_iter()
+        .collect(),
+    );
+    // The tables (what the lock creates first), so the watch below can read them.
+    drop(pg_store(&pg, dir.path(), "default").lock("test").unwrap());
+    let recorded = |pg: &Pg| {
+        pg.psql("SELECT coalesce(max(serial), 0) || ' ' || coalesce(bool_or(document LIKE '%\"container.a\"%'), false) FROM sparkform.states WHERE workspace = 'default'")
+    };
+    let stop_when_a_is_recorded = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = recorded(&pg);
+            if now.ends_with("true") {
+                pg.stop();
+                engine.heal();
+                return now;
+            }
+            assert!(Instant::now() < deadline, "a was never recorded: {now}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (outcome, at_stop) = tokio::join!(
+        apply_on(dir.path(), pg_store(&pg, dir.path(), "default"), &fakes),
+        stop_when_a_is_recorded
+    );
+    assert!(!outcome.ok, "the apply stops");
+    let error = outcome.state_error.clone().unwrap_or_default();
+    assert!(error.contains("PostgreSQL"), "{error}");
+    assert!(
+        engine.container("c").is_none(),
+        "nothing after the lost write ran: {:?}",
+        outcome.not_run
+    );
+    assert!(
+        outcome.failures.iter().any(|(a, _)| a == "container.b"),
+        "{:?}",
+        outcome.failures
+    );
+
+    // Nothing lost: the row is whole, as of the last write that went through.
+    pg.start_again();
+    assert_eq!(recorded(&pg), at_stop, "no write after the stop");
+    let store = pg_store(&pg, dir.path(), "default");
+    let state = store.load().unwrap().expect("a state");
+    assert!(state.resources.contains_key("container.a"));
+    assert!(!state.resources.contains_key("container.c"));
+
+    // The next apply converges, and then there is nothing to do.
+    let again = apply_on(dir.path(), store.clone(), &fakes).await;
+    assert!(again.ok, "{:?} {:?}", again.failures, again.state_error);
+    let state = store.load().unwrap().unwrap();
+    for c in ["container.a", "container.b", "container.c"] {
+        assert!(state.resources.contains_key(c), "{c} recorded");
+    }
+    for name in ["a", "b", "c"] {
+        assert!(engine.container(name).is_some_and(|c| c.running), "{name}");
+    }
+    let last = apply_on(dir.path(), store.clone(), &fakes).await;
+    assert!(
+        last.ok && last.ran.create + last.ran.replace == 0,
+        "{:?}",
+        last.ran
+    );
+    assert!(matches!(store.lock_status(), Ok(LockStatus::Free)));
+}

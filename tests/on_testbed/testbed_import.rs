@@ -405,3 +405,86 @@ import {
         "docker rm -f sparkform-import-sleeper >/dev/null 2>&1",
     );
 }
+
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn a_lost_state_is_adopted_back_with_generated_import_blocks_without_a_restart() {
+    let tb = testbed();
+    tb.clear_leftovers();
+    let tmp = tempfile::tempdir().unwrap();
+    example_copy(tmp.path());
+    let dir = tmp.path().to_str().unwrap().to_string();
+    let state = tmp.path().join("state.json");
+    let st = state.to_str().unwrap().to_string();
+    let (code, out, err) = sparkform(&["apply", &dir, "-auto-approve", "-state", &st]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let containers = [
+        ("sf-node1", "sparkform-ray-head"),
+        ("sf-node2", "sparkform-ray-worker-node2"),
+        ("sf-node1", "sparkform-vllm"),
+    ];
+    let before = containers.map(|(n, c)| started(&tb, n, c));
+    let lineage: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let lineage = lineage["lineage"].as_str().unwrap().to_string();
+
+    // The state is lost: the plan names what runs under its lineage.
+    std::fs::remove_file(&state).unwrap();
+    let _ = std::fs::remove_file(tmp.path().join("state.json.backup"));
+    let p = plan_json(&dir, &st, &[]);
+    let mut listed: Vec<(String, String)> = p["plan"]["foreign"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    (
+                        f["address"].as_str().unwrap_or_default().to_string(),
+                        f["lineage"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    listed.sort();
+    let mut wanted = [HEAD, VLLM, WORKER]
+        .map(|a| (a.to_string(), lineage.clone()))
+        .to_vec();
+    wanted.sort();
+    assert_eq!(listed, wanted, "{p:#}");
+    let (code, text, err) = sparkform(&["plan", &dir, "-state", &st]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains(&format!("! {VLLM} on node.node1: container sparkform-vllm")),
+        "{text}"
+    );
+    assert!(text.contains("-generate-import-out=FILE"), "{text}");
+
+    // One command writes the blocks; the apply adopts, restarting nothing.
+    let imports = tmp.path().join("imports.hcl");
+    let out_arg = format!("-generate-import-out={}", imports.display());
+    let (code, out, err) = sparkform(&["plan", &dir, "-state", &st, &out_arg]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let written = std::fs::read_to_string(&imports).unwrap();
+    assert_eq!(written.matches("import {").count(), 3, "{written}");
+    let p = plan_json(&dir, &st, &[]);
+    assert_eq!(
+        p["plan"]["imports"].as_array().map(Vec::len),
+        Some(3),
+        "{p:#}"
+    );
+    for a in ["update", "replace", "delete"] {
+        assert_eq!(actions(&p, a), Vec::<String>::new(), "{a}: {p:#}");
+    }
+    let (code, out, err) = sparkform(&["apply", &dir, "-auto-approve", "-state", &st]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        before,
+        containers.map(|(n, c)| started(&tb, n, c)),
+        "a container was restarted"
+    );
+    let (code, out, err) = sparkform(&["plan", &dir, "-state", &st, "-detailed-exitcode"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    let (code, out, err) = sparkform(&["destroy", &dir, "-auto-approve", "-state", &st]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    tb.clear_leftovers();
+}

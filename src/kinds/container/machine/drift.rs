@@ -97,6 +97,44 @@ pub(super) fn judge(
     (out, orphans)
 }
 
+/// The containers of `list` labelled for one of `addresses` under another lineage than
+/// `lineage` (or none): one per address and node, the one that is not set aside when there
+/// are both. Pure.
+pub(super) fn foreign_of(
+    node: &str,
+    lineage: &str,
+    addresses: &[String],
+    list: &[bollard::models::ContainerSummary],
+) -> Vec<Foreign> {
+    let mut out: Vec<Foreign> = Vec::new();
+    for c in list {
+        let labels = c.labels.as_ref();
+        let (Some(address), Some(id)) = (labels.and_then(|l| l.get(LABEL_ADDRESS)), &c.id) else {
+            continue;
+        };
+        let theirs = labels.and_then(|l| l.get(LABEL_LINEAGE));
+        if !addresses.contains(address) || theirs.map(String::as_str) == Some(lineage) {
+            continue;
+        }
+        let name = summary_name(c);
+        let found = Foreign {
+            address: address.clone(),
+            node: node.to_string(),
+            kind: crate::kinds::KindId::Container,
+            name: name.clone(),
+            id: id.clone(),
+            lineage: theirs.cloned(),
+        };
+        let aside = |n: &str| n.contains("-sparkform-old-");
+        match out.iter_mut().find(|f| f.address == *address) {
+            Some(f) if aside(&f.name) && !aside(&name) => *f = found,
+            Some(_) => {}
+            None => out.push(found),
+        }
+    }
+    out
+}
+
 pub(super) fn summary_name(c: &bollard::models::ContainerSummary) -> String {
     c.names
         .as_ref()

@@ -22,7 +22,7 @@ use crate::kinds::machine::{
     Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
-use crate::plan::{Action, Observed, Orphan};
+use crate::plan::{Action, Foreign, Observed, Orphan};
 use crate::state::ResourceState;
 
 mod aside;
@@ -81,6 +81,31 @@ fn recorded_id(cx: &StepCx<'_>) -> Option<String> {
     })
 }
 
+/// The error of a create whose name another container has: it names the `import` block that
+/// adopts that container instead (what a lost state calls for), and the other ways out.
+fn name_taken(
+    address: &str,
+    node: &str,
+    name: &str,
+    labels: &HashMap<String, String>,
+) -> StepError {
+    let whose = match (labels.get(LABEL_ADDRESS), labels.get(LABEL_LINEAGE)) {
+        (Some(a), Some(l)) if a == address => format!(
+            ": it carries sparkform's labels for {address} under another state's lineage ({l}), so the state that created it was lost or replaced"
+        ),
+        (Some(a), _) => format!(": it carries sparkform's labels for {a}"),
+        _ => String::new(),
+    };
+    let short = node.strip_prefix("node.").unwrap_or(node);
+    let block = crate::plan::import_block(address, &format!("{short}:{name}"));
+    StepError::new(format!(
+        "a container named {name} already exists on {node} and this state did not create it{whose}"
+    ))
+    .help(format!(
+        "to adopt it as {address}, restarting nothing, add this `import` block to the definitions and apply again (`sparkform plan -generate-import-out=FILE` writes one for every such container):\n{block}or remove or rename it, or give this container another `name`"
+    ))
+}
+
 /// Create, start and wait for a new container. On failure nothing of it is left.
 async fn start_new(
     cx: &StepCx<'_>,
@@ -100,10 +125,7 @@ async fn start_new(
         if labels.get(LABEL_LINEAGE).map(String::as_str) == Some(cx.lineage) {
             remove(docker, existing.id.as_deref().unwrap_or(name)).await?;
         } else {
-            return Err(StepError::new(format!(
-                "a container named {name} already exists on {node} and sparkform did not create it"
-            ))
-            .help("remove or rename it, or give this container another `name`"));
+            return Err(name_taken(cx.address, &node, name, &labels));
         }
     }
     let hash = cx.change.after_hash.clone().unwrap_or_default();
@@ -427,6 +449,31 @@ impl Machine for ContainerMachine {
             .collect();
         let now = facts::image_ids(host, &images).await;
         Ok(judge(node, recorded, &list, &now))
+    }
+
+    async fn find_foreign(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        addresses: &[String],
+    ) -> Result<Vec<Foreign>, HostError> {
+        let node = host.node();
+        let docker = host.docker().await?;
+        let mut filters = HashMap::new();
+        filters.insert("label".to_string(), vec![LABEL_ADDRESS.to_string()]);
+        let list = docker
+            .list_containers(Some(q::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| HostError::Docker {
+                node: node.to_string(),
+                message: format!("cannot list containers: {e}"),
+                help: None,
+            })?;
+        Ok(foreign_of(node, lineage, addresses, &list))
     }
 
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
