@@ -643,7 +643,8 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
         planned.plan.summary.update + planned.plan.summary.replace,
         0
     );
-    assert_eq!(world.log().len(), 4, "{:?}", world.log());
+    // Per node: the two facts commands and the fabric's sysfs (the attachment kind's read).
+    assert_eq!(world.log().len(), 6, "{:?}", world.log());
 }
 
 /// This machine (read without ssh), a node nobody listens for (ssh to a closed port on
