@@ -248,6 +248,7 @@ def parse(argv):
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--reasoning-parser", default=None)
     p.add_argument("--nnodes", "-n", type=int, default=1)
     p.add_argument("--node-rank", "-r", type=int, default=0)
