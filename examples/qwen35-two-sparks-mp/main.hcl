@@ -101,7 +101,7 @@ module "qwen" {
   port                   = 30000
   # vLLM refuses --enable-auto-tool-choice without a --tool-call-parser (0.13.0 to 0.33.0,
   # bench/compat); qwen3_coder is the parser of Qwen3.5's tool-call format.
-  extra_args             = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
+  extra_args = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
   # Both RoCE devices of the cabled port (ibdev2netdev names them): one alone carries about
   # 3 GB/s.
   nccl_ib_hca = "rocep1s0f0,roceP2p1s0f0"

@@ -93,8 +93,8 @@ module "qwen" {
   port                   = 30000
   # vLLM refuses --enable-auto-tool-choice without a --tool-call-parser (0.13.0 to 0.33.0,
   # bench/compat); qwen3_coder is the parser of Qwen3.5's tool-call format.
-  extra_args             = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
-  api_key                = var.api_key
+  extra_args = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
+  api_key    = var.api_key
 }
 
 # Only a real chat completion proves that the model generates tokens.

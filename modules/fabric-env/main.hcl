@@ -78,8 +78,8 @@ locals {
       "ray: (command )?not found"                                                              = "this image has no Ray (stock vLLM images dropped it around v0.18, NVIDIA's vLLM container lacks it): deploy with modules/vllm-mp, vLLM's multiprocessing backend across nodes, or use an image with Ray"
     }
     mp = {
-      "The client socket has timed out after \\d+ms while trying to connect to" = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
-      "Timed out after \\d+ seconds waiting for clients"                        = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
+      "The client socket has timed out after \\d+ms while trying to connect to"           = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
+      "Timed out after \\d+ seconds waiting for clients"                                  = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
       "TCPStore server has shut down too early|Failed to check the signal .* on TCPStore" = "rank 0 went away while this rank waited for it: rank 0's log has the cause; the ranks are one process group, so all of them start again with the next apply"
     }
   }
