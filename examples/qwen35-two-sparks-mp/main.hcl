@@ -99,7 +99,9 @@ module "qwen" {
   tensor_parallel_size   = 2
   gpu_memory_utilization = 0.80
   port                   = 30000
-  extra_args             = ["--enable-auto-tool-choice", "--reasoning-parser", "qwen3"]
+  # vLLM refuses --enable-auto-tool-choice without a --tool-call-parser (0.13.0 to 0.33.0,
+  # bench/compat); qwen3_coder is the parser of Qwen3.5's tool-call format.
+  extra_args = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", "--reasoning-parser", "qwen3"]
   # Both RoCE devices of the cabled port (ibdev2netdev names them): one alone carries about
   # 3 GB/s.
   nccl_ib_hca = "rocep1s0f0,roceP2p1s0f0"

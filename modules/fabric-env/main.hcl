@@ -72,15 +72,15 @@ locals {
       "Free memory on device .* is less than desired"  = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
     }
     ray = {
-      "Waiting for creating a placement group of specs"                                                       = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
-      "(?i)(killed due to the node running low on memory|ray\\.exceptions\\.OutOfMemoryError|memory monitor)" = "Ray's memory monitor killed a worker: keep RAY_memory_monitor_refresh_ms=0 in every container and lower gpu_memory_utilization (≤ 0.85 on GB10)"
-      "Version mismatch: The cluster was started with"                                                        = "the nodes run different Ray (or Python) versions: run the same image, with the same image ID, on every node"
-      "ray: (command )?not found"                                                                             = "this image has no Ray (stock vLLM images dropped it around v0.18, NVIDIA's vLLM container lacks it): deploy with modules/vllm-mp, vLLM's multiprocessing backend across nodes, or use an image with Ray"
+      "Waiting for creating a placement group of specs"                                        = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"
+      "(?i)(killed due to the node running low on memory|ray\\.exceptions\\.OutOfMemoryError)" = "Ray's memory monitor killed a worker: keep RAY_memory_monitor_refresh_ms=0 in every container and lower gpu_memory_utilization (≤ 0.85 on GB10)"
+      "Version mismatch: The cluster was started with"                                         = "the nodes run different Ray (or Python) versions: run the same image, with the same image ID, on every node"
+      "ray: (command )?not found"                                                              = "this image has no Ray (stock vLLM images dropped it around v0.18, NVIDIA's vLLM container lacks it): deploy with modules/vllm-mp, vLLM's multiprocessing backend across nodes, or use an image with Ray"
     }
     mp = {
-      "The client socket has timed out after \\d+ms while trying to connect to" = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
-      "Timed out after \\d+ seconds waiting for clients"                        = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
-      "TCPStore server has shut down too early"                                 = "rank 0 went away while this rank waited for it: rank 0's log has the cause; the ranks are one process group, so all of them start again with the next apply"
+      "The client socket has timed out after \\d+ms while trying to connect to"           = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
+      "Timed out after \\d+ seconds waiting for clients"                                  = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
+      "TCPStore server has shut down too early|Failed to check the signal .* on TCPStore" = "rank 0 went away while this rank waited for it: rank 0's log has the cause; the ranks are one process group, so all of them start again with the next apply"
     }
   }
 
@@ -92,6 +92,8 @@ locals {
     "NCCL INFO GPU Direct RDMA Disabled for HCA 0 'rocep1s0f1'",
     "WARNING 07-14 10:02:11 [custom_all_reduce.py:87] CustomAllreduce is disabled because this process group spans across nodes.",
     "No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).",
+    # Ray 2.60's raylet at startup (its format string): not a kill.
+    "Event memory monitor successfully initialized with memory events path: %s",
   ]
 }
 

@@ -101,7 +101,7 @@ const RAY_ONLY: [(&str, &str); 5] = [
 ];
 
 /// Lines that look alarming but are normal on DGX Spark, and lines of a healthy start.
-const HARMLESS: [&str; 10] = [
+const HARMLESS: [&str; 11] = [
     "WARNING 07-14 10:05:31 [fused_moe.py:727] Using default MoE config. Performance might be sub-optimal! Config file not found at /usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/fused_moe/configs/E=256,N=512,device_name=NVIDIA_GB10.json",
     "[2026-07-14 10:05:02] [cufile] GDS is not supported in this platform",
     "spark1:812:901 [0] NCCL INFO GPU Direct RDMA Disabled for HCA 0 'rocep1s0f0'",
@@ -112,6 +112,8 @@ const HARMLESS: [&str; 10] = [
     "[W714 10:39:00.000000000 socket.cpp:759] [c10d] The client socket has failed to connect to [192.168.200.1]:29501 (errno: 111 - Connection refused).",
     "INFO 07-14 10:20:00 [gpu_worker.py:298] Available KV cache memory: 41.37 GiB",
     "INFO:     Application startup complete.",
+    // Ray 2.60's raylet, at every start (its format string, bench/compat found it).
+    "Event memory monitor successfully initialized with memory events path: %s",
 ];
 
 fn assert_each_line_has_one_fix(c: &Config, address: &str, lines: &[(&str, &str)]) {

@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod compat;
 mod crash_consistency;
 mod diagnostics;
 mod executor;

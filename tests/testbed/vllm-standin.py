@@ -48,6 +48,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+# The vLLM release whose lines this prints (the file:line in brackets are that release's):
+# bench/compat checks every line a module pattern matches against its source.
+STANDIN_RELEASE = "0.21.0"
+
 # The registry: the image's `vllm` package (tests/testbed/vllm-package), or the checkout's copy
 # next to this script when it runs outside the image (tests/fake/standins.rs).
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -244,6 +248,7 @@ def parse(argv):
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--reasoning-parser", default=None)
     p.add_argument("--nnodes", "-n", type=int, default=1)
     p.add_argument("--node-rank", "-r", type=int, default=0)
@@ -266,7 +271,7 @@ def load_phases(args):
     except ValueError:
         pause = 0.4
     prefix = "(EngineCore_DP0 pid=%d) " % os.getpid()
-    log(f"{prefix}[gpu_model_runner.py:2338] Starting to load model {args.model}...")
+    log(f"{prefix}[gpu_model_runner.py:4858] Starting to load model {args.model}...")
     started = time.time()
 
     def bar(i, shards):
@@ -286,16 +291,17 @@ def load_phases(args):
     for i in range(shards + 1):
         bar(i, shards)
     took = time.time() - started
-    log(f"{prefix}[default_loader.py:267] Loading weights took {took:.2f} seconds")
-    log(f"{prefix}[gpu_model_runner.py:2392] Model loading took 0.01 GiB memory and {took + 0.1:.6f} seconds")
+    log(f"{prefix}[default_loader.py:398] Loading weights took {took:.2f} seconds")
+    log(f"{prefix}[gpu_model_runner.py:4960] Model loading took 0.01 GiB memory and {took + 0.1:.6f} seconds")
     time.sleep(pause)
-    log(f"{prefix}[gpu_worker.py:298] Available KV cache memory: 1.00 GiB")
+    log(f"{prefix}[gpu_worker.py:463] Available KV cache memory: 1.00 GiB")
     for i, n in enumerate((1, 2)):
         time.sleep(pause)
         print(f"Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): {50 * n:3d}%|{'█' * 5 * n}{' ' * (10 - 5 * n)}| {n}/2 [00:0{n}<00:00,  1.00it/s]", flush=True)
-    log(f"{prefix}[gpu_model_runner.py:3480] Graph capturing finished in {2 * pause:.0f} secs, took 0.01 GiB")
+    log(f"{prefix}[gpu_model_runner.py:6244] Graph capturing finished in {2 * pause:.0f} secs, took 0.01 GiB")
     time.sleep(pause)
-    log(f"[api_server.py:1971] Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    # 0.21's line (0.20 and older: "Starting vLLM API server 0 on URL").
+    log(f"[api_server.py:617] Starting vLLM server on http://{args.host}:{args.port}")
 
 
 class State:
@@ -447,7 +453,9 @@ def start_ray(args):
         except Exception:
             waited += 10
             log(f"Waiting for creating a placement group of specs for {waited} seconds. specs={specs}. "
-                "Check `ray status` to see if you have enough resources.")
+                "Check `ray status` and `ray list nodes` to see if you have enough resources, and make "
+                "sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment "
+                "variable specified in each node if you are running on a multi-node.")
 
     # As vLLM's Ray workers: a GPU each, no CPU reserved.
     @ray.remote(num_gpus=1, num_cpus=0)

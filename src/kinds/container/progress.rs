@@ -144,7 +144,7 @@ mod tests {
         "(EngineCore_DP0 pid=212) INFO 12-01 10:10:30 [gpu_worker.py:298] Available KV cache memory: 60.12 GiB",
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  45%|████▌     | 30/67 [00:05<00:06,  5.81it/s]",
         "(EngineCore_DP0 pid=212) INFO 12-01 10:11:02 [gpu_model_runner.py:3480] Graph capturing finished in 31 secs, took 0.91 GiB",
-        "INFO 12-01 10:11:04 [api_server.py:1971] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        "INFO 12-01 10:11:04 [api_server.py:617] Starting vLLM server on http://0.0.0.0:8000",
         "INFO:     Application startup complete.",
     ];
 
