@@ -122,6 +122,51 @@ fn write_new(out: &std::path::Path, text: &str) -> Result<(), crate::state::Stat
         })
 }
 
+/// The `-generate-config-out` and `-generate-import-out` files, when asked for.
+fn write_generated(args: &PlanArgs, plan: &crate::plan::Plan) -> Result<(), ExitCode> {
+    if let Some(out) = &args.generate_config_out {
+        let (text, skipped) = ops::import::generated_hcl(&plan.generated);
+        for s in &skipped {
+            eprintln!("Warning: {s}");
+        }
+        if !text.is_empty() {
+            if let Err(e) = write_new(out, &text) {
+                return Err(report_error(e));
+            }
+            if !args.json {
+                println!(
+                    "\nWrote {} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
+                    plan.generated.len() - skipped.len(),
+                    if plan.generated.len() - skipped.len() == 1 { "" } else { "s" },
+                    out.display()
+                );
+            }
+        }
+    }
+    if let Some(out) = &args.generate_import_out {
+        let text = crate::plan::import_blocks(&plan.foreign);
+        if text.is_empty() {
+            eprintln!(
+                "Nothing runs under another state's lineage for these definitions: {} not written.",
+                out.display()
+            );
+        } else {
+            if let Err(e) = write_new(out, &text) {
+                return Err(report_error(e));
+            }
+            if !args.json {
+                let n = text.matches("\nimport {").count();
+                println!(
+                    "\nWrote {n} import block{} to {}: with it in the definitions' folder, `sparkform apply` adopts what runs, restarting nothing.",
+                    if n == 1 { "" } else { "s" },
+                    out.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run(args: PlanArgs) -> ExitCode {
     if let Some(d) = refuse_out_file(&args) {
         report_diagnostics(&Diagnostics(vec![d]), args.json);
@@ -220,45 +265,8 @@ pub fn run(args: PlanArgs) -> ExitCode {
             lock_changes.iter().for_each(|c| println!("  {c}"));
         }
     }
-    if let Some(out) = &args.generate_config_out {
-        let (text, skipped) = ops::import::generated_hcl(&plan.generated);
-        for s in &skipped {
-            eprintln!("Warning: {s}");
-        }
-        if !text.is_empty() {
-            if let Err(e) = write_new(out, &text) {
-                return report_error(e);
-            }
-            if !args.json {
-                println!(
-                    "\nWrote {} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
-                    plan.generated.len() - skipped.len(),
-                    if plan.generated.len() - skipped.len() == 1 { "" } else { "s" },
-                    out.display()
-                );
-            }
-        }
-    }
-    if let Some(out) = &args.generate_import_out {
-        let text = crate::plan::import_blocks(&plan.foreign);
-        if text.is_empty() {
-            eprintln!(
-                "Nothing runs under another state's lineage for these definitions: {} not written.",
-                out.display()
-            );
-        } else {
-            if let Err(e) = write_new(out, &text) {
-                return report_error(e);
-            }
-            if !args.json {
-                let n = text.matches("\nimport {").count();
-                println!(
-                    "\nWrote {n} import block{} to {}: with it in the definitions' folder, `sparkform apply` adopts what runs, restarting nothing.",
-                    if n == 1 { "" } else { "s" },
-                    out.display()
-                );
-            }
-        }
+    if let Err(code) = write_generated(&args, &plan) {
+        return code;
     }
     if let Some(out) = &args.out {
         let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref())
