@@ -7,6 +7,7 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::testbed::{sparkform, testbed, Testbed};
@@ -167,6 +168,9 @@ fn actions(plan: &Value, action: &str) -> Vec<String> {
 const HEAD: &str = "module.qwen.module.ray.container.ray_head";
 const WORKER: &str = "module.qwen.module.ray.container.ray_worker[\"node2\"]";
 const VLLM: &str = "module.qwen.container.vllm";
+/// One test at a time (the file's tests run two at once): two deploy the testbed example under
+/// the same container names, and each begins by removing every `sparkform-` container.
+static EXAMPLE_IN_USE: Mutex<()> = Mutex::new(());
 /// examples/testbed's `api_key` default.
 const TESTBED_API_KEY: &str = "sparkform-testbed-key";
 
@@ -174,6 +178,7 @@ const TESTBED_API_KEY: &str = "sparkform-testbed-key";
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_deployment_started_by_hand_is_imported_without_a_restart() {
     let tb = testbed();
+    let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     example_copy(tmp.path());
@@ -345,6 +350,7 @@ import {{
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_hand_started_container_one_env_var_away_plans_exactly_that() {
     let tb = testbed();
+    let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let mut hcl = tb.hcl(&[("node1", "sf-node1")], &tb.known_hosts(), 2222);
     hcl.push_str(
@@ -410,6 +416,7 @@ import {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_lost_state_is_adopted_back_with_generated_import_blocks_without_a_restart() {
     let tb = testbed();
+    let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     example_copy(tmp.path());
