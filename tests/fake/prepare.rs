@@ -622,3 +622,94 @@ async fn a_malformed_lock_file_is_a_located_error() {
         Ok(_) => panic!("a malformed lock loaded"),
     }
 }
+
+/// systemd-logind's `RemoveIPC` read at plan time for a container in the node's IPC namespace
+/// running as a user other than root: unset (systemd's default, yes) or yes refuses the plan
+/// naming the node, the user and the fix; `RemoveIPC=no`, or the user lingering, plans; a user
+/// named by number (not matched against the lingering users) is a warning.
+#[tokio::test]
+async fn remove_ipc_for_a_host_ipc_container_user_refuses_the_plan_with_the_fix() {
+    let bed = Bed::new();
+    let main = bed.dir.path().join("main.hcl");
+    let worker_as = |user: &str| {
+        let text = TESTBED_LIKE.replace(
+            "  command    = [\"ray\", \"start\",",
+            &format!("  ipc_mode   = \"host\"\n  user       = \"{user}\"\n  command    = [\"ray\", \"start\","),
+        );
+        assert_ne!(text, TESTBED_LIKE);
+        std::fs::write(&main, text).unwrap();
+    };
+    let logind_of = |text: &str| {
+        bed.hosts["node.n2"].on(&["sh", "-c"], Answer::Exit(0, text.into(), String::new()));
+    };
+    let recorded = bed.store().load().unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let plan = || async {
+        let evaluated = sparkform::ops::definitions::load(&bed.workspace(), &VarInputs::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let request = PrepareRequest {
+            evaluated,
+            recorded: recorded.as_ref(),
+            refresh: ReadMode::Normal,
+            options: PlanOptions::default(),
+            hosts: bed.hosts(),
+        };
+        let mut out = prepare(request, &tx).await;
+        if let Ok(p) = out.as_mut() {
+            p.close().await;
+        }
+        out
+    };
+
+    worker_as("spark:spark");
+    logind_of("");
+    match plan().await {
+        Err(sparkform::ops::OpError::Config(d)) => {
+            assert_eq!(d.0.len(), 1, "{:?}", d.0);
+            assert_eq!(d.0[0].code, "host::remove_ipc");
+            assert!(
+                d.0[0].message.starts_with("node.n2: systemd-logind removes the semaphores and shared memory of user spark when its last session ends (RemoveIPC is unset"),
+                "{}",
+                d.0[0].message
+            );
+            assert!(d.0[0].message.contains("container.worker"));
+            let help = d.0[0].help.as_deref().unwrap_or_default();
+            assert!(help.contains("RemoveIPC=no"), "{help}");
+            assert!(help.contains("loginctl enable-linger spark"), "{help}");
+            assert!(!d.0[0].labels.is_empty(), "located");
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(p) => panic!("planned with RemoveIPC unset: {:?}", p.warnings),
+    }
+    logind_of("/etc/systemd/logind.conf:RemoveIPC=yes\n");
+    match plan().await {
+        Err(sparkform::ops::OpError::Config(d)) => {
+            assert!(d.0[0].message.contains("(RemoveIPC=yes)"), "{:?}", d.0)
+        }
+        other => panic!("{:?}", other.map(|p| p.warnings)),
+    }
+
+    logind_of("/etc/systemd/logind.conf:RemoveIPC=yes\n/etc/systemd/logind.conf.d/90-ipc.conf:RemoveIPC=no\n");
+    let p = plan().await.unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(!p.warnings.iter().any(|w| w.code == "host::remove_ipc"));
+    logind_of("linger:spark\n");
+    let p = plan().await.unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(!p.warnings.iter().any(|w| w.code == "host::remove_ipc"));
+
+    worker_as("1000");
+    logind_of("linger:spark\n");
+    let p = plan().await.unwrap_or_else(|e| panic!("{e:?}"));
+    let w: Vec<&str> = p
+        .warnings
+        .iter()
+        .filter(|w| w.code == "host::remove_ipc")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", p.warnings);
+    assert!(w[0].contains("user 1000"), "{}", w[0]);
+
+    // Root is out of logind's reach: the same logind plans.
+    worker_as("root");
+    logind_of("");
+    plan().await.unwrap_or_else(|e| panic!("{e:?}"));
+}

@@ -281,6 +281,7 @@ impl Machine for AttachmentMachine {
 
     fn read_nodes(&self, config: &Config) -> Vec<String> {
         let mut nodes: Vec<String> = attachments(config).map(|(n, _, _)| n.to_string()).collect();
+        nodes.sort();
         nodes.dedup();
         nodes
     }

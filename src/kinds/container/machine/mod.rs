@@ -19,7 +19,8 @@ use super::{Desired, ReadyCheck, ReadyKind, LABEL_ADDRESS, LABEL_CONFIG_HASH, LA
 use crate::config::{Config, Resource};
 use crate::hosts::{facts, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadMode, StepCx, StepError,
+    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode,
+    StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Foreign, Observed, Orphan};
@@ -29,6 +30,7 @@ mod aside;
 mod docker;
 mod drift;
 mod import;
+mod ipc;
 mod ready;
 
 use aside::*;
@@ -474,6 +476,37 @@ impl Machine for ContainerMachine {
                 help: None,
             })?;
         Ok(foreign_of(node, lineage, addresses, &list))
+    }
+
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        ipc::ipc_nodes(config)
+    }
+
+    /// systemd-logind's settings on the nodes of containers it can break
+    /// ([`ipc::judge_remove_ipc`]): one command a node, and none without such a container.
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
+        let mut out = crate::config::Observed::default();
+        if !cx.mode.looks() {
+            return Ok(out);
+        }
+        let nodes = self.read_nodes(cx.config);
+        let reads = nodes.iter().filter_map(|n| {
+            let host = cx.pool.get(n).ok()?;
+            Some(async move { (n.clone(), crate::hosts::fabric::read(host.as_ref()).await) })
+        });
+        let mut logind = std::collections::BTreeMap::new();
+        for (node, read) in futures_util::future::join_all(reads).await {
+            // A node that cannot be read here is the refresh's to report.
+            if let Ok(f) = read {
+                logind.insert(node, f);
+            }
+        }
+        let (errors, warnings) = ipc::judge_remove_ipc(cx.config, &logind);
+        if !errors.is_empty() {
+            return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
+        }
+        out.warnings = warnings;
+        Ok(out)
     }
 
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
