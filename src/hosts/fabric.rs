@@ -157,6 +157,20 @@ pub async fn read(host: &dyn Host) -> Result<RdmaFabric, HostError> {
     Ok(parse(&out.stdout))
 }
 
+/// Read the fabric of each of `nodes` on `pool`, at once: by node address. A node that cannot
+/// be connected or read is left out (the refresh reports it).
+pub async fn read_each(pool: &super::HostPool, nodes: &[String]) -> BTreeMap<String, RdmaFabric> {
+    let reads = nodes.iter().filter_map(|n| {
+        let host = pool.get(n).ok()?;
+        Some(async move { (n.clone(), read(host.as_ref()).await) })
+    });
+    futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .filter_map(|(node, read)| Some((node, read.ok()?)))
+        .collect()
+}
+
 /// The script's output as facts. Pure; lines it does not know are skipped.
 pub fn parse(out: &str) -> RdmaFabric {
     let mut f = RdmaFabric::default();

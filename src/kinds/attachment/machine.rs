@@ -294,17 +294,7 @@ impl Machine for AttachmentMachine {
             return Ok(out);
         }
         let nodes = self.read_nodes(cx.config);
-        let reads = nodes.iter().filter_map(|n| {
-            let host = cx.pool.get(n).ok()?;
-            Some(async move { (n.clone(), crate::hosts::fabric::read(host.as_ref()).await) })
-        });
-        let mut fabrics = std::collections::BTreeMap::new();
-        for (node, read) in futures_util::future::join_all(reads).await {
-            // A node that cannot be read here is the refresh's to report.
-            if let Ok(f) = read {
-                fabrics.insert(node, f);
-            }
-        }
+        let fabrics = crate::hosts::fabric::read_each(cx.pool, &nodes).await;
         let (errors, warnings) = judge_fabric(cx.config, &fabrics);
         if !errors.is_empty() {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));

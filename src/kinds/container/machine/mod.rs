@@ -490,17 +490,7 @@ impl Machine for ContainerMachine {
             return Ok(out);
         }
         let nodes = self.read_nodes(cx.config);
-        let reads = nodes.iter().filter_map(|n| {
-            let host = cx.pool.get(n).ok()?;
-            Some(async move { (n.clone(), crate::hosts::fabric::read(host.as_ref()).await) })
-        });
-        let mut logind = std::collections::BTreeMap::new();
-        for (node, read) in futures_util::future::join_all(reads).await {
-            // A node that cannot be read here is the refresh's to report.
-            if let Ok(f) = read {
-                logind.insert(node, f);
-            }
-        }
+        let logind = crate::hosts::fabric::read_each(cx.pool, &nodes).await;
         let (errors, warnings) = ipc::judge_remove_ipc(cx.config, &logind);
         if !errors.is_empty() {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
