@@ -33,12 +33,37 @@ locals {
     var.extra_env,
   )
 
+  # The RDMA ports on the fabric and the RoCE v2 GID index of each node's fabric address, as the
+  # plan read them from the node's sysfs (attach.x.roce): NCCL is told what each node has now,
+  # never a pinned value that a reboot or a firmware update moves. With one cable on a DGX Spark
+  # the port's twin device is on the fabric too, and both must be named (else about 3 GB/s).
+  roce       = var.rdma ? { for n, a in local.attach : n => a.roce if a.roce != null } : {}
+  hca        = { for n, r in local.roce : n => "=${join(",", r.ports)}" }
+  gid_index  = { for n, r in local.roce : n => tostring(r.gid_index) if r.gid_index != null }
+  pinned_gid = lookup(var.extra_env, "NCCL_IB_GID_INDEX", null)
+  # What a declared nccl_ib_hca names, by device (an exclusion list, `^…`, is not compared).
+  declared_hca = var.nccl_ib_hca == null || startswith(coalesce(var.nccl_ib_hca, "-"), "^") ? null : [
+    for d in split(",", trimprefix(var.nccl_ib_hca, "=")) : split(":", trimspace(d))[0]
+  ]
+  hca_devices = { for n, r in local.roce : n => distinct([for p in r.ports : split(":", p)[0]]) }
+  hca_differs = local.declared_hca == null ? [] : [
+    for n, devs in local.hca_devices : "${n} has ${join(", ", devs)}"
+    if length([for d in devs : d if !contains(local.declared_hca, d)]) + length([for d in local.declared_hca : d if !contains(devs, d)]) > 0
+  ]
+  gid_differs = local.pinned_gid == null ? [] : [
+    for n, i in local.gid_index : "${i} on ${n}" if i != local.pinned_gid
+  ]
+
   # VLLM_HOST_IP must be each container's own fabric address: neither Ray nor torch.distributed
   # carries it from the head to the other nodes, and without it vLLM advertises the default route.
+  # What the fabric's facts give comes first: a declared nccl_ib_hca or extra_env wins over it.
   node_env = {
-    for n in var.nodes : n.name => merge(local.env, {
-      VLLM_HOST_IP = n.name == local.head.name ? local.head_ip : lookup(local.addr, n.name, null)
-    })
+    for n in var.nodes : n.name => merge(
+      lookup(local.hca, n.name, null) == null ? {} : { NCCL_IB_HCA = lookup(local.hca, n.name, null) },
+      lookup(local.gid_index, n.name, null) == null ? {} : { NCCL_IB_GID_INDEX = lookup(local.gid_index, n.name, null) },
+      local.env,
+      { VLLM_HOST_IP = n.name == local.head.name ? local.head_ip : lookup(local.addr, n.name, null) },
+    )
   }
 
   # Without /dev/infiniband or IPC_LOCK (to pin its buffers), NCCL silently falls back to TCP.
@@ -110,6 +135,18 @@ check "every_node_on_fabric" {
 check "same_interface_everywhere" {
   condition     = length(local.interfaces) <= 1
   error_message = "the fabric interface differs between nodes (${join(", ", local.interfaces)}); vLLM copies NCCL_SOCKET_IFNAME from the head to every other process, so all nodes must use the same interface name"
+}
+
+check "declared_gid_index_matches_the_fabric" {
+  condition     = length(local.gid_differs) == 0
+  error_message = "extra_env pins NCCL_IB_GID_INDEX=${coalesce(local.pinned_gid, "")}, but this plan read the RoCE v2 GID of the fabric address as ${join(", ", local.gid_differs)}: NCCL would fail with `ibv_modify_qp failed`; remove NCCL_IB_GID_INDEX from extra_env so each node gets its own index"
+  severity      = "warning"
+}
+
+check "declared_hca_matches_the_fabric" {
+  condition     = length(local.hca_differs) == 0
+  error_message = "nccl_ib_hca = \"${coalesce(var.nccl_ib_hca, "")}\", but the active RDMA ports on the fabric are: ${join("; ", local.hca_differs)}; NCCL uses only what NCCL_IB_HCA names (one of two twin devices gives about 3 GB/s, a missing device falls back to sockets): leave nccl_ib_hca unset to use what the plan reads"
+  severity      = "warning"
 }
 
 check "no_pinned_gid_index" {

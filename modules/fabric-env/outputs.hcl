@@ -21,8 +21,11 @@ output "workers" {
   value       = slice(var.nodes, 1, length(var.nodes))
 }
 
+# A Ray driver takes this, never node_env: vLLM copies every NCCL_ variable of the driver to every
+# Ray worker (vllm/ray/ray_env.py), so a node's own GID index or ports there would overwrite the
+# other nodes' values.
 output "env" {
-  description = "The environment every container shares (without VLLM_HOST_IP)."
+  description = "The environment every container shares (without VLLM_HOST_IP and the per-node NCCL_IB_GID_INDEX and NCCL_IB_HCA)."
   value       = local.env
 }
 

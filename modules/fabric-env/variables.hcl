@@ -77,7 +77,7 @@ variable "rdma" {
 variable "nccl_ib_hca" {
   type        = string
   default     = null
-  description = "NCCL_IB_HCA for every container, e.g. \"rocep1s0f1,roceP2p1s0f1\": with one cable, list both twin devices of the port (one alone gives about 3 GB/s). Unset lets NCCL use every device it finds."
+  description = "NCCL_IB_HCA for every container, e.g. \"rocep1s0f1,roceP2p1s0f1\": with one cable, list both twin devices of the port (one alone gives about 3 GB/s). Unset: each node's active RDMA ports on the fabric, as the plan reads them (a warning when a declared value differs)."
 }
 
 variable "nccl_socket_fallback" {

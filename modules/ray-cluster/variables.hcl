@@ -93,7 +93,7 @@ variable "rdma" {
 variable "nccl_ib_hca" {
   type        = string
   default     = null
-  description = "NCCL_IB_HCA for every container (both twin devices of the port with one cable)."
+  description = "NCCL_IB_HCA for every container (both twin devices of the port with one cable). Unset: each node's active RDMA ports on the fabric, as the plan reads them."
 }
 
 variable "nccl_socket_fallback" {

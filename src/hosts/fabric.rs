@@ -142,6 +142,25 @@ impl RdmaFabric {
         })
     }
 
+    /// The active ports that carry a fabric: those of the devices that drive `netdev`, and
+    /// those with a RoCE v2 GID inside `subnet` (a twin device that drives another interface
+    /// on the same cable). In device and port order, each once.
+    pub fn fabric_ports(&self, netdev: &str, subnet: &ipnet::IpNet) -> Vec<&Port> {
+        let driving = self.ports_on(netdev);
+        self.ports
+            .iter()
+            .filter(|p| p.is_active())
+            .filter(|p| {
+                driving.iter().any(|d| std::ptr::eq(*d, *p))
+                    || p.gids.iter().any(|g| {
+                        g.is_roce_v2()
+                            && g.ipv4()
+                                .is_some_and(|a| subnet.contains(&std::net::IpAddr::V4(a)))
+                    })
+            })
+            .collect()
+    }
+
     /// Whether logind removes a user's IPC objects at logout: `RemoveIPC` is yes (or unset)
     /// and `user` (not root, whose objects logind never removes) does not linger.
     pub fn removes_ipc_of(&self, user: &str) -> bool {
@@ -331,6 +350,17 @@ linger:nvidia
             .expect("the address's RoCE v2 GID");
         assert_eq!((port.device.as_str(), gid.index), ("rocep1s0f1", 3));
         assert!(f.roce_v2_gid("192.168.200.2".parse().unwrap()).is_none());
+        // The twin device is down: the fabric is the one port.
+        let subnet: ipnet::IpNet = "192.168.200.0/24".parse().unwrap();
+        let on: Vec<(&str, u32)> = f
+            .fabric_ports("enp1s0f1np1", &subnet)
+            .iter()
+            .map(|p| (p.device.as_str(), p.port))
+            .collect();
+        assert_eq!(on, [("rocep1s0f1", 1)]);
+        assert!(f
+            .fabric_ports("eth9", &"10.0.0.0/8".parse().unwrap())
+            .is_empty());
         let down = &f.ports_on("enP2p1s0f1np1");
         assert!(!down[0].is_active());
         assert_eq!(f.pcie["rocep1s0f1"].below_max(), None);

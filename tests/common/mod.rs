@@ -17,6 +17,17 @@ pub fn fixture(rel: &str) -> PathBuf {
 }
 
 /// Load a configuration folder; panics with the rendered diagnostics if it has errors.
+/// `-var NAME=VALUE` for each pair.
+pub fn var_inputs(vars: &[(&str, &str)]) -> VarInputs {
+    VarInputs {
+        cli: vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..VarInputs::default()
+    }
+}
+
 pub fn load(dir: &Path) -> (Config, Graph) {
     load_with(dir, &VarInputs::default())
 }

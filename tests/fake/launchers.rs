@@ -12,14 +12,7 @@ use sparkform::config::{self, Config, Resource, VarInputs};
 const FIXTURE: &str = "tests/fixtures/launchers/both";
 
 fn load_with(vars: &[(&str, &str)]) -> Config {
-    let inputs = VarInputs {
-        cli: vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..VarInputs::default()
-    };
-    common::load_with(Path::new(FIXTURE), &inputs).0
+    common::load_with(Path::new(FIXTURE), &common::var_inputs(vars)).0
 }
 
 fn load() -> Config {

@@ -14,6 +14,7 @@ mod compat;
 mod crash_consistency;
 mod diagnostics;
 mod executor;
+mod fabric_derived;
 mod fuzz;
 mod import;
 mod interrupt;

@@ -713,3 +713,123 @@ async fn remove_ipc_for_a_host_ipc_container_user_refuses_the_plan_with_the_fix(
     logind_of("");
     plan().await.unwrap_or_else(|e| panic!("{e:?}"));
 }
+
+/// n2's sysfs with the fabric address's RoCE v2 GID at `index` on rocep1s0f1 (which drives
+/// eth1), and the port's twin device roceP2p1s0f1 driving eth2 with a RoCE v2 GID in the
+/// subnet too, as on a DGX Spark with one cable; a third device, off the fabric, is not on it.
+fn sysfs_with_gid(index: u32) -> String {
+    let c = "/sys/class/infiniband";
+    format!(
+        "net:rocep1s0f1:eth1\nnet:roceP2p1s0f1:eth2\nnet:mlx5_9:eth9\n\
+         {c}/rocep1s0f1/ports/1/state:4: ACTIVE\n\
+         {c}/rocep1s0f1/ports/1/gids/{index}:0000:0000:0000:0000:0000:ffff:c0a8:0a02\n\
+         {c}/rocep1s0f1/ports/1/gid_attrs/types/{index}:RoCE v2\n\
+         {c}/roceP2p1s0f1/ports/1/state:4: ACTIVE\n\
+         {c}/roceP2p1s0f1/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:c0a8:0a0c\n\
+         {c}/roceP2p1s0f1/ports/1/gid_attrs/types/3:RoCE v2\n\
+         {c}/mlx5_9/ports/1/state:4: ACTIVE\n\
+         {c}/mlx5_9/ports/1/gids/3:0000:0000:0000:0000:0000:ffff:0a00:0001\n\
+         {c}/mlx5_9/ports/1/gid_attrs/types/3:RoCE v2\n"
+    )
+}
+
+fn roce_of(plan: &sparkform::plan::Plan, address: &str) -> serde_json::Value {
+    let c = plan
+        .changes
+        .iter()
+        .find(|c| c.address == address)
+        .unwrap_or_else(|| panic!("no change for {address}"));
+    c.after
+        .as_ref()
+        .map(|a| a["roce"].clone())
+        .unwrap_or_default()
+}
+
+/// The attachment kind's plan-time read gives each attachment the RDMA ports on its fabric and
+/// the index of its address's RoCE v2 GID (what the modules hand NCCL), the apply records
+/// them, a moved index is an in-place change of the attachment naming both, and `-refresh=false`
+/// plans with what the last apply recorded and says so. A node without RDMA devices has none.
+#[tokio::test]
+async fn the_fabric_read_gives_each_attachment_its_rdma_ports_and_gid_index_and_records_them() {
+    let bed = Bed::new();
+    bed.hosts["node.n2"].on(
+        &["sh", "-c"],
+        Answer::Exit(0, sysfs_with_gid(3), String::new()),
+    );
+    let (plan, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    let want = serde_json::json!({"gid_index": 3, "ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"]});
+    assert_eq!(roce_of(&plan, "network.a.attach.n2"), want);
+    assert!(
+        roce_of(&plan, "network.a.attach.n1").is_null(),
+        "no RDMA on n1"
+    );
+    assert!(
+        warnings.iter().all(|w| !w.code.starts_with("fabric::")),
+        "{warnings:?}"
+    );
+    assert!(bed.apply().await.ok);
+    let state = bed.store().load().unwrap().unwrap();
+    assert_eq!(state.resources["network.a.attach.n2"].config["roce"], want);
+
+    // A reboot moved the index: the next plan updates the attachment in place, old and new.
+    bed.hosts["node.n2"].on(
+        &["sh", "-c"],
+        Answer::Exit(0, sysfs_with_gid(4), String::new()),
+    );
+    let plan = bed.plan().await;
+    let change = plan
+        .changes
+        .iter()
+        .find(|c| c.address == "network.a.attach.n2")
+        .unwrap();
+    assert_eq!(change.action, sparkform::plan::Action::Update, "{change:?}");
+    let text = sparkform::plan::render::render(&plan);
+    assert!(
+        text.contains("gid_index") && text.contains('3') && text.contains('4'),
+        "{text}"
+    );
+    assert_eq!(roce_of(&plan, "network.a.attach.n2")["gid_index"], 4);
+
+    // -refresh=false reads no sysfs: the recorded index stands, and the plan says so.
+    let (plan, _, warnings) = bed.plan_with(ReadMode::Recorded, false).await;
+    assert_eq!(roce_of(&plan, "network.a.attach.n2"), want);
+    let recorded: Vec<&str> = warnings
+        .iter()
+        .filter(|w| w.code == "fabric::recorded")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(
+        recorded,
+        ["-refresh=false: the fabric is not read; the RDMA ports and GID indexes are those the last apply recorded: node.n2 GID 3, ports roceP2p1s0f1:1, rocep1s0f1:1"],
+        "{warnings:?}"
+    );
+    let change = plan
+        .changes
+        .iter()
+        .find(|c| c.address == "network.a.attach.n2")
+        .unwrap();
+    assert_eq!(change.action, sparkform::plan::Action::NoOp, "{change:?}");
+}
+
+/// An attachment whose address is not on its node yet has no GID: the index is left to NCCL
+/// and the plan warns, naming the node, the address and the ports.
+#[tokio::test]
+async fn an_address_without_a_gid_yet_leaves_the_index_to_nccl_with_a_warning() {
+    let bed = Bed::new();
+    let other = sysfs_with_gid(3).replace("c0a8:0a02", "c0a8:0a63");
+    bed.hosts["node.n2"].on(&["sh", "-c"], Answer::Exit(0, other, String::new()));
+    let (plan, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    assert_eq!(
+        roce_of(&plan, "network.a.attach.n2"),
+        serde_json::json!({"ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"]})
+    );
+    let unknown: Vec<&str> = warnings
+        .iter()
+        .filter(|w| w.code == "fabric::gid_unknown")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(
+        unknown,
+        ["node.n2: no RoCE v2 GID carries 192.168.10.2 yet (ports roceP2p1s0f1:1, rocep1s0f1:1), so NCCL_IB_GID_INDEX is left to NCCL"]
+    );
+}

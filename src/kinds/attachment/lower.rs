@@ -105,6 +105,7 @@ impl dyn Engine<'_> + '_ {
             }
             let res_address = format!("{address}.attach.{aname}");
             let node_name = node.rsplit('.').next().unwrap_or(&node).to_string();
+            let roce = self.observed_roce(&res_address);
             let config = attachment::Desired {
                 network: address.clone(),
                 node: node.clone(),
@@ -112,6 +113,7 @@ impl dyn Engine<'_> + '_ {
                 address: addr_text.clone(),
                 prefix_len: subnet.prefix_len(),
                 mtu,
+                roce: roce.clone(),
             }
             .to_config();
             let mut deps = ctx.deps.clone();
@@ -128,7 +130,7 @@ impl dyn Engine<'_> + '_ {
                 span: aheader,
             });
             names.push(res_address.clone());
-            let av = attachment_value(
+            let mut av = attachment_value(
                 &a,
                 &res_address,
                 &aname,
@@ -137,6 +139,7 @@ impl dyn Engine<'_> + '_ {
                 &addr_text,
                 &subnet,
             );
+            av.insert("roce".into(), roce_value(roce.as_ref()));
             attach_values.insert(aname.clone(), Value::Object(av));
             attach_deps.insert(aname, DepTree::Leaf(BTreeSet::from([res_address])));
         }
@@ -159,6 +162,13 @@ impl dyn Engine<'_> + '_ {
             attach_values,
             attach_deps,
         ))
+    }
+
+    /// What the plan-time read found of an attachment's RDMA ports on its node
+    /// (`kinds::attachment::machine::read`).
+    fn observed_roce(&self, address: &str) -> Option<attachment::Roce> {
+        let v = self.observed().kinds.get(address)?;
+        serde_json::from_value(v.clone()).ok()
     }
 
     /// The network's `subnet` (a network address) and `mtu` (1500 unless set); both checked,
@@ -311,6 +321,25 @@ fn attachment_value(
         format!("{addr_text}/{}", subnet.prefix_len()).into(),
     );
     av
+}
+
+/// `attach.x.roce`: the RDMA ports on the fabric (`DEVICE:PORT`) and the GID index of the
+/// attachment's address (null while unknown), or null where no RDMA port is on the fabric or
+/// nothing was read.
+fn roce_value(roce: Option<&attachment::Roce>) -> Value {
+    let Some(r) = roce else {
+        return Value::Null;
+    };
+    let mut m = Map::new();
+    m.insert(
+        "gid_index".into(),
+        r.gid_index.map_or(Value::Null, Value::from),
+    );
+    m.insert(
+        "ports".into(),
+        Value::Array(r.ports.iter().cloned().map(Value::from).collect()),
+    );
+    Value::Object(m)
 }
 
 /// An attachment on the subnet's broadcast address: the kernel would take every packet sent

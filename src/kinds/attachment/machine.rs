@@ -291,7 +291,7 @@ impl Machine for AttachmentMachine {
     async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
         let mut out = crate::config::Observed::default();
         if !cx.mode.looks() {
-            return Ok(out);
+            return Ok(not_looking(cx));
         }
         let nodes = self.read_nodes(cx.config);
         let fabrics = crate::hosts::fabric::read_each(cx.pool, &nodes).await;
@@ -300,6 +300,15 @@ impl Machine for AttachmentMachine {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
         }
         out.warnings = warnings;
+        for (node, r, d) in attachments(cx.config) {
+            let Some(roce) = fabrics.get(node).and_then(|f| roce_of(&d, f)) else {
+                continue;
+            };
+            if roce.gid_index.is_none() {
+                out.warnings.push(gid_unknown(node, &d, &roce));
+            }
+            out.kinds.insert(r.address.clone(), serde_json::json!(roce));
+        }
         Ok(out)
     }
 
@@ -344,6 +353,87 @@ impl Machine for AttachmentMachine {
         }
         out
     }
+}
+
+/// What stands in for the fabric when the machines are not looked at: what the state
+/// recorded of each attachment (`-refresh=false`, said in a warning so the plan shows it), or
+/// what a saved plan was made with.
+fn not_looking(cx: &ReadCx<'_>) -> crate::config::Observed {
+    let mut out = crate::config::Observed::default();
+    let recorded = |address: &str| -> Option<super::Roce> {
+        let config = match cx.mode {
+            ReadMode::Recorded => &cx.state?.resources.get(address)?.config,
+            ReadMode::Planned => cx
+                .plan?
+                .changes
+                .iter()
+                .find(|c| c.address == address)?
+                .after
+                .as_ref()?,
+            _ => return None,
+        };
+        Desired::from_config(config).ok()?.roce
+    };
+    let mut used = Vec::new();
+    for (node, r, _) in attachments(cx.config) {
+        let Some(roce) = recorded(&r.address) else {
+            continue;
+        };
+        used.push(format!("{node} {}", describe(&roce)));
+        out.kinds.insert(r.address.clone(), serde_json::json!(roce));
+    }
+    if cx.mode == ReadMode::Recorded && cx.complete && !used.is_empty() {
+        out.warnings.push(crate::diag::Diag::warning(
+            "fabric::recorded",
+            format!(
+                "-refresh=false: the fabric is not read; the RDMA ports and GID indexes are those the last apply recorded: {}",
+                used.join("; ")
+            ),
+        )
+        .help("a reboot or a firmware update can move a GID index: plan with -refresh=true before an apply that starts NCCL"));
+    }
+    out
+}
+
+/// `GID 3, ports rocep1s0f1:1, roceP2p1s0f1:1`.
+fn describe(roce: &super::Roce) -> String {
+    let gid = roce
+        .gid_index
+        .map_or("GID not known".to_string(), |i| format!("GID {i}"));
+    format!("{gid}, ports {}", roce.ports.join(", "))
+}
+
+/// The RDMA ports that carry the attachment's fabric on a node whose sysfs `fabric` shows, and
+/// the index of the RoCE v2 GID of its address: `None` when no active RDMA port is on the
+/// fabric (no RDMA hardware, as on the testbed). Pure.
+pub fn roce_of(d: &Desired, fabric: &crate::hosts::fabric::RdmaFabric) -> Option<super::Roce> {
+    let subnet = d.cidr().parse::<ipnet::IpNet>().ok()?.trunc();
+    let ports: Vec<String> = fabric
+        .fabric_ports(&d.interface, &subnet)
+        .iter()
+        .map(|p| format!("{}:{}", p.device, p.port))
+        .collect();
+    if ports.is_empty() {
+        return None;
+    }
+    let gid_index = match d.address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) => fabric.roce_v2_gid(a).map(|(_, g)| g.index),
+        _ => None,
+    };
+    Some(super::Roce { gid_index, ports })
+}
+
+/// An attachment whose address is not on its node yet has no GID to read.
+fn gid_unknown(node: &str, d: &Desired, roce: &super::Roce) -> crate::diag::Diag {
+    crate::diag::Diag::warning(
+        "fabric::gid_unknown",
+        format!(
+            "{node}: no RoCE v2 GID carries {} yet (ports {}), so NCCL_IB_GID_INDEX is left to NCCL",
+            d.address,
+            roce.ports.join(", ")
+        ),
+    )
+    .help("the attachment adds the address in this apply and the kernel gives it a GID then; the next plan reads its index and replaces what uses it")
 }
 
 /// Whether a changed resource depends, directly or through others, on one of `on`.

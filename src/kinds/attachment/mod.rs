@@ -72,9 +72,27 @@ pub struct Desired {
     pub address: String,
     pub prefix_len: u8,
     pub mtu: u32,
+    /// The RDMA ports that carry this fabric on the node, as the plan-time read found them
+    /// (`None`: no RDMA device on the fabric, or not read): what the modules hand NCCL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roce: Option<Roce>,
 }
 
 impl super::DesiredConfig for Desired {}
+
+/// What NCCL must be told to use RoCE on one node's side of a fabric, read from its sysfs at
+/// plan time and recorded, so that `-refresh=false` plans with what the last apply used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Roce {
+    /// The index of the attachment address's RoCE v2 GID (`NCCL_IB_GID_INDEX`); `None` while
+    /// the address is not on the node (the attachment adds it: NCCL then picks the GID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u32>,
+    /// Every active RDMA port on the fabric, `DEVICE:PORT` (`NCCL_IB_HCA`): the ports of the
+    /// devices that drive the interface and those with a RoCE v2 GID in the subnet (the twin
+    /// device of a ConnectX-7 port on a DGX Spark).
+    pub ports: Vec<String>,
+}
 
 impl Desired {
     /// `192.168.200.1/24`.
@@ -83,9 +101,9 @@ impl Desired {
     }
 }
 
-/// Changing the address or MTU is done on the live interface; another node or interface is a new
-/// attachment.
-pub const IN_PLACE: &[&str] = &["address", "prefix_len", "mtu"];
+/// Changing the address or MTU is done on the live interface, and what the fabric's RDMA ports
+/// are is only recorded; another node or interface is a new attachment.
+pub const IN_PLACE: &[&str] = &["address", "prefix_len", "mtu", "roce"];
 
 /// Interface names reach `ip` commands on the node: allow only what the kernel accepts and no
 /// shell metacharacters.
