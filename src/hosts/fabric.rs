@@ -13,11 +13,12 @@ use serde::Serialize;
 
 use super::{Cmd, Host, HostError};
 
-/// Prints `PATH:VALUE` lines for the files read, `net:DEVICE:NETDEV` for each network device an
+/// Prints `PATH:VALUE` lines for the files read (every network interface's MTU among them), `net:DEVICE:NETDEV` for each network device an
 /// RDMA device drives, `linger:USER` for each lingering user. `grep` reads the GID table (256
 /// files a port) in one process; a GID's type cannot be read for an empty entry (EINVAL),
 /// which `2>/dev/null` drops.
-const SCRIPT: &str = r#"C=/sys/class/infiniband
+const SCRIPT: &str = r#"grep -H '' /sys/class/net/*/mtu 2>/dev/null
+C=/sys/class/infiniband
 if [ -d "$C" ]; then
   for d in "$C"/*; do
     [ -d "$d" ] || continue
@@ -116,6 +117,8 @@ pub struct RdmaFabric {
     /// systemd's default, yes).
     pub remove_ipc: Option<bool>,
     pub lingering: Vec<String>,
+    /// Every network interface's MTU, by name.
+    pub mtu: BTreeMap<String, u32>,
 }
 
 impl RdmaFabric {
@@ -225,6 +228,15 @@ pub fn parse(out: &str) -> RdmaFabric {
             }
             continue;
         }
+        if let Some(netdev) = path
+            .strip_prefix("/sys/class/net/")
+            .and_then(|p| p.strip_suffix("/mtu"))
+        {
+            if let Ok(mtu) = value.parse() {
+                f.mtu.insert(netdev.to_string(), mtu);
+            }
+            continue;
+        }
         let Some(rel) = path.strip_prefix("/sys/class/infiniband/") else {
             continue;
         };
@@ -306,6 +318,8 @@ mod tests {
     /// The shape of a DGX Spark's sysfs (ConnectX-7, two twin devices per port, one cable on
     /// port 1; GID 3 is the fabric address as RoCE v2), as the script prints it.
     pub const SPARK: &str = "\
+/sys/class/net/enp1s0f1np1/mtu:9000
+/sys/class/net/lo/mtu:65536
 net:rocep1s0f1:enp1s0f1np1
 net:roceP2p1s0f1:enP2p1s0f1np1
 /sys/class/infiniband/rocep1s0f1/ports/1/state:4: ACTIVE
@@ -372,6 +386,8 @@ linger:nvidia
         assert_eq!(f.remove_ipc, Some(false));
         assert_eq!(f.lingering, ["nvidia"]);
         assert!(!f.removes_ipc_of("nvidia"));
+        assert_eq!(f.mtu["enp1s0f1np1"], 9000);
+        assert_eq!(f.mtu.len(), 2);
     }
 
     #[test]

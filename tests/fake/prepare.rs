@@ -833,3 +833,34 @@ async fn an_address_without_a_gid_yet_leaves_the_index_to_nccl_with_a_warning() 
         ["node.n2: no RoCE v2 GID carries 192.168.10.2 yet (ports roceP2p1s0f1:1, rocep1s0f1:1), so NCCL_IB_GID_INDEX is left to NCCL"]
     );
 }
+
+/// Ends of one fabric at different MTUs (one fell back to 1500 after a firmware reboot): the
+/// plan names every end and the network's MTU; at one MTU again there is no warning. (The
+/// testbed's `testbed_fabric` shows the apply setting it on both.)
+#[tokio::test]
+async fn ends_of_a_fabric_at_different_mtus_are_named_by_the_plan() {
+    let bed = Bed::new();
+    let mtu_of = |node: &str, mtu: u32| {
+        let text = format!("/sys/class/net/eth1/mtu:{mtu}\n/sys/class/net/lo/mtu:65536\n");
+        bed.hosts[node].on(&["sh", "-c"], Answer::Exit(0, text, String::new()));
+    };
+    mtu_of("node.n1", 9000);
+    mtu_of("node.n2", 1500);
+    let (_, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    let differs: Vec<&str> = warnings
+        .iter()
+        .filter(|w| w.code == "fabric::mtu_differs")
+        .map(|w| w.message.as_str())
+        .collect();
+    assert_eq!(
+        differs,
+        ["network.a: the MTU differs between the ends of the fabric: node.n1 eth1 9000, node.n2 eth1 1500 (the network sets 9000)"],
+        "{warnings:?}"
+    );
+    mtu_of("node.n2", 9000);
+    let (_, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
+    assert!(
+        warnings.iter().all(|w| w.code != "fabric::mtu_differs"),
+        "{warnings:?}"
+    );
+}

@@ -300,6 +300,7 @@ impl Machine for AttachmentMachine {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
         }
         out.warnings = warnings;
+        out.warnings.extend(judge_mtu(cx.config, &fabrics));
         for (node, r, d) in attachments(cx.config) {
             let Some(roce) = fabrics.get(node).and_then(|f| roce_of(&d, f)) else {
                 continue;
@@ -530,6 +531,59 @@ pub fn judge_fabric(
         }
     }
     (errors, warnings)
+}
+
+/// Each network whose attached interfaces run different MTUs, as `fabrics` shows them: a
+/// warning naming every end. Not a refusal: the apply sets the network's MTU on every attached
+/// interface (an MTU the state does not record is drift it corrects) and checks a full-size
+/// frame between every pair before anything starts on the fabric, so refusing the plan would
+/// only block that fix. Pure.
+pub fn judge_mtu(
+    config: &Config,
+    fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
+) -> Vec<crate::diag::Diag> {
+    let by_address: std::collections::HashMap<&str, &Resource> = config
+        .resources
+        .iter()
+        .map(|r| (r.address.as_str(), r))
+        .collect();
+    let mut out = Vec::new();
+    for net in config.networks.values() {
+        let ends: Vec<(String, u32, &Resource)> = net
+            .attachments
+            .iter()
+            .filter_map(|a| {
+                let r = *by_address.get(a.as_str())?;
+                let d = Desired::from_config(&r.config).ok()?;
+                let mtu = *fabrics.get(r.node.as_deref()?)?.mtu.get(&d.interface)?;
+                Some((format!("{} {} {mtu}", r.node.as_deref()?, d.interface), mtu, r))
+            })
+            .collect();
+        let first = ends.first().map(|e| e.1);
+        if ends.len() < 2 || ends.iter().all(|e| Some(e.1) == first) {
+            continue;
+        }
+        let named: Vec<&str> = ends.iter().map(|e| e.0.as_str()).collect();
+        let mut d = crate::diag::Diag::warning(
+            "fabric::mtu_differs",
+            format!(
+                "{}: the MTU differs between the ends of the fabric: {} (the network sets {})",
+                net.address,
+                named.join(", "),
+                net.mtu
+            ),
+        );
+        for (text, mtu, r) in &ends {
+            if *mtu != net.mtu {
+                d = d.label(&r.span, text.clone());
+            }
+        }
+        out.push(d.help(format!(
+            "RoCE between ends of different MTUs fails (IBV_WC_RETRY_EXC_ERR) or falls back: the apply sets {} on every attached interface and checks a full-size frame between every pair before anything starts on the fabric; if an end falls back again (a firmware reboot, a switch port), fix it there",
+            net.mtu
+        )));
+    }
+    out
 }
 
 pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {
