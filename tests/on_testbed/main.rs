@@ -16,6 +16,7 @@ mod terminal;
 mod testbed_apply;
 mod testbed_apply_more;
 mod testbed_chaos;
+mod testbed_fabric;
 mod testbed_faults;
 mod testbed_hosts;
 mod testbed_import;

@@ -556,7 +556,11 @@ pub fn judge_mtu(
                 let r = *by_address.get(a.as_str())?;
                 let d = Desired::from_config(&r.config).ok()?;
                 let mtu = *fabrics.get(r.node.as_deref()?)?.mtu.get(&d.interface)?;
-                Some((format!("{} {} {mtu}", r.node.as_deref()?, d.interface), mtu, r))
+                Some((
+                    format!("{} {} {mtu}", r.node.as_deref()?, d.interface),
+                    mtu,
+                    r,
+                ))
             })
             .collect();
         let first = ends.first().map(|e| e.1);

@@ -1,0 +1,193 @@
+//! The fabric on the testbed, with fake RDMA devices in the nodes' sysfs (`testbed rdma`): the
+//! RoCE v2 GID index and the RDMA ports each node has reach NCCL's environment through the
+//! modules' fabric-env in the containers of that node; a GID index moved on node2 between two
+//! applies is found by the plan, which replaces what uses it on node2 and leaves node1's
+//! container running; an end of
+//! the fabric fallen back to MTU 1500 is named by the plan with the other end, and the apply
+//! sets 9000 again.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::testbed::{sparkform, testbed, Testbed};
+
+const RANK1: (&str, &str) = ("sf-node1", "sparkform-fabric-node1");
+const RANK2: (&str, &str) = ("sf-node2", "sparkform-fabric-node2");
+
+/// `testbed rdma NODE ARGS…`.
+fn rdma(node: &str, args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testbed/testbed");
+    let o = std::process::Command::new(script)
+        .arg("rdma")
+        .arg(node)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run tests/testbed/testbed");
+    assert!(
+        o.status.success(),
+        "testbed rdma {node} {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Takes the fake RDMA devices off both nodes however the test ends.
+struct FakeRdma;
+
+impl Drop for FakeRdma {
+    fn drop(&mut self) {
+        for node in ["sf-node1", "sf-node2"] {
+            rdma(node, &["off"]);
+        }
+    }
+}
+
+/// Both nodes on the fabric, the modules' fabric-env with RDMA on, and a container on each node
+/// with what fabric-env gives it (its node's environment, the RDMA devices and IPC_LOCK). Not
+/// the memlock limit: this machine's Docker Engine lacks `SYS_RESOURCE`, so no container here
+/// can raise it (the example's Ray containers with `rdma = true` cannot start on the testbed).
+fn definitions(tb: &Testbed, dir: &Path) {
+    let fabric_env = Path::new(env!("CARGO_MANIFEST_DIR")).join("modules/fabric-env");
+    let mut s = common::testbed::cluster_hcl(tb, 41, 42);
+    s.push_str(&format!(
+        r#"
+module "fabric" {{
+  source      = "{}"
+  network     = network.fabric
+  nodes       = [node.node1, node.node2]
+  gpu_devices = false
+}}
+
+container "rank" {{
+  for_each     = {{ node1 = node.node1, node2 = node.node2 }}
+  node         = each.value
+  name         = "sparkform-fabric-${{each.key}}"
+  image        = "sparkform-testbed/tiny:latest"
+  command      = ["sleep", "3600"]
+  network_mode = module.fabric.network_mode
+  env          = module.fabric.node_env[each.key]
+  devices      = module.fabric.devices
+  cap_add      = module.fabric.cap_add
+}}
+"#,
+        fabric_env.display()
+    ));
+    std::fs::write(dir.join("main.hcl"), s).unwrap();
+}
+
+/// A container's environment, `NAME=VALUE` each.
+fn env(tb: &Testbed, (node, name): (&str, &str)) -> Vec<String> {
+    let out = tb.ssh(
+        node,
+        &format!("docker inspect -f '{{{{json .Config.Env}}}}' {name}"),
+    );
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{name}: {e}: {out}"))
+}
+
+fn assert_nccl(tb: &Testbed, c: (&str, &str), gid: &str) {
+    let e = env(tb, c);
+    assert!(
+        e.iter().any(|v| v == &format!("NCCL_IB_GID_INDEX={gid}")),
+        "{}: {e:?}",
+        c.1
+    );
+    assert!(
+        e.iter().any(|v| v == "NCCL_IB_HCA==rocep1s0f0:1"),
+        "{}: {e:?}",
+        c.1
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn a_moved_gid_index_replaces_what_uses_it_and_one_end_at_mtu_1500_is_named_with_the_other() {
+    let tb = testbed();
+    tb.clear_leftovers();
+    let _off = FakeRdma;
+    let on = |node: &str, address: &str, gid: &str| {
+        rdma(node, &["on", "--address", address, "--gid-index", gid]);
+    };
+    on("sf-node1", "192.168.201.41", "3");
+    on("sf-node2", "192.168.201.42", "3");
+    let tmp = tempfile::tempdir().unwrap();
+    definitions(&tb, tmp.path());
+    let dir = tmp.path().to_str().unwrap().to_string();
+    let st = tmp.path().join("state.json").to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend([dir.as_str(), "-state", st.as_str()]);
+        sparkform(&a)
+    };
+
+    let (code, out, err) = run(&["apply", "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nccl(&tb, RANK1, "3");
+    assert_nccl(&tb, RANK2, "3");
+    let rank1 = tb
+        .running_id(RANK1.0, RANK1.1)
+        .expect("node1's container runs");
+
+    // node2 rebooted: its fabric address's GID is at 5 now.
+    on("sf-node2", "192.168.201.42", "5");
+    let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    for (what, wanted) in [
+        (
+            "network.fabric.attach.node2 (attachment on node.node2) will be updated in place",
+            true,
+        ),
+        (
+            "container.rank[\"node2\"] (container on node.node2) must be replaced",
+            true,
+        ),
+        ("network.fabric.attach.node1 (attachment", false),
+        ("container.rank[\"node1\"] (container", false),
+    ] {
+        assert_eq!(out.contains(what), wanted, "{what}: {out}");
+    }
+    let old_new = out
+        .lines()
+        .filter(|l| l.contains("NCCL_IB_GID_INDEX") || l.contains("gid_index"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        old_new.contains("\"3\"") && old_new.contains("\"5\"") || old_new.contains("3 -> 5"),
+        "the old and the new index: {old_new}\n{out}"
+    );
+    let (code, out, err) = run(&["apply", "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nccl(&tb, RANK2, "5");
+    assert_nccl(&tb, RANK1, "3");
+    assert_eq!(
+        tb.running_id(RANK1.0, RANK1.1),
+        Some(rank1),
+        "node1's kept running"
+    );
+    let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+
+    // A firmware reboot set node2's fabric interface back to 1500.
+    tb.ssh("sf-node2", "ip link set dev enp1s0f0np0 mtu 1500");
+    let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    let both = "network.fabric: the MTU differs between the ends of the fabric: node.node1 enp1s0f0np0 9000, node.node2 enp1s0f0np0 1500 (the network sets 9000)";
+    // The warning as a terminal shows it, wrapped: its words in order.
+    let words = err
+        .replace('│', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(words.contains(both), "{out}\n{err}");
+    let (code, out, err) = run(&["apply", "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        tb.ssh("sf-node2", "cat /sys/class/net/enp1s0f0np0/mtu")
+            .trim(),
+        "9000"
+    );
+
+    let (code, out, err) = run(&["destroy", "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+}
