@@ -71,6 +71,16 @@ locals {
   cap_add = var.rdma ? ["IPC_LOCK"] : null
   ulimits = var.rdma ? { memlock = "-1" } : null
 
+  # What NCCL chose on each rank, which the apply records from the log of a vLLM container once
+  # it is ready (record_from_log) and `status` shows: the RDMA devices (NET/IB) or sockets
+  # (NET/Socket), each channel's path (NET/IB/0, with /GDRDMA when the GPU reads the NIC
+  # directly), by the host that printed it. NCCL names them only at INFO level. Formats as NCCL
+  # prints them: `HOST:PID:TID [DEV] NCCL INFO …` (a Ray driver prefixes a worker's lines).
+  record_from_log = local.detect_socket_fallback ? {
+    nccl_net  = "([\\w.-]+):\\d+:\\d+ \\[\\d+\\] NCCL INFO (NET/(?:IB|Socket) : Using [^;]*)"
+    nccl_path = "([\\w.-]+):\\d+:\\d+ \\[\\d+\\] NCCL INFO Channel .* via (NET/\\w+/\\d+(?:/GDRDMA)?)"
+  } : {}
+
   # Log lines that are worth a warning but not a failed start (warn_on_log), by where they
   # apply, as `signatures`.
   warnings = {

@@ -82,6 +82,11 @@ output "warnings" {
   value       = local.warnings
 }
 
+output "record_from_log" {
+  description = "record_from_log patterns for a vLLM container's ready check: the transport NCCL chose, per rank."
+  value       = local.record_from_log
+}
+
 output "benign_log" {
   description = "Log lines that are normal on DGX Spark; no signature matches them."
   value       = local.benign_log

@@ -49,6 +49,8 @@ output "fabric" {
     signatures   = module.fabric.signatures
     warnings     = module.fabric.warnings
     benign_log   = module.fabric.benign_log
+    # What the vLLM driver records from its log: the transport NCCL chose, per rank.
+    record_from_log = module.fabric.record_from_log
   }
 }
 

@@ -80,12 +80,13 @@ container "rank0" {
   process_group = "vllm"
 
   ready {
-    tcp         = "${local.master}:${var.master_port}"
-    timeout     = var.start_timeout
-    interval    = "2s"
-    fail_on_log = local.fail_on_log
-    warn_on_log = module.fabric.warnings.gpu
-    progress    = module.serve.progress
+    tcp             = "${local.master}:${var.master_port}"
+    timeout         = var.start_timeout
+    interval        = "2s"
+    fail_on_log     = local.fail_on_log
+    warn_on_log     = module.fabric.warnings.gpu
+    progress        = module.serve.progress
+    record_from_log = module.fabric.record_from_log
   }
 }
 
@@ -113,13 +114,14 @@ container "rank" {
   process_group = "vllm"
 
   ready {
-    http        = "http://${local.master}:${var.port}/health"
-    status      = 200
-    timeout     = var.health_timeout
-    interval    = "5s"
-    fail_on_log = local.fail_on_log
-    warn_on_log = module.fabric.warnings.gpu
-    progress    = module.serve.progress
+    http            = "http://${local.master}:${var.port}/health"
+    status          = 200
+    timeout         = var.health_timeout
+    interval        = "5s"
+    fail_on_log     = local.fail_on_log
+    warn_on_log     = module.fabric.warnings.gpu
+    progress        = module.serve.progress
+    record_from_log = module.fabric.record_from_log
   }
 
   depends_on           = [container.rank0]

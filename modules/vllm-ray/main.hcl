@@ -80,6 +80,8 @@ container "vllm" {
     fail_on_log = merge(local.fabric.signatures.gpu, local.fabric.signatures.vllm, local.fabric.signatures.ray)
     warn_on_log = local.fabric.warnings.gpu
     progress    = module.serve.progress
+    # Ray forwards every worker's NCCL lines to this driver's log: one record for all ranks.
+    record_from_log = local.fabric.record_from_log
   }
 
   depends_on           = [module.ray.members]

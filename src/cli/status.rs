@@ -144,6 +144,27 @@ pub fn render(s: &Status) -> String {
     } else {
         out.push_str(&table(&rows));
     }
+    let logged: Vec<_> = s
+        .resources
+        .iter()
+        .filter(|r| !r.from_log.is_empty())
+        .collect();
+    if !logged.is_empty() {
+        out.push_str("\nFrom the logs when each became ready:\n");
+        for r in logged {
+            out.push_str(&format!("  {}\n", r.address));
+            for (name, values) in &r.from_log {
+                for (i, v) in values.iter().enumerate() {
+                    let label = if i == 0 {
+                        format!("{name}:")
+                    } else {
+                        String::new()
+                    };
+                    out.push_str(&format!("    {label:<w$} {v}\n", w = name.len() + 1));
+                }
+            }
+        }
+    }
     if !s.probes.is_empty() {
         out.push_str("\nProbes (last run by apply):\n");
         let rows: Vec<Vec<String>> = s
@@ -228,6 +249,7 @@ mod tests {
     use super::*;
     use crate::kinds::KindId;
     use crate::ops::status::{NodeStatus, ProbeStatus, ResourceStatus};
+    use std::collections::BTreeMap;
 
     fn made_up() -> Status {
         Status {
@@ -254,6 +276,15 @@ mod tests {
                         restarts: 2,
                         image_id: Some("sha256:feedbeefcafe0000".into()),
                     },
+                    from_log: [(
+                        "nccl_net".to_string(),
+                        vec![
+                            "spark1 NET/IB : Using [0]rocep1s0f0:1/RoCE".to_string(),
+                            "spark2 NET/Socket : Using [0]enp1s0f0np0:192.168.200.2<0>".to_string(),
+                        ],
+                    )]
+                    .into_iter()
+                    .collect(),
                 },
                 ResourceStatus {
                     address: "container.vllm".into(),
@@ -265,6 +296,7 @@ mod tests {
                         restarts: 0,
                         image_id: None,
                     },
+                    from_log: BTreeMap::new(),
                 },
                 ResourceStatus {
                     address: "container.worker".into(),
@@ -272,6 +304,7 @@ mod tests {
                     node: "node.b".into(),
                     recorded: None,
                     observed: Seen::Unknown,
+                    from_log: BTreeMap::new(),
                 },
             ],
             probes: vec![ProbeStatus {
@@ -308,11 +341,20 @@ mod tests {
         assert!(text.contains("200 in 41 ms: I am Qwen"), "{text}");
         assert!(text.contains("endpoint = http://10.0.0.1:30000"), "{text}");
         assert!(text.contains("token = (sensitive)"), "{text}");
+        assert!(
+            text.contains("From the logs when each became ready:\n  container.head\n    nccl_net: spark1 NET/IB : Using [0]rocep1s0f0:1/RoCE\n              spark2 NET/Socket"),
+            "{text}"
+        );
         assert!(!healthy(&s));
         let j = serde_json::to_value(&s).unwrap();
         assert_eq!(j["resources"][1]["observed"]["state"], "exited");
         assert_eq!(j["resources"][1]["observed"]["code"], 137);
         assert_eq!(j["resources"][0]["kind"], "container");
+        assert_eq!(
+            j["resources"][0]["from_log"]["nccl_net"][1],
+            "spark2 NET/Socket : Using [0]enp1s0f0np0:192.168.200.2<0>"
+        );
+        assert!(j["resources"][1].get("from_log").is_none());
     }
 
     #[test]

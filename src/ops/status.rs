@@ -37,6 +37,10 @@ pub struct ResourceStatus {
     /// What the state records it by (a container's ID), if anything.
     pub recorded: Option<String>,
     pub observed: Seen,
+    /// What its log said once it was ready, as its ready checks' `record_from_log` named it
+    /// (the transport NCCL chose, per rank).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub from_log: BTreeMap<String, Vec<String>>,
 }
 
 /// What a resource looks like on its machine.
@@ -120,6 +124,7 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
                 node: n.clone(),
                 recorded,
                 observed,
+                from_log: from_log(r),
             });
         }
     }
@@ -131,6 +136,14 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
         probes: probes(state),
         outputs: outputs(state),
     }
+}
+
+/// What the apply recorded from the resource's log (`from_log`).
+fn from_log(r: &ResourceState) -> BTreeMap<String, Vec<String>> {
+    r.attributes
+        .get("from_log")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
 }
 
 fn recorded_id(r: &ResourceState) -> Option<String> {

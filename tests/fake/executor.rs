@@ -974,6 +974,69 @@ async fn a_warn_on_log_line_is_reported_once_and_the_start_goes_on() {
     assert_eq!(warnings[0].2, "NCCL runs over TCP sockets, not RoCE");
 }
 
+/// What NCCL chose, read from the log once the container is ready (`record_from_log`):
+/// recorded with the container and shown by `status`, per host, each value once.
+#[tokio::test]
+async fn record_from_log_keeps_what_the_log_said_at_ready_and_status_shows_it() {
+    let hcl = serving().replacen(
+        "    exec     = [\"ray\", \"status\"]\n    timeout  = \"2s\"",
+        "    exec     = [\"ray\", \"status\"]\n    record_from_log = { nccl_net = \"([\\\\w.-]+):\\\\d+:\\\\d+ \\\\[\\\\d+\\\\] NCCL INFO (NET/(?:IB|Socket) : Using [^;]*)\" }\n    timeout  = \"2s\"",
+        1,
+    );
+    assert_ne!(hcl, serving());
+    let bed = Bed::new(&hcl);
+    let (n1, n2, d1, _d2) = two_with_docker(&bed);
+    d1.fault(
+        "head",
+        Fault::Logs(vec![
+            "spark1:812:901 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.10.1<0>".into(),
+            "(RayWorkerWrapper pid=2211, ip=192.168.10.2) spark2:2211:2290 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.10.2<0>".into(),
+            "spark1:812:901 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.10.1<0>".into(),
+        ]),
+    );
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let want = serde_json::json!({"nccl_net": [
+        "spark1 NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]",
+        "spark2 NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]",
+    ]});
+    let state = bed.state();
+    assert_eq!(
+        state.resources["container.head"].attributes["from_log"],
+        want
+    );
+    assert!(!state.resources["container.worker"]
+        .attributes
+        .contains_key("from_log"));
+    let fakes = sparkform::hosts::fake::FakeNodes::new(
+        [n1, n2]
+            .into_iter()
+            .map(|h| {
+                let node = sparkform::hosts::Host::node(h.as_ref()).to_string();
+                (node, h as Arc<dyn sparkform::hosts::Host>)
+            })
+            .collect(),
+    );
+    let hosts = HostOptions {
+        fake: Some(fakes),
+        ..HostOptions::default()
+    };
+    let status = sparkform::ops::status::status(&bed.config, &state, &hosts).await;
+    let head = status
+        .resources
+        .iter()
+        .find(|r| r.address == "container.head")
+        .expect("the head's status");
+    assert_eq!(serde_json::json!(head.from_log), want);
+}
+
 #[tokio::test]
 async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
     let bed = Bed::new(&serving().replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));

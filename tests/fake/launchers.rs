@@ -470,3 +470,62 @@ fn the_ranks_of_one_process_group_are_replaced_as_one() {
     // And nothing to do stays nothing to do.
     assert!(!plan_for(&applied, &[]).has_changes());
 }
+
+/// The transport NCCL chose, per rank, recorded from each vLLM container's log once it is
+/// ready: the vLLM driver of the Ray launcher (which gets every worker's lines) and the
+/// headless ranks of the mp launcher; the patterns take the host and the transport from the
+/// lines NCCL prints on real two-node RoCE runs. Without NCCL_DEBUG (no rdma) nothing is asked.
+#[test]
+fn the_vllm_containers_record_the_transport_nccl_chose_per_rank() {
+    let c = load();
+    for address in [RAY_VLLM, MP_RANKS[1]] {
+        let ready = resource(&c, address).config["ready"].clone();
+        let named: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(ready[0]["record_from_log"].clone())
+                .unwrap_or_else(|e| panic!("{address}: {e}: {ready}"));
+        let net = regex::Regex::new(&named["nccl_net"]).unwrap();
+        let path = regex::Regex::new(&named["nccl_path"]).unwrap();
+        let caps = |re: &regex::Regex, line: &str| -> Vec<String> {
+            re.captures(line)
+                .map(|c| {
+                    c.iter()
+                        .skip(1)
+                        .flatten()
+                        .map(|m| m.as_str().to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            caps(&net, "(RayWorkerWrapper pid=2211, ip=192.168.200.2) spark2:2211:2290 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.200.2<0>"),
+            ["spark2", "NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE [RO]"]
+        );
+        assert_eq!(
+            caps(
+                &net,
+                "spark1:812:901 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.200.1<0>"
+            ),
+            [
+                "spark1",
+                "NET/Socket : Using [0]enp1s0f0np0:192.168.200.1<0>"
+            ]
+        );
+        assert_eq!(
+            caps(&path, "spark-153d:7:19 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA"),
+            ["spark-153d", "NET/IB/0/GDRDMA"]
+        );
+        assert!(caps(
+            &net,
+            "INFO 07-14 10:12:44 [gpu_worker.py:298] Available KV cache memory: 2.26 GiB"
+        )
+        .is_empty());
+    }
+    let c = load_with(&[("rdma", "false")]);
+    let ready = &resource(&c, RAY_VLLM).config["ready"][0];
+    assert!(
+        ready
+            .get("record_from_log")
+            .is_none_or(|v| v.as_object().is_none_or(|m| m.is_empty())),
+        "{ready}"
+    );
+}

@@ -242,6 +242,14 @@ pub struct ReadyCheck {
         deserialize_with = "hidden"
     )]
     pub progress: Option<BTreeMap<String, String>>,
+    /// `{ NAME = "REGEX" }`: once ready, what the log's lines matching each pattern say (their
+    /// capture groups), recorded with the container (`from_log`) and shown by `status`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "hidden"
+    )]
+    pub record_from_log: Option<BTreeMap<String, String>>,
 }
 
 pub const DEFAULT_READY_TIMEOUT_SECS: u64 = 300;

@@ -212,9 +212,10 @@ impl dyn Engine<'_> + '_ {
                     Ok(v) => ready.push(v),
                     Err(msg) => {
                         // A bad pattern or URL is pointed at where it is written.
-                        let pattern_attr = ["fail_on_log", "warn_on_log", "progress"]
-                            .into_iter()
-                            .find(|a| msg.starts_with(&format!("{a} pattern")));
+                        let pattern_attr =
+                            ["fail_on_log", "warn_on_log", "progress", "record_from_log"]
+                                .into_iter()
+                                .find(|a| msg.starts_with(&format!("{a} pattern")));
                         let bad_url = matches!(r.values.get("http"), Some(Value::String(u)) if crate::schema::parse_url(u).is_err());
                         let (span, help) = match pattern_attr.and_then(|a| r.spans.get(a)) {
                             Some(s) => (s.clone(), "patterns are Rust regular expressions (the `regex` crate's syntax); escape a literal ( or . with \\\\"),

@@ -23,6 +23,7 @@ pub static READY: BlockSpec = spec(
         opt("fail_on_log", schema::Kind::MapStr),
         opt("warn_on_log", schema::Kind::MapStr),
         opt("progress", schema::Kind::MapStr),
+        opt("record_from_log", schema::Kind::MapStr),
     ],
     &[],
 );
@@ -239,6 +240,16 @@ pub fn ready_config(values: &Map<String, Value>) -> Result<ReadyCheck, String> {
     if let Some(Value::Object(patterns)) = values.get("progress") {
         for p in patterns.keys() {
             progress::check_pattern(p)?;
+        }
+    }
+    if let Some(Value::Object(named)) = values.get("record_from_log") {
+        for (name, p) in named {
+            let p = p.as_str().unwrap_or_default();
+            if let Err(e) = regex::Regex::new(p) {
+                return Err(format!(
+                    "record_from_log pattern {p:?} ({name}) is not a regular expression: {e}"
+                ));
+            }
         }
     }
     let mut out = serde_json::Map::new();

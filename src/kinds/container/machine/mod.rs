@@ -251,6 +251,11 @@ impl Machine for ContainerMachine {
                         attributes.insert("container_id".into(), serde_json::json!(id));
                         attributes.insert("image_id".into(), serde_json::json!(image_id));
                         attributes.insert("image_digest".into(), serde_json::json!(image_digest));
+                        let from_log =
+                            ready::record_from_log(cx, &docker, &id, &desired.ready, 0).await;
+                        if !from_log.is_empty() {
+                            attributes.insert("from_log".into(), serde_json::json!(from_log));
+                        }
                         Ok(Applied {
                             attributes,
                             undo: serde_json::json!({ "created": id, "previous": if aside.is_some() { old.clone() } else { None }, "name": name }),

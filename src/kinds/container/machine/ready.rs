@@ -274,6 +274,85 @@ pub(super) async fn warn_on_log(
     }
 }
 
+/// At most this many values per `record_from_log` name, each at most `RECORDED_CHARS` long:
+/// what a log says is bounded in the state however long the log is.
+const RECORDED_VALUES: usize = 16;
+const RECORDED_CHARS: usize = 240;
+/// How much of a ready container's log `record_from_log` reads.
+const RECORD_LINES: usize = 20_000;
+
+/// What `record_from_log` (name → pattern) finds in `lines`: for each name the distinct values
+/// of its matching lines in log order (the capture groups that matched, joined by a space; the
+/// whole match without groups), bounded. Names that match nothing are left out. Pure.
+pub(super) fn recorded_from_log(
+    lines: &[String],
+    patterns: &BTreeMap<String, String>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for (name, pattern) in patterns {
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        let mut values: Vec<String> = Vec::new();
+        for line in lines {
+            let Some(c) = re.captures(line) else {
+                continue;
+            };
+            let groups: Vec<&str> = c.iter().skip(1).flatten().map(|m| m.as_str()).collect();
+            let text = if groups.is_empty() {
+                c.get(0).map_or("", |m| m.as_str()).to_string()
+            } else {
+                groups.join(" ")
+            };
+            let text: String = text.trim().chars().take(RECORDED_CHARS).collect();
+            if !values.contains(&text) {
+                values.push(text);
+            }
+            if values.len() == RECORDED_VALUES {
+                break;
+            }
+        }
+        if !values.is_empty() {
+            out.insert(name.clone(), values);
+        }
+    }
+    out
+}
+
+/// Once a container is ready: what its log since `since` says for every ready check's
+/// `record_from_log`, each value passed through the configuration's secrets.
+pub(super) async fn record_from_log(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    id: &str,
+    checks: &[ReadyCheck],
+    since: i32,
+) -> BTreeMap<String, Vec<String>> {
+    let patterns: BTreeMap<String, String> = checks
+        .iter()
+        .filter_map(|c| c.record_from_log.as_ref())
+        .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .collect();
+    if patterns.is_empty() {
+        return BTreeMap::new();
+    }
+    let Ok(lines) = tokio::time::timeout(
+        Duration::from_secs(30),
+        log_tail_since(docker, id, RECORD_LINES, since),
+    )
+    .await
+    else {
+        return BTreeMap::new();
+    };
+    let mut found = recorded_from_log(&lines, &patterns);
+    for values in found.values_mut() {
+        for v in values.iter_mut() {
+            *v = cx.secrets.scrub(v).into_owned();
+        }
+    }
+    found
+}
+
 /// Follows a starting container's log, so that every phase its `progress` patterns name is
 /// seen (and reported as an event) even when it lasts less than a check interval.
 pub(super) struct LogFollow<S> {
@@ -464,6 +543,56 @@ pub(super) async fn wait_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NCCL's lines as real two-node RoCE runs print them (public reports), and a Ray driver's
+    /// copy of a worker's line.
+    const NCCL: [&str; 6] = [
+        "spark-153d:7:19 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE; OOB enp1s0f0np0:192.168.100.1<0>",
+        "spark-153d:7:19 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0",
+        "spark-153d:7:19 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/IB/0",
+        "(RayWorkerWrapper pid=2211, ip=192.168.200.2) spark2:2211:2290 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.200.2<0>",
+        "ubuntu:11610 [0] NCCL INFO NET/IB : Using [0]roceP3p1s0:1/RoCE [RO]; OOB enP3p1s0np0:10.99.0.1<0>",
+        "INFO 07-14 10:12:44 [gpu_worker.py:298] Available KV cache memory: 2.26 GiB",
+    ];
+
+    #[test]
+    fn record_from_log_keeps_each_distinct_value_of_the_groups_in_log_order() {
+        let lines: Vec<String> = NCCL.iter().map(|l| l.to_string()).collect();
+        let patterns: BTreeMap<String, String> = [
+            (
+                "net",
+                r"([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO (NET/(?:IB|Socket) : Using [^;]*)",
+            ),
+            (
+                "path",
+                r"([\w.-]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via (NET/\w+/\d+(?:/GDRDMA)?)",
+            ),
+            ("kv", r"Available KV cache memory: [\d.]+ GiB"),
+            ("none", "never printed"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let found = recorded_from_log(&lines, &patterns);
+        assert_eq!(
+            found["net"],
+            [
+                "spark-153d NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE",
+                "spark2 NET/Socket : Using [0]enp1s0f0np0:192.168.200.2<0>",
+            ]
+        );
+        assert_eq!(found["path"], ["spark-153d NET/IB/0"]);
+        assert_eq!(found["kv"], ["Available KV cache memory: 2.26 GiB"]);
+        assert!(!found.contains_key("none"));
+        // ubuntu:11610 has no thread id: the pattern does not take it.
+        assert_eq!(found.len(), 3);
+        // Bounded however long the log is.
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("Available KV cache memory: {i} GiB {}", "x".repeat(500)))
+            .collect();
+        let found = recorded_from_log(&many, &patterns);
+        assert_eq!(found["kv"].len(), RECORDED_VALUES);
+    }
 
     #[test]
     fn a_warn_on_log_pattern_warns_once_with_its_line() {
