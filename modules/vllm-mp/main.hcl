@@ -78,6 +78,8 @@ container "rank0" {
   # reason (drift, an untracked copy a kill left, a failed start) replaces every rank, and a
   # rollback brings back all of them or none.
   process_group = "vllm"
+  # This rank loads its share of the model on its node: a unified-memory node's memory first.
+  memory = [for n, m in module.serve.memory : m if n == var.head.name]
 
   ready {
     tcp             = "${local.master}:${var.master_port}"
@@ -112,6 +114,7 @@ container "rank" {
   )
   restart       = "no"
   process_group = "vllm"
+  memory        = [for n, m in module.serve.memory : m if n == each.key]
 
   ready {
     http            = "http://${local.master}:${var.port}/health"

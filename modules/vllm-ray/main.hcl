@@ -70,6 +70,9 @@ container "vllm" {
     module.serve.server_args,
   )
   restart = "no"
+  # Its start loads the model on every node (Ray's workers): each unified-memory node's memory
+  # is waited for first.
+  memory = values(module.serve.memory)
 
   ready {
     http     = "http://${module.ray.head_ip}:${var.port}/health"

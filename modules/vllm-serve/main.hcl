@@ -10,6 +10,18 @@ locals {
   min_memory  = min([for n in var.nodes : n.memory_gib == null ? 0 : n.memory_gib]...)
   per_node    = local.size_gib == null ? 0 : local.size_gib / length(var.nodes) + var.overhead_gib
   large_model = local.size_gib == null ? true : local.size_gib >= var.large_model_gib
+  # On a unified-memory node the GPU's memory is the node's: vLLM starts only when the memory
+  # the kernel holds free covers gpu_memory_utilization of it, the page cache of weights just
+  # copied counting as used. What a start needs of each node, by node name: the engine that
+  # loads there waits for it (an old one releasing its memory), the weights' cache dropped first.
+  memory = {
+    for n in var.nodes : n.name => {
+      node            = n
+      min_free_gib    = var.gpu_memory_utilization * n.memory_gib
+      drop_page_cache = var.weights == null ? [] : [var.weights.path]
+      timeout         = var.memory_release_timeout
+    } if n.unified_memory == true && n.memory_gib != null
+  }
   # Only the node itself can reach an endpoint on loopback.
   listens_beyond_the_node = !contains(["127.0.0.1", "localhost", "::1"], var.listen)
 

@@ -31,6 +31,11 @@ output "progress" {
   }
 }
 
+output "memory" {
+  description = "What a vLLM start needs of each unified-memory node's memory, by node name: a container's `memory` entries."
+  value       = local.memory
+}
+
 output "auth_headers" {
   description = "The headers a client of the endpoint sends: the API key as a bearer token, when there is one."
   value       = var.api_key == null ? {} : { Authorization = "Bearer ${var.api_key}" }

@@ -19,6 +19,12 @@ variable "served_model_name" {
   default = null
 }
 
+variable "memory_release_timeout" {
+  type        = number
+  default     = 120
+  description = "Seconds a vLLM start on a unified-memory node waits for its memory (an engine that stopped releasing it) before it fails naming what holds the GPU."
+}
+
 variable "nodes" {
   type        = any
   description = "Every node the model is spread over."

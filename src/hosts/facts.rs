@@ -149,9 +149,14 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
 
 /// `MemTotal` of `/proc/meminfo`, in GiB.
 pub fn mem_total_gib(meminfo: &str) -> Option<f64> {
+    meminfo_gib(meminfo, "MemTotal")
+}
+
+/// A field of `/proc/meminfo` (`MemFree`, `Cached`…), in GiB.
+pub fn meminfo_gib(meminfo: &str, field: &str) -> Option<f64> {
     let kib: f64 = meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())?;
     Some(kib / 1024.0 / 1024.0)

@@ -1037,6 +1037,104 @@ async fn record_from_log_keeps_what_the_log_said_at_ready_and_status_shows_it() 
     assert_eq!(serde_json::json!(head.from_log), want);
 }
 
+/// The serving fixture with the worker's start needing `gib` GiB free on both nodes, the
+/// weights' page cache dropped on n2 first, waiting at most `timeout` s.
+fn needing_memory(gib: u32, timeout: u32) -> String {
+    let hcl = serving().replacen(
+        "  depends_on = [container.head]\n",
+        &format!("  depends_on = [container.head]\n  memory = [\n    {{ node = node.n1, min_free_gib = {gib}, timeout = {timeout} }},\n    {{ node = node.n2, min_free_gib = {gib}, drop_page_cache = [\"/data/hf/snapshots/abc\"], timeout = {timeout} }},\n  ]\n"),
+        1,
+    );
+    assert_ne!(hcl, serving());
+    hcl
+}
+
+fn meminfo(free_gib: u64) -> Answer {
+    Answer::Exit(
+        0,
+        format!(
+            "MemTotal:       125410000 kB\nMemFree:        {} kB\n",
+            free_gib * 1024 * 1024
+        ),
+        String::new(),
+    )
+}
+
+/// A start on unified memory waits until each node it needs has the memory free (an old engine
+/// releasing it), after the weights' page cache was dropped there.
+#[tokio::test]
+async fn a_start_waits_for_the_memory_it_needs_on_each_node_after_dropping_the_page_cache() {
+    let bed = Bed::new(&needing_memory(90, 30));
+    let (n1, n2, _d1, d2) = two_with_docker(&bed);
+    n1.on(&["cat", "/proc/meminfo"], meminfo(110));
+    n2.on(&["cat", "/proc/meminfo"], meminfo(40));
+    n2.on(&["find"], Answer::Exit(0, String::new(), String::new()));
+    let releasing = n2.clone();
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        releasing.on(&["cat", "/proc/meminfo"], meminfo(100));
+    });
+    let r = run(&bed, vec![n1, n2], 2, true, CancellationToken::new()).await;
+    released.await.unwrap();
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    assert_eq!(running(&d2), ["worker"]);
+    let waited: Vec<&String> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepProgress {
+                address, message, ..
+            } if address == "container.worker" => Some(message),
+            _ => None,
+        })
+        .filter(|m| m.starts_with("waiting for 90.0 GiB free on node.n2 (40.0 GiB free)"))
+        .collect();
+    assert!(!waited.is_empty(), "{:?}", r.events);
+    let log = bed.world.log();
+    let dropped = position(
+        &log,
+        "node.n2: find -L /data/hf/snapshots/abc -type f -exec dd 'if={}' iflag=nocache count=0 status=none ';'",
+    );
+    // The free memory is read again after the cache is dropped.
+    assert!(
+        log[dropped..]
+            .iter()
+            .any(|l| l == "node.n2: cat /proc/meminfo"),
+        "{log:#?}"
+    );
+}
+
+/// Memory that is never released fails the start in time, naming the figures and what the GPU
+/// holds, and the apply rolls back.
+#[tokio::test]
+async fn memory_that_is_never_released_fails_the_start_naming_what_holds_it() {
+    let bed = Bed::new(&needing_memory(90, 1));
+    let (n1, n2, _d1, d2) = two_with_docker(&bed);
+    n1.on(&["cat", "/proc/meminfo"], meminfo(110));
+    n2.on(&["cat", "/proc/meminfo"], meminfo(40));
+    n2.on(&["find"], Answer::Exit(0, String::new(), String::new()));
+    n2.on(
+        &[
+            "nvidia-smi",
+            "--query-compute-apps=pid,process_name,used_memory",
+        ],
+        Answer::Exit(
+            0,
+            "4242, VLLM::EngineCore, 61440 MiB\n".into(),
+            String::new(),
+        ),
+    );
+    let r = run(&bed, vec![n1, n2], 2, true, CancellationToken::new()).await;
+    assert!(!r.outcome.ok);
+    let (failed, e) = &r.outcome.failures[0];
+    assert_eq!(failed, "container.worker");
+    assert_eq!(
+        e.message,
+        "node.n2: 40.0 GiB of memory free after 1 s, worker needs 90.0 GiB; the GPU's memory is held by: 4242, VLLM::EngineCore, 61440 MiB"
+    );
+    assert!(running(&d2).is_empty(), "never created");
+}
+
 #[tokio::test]
 async fn cancel_while_a_container_waits_to_be_ready_rolls_back() {
     let bed = Bed::new(&serving().replacen("timeout  = \"2s\"", "timeout  = \"10m\"", 1));

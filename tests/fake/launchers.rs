@@ -529,3 +529,83 @@ fn the_vllm_containers_record_the_transport_nccl_chose_per_rank() {
         "{ready}"
     );
 }
+
+/// On unified-memory nodes a vLLM start waits for gpu_memory_utilization of each node's memory
+/// to be free, after dropping the weights' page cache: the Ray launcher's driver (whose start
+/// loads the model on every node) for both nodes, each mp rank for its own; nothing where the
+/// nodes have memory of their own.
+#[test]
+fn vllm_starts_on_unified_memory_wait_for_their_memory_after_dropping_the_weights_cache() {
+    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks"));
+    let vllm = resource(&c, "module.qwen.container.vllm");
+    let needs = vllm.config["memory"].as_array().expect("memory needs");
+    let nodes: Vec<&str> = needs.iter().filter_map(|n| n["node"].as_str()).collect();
+    assert_eq!(nodes, ["node.spark1", "node.spark2"]);
+    for n in needs {
+        // 0.80 of the 120 GiB each Spark declares.
+        assert!(
+            (n["min_free_gib"].as_f64().unwrap() - 96.0).abs() < 1e-9,
+            "{n}"
+        );
+        let path = n["drop_page_cache"][0].as_str().unwrap_or_default();
+        assert!(path.starts_with("/home/nvidia/.cache/huggingface/hub/models--Qwen--Qwen3.5-122B-A10B-FP8/snapshots/"), "{n}");
+        assert_eq!(n["timeout"], 120);
+    }
+    let ray_head = resource(&c, "module.qwen.module.ray.container.ray_head");
+    assert!(
+        ray_head.config.get("memory").is_none(),
+        "{}",
+        ray_head.config
+    );
+
+    let (c, _) = common::load(Path::new("examples/qwen35-two-sparks-mp"));
+    let mut ranks = 0;
+    for r in c.resources.iter().filter(|r| {
+        r.kind == sparkform::config::ResourceKind::Container && r.address.contains("rank")
+    }) {
+        let needs = r.config["memory"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}: {}", r.address, r.config));
+        let nodes: Vec<&str> = needs.iter().filter_map(|n| n["node"].as_str()).collect();
+        assert_eq!(nodes, [r.node.as_deref().unwrap()], "{}", r.address);
+        ranks += 1;
+    }
+    assert_eq!(ranks, 2);
+    // The launchers' fixture declares no unified memory.
+    assert!(resource(&load(), RAY_VLLM).config.get("memory").is_none());
+}
+
+/// A `memory` that is not what a container's start can wait for is refused at its line.
+#[test]
+fn a_bad_memory_need_is_refused_with_the_shape_it_takes() {
+    for (bad, says) in [
+        ("\"16g\"", "memory is not a list"),
+        (
+            "[{ node = \"spark1\", min_free_gib = 90 }]",
+            "node is not a node",
+        ),
+        (
+            "[{ node = node.n1, min_free_gib = -1 }]",
+            "min_free_gib is not a number of GiB",
+        ),
+        (
+            "[{ node = node.n1, min_free_gib = 9, drop_page_cache = [\"relative\"] }]",
+            "drop_page_cache is not a list of absolute paths",
+        ),
+        (
+            "[{ node = node.n1, min_free_gib = 9, swap = 1 }]",
+            "memory has no attribute \"swap\"",
+        ),
+    ] {
+        let text = format!(
+            "node \"n1\" {{\n  address = \"10.0.0.1\"\n}}\ncontainer \"c\" {{\n  node   = node.n1\n  image  = \"x:1\"\n  memory = {bad}\n}}\n"
+        );
+        let dir = common::write_config(&[("main.hcl", &text)]);
+        let err = match config::load(dir.path(), &VarInputs::default()) {
+            Ok(_) => panic!("{bad} loaded"),
+            Err(d) => sparkform::diag::render_plain(&d.0),
+        };
+        assert!(err.contains(says), "{bad}: {err}");
+        assert!(err.contains("main.hcl:7"), "located: {err}");
+    }
+}

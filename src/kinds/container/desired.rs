@@ -125,9 +125,29 @@ pub struct Desired {
     /// The `ready` blocks, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ready: Vec<ReadyCheck>,
+    /// What its start needs of nodes' memory (`memory`): checked before it is created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<MemoryNeed>,
 }
 
 impl DesiredConfig for Desired {}
+
+/// One node's memory a container's start needs: on a unified-memory node the GPU's memory is
+/// the node's, and what the kernel holds as free (`MemFree`; the page cache does not count)
+/// is what CUDA reports free.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryNeed {
+    /// The node's address (`node.spark1`).
+    pub node: String,
+    /// The start waits (`timeout`) until the node has this much free.
+    pub min_free_gib: f64,
+    /// Files or folders whose clean page cache is dropped first (the weights just copied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_page_cache: Vec<String>,
+    /// Seconds to wait for the memory (an old engine releasing it); 120 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+}
 
 /// A value the state recorded as its hash (sensitive) where a map, list, number or flag
 /// belongs: read as not set, so the rest of a recorded configuration is still read. A desired

@@ -60,6 +60,7 @@ pub static CONTAINER: BlockSpec = spec(
         opt("process_group", schema::Kind::Str),
         opt("depends_on", schema::Kind::RefList),
         opt("for_each", schema::Kind::ForEach),
+        opt("memory", schema::Kind::Any),
     ],
     &[Child {
         name: "ready",
@@ -75,7 +76,7 @@ use hcl::{Map, Value};
 
 pub use super::to_json;
 use super::{DesiredConfig, Problem};
-pub use desired::{Desired, Gpus, ReadyCheck, ReadyKind};
+pub use desired::{Desired, Gpus, MemoryNeed, ReadyCheck, ReadyKind};
 
 pub struct Container;
 pub static KIND: Container = Container;
@@ -132,7 +133,7 @@ impl Kind for Container {
 
 /// Docker can change a restart policy on a running container; sparkform's ready checks are its
 /// own. Everything else needs a new container.
-pub const IN_PLACE: &[&str] = &["restart", "ready"];
+pub const IN_PLACE: &[&str] = &["restart", "ready", "memory"];
 
 /// Labels sparkform puts on every container; users may not set them.
 pub const LABEL_PREFIX: &str = "sparkform.";
@@ -168,6 +169,7 @@ const ATTRIBUTES: &[&str] = &[
     "pull",
     "image_archive",
     "stop_timeout",
+    "memory",
 ];
 
 /// The desired configuration of a container block's instance: its set attributes, typed, and
@@ -189,9 +191,91 @@ pub fn desired(values: &Map<String, Value>, ready: Vec<ReadyCheck>) -> Result<De
             }
         }
     }
+    // A need's node may be written as the node (`node.spark1`): its address is kept.
+    if let Some(serde_json::Value::Array(needs)) = out.get_mut("memory") {
+        for need in needs.iter_mut() {
+            if let Some(id) = need.get("node").and_then(|n| n.get("id")).cloned() {
+                need["node"] = id;
+            }
+        }
+    }
     let mut desired = Desired::from_config(&serde_json::Value::Object(out))?;
     desired.ready = ready;
     Ok(desired)
+}
+
+/// `memory`: a list of `{ node, min_free_gib, drop_page_cache, timeout }`.
+fn check_memory(values: &Map<String, Value>, out: &mut Vec<Problem>) {
+    let Some(v) = values.get("memory").filter(|v| !v.is_null()) else {
+        return;
+    };
+    let help = "memory = [{ node = node.spark1, min_free_gib = 95, drop_page_cache = [\"/path/to/weights\"], timeout = 120 }]";
+    let Value::Array(needs) = v else {
+        out.push(Problem::new("memory", "memory is not a list", help));
+        return;
+    };
+    for need in needs {
+        let Value::Object(m) = need else {
+            out.push(Problem::new(
+                "memory",
+                "an entry of memory is not an object",
+                help,
+            ));
+            continue;
+        };
+        if let Some(k) = m
+            .keys()
+            .find(|k| !["node", "min_free_gib", "drop_page_cache", "timeout"].contains(&k.as_str()))
+        {
+            out.push(Problem::new(
+                "memory",
+                format!("memory has no attribute {k:?}"),
+                help,
+            ));
+        }
+        let node_ok = match m.get("node") {
+            Some(Value::String(s)) => s.starts_with("node.") && !has_control(s),
+            Some(Value::Object(n)) => n.get("kind").and_then(Value::as_str) == Some("node"),
+            _ => false,
+        };
+        if !node_ok {
+            out.push(Problem::new(
+                "memory",
+                "a memory entry's node is not a node",
+                help,
+            ));
+        }
+        let gib = m.get("min_free_gib").and_then(|n| n.as_f64());
+        if !gib.is_some_and(|g| g.is_finite() && (0.0..=1_048_576.0).contains(&g)) {
+            out.push(Problem::new(
+                "memory",
+                "a memory entry's min_free_gib is not a number of GiB from 0",
+                help,
+            ));
+        }
+        if let Some(t) = m.get("timeout").filter(|t| !t.is_null()) {
+            if !t.as_u64().is_some_and(|t| (1..=86_400).contains(&t)) {
+                out.push(Problem::new(
+                    "memory",
+                    "a memory entry's timeout is not 1 to 86400 seconds",
+                    help,
+                ));
+            }
+        }
+        match m.get("drop_page_cache") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(paths))
+                if paths.iter().all(|p| {
+                    p.as_str()
+                        .is_some_and(|p| p.starts_with('/') && !has_control(p))
+                }) => {}
+            Some(_) => out.push(Problem::new(
+                "memory",
+                "drop_page_cache is not a list of absolute paths",
+                help,
+            )),
+        }
+    }
 }
 
 /// One `ready { … }` block as configuration: exactly one of exec, http, tcp.
@@ -284,6 +368,7 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     check_mounts(values, &mut out);
     check_env_and_labels(values, &mut out);
     check_limits_paths_and_args(values, &mut out);
+    check_memory(values, &mut out);
     out
 }
 

@@ -31,6 +31,7 @@ mod docker;
 mod drift;
 mod import;
 mod ipc;
+mod memory;
 mod ready;
 
 use aside::*;
@@ -130,6 +131,9 @@ async fn start_new(
             return Err(name_taken(cx.address, &node, name, &labels));
         }
     }
+    // The previous container (replaced, or removed above) has stopped: its memory may still be
+    // on its way back.
+    memory::ensure(cx, name, &desired.memory).await?;
     let hash = cx.change.after_hash.clone().unwrap_or_default();
     let body = create_body(desired, cx.lineage, cx.address, &hash);
     cx.progress(format!("creating {name} on {node}"), None, None);
@@ -195,10 +199,15 @@ impl Machine for ContainerMachine {
                     .orphan
                     .as_ref()
                     .map_or(name.clone(), |o| o.name.clone());
+                // What it held of a unified-memory node's memory is back (or on its way).
+                let needs = recorded(cx).map(|d| d.memory).unwrap_or_default();
+                let freed = memory::free_now(cx, &needs).await;
                 Ok(Applied {
                     attributes: Default::default(),
                     undo: serde_json::json!({ "previous": old, "name": back, "aside": aside }),
-                    summary: format!("stopped {name}; removed once every step has succeeded"),
+                    summary: format!(
+                        "stopped {name}; removed once every step has succeeded{freed}"
+                    ),
                 })
             }
             Action::Update => {
