@@ -1104,6 +1104,52 @@ async fn a_start_waits_for_the_memory_it_needs_on_each_node_after_dropping_the_p
     );
 }
 
+/// A destroyed container that needed nodes' memory reports what each node has free once it
+/// stopped.
+#[tokio::test]
+async fn a_removed_container_that_needed_memory_reports_what_each_node_has_free() {
+    let hcl = needing_memory(90, 30);
+    let mut bed = Bed::new(&hcl);
+    let (n1, n2, _d1, d2) = two_with_docker(&bed);
+    n1.on(&["cat", "/proc/meminfo"], meminfo(110));
+    n2.on(&["cat", "/proc/meminfo"], meminfo(100));
+    n2.on(&["find"], Answer::Exit(0, String::new(), String::new()));
+    let r = run(
+        &bed,
+        vec![n1.clone(), n2.clone()],
+        2,
+        true,
+        CancellationToken::new(),
+    )
+    .await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let start = hcl.find("container \"worker\" {").expect("the worker");
+    let end = start + hcl[start..].find("\n}\n").expect("its end") + 3;
+    let without = format!("{}{}", &hcl[..start], &hcl[end..]).replace(
+        "depends_on = [container.worker]",
+        "depends_on = [container.head]",
+    );
+    bed.rewrite(&without);
+    n2.on(&["cat", "/proc/meminfo"], meminfo(118));
+    let r = run(&bed, vec![n1, n2], 2, true, CancellationToken::new()).await;
+    assert!(r.outcome.ok, "{:?}", r.outcome.failures);
+    let summary = r
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::StepDone {
+                address, summary, ..
+            } if address == "container.worker" => Some(summary.clone()),
+            _ => None,
+        })
+        .expect("the worker's delete");
+    assert_eq!(
+        summary,
+        "stopped worker; removed once every step has succeeded; node.n1 has 110.0 GiB free; node.n2 has 118.0 GiB free"
+    );
+    assert!(d2.container("worker").is_none_or(|c| !c.running));
+}
+
 /// Memory that is never released fails the start in time, naming the figures and what the GPU
 /// holds, and the apply rolls back.
 #[tokio::test]
