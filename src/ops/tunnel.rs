@@ -413,10 +413,17 @@ output "other" { value = "not a url" }
         let sock = dir.path().join("f.sock");
         let remote = tokio::net::UnixListener::bind(&sock).unwrap();
         let server = tokio::spawn(async move {
-            let (mut s, _) = remote.accept().await.unwrap();
-            let mut b = [0u8; 4];
-            s.read_exact(&mut b).await.unwrap();
-            s.write_all(b"pong").await.unwrap();
+            // The tunnel's liveness check (every 50 ms here) connects and closes without a
+            // byte: only the relayed connection brings the ping, whichever is accepted first.
+            loop {
+                let (mut s, _) = remote.accept().await.unwrap();
+                let mut b = [0u8; 4];
+                if s.read_exact(&mut b).await.is_err() {
+                    continue;
+                }
+                s.write_all(b"pong").await.unwrap();
+                break;
+            }
             // Then the remote side goes away: nothing listens on the socket any more.
             drop(remote);
         });
