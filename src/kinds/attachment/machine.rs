@@ -542,18 +542,13 @@ pub fn judge_mtu(
     config: &Config,
     fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
 ) -> Vec<crate::diag::Diag> {
-    let by_address: std::collections::HashMap<&str, &Resource> = config
-        .resources
-        .iter()
-        .map(|r| (r.address.as_str(), r))
-        .collect();
     let mut out = Vec::new();
     for net in config.networks.values() {
         let ends: Vec<(String, u32, &Resource)> = net
             .attachments
             .iter()
             .filter_map(|a| {
-                let r = *by_address.get(a.as_str())?;
+                let r = config.resource(a)?;
                 let d = Desired::from_config(&r.config).ok()?;
                 let mtu = *fabrics.get(r.node.as_deref()?)?.mtu.get(&d.interface)?;
                 Some((
