@@ -20,7 +20,7 @@ pub struct VerifyArgs {
     pub config: ConfigArgs,
     #[command(flatten)]
     pub connect: ConnectArgs,
-    /// Only these probes (repeatable)
+    /// Only these probes (repeatable); a fabric_test runs only when named here
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
     /// Progress as JSON lines
@@ -106,6 +106,9 @@ pub fn run(args: VerifyArgs) -> ExitCode {
     });
     let failed = results.iter().filter(|(_, r)| r.is_err()).count();
     if !args.json {
+        for skipped in crate::ops::verify::not_run_by_default(&config, &args.target) {
+            println!("{skipped} was not run: it loads the fabric and the GPUs, so it runs only when named (-target {skipped})");
+        }
         println!(
             "\n{} probe{} passed, {failed} failed.",
             results.len() - failed,

@@ -9,6 +9,7 @@
 pub mod address;
 pub mod attachment;
 pub mod container;
+pub mod fabric_test;
 pub(crate) mod lower;
 pub mod machine;
 pub mod model;
@@ -28,6 +29,7 @@ macro_rules! for_each_kind {
         $then! {
             Attachment => attachment,
             Container => container,
+            FabricTest => fabric_test,
             Model => model,
             Probe => probe,
             #[cfg(test)] Toy => toy,
@@ -234,6 +236,11 @@ pub trait Kind: Sync {
     ) -> Option<(String, String, crate::lockfile::Entry)> {
         None
     }
+    /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
+    /// bandwidth test that loads a serving deployment's fabric and GPUs runs only when named).
+    fn verify_by_default(&self) -> bool {
+        true
+    }
     /// The image references a resource of the kind runs, from its configuration (what
     /// `sparkform nodes` looks up on the nodes).
     fn images(&self, _config: &serde_json::Value) -> Vec<String> {
@@ -304,6 +311,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown resource kind `volume`"), "{e}");
-        assert!(e.contains("attachment, container, model, probe"), "{e}");
+        assert!(e.contains("attachment, container, fabric_test, model, probe"), "{e}");
     }
 }

@@ -50,7 +50,7 @@ pub fn undeployed(
         .resources
         .iter()
         .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
-        .filter(|r| targets.is_empty() || targets.contains(&r.address))
+        .filter(|r| selected(r, targets))
         .filter_map(|p| {
             let missing: Vec<String> = graph
                 .ancestors(&p.address)
@@ -60,6 +60,27 @@ pub fn undeployed(
                 .collect();
             (!missing.is_empty()).then(|| (p.address.clone(), missing))
         })
+        .collect()
+}
+
+/// Whether `verify` runs it: named by a `-target`, or, without targets, run by default.
+fn selected(r: &Resource, targets: &[String]) -> bool {
+    if targets.is_empty() {
+        r.kind.kind().verify_by_default()
+    } else {
+        targets.contains(&r.address)
+    }
+}
+
+/// The checks a `verify` without `-target` leaves out (a fabric test loads the fabric and
+/// the GPUs of a serving deployment): run only when named.
+pub fn not_run_by_default(config: &Config, targets: &[String]) -> Vec<String> {
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| targets.is_empty() && !r.kind.kind().verify_by_default())
+        .map(|r| r.address.clone())
         .collect()
 }
 
@@ -82,10 +103,11 @@ pub async fn verify(
         .iter()
         .filter_map(|a| by_address.get(a.as_str()).copied())
         .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
-        .filter(|r| targets.is_empty() || targets.contains(&r.address))
+        .filter(|r| selected(r, targets))
         .collect();
     let mut nodes: BTreeSet<String> = containers.values().map(|(n, _)| n.clone()).collect();
-    nodes.extend(probes.iter().filter_map(|p| p.node.clone()));
+    // Every node something runs on: a check may reach beyond its own (a fabric test's ranks).
+    nodes.extend(config.resources.iter().filter_map(|r| r.node.clone()));
     let nodes: Vec<String> = nodes
         .into_iter()
         .filter(|n| config.nodes.contains_key(n))

@@ -12,31 +12,11 @@ use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
 use super::{ROLE_DOWNLOAD, ROLE_PULL};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
+use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::{model, DesiredConfig};
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_model()
-}
-
-/// A node object's name (`spark1`), from a `node.spark1` value.
-fn node_name(v: &Value) -> Option<String> {
-    let o = v.as_object()?;
-    (o.get("kind").and_then(Value::as_str) == Some("node"))
-        .then(|| o.get("name").and_then(Value::as_str).map(str::to_string))
-        .flatten()
-}
-
-/// The node's address on a network value (`network.roce`): its attachment's `address`.
-fn fabric_address(network: &Value, node: &str) -> Option<String> {
-    network
-        .as_object()?
-        .get("attach")?
-        .as_object()?
-        .values()
-        .filter_map(Value::as_object)
-        .find(|a| a.get("node_name").and_then(Value::as_str) == Some(node))
-        .and_then(|a| a.get("address").and_then(Value::as_str))
-        .map(str::to_string)
 }
 
 impl dyn Engine<'_> + '_ {

@@ -25,6 +25,7 @@ use super::{human_bytes, is_commit, judge_observed, Desired};
 use crate::config::Config;
 use crate::events::Event;
 use crate::hosts::{Host, HostError};
+use crate::kinds::machine::{remove_container, tar_of};
 use crate::kinds::machine::{
     Applied, Check, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
     StepError,
@@ -84,41 +85,6 @@ struct JobEnd {
     events: Vec<serde_json::Value>,
 }
 
-/// A tar archive of regular files (ustar), for Docker's archive upload.
-fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    fn octal(field: &mut [u8], v: u64) {
-        let s = format!("{:0w$o}", v, w = field.len() - 1);
-        field[..s.len()].copy_from_slice(s.as_bytes());
-    }
-    let mut out = Vec::new();
-    let mut entry = |name: &str, data: &[u8], mode: u32, dir: bool| {
-        let mut h = [0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        octal(&mut h[100..108], mode as u64);
-        octal(&mut h[108..116], 0);
-        octal(&mut h[116..124], 0);
-        octal(&mut h[124..136], data.len() as u64);
-        octal(&mut h[136..148], 0);
-        h[156] = if dir { b'5' } else { b'0' };
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u64 = h.iter().map(|b| *b as u64).sum();
-        let s = format!("{sum:06o}\0 ");
-        h[148..156].copy_from_slice(s.as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(data);
-        let pad = (512 - data.len() % 512) % 512;
-        out.extend(std::iter::repeat_n(0u8, pad));
-    };
-    entry("sparkform/", &[], 0o755, true);
-    for (name, data, mode) in files {
-        entry(&format!("sparkform/{name}"), data, *mode, false);
-    }
-    out.extend(std::iter::repeat_n(0u8, 1024));
-    out
-}
-
 fn docker_err(node: &str, what: &str, e: bollard::errors::Error) -> StepError {
     StepError::new(format!("{node}: {what}: {e}"))
 }
@@ -150,19 +116,6 @@ fn helper_name(block: &str, node: &str, mode: &str) -> String {
         })
         .collect();
     clean.chars().take(120).collect()
-}
-
-async fn remove_container(docker: &bollard::Docker, name: &str) {
-    let _ = docker
-        .remove_container(
-            name,
-            Some(q::RemoveContainerOptions {
-                force: true,
-                v: true,
-                ..Default::default()
-            }),
-        )
-        .await;
 }
 
 /// Create the helper container (removing one a killed run left), put the program and its

@@ -1,0 +1,4 @@
+output "test" {
+  description = "The test, for depends_on."
+  value       = fabric_test.busbw
+}
