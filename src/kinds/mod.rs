@@ -311,6 +311,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown resource kind `volume`"), "{e}");
-        assert!(e.contains("attachment, container, fabric_test, model, probe"), "{e}");
+        assert!(
+            e.contains("attachment, container, fabric_test, model, probe"),
+            "{e}"
+        );
     }
 }

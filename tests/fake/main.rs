@@ -15,6 +15,7 @@ mod crash_consistency;
 mod diagnostics;
 mod executor;
 mod fabric_derived;
+mod fabric_test;
 mod fuzz;
 mod import;
 mod interrupt;

@@ -17,6 +17,7 @@ mod testbed_apply;
 mod testbed_apply_more;
 mod testbed_chaos;
 mod testbed_fabric;
+mod testbed_fabric_test;
 mod testbed_faults;
 mod testbed_hosts;
 mod testbed_import;

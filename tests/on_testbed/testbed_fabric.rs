@@ -191,3 +191,73 @@ fn a_moved_gid_index_replaces_what_uses_it_and_one_end_at_mtu_1500_is_named_with
     let (code, out, err) = run(&["destroy", "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
 }
+
+/// Removes the logind drop-in the RemoveIPC test writes on node2, however the test ends.
+struct LogindDropIn<'a>(&'a Testbed);
+
+impl Drop for LogindDropIn<'_> {
+    fn drop(&mut self) {
+        self.0.ssh(
+            "sf-node2",
+            "rm -f /etc/systemd/logind.conf.d/50-sparkform-test.conf",
+        );
+    }
+}
+
+/// systemd-logind's `RemoveIPC=yes` on node2 (read from the node's own configuration files)
+/// refuses a plan whose container there shares the host's IPC namespace as a user other than
+/// root, naming the node, the user and the fix; with `RemoveIPC=no` the same plan goes through.
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn remove_ipc_on_a_node_refuses_a_host_ipc_container_of_a_user_with_the_fix() {
+    let tb = testbed();
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = common::testbed::cluster_hcl(&tb, 43, 44);
+    s.push_str(
+        r#"
+container "worker" {
+  node     = node.node2
+  name     = "sparkform-ipc-worker"
+  image    = "sparkform-testbed/ray:latest"
+  ipc_mode = "host"
+  user     = "nobody"
+  command  = ["sleep", "600"]
+}
+"#,
+    );
+    std::fs::write(dir.path().join("main.hcl"), s).unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let _undo = LogindDropIn(&tb);
+    let logind = |value: &str| {
+        tb.ssh(
+            "sf-node2",
+            &format!("mkdir -p /etc/systemd/logind.conf.d && printf '[Login]\\nRemoveIPC={value}\\n' > /etc/systemd/logind.conf.d/50-sparkform-test.conf"),
+        );
+    };
+
+    logind("yes");
+    let (code, out, err) = sparkform(&["plan", &d]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let words = err
+        .replace('│', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        words.contains(
+            "node.node2: systemd-logind removes the semaphores and shared memory of user nobody"
+        ),
+        "{err}"
+    );
+    assert!(words.contains("(RemoveIPC=yes)"), "{err}");
+    assert!(words.contains("RemoveIPC=no"), "the fix: {err}");
+    assert!(
+        words.contains("loginctl enable-linger nobody"),
+        "the other fix: {err}"
+    );
+
+    logind("no");
+    let (code, out, err) = sparkform(&["plan", &d, "-detailed-exitcode"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(!err.contains("RemoveIPC"), "{err}");
+}
