@@ -36,6 +36,12 @@ variable "rendezvous_timeout" {
   default = "1m"
 }
 
+variable "memory_release_timeout" {
+  type        = number
+  default     = 120
+  description = "Seconds a rank's start waits for its node's memory on a unified-memory node (`testbed gpu NODE on` fakes one)."
+}
+
 variable "api_key" {
   type        = string
   default     = "sparkform-testbed-key"
@@ -116,6 +122,7 @@ module "qwen" {
   health_timeout         = "3m"
   start_timeout          = "2m"
   rendezvous_timeout     = var.rendezvous_timeout
+  memory_release_timeout = var.memory_release_timeout
   api_key                = var.api_key
 }
 

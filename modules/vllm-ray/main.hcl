@@ -34,6 +34,7 @@ module "serve" {
   extra_args             = var.extra_args
   api_key                = var.api_key
   listen                 = var.listen
+  memory_release_timeout = var.memory_release_timeout
 }
 
 locals {

@@ -101,6 +101,12 @@ variable "extra_env" {
   default = {}
 }
 
+variable "memory_release_timeout" {
+  type        = number
+  default     = 120
+  description = "Seconds a vLLM start on a unified-memory node waits for its memory (after a stopped engine releases it) before it fails naming what holds the GPU."
+}
+
 variable "health_timeout" {
   type        = string
   default     = "30m"

@@ -23,6 +23,7 @@ mod testbed_hosts;
 mod testbed_import;
 mod testbed_interrupt;
 mod testbed_llm;
+mod testbed_memory;
 mod testbed_model;
 mod testbed_model_serving;
 mod testbed_mp;

@@ -340,6 +340,11 @@ impl Machine for ContainerMachine {
                             ));
                         }
                     }
+                    // The new one held the node's memory until it was removed: the previous
+                    // engine starts only once its memory is back, as a new one would.
+                    if let Some(d) = recorded(cx) {
+                        memory::ensure(cx, &name, &d.memory).await?;
+                    }
                     restore(&docker, prev, &name).await?;
                     return Ok(format!(
                         "removed the new {name}, the previous one runs again"
@@ -381,6 +386,11 @@ impl Machine for ContainerMachine {
             )
             .await;
         already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+        // Its own memory (a unified-memory node) comes back only after the engine released it.
+        let recorded_config = recorded(cx);
+        if let Some(d) = &recorded_config {
+            memory::ensure(cx, &name, &d.memory).await?;
+        }
         // What the previous run logged (a peer that went away) is no verdict on this one: it
         // has stopped, so every line from the next whole second on (Docker's `since` counts in
         // seconds, and the previous run may have logged in this one) is the new run's, which
@@ -394,7 +404,7 @@ impl Machine for ContainerMachine {
             .await;
         already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
         // Ready as it was recorded: the checks of the configuration it runs, not the new one.
-        let checks = recorded(cx).map(|d| d.ready).unwrap_or_default();
+        let checks = recorded_config.map(|d| d.ready).unwrap_or_default();
         wait_ready(cx, &docker, &id, &name, &checks, since).await?;
         Ok(format!(
             "restarted {name} ({}): its process group starts again as one",
