@@ -107,6 +107,25 @@ pub enum Event {
         elapsed: Duration,
         summary: String,
     },
+    /// `sparkform watch` checked the deployment: what it saw (the failures' causes when not ok).
+    WatchCheck {
+        tick: u64,
+        ok: bool,
+        #[serde(serialize_with = "secs")]
+        elapsed: Duration,
+        summary: String,
+    },
+    /// `sparkform watch` restarts an engine: why, and what it replaces.
+    WatchRestart {
+        attempt: usize,
+        cause: String,
+        resources: Vec<String>,
+    },
+    /// The restart's apply ended.
+    WatchRestarted {
+        ok: bool,
+        summary: String,
+    },
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -247,6 +266,30 @@ impl Event {
             } => Event::Finished {
                 ok,
                 elapsed,
+                summary: s(summary),
+            },
+            Event::WatchCheck {
+                tick,
+                ok,
+                elapsed,
+                summary,
+            } => Event::WatchCheck {
+                tick,
+                ok,
+                elapsed,
+                summary: s(summary),
+            },
+            Event::WatchRestart {
+                attempt,
+                cause,
+                resources,
+            } => Event::WatchRestart {
+                attempt,
+                cause: s(cause),
+                resources,
+            },
+            Event::WatchRestarted { ok, summary } => Event::WatchRestarted {
+                ok,
                 summary: s(summary),
             },
             e @ (Event::Refreshing { .. }

@@ -355,6 +355,28 @@ fn lines(
             if *ok { "finished" } else { "FAILED" },
             elapsed.as_secs_f64()
         )],
+        Event::WatchCheck {
+            tick,
+            ok,
+            elapsed,
+            summary,
+        } => vec![format!(
+            "{t} {} check {tick} ({:.1} s): {summary}",
+            if *ok { "✓" } else { "✗" },
+            elapsed.as_secs_f64()
+        )],
+        Event::WatchRestart {
+            attempt,
+            cause,
+            resources,
+        } => vec![format!(
+            "{t} ↻ restart {attempt}: {cause}\n{t}   replacing {}",
+            resources.join(", ")
+        )],
+        Event::WatchRestarted { ok, summary } => vec![format!(
+            "{t} {} restart: {summary}",
+            if *ok { "✓" } else { "✗" }
+        )],
     }
 }
 

@@ -42,6 +42,12 @@ variable "memory_release_timeout" {
   description = "Seconds a rank's start waits for its node's memory on a unified-memory node (`testbed gpu NODE on` fakes one)."
 }
 
+variable "standin_wedge_after" {
+  type        = number
+  default     = 0
+  description = "The vLLM stand-in wedges after this many chat completions (0: never), for `sparkform watch`."
+}
+
 variable "api_key" {
   type        = string
   default     = "sparkform-testbed-key"
@@ -123,6 +129,7 @@ module "qwen" {
   start_timeout          = "2m"
   rendezvous_timeout     = var.rendezvous_timeout
   memory_release_timeout = var.memory_release_timeout
+  extra_env              = var.standin_wedge_after > 0 ? { VLLM_STANDIN_WEDGE_AFTER = tostring(var.standin_wedge_after) } : {}
   api_key                = var.api_key
 }
 

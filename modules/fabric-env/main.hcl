@@ -119,6 +119,18 @@ locals {
     }
   }
 
+  # A wedged engine, once it serves: the container stays up and /health may still answer, but
+  # no request completes (watch_on_log; `sparkform watch` restarts the whole engine on them).
+  # Lines of vLLM 0.33.0 (vllm/v1/engine/exceptions.py, vllm/v1/executor/multiproc_executor.py,
+  # vllm/distributed/device_communicators/shm_broadcast.py) and of torch's ProcessGroupNCCL.
+  # Not start-up signatures: the shared-memory line is harmless while the weights load.
+  wedge = {
+    "EngineDeadError"                                                  = "vLLM's engine core died (EngineDeadError): the API server runs on but every request fails; the ranks are one process group, so the whole engine restarts"
+    "RPC call to \\w+ timed out"                                       = "a rank stopped answering the engine's calls (RPC call … timed out), usually stuck in an NCCL collective: the whole engine restarts; if it comes back, check the fabric (sparkform nodes) and that every node runs one NCCL"
+    "No available shared memory broadcast block found in \\d+ seconds" = "the ranks stopped reading vLLM's shared-memory queue while it serves: a rank hangs (vllm#41725); the whole engine restarts"
+    "Watchdog caught collective operation timeout"                     = "an NCCL collective hung until NCCL's timeout while serving: two NCCL builds in one image wedge serving after 20-26 min (vllm#42354); run one image with one NCCL on every node"
+  }
+
   # Lines that look alarming but are normal on DGX Spark (GB10, ConnectX-7): never add a pattern
   # that matches them.
   benign_log = [

@@ -72,6 +72,11 @@ output "ulimits" {
   value = local.ulimits
 }
 
+output "wedge" {
+  description = "watch_on_log patterns of a wedged engine, for every vLLM container: what `sparkform watch` acts on once it serves."
+  value       = local.wedge
+}
+
 output "signatures" {
   description = "fail_on_log patterns by where they apply: gpu, vllm, ray, mp."
   value       = local.signatures

@@ -47,6 +47,7 @@ output "fabric" {
     ulimits      = module.fabric.ulimits
     volumes      = module.fabric.volumes
     signatures   = module.fabric.signatures
+    wedge        = module.fabric.wedge
     warnings     = module.fabric.warnings
     benign_log   = module.fabric.benign_log
     # What the vLLM driver records from its log: the transport NCCL chose, per rank.

@@ -81,6 +81,8 @@ container "rank0" {
   process_group = "vllm"
   # This rank loads its share of the model on its node: a unified-memory node's memory first.
   memory = [for n, m in module.serve.memory : m if n == var.head.name]
+  # A wedged engine once it serves: `sparkform watch` restarts every rank on these lines.
+  watch_on_log = module.fabric.wedge
 
   ready {
     tcp             = "${local.master}:${var.master_port}"
@@ -116,6 +118,7 @@ container "rank" {
   restart       = "no"
   process_group = "vllm"
   memory        = [for n, m in module.serve.memory : m if n == each.key]
+  watch_on_log  = module.fabric.wedge
 
   ready {
     http            = "http://${local.master}:${var.port}/health"

@@ -74,6 +74,8 @@ container "vllm" {
   # Its start loads the model on every node (Ray's workers): each unified-memory node's memory
   # is waited for first.
   memory = values(module.serve.memory)
+  # A wedged engine once it serves (Ray forwards its workers' lines here): `sparkform watch`.
+  watch_on_log = local.fabric.wedge
 
   ready {
     http     = "http://${module.ray.head_ip}:${var.port}/health"

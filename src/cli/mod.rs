@@ -36,6 +36,7 @@ mod status;
 mod tunnel;
 mod validate;
 mod verify;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -75,6 +76,7 @@ pub enum Command {
     Apply(apply::ApplyArgs),
     Destroy(destroy::DestroyArgs),
     Verify(verify::VerifyArgs),
+    Watch(watch::WatchArgs),
     Logs(logs::LogsArgs),
     Tunnel(tunnel::TunnelArgs),
     Status(status::StatusArgs),
@@ -335,6 +337,7 @@ pub fn main() -> ExitCode {
         Command::Apply(a) => apply::run(a),
         Command::Destroy(a) => destroy::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Watch(a) => watch::run(a),
         Command::Logs(a) => logs::run(a),
         Command::Tunnel(a) => tunnel::run(a),
         Command::Status(a) => status::run(a),

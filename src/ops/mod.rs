@@ -15,6 +15,8 @@ pub mod refresh;
 pub mod status;
 pub mod tunnel;
 pub mod verify;
+pub mod watch;
+pub mod watch_metrics;
 
 use std::sync::Arc;
 

@@ -44,6 +44,22 @@ pub struct State {
     pub resources: BTreeMap<String, ResourceState>,
     #[serde(default)]
     pub outputs: BTreeMap<String, OutputState>,
+    /// What `sparkform watch` restarted, the newest last (at most [`RESTARTS_KEPT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<Restart>,
+}
+
+/// How many of `sparkform watch`'s restarts the state keeps.
+pub const RESTARTS_KEPT: usize = 20;
+
+/// One restart of an engine by `sparkform watch`: when (RFC 3339), why, what was restarted,
+/// and whether the restart's apply succeeded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restart {
+    pub at: String,
+    pub cause: String,
+    pub resources: Vec<String>,
+    pub ok: bool,
 }
 
 /// What is recorded about one managed resource.
@@ -91,6 +107,7 @@ impl State {
             sparkform_version: SPARKFORM_VERSION.to_string(),
             resources: BTreeMap::new(),
             outputs: BTreeMap::new(),
+            restarts: Vec::new(),
         }
     }
 }

@@ -31,7 +31,10 @@ lines vLLM and torch.distributed print:
   clients joined." when a rank never arrives (--distributed-timeout-seconds, default 600);
 - a headless rank whose rank 0 went away logs torch's heartbeat warning "... (maybe TCPStore
   server has shut down too early) ..." (and, like torch, does not exit);
-- rank 0 warns when a rank's connection comes from another address than the one it announces.
+- rank 0 warns when a rank's connection comes from another address than the one it announces;
+- with VLLM_STANDIN_WEDGE_AFTER=N, the engine wedges after N chat completions: later ones never
+  answer while /health stays 200, and the log prints what a wedged vLLM prints once (the
+  shared-memory broadcast warning, "RPC call to sample_tokens timed out.", EngineDeadError).
 """
 
 import argparse
@@ -314,7 +317,28 @@ class State:
     api_key = None
     # What the chat reply says runs the model ("Ray workers" or "ranks").
     placed = "Ray workers"
+    # Chat completions answered; after VLLM_STANDIN_WEDGE_AFTER of them the engine wedges.
+    completions = 0
+    wedged = False
     lock = threading.Lock()
+
+
+def wedge():
+    """What vLLM prints when its engine wedges while serving, each line once (vllm 0.33.0:
+    shm_broadcast.py's LONG_WAIT_TIME_LOG_MSG, multiproc_executor.py's TimeoutError,
+    exceptions.py's EngineDeadError); then the request never completes."""
+    with State.lock:
+        first, State.wedged = not State.wedged, True
+    if first:
+        log("[shm_broadcast.py:510] No available shared memory broadcast block found in 60 seconds. "
+            "This typically happens when some processes are hanging or doing some time-consuming work "
+            "(e.g. compilation, weight/kv cache quantization).", "WARNING")
+        log("[core.py:1010] EngineCore encountered a fatal error.", "ERROR")
+        print("TimeoutError: RPC call to sample_tokens timed out.", flush=True)
+        print("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
+              "See stack trace (above) for the root cause.", flush=True)
+    while True:
+        time.sleep(3600)
 
 
 def warn(msg):
@@ -560,6 +584,12 @@ class Handler(BaseHTTPRequestHandler):
         if not healthy:
             self.reply(503, {"error": {"message": "the engine is not ready", "code": 503}})
             return
+        wedge_after = int(os.environ.get("VLLM_STANDIN_WEDGE_AFTER") or 0)
+        with State.lock:
+            State.completions += 1
+            wedged = wedge_after > 0 and State.completions > wedge_after
+        if wedged:
+            wedge()
         text = (f"Hello! I am {State.served}, served by a vLLM stand-in whose {State.placed} run on "
                 f"{', '.join(sorted(set(ips)))}.")
         self.reply(200, {

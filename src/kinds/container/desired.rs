@@ -128,6 +128,10 @@ pub struct Desired {
     /// What its start needs of nodes' memory (`memory`): checked before it is created.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory: Vec<MemoryNeed>,
+    /// `{ REGEX = "the cause" }`: log lines that, once it runs, mean it no longer serves
+    /// though it looks healthy (a wedged engine): `sparkform watch` acts on them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch_on_log: Option<BTreeMap<String, String>>,
 }
 
 impl DesiredConfig for Desired {}

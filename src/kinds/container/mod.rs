@@ -61,6 +61,7 @@ pub static CONTAINER: BlockSpec = spec(
         opt("depends_on", schema::Kind::RefList),
         opt("for_each", schema::Kind::ForEach),
         opt("memory", schema::Kind::Any),
+        opt("watch_on_log", schema::Kind::MapStr),
     ],
     &[Child {
         name: "ready",
@@ -133,7 +134,7 @@ impl Kind for Container {
 
 /// Docker can change a restart policy on a running container; sparkform's ready checks are its
 /// own. Everything else needs a new container.
-pub const IN_PLACE: &[&str] = &["restart", "ready", "memory"];
+pub const IN_PLACE: &[&str] = &["restart", "ready", "memory", "watch_on_log"];
 
 /// Labels sparkform puts on every container; users may not set them.
 pub const LABEL_PREFIX: &str = "sparkform.";
@@ -170,6 +171,7 @@ const ATTRIBUTES: &[&str] = &[
     "image_archive",
     "stop_timeout",
     "memory",
+    "watch_on_log",
 ];
 
 /// The desired configuration of a container block's instance: its set attributes, typed, and
@@ -369,7 +371,23 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     check_env_and_labels(values, &mut out);
     check_limits_paths_and_args(values, &mut out);
     check_memory(values, &mut out);
+    check_watch_on_log(values, &mut out);
     out
+}
+
+/// `watch_on_log`'s patterns are regular expressions.
+fn check_watch_on_log(values: &Map<String, Value>, out: &mut Vec<Problem>) {
+    if let Some(Value::Object(patterns)) = values.get("watch_on_log") {
+        for p in patterns.keys() {
+            if let Err(e) = regex::Regex::new(p) {
+                out.push(Problem::new(
+                    "watch_on_log",
+                    format!("{p:?} is not a regular expression: {e}"),
+                    "Rust regex syntax, like RE2: escape `[`, `(` and `.` with `\\\\`",
+                ));
+            }
+        }
+    }
 }
 
 /// The container's name and image reference.

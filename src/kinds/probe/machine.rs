@@ -111,7 +111,14 @@ async fn attempt(
                     .unwrap_or_else(|| at.to_string());
             }
             check_text(expect, &subject)?;
-            Ok(format!("{}: {}", r.status, excerpt(&subject)))
+            // An OpenAI answer says how many tokens it generated: `watch` turns it into the
+            // canary's tokens per second.
+            let tokens = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|d| d.pointer("/usage/completion_tokens")?.as_u64())
+                .map(|n| format!(" ({n} completion tokens)"))
+                .unwrap_or_default();
+            Ok(format!("{}: {}{tokens}", r.status, excerpt(&subject)))
         }
         Some(Check::Exec(exec)) => {
             let cmd = &crate::kinds::known(&exec.command);

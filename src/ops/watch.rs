@@ -1,0 +1,662 @@
+//! `sparkform watch`: check the live deployment every interval — each recorded container's
+//! state and Docker restart count, the lines of its log that mean it no longer serves (its
+//! `watch_on_log` and its ready checks' `fail_on_log`), and the probes `verify` runs, each
+//! bounded by a timeout — and, when told to, restart the whole engine through the normal apply
+//! (`-replace` of what failed with its process group, what its replacement triggers, and what
+//! depends on it), bounded in count within a window, with backoff.
+//!
+//! One connection per node at a time: the checks' pool is closed before a restart's apply opens
+//! its own, and opened again after. The state lock is held only by the restart's apply (and the
+//! short write that records the restart), so `plan` and `status` work beside it.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters as q;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::apply::{PrepareRequest, RunOptions, Source};
+use super::definitions::{self, Pins};
+use super::OpError;
+use crate::config::{Config, ResourceKind, VarInputs};
+use crate::events::{emit, Event, Sender};
+use crate::graph::Graph;
+use crate::hosts::{HostOptions, HostPool};
+use crate::kinds::container::Desired as ContainerDesired;
+use crate::kinds::machine::{container_index, machine, ReadMode};
+use crate::kinds::{DesiredConfig, Lifecycle};
+use crate::plan::PlanOptions;
+use crate::state::{Restart, State, StateStore, RESTARTS_KEPT};
+use crate::workspace::Workspace;
+
+pub struct WatchRequest {
+    pub workspace: Workspace,
+    pub vars: VarInputs,
+    pub interval: Duration,
+    /// The bound on each probe's run (the canary's completion included).
+    pub probe_timeout: Duration,
+    pub restart: bool,
+    /// Restarts allowed within `window`; one more stops the watch.
+    pub max_restarts: usize,
+    pub window: Duration,
+    /// Stop after this many checks (`None`: until interrupted or failed).
+    pub ticks: Option<u64>,
+    pub hosts: HostOptions,
+    pub parallelism: usize,
+}
+
+/// How a watch ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEnd {
+    /// The checks it was asked for all ran.
+    Done,
+    /// Interrupted (a signal); a restart that was running finished or rolled back first.
+    Interrupted,
+    /// A check failed and restarting was not asked for: the cause.
+    Failed(String),
+    /// More restarts than allowed in the window were needed: the last cause.
+    CrashLoop(String),
+}
+
+/// One thing a check found wrong, and what a restart replaces for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub cause: String,
+    /// Containers that failed themselves.
+    pub containers: Vec<String>,
+    /// A probe that failed (its engine's containers are found in the graph).
+    pub probe: Option<String>,
+    /// Whether a restart can help (an unreachable node is no engine's fault).
+    pub restartable: bool,
+}
+
+/// What one check saw.
+#[derive(Debug, Default)]
+pub struct Check {
+    pub failures: Vec<Failure>,
+    /// Each probe that passed: (address, seconds, summary).
+    pub probes: Vec<(String, f64, String)>,
+    pub containers: usize,
+}
+
+/// What the checks remember between ticks: each container's Docker restart count, and from
+/// when its log is still to be read (Unix seconds).
+#[derive(Default)]
+struct Seen {
+    restart_counts: BTreeMap<String, i64>,
+    log_since: BTreeMap<String, i64>,
+}
+
+fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// The patterns that mean a running container no longer serves: its `watch_on_log`, and its
+/// ready checks' `fail_on_log` (fatal at any time), as (regex, cause).
+fn signatures(d: &ContainerDesired) -> Vec<(regex::Regex, String)> {
+    let mut out = Vec::new();
+    let watch = d.watch_on_log.iter().flatten();
+    let ready = d.ready.iter().flat_map(|r| r.fail_on_log.iter().flatten());
+    for (pattern, cause) in watch.chain(ready) {
+        if let Ok(re) = regex::Regex::new(pattern) {
+            out.push((re, cause.clone()));
+        }
+    }
+    out
+}
+
+/// Each recorded container on its node: running, not restarted by Docker since the last
+/// check, no signature in its log since then.
+async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check: &mut Check) {
+    for (address, r) in &state.resources {
+        if r.kind != ResourceKind::Container {
+            continue;
+        }
+        let Ok(d) = ContainerDesired::from_config(&r.config) else {
+            continue;
+        };
+        let Some(id) = r.attributes.get("container_id").and_then(|v| v.as_str()) else {
+            continue;
+        };
+        check.containers += 1;
+        let node = r.node.clone().unwrap_or_default();
+        let docker = match pool.get(&node) {
+            Ok(h) => h.docker().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let docker = match docker {
+            Ok(d) => d,
+            Err(e) => {
+                check.failures.push(Failure {
+                    cause: format!("{address}: {node} cannot be reached: {e}"),
+                    containers: Vec::new(),
+                    probe: None,
+                    restartable: false,
+                });
+                continue;
+            }
+        };
+        let inspected = docker
+            .inspect_container(id, None::<q::InspectContainerOptions>)
+            .await;
+        let Ok(info) = inspected else {
+            check.failures.push(Failure {
+                cause: format!("{address}: container {} is gone from {node}", d.name),
+                containers: vec![address.clone()],
+                probe: None,
+                restartable: true,
+            });
+            continue;
+        };
+        let st = info.state.unwrap_or_default();
+        let restarts = info.restart_count.unwrap_or(0);
+        if st.running != Some(true) {
+            check.failures.push(Failure {
+                cause: format!(
+                    "{address}: container {} on {node} is {} (exit code {})",
+                    d.name,
+                    st.status
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "not running".into()),
+                    st.exit_code.unwrap_or(-1)
+                ),
+                containers: vec![address.clone()],
+                probe: None,
+                restartable: true,
+            });
+            continue;
+        }
+        let before = seen.restart_counts.insert(id.to_string(), restarts);
+        if before.is_some_and(|b| restarts > b) {
+            check.failures.push(Failure {
+                cause: format!(
+                    "{address}: Docker restarted {} on {node} ({} restarts in all): it crashed",
+                    d.name, restarts
+                ),
+                containers: vec![address.clone()],
+                probe: None,
+                restartable: true,
+            });
+            continue;
+        }
+        let since = *seen
+            .log_since
+            .entry(id.to_string())
+            .or_insert_with(now_unix);
+        let until = now_unix();
+        let lines = log_lines(&docker, id, since).await;
+        seen.log_since.insert(id.to_string(), until);
+        let sigs = signatures(&d);
+        if let Some((line, cause)) = lines.iter().find_map(|l| {
+            sigs.iter()
+                .find(|(re, _)| re.is_match(l))
+                .map(|(_, c)| (l.clone(), c.clone()))
+        }) {
+            let line: String = line.chars().take(200).collect();
+            check.failures.push(Failure {
+                cause: format!("{address}: {cause} (log: {line})"),
+                containers: vec![address.clone()],
+                probe: None,
+                restartable: true,
+            });
+        }
+    }
+}
+
+/// A container's log lines since `since` (Unix seconds), bounded.
+async fn log_lines(docker: &bollard::Docker, id: &str, since: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stream = docker.logs(
+        id,
+        Some(q::LogsOptions {
+            follow: false,
+            stdout: true,
+            stderr: true,
+            since: i32::try_from(since).unwrap_or(0),
+            tail: "5000".into(),
+            ..Default::default()
+        }),
+    );
+    let read = async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            for l in chunk.to_string().lines() {
+                out.push(l.to_string());
+            }
+            if out.len() > 20_000 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(30), read).await;
+    out
+}
+
+/// The probes `verify` runs, each bounded by `timeout`.
+async fn check_probes(
+    config: &Config,
+    graph: &Graph,
+    state: &State,
+    pool: &HostPool,
+    timeout: Duration,
+    cancel: &CancellationToken,
+    check: &mut Check,
+) {
+    let containers = container_index(config);
+    for address in graph.order() {
+        let Some(p) = config.resource(&address) else {
+            continue;
+        };
+        let kind = p.kind.kind();
+        if kind.lifecycle() != Lifecycle::Runs || !kind.verify_by_default() {
+            continue;
+        }
+        // A probe whose resources are not all deployed would only retry against nothing.
+        let undeployed = graph.ancestors(&address).into_iter().any(|a| {
+            config
+                .resource(&a)
+                .is_some_and(|r| r.kind.kind().lifecycle() != Lifecycle::Runs)
+                && !state.resources.contains_key(&a)
+        });
+        if undeployed {
+            continue;
+        }
+        let start = Instant::now();
+        let quiet = |_: String, _: u64| {};
+        let run = machine(p.kind).verify(&p.config, pool, &containers, cancel, &quiet);
+        let secrets = &config.secrets;
+        match tokio::time::timeout(timeout, run).await {
+            Ok(Some(Ok((took, summary)))) => check.probes.push((
+                address.clone(),
+                took.as_secs_f64(),
+                secrets.scrub(&summary).into_owned(),
+            )),
+            Ok(Some(Err(e))) => check.failures.push(Failure {
+                cause: format!("{address} failed: {}", secrets.scrub(&e.message)),
+                containers: Vec::new(),
+                probe: Some(address.clone()),
+                restartable: true,
+            }),
+            Ok(None) => {}
+            Err(_) => check.failures.push(Failure {
+                cause: format!(
+                    "{address} did not pass within {:.0} s (the engine does not answer)",
+                    start.elapsed().as_secs_f64()
+                ),
+                containers: Vec::new(),
+                probe: Some(address.clone()),
+                restartable: true,
+            }),
+        }
+    }
+}
+
+/// What a restart replaces for `failures`: the containers that failed, and for a failed probe
+/// the engine's containers nearest to it (those none of the probe's other container ancestors
+/// depends on: vLLM, not the Ray cluster under it); then every member of their process groups
+/// and every container whose `replace_triggered_by` names one of them, until nothing is added.
+/// And what the apply targets: those and everything that depends on them (the probes run
+/// again). Pure.
+pub fn restart_set(
+    config: &Config,
+    graph: &Graph,
+    failures: &[Failure],
+) -> (Vec<String>, Vec<String>) {
+    let is_container = |a: &str| {
+        config
+            .resource(a)
+            .is_some_and(|r| r.kind == ResourceKind::Container)
+    };
+    let mut set: BTreeSet<String> = BTreeSet::new();
+    for f in failures.iter().filter(|f| f.restartable) {
+        set.extend(f.containers.iter().filter(|a| is_container(a)).cloned());
+        if let Some(p) = &f.probe {
+            let engine: BTreeSet<String> = graph
+                .ancestors(p)
+                .into_iter()
+                .filter(|a| is_container(a))
+                .collect();
+            let nearest = engine.iter().filter(|a| {
+                !engine
+                    .iter()
+                    .any(|b| b != *a && graph.ancestors(b).contains(*a))
+            });
+            set.extend(nearest.cloned());
+        }
+    }
+    loop {
+        let before = set.len();
+        let groups: BTreeSet<(Vec<String>, String)> = set
+            .iter()
+            .filter_map(|a| config.resource(a))
+            .filter_map(|r| Some((module_of(&r.address), r.group.clone()?)))
+            .collect();
+        for r in &config.resources {
+            let in_group = r
+                .group
+                .as_ref()
+                .is_some_and(|g| groups.contains(&(module_of(&r.address), g.clone())));
+            let triggered = r.replace_triggered_by.iter().any(|t| set.contains(t));
+            if in_group || triggered {
+                set.insert(r.address.clone());
+            }
+        }
+        if set.len() == before {
+            break;
+        }
+    }
+    let mut targets = set.clone();
+    for a in &set {
+        targets.extend(graph.descendants(a));
+    }
+    (set.into_iter().collect(), targets.into_iter().collect())
+}
+
+/// The module path of an address (`module.qwen.` of `module.qwen.container.rank0`): process
+/// groups are scoped by module.
+fn module_of(address: &str) -> Vec<String> {
+    let parts: Vec<&str> = address.split('.').collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 1 < parts.len() && parts[i] == "module" {
+        out.push(parts[i + 1].to_string());
+        i += 2;
+    }
+    out
+}
+
+/// Replace `replace` (and apply `targets`) through the normal apply: the state lock, the
+/// journal, rollback. Ok(summary) when it succeeded.
+async fn restart(
+    req: &WatchRequest,
+    replace: Vec<String>,
+    targets: Vec<String>,
+    events: &Sender,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
+    let evaluated = definitions::load(&req.workspace, &req.vars).map_err(describe)?;
+    let prepared = super::apply::prepare(
+        PrepareRequest {
+            evaluated,
+            lockfile_readonly: false,
+            store: req.workspace.store(),
+            source: Source::Definitions {
+                refresh: ReadMode::Normal,
+                options: PlanOptions {
+                    replace,
+                    targets,
+                    ..PlanOptions::default()
+                },
+            },
+            hosts: req.hosts.clone(),
+        },
+        events,
+    )
+    .await
+    .map_err(describe)?;
+    let outcome = prepared
+        .apply(
+            RunOptions {
+                parallelism: req.parallelism,
+                rollback: true,
+                hosts: req.hosts.clone(),
+            },
+            events.clone(),
+            cancel.clone(),
+        )
+        .await;
+    if outcome.ok {
+        let r = &outcome.ran;
+        Ok(format!(
+            "{} replaced, {} probe{} passed",
+            r.replace,
+            r.run,
+            if r.run == 1 { "" } else { "s" }
+        ))
+    } else if outcome.interrupted {
+        Err("interrupted: the restart was stopped and rolled back".into())
+    } else {
+        let why = outcome
+            .failures
+            .first()
+            .map(|(a, e)| format!("{a}: {}", e.message))
+            .unwrap_or_else(|| "it did not complete".into());
+        Err(format!("the restart failed ({why}); it was rolled back"))
+    }
+}
+
+fn describe(e: OpError) -> String {
+    match e {
+        OpError::Config(d) => {
+            d.0.first()
+                .map(|d| d.message.clone())
+                .unwrap_or_else(|| "the definitions have errors".into())
+        }
+        OpError::State(e) => e.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Record a restart in the state, under its lock (held only for this write).
+fn record(store: &StateStore, restart: Restart) -> Result<(), String> {
+    let _lock = store.lock("watch").map_err(|e| e.to_string())?;
+    let Some(mut state) = store.load().map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    state.restarts.push(restart);
+    let extra = state.restarts.len().saturating_sub(RESTARTS_KEPT);
+    state.restarts.drain(..extra);
+    store.write(&mut state).map_err(|e| e.to_string())
+}
+
+/// The nodes the recorded resources are on.
+fn nodes_of(config: &Config, state: &State) -> Vec<String> {
+    let nodes: BTreeSet<String> = state
+        .resources
+        .values()
+        .filter_map(|r| r.node.clone())
+        .chain(config.resources.iter().filter_map(|r| r.node.clone()))
+        .filter(|n| config.nodes.contains_key(n))
+        .collect();
+    nodes.into_iter().collect()
+}
+
+/// Sleep `d` unless cancelled first; whether it was cancelled.
+async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = cancel.cancelled() => true,
+    }
+}
+
+/// Watch until the checks asked for ran, a check fails without `restart`, the restarts run out,
+/// or `cancel` (a signal).
+pub async fn watch(
+    req: WatchRequest,
+    events: &Sender,
+    cancel: CancellationToken,
+    metrics: Option<&super::watch_metrics::Metrics>,
+) -> Result<WatchEnd, OpError> {
+    let store = req.workspace.store();
+    let mut pool: Option<HostPool> = None;
+    let mut seen = Seen::default();
+    let mut restarts: VecDeque<Instant> = VecDeque::new();
+    let mut tick = 0u64;
+    let end = loop {
+        if cancel.is_cancelled() {
+            break WatchEnd::Interrupted;
+        }
+        tick += 1;
+        let started = Instant::now();
+        let state = store
+            .load()?
+            .ok_or_else(|| OpError::Local("nothing is deployed: the state is empty".into()))?;
+        let defs =
+            definitions::load(&req.workspace, &req.vars)?.pin(Pins::Recorded(Some(&state)))?;
+        if pool.is_none() {
+            pool = Some(
+                HostPool::connect(&defs.config, &nodes_of(&defs.config, &state), &req.hosts).await,
+            );
+        }
+        let Some(p) = pool.as_ref() else {
+            continue;
+        };
+        // The probes first: what a wedged engine logs while a probe waits on it is then read in
+        // the same check, and its containers' failures (the clearer causes) come first.
+        let mut probed = Check::default();
+        check_probes(
+            &defs.config,
+            &defs.graph,
+            &state,
+            p,
+            req.probe_timeout,
+            &cancel,
+            &mut probed,
+        )
+        .await;
+        let mut check = Check::default();
+        check_containers(&state, p, &mut seen, &mut check).await;
+        check.failures.append(&mut probed.failures);
+        check.probes = probed.probes;
+        if cancel.is_cancelled() {
+            break WatchEnd::Interrupted;
+        }
+        let summary = if check.failures.is_empty() {
+            let probes: Vec<String> = check
+                .probes
+                .iter()
+                .map(|(a, s, _)| format!("{a} {s:.2} s"))
+                .collect();
+            format!(
+                "{} container{} running; {}",
+                check.containers,
+                if check.containers == 1 { "" } else { "s" },
+                if probes.is_empty() {
+                    "no probe".to_string()
+                } else {
+                    probes.join(", ")
+                }
+            )
+        } else {
+            check
+                .failures
+                .iter()
+                .map(|f| f.cause.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        emit(
+            events,
+            Event::WatchCheck {
+                tick,
+                ok: check.failures.is_empty(),
+                elapsed: started.elapsed(),
+                summary: defs.config.secrets.scrub(&summary).into_owned(),
+            },
+        );
+        if let Some(m) = metrics {
+            m.observe(&check);
+        }
+        let done = req.ticks.is_some_and(|n| tick >= n);
+        if check.failures.is_empty() {
+            if done {
+                break WatchEnd::Done;
+            }
+            if pause(req.interval, &cancel).await {
+                break WatchEnd::Interrupted;
+            }
+            continue;
+        }
+        let cause = check.failures[0].cause.clone();
+        if !req.restart {
+            break WatchEnd::Failed(cause);
+        }
+        let (replace, targets) = restart_set(&defs.config, &defs.graph, &check.failures);
+        if replace.is_empty() {
+            // Nothing a restart can help (a node out of reach): keep watching.
+            if done {
+                break WatchEnd::Failed(cause);
+            }
+            if pause(req.interval, &cancel).await {
+                break WatchEnd::Interrupted;
+            }
+            continue;
+        }
+        while restarts.front().is_some_and(|t| t.elapsed() > req.window) {
+            restarts.pop_front();
+        }
+        if restarts.len() >= req.max_restarts {
+            break WatchEnd::CrashLoop(cause);
+        }
+        // Backoff: each restart within the window waits twice as long as the one before.
+        if !restarts.is_empty() {
+            let wait = req.interval * 2u32.saturating_pow(restarts.len() as u32 - 1);
+            if pause(wait.min(Duration::from_secs(600)), &cancel).await {
+                break WatchEnd::Interrupted;
+            }
+        }
+        emit(
+            events,
+            Event::WatchRestart {
+                attempt: restarts.len() + 1,
+                cause: defs.config.secrets.scrub(&cause).into_owned(),
+                resources: replace.clone(),
+            },
+        );
+        // One connection per node: the apply opens its own.
+        if let Some(p) = pool.take() {
+            p.close().await;
+        }
+        restarts.push_back(Instant::now());
+        let result = restart(&req, replace.clone(), targets, events, &cancel).await;
+        if let Some(m) = metrics {
+            m.restarted(&cause);
+        }
+        let ok = result.is_ok();
+        let noted = record(
+            &store,
+            Restart {
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                cause: defs.config.secrets.scrub(&cause).into_owned(),
+                resources: replace,
+                ok,
+            },
+        );
+        let mut summary = match result {
+            Ok(s) => s,
+            Err(e) => e,
+        };
+        if let Err(e) = noted {
+            summary.push_str(&format!(" (the restart is not recorded in the state: {e})"));
+        }
+        emit(events, Event::WatchRestarted { ok, summary });
+        if cancel.is_cancelled() {
+            break WatchEnd::Interrupted;
+        }
+        if done {
+            break WatchEnd::Done;
+        }
+        if pause(req.interval, &cancel).await {
+            break WatchEnd::Interrupted;
+        }
+    };
+    if let Some(p) = pool {
+        p.close().await;
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_paths_scope_process_groups() {
+        assert_eq!(module_of("module.qwen.container.rank0"), ["qwen"]);
+        assert_eq!(
+            module_of("module.a.module.b.container.x[\"n\"]"),
+            ["a", "b"]
+        );
+        assert!(module_of("container.x").is_empty());
+    }
+}
