@@ -233,6 +233,20 @@ pub async fn docker_on_socket(
     Ok(docker)
 }
 
+/// Remove a one-shot container however it is (running, exited, gone), with its volumes.
+pub async fn remove_container(docker: &bollard::Docker, name: &str) {
+    let _ = docker
+        .remove_container(
+            name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
