@@ -11,6 +11,7 @@ pub mod fake;
 pub mod fake_docker;
 pub mod lifetime;
 pub mod local;
+pub mod nccl;
 pub mod pool;
 pub mod ssh;
 pub mod ssh_config;
