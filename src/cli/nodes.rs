@@ -11,19 +11,21 @@ use std::collections::BTreeMap;
 use crate::config::Config;
 use crate::ops::definitions::Pins;
 use crate::ops::nodes::{
-    differences, disagreements, explanations, short_id, Facts, NodeFacts, RdmaFabric,
+    differences, disagreements, explanations, short_id, Facts, ImageNccl, NodeFacts, RdmaFabric,
 };
 
-/// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images, interfaces)
+/// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images and their NCCL, interfaces)
 #[derive(Args, Debug)]
 #[command(
     long_about = "Connect to every node (through its jump host, with strict host-key checking) in parallel \
 and show its OS, kernel, architecture, CPUs, memory, GPUs, NVIDIA driver and CUDA version, RDMA \
 devices and their interfaces, the locked-memory limit (the ssh user's and the one containers get \
-from Docker), the Docker Engine, the IDs of the images the definitions use, and the network \
-interfaces. Lines marked `!` are where the nodes differ from each other (kernel, driver, CUDA, \
-image IDs) or from the definitions (declared GPUs or memory, an attachment's interface that does \
-not exist); lines marked `-` explain expected differences (logical GPUs with `gpu_devices = \
+from Docker), the Docker Engine, the IDs of the images the definitions use and the NCCL each \
+carries (its version, from a pip wheel or the system's; read by a short one-shot container of \
+each image the node has, never pulled), and the network interfaces. Lines marked `!` are where \
+the nodes differ from each other (kernel, driver, CUDA, image IDs, an image's NCCL), an image \
+that carries both a pip and a system NCCL, or where they differ from the definitions (declared \
+GPUs or memory, an attachment's interface that does not exist); lines marked `-` explain expected differences (logical GPUs with `gpu_devices = \
 false`, no NVIDIA driver, no RDMA device). Exits 1 when a node cannot be reached.",
     after_help = "Example:\n  sparkform nodes examples/testbed\n  sparkform nodes examples/testbed --json"
 )]
@@ -182,6 +184,9 @@ fn render_text(config: &Config, results: &Results) -> String {
                 "{name}: image {image}: {}",
                 id.as_deref().map_or("not on this node".into(), short_id)
             ));
+            if let Some(read) = f.nccl.get(image) {
+                notes.push(nccl_line(name, image, read));
+            }
         }
         let ifaces: Vec<String> = f
             .interfaces
@@ -219,6 +224,17 @@ fn render_text(config: &Config, results: &Results) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `node.a: NCCL 2.27.3 (pip wheel nvidia-nccl-cu12) in vllm/vllm-openai:v0.21.0`.
+fn nccl_line(name: &str, image: &str, read: &Result<ImageNccl, String>) -> String {
+    match read {
+        Ok(nccl) => match nccl.summary() {
+            Some(s) => format!("{name}: NCCL {s} in {image}"),
+            None => format!("{name}: no NCCL library in {image}"),
+        },
+        Err(why) => format!("{name}: NCCL in {image} not read: {why}"),
+    }
 }
 
 /// Each RDMA port (state, link layer, rate, the PCIe link of its device, the fabric addresses
@@ -315,6 +331,7 @@ mod tests {
             docker_memlock: Some("unlimited (dockerd's own)".into()),
             docker: Ok("28.2.2 (API 1.50)".into()),
             images: [("vllm:26.01".to_string(), Some(image.to_string()))].into(),
+            nccl: BTreeMap::new(),
             interfaces: Vec::new(),
         }
     }
@@ -361,6 +378,75 @@ mod tests {
             "{text}"
         );
         let json: serde_json::Value = serde_json::from_str(&render_json(&c, &results)).unwrap();
+        assert_eq!(json["differences"].as_array().unwrap().len(), 2, "{json}");
+    }
+
+    /// What the NCCL probe prints in an image with the `nvidia-nccl-cu12` wheel `version`, and
+    /// the system's `libnccl.so.2.27.3` too where `system`.
+    fn nccl(version: &str, system: bool) -> ImageNccl {
+        let packages = "/usr/local/lib/python3.12/dist-packages";
+        let mut out = format!(
+            "nccl-probe 1\nnccl-lib\t{packages}/nvidia/nccl/lib/libnccl.so.2\n\
+nccl-wheel\t{packages}/nvidia_nccl_cu12-{version}.dist-info\t{version}\n"
+        );
+        if system {
+            out.push_str("nccl-lib\t/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.3\n");
+        }
+        out.push_str("nccl-end\n");
+        crate::hosts::nccl::parse_probe(&out).unwrap()
+    }
+
+    #[test]
+    fn shows_each_images_nccl_per_node_and_flags_a_difference_and_two_in_one_image() {
+        let c = config(true);
+        let mut a = facts("580.95.05", "sha256:1111111111111111");
+        a.nccl = [("vllm:26.01".to_string(), Ok(nccl("2.27.3", false)))].into();
+        let mut b = a.clone();
+        b.nccl = [("vllm:26.01".to_string(), Ok(nccl("2.26.2", true)))].into();
+        let mut unread = a.clone();
+        unread.nccl = [(
+            "vllm:26.01".to_string(),
+            Err("the probe did not finish within 60 s".to_string()),
+        )]
+        .into();
+        let results: Results = [
+            ("node.a".to_string(), Ok(a)),
+            ("node.b".to_string(), Ok(b)),
+            ("node.c".to_string(), Ok(unread)),
+        ]
+        .into();
+        let text = render_text(&c, &results);
+        assert!(
+            text.contains("node.a: NCCL 2.27.3 (pip wheel nvidia-nccl-cu12) in vllm:26.01\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node.b: NCCL 2.26.2 (pip wheel nvidia-nccl-cu12) and 2.27.3 (system, /usr/lib/aarch64-linux-gnu/libnccl.so.2.27.3) in vllm:26.01\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "node.c: NCCL in vllm:26.01 not read: the probe did not finish within 60 s\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("! NCCL in image vllm:26.01 differs: node.a 2.27.3 (pip wheel nvidia-nccl-cu12), node.b 2.26.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("! image vllm:26.01 carries two NCCL libraries (node.b): the pip wheel nvidia-nccl-cu12 2.26.2"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render_json(&c, &results)).unwrap();
+        let pip = &json["nodes"]["node.a"]["facts"]["nccl"]["vllm:26.01"]["Ok"]["libraries"][0];
+        assert_eq!(pip["version"], "2.27.3", "{json}");
+        assert_eq!(pip["source"], "pip_wheel", "{json}");
+        assert_eq!(pip["package"], "nvidia-nccl-cu12", "{json}");
+        assert_eq!(
+            json["nodes"]["node.c"]["facts"]["nccl"]["vllm:26.01"]["Err"],
+            "the probe did not finish within 60 s"
+        );
         assert_eq!(json["differences"].as_array().unwrap().len(), 2, "{json}");
     }
 

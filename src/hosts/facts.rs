@@ -1,5 +1,6 @@
 //! What a node is: OS, kernel, architecture, CPUs, memory, GPUs and their driver, RDMA
-//! devices, memlock limits, Docker and the images the definitions use, interfaces.
+//! devices, memlock limits, Docker and the images the definitions use (with the NCCL each
+//! carries, which `nodes` adds: `super::nccl`), interfaces.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +63,10 @@ pub struct Facts {
     pub docker: Result<String, String>,
     /// Image reference → image ID on this node (None: not there).
     pub images: BTreeMap<String, Option<String>>,
+    /// Image reference → the NCCL it carries, for the images the node has. Empty from
+    /// [`gather`]: only `nodes` reads it ([`super::nccl::read`], a container per image, too
+    /// slow for a plan).
+    pub nccl: super::nccl::ImagesNccl,
     pub interfaces: Vec<Interface>,
 }
 
@@ -143,6 +148,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         docker_memlock: docker_memlock?,
         docker,
         images,
+        nccl: BTreeMap::new(),
         interfaces,
     })
 }
@@ -421,8 +427,9 @@ pub fn short_id(id: &str) -> String {
     format!("sha256:{}", hex.chars().take(12).collect::<String>())
 }
 
-/// What differs between nodes that should be alike (kernel, driver, CUDA, image IDs), one
-/// line per property naming each node's value. Pure.
+/// What differs between nodes that should be alike (kernel, driver, CUDA, image IDs, the
+/// NCCL of an image), one line per property naming each node's value; and images that carry
+/// both a pip and a system NCCL. Pure.
 pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
     let mut out = Vec::new();
     let mut compare = |what: String, values: Vec<(&String, Option<String>)>| {
@@ -505,6 +512,9 @@ pub fn differences(facts: &BTreeMap<String, Facts>) -> Vec<String> {
                 .collect(),
         );
     }
+    out.extend(super::nccl::differences(
+        facts.iter().map(|(n, f)| (n, &f.nccl)),
+    ));
     out
 }
 
@@ -752,6 +762,7 @@ Max locked memory         8388608              8388608              bytes\n";
             docker_memlock: None,
             docker: Ok("28.2.2".into()),
             images: [("vllm:x".to_string(), image.map(str::to_string))].into(),
+            nccl: BTreeMap::new(),
             interfaces: Vec::new(),
         }
     }

@@ -11,6 +11,7 @@ pub mod fake;
 pub mod fake_docker;
 pub mod lifetime;
 pub mod local;
+pub mod nccl;
 pub mod pool;
 pub mod ssh;
 pub mod ssh_config;
@@ -231,6 +232,20 @@ pub async fn docker_on_socket(
         .map_err(|_| err("the Docker Engine did not answer within 20 s".into()))?
         .map_err(|e| err(format!("the Docker Engine did not answer: {e}")))?;
     Ok(docker)
+}
+
+/// Remove a one-shot container however it is (running, exited, gone), with its volumes.
+pub async fn remove_container(docker: &bollard::Docker, name: &str) {
+    let _ = docker
+        .remove_container(
+            name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await;
 }
 
 #[cfg(test)]

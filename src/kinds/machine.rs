@@ -498,19 +498,9 @@ pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     out
 }
 
-/// Remove a one-shot container however it is (running, exited, gone), with its volumes.
-pub async fn remove_container(docker: &bollard::Docker, name: &str) {
-    let _ = docker
-        .remove_container(
-            name,
-            Some(bollard::query_parameters::RemoveContainerOptions {
-                force: true,
-                v: true,
-                ..Default::default()
-            }),
-        )
-        .await;
-}
+/// Remove a one-shot container however it is (running, exited, gone), with its volumes; in
+/// `hosts` since `nodes`' NCCL probe runs one too.
+pub use crate::hosts::remove_container;
 
 #[cfg(test)]
 mod tests {

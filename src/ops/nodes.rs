@@ -1,4 +1,6 @@
-//! Nodes: connect to every node of the configuration and gather its facts.
+//! Nodes: connect to every node of the configuration and gather its facts, then the NCCL each
+//! image the node has carries (a short one-shot container per image, bounded on its own so it
+//! is removed however it ends).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -6,9 +8,10 @@ use std::time::Duration;
 
 use crate::config::Config;
 pub use crate::hosts::fabric::RdmaFabric;
-use crate::hosts::facts;
 /// What `nodes` shows of a node, and how it compares with the definitions and the others.
 pub use crate::hosts::facts::{differences, disagreements, explanations, short_id, Facts};
+pub use crate::hosts::nccl::ImageNccl;
+use crate::hosts::{facts, nccl};
 use crate::hosts::{HostError, HostOptions, HostPool};
 
 /// What one node said.
@@ -30,11 +33,26 @@ pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, Nod
         let host = host.clone();
         let images = images.clone();
         tasks.spawn(name.clone(), async move {
-            tokio::time::timeout(
+            let gathered = tokio::time::timeout(
                 Duration::from_secs(60),
                 facts::gather(host.as_ref(), &images),
             )
-            .await
+            .await;
+            // Outside the facts' 60 s: each probe has its own bound and removes its container
+            // when it ends, which a timeout around it would cut short.
+            match gathered {
+                Ok(Ok(mut f)) => {
+                    let present: Vec<String> = f
+                        .images
+                        .iter()
+                        .filter(|(_, id)| id.is_some())
+                        .map(|(image, _)| image.clone())
+                        .collect();
+                    f.nccl = nccl::read(host.as_ref(), &present).await;
+                    Ok(Ok(f))
+                }
+                other => other,
+            }
         });
     }
     let mut results = BTreeMap::new();

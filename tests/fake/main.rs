@@ -26,6 +26,7 @@ mod llm_stack;
 mod lost_state;
 mod machine_faults;
 mod model_kind;
+mod nccl_fact;
 mod observed_facts;
 mod ops;
 mod pg_state;
