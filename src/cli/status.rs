@@ -182,6 +182,7 @@ pub fn render(s: &Status) -> String {
             .collect();
         out.push_str(&table(&rows));
     }
+    out.push_str(&restarts(s));
     if !s.outputs.is_empty() {
         out.push_str("\nOutputs:\n");
         for (k, v) in &s.outputs {
@@ -191,6 +192,24 @@ pub fn render(s: &Status) -> String {
                 other => other.to_string(),
             };
             out.push_str(&format!("  {k} = {shown}\n"));
+        }
+    }
+    out
+}
+
+/// What `sparkform watch` restarted, the newest last; empty without restarts.
+fn restarts(s: &Status) -> String {
+    let mut out = String::new();
+    if !s.restarts.is_empty() {
+        out.push_str("\nRestarts by sparkform watch (the newest last):\n");
+        for r in &s.restarts {
+            out.push_str(&format!(
+                "  {} {}: {}\n    {}\n",
+                r.at,
+                if r.ok { "restarted" } else { "restart FAILED" },
+                r.resources.join(", "),
+                r.cause
+            ));
         }
     }
     out
@@ -321,6 +340,12 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            restarts: vec![crate::state::Restart {
+                at: "2026-12-03T06:15:29Z".into(),
+                cause: "module.qwen.container.rank0: EngineDeadError".into(),
+                resources: vec!["module.qwen.container.rank0".into()],
+                ok: true,
+            }],
         }
     }
 
@@ -341,6 +366,10 @@ mod tests {
         assert!(text.contains("200 in 41 ms: I am Qwen"), "{text}");
         assert!(text.contains("endpoint = http://10.0.0.1:30000"), "{text}");
         assert!(text.contains("token = (sensitive)"), "{text}");
+        assert!(
+            text.contains("Restarts by sparkform watch (the newest last):\n  2026-12-03T06:15:29Z restarted: module.qwen.container.rank0\n    module.qwen.container.rank0: EngineDeadError"),
+            "{text}"
+        );
         assert!(
             text.contains("From the logs when each became ready:\n  container.head\n    nccl_net: spark1 NET/IB : Using [0]rocep1s0f0:1/RoCE\n              spark2 NET/Socket"),
             "{text}"

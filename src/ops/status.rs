@@ -19,6 +19,9 @@ pub struct Status {
     pub probes: Vec<ProbeStatus>,
     /// Sensitive ones as `null`.
     pub outputs: BTreeMap<String, serde_json::Value>,
+    /// What `sparkform watch` restarted, the newest last.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<crate::state::Restart>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -135,6 +138,7 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
         resources,
         probes: probes(state),
         outputs: outputs(state),
+        restarts: state.restarts.clone(),
     }
 }
 

@@ -469,6 +469,146 @@ async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
+/// One line for a check: what runs and how long each probe took, or every failure's cause.
+fn summary(check: &Check) -> String {
+    if !check.failures.is_empty() {
+        let causes: Vec<&str> = check.failures.iter().map(|f| f.cause.as_str()).collect();
+        return causes.join("; ");
+    }
+    let probes: Vec<String> = check
+        .probes
+        .iter()
+        .map(|(a, s, _)| format!("{a} {s:.2} s"))
+        .collect();
+    format!(
+        "{} container{} running; {}",
+        check.containers,
+        if check.containers == 1 { "" } else { "s" },
+        if probes.is_empty() {
+            "no probe".to_string()
+        } else {
+            probes.join(", ")
+        }
+    )
+}
+
+/// One check: the probes first (what a wedged engine logs while a probe waits on it is then
+/// read in the same check), then the containers, whose failures (the clearer causes) come first.
+async fn check_once(
+    req: &WatchRequest,
+    defs: &definitions::Definitions,
+    state: &State,
+    pool: &HostPool,
+    seen: &mut Seen,
+    cancel: &CancellationToken,
+) -> Check {
+    let mut probed = Check::default();
+    check_probes(
+        &defs.config,
+        &defs.graph,
+        state,
+        pool,
+        req.probe_timeout,
+        cancel,
+        &mut probed,
+    )
+    .await;
+    let mut check = Check::default();
+    check_containers(state, pool, seen, &mut check).await;
+    check.failures.append(&mut probed.failures);
+    check.probes = probed.probes;
+    check
+}
+
+/// What a restart needs besides the request: the restarts made in the window, the checks'
+/// pool (closed while the restart's apply runs), and where progress goes.
+struct Restarts<'a> {
+    made: VecDeque<Instant>,
+    events: &'a Sender,
+    cancel: &'a CancellationToken,
+    metrics: Option<&'a super::watch_metrics::Metrics>,
+}
+
+/// What came of a failed check.
+enum Handled {
+    /// The watch ends here.
+    End(WatchEnd),
+    /// The engine was restarted: whether its apply succeeded.
+    Restarted(bool),
+    /// Nothing a restart can help (a node out of reach).
+    Nothing,
+}
+
+impl Restarts<'_> {
+    /// Restart the engine for `failures`, unless the window's restarts ran out.
+    async fn after(
+        &mut self,
+        req: &WatchRequest,
+        defs: &definitions::Definitions,
+        failures: &[Failure],
+        pool: &mut Option<HostPool>,
+    ) -> Handled {
+        let Some(cause) = failures.first().map(|f| f.cause.clone()) else {
+            return Handled::Nothing;
+        };
+        let (replace, targets) = restart_set(&defs.config, &defs.graph, failures);
+        if replace.is_empty() {
+            return Handled::Nothing;
+        }
+        while self.made.front().is_some_and(|t| t.elapsed() > req.window) {
+            self.made.pop_front();
+        }
+        if self.made.len() >= req.max_restarts {
+            return Handled::End(WatchEnd::CrashLoop(cause));
+        }
+        // Backoff: each restart within the window waits twice as long as the one before.
+        if !self.made.is_empty() {
+            let wait = req.interval * 2u32.saturating_pow(self.made.len() as u32 - 1);
+            if pause(wait.min(Duration::from_secs(600)), self.cancel).await {
+                return Handled::End(WatchEnd::Interrupted);
+            }
+        }
+        let shown = defs.config.secrets.scrub(&cause).into_owned();
+        emit(
+            self.events,
+            Event::WatchRestart {
+                attempt: self.made.len() + 1,
+                cause: shown.clone(),
+                resources: replace.clone(),
+            },
+        );
+        // One connection per node: the apply opens its own.
+        if let Some(p) = pool.take() {
+            p.close().await;
+        }
+        self.made.push_back(Instant::now());
+        let result = restart(req, replace.clone(), targets, self.events, self.cancel).await;
+        if let Some(m) = self.metrics {
+            m.restarted(&shown);
+        }
+        let ok = result.is_ok();
+        let noted = record(
+            &req.workspace.store(),
+            Restart {
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                cause: shown,
+                resources: replace,
+                ok,
+            },
+        );
+        let mut summary = result.unwrap_or_else(|e| e);
+        if let Err(e) = noted {
+            summary.push_str(&format!(" (the restart is not recorded in the state: {e})"));
+        }
+        emit(self.events, Event::WatchRestarted { ok, summary });
+        if self.cancel.is_cancelled() {
+            Handled::End(WatchEnd::Interrupted)
+        } else {
+            Handled::Restarted(ok)
+        }
+    }
+}
+
 /// Watch until the checks asked for ran, a check fails without `restart`, the restarts run out,
 /// or `cancel` (a signal).
 pub async fn watch(
@@ -480,7 +620,12 @@ pub async fn watch(
     let store = req.workspace.store();
     let mut pool: Option<HostPool> = None;
     let mut seen = Seen::default();
-    let mut restarts: VecDeque<Instant> = VecDeque::new();
+    let mut restarts = Restarts {
+        made: VecDeque::new(),
+        events,
+        cancel: &cancel,
+        metrics,
+    };
     let mut tick = 0u64;
     let end = loop {
         if cancel.is_cancelled() {
@@ -494,147 +639,46 @@ pub async fn watch(
         let defs =
             definitions::load(&req.workspace, &req.vars)?.pin(Pins::Recorded(Some(&state)))?;
         if pool.is_none() {
-            pool = Some(
-                HostPool::connect(&defs.config, &nodes_of(&defs.config, &state), &req.hosts).await,
-            );
+            let nodes = nodes_of(&defs.config, &state);
+            pool = Some(HostPool::connect(&defs.config, &nodes, &req.hosts).await);
         }
         let Some(p) = pool.as_ref() else {
             continue;
         };
-        // The probes first: what a wedged engine logs while a probe waits on it is then read in
-        // the same check, and its containers' failures (the clearer causes) come first.
-        let mut probed = Check::default();
-        check_probes(
-            &defs.config,
-            &defs.graph,
-            &state,
-            p,
-            req.probe_timeout,
-            &cancel,
-            &mut probed,
-        )
-        .await;
-        let mut check = Check::default();
-        check_containers(&state, p, &mut seen, &mut check).await;
-        check.failures.append(&mut probed.failures);
-        check.probes = probed.probes;
+        let check = check_once(&req, &defs, &state, p, &mut seen, &cancel).await;
         if cancel.is_cancelled() {
             break WatchEnd::Interrupted;
         }
-        let summary = if check.failures.is_empty() {
-            let probes: Vec<String> = check
-                .probes
-                .iter()
-                .map(|(a, s, _)| format!("{a} {s:.2} s"))
-                .collect();
-            format!(
-                "{} container{} running; {}",
-                check.containers,
-                if check.containers == 1 { "" } else { "s" },
-                if probes.is_empty() {
-                    "no probe".to_string()
-                } else {
-                    probes.join(", ")
-                }
-            )
-        } else {
-            check
-                .failures
-                .iter()
-                .map(|f| f.cause.clone())
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
         emit(
             events,
             Event::WatchCheck {
                 tick,
                 ok: check.failures.is_empty(),
                 elapsed: started.elapsed(),
-                summary: defs.config.secrets.scrub(&summary).into_owned(),
+                summary: defs.config.secrets.scrub(&summary(&check)).into_owned(),
             },
         );
         if let Some(m) = metrics {
             m.observe(&check);
         }
-        let done = req.ticks.is_some_and(|n| tick >= n);
-        if check.failures.is_empty() {
-            if done {
-                break WatchEnd::Done;
-            }
-            if pause(req.interval, &cancel).await {
-                break WatchEnd::Interrupted;
-            }
-            continue;
-        }
-        let cause = check.failures[0].cause.clone();
-        if !req.restart {
-            break WatchEnd::Failed(cause);
-        }
-        let (replace, targets) = restart_set(&defs.config, &defs.graph, &check.failures);
-        if replace.is_empty() {
-            // Nothing a restart can help (a node out of reach): keep watching.
-            if done {
-                break WatchEnd::Failed(cause);
-            }
-            if pause(req.interval, &cancel).await {
-                break WatchEnd::Interrupted;
-            }
-            continue;
-        }
-        while restarts.front().is_some_and(|t| t.elapsed() > req.window) {
-            restarts.pop_front();
-        }
-        if restarts.len() >= req.max_restarts {
-            break WatchEnd::CrashLoop(cause);
-        }
-        // Backoff: each restart within the window waits twice as long as the one before.
-        if !restarts.is_empty() {
-            let wait = req.interval * 2u32.saturating_pow(restarts.len() as u32 - 1);
-            if pause(wait.min(Duration::from_secs(600)), &cancel).await {
-                break WatchEnd::Interrupted;
-            }
-        }
-        emit(
-            events,
-            Event::WatchRestart {
-                attempt: restarts.len() + 1,
-                cause: defs.config.secrets.scrub(&cause).into_owned(),
-                resources: replace.clone(),
+        // Whether the deployment serves after this check (and its restart, if any).
+        let serving = match check.failures.first() {
+            None => true,
+            Some(f) if !req.restart => break WatchEnd::Failed(f.cause.clone()),
+            Some(_) => match restarts
+                .after(&req, &defs, &check.failures, &mut pool)
+                .await
+            {
+                Handled::End(end) => break end,
+                Handled::Restarted(ok) => ok,
+                Handled::Nothing => false,
             },
-        );
-        // One connection per node: the apply opens its own.
-        if let Some(p) = pool.take() {
-            p.close().await;
-        }
-        restarts.push_back(Instant::now());
-        let result = restart(&req, replace.clone(), targets, events, &cancel).await;
-        if let Some(m) = metrics {
-            m.restarted(&cause);
-        }
-        let ok = result.is_ok();
-        let noted = record(
-            &store,
-            Restart {
-                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                cause: defs.config.secrets.scrub(&cause).into_owned(),
-                resources: replace,
-                ok,
-            },
-        );
-        let mut summary = match result {
-            Ok(s) => s,
-            Err(e) => e,
         };
-        if let Err(e) = noted {
-            summary.push_str(&format!(" (the restart is not recorded in the state: {e})"));
-        }
-        emit(events, Event::WatchRestarted { ok, summary });
-        if cancel.is_cancelled() {
-            break WatchEnd::Interrupted;
-        }
-        if done {
-            break WatchEnd::Done;
+        if req.ticks.is_some_and(|n| tick >= n) {
+            break match check.failures.first() {
+                Some(f) if !serving => WatchEnd::Failed(f.cause.clone()),
+                _ => WatchEnd::Done,
+            };
         }
         if pause(req.interval, &cancel).await {
             break WatchEnd::Interrupted;

@@ -40,3 +40,4 @@ mod taint;
 mod topology;
 mod transfer;
 mod typed_kinds;
+mod watch;
