@@ -77,3 +77,30 @@ pub fn signal(pid: u32, sig: &str) {
         .unwrap_or(false);
     assert!(ok, "kill -s {sig} {pid} failed");
 }
+
+/// The control folders of sparkform process `pid` now: the `/tmp/sf*` folders whose `owner`
+/// file names it.
+pub fn control_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let owner = std::fs::read_to_string(p.join("owner")).ok()?;
+            (e.file_name().to_string_lossy().starts_with("sf")
+                && owner.split_whitespace().next() == Some(&pid.to_string()))
+            .then_some(p)
+        })
+        .collect()
+}
+
+/// The ssh processes that name a run's control folder (masters, their ProxyJump hops).
+pub fn ssh_of(dir: &std::path::Path) -> Vec<Proc> {
+    let d = dir.to_string_lossy().to_string();
+    all()
+        .into_iter()
+        .filter(|p| p.cmdline.starts_with("ssh ") && p.cmdline.contains(&d))
+        .collect()
+}

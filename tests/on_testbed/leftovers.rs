@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::procs;
+use common::procs::{self, control_dirs_of, ssh_of};
 use common::testbed::{sparkform, testbed, Testbed};
 
 /// Every sparkform that connects first sweeps the control folders of dead runs: the test that
@@ -64,23 +64,6 @@ fn control_dir_of(pid: u32) -> Option<PathBuf> {
     control_dirs_of(pid).into_iter().next()
 }
 
-/// The control folders of process `pid` now.
-fn control_dirs_of(pid: u32) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir("/tmp") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let p = e.path();
-            let owner = std::fs::read_to_string(p.join("owner")).ok()?;
-            (e.file_name().to_string_lossy().starts_with("sf")
-                && owner.split_whitespace().next() == Some(&pid.to_string()))
-            .then_some(p)
-        })
-        .collect()
-}
-
 /// Wait until the run is mid-apply: both node masters up, each node's Docker socket forwarded
 /// and a port forwarded (the ready check's). Returns its control folder.
 fn wait_mid_apply(child: &mut Child) -> PathBuf {
@@ -112,15 +95,6 @@ fn wait_mid_apply(child: &mut Child) -> PathBuf {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The ssh processes that name the run's control folder.
-fn ssh_of(dir: &Path) -> Vec<procs::Proc> {
-    let d = dir.to_string_lossy().to_string();
-    procs::all()
-        .into_iter()
-        .filter(|p| p.cmdline.starts_with("ssh ") && p.cmdline.contains(&d))
-        .collect()
 }
 
 fn wait_exit(child: &mut Child, within: Duration) {

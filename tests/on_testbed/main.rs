@@ -33,3 +33,4 @@ mod testbed_progress;
 mod testbed_rank_group;
 mod testbed_refresh;
 mod testbed_ssh_alias;
+mod testbed_watch;
