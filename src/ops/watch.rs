@@ -106,9 +106,108 @@ fn signatures(d: &ContainerDesired) -> Vec<(regex::Regex, String)> {
     out
 }
 
-/// Each recorded container on its node: running, not restarted by Docker since the last
-/// check, no signature in its log since then.
+/// What one container's check found: a failure, and what to remember for the next check.
+struct ContainerSeen {
+    id: String,
+    restart_count: Option<i64>,
+    log_until: Option<i64>,
+    failure: Option<Failure>,
+}
+
+/// One recorded container on its node: running, not restarted by Docker since the last check
+/// (`before`), no signature in its log since `since`.
+async fn check_container(
+    address: &str,
+    r: &crate::state::ResourceState,
+    d: &ContainerDesired,
+    id: &str,
+    pool: &HostPool,
+    before: Option<i64>,
+    since: i64,
+) -> ContainerSeen {
+    let mut seen = ContainerSeen {
+        id: id.to_string(),
+        restart_count: None,
+        log_until: None,
+        failure: None,
+    };
+    let fail = |cause: String, restartable: bool| Failure {
+        cause,
+        containers: if restartable {
+            vec![address.to_string()]
+        } else {
+            Vec::new()
+        },
+        probe: None,
+        restartable,
+    };
+    let node = r.node.clone().unwrap_or_default();
+    let docker = match pool.get(&node) {
+        Ok(h) => h.docker().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let docker = match docker {
+        Ok(d) => d,
+        Err(e) => {
+            seen.failure = Some(fail(
+                format!("{address}: {node} cannot be reached: {e}"),
+                false,
+            ));
+            return seen;
+        }
+    };
+    let Ok(info) = docker
+        .inspect_container(id, None::<q::InspectContainerOptions>)
+        .await
+    else {
+        let cause = format!("{address}: container {} is gone from {node}", d.name);
+        seen.failure = Some(fail(cause, true));
+        return seen;
+    };
+    let st = info.state.unwrap_or_default();
+    let restarts = info.restart_count.unwrap_or(0);
+    seen.restart_count = Some(restarts);
+    if st.running != Some(true) {
+        let status = st
+            .status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "not running".into());
+        let cause = format!(
+            "{address}: container {} on {node} is {status} (exit code {})",
+            d.name,
+            st.exit_code.unwrap_or(-1)
+        );
+        seen.failure = Some(fail(cause, true));
+        return seen;
+    }
+    if before.is_some_and(|b| restarts > b) {
+        let cause = format!(
+            "{address}: Docker restarted {} on {node} ({restarts} restarts in all): it crashed",
+            d.name
+        );
+        seen.failure = Some(fail(cause, true));
+        return seen;
+    }
+    let until = now_unix();
+    let lines = log_lines(&docker, id, since).await;
+    seen.log_until = Some(until);
+    let sigs = signatures(d);
+    let found = lines.iter().find_map(|l| {
+        sigs.iter()
+            .find(|(re, _)| re.is_match(l))
+            .map(|(_, c)| (l.clone(), c.clone()))
+    });
+    if let Some((line, cause)) = found {
+        let line: String = line.chars().take(200).collect();
+        seen.failure = Some(fail(format!("{address}: {cause} (log: {line})"), true));
+    }
+    seen
+}
+
+/// Every recorded container at once (each on its node's connection).
 async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check: &mut Check) {
+    let now = now_unix();
+    let mut checks = Vec::new();
     for (address, r) in &state.resources {
         if r.kind != ResourceKind::Container {
             continue;
@@ -119,88 +218,19 @@ async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check
         let Some(id) = r.attributes.get("container_id").and_then(|v| v.as_str()) else {
             continue;
         };
-        check.containers += 1;
-        let node = r.node.clone().unwrap_or_default();
-        let docker = match pool.get(&node) {
-            Ok(h) => h.docker().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let docker = match docker {
-            Ok(d) => d,
-            Err(e) => {
-                check.failures.push(Failure {
-                    cause: format!("{address}: {node} cannot be reached: {e}"),
-                    containers: Vec::new(),
-                    probe: None,
-                    restartable: false,
-                });
-                continue;
-            }
-        };
-        let inspected = docker
-            .inspect_container(id, None::<q::InspectContainerOptions>)
-            .await;
-        let Ok(info) = inspected else {
-            check.failures.push(Failure {
-                cause: format!("{address}: container {} is gone from {node}", d.name),
-                containers: vec![address.clone()],
-                probe: None,
-                restartable: true,
-            });
-            continue;
-        };
-        let st = info.state.unwrap_or_default();
-        let restarts = info.restart_count.unwrap_or(0);
-        if st.running != Some(true) {
-            check.failures.push(Failure {
-                cause: format!(
-                    "{address}: container {} on {node} is {} (exit code {})",
-                    d.name,
-                    st.status
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| "not running".into()),
-                    st.exit_code.unwrap_or(-1)
-                ),
-                containers: vec![address.clone()],
-                probe: None,
-                restartable: true,
-            });
-            continue;
+        let before = seen.restart_counts.get(id).copied();
+        let since = *seen.log_since.entry(id.to_string()).or_insert(now);
+        checks.push(async move { check_container(address, r, &d, id, pool, before, since).await });
+    }
+    check.containers += checks.len();
+    for c in futures_util::future::join_all(checks).await {
+        if let Some(n) = c.restart_count {
+            seen.restart_counts.insert(c.id.clone(), n);
         }
-        let before = seen.restart_counts.insert(id.to_string(), restarts);
-        if before.is_some_and(|b| restarts > b) {
-            check.failures.push(Failure {
-                cause: format!(
-                    "{address}: Docker restarted {} on {node} ({} restarts in all): it crashed",
-                    d.name, restarts
-                ),
-                containers: vec![address.clone()],
-                probe: None,
-                restartable: true,
-            });
-            continue;
+        if let Some(t) = c.log_until {
+            seen.log_since.insert(c.id.clone(), t);
         }
-        let since = *seen
-            .log_since
-            .entry(id.to_string())
-            .or_insert_with(now_unix);
-        let until = now_unix();
-        let lines = log_lines(&docker, id, since).await;
-        seen.log_since.insert(id.to_string(), until);
-        let sigs = signatures(&d);
-        if let Some((line, cause)) = lines.iter().find_map(|l| {
-            sigs.iter()
-                .find(|(re, _)| re.is_match(l))
-                .map(|(_, c)| (l.clone(), c.clone()))
-        }) {
-            let line: String = line.chars().take(200).collect();
-            check.failures.push(Failure {
-                cause: format!("{address}: {cause} (log: {line})"),
-                containers: vec![address.clone()],
-                probe: None,
-                restartable: true,
-            });
-        }
+        check.failures.extend(c.failure);
     }
 }
 
@@ -627,6 +657,7 @@ pub async fn watch(
         metrics,
     };
     let mut tick = 0u64;
+    let mut cached: Option<((u64, String), definitions::Definitions)> = None;
     let end = loop {
         if cancel.is_cancelled() {
             break WatchEnd::Interrupted;
@@ -636,8 +667,17 @@ pub async fn watch(
         let state = store
             .load()?
             .ok_or_else(|| OpError::Local("nothing is deployed: the state is empty".into()))?;
-        let defs =
-            definitions::load(&req.workspace, &req.vars)?.pin(Pins::Recorded(Some(&state)))?;
+        // The definitions as deployed: evaluated again only when the state changed (a restart,
+        // an apply beside the watch), not at every check.
+        let key = (state.serial, state.lineage.clone());
+        if cached.as_ref().map(|(k, _)| k) != Some(&key) {
+            let d =
+                definitions::load(&req.workspace, &req.vars)?.pin(Pins::Recorded(Some(&state)))?;
+            cached = Some((key, d));
+        }
+        let Some((_, defs)) = cached.as_ref() else {
+            continue;
+        };
         if pool.is_none() {
             let nodes = nodes_of(&defs.config, &state);
             pool = Some(HostPool::connect(&defs.config, &nodes, &req.hosts).await);
@@ -645,7 +685,7 @@ pub async fn watch(
         let Some(p) = pool.as_ref() else {
             continue;
         };
-        let check = check_once(&req, &defs, &state, p, &mut seen, &cancel).await;
+        let check = check_once(&req, defs, &state, p, &mut seen, &cancel).await;
         if cancel.is_cancelled() {
             break WatchEnd::Interrupted;
         }
