@@ -706,7 +706,7 @@ pub async fn watch(
             None => true,
             Some(f) if !req.restart => break WatchEnd::Failed(f.cause.clone()),
             Some(_) => match restarts
-                .after(&req, &defs, &check.failures, &mut pool)
+                .after(&req, defs, &check.failures, &mut pool)
                 .await
             {
                 Handled::End(end) => break end,
