@@ -705,10 +705,7 @@ pub async fn watch(
         let serving = match check.failures.first() {
             None => true,
             Some(f) if !req.restart => break WatchEnd::Failed(f.cause.clone()),
-            Some(_) => match restarts
-                .after(&req, defs, &check.failures, &mut pool)
-                .await
-            {
+            Some(_) => match restarts.after(&req, defs, &check.failures, &mut pool).await {
                 Handled::End(end) => break end,
                 Handled::Restarted(ok) => ok,
                 Handled::Nothing => false,

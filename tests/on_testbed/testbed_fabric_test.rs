@@ -50,10 +50,12 @@ fn a_fabric_under_the_floor_stops_the_apply_before_vllm_and_rolls_back() {
     };
 
     // 1 GB/s against a floor of 2: the test fails, naming the figure, and nothing of vLLM ran.
+    // -upgrade: a lock file an earlier run left may pin an image the testbed has rebuilt since.
     let (code, out, err) = run(&[
         "apply",
         EXAMPLE,
         "-auto-approve",
+        "-upgrade",
         "-var",
         "standin_busbw_gbps=1",
     ]);
