@@ -236,6 +236,11 @@ pub trait Kind: Sync {
     ) -> Option<(String, String, crate::lockfile::Entry)> {
         None
     }
+    /// For a kind that runs: how long, once it passed, it must keep passing before the apply
+    /// goes on (a probe's `soak`), from its configuration; a plan's impact shows it.
+    fn soak_secs(&self, _config: &serde_json::Value) -> Option<u64> {
+        None
+    }
     /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
     /// bandwidth test that loads a serving deployment's fabric and GPUs runs only when named).
     fn verify_by_default(&self) -> bool {

@@ -35,6 +35,10 @@ pub struct Impact {
     /// time is unknown).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unmeasured: Vec<String>,
+    /// Checks that run and must keep passing for a while once they pass (a probe's `soak`):
+    /// (address, seconds), which the apply's time includes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub soaks: Vec<(String, u64)>,
 }
 
 impl Impact {
@@ -130,7 +134,16 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
     let outage_secs = whole_outage(&unavailable, &windows);
     let keeps_running = keeps_running(config, state, &actions, &stopped);
+    let soaks = steps
+        .iter()
+        .filter(|c| c.action == Action::Run)
+        .filter_map(|c| {
+            let config = &config.resource(&c.address)?.config;
+            Some((c.address.clone(), c.kind.kind().soak_secs(config)?))
+        })
+        .collect();
     Impact {
+        soaks,
         stopped,
         unavailable,
         keeps_running,

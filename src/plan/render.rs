@@ -212,6 +212,17 @@ fn expected(secs: Option<f64>) -> String {
     }
 }
 
+/// The soaks the apply waits for, after the rest of the impact.
+fn render_soaks(out: &mut String, impact: &Impact) {
+    for (address, secs) in &impact.soaks {
+        let _ = writeln!(
+            out,
+            "  Soak: {address} must keep passing for {} after it passes before the apply completes (a failure rolls back).",
+            duration(*secs as f64)
+        );
+    }
+}
+
 fn on(node: &Option<String>) -> String {
     node.as_ref()
         .map(|n| format!(" on {n}"))
@@ -221,6 +232,7 @@ fn on(node: &Option<String>) -> String {
 fn render_impact(out: &mut String, impact: &Impact) {
     if !impact.is_disruptive() {
         out.push_str("\nImpact: no disruption (no running container is stopped or replaced).\n");
+        render_soaks(out, impact);
         return;
     }
     out.push_str("\nImpact:\n  Stopped or replaced:\n");
@@ -302,6 +314,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
             );
         }
     }
+    render_soaks(out, impact);
 }
 
 fn render_change(out: &mut String, step: usize, c: &Change) {

@@ -35,6 +35,7 @@ mod plan_snapshots;
 mod prepare;
 mod properties;
 mod reference;
+mod soak;
 mod standins;
 mod taint;
 mod topology;

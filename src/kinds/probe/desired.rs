@@ -11,6 +11,7 @@ use crate::kinds::{DesiredConfig, Texts};
 
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_INTERVAL_SECS: u64 = 2;
+pub const DEFAULT_SOAK_INTERVAL_SECS: u64 = 15;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Desired {
@@ -30,6 +31,18 @@ pub struct Desired {
     /// Seconds between attempts; always written.
     #[serde(default = "default_interval")]
     pub interval: Number,
+    /// After it passed: how long it must keep passing, checked how often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak: Option<Soak>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Soak {
+    /// Seconds.
+    pub duration: Number,
+    /// Seconds between checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Number>,
 }
 
 impl DesiredConfig for Desired {}
@@ -120,6 +133,21 @@ impl Desired {
 
     pub fn interval_secs(&self) -> u64 {
         self.interval.as_u64().unwrap_or(DEFAULT_INTERVAL_SECS)
+    }
+
+    /// How long it must keep passing once it passed (its soak), if it soaks.
+    pub fn soak_secs(&self) -> Option<u64> {
+        self.soak.as_ref()?.duration.as_u64().filter(|s| *s > 0)
+    }
+
+    /// How often the soak checks it.
+    pub fn soak_interval_secs(&self) -> u64 {
+        self.soak
+            .as_ref()
+            .and_then(|s| s.interval.as_ref())
+            .and_then(Number::as_u64)
+            .unwrap_or(DEFAULT_SOAK_INTERVAL_SECS)
+            .max(1)
     }
 }
 

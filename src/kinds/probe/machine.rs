@@ -231,6 +231,55 @@ pub async fn run(
     }
 }
 
+/// Once it passed: keep checking it every soak interval until its soak has lasted; the first
+/// failure fails it (and the apply rolls back). `None` when it has no soak.
+async fn soak(
+    config: &Desired,
+    pool: &HostPool,
+    containers: &ContainerIndex,
+    cancel: &tokio_util::sync::CancellationToken,
+    progress: impl Fn(String, u64),
+) -> Result<Option<String>, StepError> {
+    let Some(total) = config.soak_secs() else {
+        return Ok(None);
+    };
+    let every = Duration::from_secs(config.soak_interval_secs());
+    let per_try = Duration::from_secs(config.timeout_secs())
+        .clamp(Duration::from_secs(5), Duration::from_secs(600));
+    let start = Instant::now();
+    let mut passes = 0u32;
+    while start.elapsed() < Duration::from_secs(total) {
+        progress(
+            format!(
+                "soaking: {:.0} s of {total} s, passed {passes} time{} since",
+                start.elapsed().as_secs_f64(),
+                if passes == 1 { "" } else { "s" }
+            ),
+            total,
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = cancel.cancelled() => {
+                return Err(StepError::new(format!(
+                    "interrupted {:.0} s into its {total} s soak", start.elapsed().as_secs_f64()
+                )));
+            }
+        }
+        if let Err(why) = attempt(config, pool, containers, per_try).await {
+            return Err(StepError::new(format!(
+                "the probe failed {:.0} s into its {total} s soak, after passing {passes} time{} since: {why}",
+                start.elapsed().as_secs_f64(),
+                if passes == 1 { "" } else { "s" }
+            ))
+            .help("it passed once and then failed: the deployment does not hold; see `sparkform logs`"));
+        }
+        passes += 1;
+    }
+    Ok(Some(format!(
+        "; kept passing for its {total} s soak ({passes} checks)"
+    )))
+}
+
 #[async_trait]
 impl Machine for ProbeMachine {
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
@@ -242,10 +291,18 @@ impl Machine for ProbeMachine {
             cx.progress(m, None, Some(t))
         })
         .await?;
+        let soaked = soak(&config, cx.pool, cx.containers, cx.cancel, |m, t| {
+            cx.progress(m, None, Some(t))
+        })
+        .await?
+        .unwrap_or_default();
         Ok(Applied {
             attributes: Default::default(),
             undo: serde_json::Value::Null,
-            summary: format!("passed in {:.2} s, {summary}", latency.as_secs_f64()),
+            summary: format!(
+                "passed in {:.2} s, {summary}{soaked}",
+                latency.as_secs_f64()
+            ),
         })
     }
 

@@ -59,6 +59,16 @@ pub static EXPECT: BlockSpec = spec(
     &[],
 );
 
+pub static SOAK: BlockSpec = spec(
+    "soak",
+    &[],
+    &[
+        req("duration", schema::Kind::Duration),
+        opt("interval", schema::Kind::Duration),
+    ],
+    &[],
+);
+
 /// The block that declares it.
 pub static PROBE: BlockSpec = spec(
     "probe",
@@ -87,6 +97,11 @@ pub static PROBE: BlockSpec = spec(
         Child {
             name: "expect",
             spec: &EXPECT,
+            multiple: false,
+        },
+        Child {
+            name: "soak",
+            spec: &SOAK,
             multiple: false,
         },
     ],
@@ -118,13 +133,18 @@ impl Kind for Probe {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Ignore
     }
+    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64> {
+        Desired::from_config(config).ok()?.soak_secs()
+    }
     fn dot_shape(&self) -> &'static str {
         "diamond"
     }
 }
 
 /// A probe changes nothing on a machine: any change to it is recorded in place (and it runs).
-pub const IN_PLACE: &[&str] = &["http", "exec", "tcp", "expect", "timeout", "interval"];
+pub const IN_PLACE: &[&str] = &[
+    "http", "exec", "tcp", "expect", "timeout", "interval", "soak",
+];
 
 const METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
 
@@ -271,6 +291,24 @@ pub fn desired(
     out.insert("form".into(), form.into());
     out.insert(form.to_string(), clean(&body));
     out.insert("expect".into(), clean(&expect));
+    if let Some(soak) = parts.get("soak") {
+        let secs = |k: &str| {
+            soak.get(k)
+                .and_then(Value::as_number)
+                .and_then(|n| n.as_u64())
+        };
+        let duration = secs("duration").unwrap_or(0);
+        let interval = secs("interval").unwrap_or(desired::DEFAULT_SOAK_INTERVAL_SECS);
+        if duration == 0 || interval == 0 || interval > duration {
+            return Err(problem(
+                "soak",
+                "duration",
+                format!("a soak of {duration} s checked every {interval} s"),
+                "soak { duration = \"10m\", interval = \"15s\" }: the probe must keep passing for the duration, checked every interval (shorter than the duration)",
+            ));
+        }
+        out.insert("soak".into(), clean(soak));
+    }
     for k in ["timeout", "interval"] {
         if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {
             out.insert(k.into(), to_json(v));
