@@ -444,7 +444,7 @@ impl<'a> Seen<'a> {
     }
 
     /// What Docker does not keep and sparkform decides: how the image got there, the stop
-    /// timeout, the ready checks.
+    /// timeout, the ready checks, the log lines `watch` acts on, the memory a start needs.
     fn sparkforms_own(&self, out: &mut Attrs) {
         use serde_json::json;
         // What Docker does not keep: how the image got there is sparkform's to decide.
@@ -463,8 +463,11 @@ impl<'a> Seen<'a> {
         }
         // The ready checks are sparkform's own: a running container passed them or it would
         // not run.
-        if let Some(r) = self.want("ready") {
-            out.insert("ready".into(), r.clone());
+        // So are what it watches its log for and what its start needs of memory.
+        for k in ["ready", "watch_on_log", "memory"] {
+            if let Some(v) = self.want(k) {
+                out.insert(k.into(), v.clone());
+            }
         }
     }
 }
