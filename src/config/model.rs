@@ -141,6 +141,9 @@ pub struct Network {
     pub name: String,
     pub subnet: ipnet::IpNet,
     pub mtu: u32,
+    /// `on_mtu_mismatch = "fix"`: ends of the fabric found at different MTUs are a warning and
+    /// the apply sets the network's MTU on each; by default (`"refuse"`) the plan is refused.
+    pub fix_mtu_mismatch: bool,
     /// Addresses of its attachment resources.
     pub attachments: Vec<String>,
     pub span: Span,

@@ -462,6 +462,21 @@ impl Backoff {
     }
 }
 
+/// A name Docker accepts for a one-shot container: every character but letters, digits, `-`,
+/// `_` and `.` made `-`, at most 120 characters.
+pub fn docker_name(raw: &str) -> String {
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(120)
+        .collect()
+}
+
 /// A tar archive of regular files (ustar) under `sparkform/`, for Docker's archive upload
 /// into a one-shot container (the program it runs and its input).
 pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {

@@ -834,11 +834,12 @@ async fn an_address_without_a_gid_yet_leaves_the_index_to_nccl_with_a_warning() 
     );
 }
 
-/// Ends of one fabric at different MTUs (one fell back to 1500 after a firmware reboot): the
-/// plan names every end and the network's MTU; at one MTU again there is no warning. (The
-/// testbed's `testbed_fabric` shows the apply setting it on both.)
+/// Ends of one fabric at different MTUs (one fell back to 1500 after a firmware reboot): by
+/// default the plan is refused, naming every end, the network's MTU and the command that sets
+/// the end back; with `on_mtu_mismatch = "fix"` it is a warning (the testbed's `testbed_fabric`
+/// shows the apply setting it on both); at one MTU again there is neither.
 #[tokio::test]
-async fn ends_of_a_fabric_at_different_mtus_are_named_by_the_plan() {
+async fn ends_of_a_fabric_at_different_mtus_refuse_the_plan_or_with_fix_are_named() {
     let bed = Bed::new();
     let mtu_of = |node: &str, mtu: u32| {
         let text = format!("/sys/class/net/eth1/mtu:{mtu}\n/sys/class/net/lo/mtu:65536\n");
@@ -846,17 +847,58 @@ async fn ends_of_a_fabric_at_different_mtus_are_named_by_the_plan() {
     };
     mtu_of("node.n1", 9000);
     mtu_of("node.n2", 1500);
+    let both = "network.a: the MTU differs between the ends of the fabric: node.n1 eth1 9000, node.n2 eth1 1500 (the network sets 9000)";
+    let recorded = bed.store().load().unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let evaluated = sparkform::ops::definitions::load(&bed.workspace(), &VarInputs::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let refused = prepare(
+        PrepareRequest {
+            evaluated,
+            recorded: recorded.as_ref(),
+            refresh: ReadMode::Normal,
+            options: PlanOptions::default(),
+            hosts: bed.hosts(),
+        },
+        &tx,
+    )
+    .await;
+    match refused {
+        Err(sparkform::ops::OpError::Config(d)) => {
+            let d =
+                d.0.iter()
+                    .find(|d| d.code == "fabric::mtu_differs")
+                    .expect("the refusal");
+            assert_eq!(d.message, both);
+            let help = d.help.as_deref().unwrap_or_default();
+            assert!(
+                help.contains("on node.n2: ip link set dev eth1 mtu 9000"),
+                "{help}"
+            );
+            assert!(help.contains("on_mtu_mismatch = \"fix\""), "{help}");
+        }
+        Err(other) => panic!("{other:?}"),
+        Ok(mut p) => {
+            p.close().await;
+            panic!("planned with ends at 9000 and 1500: {:?}", p.warnings);
+        }
+    }
+    let main = bed.dir.path().join("main.hcl");
+    let text = std::fs::read_to_string(&main).unwrap();
+    let fixed = text.replacen(
+        "mtu    = 9000",
+        "mtu    = 9000\n  on_mtu_mismatch = \"fix\"",
+        1,
+    );
+    assert_ne!(text, fixed);
+    std::fs::write(&main, fixed).unwrap();
     let (_, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
     let differs: Vec<&str> = warnings
         .iter()
         .filter(|w| w.code == "fabric::mtu_differs")
         .map(|w| w.message.as_str())
         .collect();
-    assert_eq!(
-        differs,
-        ["network.a: the MTU differs between the ends of the fabric: node.n1 eth1 9000, node.n2 eth1 1500 (the network sets 9000)"],
-        "{warnings:?}"
-    );
+    assert_eq!(differs, [both], "{warnings:?}");
     mtu_of("node.n2", 9000);
     let (_, _, warnings) = bed.plan_with(ReadMode::Normal, false).await;
     assert!(

@@ -168,18 +168,37 @@ fn a_moved_gid_index_replaces_what_uses_it_and_one_end_at_mtu_1500_is_named_with
     let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
     assert_eq!(code, 0, "{out}\n{err}");
 
-    // A firmware reboot set node2's fabric interface back to 1500.
+    // A firmware reboot set node2's fabric interface back to 1500: the plan is refused, naming
+    // both ends and how to set it back.
     tb.ssh("sf-node2", "ip link set dev enp1s0f0np0 mtu 1500");
+    let both = "network.fabric: the MTU differs between the ends of the fabric: node.node1 enp1s0f0np0 9000, node.node2 enp1s0f0np0 1500 (the network sets 9000)";
+    // A diagnostic as a terminal shows it, wrapped: its words in order.
+    let words = |err: &str| {
+        err.replace('│', " ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(words(&err).contains(both), "{out}\n{err}");
+    assert!(
+        words(&err).contains("on node.node2: ip link set dev enp1s0f0np0 mtu 9000"),
+        "{err}"
+    );
+    // With on_mtu_mismatch = "fix" it is a warning, and the apply sets 9000 again.
+    let main = tmp.path().join("main.hcl");
+    let text = std::fs::read_to_string(&main).unwrap();
+    let fixed = text.replacen(
+        "mtu    = 9000",
+        "mtu    = 9000\n  on_mtu_mismatch = \"fix\"",
+        1,
+    );
+    assert_ne!(text, fixed);
+    std::fs::write(&main, fixed).unwrap();
     let (code, out, err) = run(&["plan", "-detailed-exitcode"]);
     assert_eq!(code, 2, "{out}\n{err}");
-    let both = "network.fabric: the MTU differs between the ends of the fabric: node.node1 enp1s0f0np0 9000, node.node2 enp1s0f0np0 1500 (the network sets 9000)";
-    // The warning as a terminal shows it, wrapped: its words in order.
-    let words = err
-        .replace('│', " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    assert!(words.contains(both), "{out}\n{err}");
+    assert!(words(&err).contains(both), "{out}\n{err}");
     let (code, out, err) = run(&["apply", "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(

@@ -25,6 +25,19 @@ impl dyn Engine<'_> + '_ {
         let header = item.header.clone();
         let address = format!("{}network.{}", self.prefix(), name);
         let (subnet, mtu) = self.network_subnet_and_mtu(&attrs)?;
+        let fix_mtu_mismatch = match attrs.string("on_mtu_mismatch").as_deref() {
+            None | Some("refuse") => false,
+            Some("fix") => true,
+            Some(other) => {
+                self.value_error(
+                    &attrs,
+                    "on_mtu_mismatch",
+                    format!("{other:?} is not what to do when the fabric's ends differ in MTU"),
+                    "\"refuse\" (the plan is refused, naming each end) or \"fix\" (a warning, and the apply sets the network's MTU on every end)",
+                );
+                return None;
+            }
+        };
         let mut attach_values = Map::new();
         let mut attach_deps = BTreeMap::new();
         let mut seen_addr: HashMap<std::net::IpAddr, (String, Span)> = HashMap::new();
@@ -151,6 +164,7 @@ impl dyn Engine<'_> + '_ {
             name: name.clone(),
             subnet,
             mtu,
+            fix_mtu_mismatch,
             attachments: names,
             span: header,
         });

@@ -299,8 +299,12 @@ impl Machine for AttachmentMachine {
         if !errors.is_empty() {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
         }
+        let (refused, mtu_warnings) = judge_mtu(cx.config, &fabrics);
+        if !refused.is_empty() {
+            return Err(ReadError::Config(crate::diag::Diagnostics(refused)));
+        }
         out.warnings = warnings;
-        out.warnings.extend(judge_mtu(cx.config, &fabrics));
+        out.warnings.extend(mtu_warnings);
         for (node, r, d) in attachments(cx.config) {
             let Some(roce) = fabrics.get(node).and_then(|f| roce_of(&d, f)) else {
                 continue;
@@ -533,16 +537,17 @@ pub fn judge_fabric(
     (errors, warnings)
 }
 
-/// Each network whose attached interfaces run different MTUs, as `fabrics` shows them: a
-/// warning naming every end. Not a refusal: the apply sets the network's MTU on every attached
-/// interface (an MTU the state does not record is drift it corrects) and checks a full-size
-/// frame between every pair before anything starts on the fabric, so refusing the plan would
-/// only block that fix. Pure.
+/// Each network whose attached interfaces run different MTUs, as `fabrics` shows them, every
+/// end named: (errors, warnings). By default a refusal: an end that fell back (a firmware
+/// reboot resets a NIC to 1500) is an event on the node someone should see before anything
+/// runs over it. With `on_mtu_mismatch = "fix"` a warning: the apply sets the network's MTU on
+/// every attached interface (an MTU the state does not record is drift it corrects) and checks
+/// a full-size frame between every pair before anything starts on the fabric. Pure.
 pub fn judge_mtu(
     config: &Config,
     fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
-) -> Vec<crate::diag::Diag> {
-    let mut out = Vec::new();
+) -> (Vec<crate::diag::Diag>, Vec<crate::diag::Diag>) {
+    let (mut errors, mut out) = (Vec::new(), Vec::new());
     for net in config.networks.values() {
         let ends: Vec<(String, u32, &Resource)> = net
             .attachments
@@ -563,26 +568,48 @@ pub fn judge_mtu(
             continue;
         }
         let named: Vec<&str> = ends.iter().map(|e| e.0.as_str()).collect();
-        let mut d = crate::diag::Diag::warning(
-            "fabric::mtu_differs",
-            format!(
-                "{}: the MTU differs between the ends of the fabric: {} (the network sets {})",
-                net.address,
-                named.join(", "),
-                net.mtu
-            ),
+        let message = format!(
+            "{}: the MTU differs between the ends of the fabric: {} (the network sets {})",
+            net.address,
+            named.join(", "),
+            net.mtu
         );
+        let mut d = if net.fix_mtu_mismatch {
+            crate::diag::Diag::warning("fabric::mtu_differs", message)
+        } else {
+            crate::diag::Diag::error("fabric::mtu_differs", message)
+        };
         for (text, mtu, r) in &ends {
             if *mtu != net.mtu {
                 d = d.label(&r.span, text.clone());
             }
         }
-        out.push(d.help(format!(
-            "RoCE between ends of different MTUs fails (IBV_WC_RETRY_EXC_ERR) or falls back: the apply sets {} on every attached interface and checks a full-size frame between every pair before anything starts on the fabric; if an end falls back again (a firmware reboot, a switch port), fix it there",
-            net.mtu
-        )));
+        if net.fix_mtu_mismatch {
+            out.push(d.help(format!(
+                "RoCE between ends of different MTUs fails (IBV_WC_RETRY_EXC_ERR) or falls back: the apply sets {} on every attached interface and checks a full-size frame between every pair before anything starts on the fabric; if an end falls back again (a firmware reboot, a switch port), fix it there",
+                net.mtu
+            )));
+        } else {
+            let fix: Vec<String> = ends
+                .iter()
+                .filter(|e| e.1 != net.mtu)
+                .filter_map(|(_, _, r)| {
+                    let d = Desired::from_config(&r.config).ok()?;
+                    Some(format!(
+                        "on {}: ip link set dev {} mtu {}",
+                        r.node.as_deref().unwrap_or_default(),
+                        d.interface,
+                        net.mtu
+                    ))
+                })
+                .collect();
+            errors.push(d.help(format!(
+                "RoCE between ends of different MTUs fails (IBV_WC_RETRY_EXC_ERR) or falls back to TCP: set it back ({}) and find why it fell back (a firmware reboot resets a NIC to 1500); or let the apply set it on every end with `on_mtu_mismatch = \"fix\"` in the network block",
+                fix.join("; ")
+            )));
+        }
     }
-    out
+    (errors, out)
 }
 
 pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {

@@ -27,6 +27,7 @@ pub static NETWORK: BlockSpec = spec(
     &[
         req("subnet", schema::Kind::Str),
         opt("mtu", schema::Kind::Num),
+        opt("on_mtu_mismatch", schema::Kind::Str),
     ],
     &[Child {
         name: "attach",

@@ -42,17 +42,7 @@ const RUNNER: &str = "exec python3 /sparkform/fabric_test.py \"$@\"";
 
 /// A rank's container name: the test's address and the node, as Docker accepts it.
 pub fn helper_name(address: &str, node: &str) -> String {
-    let clean: String = format!("sparkform-{address}-{node}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    clean.chars().take(120).collect()
+    crate::kinds::machine::docker_name(&format!("sparkform-{address}-{node}"))
 }
 
 /// How one rank ended.

@@ -105,17 +105,7 @@ fn helper(block: &str, node: &str, mode: &str) -> Helper {
 
 /// A name Docker accepts, from the step's parts.
 fn helper_name(block: &str, node: &str, mode: &str) -> String {
-    let clean: String = format!("sparkform-{block}-{node}-{mode}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    clean.chars().take(120).collect()
+    crate::kinds::machine::docker_name(&format!("sparkform-{block}-{node}-{mode}"))
 }
 
 /// Create the helper container (removing one a killed run left), put the program and its
