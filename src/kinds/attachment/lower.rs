@@ -25,19 +25,7 @@ impl dyn Engine<'_> + '_ {
         let header = item.header.clone();
         let address = format!("{}network.{}", self.prefix(), name);
         let (subnet, mtu) = self.network_subnet_and_mtu(&attrs)?;
-        let fix_mtu_mismatch = match attrs.string("on_mtu_mismatch").as_deref() {
-            None | Some("refuse") => false,
-            Some("fix") => true,
-            Some(other) => {
-                self.value_error(
-                    &attrs,
-                    "on_mtu_mismatch",
-                    format!("{other:?} is not what to do when the fabric's ends differ in MTU"),
-                    "\"refuse\" (the plan is refused, naming each end) or \"fix\" (a warning, and the apply sets the network's MTU on every end)",
-                );
-                return None;
-            }
-        };
+        let fix_mtu_mismatch = self.fix_mtu_mismatch(&attrs)?;
         let mut attach_values = Map::new();
         let mut attach_deps = BTreeMap::new();
         let mut seen_addr: HashMap<std::net::IpAddr, (String, Span)> = HashMap::new();
@@ -183,6 +171,24 @@ impl dyn Engine<'_> + '_ {
     fn observed_roce(&self, address: &str) -> Option<attachment::Roce> {
         let v = self.observed().kinds.get(address)?;
         serde_json::from_value(v.clone()).ok()
+    }
+
+    /// `on_mtu_mismatch`: whether ends found at different MTUs are fixed by the apply (`"fix"`)
+    /// rather than refused (`"refuse"`, the default); `None` once a bad value is reported.
+    fn fix_mtu_mismatch(&mut self, attrs: &Attrs) -> Option<bool> {
+        match attrs.string("on_mtu_mismatch").as_deref() {
+            None | Some("refuse") => Some(false),
+            Some("fix") => Some(true),
+            Some(other) => {
+                self.value_error(
+                    attrs,
+                    "on_mtu_mismatch",
+                    format!("{other:?} is not what to do when the fabric's ends differ in MTU"),
+                    "\"refuse\" (the plan is refused, naming each end) or \"fix\" (a warning, and the apply sets the network's MTU on every end)",
+                );
+                None
+            }
+        }
     }
 
     /// The network's `subnet` (a network address) and `mtu` (1500 unless set); both checked,

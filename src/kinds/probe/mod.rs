@@ -157,6 +157,56 @@ fn problem(block: &'static str, attribute: &'static str, message: String, help: 
     }
 }
 
+/// The `expect` block's regular expression and JSON path, checked.
+fn check_expect(expect: &Map<String, Value>) -> Result<(), Problem> {
+    if let Some(re) = expect.get("matches").and_then(Value::as_str) {
+        if let Err(e) = regex::Regex::new(re) {
+            return Err(problem(
+                "expect",
+                "matches",
+                format!("invalid regular expression: {e}"),
+                "the syntax is Rust's regex crate (like RE2)",
+            ));
+        }
+    }
+    if let Some(path) = expect.get("json_path").and_then(Value::as_str) {
+        if let Err(e) = parse_json_path(path) {
+            return Err(problem(
+                "expect",
+                "json_path",
+                e,
+                "write a path like choices[0].message.content",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `soak` block, checked: a duration, and an interval no longer than it.
+fn soak_config(
+    parts: &BTreeMap<&str, &Map<String, Value>>,
+) -> Result<Option<serde_json::Value>, Problem> {
+    let Some(soak) = parts.get("soak") else {
+        return Ok(None);
+    };
+    let secs = |k: &str| {
+        soak.get(k)
+            .and_then(Value::as_number)
+            .and_then(|n| n.as_u64())
+    };
+    let duration = secs("duration").unwrap_or(0);
+    let interval = secs("interval").unwrap_or(desired::DEFAULT_SOAK_INTERVAL_SECS);
+    if duration == 0 || interval == 0 || interval > duration {
+        return Err(problem(
+            "soak",
+            "duration",
+            format!("a soak of {duration} s checked every {interval} s"),
+            "soak { duration = \"10m\", interval = \"15s\" }: the probe must keep passing for the duration, checked every interval (shorter than the duration)",
+        ));
+    }
+    Ok(Some(clean(soak)))
+}
+
 /// The desired configuration of a probe and the node it runs through.
 pub fn desired(
     attrs: &Map<String, Value>,
@@ -267,47 +317,13 @@ pub fn desired(
         }
     };
     let expect = parts.get("expect").copied().cloned().unwrap_or_default();
-    if let Some(re) = expect.get("matches").and_then(Value::as_str) {
-        if let Err(e) = regex::Regex::new(re) {
-            return Err(problem(
-                "expect",
-                "matches",
-                format!("invalid regular expression: {e}"),
-                "the syntax is Rust's regex crate (like RE2)",
-            ));
-        }
-    }
-    if let Some(path) = expect.get("json_path").and_then(Value::as_str) {
-        if let Err(e) = parse_json_path(path) {
-            return Err(problem(
-                "expect",
-                "json_path",
-                e,
-                "write a path like choices[0].message.content",
-            ));
-        }
-    }
+    check_expect(&expect)?;
     let mut out = serde_json::Map::new();
     out.insert("form".into(), form.into());
     out.insert(form.to_string(), clean(&body));
     out.insert("expect".into(), clean(&expect));
-    if let Some(soak) = parts.get("soak") {
-        let secs = |k: &str| {
-            soak.get(k)
-                .and_then(Value::as_number)
-                .and_then(|n| n.as_u64())
-        };
-        let duration = secs("duration").unwrap_or(0);
-        let interval = secs("interval").unwrap_or(desired::DEFAULT_SOAK_INTERVAL_SECS);
-        if duration == 0 || interval == 0 || interval > duration {
-            return Err(problem(
-                "soak",
-                "duration",
-                format!("a soak of {duration} s checked every {interval} s"),
-                "soak { duration = \"10m\", interval = \"15s\" }: the probe must keep passing for the duration, checked every interval (shorter than the duration)",
-            ));
-        }
-        out.insert("soak".into(), clean(soak));
+    if let Some(soak) = soak_config(parts)? {
+        out.insert("soak".into(), soak);
     }
     for k in ["timeout", "interval"] {
         if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {
