@@ -205,3 +205,21 @@ impl Testbed {
         self.ssh(node, "ip -4 -br addr show dev enp1s0f0np0")
     }
 }
+
+/// Run `tests/testbed/testbed ARGS…` (a node-level fake: `rdma`, `gpu`); its stdout. A failure
+/// fails the test with what the script said.
+pub fn script(args: &[&str]) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testbed/testbed");
+    let o = std::process::Command::new(path)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run tests/testbed/testbed");
+    assert!(
+        o.status.success(),
+        "testbed {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).to_string()
+}

@@ -17,20 +17,9 @@ const RANK2: (&str, &str) = ("sf-node2", "sparkform-fabric-node2");
 
 /// `testbed rdma NODE ARGS…`.
 fn rdma(node: &str, args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testbed/testbed");
-    let o = std::process::Command::new(script)
-        .arg("rdma")
-        .arg(node)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run tests/testbed/testbed");
-    assert!(
-        o.status.success(),
-        "testbed rdma {node} {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let mut a = vec!["rdma", node];
+    a.extend(args);
+    common::testbed::script(&a);
 }
 
 /// Takes the fake RDMA devices off both nodes however the test ends.

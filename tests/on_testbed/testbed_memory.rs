@@ -8,28 +8,15 @@
 
 use crate::common;
 
-use std::path::Path;
-
 use common::testbed::{sparkform, testbed, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 
+/// `testbed gpu NODE ARGS…`: its output.
 fn gpu(node: &str, args: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testbed/testbed");
-    let o = std::process::Command::new(script)
-        .arg("gpu")
-        .arg(node)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run tests/testbed/testbed");
-    assert!(
-        o.status.success(),
-        "testbed gpu {node} {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).to_string()
+    let mut a = vec!["gpu", node];
+    a.extend(args);
+    common::testbed::script(&a)
 }
 
 /// Takes the fake GPUs off both nodes however the test ends.
