@@ -15,6 +15,14 @@ locals {
     "NET/Socket : Using|Using network Socket" = "NCCL runs over TCP sockets, not RoCE: the container needs /dev/infiniband, IPC_LOCK and an unlimited memlock limit (rdma = true), NCCL_IB_HCA must name RoCE devices that exist and are up (ibdev2netdev), and NCCL_IB_DISABLE must not be 1; set nccl_socket_fallback = \"allow\" to accept sockets"
   }
 
+  # Where the compile and JIT caches live in a container: vLLM's torch.compile artefacts
+  # (VLLM_CACHE_ROOT, default ~/.cache/vllm), Triton's kernels (TRITON_CACHE_DIR, default
+  # ~/.triton/cache), TorchInductor's (TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_USER)
+  # and FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE, default HOME: ~/.cache/flashinfer).
+  # A cold start on a Spark spends minutes filling them; the container kind mounts the node's
+  # folder for the container's image ID here, so only the same image ever reads them.
+  jit_path = "/root/.cache/sparkform-jit"
+
   # NCCL, Gloo, UCX and TensorPipe pick the fabric interface instead of the default route.
   env = merge(
     {
@@ -25,6 +33,13 @@ locals {
       HF_HOME            = "/root/.cache/huggingface"
     },
     var.nccl_ib_hca == null ? {} : { NCCL_IB_HCA = var.nccl_ib_hca },
+    # Every compile and JIT cache in the folder that outlives the container (`cache` below).
+    var.jit_cache == null ? {} : {
+      VLLM_CACHE_ROOT           = "${local.jit_path}/vllm"
+      TRITON_CACHE_DIR          = "${local.jit_path}/triton"
+      TORCHINDUCTOR_CACHE_DIR   = "${local.jit_path}/inductor"
+      FLASHINFER_WORKSPACE_BASE = "${local.jit_path}/flashinfer"
+    },
     # The weights are on every node, verified: nothing is to be fetched from the hub.
     var.model_cache == null ? {} : { HF_HUB_OFFLINE = "1" },
     # NCCL names the transport it chose only at INFO level; the fallback signature needs it.

@@ -60,6 +60,11 @@ output "volumes" {
   )
 }
 
+output "cache" {
+  description = "The `cache` attribute of every vLLM container: the node's folder per image, mounted where the environment points the compile and JIT caches; a warm one skips the `compiling` phase of ../vllm-serve's progress."
+  value       = var.jit_cache == null ? null : { host = var.jit_cache, path = local.jit_path, skips = ["compiling"] }
+}
+
 output "devices" {
   value = local.devices
 }

@@ -62,6 +62,12 @@ variable "hf_cache" {
   description = "Host folder with the Hugging Face cache, mounted in every container."
 }
 
+variable "jit_cache" {
+  type        = string
+  default     = "/var/cache/sparkform-jit"
+  description = "Host folder of the compile and JIT caches (vLLM's torch.compile, Triton, TorchInductor, FlashInfer): each container mounts its image's own folder in it (IMAGE_ID under it), so a replacement with the same image skips compiling again and a new image starts clean. `destroy` keeps it unless -purge-caches. Null: no cache survives a container."
+}
+
 variable "gpu_devices" {
   type        = bool
   default     = true

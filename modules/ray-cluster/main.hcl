@@ -6,6 +6,7 @@ module "fabric" {
   extra_env            = var.extra_env
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  jit_cache            = var.jit_cache
   model_cache          = var.model_cache
   gpu_devices          = var.gpu_devices
   rdma                 = var.rdma
@@ -37,6 +38,7 @@ container "ray_head" {
   cap_add      = module.fabric.cap_add
   ulimits      = module.fabric.ulimits
   volumes      = concat(module.fabric.volumes, ["${var.ray_tmp}:/tmp/ray"])
+  cache        = module.fabric.cache
   env          = module.fabric.node_env[var.head.name]
   command = concat([
     "ray", "start", "--head", "--block",
@@ -70,6 +72,7 @@ container "ray_worker" {
   cap_add      = module.fabric.cap_add
   ulimits      = module.fabric.ulimits
   volumes      = module.fabric.volumes
+  cache        = module.fabric.cache
   env          = module.fabric.node_env[each.key]
   command = concat([
     "ray", "start", "--block",

@@ -46,6 +46,7 @@ output "fabric" {
     cap_add      = module.fabric.cap_add
     ulimits      = module.fabric.ulimits
     volumes      = module.fabric.volumes
+    cache        = module.fabric.cache
     signatures   = module.fabric.signatures
     wedge        = module.fabric.wedge
     warnings     = module.fabric.warnings

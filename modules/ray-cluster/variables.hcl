@@ -43,6 +43,12 @@ variable "model_cache" {
   description = "A model block's cache folder, mounted in every container (../fabric-env)."
 }
 
+variable "jit_cache" {
+  type        = string
+  default     = "/var/cache/sparkform-jit"
+  description = "Host folder of the compile and JIT caches, one folder per image ID under it (../fabric-env); null: none survives a replacement."
+}
+
 variable "hf_cache" {
   type        = string
   default     = "/root/.cache/huggingface"

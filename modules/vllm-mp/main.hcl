@@ -6,6 +6,7 @@ module "fabric" {
   extra_env            = var.extra_env
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  jit_cache            = var.jit_cache
   model_cache          = var.weights == null ? null : var.weights.cache
   gpu_devices          = var.gpu_devices
   rdma                 = var.rdma
@@ -71,6 +72,7 @@ container "rank0" {
   cap_add      = module.fabric.cap_add
   ulimits      = module.fabric.ulimits
   volumes      = module.fabric.volumes
+  cache        = module.fabric.cache
   # The API key (when there is one) by vLLM's environment, never its command line.
   env     = merge(module.fabric.node_env[var.head.name], { VLLM_API_KEY = var.api_key })
   command = concat(module.serve.serve_args, local.mp_args, ["--node-rank", "0"], module.serve.server_args)
@@ -108,6 +110,7 @@ container "rank" {
   cap_add      = module.fabric.cap_add
   ulimits      = module.fabric.ulimits
   volumes      = module.fabric.volumes
+  cache        = module.fabric.cache
   env          = module.fabric.node_env[each.key]
   command = concat(
     module.serve.serve_args,

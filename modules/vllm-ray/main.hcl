@@ -6,6 +6,7 @@ module "ray" {
   workers              = var.workers
   shm_size             = var.shm_size
   hf_cache             = var.hf_cache
+  jit_cache            = var.jit_cache
   model_cache          = var.weights == null ? null : var.weights.cache
   gpu_devices          = var.gpu_devices
   extra_env            = var.extra_env
@@ -59,6 +60,7 @@ container "vllm" {
   cap_add      = local.fabric.cap_add
   ulimits      = local.fabric.ulimits
   volumes      = concat(local.fabric.volumes, ["/tmp/ray:/tmp/ray"])
+  cache        = local.fabric.cache
   # The API key (when there is one) by vLLM's environment, never its command line.
   env = merge(module.ray.fabric_env, {
     RAY_ADDRESS  = module.ray.address

@@ -86,6 +86,12 @@ variable "shm_size" {
   default = "16g"
 }
 
+variable "jit_cache" {
+  type        = string
+  default     = "/var/cache/sparkform-jit"
+  description = "Host folder of the compile and JIT caches, one folder per image ID under it (../fabric-env); null: none survives a replacement."
+}
+
 variable "hf_cache" {
   type    = string
   default = "/root/.cache/huggingface"

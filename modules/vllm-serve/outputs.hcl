@@ -20,14 +20,15 @@ output "progress" {
   # vLLM API server N on URL" up to 0.20 (0.13's api_server.py) and "Starting vLLM server on
   # URL" since (0.21's and 0.33's).
   value = {
-    "Starting to load model"                            = "loading the model"
-    "Loading safetensors checkpoint shards: +(\\d+)%"   = "loading weights"
-    "Loading weights took|Model loading took"           = "weights loaded"
-    "Memory profiling takes|Available KV cache memory:" = "memory profiled"
-    "Capturing CUDA graphs [^:]*: +(\\d+)%"             = "capturing CUDA graphs"
-    "Graph capturing finished in"                       = "CUDA graphs captured"
-    "Starting vLLM (API )?server"                       = "starting the API server"
-    "Application startup complete"                      = "API server up"
+    "Starting to load model"                               = "loading the model"
+    "Loading safetensors checkpoint shards: +(\\d+)%"      = "loading weights"
+    "Loading weights took|Model loading took"              = "weights loaded"
+    "Using cache directory: .* for vLLM's torch\\.compile" = "compiling"
+    "Memory profiling takes|Available KV cache memory:"    = "memory profiled"
+    "Capturing CUDA graphs [^:]*: +(\\d+)%"                = "capturing CUDA graphs"
+    "Graph capturing finished in"                          = "CUDA graphs captured"
+    "Starting vLLM (API )?server"                          = "starting the API server"
+    "Application startup complete"                         = "API server up"
   }
 }
 

@@ -148,6 +148,7 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
                 after_hash: None,
                 drift: Vec::new(),
                 orphan: None,
+                purge: false,
             },
             deps: check
                 .after

@@ -18,7 +18,8 @@ removed, the addresses sparkform added to fabric interfaces are taken off. Asks 
 unless -auto-approve. It looks at the machines first and removes also the containers carrying \
 this deployment's labels that the state does not record (a run killed midway), saying so; \
 -refresh=false removes only what the state records. With -target, only those resources (and what \
-depends on them is not touched).",
+depends on them is not touched). A container's cache folder (its `cache`) is kept for a later apply \
+of the same image unless -purge-caches.",
     after_help = "Example:\n  sparkform destroy examples/testbed -auto-approve"
 )]
 pub struct DestroyArgs {
@@ -31,6 +32,10 @@ pub struct DestroyArgs {
     /// the state does not record
     #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub refresh: bool,
+    /// Remove also the containers' cache folders (compile and JIT artefacts), which a destroy
+    /// keeps so that a later apply of the same image starts without compiling again
+    #[arg(long = "purge-caches")]
+    pub purge_caches: bool,
 }
 
 pub fn run(args: DestroyArgs) -> ExitCode {
@@ -50,6 +55,7 @@ pub fn run(args: DestroyArgs) -> ExitCode {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),
             refresh: ops::ReadMode::refresh(args.refresh),
+            purge_caches: args.purge_caches,
         },
     )
 }

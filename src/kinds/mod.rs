@@ -241,6 +241,15 @@ pub trait Kind: Sync {
     fn soak_secs(&self, _config: &serde_json::Value) -> Option<u64> {
         None
     }
+    /// What deleting a resource leaves on its node by design, from the attributes the state
+    /// records (a container's cache folder), as a plan names it; `destroy -purge-caches`
+    /// removes it too (the change's `purge`, done by the machine half's finalize).
+    fn kept_on_delete(
+        &self,
+        _attributes: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Option<String> {
+        None
+    }
     /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
     /// bandwidth test that loads a serving deployment's fabric and GPUs runs only when named).
     fn verify_by_default(&self) -> bool {

@@ -38,6 +38,9 @@ pub enum Source<'a> {
         targets: Vec<String>,
         exclude: Vec<String>,
         refresh: ReadMode,
+        /// `-purge-caches`: remove also what the deleted resources keep by design (their cache
+        /// folders), which a destroy otherwise keeps for a later apply.
+        purge_caches: bool,
     },
 }
 
@@ -134,6 +137,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             targets,
             exclude,
             refresh,
+            purge_caches,
         } => {
             // The definitions only say how to reach the nodes: nothing is read at plan time.
             let defs = req.evaluated.pin(Pins::Unresolved)?;
@@ -147,7 +151,9 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             } else {
                 (None, None)
             };
-            match plan_destroy(&defs.config, &state, targets, exclude, observations) {
+            let planned = plan_destroy(&defs.config, &state, targets, exclude, observations)
+                .map(|p| with_kept(p, &state, purge_caches));
+            match planned {
                 Ok(plan) => ((defs.config, defs.graph), plan, defs.warnings, pool),
                 Err(e) => {
                     if let Some(p) = pool {
@@ -223,6 +229,45 @@ fn check_planned(
         Some(c) => Err(OpError::DefinitionsChanged(c.address.clone())),
         None => Ok(()),
     }
+}
+
+/// What the deletes of a destroy keep by design (`Kind::kept_on_delete`), said in the plan's
+/// notes; with `purge`, the deletes remove it too.
+fn with_kept(mut plan: Plan, state: &State, purge: bool) -> Plan {
+    let mut kept = Vec::new();
+    for c in plan.changes.iter_mut() {
+        if c.action != crate::plan::Action::Delete || c.orphan.is_some() {
+            continue;
+        }
+        let Some(what) = state
+            .resources
+            .get(&c.address)
+            .and_then(|r| c.kind.kind().kept_on_delete(&r.attributes))
+        else {
+            continue;
+        };
+        c.purge = purge;
+        let node = c
+            .node
+            .as_deref()
+            .map(|n| format!(" on {n}"))
+            .unwrap_or_default();
+        kept.push(format!("{}: {what}{node}", c.address));
+    }
+    if !kept.is_empty() {
+        plan.notes.push(if purge {
+            format!(
+                "-purge-caches: the deletes remove also {}",
+                kept.join("; ")
+            )
+        } else {
+            format!(
+                "Kept for a later apply of the same image (`destroy -purge-caches` removes them): {}",
+                kept.join("; ")
+            )
+        });
+    }
+    plan
 }
 
 /// What `destroy` removes: every resource the state records and, from `observations` (a

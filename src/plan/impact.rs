@@ -39,6 +39,35 @@ pub struct Impact {
     /// (address, seconds), which the apply's time includes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub soaks: Vec<(String, u64)>,
+    /// New containers that mount a cache folder (`cache`), and what the plan read of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<CacheUse>,
+}
+
+/// A new container's cache folder as the plan read it: warm (it holds what an earlier
+/// container of the same image compiled) or cold, and the phases a warm one skips.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheUse {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The image ID the folder is keyed by; `None` when the node does not have the image yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    pub warm: bool,
+    /// The `progress` phases a warm cache skips, with the seconds the last apply recorded
+    /// for each (`None`: that start did not go through it).
+    pub skips: Vec<(String, Option<f64>)>,
+}
+
+impl CacheUse {
+    /// Seconds a warm cache takes off the recorded duration.
+    pub fn saves(&self) -> f64 {
+        if !self.warm {
+            return 0.0;
+        }
+        self.skips.iter().filter_map(|(_, s)| *s).sum()
+    }
 }
 
 impl Impact {
@@ -116,8 +145,13 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         .iter()
         .map(|c| (c.address.as_str(), c.action))
         .collect();
-    let stopped = stopped_steps(&steps, state);
-    let windows = step_windows(graph, &steps, &actions, state);
+    let caches = cache_uses(config, state, &steps);
+    let durations = Durations {
+        state,
+        caches: &caches,
+    };
+    let stopped = stopped_steps(&steps, &durations);
+    let windows = step_windows(graph, &steps, &actions, &durations);
     let names: Vec<&str> = steps
         .iter()
         .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
@@ -143,6 +177,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         })
         .collect();
     Impact {
+        caches,
         soaks,
         stopped,
         unavailable,
@@ -157,8 +192,65 @@ fn recorded(state: &State, a: &str) -> Option<f64> {
     state.resources.get(a).and_then(|r| r.last_apply_secs)
 }
 
+/// The recorded durations, less what a warm cache skips.
+struct Durations<'a> {
+    state: &'a State,
+    caches: &'a [CacheUse],
+}
+
+impl Durations<'_> {
+    fn expected(&self, a: &str) -> Option<f64> {
+        let saves = self
+            .caches
+            .iter()
+            .find(|c| c.address == a)
+            .map_or(0.0, CacheUse::saves);
+        recorded(self.state, a).map(|d| (d - saves).max(0.0))
+    }
+}
+
+/// The new containers (created or replaced) whose kind's plan-time read found a cache folder
+/// (`config.observed.kinds[address].cache`), with the phases their `cache.skips` names and
+/// what the last apply recorded for each (the container's `phase_secs`).
+fn cache_uses(config: &Config, state: &State, steps: &[&super::Change]) -> Vec<CacheUse> {
+    steps
+        .iter()
+        .filter(|c| matches!(c.action, Action::Create | Action::Replace))
+        .filter_map(|c| {
+            let seen = config.observed.kinds.get(&c.address)?.get("cache")?;
+            let resource = config.resource(&c.address)?;
+            let skips = resource.config.get("cache")?.get("skips");
+            let phases = state
+                .resources
+                .get(&c.address)
+                .and_then(|r| r.attributes.get("phase_secs"));
+            let skips = skips
+                .and_then(|s| s.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str())
+                .map(|label| {
+                    let secs = phases.and_then(|p| p.get(label)).and_then(|v| v.as_f64());
+                    (label.to_string(), secs)
+                })
+                .collect();
+            Some(CacheUse {
+                address: c.address.clone(),
+                node: c.node.clone(),
+                image_id: seen
+                    .get("image_id")
+                    .and_then(|v| v.as_str())
+                    .map(String::from),
+                warm: seen.get("warm").and_then(|v| v.as_bool()) == Some(true),
+                skips,
+            })
+        })
+        .collect()
+}
+
 /// The steps that stop something running (a replace or delete of a kind that disrupts).
-fn stopped_steps(steps: &[&super::Change], state: &State) -> Vec<Stop> {
+fn stopped_steps(steps: &[&super::Change], durations: &Durations) -> Vec<Stop> {
+    let state = durations.state;
     steps
         .iter()
         .enumerate()
@@ -174,7 +266,7 @@ fn stopped_steps(steps: &[&super::Change], state: &State) -> Vec<Stop> {
             action: c.action,
             // A deletion's duration is never recorded (its state entry goes with it).
             expected_secs: (c.action == Action::Replace)
-                .then(|| recorded(state, &c.address))
+                .then(|| durations.expected(&c.address))
                 .flatten(),
         })
         .collect()
@@ -189,7 +281,7 @@ fn step_windows<'g>(
     graph: &'g Graph,
     steps: &[&super::Change],
     actions: &HashMap<&str, Action>,
-    state: &State,
+    durations: &Durations,
 ) -> HashMap<&'g str, Window> {
     let has_deletes = steps.iter().any(|c| c.action == Action::Delete);
     let base = if has_deletes { None } else { Some(0.0f64) };
@@ -213,7 +305,7 @@ fn step_windows<'g>(
         }
         let finish = match actions.get(address) {
             Some(a) if a.is_change() => {
-                let end = start.zip(recorded(state, address)).map(|(s, d)| s + d);
+                let end = start.zip(durations.expected(address)).map(|(s, d)| s + d);
                 windows.insert(address, Window { start, end });
                 end
             }

@@ -98,6 +98,10 @@ pub struct Change {
     /// For an untracked container found by its labels: its name and id on the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orphan: Option<Orphan>,
+    /// A delete that also removes what the kind keeps by design (`Kind::kept_on_delete`: a
+    /// container's cache folder), as `destroy -purge-caches` asks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub purge: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -650,6 +654,7 @@ fn resource_change(
         after_hash: Some(hash.clone()),
         drift: drift.clone(),
         orphan: None,
+        purge: false,
     };
     against_recorded(&mut change, recorded, r, &after, &hash);
     if recorded.is_some() {
@@ -889,6 +894,7 @@ fn deletions(
             after_hash: None,
             drift,
             orphan: None,
+            purge: false,
         });
     }
     if let Some(obs) = &opts.observations {
@@ -914,6 +920,7 @@ fn deletions(
                     o.id.chars().take(12).collect::<String>()
                 )],
                 orphan: Some(o.clone()),
+                purge: false,
             });
         }
     }

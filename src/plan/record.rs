@@ -18,6 +18,7 @@ pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {
         after_hash: Some(config_hash(&i.config)),
         drift: Vec::new(),
         orphan: None,
+        purge: false,
     };
     record_change(state, &change, i.attributes.clone(), None);
 }

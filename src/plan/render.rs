@@ -212,6 +212,52 @@ fn expected(secs: Option<f64>) -> String {
     }
 }
 
+/// The new containers' cache folders: warm ones skip phases (their recorded time is out of the
+/// expected durations above), cold ones go through them.
+fn render_caches(out: &mut String, impact: &Impact) {
+    for c in &impact.caches {
+        let phases = |with: &dyn Fn(Option<f64>) -> String| {
+            c.skips
+                .iter()
+                .map(|(label, secs)| format!("{label}{}", with(*secs)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let image = c.image_id.as_deref().map(|i| {
+            let hex = i.strip_prefix("sha256:").unwrap_or(i);
+            format!("sha256:{}", hex.chars().take(12).collect::<String>())
+        });
+        let text = match (&image, c.warm) {
+            (Some(image), true) if !c.skips.is_empty() => format!(
+                "warm for image {image}: skips {}",
+                phases(&|s| match s {
+                    Some(s) => format!(
+                        " ({} the last apply, left out of the expected time)",
+                        duration(s)
+                    ),
+                    None => " (no recorded time)".into(),
+                })
+            ),
+            (Some(image), true) => format!("warm for image {image}"),
+            (Some(image), false) => format!(
+                "cold: nothing for image {image} yet{}",
+                if c.skips.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", so {} runs",
+                        phases(&|s| s
+                            .map(|s| format!(" ({} the last apply)", duration(s)))
+                            .unwrap_or_default())
+                    )
+                }
+            ),
+            (None, _) => "cold: the node does not have the image yet".into(),
+        };
+        let _ = writeln!(out, "  Cache: {}{}: {text}.", c.address, on(&c.node));
+    }
+}
+
 /// The soaks the apply waits for, after the rest of the impact.
 fn render_soaks(out: &mut String, impact: &Impact) {
     for (address, secs) in &impact.soaks {
@@ -232,6 +278,7 @@ fn on(node: &Option<String>) -> String {
 fn render_impact(out: &mut String, impact: &Impact) {
     if !impact.is_disruptive() {
         out.push_str("\nImpact: no disruption (no running container is stopped or replaced).\n");
+        render_caches(out, impact);
         render_soaks(out, impact);
         return;
     }
@@ -290,6 +337,8 @@ fn render_impact(out: &mut String, impact: &Impact) {
     }
     if impact.unavailable.is_empty() {
         out.push_str("  No output or probe depends on what stops.\n");
+        render_caches(out, impact);
+        render_soaks(out, impact);
         return;
     }
     match impact.outage_secs {
@@ -314,6 +363,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
             );
         }
     }
+    render_caches(out, impact);
     render_soaks(out, impact);
 }
 

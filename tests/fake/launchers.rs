@@ -609,3 +609,82 @@ fn a_bad_memory_need_is_refused_with_the_shape_it_takes() {
         assert!(err.contains("main.hcl:7"), "located: {err}");
     }
 }
+
+/// Every vLLM and Ray container of every example mounts its image's cache folder where the
+/// environment points vLLM's, Triton's, TorchInductor's and FlashInfer's caches, and each phase
+/// its `cache.skips` names is a phase its `progress` patterns show.
+#[test]
+fn every_engine_container_keeps_its_compile_caches_and_skips_only_phases_it_shows() {
+    for example in [
+        "examples/qwen35-two-sparks",
+        "examples/qwen35-two-sparks-mp",
+        "examples/testbed",
+        "examples/testbed-mp",
+    ] {
+        let (c, _) = common::load(Path::new(example));
+        let containers: Vec<_> = c
+            .resources
+            .iter()
+            .filter(|r| r.kind == sparkform::config::ResourceKind::Container)
+            .collect();
+        assert!(!containers.is_empty(), "{example}");
+        for r in containers {
+            let cache = &r.config["cache"];
+            let path = cache["path"].as_str().unwrap_or_else(|| {
+                panic!("{example}: {} mounts no cache: {cache}", r.address)
+            });
+            let env = &r.config["env"];
+            for (var, under) in [
+                ("VLLM_CACHE_ROOT", "vllm"),
+                ("TRITON_CACHE_DIR", "triton"),
+                ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+            ] {
+                assert_eq!(
+                    env[var].as_str(),
+                    Some(format!("{path}/{under}").as_str()),
+                    "{example}: {} {var}",
+                    r.address
+                );
+            }
+            let labels: Vec<&str> = r.config["ready"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["progress"].as_object())
+                .flat_map(|m| m.values().filter_map(|v| v.as_str()))
+                .collect();
+            for skip in cache["skips"].as_array().into_iter().flatten() {
+                let skip = skip.as_str().unwrap();
+                // Ray's containers show no vLLM phases: their workers' lines are the driver's.
+                if r.address.contains("ray_") {
+                    continue;
+                }
+                assert!(
+                    labels.contains(&skip),
+                    "{example}: {} skips {skip:?}, which none of its progress patterns shows ({labels:?})",
+                    r.address
+                );
+            }
+        }
+    }
+}
+
+/// vLLM's torch.compile line, as its releases print it, starts the phase a warm cache skips.
+#[test]
+fn the_compile_phase_starts_at_vllms_cache_directory_line() {
+    let c = load();
+    let line = "(EngineCore_DP0 pid=187) INFO 05-01 19:16:14 [backends.py:1069] Using cache directory: /root/.cache/vllm/torch_compile_cache/7c10152ca9/rank_0_0/backbone for vLLM's torch.compile";
+    let vllm = c
+        .resources
+        .iter()
+        .find(|r| r.address.ends_with("container.vllm"))
+        .unwrap();
+    let progress = vllm.config["ready"][0]["progress"].as_object().unwrap();
+    let hits: Vec<&str> = progress
+        .iter()
+        .filter(|(p, _)| regex::Regex::new(p).unwrap().is_match(line))
+        .filter_map(|(_, l)| l.as_str())
+        .collect();
+    assert_eq!(hits, ["compiling"]);
+}

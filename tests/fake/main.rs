@@ -19,6 +19,7 @@ mod fabric_test;
 mod fuzz;
 mod import;
 mod interrupt;
+mod jit_cache;
 mod keyed_hashes;
 mod launchers;
 mod layering;

@@ -158,6 +158,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
                 targets: vec!["network.fabric.attach.n1".into()],
                 exclude: Vec::new(),
                 refresh: ReadMode::Recorded,
+                purge_caches: false,
             },
             hosts: HostOptions::default(),
         },

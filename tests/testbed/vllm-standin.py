@@ -296,6 +296,7 @@ def load_phases(args):
     took = time.time() - started
     log(f"{prefix}[default_loader.py:398] Loading weights took {took:.2f} seconds")
     log(f"{prefix}[gpu_model_runner.py:4960] Model loading took 0.01 GiB memory and {took + 0.1:.6f} seconds")
+    compile_phase(args, prefix)
     time.sleep(pause)
     log(f"{prefix}[gpu_worker.py:463] Available KV cache memory: 1.00 GiB")
     for i, n in enumerate((1, 2)):
@@ -305,6 +306,35 @@ def load_phases(args):
     time.sleep(pause)
     # 0.21's line (0.20 and older: "Starting vLLM API server 0 on URL").
     log(f"[api_server.py:617] Starting vLLM server on http://{args.host}:{args.port}")
+
+
+def compile_phase(args, prefix):
+    """vLLM's torch.compile, as 0.21.0 logs it: its cache directory (under VLLM_CACHE_ROOT,
+    keyed by the model), then either the artefacts an earlier start left there, loaded at once,
+    or a compilation that takes VLLM_STANDIN_COMPILE_SECS (0 by default) and leaves them."""
+    try:
+        secs = float(os.environ.get("VLLM_STANDIN_COMPILE_SECS", "0"))
+    except ValueError:
+        secs = 0.0
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+    key = hashlib.sha256(f"{args.model}:{args.tensor_parallel_size}".encode()).hexdigest()[:10]
+    folder = os.path.join(root, "torch_compile_cache", key, f"rank_{args.node_rank}_0", "backbone")
+    artefact = os.path.join(folder, "vllm_compile_cache.py")
+    log(f"{prefix}[backends.py:1089] Using cache directory: {folder} for vLLM's torch.compile")
+    started = time.time()
+    if os.path.isfile(artefact):
+        log(f"{prefix}[backends.py:292] Directly load the compiled graph(s) for compile range (1, 2048) "
+            f"from the cache, took {time.time() - started:.3f} s")
+    else:
+        time.sleep(secs)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(artefact, "w") as f:
+                f.write(f"# compiled for {args.model}\n")
+        except OSError as e:
+            log(f"{prefix}cannot write the compile cache: {e}", "WARNING")
+        log(f"{prefix}[backends.py:393] Compiling a graph for compile range (1, 2048) takes {secs:.2f} s")
+    log(f"{prefix}[monitor.py:34] torch.compile takes {time.time() - started:.2f} s in total")
 
 
 class State:

@@ -132,9 +132,39 @@ pub struct Desired {
     /// though it looks healthy (a wedged engine): `sparkform watch` acts on them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch_on_log: Option<BTreeMap<String, String>>,
+    /// A folder of the node kept across replacements, one per image (`cache`): compile and
+    /// JIT artefacts a new container of the same image reuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheMount>,
 }
 
 impl DesiredConfig for Desired {}
+
+/// `cache = { host, path, skips }`: the node's folder `HOST/IMAGE_ID` (the image's ID without
+/// `sha256:`) mounted at `path`, so a replacement with the same image finds what the previous
+/// container compiled and a new image never reads another's artefacts. `destroy` keeps it
+/// unless `-purge-caches`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheMount {
+    /// An absolute path on the node: the folder of every image's cache.
+    pub host: String,
+    /// An absolute path in the container.
+    pub path: String,
+    /// The `progress` phases a warm cache skips: the plan's expected durations leave out what
+    /// the last apply recorded for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skips: Vec<String>,
+}
+
+impl CacheMount {
+    /// The node's folder for an image ID (`sha256:HEX` or `HEX`); `None` when the ID is not
+    /// hexadecimal, so nothing but a digest ever joins the path.
+    pub fn folder(&self, image_id: &str) -> Option<String> {
+        let hex = image_id.strip_prefix("sha256:").unwrap_or(image_id);
+        (!hex.is_empty() && hex.len() <= 128 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+            .then(|| format!("{}/{hex}", self.host.trim_end_matches('/')))
+    }
+}
 
 /// One node's memory a container's start needs: on a unified-memory node the GPU's memory is
 /// the node's, and what the kernel holds as free (`MemFree`; the page cache does not count)

@@ -62,6 +62,7 @@ pub static CONTAINER: BlockSpec = spec(
         opt("for_each", schema::Kind::ForEach),
         opt("memory", schema::Kind::Any),
         opt("watch_on_log", schema::Kind::MapStr),
+        opt("cache", schema::Kind::Any),
     ],
     &[Child {
         name: "ready",
@@ -77,7 +78,7 @@ use hcl::{Map, Value};
 
 pub use super::to_json;
 use super::{DesiredConfig, Problem};
-pub use desired::{Desired, Gpus, MemoryNeed, ReadyCheck, ReadyKind};
+pub use desired::{CacheMount, Desired, Gpus, MemoryNeed, ReadyCheck, ReadyKind};
 
 pub struct Container;
 pub static KIND: Container = Container;
@@ -101,6 +102,13 @@ impl Kind for Container {
     }
     fn found_untracked(&self) -> bool {
         true
+    }
+    fn kept_on_delete(
+        &self,
+        attributes: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Option<String> {
+        let folder = attributes.get("cache_folder")?.as_str()?;
+        Some(format!("the cache folder {folder}"))
     }
     fn images(&self, config: &serde_json::Value) -> Vec<String> {
         Desired::from_config(config)
@@ -172,6 +180,7 @@ const ATTRIBUTES: &[&str] = &[
     "stop_timeout",
     "memory",
     "watch_on_log",
+    "cache",
 ];
 
 /// The desired configuration of a container block's instance: its set attributes, typed, and
@@ -372,7 +381,58 @@ pub fn check(values: &Map<String, Value>) -> Vec<Problem> {
     check_limits_paths_and_args(values, &mut out);
     check_memory(values, &mut out);
     check_watch_on_log(values, &mut out);
+    check_cache(values, &mut out);
     out
+}
+
+/// `cache = { host = "/abs", path = "/abs", skips = ["phase", …] }`.
+fn check_cache(values: &Map<String, Value>, out: &mut Vec<Problem>) {
+    let Some(v) = values.get("cache").filter(|v| !v.is_null()) else {
+        return;
+    };
+    let help = "cache = { host = \"/var/cache/sparkform-jit\", path = \"/root/.cache/sparkform-jit\", skips = [\"compiling\"] }";
+    let Value::Object(m) = v else {
+        out.push(Problem::new("cache", "cache is not an object", help));
+        return;
+    };
+    for k in m.keys() {
+        if !matches!(k.as_str(), "host" | "path" | "skips") {
+            out.push(Problem::new(
+                "cache",
+                format!("cache has no attribute {k:?}"),
+                help,
+            ));
+        }
+    }
+    for k in ["host", "path"] {
+        let ok = match m.get(k) {
+            Some(Value::String(p)) => {
+                p.starts_with('/')
+                    && p.len() > 1
+                    && !has_control(p)
+                    && !p.contains(':')
+                    && !p.contains(',')
+                    && !p.split('/').any(|part| part == "..")
+            }
+            _ => false,
+        };
+        if !ok {
+            out.push(Problem::new(
+                "cache",
+                format!("cache's {k} is not an absolute path (without `..`, `:` or `,`)"),
+                help,
+            ));
+        }
+    }
+    match m.get("skips") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.iter().all(|x| x.is_string()) => {}
+        Some(_) => out.push(Problem::new(
+            "cache",
+            "cache's skips is not a list of `progress` phase labels",
+            help,
+        )),
+    }
 }
 
 /// `watch_on_log`'s patterns are regular expressions.
@@ -652,6 +712,42 @@ mod tests {
         assert!(check_volume("/a/../etc:/x").is_err());
         assert!(check_volume("/a:/b:bogus").is_err());
         assert!(check_volume("/a\n:/b").is_err());
+    }
+
+    #[test]
+    fn a_cache_names_two_absolute_paths_and_phase_labels() {
+        let cache = |v: hcl::Value| {
+            let mut out = Vec::new();
+            check_cache(&map(&[("cache", v)]), &mut out);
+            out.into_iter().map(|p| p.message).collect::<Vec<_>>()
+        };
+        let good: hcl::Value = hcl::value!({ host = "/var/cache/jit", path = "/root/.cache/jit", skips = ["compiling"] });
+        assert!(cache(good).is_empty());
+        assert_eq!(
+            cache(hcl::value!({ host = "/var/../etc", path = "rel" })),
+            [
+                "cache's host is not an absolute path (without `..`, `:` or `,`)",
+                "cache's path is not an absolute path (without `..`, `:` or `,`)"
+            ]
+        );
+        assert_eq!(
+            cache(hcl::value!({ host = "/a:/b", path = "/c", skips = "compiling", size = 3 })),
+            [
+                "cache has no attribute \"size\"",
+                "cache's host is not an absolute path (without `..`, `:` or `,`)",
+                "cache's skips is not a list of `progress` phase labels"
+            ]
+        );
+        assert_eq!(cache(Value::from("/x")), ["cache is not an object"]);
+        // The folder is keyed by a hexadecimal ID only, so nothing else joins the path.
+        let c = CacheMount {
+            host: "/var/cache/jit/".into(),
+            path: "/c".into(),
+            skips: Vec::new(),
+        };
+        assert_eq!(c.folder("sha256:ab12").as_deref(), Some("/var/cache/jit/ab12"));
+        assert_eq!(c.folder("sha256:../../etc"), None);
+        assert_eq!(c.folder(""), None);
     }
 
     #[test]

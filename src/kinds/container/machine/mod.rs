@@ -27,6 +27,7 @@ use crate::plan::{Action, Foreign, Observed, Orphan};
 use crate::state::ResourceState;
 
 mod aside;
+mod cache;
 mod docker;
 mod drift;
 mod import;
@@ -110,12 +111,22 @@ fn name_taken(
 }
 
 /// Create, start and wait for a new container. On failure nothing of it is left.
+/// What a new container's start found: its ID, its image's ID and digest, the node's cache
+/// folder it mounts (`cache`), and the seconds each `progress` phase took.
+struct Started {
+    id: String,
+    image_id: String,
+    image_digest: String,
+    cache_folder: Option<String>,
+    phases: std::collections::BTreeMap<String, f64>,
+}
+
 async fn start_new(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     desired: &Desired,
     name: &str,
-) -> Result<(String, (String, String)), StepError> {
+) -> Result<Started, StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
     let image = ensure_image(cx, docker, desired).await?;
     // A container with this name from an earlier, interrupted run of this deployment is ours
@@ -135,7 +146,26 @@ async fn start_new(
     // on its way back.
     memory::ensure(cx, name, &desired.memory).await?;
     let hash = cx.change.after_hash.clone().unwrap_or_default();
-    let body = create_body(desired, cx.lineage, cx.address, &hash);
+    let mut body = create_body(desired, cx.lineage, cx.address, &hash);
+    // The cache folder of this image on the node (Docker creates it when missing): a new image
+    // ID is a new folder, so nothing another build compiled is ever loaded.
+    let cache_folder = match &desired.cache {
+        Some(c) => {
+            let folder = c.folder(&image.0).ok_or_else(|| {
+                StepError::new(format!(
+                    "{node}: image {} has no ID to key its cache folder by ({:?})",
+                    desired.image, image.0
+                ))
+            })?;
+            if let Some(hc) = body.host_config.as_mut() {
+                hc.binds
+                    .get_or_insert_with(Vec::new)
+                    .push(format!("{folder}:{}", c.path));
+            }
+            Some(folder)
+        }
+        None => None,
+    };
     cx.progress(format!("creating {name} on {node}"), None, None);
     let created = docker
         .create_container(
@@ -156,11 +186,20 @@ async fn start_new(
         let _ = remove(docker, &id).await;
         return Err(docker_err(&format!("{node}: cannot start container {name}"), e).details(logs));
     }
-    if let Err(e) = wait_ready(cx, docker, &id, name, &desired.ready, 0).await {
-        let _ = remove(docker, &id).await;
-        return Err(e);
-    }
-    Ok((id, image))
+    let phases = match wait_ready(cx, docker, &id, name, &desired.ready, 0).await {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = remove(docker, &id).await;
+            return Err(e);
+        }
+    };
+    Ok(Started {
+        id,
+        image_id: image.0,
+        image_digest: image.1,
+        cache_folder,
+        phases,
+    })
 }
 
 #[async_trait]
@@ -255,11 +294,22 @@ impl Machine for ContainerMachine {
                     }
                 }
                 match start_new(cx, &docker, &desired, &name).await {
-                    Ok((id, (image_id, image_digest))) => {
+                    Ok(started) => {
+                        let id = started.id;
                         let mut attributes = std::collections::BTreeMap::new();
                         attributes.insert("container_id".into(), serde_json::json!(id));
-                        attributes.insert("image_id".into(), serde_json::json!(image_id));
-                        attributes.insert("image_digest".into(), serde_json::json!(image_digest));
+                        attributes.insert("image_id".into(), serde_json::json!(started.image_id));
+                        attributes.insert(
+                            "image_digest".into(),
+                            serde_json::json!(started.image_digest),
+                        );
+                        if let Some(folder) = started.cache_folder {
+                            attributes.insert("cache_folder".into(), serde_json::json!(folder));
+                        }
+                        if !started.phases.is_empty() {
+                            attributes
+                                .insert("phase_secs".into(), serde_json::json!(started.phases));
+                        }
                         let from_log =
                             ready::record_from_log(cx, &docker, &id, &desired.ready, 0).await;
                         if !from_log.is_empty() {
@@ -358,13 +408,21 @@ impl Machine for ContainerMachine {
     async fn finalize(
         &self,
         cx: &StepCx<'_>,
-        _action: Action,
+        action: Action,
         applied: &Applied,
     ) -> Result<(), StepError> {
         if let Some(prev) = applied.undo.get("previous").and_then(|v| v.as_str()) {
             let host = cx.host()?;
             let docker = host.docker().await?;
             remove(&docker, prev).await?;
+        }
+        // `destroy -purge-caches`: the folder goes only once the container is gone.
+        if let (Action::Delete, true, Some(recorded)) = (action, cx.change.purge, cx.recorded) {
+            let host = cx.host()?;
+            let docker = host.docker().await?;
+            if let Some(done) = cache::purge(cx, &docker, recorded).await? {
+                cx.progress(done, None, None);
+            }
         }
         Ok(())
     }
@@ -503,7 +561,11 @@ impl Machine for ContainerMachine {
     }
 
     fn read_nodes(&self, config: &Config) -> Vec<String> {
-        ipc::ipc_nodes(config)
+        let mut nodes = ipc::ipc_nodes(config);
+        nodes.extend(cache::cache_nodes(config));
+        nodes.sort();
+        nodes.dedup();
+        nodes
     }
 
     /// systemd-logind's settings on the nodes of containers it can break
@@ -513,8 +575,12 @@ impl Machine for ContainerMachine {
         if !cx.mode.looks() {
             return Ok(out);
         }
-        let nodes = self.read_nodes(cx.config);
-        let logind = crate::hosts::fabric::read_each(cx.pool, &nodes).await;
+        let nodes = ipc::ipc_nodes(cx.config);
+        let (logind, caches) = tokio::join!(
+            crate::hosts::fabric::read_each(cx.pool, &nodes),
+            cache::read_caches(cx.config, cx.pool)
+        );
+        out.kinds = caches;
         let (errors, warnings) = ipc::judge_remove_ipc(cx.config, &logind);
         if !errors.is_empty() {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));

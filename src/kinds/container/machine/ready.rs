@@ -360,6 +360,9 @@ pub(super) struct LogFollow<S> {
     watch: super::super::progress::PhaseWatch,
     label: Option<String>,
     since: Instant,
+    /// Seconds each phase took, from its first line to the next phase's (the last one until
+    /// ready): what a plan's expected durations take out when a cache skips it.
+    took: BTreeMap<String, f64>,
 }
 
 impl<S> LogFollow<S>
@@ -385,6 +388,7 @@ where
                         for p in self.watch.feed(&chunk.to_string()) {
                             // A phase's time runs from its first line, not its last percentage.
                             if self.label.as_deref() != Some(p.label.as_str()) {
+                                self.close_phase();
                                 self.label = Some(p.label.clone());
                                 self.since = Instant::now();
                             }
@@ -404,6 +408,13 @@ where
         }
     }
 
+    /// The current phase's time, added to what the phase took before (a label may come back).
+    fn close_phase(&mut self) {
+        if let Some(label) = &self.label {
+            *self.took.entry(label.clone()).or_default() += self.since.elapsed().as_secs_f64();
+        }
+    }
+
     /// What the container does, for its progress line: the latest phase seen and since when.
     fn doing(&self) -> Option<String> {
         self.watch.current().map(|p| {
@@ -418,7 +429,7 @@ where
 
 /// Wait until every ready check passes, the container dies, the timeout passes or the apply is
 /// cancelled. Only what the log says from `since` on counts (Unix seconds; 0 for a new
-/// container).
+/// container). Once ready: the seconds each `progress` phase took, by label.
 pub(super) async fn wait_ready(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
@@ -426,7 +437,7 @@ pub(super) async fn wait_ready(
     name: &str,
     checks: &[ReadyCheck],
     since: i32,
-) -> Result<(), StepError> {
+) -> Result<BTreeMap<String, f64>, StepError> {
     // One follower for all the checks: the phases of a start run across them.
     let mut follow = LogFollow {
         stream: Some(Box::pin(docker.logs(
@@ -451,6 +462,7 @@ pub(super) async fn wait_ready(
         ),
         label: None,
         since: Instant::now(),
+        took: BTreeMap::new(),
     };
     for check in checks {
         let timeout = Duration::from_secs(check.timeout_secs());
@@ -537,7 +549,13 @@ pub(super) async fn wait_ready(
                 .await;
         }
     }
-    Ok(())
+    follow.close_phase();
+    // Tenths of a second: what a plan shows.
+    Ok(follow
+        .took
+        .into_iter()
+        .map(|(k, v)| (k, (v * 10.0).round() / 10.0))
+        .collect())
 }
 
 #[cfg(test)]

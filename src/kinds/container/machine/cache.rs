@@ -1,0 +1,168 @@
+//! A container's cache folder (`cache`) on the machines: at plan time, whether the node's folder
+//! for the image a new container would start holds anything (warm) or not, for the plan's
+//! expected durations; and its removal when `destroy -purge-caches` deletes the container.
+
+use super::*;
+
+/// The containers with a cache folder, with their node's address.
+fn cached(
+    config: &Config,
+) -> impl Iterator<Item = (&str, &Resource, super::super::CacheMount, String)> {
+    config.resources.iter().filter_map(|r| {
+        if r.kind != crate::config::ResourceKind::Container {
+            return None;
+        }
+        let d = Desired::from_config(&r.config).ok()?;
+        Some((r.node.as_deref()?, r, d.cache?, d.image))
+    })
+}
+
+/// The nodes whose cache folders the plan looks at.
+pub(super) fn cache_nodes(config: &Config) -> Vec<String> {
+    let mut nodes: Vec<String> = cached(config).map(|(n, ..)| n.to_string()).collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// What the plan knows of each cached container's folder, by address, as the kind's observed
+/// value: `{ "cache": { "image_id", "folder", "warm" } }`. A node that cannot be reached, or an
+/// image the node does not have yet, says `warm = false` without a folder.
+pub(super) async fn read_caches(
+    config: &Config,
+    pool: &HostPool,
+) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let reads = cached(config).map(|(node, r, cache, image)| async move {
+        let seen = async {
+            let host = pool.get(node).ok()?;
+            let docker = host.docker().await.ok()?;
+            let id = docker.inspect_image(&image).await.ok()?.id?;
+            let folder = cache.folder(&id)?;
+            // Anything in it: what the image's last container compiled.
+            let find = crate::hosts::Cmd::new("find")
+                .args([
+                    folder.as_str(),
+                    "-mindepth",
+                    "1",
+                    "-maxdepth",
+                    "1",
+                    "-print",
+                    "-quit",
+                ])
+                .timeout(Duration::from_secs(20));
+            let warm = host
+                .exec(&find)
+                .await
+                .is_ok_and(|o| o.success() && !o.stdout.trim().is_empty());
+            Some(serde_json::json!({ "image_id": id, "folder": folder, "warm": warm }))
+        }
+        .await
+        .unwrap_or_else(|| serde_json::json!({ "warm": false }));
+        (r.address.clone(), serde_json::json!({ "cache": seen }))
+    });
+    futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Remove a deleted container's cache folder (`destroy -purge-caches`): a one-shot container of
+/// the image it ran, with the folder's parent mounted, since the folder is Docker's (root's)
+/// and the node's user may not be. The folder's name is the image's ID, checked to be one.
+pub(super) async fn purge(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    recorded: &ResourceState,
+) -> Result<Option<String>, StepError> {
+    let text = |k: &str| recorded.attributes.get(k).and_then(|v| v.as_str());
+    let (Some(folder), Some(image)) = (text("cache_folder"), text("image_id")) else {
+        return Ok(None);
+    };
+    let Some((parent, key)) = folder.rsplit_once('/') else {
+        return Ok(None);
+    };
+    if parent.is_empty() || key.is_empty() || !key.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(StepError::new(format!(
+            "the recorded cache folder {folder:?} is not one sparkform names; left as it is"
+        )));
+    }
+    let node = cx.change.node.clone().unwrap_or_default();
+    let name = format!("sparkform-purge-{}", &key[..key.len().min(12)]);
+    let body = ContainerCreateBody {
+        image: Some(image.to_string()),
+        entrypoint: Some(vec!["rm".into()]),
+        cmd: Some(vec!["-rf".into(), "--".into(), format!("/purge/{key}")]),
+        labels: Some(HashMap::from([(
+            "sparkform.purge".to_string(),
+            cx.lineage.to_string(),
+        )])),
+        host_config: Some(HostConfig {
+            binds: Some(vec![format!("{parent}:/purge")]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let _ = remove(docker, &name).await;
+    let created = docker
+        .create_container(
+            Some(q::CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| {
+            docker_err(
+                &format!("{node}: cannot remove the cache folder {folder}"),
+                e,
+            )
+        })?;
+    let ran = async {
+        docker
+            .start_container(&created.id, None::<q::StartContainerOptions>)
+            .await
+            .map_err(|e| {
+                docker_err(
+                    &format!("{node}: cannot remove the cache folder {folder}"),
+                    e,
+                )
+            })?;
+        // Its log ends when it does; then its exit code says whether the folder went.
+        let mut log = docker.logs(
+            &created.id,
+            Some(q::LogsOptions {
+                follow: true,
+                stdout: true,
+                stderr: true,
+                ..Default::default()
+            }),
+        );
+        let mut said = String::new();
+        let drained = tokio::time::timeout(Duration::from_secs(300), async {
+            while let Some(Ok(chunk)) = log.next().await {
+                if said.len() < 4096 {
+                    said.push_str(&chunk.to_string());
+                }
+            }
+        })
+        .await;
+        let code = docker
+            .inspect_container(&created.id, None::<q::InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|c| c.state)
+            .filter(|s| s.running != Some(true))
+            .and_then(|s| s.exit_code);
+        match (drained, code) {
+            (Ok(()), Some(0)) => Ok(()),
+            _ => Err(StepError::new(format!(
+                "{node}: removing the cache folder {folder} did not finish (exit code {code:?}): {}",
+                said.trim()
+            ))),
+        }
+    }
+    .await;
+    let _ = remove(docker, &created.id).await;
+    ran.map(|()| Some(format!("removed the cache folder {folder}")))
+}
