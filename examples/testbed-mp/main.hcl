@@ -48,6 +48,18 @@ variable "standin_wedge_after" {
   description = "The vLLM stand-in wedges after this many chat completions (0: never), for `sparkform watch`."
 }
 
+variable "standin_compile_secs" {
+  type        = number
+  default     = 0
+  description = "Seconds the vLLM stand-in's torch.compile takes when its cache folder holds nothing for the image and model (a warm one loads at once)."
+}
+
+variable "image" {
+  type        = string
+  default     = "sparkform-testbed/ray:latest"
+  description = "The image of the ranks; another build (another image ID) gets a cache folder of its own."
+}
+
 variable "api_key" {
   type        = string
   default     = "sparkform-testbed-key"
@@ -113,7 +125,7 @@ model "qwen" {
 
 module "qwen" {
   source                 = "../../modules/vllm-mp"
-  image                  = "sparkform-testbed/ray:latest"
+  image                  = var.image
   network                = network.roce
   head                   = node.node1
   workers                = [node.node2]
@@ -129,8 +141,11 @@ module "qwen" {
   start_timeout          = "2m"
   rendezvous_timeout     = var.rendezvous_timeout
   memory_release_timeout = var.memory_release_timeout
-  extra_env              = var.standin_wedge_after > 0 ? { VLLM_STANDIN_WEDGE_AFTER = tostring(var.standin_wedge_after) } : {}
-  api_key                = var.api_key
+  extra_env = merge(
+    var.standin_wedge_after > 0 ? { VLLM_STANDIN_WEDGE_AFTER = tostring(var.standin_wedge_after) } : {},
+    var.standin_compile_secs > 0 ? { VLLM_STANDIN_COMPILE_SECS = tostring(var.standin_compile_secs) } : {},
+  )
+  api_key = var.api_key
 }
 
 # The stand-in's answer names the fabric address of every rank that joined rank 0.

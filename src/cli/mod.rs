@@ -291,6 +291,7 @@ const SINGLE_DASH: &[&str] = &[
     "lockfile",
     "generate-config-out",
     "generate-import-out",
+    "purge-caches",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

@@ -1,7 +1,7 @@
 //! The modules against the real vLLM and Ray releases, as `bench/compat` recorded them in
 //! tests/fixtures/compat (issue 25): the fast half, no download. Every `vllm serve` flag of the
 //! examples' containers is an option of every recorded vLLM release, every `ray start` and
-//! `ray status` flag of the recorded Ray; every fail_on_log, warn_on_log and progress pattern
+//! `ray status` flag of the recorded Ray; every fail_on_log, warn_on_log, progress and watch_on_log pattern
 //! matches the line recorded for it in each release (a line of that release's source) or is
 //! recorded as another program's line; every VLLM_* variable the modules set is read by each
 //! release. A module edit that fails here needs `bench/compat` run again (and, if the release
@@ -71,6 +71,15 @@ fn collect(used: &mut Used, c: &Config, origin: &str) {
             for k in env.keys().filter(|k| k.starts_with("VLLM_")) {
                 used.envs.entry(k.clone()).or_insert_with(|| at.clone());
             }
+        }
+        for p in r.config["watch_on_log"]
+            .as_object()
+            .into_iter()
+            .flat_map(|m| m.keys())
+        {
+            used.patterns
+                .entry(p.clone())
+                .or_insert_with(|| format!("{at} (watch_on_log)"));
         }
         for ready in r.config["ready"].as_array().into_iter().flatten() {
             for kind in ["fail_on_log", "warn_on_log", "progress"] {

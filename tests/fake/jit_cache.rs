@@ -257,7 +257,10 @@ async fn the_image_ids_folder_is_mounted_recorded_and_judged_warm_or_cold_by_the
         .unwrap();
     assert_eq!(c.action, Action::Replace, "{c:?}");
     let impact = moved.impact.unwrap();
-    assert!(!impact.caches[0].warm, "another image never reads the old folder: {impact:?}");
+    assert!(
+        !impact.caches[0].warm,
+        "another image never reads the old folder: {impact:?}"
+    );
     assert_eq!(impact.caches[0].image_id.as_deref(), Some(NEW));
     let outcome = bed.apply(&[]).await;
     assert!(bed
@@ -318,7 +321,10 @@ async fn destroy_keeps_the_cache_folder_and_purge_caches_removes_it_with_a_one_s
             format!("/purge/{}", OLD.trim_start_matches("sha256:"))
         ])
     );
-    assert_eq!(body["HostConfig"]["Binds"], serde_json::json!(["/var/cache/jit:/purge"]));
+    assert_eq!(
+        body["HostConfig"]["Binds"],
+        serde_json::json!(["/var/cache/jit:/purge"])
+    );
     assert!(
         bed.docker.container(&purge_name).is_none(),
         "the one-shot container is removed"

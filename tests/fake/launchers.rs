@@ -630,9 +630,9 @@ fn every_engine_container_keeps_its_compile_caches_and_skips_only_phases_it_show
         assert!(!containers.is_empty(), "{example}");
         for r in containers {
             let cache = &r.config["cache"];
-            let path = cache["path"].as_str().unwrap_or_else(|| {
-                panic!("{example}: {} mounts no cache: {cache}", r.address)
-            });
+            let path = cache["path"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{example}: {} mounts no cache: {cache}", r.address));
             let env = &r.config["env"];
             for (var, under) in [
                 ("VLLM_CACHE_ROOT", "vllm"),

@@ -22,6 +22,7 @@ mod testbed_faults;
 mod testbed_hosts;
 mod testbed_import;
 mod testbed_interrupt;
+mod testbed_jit_cache;
 mod testbed_llm;
 mod testbed_memory;
 mod testbed_model;

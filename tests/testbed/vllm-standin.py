@@ -473,6 +473,11 @@ def serve_headless(args):
     conn.sendall(f"rank {args.node_rank} {me}\n".encode())
     source = conn.getsockname()[0]
     log(f"rank {args.node_rank} of {args.nnodes} (headless) joined {args.master_addr}:{args.master_port} from {source}")
+    # Every rank's workers compile their own part of the model, with their node's cache.
+    worker = "(Worker_TP%d pid=%d) " % (args.node_rank, os.getpid())
+    compile_phase(args, worker)
+    # Each worker profiles its own memory next, as rank 0's do.
+    log(f"{worker}[gpu_worker.py:463] Available KV cache memory: 1.00 GiB")
     try:
         while conn.recv(4096):
             pass

@@ -745,7 +745,10 @@ mod tests {
             path: "/c".into(),
             skips: Vec::new(),
         };
-        assert_eq!(c.folder("sha256:ab12").as_deref(), Some("/var/cache/jit/ab12"));
+        assert_eq!(
+            c.folder("sha256:ab12").as_deref(),
+            Some("/var/cache/jit/ab12")
+        );
         assert_eq!(c.folder("sha256:../../etc"), None);
         assert_eq!(c.folder(""), None);
     }
