@@ -127,6 +127,12 @@ locals {
       "Version mismatch: The cluster was started with"                                         = "the nodes run different Ray (or Python) versions: run the same image, with the same image ID, on every node"
       "ray: (command )?not found"                                                              = "this image has no Ray (stock vLLM images dropped it around v0.18, NVIDIA's vLLM container lacks it): deploy with modules/vllm-mp, vLLM's multiprocessing backend across nodes, or use an image with Ray"
     }
+    # SGLang's own lines (0.5.x: sglang/srt/models/registry.py, model_executor/pool_configurator.py).
+    sglang = {
+      "Model architectures \\[.*\\] are not supported"                    = "this image's SGLang does not know the model's architecture (SGLang images without Qwen3.5 were one report): use an image whose SGLang supports the model"
+      "Not enough memory\\. Please try to increase --mem-fraction-static" = "the weights leave SGLang no memory for its KV cache pool on this rank: raise mem_fraction_static (at most 0.85 on GB10), lower context_length, or spread the model over more nodes"
+      "CUDA out of memory|CUDA error: out of memory"                      = "the GPU ran out of memory while SGLang loaded or captured graphs: right after a restart the previous engine may still hold the node's memory, so wait until it is back and apply again; otherwise lower mem_fraction_static"
+    }
     mp = {
       "The client socket has timed out after \\d+ms while trying to connect to"           = "this rank could not reach rank 0's master port over the fabric: rank 0 is not running or not listening (see its container), or the fabric between the nodes is down; the master address must be the head's fabric address"
       "Timed out after \\d+ seconds waiting for clients"                                  = "not every rank joined rank 0 in time: a headless rank is not running, or it cannot reach the master address and port over the fabric; see each rank's log"
@@ -144,6 +150,13 @@ locals {
     "RPC call to \\w+ timed out"                                       = "a rank stopped answering the engine's calls (RPC call … timed out), usually stuck in an NCCL collective: the whole engine restarts; if it comes back, check the fabric (sparkform nodes) and that every node runs one NCCL"
     "No available shared memory broadcast block found in \\d+ seconds" = "the ranks stopped reading vLLM's shared-memory queue while it serves: a rank hangs (vllm#41725); the whole engine restarts"
     "Watchdog caught collective operation timeout"                     = "an NCCL collective hung until NCCL's timeout while serving: two NCCL builds in one image wedge serving after 20-26 min (vllm#42354); run one image with one NCCL on every node"
+  }
+
+  # SGLang's wedge: its scheduler's watchdog (sglang/srt/utils/watchdog.py, 0.5.x) fires when a
+  # forward pass makes no progress for --watchdog-timeout seconds (300 by default); NCCL's too.
+  sglang_wedge = {
+    "watchdog timeout \\(self\\.watchdog_timeout=" = "SGLang's scheduler made no progress for its watchdog timeout while serving: a rank hangs, usually in an NCCL collective; the whole engine restarts"
+    "Watchdog caught collective operation timeout" = local.wedge["Watchdog caught collective operation timeout"]
   }
 
   # Lines that look alarming but are normal on DGX Spark (GB10, ConnectX-7): never add a pattern

@@ -60,6 +60,16 @@ output "volumes" {
   )
 }
 
+output "rendezvous_program" {
+  description = "A Python program for an exec probe in rank 0: every other rank holds a connection to the rendezvous port from its planned fabric address (arguments: PORT MASTER_ADDRESS WORKER_ADDRESSES, comma-separated); the Ray-less launchers gate their endpoint on it."
+  value       = file("rendezvous.py")
+}
+
+output "sglang_wedge" {
+  description = "watch_on_log patterns of a wedged SGLang engine (its scheduler's watchdog, NCCL's)."
+  value       = local.sglang_wedge
+}
+
 output "cache" {
   description = "The `cache` attribute of every vLLM container: the node's folder per image, mounted where the environment points the compile and JIT caches; a warm one skips the `compiling` phase of ../vllm-serve's progress."
   value       = var.jit_cache == null ? null : { host = var.jit_cache, path = local.jit_path, skips = ["compiling"] }

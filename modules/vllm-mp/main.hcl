@@ -146,7 +146,7 @@ probe "rendezvous" {
   exec {
     container = container.rank0
     command = [
-      "python3", "-c", file("rendezvous.py"),
+      "python3", "-c", module.fabric.rendezvous_program,
       tostring(var.master_port),
       local.master,
       join(",", [for w in var.workers : module.fabric.addresses[w.name]]),

@@ -44,23 +44,23 @@ locals {
 
 check "a_model" {
   condition     = var.model != null || var.weights != null
-  error_message = "no model: set `model` (a Hugging Face id vLLM fetches) or `weights` (a model block, served from its verified local copy)"
+  error_message = "no model: set `model` (a Hugging Face id ${var.engine.name} fetches) or `weights` (a model block, served from its verified local copy)"
 }
 
 check "parallelism_matches_gpus" {
   condition     = local.gpus_needed == local.gpus_total
-  error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${local.gpus_total} GPUs; vLLM would wait forever for the missing ones"
+  error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${local.gpus_total} GPUs; ${var.engine.name} would wait forever for the missing ones"
 }
 
 check "utilization_on_unified_memory" {
   condition     = var.gpu_memory_utilization <= 0.85 || length([for n in var.nodes : n.name if n.unified_memory == true]) == 0
-  error_message = "gpu_memory_utilization ${var.gpu_memory_utilization} is above 0.85 on unified-memory nodes: the GPU shares memory with the OS (a desktop session alone takes 2-3 GiB), and CUDA graph capture has been killed there at 95%"
+  error_message = "${var.engine.memory_setting} ${var.gpu_memory_utilization} is above 0.85 on unified-memory nodes: the GPU shares memory with the OS (a desktop session alone takes 2-3 GiB), and CUDA graph capture has been killed there at 95%"
   severity      = "warning"
 }
 
 check "model_fits" {
   condition     = local.size_gib == null || local.min_memory == 0 || local.per_node <= local.min_memory * var.gpu_memory_utilization
-  error_message = "the model needs about ${local.per_node} GiB per node (weights split over ${length(var.nodes)} nodes plus ${var.overhead_gib} GiB), more than ${local.min_memory} GiB × ${var.gpu_memory_utilization}; add nodes or raise gpu_memory_utilization"
+  error_message = "the model needs about ${local.per_node} GiB per node (weights split over ${length(var.nodes)} nodes plus ${var.overhead_gib} GiB), more than ${local.min_memory} GiB × ${var.gpu_memory_utilization}; add nodes or raise ${var.engine.memory_setting}"
 }
 
 check "enforce_eager_on_a_large_model" {

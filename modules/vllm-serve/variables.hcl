@@ -45,6 +45,12 @@ variable "pipeline_parallel_size" {
   default = 1
 }
 
+variable "engine" {
+  type        = any
+  default     = { name = "vLLM", memory_setting = "gpu_memory_utilization" }
+  description = "Who serves, for the checks' messages: its name and the launcher's variable for the memory share (../sglang-mp reuses the checks, outputs and memory needs; its command is its own)."
+}
+
 variable "gpu_memory_utilization" {
   type    = number
   default = 0.80

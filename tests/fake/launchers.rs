@@ -620,6 +620,8 @@ fn every_engine_container_keeps_its_compile_caches_and_skips_only_phases_it_show
         "examples/qwen35-two-sparks-mp",
         "examples/testbed",
         "examples/testbed-mp",
+        "examples/qwen35-two-sparks-sglang",
+        "examples/testbed-sglang",
     ] {
         let (c, _) = common::load(Path::new(example));
         let containers: Vec<_> = c
@@ -687,4 +689,62 @@ fn the_compile_phase_starts_at_vllms_cache_directory_line() {
         .filter_map(|(_, l)| l.as_str())
         .collect();
     assert_eq!(hits, ["compiling"]);
+}
+
+/// SGLang's ranks: one process group on the head's fabric address, every rank the same settings
+/// but its node rank, and the API key only in rank 0's environment, read by the wrapper into
+/// SGLang's config file: never on a command line.
+#[test]
+fn sglang_ranks_join_the_heads_dist_init_address_and_the_key_stays_off_the_command_line() {
+    let inputs = common::var_inputs(&[("api_key", "sglang-secret-key")]);
+    let (c, _) = common::load_with(Path::new("examples/testbed-sglang"), &inputs);
+    let rank0 = resource(&c, "module.qwen.container.rank0");
+    let rank1 = resource(&c, "module.qwen.container.rank[\"node2\"]");
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str().map(String::from))
+            .collect()
+    };
+    let (c0, c1) = (
+        strings(&rank0.config["command"]),
+        strings(&rank1.config["command"]),
+    );
+    assert_eq!(flag(&c0, "--dist-init-addr"), Some("192.168.200.1:20000"));
+    assert_eq!(flag(&c1, "--dist-init-addr"), Some("192.168.200.1:20000"));
+    assert_eq!(flag(&c0, "--node-rank"), Some("0"));
+    assert_eq!(flag(&c1, "--node-rank"), Some("1"));
+    assert_eq!(flag(&c0, "--nnodes"), Some("2"));
+    assert_eq!(
+        &c0[..c0.len() - 2],
+        &c1[..c1.len() - 2],
+        "the same settings on every rank"
+    );
+    for (r, cmd) in [(rank0, &c0), (rank1, &c1)] {
+        assert!(
+            !cmd.iter().any(|a| a.contains("sglang-secret-key"))
+                && flag(cmd, "--api-key").is_none(),
+            "{}: {cmd:?}",
+            r.address
+        );
+        assert!(
+            !strings(&r.config["entrypoint"])
+                .iter()
+                .any(|a| a.contains("sglang-secret-key")),
+            "{}",
+            r.address
+        );
+    }
+    assert_eq!(rank0.config["env"]["SGLANG_API_KEY"], "sglang-secret-key");
+    assert!(
+        rank1.config["env"]["SGLANG_API_KEY"].is_null(),
+        "only rank 0 serves"
+    );
+    let wrapper = strings(&rank0.config["entrypoint"]);
+    assert_eq!(wrapper[..2], ["sh", "-c"]);
+    assert!(wrapper[2].contains("--config"), "{wrapper:?}");
+    // The same process group: a new rank 0 replaces the other ranks.
+    assert_eq!(rank0.group.as_deref(), Some("module.qwen.sglang"));
+    assert_eq!(rank0.group, rank1.group);
 }

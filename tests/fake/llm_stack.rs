@@ -193,6 +193,12 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
             "spark",
         ),
         (
+            "qwen35-two-sparks-sglang",
+            "Qwen/Qwen3.5-122B-A10B-FP8",
+            "/home/nvidia/.cache/huggingface/hub",
+            "spark",
+        ),
+        (
             "testbed",
             "testbed/standin-qwen3",
             "/tmp/sparkform-models",
@@ -200,6 +206,12 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
         ),
         (
             "testbed-mp",
+            "testbed/standin-qwen3",
+            "/tmp/sparkform-models",
+            "node",
+        ),
+        (
+            "testbed-sglang",
             "testbed/standin-qwen3",
             "/tmp/sparkform-models",
             "node",
@@ -241,7 +253,11 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
                 .as_array()
                 .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
                 .unwrap_or_default();
-            if let Some(i) = cmd.iter().position(|a| *a == "serve") {
+            // `vllm serve MODEL`, or SGLang's `--model-path MODEL`.
+            if let Some(i) = cmd
+                .iter()
+                .position(|a| *a == "serve" || *a == "--model-path")
+            {
                 serving += 1;
                 assert_eq!(cmd.get(i + 1), Some(&snapshot.as_str()), "{at}: {cmd:?}");
                 let named = cmd.iter().position(|a| *a == "--served-model-name");
@@ -250,16 +266,21 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
                 }
             }
         }
-        assert!(serving >= 1, "{name}: no container runs vllm serve");
-        // The transfer runs in the deployment's image, which checks the architecture first.
+        assert!(serving >= 1, "{name}: no container serves the model");
+        // The transfer runs in the deployment's image, which checks the architecture first
+        // (vLLM's registry: not for an SGLang image).
         let download = c
             .resource(&format!("model.qwen[\"{node}1\"]"))
             .expect("the download node's resource");
         assert_eq!(download.config["role"], "download", "{name}");
-        assert_eq!(
-            download.config["serve_image"], download.config["image"],
-            "{name}"
-        );
+        if name.contains("sglang") {
+            assert!(download.config["serve_image"].is_null(), "{name}");
+        } else {
+            assert_eq!(
+                download.config["serve_image"], download.config["image"],
+                "{name}"
+            );
+        }
     }
 }
 
@@ -267,7 +288,11 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
 /// token, and records only its keyed hash.
 #[test]
 fn the_seed_examples_token_never_shows() {
-    for name in ["qwen35-two-sparks", "qwen35-two-sparks-mp"] {
+    for name in [
+        "qwen35-two-sparks",
+        "qwen35-two-sparks-mp",
+        "qwen35-two-sparks-sglang",
+    ] {
         let dir = Path::new("examples").join(name);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
             .args([

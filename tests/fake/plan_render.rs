@@ -577,6 +577,8 @@ fn every_resource_address_of_the_examples_reads_back_into_its_kind() {
         "examples/testbed-mp",
         "examples/qwen35-two-sparks",
         "examples/qwen35-two-sparks-mp",
+        "examples/qwen35-two-sparks-sglang",
+        "examples/testbed-sglang",
     ] {
         let (config, _) = common::load_with(std::path::Path::new(dir), &vars(&[]));
         assert!(!config.resources.is_empty(), "{dir}");

@@ -414,6 +414,62 @@ fn vllm_standin_asks_for_the_api_key_on_v1_as_vllm_does() {
     assert_eq!(health(port), Some(200), "/health stays open");
 }
 
+/// The stand-in `sglang` package: `python3 -m sglang.launch_server` with SGLang's flags, the API
+/// key from its `--config` file (as modules/sglang-mp writes it), SGLang's start lines, and a key
+/// asked for on /v1.
+#[test]
+fn sglang_standin_reads_its_key_from_the_config_file_and_prints_sglangs_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let settings = tmp.path().join("settings.yaml");
+    std::fs::write(&settings, r#"{"api-key": "k-456"}"#).unwrap();
+    let log = tmp.path().join("sglang.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let port = free_port();
+    let child = Command::new(python())
+        .args(["-m", "sglang.launch_server", "--model-path", "org/model"])
+        .args(["--tp-size", "1", "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .arg("--config")
+        .arg(&settings)
+        .env("PYTHONPATH", testbed_dir().join("sglang-package"))
+        .env("VLLM_STANDIN_PHASE_SECS", "0")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let _child = Guard(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while health(port) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the stand-in did not come up:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let get = |auth: &str| {
+        status_of(
+            port,
+            &format!("GET /v1/models HTTP/1.0\r\nHost: x\r\n{auth}\r\n"),
+        )
+    };
+    assert_eq!(get(""), Some(401), "no key");
+    assert_eq!(get("Authorization: Bearer k-456\r\n"), Some(200), "the key");
+    let said = std::fs::read_to_string(&log).unwrap();
+    for line in [
+        "] Load weight begin. avail mem=",
+        "] Load weight end. elapsed=",
+        "] Memory pool end. avail mem=",
+        "] Capture target decode CUDA graph begin.",
+        "] The server is fired up and ready to roll!",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    assert!(!said.contains("k-456"), "the key is in no line:\n{said}");
+}
+
 const ENGINE_FAILED: &str = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}";
 
 #[test]

@@ -12,8 +12,9 @@ const RANKS: [(&str, &str); 2] = [
     ("sf-node2", "sparkform-vllm-node2"),
 ];
 
-fn rank_ids(tb: &Testbed) -> Vec<String> {
-    RANKS
+/// The running container of each (node, name), by ID; every one must run.
+pub(crate) fn rank_ids(tb: &Testbed, ranks: &[(&str, &str)]) -> Vec<String> {
+    ranks
         .iter()
         .map(|(node, name)| {
             tb.running_id(node, name)
@@ -22,7 +23,7 @@ fn rank_ids(tb: &Testbed) -> Vec<String> {
         .collect()
 }
 
-fn assert_nothing_left(tb: &Testbed) {
+pub(crate) fn assert_nothing_left(tb: &Testbed) {
     assert_nothing_running(tb);
     for node in ["sf-node1", "sf-node2"] {
         let left = tb.example_model_left(node);
@@ -32,7 +33,7 @@ fn assert_nothing_left(tb: &Testbed) {
 
 /// No container and no fabric address left; the weights may stay (a rollback keeps the copies
 /// it verified, for the next apply).
-fn assert_nothing_running(tb: &Testbed) {
+pub(crate) fn assert_nothing_running(tb: &Testbed) {
     for node in ["sf-node1", "sf-node2"] {
         assert!(
             tb.containers(node, "sparkform.lineage")
@@ -85,7 +86,7 @@ fn vllm_mp_on_the_testbed() {
     assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
 
     // A vLLM flag changes: every rank is replaced (one process group), and it answers again.
-    let before = rank_ids(&tb);
+    let before = rank_ids(&tb, &RANKS);
     let (code, out, _) = run(&[
         "plan",
         EXAMPLE,
@@ -106,7 +107,7 @@ fn vllm_mp_on_the_testbed() {
         "max_model_len=4096",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let after = rank_ids(&tb);
+    let after = rank_ids(&tb, &RANKS);
     for (b, a) in before.iter().zip(&after) {
         assert_ne!(b, a, "a rank kept running through a flag change");
     }

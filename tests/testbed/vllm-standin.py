@@ -54,6 +54,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 # The vLLM release whose lines this prints (the file:line in brackets are that release's):
 # bench/compat checks every line a module pattern matches against its source.
 STANDIN_RELEASE = "0.21.0"
+# The SGLang release whose lines it prints as `python3 -m sglang.launch_server` (the stand-in
+# `sglang` package in the image runs it so): bench/compat checks them against that release.
+SGLANG_STANDIN_RELEASE = "0.5.23"
+# Which engine this run stands in for: "vllm", or "sglang" (sglang_main).
+ENGINE = "vllm"
 
 # The registry: the image's `vllm` package (tests/testbed/vllm-package), or the checkout's copy
 # next to this script when it runs outside the image (tests/fake/standins.rs).
@@ -273,6 +278,9 @@ def load_phases(args):
         pause = float(os.environ.get("VLLM_STANDIN_PHASE_SECS", "0.4"))
     except ValueError:
         pause = 0.4
+    if ENGINE == "sglang":
+        sglang_load_phases(args, pause)
+        return
     prefix = "(EngineCore_DP0 pid=%d) " % os.getpid()
     log(f"{prefix}[gpu_model_runner.py:4858] Starting to load model {args.model}...")
     started = time.time()
@@ -335,6 +343,115 @@ def compile_phase(args, prefix):
             log(f"{prefix}cannot write the compile cache: {e}", "WARNING")
         log(f"{prefix}[backends.py:393] Compiling a graph for compile range (1, 2048) takes {secs:.2f} s")
     log(f"{prefix}[monitor.py:34] torch.compile takes {time.time() - started:.2f} s in total")
+
+
+def sglang_log(msg, tp=None):
+    """SGLang's log format: `[TIME TPn] message` for a tensor-parallel worker, `[TIME] message`
+    for the server."""
+    where = f" TP{tp}" if tp is not None else ""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{where}] {msg}", flush=True)
+
+
+def sglang_load_phases(args, pause, tp=0):
+    """What SGLang 0.5.23's tensor-parallel worker prints while it starts (model_runner.py,
+    weight_utils.py's bar, kv_cache_configurator.py, cuda_graph_setup.py), with short pauses."""
+    sglang_log("Load weight begin. avail mem=118.20 GB", tp)
+    started = time.time()
+    shards = len(weight_files(args.model)[0]) if os.path.isdir(args.model) else 2
+    for i in range(shards + 1):
+        time.sleep(pause)
+        print(f"Loading safetensors checkpoint shards: {100 * i // shards:3d}% Completed "
+              f"| {i}/{shards} [00:0{i}<00:0{shards - i}, 1.00s/it]", flush=True)
+    sglang_log(f"Load weight end. elapsed={time.time() - started:.2f} s, type=Qwen3ForCausalLM, "
+               "avail mem=100.00 GB, mem usage=18.20 GB.", tp)
+    time.sleep(pause)
+    sglang_log("Memory pool end. avail mem=20.00 GB", tp)
+    sglang_log("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+               "avail mem=20.00 GB", tp)
+    time.sleep(pause)
+    sglang_log(f"Capture target decode CUDA graph end. bs=[1, 2], elapsed={pause:.2f} s, "
+               "mem usage=0.50 GB, avail mem=19.50 GB.", tp)
+
+
+def sglang_settings(path):
+    """The settings of SGLang's `--config FILE` (YAML; the module writes JSON, which is YAML)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"ValueError: Config file {path} cannot be read: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def parse_sglang(argv):
+    """`python3 -m sglang.launch_server` with SGLang's names for what the stand-in models; the
+    result has the fields the vLLM stand-in's ranks use."""
+    p = argparse.ArgumentParser(prog="sglang serve")
+    p.add_argument("--model-path", "--model", dest="model", required=True)
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, default=1)
+    p.add_argument("--pp-size", "--pipeline-parallel-size", dest="pipeline_parallel_size", type=int, default=1)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--config", default=None)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        sglang_log(f"ignoring options the stand-in does not model: {' '.join(unknown)}")
+    if args.config:
+        for k, v in sglang_settings(args.config).items():
+            if k.replace("-", "_") == "api_key" and args.api_key is None:
+                args.api_key = v
+    if args.nnodes > 1 and not args.dist_init_addr:
+        print("ValueError: --dist-init-addr is required when --nnodes > 1", file=sys.stderr, flush=True)
+        sys.exit(1)
+    addr, _, port = (args.dist_init_addr or "127.0.0.1:20000").rpartition(":")
+    args.master_addr, args.master_port = addr, int(port)
+    args.headless = args.node_rank > 0
+    args.distributed_executor_backend = "mp"
+    args.distributed_timeout_seconds = 600
+    return args
+
+
+def sglang_main(argv):
+    """`python3 -m sglang.launch_server ARGS`: the same ranks as vLLM's mp backend (rank 0 hosts
+    the store on the dist-init address, serves the API once every rank joined), with SGLang's
+    lines."""
+    global ENGINE
+    ENGINE = "sglang"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args = parse_sglang(argv)
+    State.served = args.served_model_name or args.model
+    State.api_key = args.api_key or None
+    State.placed = "ranks"
+    sglang_log(f"sglang stand-in: serve {args.model} as {State.served} on {args.host}:{args.port}, "
+               f"nnodes={args.nnodes}, node_rank={args.node_rank}, dist_init_addr={args.dist_init_addr}, "
+               f"NCCL_SOCKET_IFNAME={os.environ.get('NCCL_SOCKET_IFNAME')}")
+    if os.path.isdir(args.model):
+        try:
+            check_config(args.model, {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size})
+        except LoadError as e:
+            fail_load(e)
+    if args.headless:
+        serve_headless(args)
+        return
+    if args.nnodes > 1:
+        keep = serve_rank0(args)
+    else:
+        State.healthy, keep = True, None
+    load_phases(args)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    State.loaded = True
+    sglang_log("The server is fired up and ready to roll!")
+    while True:
+        time.sleep(3600)
+    del keep
 
 
 class State:
@@ -474,10 +591,13 @@ def serve_headless(args):
     source = conn.getsockname()[0]
     log(f"rank {args.node_rank} of {args.nnodes} (headless) joined {args.master_addr}:{args.master_port} from {source}")
     # Every rank's workers compile their own part of the model, with their node's cache.
-    worker = "(Worker_TP%d pid=%d) " % (args.node_rank, os.getpid())
-    compile_phase(args, worker)
-    # Each worker profiles its own memory next, as rank 0's do.
-    log(f"{worker}[gpu_worker.py:463] Available KV cache memory: 1.00 GiB")
+    if ENGINE == "sglang":
+        sglang_load_phases(args, 0.1, tp=args.node_rank)
+    else:
+        worker = "(Worker_TP%d pid=%d) " % (args.node_rank, os.getpid())
+        compile_phase(args, worker)
+        # Each worker profiles its own memory next, as rank 0's do.
+        log(f"{worker}[gpu_worker.py:463] Available KV cache memory: 1.00 GiB")
     try:
         while conn.recv(4096):
             pass
@@ -625,7 +745,8 @@ class Handler(BaseHTTPRequestHandler):
             wedged = wedge_after > 0 and State.completions > wedge_after
         if wedged:
             wedge()
-        text = (f"Hello! I am {State.served}, served by a vLLM stand-in whose {State.placed} run on "
+        engine = "an SGLang" if ENGINE == "sglang" else "a vLLM"
+        text = (f"Hello! I am {State.served}, served by {engine} stand-in whose {State.placed} run on "
                 f"{', '.join(sorted(set(ips)))}.")
         self.reply(200, {
             "id": f"chatcmpl-{int(time.time() * 1000)}",

@@ -1,0 +1,1 @@
+"""The testbed's stand-in `sglang` package: only `python3 -m sglang.launch_server`."""
