@@ -196,11 +196,21 @@ impl Serve {
     }
     /// A serve of the snapshot in `cache`, its token [`AUTH`] on its standard input.
     fn start_env(py: &str, cache: &Path, extra: &[&str], env: &[(&str, &str)]) -> Serve {
+        Serve::start_on(py, cache, "127.0.0.1", extra, env)
+    }
+    /// [`Serve::start_env`] on `addresses` (comma-separated).
+    fn start_on(
+        py: &str,
+        cache: &Path,
+        addresses: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         let mut child = Command::new(py)
             .arg(script())
             .args([
                 "serve",
-                "127.0.0.1",
+                addresses,
                 "0",
                 "--cache",
                 &cache_arg(cache),
@@ -488,6 +498,42 @@ fn serve_and_pull_copy_every_file_and_verify_it() {
         served.iter().filter(|e| e["event"] == "served").count(),
         files.len()
     );
+}
+
+/// A node with two fabric addresses: serve listens on both, pull spreads its connections over
+/// them, and the server's events show files sent on each; every file is still verified.
+#[test]
+fn a_pull_over_two_addresses_spreads_its_files_over_both() {
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    let files = sample_files();
+    let manifest = make_source(&src, &files);
+    verify_source(&py, &src, &manifest);
+    let serve = Serve::start_on(&py, &src, "127.0.0.1,127.0.0.2", &[], &[]);
+    let (d, port) = (cache_arg(&dst), serve.port());
+    let mut a = pull_args(&d, &port);
+    a[1] = "127.0.0.1,127.0.0.2";
+    a.extend(["--jobs", "4"]);
+    let o = run(&py, &a);
+    assert_eq!(o.code, 0, "pull: {}", o.stderr);
+    assert_eq!(o.files("verified").len(), files.len());
+    for (p, data) in &files {
+        assert_eq!(&std::fs::read(snapshot_file(&dst, p)).unwrap(), data, "{p}");
+    }
+    let served = serve.stop();
+    let mut by_address: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in served.iter().filter(|e| e["event"] == "served") {
+        *by_address
+            .entry(e["local"].as_str().unwrap_or_default().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        by_address.keys().collect::<Vec<_>>(),
+        ["127.0.0.1", "127.0.0.2"],
+        "files travel on both addresses: {by_address:?}"
+    );
+    assert_eq!(by_address.values().sum::<usize>(), files.len());
 }
 
 #[test]

@@ -259,6 +259,65 @@ container "user" {
     clean(&tb);
 }
 
+/// Two fabric networks between the nodes (both ports of a ConnectX-7; here two subnets on the
+/// testbed's fabric interface, both inside the /23 its Docker network carries): the model block
+/// names both, the download node serves on its
+/// address on each, and the copy's files travel on both, counted by the serve's events.
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn a_copy_over_two_fabric_networks_travels_on_both() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = testbed();
+    clean(&tb);
+    let mut text = cluster_hcl(&tb, 71, 72);
+    text.push_str(&format!(
+        r#"
+network "fabric2" {{
+  subnet = "192.168.200.0/24"
+  mtu    = 9000
+  attach "node1" {{
+    node      = node.node1
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.71"
+  }}
+  attach "node2" {{
+    node      = node.node2
+    interface = "enp1s0f0np0"
+    address   = "192.168.200.72"
+  }}
+}}
+
+model "standin" {{
+  repo     = "{REPO}"
+  nodes    = [node.node1, node.node2]
+  cache    = "{CACHE}"
+  network  = [network.fabric, network.fabric2]
+  image    = "sparkform-testbed/ray:latest"
+  endpoint = "{HUB}"
+}}
+"#
+    ));
+    let dir = common::write_config(&[("main.hcl", &text)]);
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    let over = state_attr(dir.path(), "model.standin[\"node2\"]", "served_over");
+    let sent = |a: &str| over[a].as_u64().unwrap_or(0);
+    assert!(
+        sent("192.168.201.71") > 0 && sent("192.168.200.71") > 0,
+        "the files travel on both networks: {over}\n{out}"
+    );
+    assert_eq!(
+        snapshot_sums(&tb, "sf-node1"),
+        snapshot_sums(&tb, "sf-node2"),
+        "the same bytes on both nodes"
+    );
+    let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    no_helper_left(&tb, "helper containers left");
+    clean(&tb);
+}
+
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn downloaded_once_copied_over_the_fabric_verified_and_kept() {

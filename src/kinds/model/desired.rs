@@ -48,6 +48,10 @@ pub struct Desired {
     /// The download node's fabric address, which pulls copy from.
     #[serde(default)]
     pub source_address: Option<String>,
+    /// The download node's addresses on the block's further networks (`network = [a, b]`):
+    /// a pull spreads its connections over these and `source_address`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_source_addresses: Vec<String>,
     /// The manifest's size and file count, once resolved.
     #[serde(default)]
     pub total_bytes: Option<u64>,

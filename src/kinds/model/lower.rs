@@ -148,7 +148,13 @@ impl dyn Engine<'_> + '_ {
             role: String::new(),
             download_node: format!("node.{download}"),
             address: None,
-            source_address: addresses.get(&download).cloned().flatten(),
+            source_address: addresses
+                .get(&download)
+                .and_then(|a| a.first().cloned().flatten()),
+            more_source_addresses: addresses
+                .get(&download)
+                .map(|a| a.iter().skip(1).flatten().cloned().collect())
+                .unwrap_or_default(),
             total_bytes,
             files: file_count,
             facts: facts.unwrap_or(serde_json::Value::Null),
@@ -224,7 +230,9 @@ impl dyn Engine<'_> + '_ {
         (nodes, download)
     }
 
-    /// Each node's address on the block's `network`; errors reported (`ok` false then).
+    /// Each node's addresses on the block's `network` (one network, or a list of them: the
+    /// first is the node's own address, the others more ways to the download node); errors
+    /// reported (`ok` false then).
     fn model_addresses(
         &mut self,
         attrs: &Attrs,
@@ -232,54 +240,61 @@ impl dyn Engine<'_> + '_ {
         header: &Span,
         nodes: &[String],
         ok: &mut bool,
-    ) -> BTreeMap<String, Option<String>> {
+    ) -> BTreeMap<String, Vec<Option<String>>> {
         let network = attrs.raw.get("network").or(attrs.values.get("network"));
-        let mut addresses: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let networks: Vec<&Value> = match network {
+            Some(Value::Array(list)) => list.iter().collect(),
+            Some(net) => vec![net],
+            None => Vec::new(),
+        };
+        let mut addresses: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
         for n in nodes {
-            addresses.insert(n.clone(), network.and_then(|net| fabric_address(net, n)));
+            addresses.insert(
+                n.clone(),
+                networks.iter().map(|net| fabric_address(net, n)).collect(),
+            );
         }
         if nodes.len() > 1 && *ok {
-            match network {
-                None => {
-                    self.diag(
-                        Diag::error(
-                            "config::missing_attribute",
-                            format!("model `{name}`: `network` is required with more than one node"),
-                        )
-                        .label(header, "copies between the nodes need the fabric")
-                        .help("network = network.roce: the nodes pull the weights from the download node over its addresses, never over the management network"),
-                    );
-                    *ok = false;
+            if networks.is_empty() {
+                self.diag(
+                    Diag::error(
+                        "config::missing_attribute",
+                        format!("model `{name}`: `network` is required with more than one node"),
+                    )
+                    .label(header, "copies between the nodes need the fabric")
+                    .help("network = network.roce: the nodes pull the weights from the download node over its addresses, never over the management network"),
+                );
+                *ok = false;
+            }
+            for (i, net) in networks.iter().enumerate() {
+                let lacking: Vec<&String> = addresses
+                    .iter()
+                    .filter(|(_, a)| a.get(i).cloned().flatten().is_none())
+                    .map(|(n, _)| n)
+                    .collect();
+                if lacking.is_empty() || !*ok {
+                    continue;
                 }
-                Some(net) => {
-                    let lacking: Vec<&String> = addresses
-                        .iter()
-                        .filter(|(_, a)| a.is_none())
-                        .map(|(n, _)| n)
-                        .collect();
-                    if !lacking.is_empty() {
-                        let net_name = net
-                            .as_object()
-                            .and_then(|o| o.get("id"))
-                            .and_then(Value::as_str)
-                            .unwrap_or("the network")
-                            .to_string();
-                        self.value_error(
-                            attrs,
-                            "network",
-                            format!(
-                                "{net_name} has no attachment on {}",
-                                lacking
-                                    .iter()
-                                    .map(|n| format!("node.{n}"))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            ),
-                            "attach every node of the model to the network the copies travel over",
-                        );
-                        *ok = false;
-                    }
-                }
+                let net_name = net
+                    .as_object()
+                    .and_then(|o| o.get("id"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("the network")
+                    .to_string();
+                self.value_error(
+                    attrs,
+                    "network",
+                    format!(
+                        "{net_name} has no attachment on {}",
+                        lacking
+                            .iter()
+                            .map(|n| format!("node.{n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    "attach every node of the model to each network the copies travel over",
+                );
+                *ok = false;
             }
         }
         addresses
@@ -292,7 +307,7 @@ impl dyn Engine<'_> + '_ {
         base: &model::Desired,
         nodes: &[String],
         download: &str,
-        addresses: &BTreeMap<String, Option<String>>,
+        addresses: &BTreeMap<String, Vec<Option<String>>>,
         deps: BTreeSet<String>,
         header: &Span,
     ) -> (Map<String, Value>, BTreeSet<String>) {
@@ -312,7 +327,7 @@ impl dyn Engine<'_> + '_ {
                     ROLE_PULL
                 }
                 .to_string(),
-                address: addresses.get(n).cloned().flatten(),
+                address: addresses.get(n).and_then(|a| a.first().cloned().flatten()),
                 serve_image: own(&base.serve_image),
                 endpoint: own(&base.endpoint),
                 token: own(&base.token),

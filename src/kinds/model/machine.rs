@@ -344,6 +344,8 @@ struct Want {
     role: String,
     download_node: String,
     source_address: Option<String>,
+    /// The download node's other fabric addresses: serve listens and pull connects on all.
+    more_source_addresses: Vec<String>,
     endpoint: Option<String>,
     token: Option<String>,
     include: Vec<String>,
@@ -369,6 +371,7 @@ fn want(address: &str, c: &Desired) -> Result<Want, StepError> {
         role: c.role.clone(),
         download_node: c.download_node.clone(),
         source_address: c.source_address.clone(),
+        more_source_addresses: c.more_source_addresses.clone(),
         endpoint: c.endpoint().map(str::to_string),
         token: c.token().map(str::to_string),
         include: c.include.clone(),
@@ -540,6 +543,11 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
             cx.address
         ))
     })?;
+    // Every fabric address of the download node: serve listens on each, pull spreads over them.
+    let source = std::iter::once(source)
+        .chain(w.more_source_addresses.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",");
     let dl_host: Arc<dyn Host> = cx.pool.get(&w.download_node)?;
     let dl_node = dl_host.node().to_string();
     let dl_docker = dl_host.docker().await?;
@@ -638,7 +646,9 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
         ));
     };
     let peers = peers_served(&served);
+    let over = served_over(&served);
     let mut extra = BTreeMap::new();
+    extra.insert("served_over".into(), serde_json::json!(over));
     extra.insert(
         "source".into(),
         format!("{source}:{}", port.unwrap_or(0)).into(),
@@ -692,6 +702,23 @@ fn pull_args(w: &Want, source: &str, port: u64, deep: bool) -> Vec<String> {
     args.push("--auth-stdin".into());
     args.extend(filters(w));
     args
+}
+
+/// The bytes a serve's log says it sent, by the address each request came in on (`local`): how
+/// a copy spread over the download node's fabric addresses.
+fn served_over(log: &[String]) -> BTreeMap<String, u64> {
+    let mut over = BTreeMap::new();
+    for v in log
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| s(v, "event") == Some("served"))
+    {
+        if let Some(local) = s(&v, "local") {
+            *over.entry(local.to_string()).or_default() +=
+                v.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0);
+        }
+    }
+    over
 }
 
 /// The peers a serve's log says it served, each once.

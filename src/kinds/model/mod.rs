@@ -57,6 +57,7 @@ pub const IN_PLACE: &[&str] = &[
     "role",
     "download_node",
     "source_address",
+    "more_source_addresses",
     "address",
     "serve_image",
 ];

@@ -11,8 +11,10 @@ Modes (stdout: one JSON object per line; stderr: what went wrong, for a person):
                                  then every file is checked against the manifest
   verify                         checks a snapshot already in the cache against the manifest and
                                  records it as verified (download ends with this)
-  serve ADDRESS PORT             serves a verified snapshot's files (ranged GETs) to peers
-  pull PEER PORT                 fetches a verified snapshot from a peer that serves it
+  serve ADDRESS[,ADDRESS] PORT   serves a verified snapshot's files (ranged GETs) to peers, on
+                                 each of the node's fabric addresses
+  pull PEER[,PEER] PORT          fetches a verified snapshot from a peer that serves it, its
+                                 connections spread over the peer's addresses (one per fabric)
   observe                        what the cache holds, compared with the manifest
   remove                         deletes one commit's snapshot (blobs other snapshots use stay)
 
@@ -90,6 +92,7 @@ import hashlib
 import hmac
 import http.client
 import http.server
+import itertools
 import json
 import mmap
 import os
@@ -1009,7 +1012,9 @@ class ServeHandler(http.server.BaseHTTPRequestHandler):
                         time.sleep(ahead)
             with st.lock:
                 st.bytes += sent
-            emit("served", path=rel, bytes=sent, offset=start, peer=self.client_address[0])
+            # `local`: the address it came in on, so a spread over two fabrics can be counted.
+            emit("served", path=rel, bytes=sent, offset=start, peer=self.client_address[0],
+                 local=self.connection.getsockname()[0])
 
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
@@ -1028,8 +1033,9 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 
 def cmd_serve(args):
-    if args.address in ("", "0.0.0.0", "::", "*"):
-        raise Fail(EXIT_USAGE, "serve binds one address (the node's fabric address), not %r" % args.address)
+    addresses = [a.strip() for a in args.address.split(",")]
+    if any(a in ("", "0.0.0.0", "::", "*") for a in addresses):
+        raise Fail(EXIT_USAGE, "serve binds the node's fabric addresses, not %r" % args.address)
     token, _ = read_inputs(args)
     auth = transfer_token(args, token)
     cache = cache_of(args)
@@ -1056,17 +1062,22 @@ def cmd_serve(args):
         emit("warning", message="%d file(s) not verified here (or changed since) are not served: %s"
              % (len(stale), ", ".join(stale[:5])))
     st = ServeState(files, snap, manifest, args.idle_timeout, args.max_rate, auth)
+    # One server per address, all on the first one's port (an ephemeral one when 0).
+    servers = []
     try:
-        srv = Server((args.address, args.port), ServeHandler)
+        for a in addresses:
+            servers.append(Server((a, servers[0].server_address[1] if servers else args.port), ServeHandler))
     except OSError as e:
+        for srv in servers:
+            srv.server_close()
         raise Fail(EXIT_IO, "cannot listen on %s:%d: %s (is it this node's address? is the port free?)"
-                   % (args.address, args.port, e))
-    srv.state = st
-    port = srv.server_address[1]
-    emit("listening", address=args.address, port=port, files=len(files),
+                   % (a, args.port, e))
+    for srv in servers:
+        srv.state = st
+        threading.Thread(target=srv.serve_forever, kwargs=dict(poll_interval=0.2), daemon=True).start()
+    port = servers[0].server_address[1]
+    emit("listening", address=addresses[0], addresses=addresses, port=port, files=len(files),
          bytes=sum(f["size"] for f in ok), stale=stale)
-    th = threading.Thread(target=srv.serve_forever, kwargs=dict(poll_interval=0.2), daemon=True)
-    th.start()
     deadline = time.monotonic() + args.max_time if args.max_time else None
     try:
         while not st.stop.wait(0.2):
@@ -1080,18 +1091,32 @@ def cmd_serve(args):
                 st.reason = "max-time"
                 break
     finally:
-        srv.shutdown()
-        srv.server_close()
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
     emit("result", mode="serve", reason=st.reason, bytes_served=st.bytes, port=port)
 
 
 # ------------------------------------------------------------------ pull
 
 class Peer:
-    def __init__(self, host, port, timeout, auth):
-        self.host, self.port, self.timeout = host, port, timeout
+    """The serving node, reached at one of its addresses (`hosts`, one per fabric): each thread
+    (a file's worker, a range's stream) keeps one connection, to the address its turn gives it,
+    so the transfers spread evenly over the fabrics."""
+
+    def __init__(self, hosts, port, timeout, auth):
+        self.hosts = [h.strip() for h in hosts.split(",") if h.strip()] or [hosts]
+        self.port, self.timeout = port, timeout
         self.auth = "Bearer " + auth
         self.local = threading.local()
+        self.turns = itertools.count()
+
+    @property
+    def host(self):
+        h = getattr(self.local, "host", None)
+        if h is None:
+            h = self.local.host = self.hosts[next(self.turns) % len(self.hosts)]
+        return h
 
     def conn(self):
         c = getattr(self.local, "c", None)
@@ -1709,7 +1734,7 @@ def cmd_pull(args):
     rec = Record(cache, args.repo, manifest)
     rec.save()   # before any byte moves, so observe knows what this node is to hold
     total = sum(f["size"] for f in manifest["files"])
-    progress = Progress(total, node_role="pull", peer="%s:%d" % (args.peer, args.port))
+    progress = Progress(total, node_role="pull", peer="%s:%d" % (",".join(peer.hosts), args.port))
     todo = []
     skipped = 0
     for f in manifest["files"]:
