@@ -152,11 +152,13 @@ locals {
     "Watchdog caught collective operation timeout"                     = "an NCCL collective hung until NCCL's timeout while serving: two NCCL builds in one image wedge serving after 20-26 min (vllm#42354); run one image with one NCCL on every node"
   }
 
-  # SGLang's wedge: its scheduler's watchdog (sglang/srt/utils/watchdog.py, 0.5.x) fires when a
-  # forward pass makes no progress for --watchdog-timeout seconds (300 by default); NCCL's too.
+  # SGLang's wedge: its scheduler's watchdog fires when a forward pass makes no progress for
+  # --watchdog-timeout seconds (300 by default): "X watchdog timeout (self.watchdog_timeout=…"
+  # since 0.5.10 (sglang/srt/utils/watchdog.py), "Watchdog timeout (self.watchdog_timeout=…"
+  # before (0.5.6's scheduler_runtime_checker_mixin.py); NCCL's too.
   sglang_wedge = {
-    "watchdog timeout \\(self\\.watchdog_timeout=" = "SGLang's scheduler made no progress for its watchdog timeout while serving: a rank hangs, usually in an NCCL collective; the whole engine restarts"
-    "Watchdog caught collective operation timeout" = local.wedge["Watchdog caught collective operation timeout"]
+    "[Ww]atchdog timeout \\(self\\.watchdog_timeout=" = "SGLang's scheduler made no progress for its watchdog timeout while serving: a rank hangs, usually in an NCCL collective; the whole engine restarts"
+    "Watchdog caught collective operation timeout"    = local.wedge["Watchdog caught collective operation timeout"]
   }
 
   # Lines that look alarming but are normal on DGX Spark (GB10, ConnectX-7): never add a pattern

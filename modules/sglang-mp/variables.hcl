@@ -3,9 +3,10 @@
 # `--node-rank` and `--dist-init-addr` on the head's fabric address (torch.distributed's store,
 # hosted by rank 0); rank 0 also serves the OpenAI-compatible API.
 #
-# Supported SGLang versions: those `bench/compat` checks (docs/compat.md): their own parser takes
-# every rank's command with the values the plan means, and their sources print the lines the
-# progress and failure patterns look for.
+# Supports SGLang 0.5.6 and later: `bench/compat` (docs/compat.md) checks the oldest claimed and
+# the newest release: their own parser takes every rank's command (--dist-init-addr, --nnodes,
+# --node-rank, --config) with the values the plan means, and their sources print the lines the
+# progress, failure and wedge patterns look for.
 
 variable "image" {
   type        = string

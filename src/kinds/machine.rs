@@ -114,6 +114,32 @@ pub fn container_index(config: &Config) -> ContainerIndex {
 /// What observing a node found: recorded resources by address, and objects nobody recorded.
 pub type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
 
+/// Whether a Docker client error means the connection to the node is gone (the forwarded
+/// socket broke: the node, or the way to it, went down), not a refusal by its engine.
+pub fn docker_connection_lost(e: &bollard::errors::Error) -> bool {
+    use bollard::errors::Error as E;
+    matches!(
+        e,
+        E::HyperLegacyError { .. }
+            | E::IOError { .. }
+            | E::RequestTimeoutError
+            | E::HyperResponseError { .. }
+    )
+}
+
+/// A Docker API error of a step (`what` names the node and what it did): a broken connection
+/// names the lost node, as the ssh path does, not its engine, which was never asked.
+pub fn docker_error(what: &str, e: bollard::errors::Error) -> StepError {
+    if docker_connection_lost(&e) {
+        StepError::new(format!(
+            "{what}: the node was lost: the connection to it broke ({e})"
+        ))
+        .help("the node or its network went down during the step (its Docker Engine was not reached); check that the node is up and reachable, then run apply again (the state records what was done)")
+    } else {
+        StepError::new(format!("{what}: {e}"))
+    }
+}
+
 /// What a step works with. The executor fills it; handlers never look elsewhere.
 pub struct StepCx<'a> {
     pub address: &'a str,
@@ -530,5 +556,38 @@ mod tests {
         let mut short = Backoff::new(Duration::from_millis(50));
         assert_eq!(short.next_wait(), Duration::from_millis(50));
         assert_eq!(short.next_wait(), Duration::from_millis(50));
+    }
+
+    /// A node cut off while its engine is asked (the forwarded socket resets) is named lost, with
+    /// no advice about its Docker Engine; an answer of the engine stays the engine's.
+    #[test]
+    fn a_broken_docker_connection_names_the_lost_node_not_its_engine() {
+        use bollard::errors::Error as E;
+        let cut = E::IOError {
+            err: std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "Connection reset by peer",
+            ),
+        };
+        let e = super::docker_error("node.n2: cannot create the transfer container x", cut);
+        assert!(
+            e.message
+                .starts_with("node.n2: cannot create the transfer container x: the node was lost"),
+            "{}",
+            e.message
+        );
+        let help = e.help.unwrap_or_default();
+        assert!(
+            help.contains("check that the node is up")
+                && !help.contains("check the node's Docker Engine"),
+            "{help}"
+        );
+        let refused = E::DockerResponseServerError {
+            status_code: 409,
+            message: "Conflict. The container name is already in use".into(),
+        };
+        let e = super::docker_error("node.n2: cannot create container w", refused);
+        assert!(!e.message.contains("lost"), "{}", e.message);
+        assert!(e.message.contains("already in use"));
     }
 }

@@ -1,11 +1,15 @@
-//! The modules against the real vLLM and Ray releases, as `bench/compat` recorded them in
+//! The modules against the real vLLM, SGLang and Ray releases, as `bench/compat` recorded them in
 //! tests/fixtures/compat (issue 25): the fast half, no download. Every `vllm serve` flag of the
-//! examples' containers is an option of every recorded vLLM release, every `ray start` and
-//! `ray status` flag of the recorded Ray; every fail_on_log, warn_on_log, progress and watch_on_log pattern
-//! matches the line recorded for it in each release (a line of that release's source) or is
-//! recorded as another program's line; every VLLM_* variable the modules set is read by each
-//! release. A module edit that fails here needs `bench/compat` run again (and, if the release
-//! lacks the flag or line, a fix).
+//! examples' containers is an option of every recorded vLLM release, every flag of
+//! `python3 -m sglang.launch_server` (with the `--config` and settings rank 0's API-key wrapper
+//! adds) an option of every recorded SGLang release, every `ray start` and `ray status` flag of
+//! the recorded Ray; every fail_on_log, warn_on_log, progress and watch_on_log pattern of the
+//! vLLM and Ray containers matches the line recorded for it in each vLLM release, every pattern
+//! of the SGLang containers the line recorded in each SGLang release (a line of that release's
+//! source), or is recorded as another program's line; every VLLM_* variable the modules set is
+//! read by each vLLM release, every SGLANG_* one by each SGLang release or by the container's
+//! own entrypoint. A module edit that fails here needs `bench/compat` run again (and, if the
+//! release lacks the flag or line, a fix).
 
 use crate::common;
 
@@ -15,20 +19,29 @@ use std::path::Path;
 use sparkform::config::{Config, ResourceKind, VarInputs};
 
 const FIXTURES: &str = "tests/fixtures/compat";
-const EXAMPLES: [&str; 4] = [
+const EXAMPLES: [&str; 6] = [
     "testbed",
     "testbed-mp",
     "qwen35-two-sparks",
     "qwen35-two-sparks-mp",
+    "qwen35-two-sparks-sglang",
+    "testbed-sglang",
 ];
 
-/// What the modules use, each with where: flags by program (`vllm`, `ray start`, `ray status`),
-/// log patterns, `VLLM_*` variables.
+/// What an SGLang container runs (modules/sglang-mp): its command starts so.
+const SGLANG_LAUNCHER: [&str; 3] = ["python3", "-m", "sglang.launch_server"];
+
+/// What the modules use, each with where: flags by program (`vllm`, `sglang`, `ray start`,
+/// `ray status`), log patterns of the vLLM and Ray containers and of the SGLang ones, `VLLM_*`
+/// variables of the vLLM and Ray containers, `SGLANG_*` ones of the SGLang containers (with
+/// whether the container's entrypoint script reads it itself).
 #[derive(Default)]
 struct Used {
     flags: BTreeMap<String, BTreeMap<String, String>>,
     patterns: BTreeMap<String, String>,
+    sglang_patterns: BTreeMap<String, String>,
     envs: BTreeMap<String, String>,
+    sglang_envs: BTreeMap<String, (String, bool)>,
 }
 
 fn strings(v: &serde_json::Value) -> Vec<String> {
@@ -52,6 +65,12 @@ fn add_flags(used: &mut Used, program: &str, args: &[String], at: &str) {
     }
 }
 
+/// The keys of the settings file the API-key wrapper writes (`"api-key":`).
+fn settings_keys() -> &'static regex::Regex {
+    static KEYS: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| regex::Regex::new(r#""([a-z][a-z0-9_-]*)":"#).expect("regex"))
+}
+
 fn collect(used: &mut Used, c: &Config, origin: &str) {
     for r in c
         .resources
@@ -60,7 +79,31 @@ fn collect(used: &mut Used, c: &Config, origin: &str) {
     {
         let at = format!("{origin}: {}", r.address);
         let command = strings(&r.config["command"]);
+        let sglang = command.len() >= SGLANG_LAUNCHER.len()
+            && command.iter().zip(SGLANG_LAUNCHER).all(|(a, b)| a == b);
+        // Rank 0's API-key wrapper (`sh -c SCRIPT SETTINGS`): the script writes the settings
+        // file SGLang reads with `--config`, its keys are options too.
+        let script = strings(&r.config["entrypoint"]).join(" ");
         match command.first().map(String::as_str) {
+            _ if sglang => {
+                add_flags(used, "sglang", &command[SGLANG_LAUNCHER.len()..], &at);
+                if script.contains("--config") {
+                    add_flags(
+                        used,
+                        "sglang",
+                        &["--config".into()],
+                        &format!("{at} (entrypoint)"),
+                    );
+                }
+                for k in settings_keys().captures_iter(&script) {
+                    add_flags(
+                        used,
+                        "sglang",
+                        &[format!("--{}", &k[1])],
+                        &format!("{at} (entrypoint's settings file)"),
+                    );
+                }
+            }
             Some("vllm") => add_flags(used, "vllm", &command, &at),
             Some("ray") if command.len() > 1 => {
                 add_flags(used, &format!("ray {}", command[1]), &command[2..], &at)
@@ -68,8 +111,26 @@ fn collect(used: &mut Used, c: &Config, origin: &str) {
             _ => {}
         }
         if let Some(env) = r.config["env"].as_object() {
-            for k in env.keys().filter(|k| k.starts_with("VLLM_")) {
-                used.envs.entry(k.clone()).or_insert_with(|| at.clone());
+            // a null value sets nothing (SGLANG_API_KEY without a key)
+            for k in env.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k) {
+                if sglang && k.starts_with("SGLANG_") {
+                    let by_wrapper = script.contains(k.as_str());
+                    let e = used
+                        .sglang_envs
+                        .entry(k.clone())
+                        .or_insert_with(|| (at.clone(), by_wrapper));
+                    e.1 &= by_wrapper;
+                } else if !sglang && k.starts_with("VLLM_") {
+                    used.envs.entry(k.clone()).or_insert_with(|| at.clone());
+                }
+            }
+        }
+        // An SGLang container's patterns are SGLang's lines (or FOREIGN's), the others vLLM's.
+        fn patterns(used: &mut Used, sglang: bool) -> &mut BTreeMap<String, String> {
+            if sglang {
+                &mut used.sglang_patterns
+            } else {
+                &mut used.patterns
             }
         }
         for p in r.config["watch_on_log"]
@@ -77,14 +138,14 @@ fn collect(used: &mut Used, c: &Config, origin: &str) {
             .into_iter()
             .flat_map(|m| m.keys())
         {
-            used.patterns
+            patterns(used, sglang)
                 .entry(p.clone())
                 .or_insert_with(|| format!("{at} (watch_on_log)"));
         }
         for ready in r.config["ready"].as_array().into_iter().flatten() {
             for kind in ["fail_on_log", "warn_on_log", "progress"] {
                 for p in ready[kind].as_object().into_iter().flat_map(|m| m.keys()) {
-                    used.patterns
+                    patterns(used, sglang)
                         .entry(p.clone())
                         .or_insert_with(|| format!("{at} ({kind})"));
                 }
@@ -116,7 +177,7 @@ fn used() -> Used {
     used
 }
 
-/// The recorded releases: (file stem, document), vLLM's then Ray's.
+/// The recorded releases of one program (`vllm-`, `sglang-`, `ray-`): (file stem, document).
 fn fixtures(prefix: &str) -> Vec<(String, serde_json::Value)> {
     let mut out = Vec::new();
     for entry in
@@ -147,13 +208,13 @@ fn set(v: &serde_json::Value) -> BTreeSet<String> {
     strings(v).into_iter().collect()
 }
 
-#[test]
-fn every_vllm_flag_is_an_option_of_every_recorded_release() {
+/// Every flag the examples pass to `program` is an option of every recorded release of it.
+fn flags_are_options(program: &str, prefix: &str, sample: &str) {
     let used = used();
-    let flags = &used.flags["vllm"];
-    assert!(flags.contains_key("--tensor-parallel-size"), "{flags:?}");
+    let flags = &used.flags[program];
+    assert!(flags.contains_key(sample), "{flags:?}");
     let mut missing = Vec::new();
-    for (name, doc) in fixtures("vllm-") {
+    for (name, doc) in fixtures(prefix) {
         let options = set(&doc["options"]);
         assert!(
             options.len() > 50,
@@ -170,6 +231,25 @@ fn every_vllm_flag_is_an_option_of_every_recorded_release() {
         "run bench/compat:\n{}",
         missing.join("\n")
     );
+}
+
+#[test]
+fn every_vllm_flag_is_an_option_of_every_recorded_release() {
+    flags_are_options("vllm", "vllm-", "--tensor-parallel-size");
+}
+
+#[test]
+fn every_sglang_flag_is_an_option_of_every_recorded_sglang_release() {
+    flags_are_options("sglang", "sglang-", "--dist-init-addr");
+    // rank 0's API-key wrapper (testbed-sglang has a key) and what it writes
+    let used = used();
+    for flag in ["--config", "--api-key"] {
+        assert!(
+            used.flags["sglang"].contains_key(flag),
+            "{flag}: {:?}",
+            used.flags["sglang"]
+        );
+    }
 }
 
 #[test]
@@ -197,16 +277,15 @@ fn every_ray_flag_is_an_option_of_the_recorded_ray() {
     );
 }
 
-#[test]
-fn every_log_pattern_matches_a_line_of_every_recorded_release() {
-    let used = used();
-    assert!(used.patterns.len() > 10, "{:?}", used.patterns);
+/// Every pattern matches the line recorded for it in every recorded release of `engine`
+/// (`vllm`, `sglang`), or is recorded as another program's line.
+fn patterns_match(patterns: &BTreeMap<String, String>, engine: &str) {
     let mut bad = Vec::new();
-    for (name, doc) in fixtures("vllm-") {
-        for (pattern, at) in &used.patterns {
+    for (name, doc) in fixtures(&format!("{engine}-")) {
+        for (pattern, at) in patterns {
             let re = regex::Regex::new(pattern).unwrap_or_else(|e| panic!("{pattern}: {e}"));
             if let Some(owner) = doc["not_checked"][pattern].as_str() {
-                assert!(!owner.is_empty() && owner != "vllm", "{name}: {pattern}");
+                assert!(!owner.is_empty() && owner != engine, "{name}: {pattern}");
                 continue;
             }
             match doc["patterns"][pattern]["text"].as_str() {
@@ -224,6 +303,25 @@ fn every_log_pattern_matches_a_line_of_every_recorded_release() {
 }
 
 #[test]
+fn every_log_pattern_matches_a_line_of_every_recorded_release() {
+    let used = used();
+    assert!(used.patterns.len() > 10, "{:?}", used.patterns);
+    patterns_match(&used.patterns, "vllm");
+}
+
+#[test]
+fn every_sglang_log_pattern_matches_a_line_of_every_recorded_sglang_release() {
+    let used = used();
+    assert!(
+        used.sglang_patterns
+            .contains_key("The server is fired up and ready to roll"),
+        "{:?}",
+        used.sglang_patterns
+    );
+    patterns_match(&used.sglang_patterns, "sglang");
+}
+
+#[test]
 fn every_vllm_variable_the_modules_set_is_read_by_every_recorded_release() {
     let used = used();
     assert!(used.envs.contains_key("VLLM_HOST_IP"), "{:?}", used.envs);
@@ -233,6 +331,29 @@ fn every_vllm_variable_the_modules_set_is_read_by_every_recorded_release() {
         for (var, at) in &used.envs {
             if !read.contains(var) {
                 bad.push(format!("{var} ({at}) is not read by {name}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "run bench/compat:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn every_sglang_variable_the_modules_set_is_read_by_every_recorded_sglang_release() {
+    let used = used();
+    assert!(
+        used.sglang_envs.contains_key("SGLANG_API_KEY"),
+        "{:?}",
+        used.sglang_envs
+    );
+    let mut bad = Vec::new();
+    for (name, doc) in fixtures("sglang-") {
+        let read = set(&doc["envs_read"]);
+        for (var, (at, by_wrapper)) in &used.sglang_envs {
+            // SGLANG_API_KEY: rank 0's wrapper reads it (SGLang takes the key as a setting)
+            if !read.contains(var) && !by_wrapper {
+                bad.push(format!(
+                    "{var} ({at}) is read neither by {name} nor by the container's entrypoint"
+                ));
             }
         }
     }
@@ -254,4 +375,46 @@ fn the_standin_prints_a_recorded_release() {
         names.contains(&format!("vllm-{release}")),
         "{release} not in {names:?}"
     );
+}
+
+/// A stand-in that prints SGLang's lines names the SGLang release (a SGLANG_STANDIN_RELEASE
+/// constant in a file under tests/testbed), and that release is recorded (bench/compat checks
+/// the stand-in's SGLang lines against its source).
+#[test]
+fn the_sglang_standin_prints_a_recorded_release() {
+    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    files(Path::new("tests/testbed"), &mut all);
+    let named: Vec<(String, String)> = all
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(p).ok()?;
+            let release = text
+                .lines()
+                .find_map(|l| l.strip_prefix("SGLANG_STANDIN_RELEASE = \""))?
+                .strip_suffix('"')?
+                .to_string();
+            Some((p.display().to_string(), release))
+        })
+        .collect();
+    assert!(
+        named.len() == 1,
+        "one file under tests/testbed names the SGLang stand-in's release: {named:?}"
+    );
+    let names: Vec<String> = fixtures("sglang-").into_iter().map(|(n, _)| n).collect();
+    for (file, release) in named {
+        assert!(
+            names.contains(&format!("sglang-{release}")),
+            "{file}: SGLang {release} not in {names:?}"
+        );
+    }
 }

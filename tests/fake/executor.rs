@@ -1228,7 +1228,7 @@ async fn an_engine_that_disappears_fails_the_step_on_its_node() {
     assert_eq!(failed, "container.worker");
     assert!(
         e.render()
-            .starts_with("node.n2: cannot create container worker: the connection to the node's Docker Engine was lost"),
+            .starts_with("node.n2: cannot create container worker: the node was lost: the connection to it broke"),
         "{}",
         e.render()
     );

@@ -96,6 +96,11 @@ impl Bed {
     /// image's env and labels merged in, Docker's spellings (`CAP_`, device triples, ulimits
     /// as numbers), no sparkform labels. Started.
     async fn run_by_hand(&self, env: &[&str]) -> String {
+        self.run_by_hand_binding(env, &[]).await
+    }
+
+    /// [`Self::run_by_hand`] with more binds.
+    async fn run_by_hand_binding(&self, env: &[&str], more_binds: &[&str]) -> String {
         let docker = self.host.docker().await.unwrap();
         let mut all_env = vec![
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
@@ -142,7 +147,12 @@ impl Bed {
                         hard: Some(67108864),
                     },
                 ]),
-                binds: Some(vec!["/tmp/ray:/tmp/ray".into()]),
+                binds: Some(
+                    std::iter::once("/tmp/ray:/tmp/ray")
+                        .chain(more_binds.iter().copied())
+                        .map(String::from)
+                        .collect(),
+                ),
                 restart_policy: Some(bollard::models::RestartPolicy {
                     name: Some(bollard::models::RestartPolicyNameEnum::NO),
                     maximum_retry_count: None,
@@ -306,6 +316,38 @@ async fn a_container_run_with_the_definitions_flags_imports_as_that_definition()
     // An import block whose resource the state has is a no-op.
     let again = bed.import("ray-head").await.unwrap();
     assert!(!bed.plan(vec![again], None).has_changes());
+}
+
+/// A container with a `cache`: its cache folder's mount (one image's folder under the host
+/// folder, at the path) is that `cache`, not a volume; one started without it imports all the
+/// same (it gets the folder with its next replacement).
+#[tokio::test]
+async fn the_cache_folders_mount_imports_as_the_cache_not_as_a_volume() {
+    let hcl = HEAD.replace(
+        "  restart      = \"no\"",
+        "  restart      = \"no\"\n  cache        = { host = \"/var/cache/jit\", path = \"/root/.cache/jit\" }",
+    );
+    for binds in [&["/var/cache/jit/0123abcd:/root/.cache/jit"][..], &[]] {
+        let bed = Bed::new(&hcl);
+        bed.run_by_hand_binding(&["NCCL_SOCKET_IFNAME=enp1s0f0np0", "FOO=1"], binds)
+            .await;
+        let import = bed.import("ray-head").await.unwrap();
+        let desired = &bed.config.resource("container.head").unwrap().config;
+        assert!(desired["cache"].is_object(), "{desired}");
+        assert_eq!(&import.config, desired, "with {binds:?}");
+    }
+    // Another folder at the path is a volume of its own: the plan shows it.
+    let bed = Bed::new(&hcl);
+    bed.run_by_hand_binding(
+        &["NCCL_SOCKET_IFNAME=enp1s0f0np0", "FOO=1"],
+        &["/srv/other:/root/.cache/jit"],
+    )
+    .await;
+    let import = bed.import("ray-head").await.unwrap();
+    assert_eq!(
+        import.config["volumes"],
+        json!(["/tmp/ray:/tmp/ray", "/srv/other:/root/.cache/jit"])
+    );
 }
 
 #[tokio::test]

@@ -154,6 +154,12 @@ async fn spawn(
         )
         .await
         .map_err(|e| {
+            if crate::kinds::machine::docker_connection_lost(&e) {
+                return crate::kinds::machine::docker_error(
+                    &format!("{node}: cannot create the fabric test's container"),
+                    e,
+                );
+            }
             let missing = e.to_string().contains("No such image");
             err("cannot create the fabric test's container", e).help(if missing {
                 "the test runs in the deployment's image: it must be on every node of the test"

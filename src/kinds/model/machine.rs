@@ -86,7 +86,7 @@ struct JobEnd {
 }
 
 fn docker_err(node: &str, what: &str, e: bollard::errors::Error) -> StepError {
-    StepError::new(format!("{node}: {what}: {e}"))
+    crate::kinds::machine::docker_error(&format!("{node}: {what}"), e)
 }
 
 /// A helper container's name and what it does, for whoever finds it later.
@@ -153,13 +153,17 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
         )
         .await
         .map_err(|e| {
+            let what = format!("cannot create the transfer container {}", job.who.name);
+            if crate::kinds::machine::docker_connection_lost(&e) {
+                // The lost node's own message and help.
+                return docker_err(job.node, &what, e);
+            }
             let hint = if e.to_string().contains("No such image") {
                 format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node)
             } else {
                 "check the node's Docker Engine".into()
             };
-            docker_err(job.node, &format!("cannot create the transfer container {}", job.who.name), e)
-                .help(hint)
+            docker_err(job.node, &what, e).help(hint)
         })?;
     let tar = tar_of(&[
         ("transfer.py", TRANSFER_PY.as_bytes(), 0o755),

@@ -15,26 +15,10 @@ pub(super) fn already_so(
     }
 }
 
-/// Whether a Docker client error means the connection to the node is gone (not a refusal).
-pub(super) fn connection_lost(e: &bollard::errors::Error) -> bool {
-    use bollard::errors::Error as E;
-    matches!(
-        e,
-        E::HyperLegacyError { .. }
-            | E::IOError { .. }
-            | E::RequestTimeoutError
-            | E::HyperResponseError { .. }
-    )
-}
+pub(super) use crate::kinds::machine::docker_connection_lost as connection_lost;
 
 pub(super) fn docker_err(what: &str, e: bollard::errors::Error) -> StepError {
-    match e {
-        e if connection_lost(&e) => {
-            StepError::new(format!("{what}: the connection to the node's Docker Engine was lost ({e})"))
-                .help("the node or its network went down during the step; check it, then run apply again (the state records what was done)")
-        }
-        e => StepError::new(format!("{what}: {e}")),
-    }
+    crate::kinds::machine::docker_error(what, e)
 }
 
 pub(super) fn strs(v: Option<&serde_json::Value>) -> Option<Vec<String>> {
@@ -476,7 +460,7 @@ mod tests {
         let e = image_missing("node.node2", "ray:1", lost).unwrap_err();
         assert!(
             e.message
-                .contains("connection to the node's Docker Engine was lost"),
+                .contains("the node was lost: the connection to it broke"),
             "{}",
             e.message
         );

@@ -353,6 +353,28 @@ impl<'a> Seen<'a> {
             let ro = m.get("ReadOnly").and_then(|v| v.as_bool()) == Some(true);
             volumes.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
         }
+        // The cache folder sparkform mounts for the image (`cache`) is no volume of the
+        // definitions: a container that mounts the wanted one is taken as this `cache`.
+        if let Some(cache) = self.want("cache") {
+            let host = cache
+                .get("host")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            let path = cache
+                .get("path")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            let prefix = format!("{}/", host.trim_end_matches('/'));
+            volumes.retain(|v| {
+                let mut parts = v.split(':');
+                let (src, dst) = (parts.next().unwrap_or_default(), parts.next());
+                let key = src.strip_prefix(&prefix).unwrap_or_default();
+                let is_cache = !key.is_empty()
+                    && key.chars().all(|c| c.is_ascii_hexdigit())
+                    && dst == Some(path);
+                !is_cache
+            });
+        }
         let volumes = in_desired_order(volumes, &text_list(self.want("volumes")));
         self.put(out, "volumes", json!(volumes), volumes.is_empty());
         let wanted_ulimits = self.want("ulimits").and_then(|u| u.as_object());
@@ -444,7 +466,8 @@ impl<'a> Seen<'a> {
     }
 
     /// What Docker does not keep and sparkform decides: how the image got there, the stop
-    /// timeout, the ready checks, the log lines `watch` acts on, the memory a start needs.
+    /// timeout, the ready checks, the log lines `watch` acts on, the memory a start needs, the
+    /// cache folder.
     fn sparkforms_own(&self, out: &mut Attrs) {
         use serde_json::json;
         // What Docker does not keep: how the image got there is sparkform's to decide.
@@ -463,8 +486,9 @@ impl<'a> Seen<'a> {
         }
         // The ready checks are sparkform's own: a running container passed them or it would
         // not run.
-        // So are what it watches its log for and what its start needs of memory.
-        for k in ["ready", "watch_on_log", "memory"] {
+        // So are what it watches its log for, what its start needs of memory and its cache
+        // folder (a container without it gets it with its next replacement).
+        for k in ["ready", "watch_on_log", "memory", "cache"] {
             if let Some(v) = self.want(k) {
                 out.insert(k.into(), v.clone());
             }

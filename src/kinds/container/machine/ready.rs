@@ -58,7 +58,7 @@ pub(super) async fn liveness(docker: &bollard::Docker, id: &str) -> Result<Liven
             restarts: 0,
         }),
         Ok(Err(e)) if connection_lost(&e) => Err(format!(
-            "the connection to the node's Docker Engine was lost ({e})"
+            "the node was lost: the connection to it broke ({e})"
         )),
         Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
         Ok(Ok(i)) => Ok(Liveness {
