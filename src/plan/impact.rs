@@ -255,8 +255,12 @@ fn stopped_steps(steps: &[&super::Change], durations: &Durations) -> Vec<Stop> {
         .iter()
         .enumerate()
         .filter(|(_, c)| {
-            disrupts(c.kind, c.action)
-                && (c.orphan.is_some() || state.resources.contains_key(&c.address))
+            // A stopped untracked copy (set aside by an interrupted apply) stops nothing.
+            let runs = match &c.orphan {
+                Some(o) => o.running,
+                None => state.resources.contains_key(&c.address),
+            };
+            disrupts(c.kind, c.action) && runs
         })
         .map(|(i, c)| Stop {
             step: i + 1,

@@ -296,6 +296,15 @@ pub struct Orphan {
     pub node: String,
     pub name: String,
     pub id: String,
+    /// Whether it runs. A stopped one (the previous container an interrupted apply set aside)
+    /// stops nothing when it is removed: the plan says so and counts no outage for it.
+    #[serde(default = "runs_unless_said")]
+    pub running: bool,
+}
+
+/// An orphan recorded before `running` existed is taken as running (the cautious reading).
+fn runs_unless_said() -> bool {
+    true
 }
 
 /// The configuration as the state records it: sensitive values replaced by their keyed hashes.

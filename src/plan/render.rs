@@ -372,7 +372,19 @@ fn render_change(out: &mut String, step: usize, c: &Change) {
         Action::Create => "will be created".to_string(),
         Action::Update => "will be updated in place".to_string(),
         Action::Replace => format!("must be replaced ({})", c.replace_reasons.join("; ")),
-        Action::Delete => "will be destroyed".to_string(),
+        // An untracked copy goes, not the resource: a stopped one (the previous container an
+        // interrupted apply set aside) is only removed.
+        Action::Delete => match &c.orphan {
+            Some(o) if !o.running => format!(
+                "has an untracked, stopped copy ({}) that will be removed; nothing running stops",
+                o.name
+            ),
+            Some(o) => format!(
+                "has an untracked, running copy ({}) that will be stopped and removed",
+                o.name
+            ),
+            None => "will be destroyed".to_string(),
+        },
         Action::Run => format!(
             "will run{}",
             c.run_reason

@@ -422,6 +422,7 @@ fn a_new_commit_with_an_untracked_copy_of_a_weights_user_plans_steps_that_can_al
             node: "node.node1".into(),
             name: "sparkform-vllm".into(),
             id: "0123456789ab0123456789ab".into(),
+            running: true,
         }],
         foreign: Vec::new(),
     };

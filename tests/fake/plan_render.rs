@@ -462,6 +462,7 @@ fn a_moved_fabric_address_and_an_untracked_container_are_disruptions() {
                 node: "node.n1".into(),
                 name: "sparkform-old-vllm".into(),
                 id: "0123456789abcdef".into(),
+                running: true,
             }],
             ..plan::Observations::default()
         }),
@@ -589,4 +590,53 @@ fn every_resource_address_of_the_examples_reads_back_into_its_kind() {
             assert_eq!(a.to_string(), r.address, "{dir}");
         }
     }
+}
+
+/// After an apply killed while it removed the previous container it had set aside, a plan finds
+/// that stopped copy under the resource's labels: it says the copy goes and nothing running
+/// stops, and the impact counts no outage for it (the resource itself keeps running).
+#[test]
+fn a_stopped_set_aside_copy_is_removed_without_an_outage() {
+    let dir = common::fixture(STACK);
+    let state = applied(&dir, &[], &[]);
+    let address = "container.vllm";
+    assert!(
+        state.resources.contains_key(address),
+        "{:?}",
+        state.resources.keys()
+    );
+    let opts = PlanOptions {
+        observations: Some(plan::Observations {
+            orphans: vec![plan::Orphan {
+                kind: sparkform::kinds::KindId::Container,
+                address: address.into(),
+                node: "node.n1".into(),
+                name: "vllm-sparkform-old-0123456789ab".into(),
+                id: "0123456789abcdef".into(),
+                running: false,
+            }],
+            ..plan::Observations::default()
+        }),
+        ..PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
+    };
+    let p = plan_with(&dir, &[], &state, &opts);
+    let c = p
+        .changes
+        .iter()
+        .find(|c| c.address == address && c.action == Action::Delete)
+        .unwrap_or_else(|| panic!("no removal of the copy: {}", render::render(&p)));
+    assert!(c.orphan.is_some());
+    assert!(impact(&p).stopped.is_empty(), "{:?}", impact(&p).stopped);
+    assert!(
+        impact(&p).unavailable.is_empty(),
+        "{:?}",
+        impact(&p).unavailable
+    );
+    let out = render::render(&p);
+    assert!(
+        out.contains("container.vllm (container on node.n1) has an untracked, stopped copy (vllm-sparkform-old-0123456789ab) that will be removed; nothing running stops"),
+        "{out}"
+    );
+    assert!(!out.contains("will be destroyed"), "{out}");
+    assert!(out.contains("Impact: no disruption"), "{out}");
 }

@@ -91,6 +91,7 @@ pub(super) fn judge(
                 node: node.to_string(),
                 name: summary_name(c),
                 id: c.id.clone().unwrap_or_default(),
+                running: c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
             })
         })
         .collect();
