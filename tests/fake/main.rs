@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attachment_race;
 mod compat;
 mod crash_consistency;
 mod diagnostics;

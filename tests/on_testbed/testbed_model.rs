@@ -315,6 +315,13 @@ model "standin" {{
     let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     no_helper_left(&tb, "helper containers left");
+    for node in ["sf-node1", "sf-node2"] {
+        let left = tb.fabric_addresses(node);
+        assert!(
+            !left.contains("192.168.200.7") && !left.contains("192.168.201.7"),
+            "{node} keeps a fabric address of the test: {left}\n{out}\n{err}"
+        );
+    }
     clean(&tb);
 }
 

@@ -125,10 +125,29 @@ async fn configure(
     Ok((before, removed))
 }
 
+/// One address change at a time on a node: a change reads the interface's addresses, changes
+/// one and puts back any other the kernel dropped with it (deleting a primary address drops its
+/// secondaries); two at once on one interface would each see the other's deletion as such a
+/// loss and put it back.
+async fn node_lock(node: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    static LOCKS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    > = std::sync::OnceLock::new();
+    let lock = {
+        let mut map = LOCKS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        map.entry(node.to_string()).or_default().clone()
+    };
+    lock.lock_owned().await
+}
+
 #[async_trait]
 impl Machine for AttachmentMachine {
     async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
         let host = cx.host()?;
+        let _one_at_a_time = node_lock(host.node()).await;
         let recorded = cx.recorded.and_then(|r| settings(&r.config));
         if action == Action::Delete {
             let Some(old) = recorded else {
@@ -186,6 +205,7 @@ impl Machine for AttachmentMachine {
         applied: &Applied,
     ) -> Result<String, StepError> {
         let host = cx.host()?;
+        let _one_at_a_time = node_lock(host.node()).await;
         let u = &applied.undo;
         let iface = u
             .get("interface")
