@@ -1,62 +1,146 @@
-//! A test hook for the crash harness (`bench/chaos`): with `SPARKFORM_CHAOS_KILL_AFTER` set,
-//! sparkform kills itself with SIGKILL right after the journal recorded a matching step, so a
-//! kill lands exactly at a chosen transition (the state recorded a create, a replacement whose
-//! old container is renamed aside, an address add) instead of at a random instant.
+//! Test hooks for the crash harness (`bench/chaos`), at every write of the apply's journal.
 //!
-//! The value is `ACTION[:ADDRESS_PART][@N]`: the action as plans spell it (`create`,
-//! `replace`, `update`, `delete`, `run`), a part of the step's address, and which matching
-//! write (from 1, by default the first). `replace:container.` kills after the first container
-//! replacement was recorded. Unset it costs one environment look-up per apply and does
-//! nothing.
+//! With `SPARKFORM_CHAOS_KILL_AFTER` set, sparkform kills itself with SIGKILL right after a
+//! matching journal write, so a kill lands exactly at a chosen transition (the state recorded a
+//! create, a replacement whose old container is renamed aside, an address add recorded ahead)
+//! instead of at a random instant. With `SPARKFORM_CHAOS_SKIP_JOURNAL` set, the matching
+//! records are never made (neither in memory nor on disk): a deliberately broken build, which
+//! the harness must report as inconsistent.
 //!
-//! Only builds with the feature `test-support` have it (the tests, and bench/chaos's binary):
-//! in the product `after_journal_write` is an empty function, so the journal's call stays as
-//! it is and compiles to nothing, and no environment variable can make sparkform kill itself.
+//! A trigger is `[PHASE:]ACTION[:ADDRESS_PART][@N]`:
+//! - `PHASE` names which write of the journal (default `done`):
+//!   - `ahead`: the write-ahead mark before a step starts (`plan::MARK_PENDING` on a create of a
+//!     kind whose objects carry no label, an address; `plan::MARK_RUN_STARTED` on a run of a
+//!     recorded probe);
+//!   - `done`: the record of a completed step;
+//!   - `forget`: a step recorded ahead that returned an error, its record taken back;
+//!   - `failed`: a run that failed on its own, its failure recorded (`plan::MARK_RUN_FAILED`);
+//!   - `finalize`: the write after a successful apply's finalize (set-aside containers
+//!     removed, outputs recorded); it belongs to no step, so `finalize` alone matches it;
+//!   - `revert`: a complete rollback putting back the entries of the steps that failed.
+//! - `ACTION` the action as plans spell it (`create`, `replace`, `update`, `delete`, `run`),
+//!   or `*` (or nothing) for any;
+//! - `ADDRESS_PART` a part of the step's address;
+//! - `N` which matching write (from 1). The kill defaults to the first; the skip, without `@N`,
+//!   skips every matching record.
+//!
+//! `replace:container.` kills after the first container replacement was recorded;
+//! `ahead:create:attach` after an address add was recorded pending, before the address is
+//! added. The skip takes several triggers separated by commas:
+//! `SPARKFORM_CHAOS_SKIP_JOURNAL=ahead:create:attach,create:attach` leaves every address out of
+//! the state. Unset they cost one environment look-up per process and do nothing.
+//!
+//! Only builds with the feature `test-support` have them (the tests, and bench/chaos's
+//! binary): in the product both are empty functions, so the journal's calls stay as they are
+//! and compile to nothing, and no environment variable can make sparkform kill itself or skip
+//! a record.
 
 use crate::plan::Action;
 
 #[cfg(feature = "test-support")]
-pub use hook::{after_journal_write, ENV};
+pub use hook::{after_journal_write, skip_journal_record, ENV, SKIP_ENV};
 
-/// Called after each journal write of a step; without the test support there is no hook.
+/// Which write of the journal a hook is called at (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalWrite {
+    /// The write-ahead mark before a step starts.
+    Ahead,
+    /// The record of a completed step.
+    Done,
+    /// A step recorded ahead that returned an error: its record taken back.
+    Forget,
+    /// A run's own failure recorded.
+    Failed,
+    /// The write after the apply's finalize.
+    Finalize,
+    /// A complete rollback putting back the entries of the steps that failed.
+    Revert,
+}
+
+impl JournalWrite {
+    /// The phase word of a trigger.
+    pub fn word(self) -> &'static str {
+        match self {
+            JournalWrite::Ahead => "ahead",
+            JournalWrite::Done => "done",
+            JournalWrite::Forget => "forget",
+            JournalWrite::Failed => "failed",
+            JournalWrite::Finalize => "finalize",
+            JournalWrite::Revert => "revert",
+        }
+    }
+}
+
+/// Called after each journal write; without the test support there is no hook.
 #[cfg(not(feature = "test-support"))]
 #[inline(always)]
-pub fn after_journal_write(_action: Action, _address: &str) {}
+pub fn after_journal_write(_write: JournalWrite, _action: Action, _address: &str) {}
+
+/// Whether this journal record is to be left out; without the test support never.
+#[cfg(not(feature = "test-support"))]
+#[inline(always)]
+pub fn skip_journal_record(_write: JournalWrite, _action: Action, _address: &str) -> bool {
+    false
+}
 
 #[cfg(feature = "test-support")]
 mod hook {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    use super::Action;
+    use super::{Action, JournalWrite};
 
     pub const ENV: &str = "SPARKFORM_CHAOS_KILL_AFTER";
+    pub const SKIP_ENV: &str = "SPARKFORM_CHAOS_SKIP_JOURNAL";
 
-    #[derive(Debug, PartialEq, Eq)]
+    const PHASES: [JournalWrite; 6] = [
+        JournalWrite::Ahead,
+        JournalWrite::Done,
+        JournalWrite::Forget,
+        JournalWrite::Failed,
+        JournalWrite::Finalize,
+        JournalWrite::Revert,
+    ];
+
+    #[derive(Debug)]
     struct KillTrigger {
+        phase: JournalWrite,
+        /// Empty: any action.
         action: String,
         address_part: String,
-        nth: usize,
+        /// None: the kill's first, the skip's every one.
+        nth: Option<usize>,
+        /// Matching writes seen so far.
+        seen: AtomicUsize,
     }
 
     fn parse(text: &str) -> Option<KillTrigger> {
+        let text = text.trim();
         let (rest, nth) = match text.rsplit_once('@') {
-            Some((r, n)) => (r, n.parse().ok().filter(|n| *n >= 1)?),
-            None => (text, 1),
+            Some((r, n)) => (r, Some(n.parse().ok().filter(|n| *n >= 1)?)),
+            None => (text, None),
+        };
+        let (first, after) = match rest.split_once(':') {
+            Some((f, a)) => (f, Some(a)),
+            None => (rest, None),
+        };
+        // Without a phase word the first part is the action, which is then needed.
+        let (phase, rest, named) = match PHASES.iter().find(|p| p.word() == first) {
+            Some(p) => (*p, after.unwrap_or(""), true),
+            None => (JournalWrite::Done, rest, false),
         };
         let (action, address_part) = rest.split_once(':').unwrap_or((rest, ""));
-        (!action.is_empty()).then(|| KillTrigger {
+        let action = if action == "*" { "" } else { action };
+        if action.is_empty() && !named {
+            return None;
+        }
+        Some(KillTrigger {
+            phase,
             action: action.to_string(),
             address_part: address_part.to_string(),
             nth,
+            seen: AtomicUsize::new(0),
         })
-    }
-
-    fn trigger() -> Option<&'static KillTrigger> {
-        static TRIGGER: OnceLock<Option<KillTrigger>> = OnceLock::new();
-        TRIGGER
-            .get_or_init(|| std::env::var(ENV).ok().as_deref().and_then(parse))
-            .as_ref()
     }
 
     fn action_name(action: Action) -> &'static str {
@@ -71,16 +155,46 @@ mod hook {
     }
 
     impl KillTrigger {
-        fn matches(&self, action: Action, address: &str) -> bool {
-            self.action == action_name(action) && address.contains(&self.address_part)
+        fn matches(&self, phase: JournalWrite, action: Action, address: &str) -> bool {
+            self.phase == phase
+                && (self.action.is_empty() || self.action == action_name(action))
+                && address.contains(&self.address_part)
+        }
+
+        /// A matching write: counted, and whether it is the one (or, without `@N` and
+        /// `every`, each one) this trigger is for.
+        fn hit(&self, phase: JournalWrite, action: Action, address: &str, every: bool) -> bool {
+            if !self.matches(phase, action, address) {
+                return false;
+            }
+            let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+            match self.nth {
+                Some(nth) => n == nth,
+                None => every || n == 1,
+            }
         }
     }
 
-    /// Called after each journal write of a step (the state on disk records it).
-    pub fn after_journal_write(action: Action, address: &str) {
-        static SEEN: AtomicUsize = AtomicUsize::new(0);
-        let Some(t) = trigger() else { return };
-        if !t.matches(action, address) || SEEN.fetch_add(1, Ordering::SeqCst) + 1 != t.nth {
+    fn kill_trigger() -> Option<&'static KillTrigger> {
+        static TRIGGER: OnceLock<Option<KillTrigger>> = OnceLock::new();
+        TRIGGER
+            .get_or_init(|| std::env::var(ENV).ok().as_deref().and_then(parse))
+            .as_ref()
+    }
+
+    fn skip_triggers() -> &'static [KillTrigger] {
+        static TRIGGERS: OnceLock<Vec<KillTrigger>> = OnceLock::new();
+        TRIGGERS.get_or_init(|| {
+            std::env::var(SKIP_ENV)
+                .map(|v| v.split(',').filter_map(parse).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// Called after each journal write (the state on disk records it).
+    pub fn after_journal_write(phase: JournalWrite, action: Action, address: &str) {
+        let Some(t) = kill_trigger() else { return };
+        if !t.hit(phase, action, address, false) {
             return;
         }
         // SIGKILL, as an operator's `kill -9` or the OOM killer: no destructor, no handler runs.
@@ -94,30 +208,119 @@ mod hook {
         }
     }
 
+    /// Whether the journal leaves this record out (a deliberately broken build).
+    pub fn skip_journal_record(phase: JournalWrite, action: Action, address: &str) -> bool {
+        skip_triggers()
+            .iter()
+            .any(|t| t.hit(phase, action, address, true))
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        fn fields(t: &KillTrigger) -> (JournalWrite, &str, &str, Option<usize>) {
+            (t.phase, &t.action, &t.address_part, t.nth)
+        }
 
         #[test]
         fn triggers_parse_and_match() {
             let t = parse("replace:container.@2").unwrap();
             assert_eq!(
-                t,
-                KillTrigger {
-                    action: "replace".into(),
-                    address_part: "container.".into(),
-                    nth: 2
-                }
+                fields(&t),
+                (JournalWrite::Done, "replace", "container.", Some(2))
             );
-            assert!(t.matches(Action::Replace, "module.qwen.container.vllm"));
-            assert!(!t.matches(Action::Create, "module.qwen.container.vllm"));
-            assert!(!t.matches(Action::Replace, "network.roce.attach.node1"));
+            assert!(t.matches(
+                JournalWrite::Done,
+                Action::Replace,
+                "module.qwen.container.vllm"
+            ));
+            assert!(!t.matches(
+                JournalWrite::Ahead,
+                Action::Replace,
+                "module.qwen.container.vllm"
+            ));
+            assert!(!t.matches(
+                JournalWrite::Done,
+                Action::Create,
+                "module.qwen.container.vllm"
+            ));
+            assert!(!t.matches(
+                JournalWrite::Done,
+                Action::Replace,
+                "network.roce.attach.node1"
+            ));
             let any_create = parse("create").unwrap();
-            assert!(any_create.matches(Action::Create, "network.roce.attach.node1"));
-            assert_eq!(any_create.nth, 1);
-            assert_eq!(parse(""), None);
-            assert_eq!(parse("create@0"), None);
-            assert_eq!(parse("create@x"), None);
+            assert!(any_create.matches(
+                JournalWrite::Done,
+                Action::Create,
+                "network.roce.attach.n1"
+            ));
+            assert_eq!(any_create.nth, None);
+            assert!(parse("").is_none());
+            assert!(parse("create@0").is_none());
+            assert!(parse("create@x").is_none());
+        }
+
+        #[test]
+        fn phases_parse_and_match() {
+            let t = parse("ahead:create:attach").unwrap();
+            assert_eq!(fields(&t), (JournalWrite::Ahead, "create", "attach", None));
+            assert!(t.matches(
+                JournalWrite::Ahead,
+                Action::Create,
+                "network.f.attach.node1"
+            ));
+            assert!(!t.matches(JournalWrite::Done, Action::Create, "network.f.attach.node1"));
+            let run = parse("ahead:run:probe").unwrap();
+            assert!(run.matches(JournalWrite::Ahead, Action::Run, "probe.hello"));
+            let fin = parse("finalize").unwrap();
+            assert_eq!(fields(&fin), (JournalWrite::Finalize, "", "", None));
+            assert!(fin.matches(JournalWrite::Finalize, Action::NoOp, ""));
+            assert!(!fin.matches(JournalWrite::Done, Action::Create, "probe.hello"));
+            let any = parse("failed:*:probe@1").unwrap();
+            assert_eq!(fields(&any), (JournalWrite::Failed, "", "probe", Some(1)));
+            assert!(any.matches(JournalWrite::Failed, Action::Run, "probe.hello"));
+            let revert = parse("revert:run").unwrap();
+            assert!(revert.matches(JournalWrite::Revert, Action::Run, "probe.hello"));
+            assert_eq!(
+                fields(&parse("forget:create:attach").unwrap()).0,
+                JournalWrite::Forget
+            );
+            // `done` spelled out, any action; a bare phase word of `done` needs none either.
+            assert_eq!(
+                fields(&parse("done").unwrap()),
+                (JournalWrite::Done, "", "", None)
+            );
+            assert!(parse("*").is_none());
+        }
+
+        #[test]
+        fn the_kill_takes_the_nth_and_the_skip_every_one() {
+            let first = parse("create:attach").unwrap();
+            let hit = |t: &KillTrigger, every| {
+                t.hit(
+                    JournalWrite::Done,
+                    Action::Create,
+                    "network.f.attach.n1",
+                    every,
+                )
+            };
+            assert!(hit(&first, false));
+            assert!(!hit(&first, false));
+            let every = parse("create:attach").unwrap();
+            assert!(hit(&every, true) && hit(&every, true));
+            let second = parse("create:attach@2").unwrap();
+            assert!(!hit(&second, true));
+            assert!(hit(&second, true));
+            assert!(!hit(&second, true));
+            // Other writes are not counted.
+            assert!(!second.hit(
+                JournalWrite::Ahead,
+                Action::Create,
+                "network.f.attach.n1",
+                true
+            ));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! for, and the run is finalized or rolled back.
 
 use super::*;
+use chaos::JournalWrite;
 
 type Running =
     crate::tasks::KeyedTasks<(usize, Instant), (usize, Step, Result<Applied, StepError>, Duration)>;
@@ -110,7 +111,10 @@ impl<'r, 'a> Run<'r, 'a> {
                 break;
             };
             let step = self.steps[i].clone();
-            if journal_ahead(&mut self.state, &step, &now()) {
+            let (action, address) = (step.change.action, step.address.as_str());
+            if !chaos::skip_journal_record(JournalWrite::Ahead, action, address)
+                && journal_ahead(&mut self.state, &step, &now())
+            {
                 if let Err(e) = self.req.store.write(&mut self.state) {
                     self.stop_unrecorded(
                         &step,
@@ -119,6 +123,7 @@ impl<'r, 'a> Run<'r, 'a> {
                     );
                     break;
                 }
+                chaos::after_journal_write(JournalWrite::Ahead, action, address);
             }
             emit(
                 &self.req.events,
@@ -144,6 +149,8 @@ impl<'r, 'a> Run<'r, 'a> {
         if result.is_err() && forget_intent(&mut self.state, self.before, &step) {
             if let Err(e) = self.req.store.write(&mut self.state) {
                 self.outcome.state_error = Some(e.to_string());
+            } else {
+                chaos::after_journal_write(JournalWrite::Forget, step.change.action, &step.address);
             }
         }
         let cancelled =
@@ -171,12 +178,14 @@ impl<'r, 'a> Run<'r, 'a> {
                 summary: applied.summary.clone(),
             },
         );
-        journal(&mut self.state, &step, &applied, elapsed);
+        if !chaos::skip_journal_record(JournalWrite::Done, step.change.action, &step.address) {
+            journal(&mut self.state, &step, &applied, elapsed);
+        }
         if matches!(step.kind, StepKind::Resource(_)) {
             if let Err(e) = self.req.store.write(&mut self.state) {
                 self.stop_unrecorded(&step, "cannot record the step in the state", e);
             } else {
-                chaos::after_journal_write(step.change.action, &step.address);
+                chaos::after_journal_write(JournalWrite::Done, step.change.action, &step.address);
             }
         }
         self.completed.push((i, step, applied));
@@ -235,6 +244,8 @@ impl<'r, 'a> Run<'r, 'a> {
         {
             if let Err(w) = self.req.store.write(&mut self.state) {
                 self.outcome.state_error = Some(w.to_string());
+            } else {
+                chaos::after_journal_write(JournalWrite::Failed, step.change.action, &step.address);
             }
         }
         self.outcome.failures.push((step.address.clone(), e));
@@ -326,6 +337,8 @@ impl<'r, 'a> Run<'r, 'a> {
         crate::plan::record_outputs(self.req.plan, &mut self.state);
         if let Err(e) = self.req.store.write(&mut self.state) {
             self.outcome.state_error = Some(e.to_string());
+        } else {
+            chaos::after_journal_write(JournalWrite::Finalize, Action::NoOp, "");
         }
     }
 
@@ -347,18 +360,24 @@ impl<'r, 'a> Run<'r, 'a> {
         // theirs. After an incomplete one the failure stays for the next plan to show.
         let outcome = &self.outcome;
         if outcome.undo_failures.is_empty() && outcome.undone == outcome.to_undo {
-            let mut reverted = false;
+            let mut reverted = Vec::new();
             for (address, _) in &outcome.failures {
                 if let Some(r) = self.before.resources.get(address) {
                     if self.state.resources.get(address) != Some(r) {
                         self.state.resources.insert(address.clone(), r.clone());
-                        reverted = true;
+                        reverted.push(address.clone());
                     }
                 }
             }
-            if reverted {
+            if !reverted.is_empty() {
                 if let Err(e) = self.req.store.write(&mut self.state) {
                     self.outcome.state_error = Some(e.to_string());
+                } else {
+                    let step = |a: &String| self.steps.iter().find(|s| &s.address == a);
+                    for a in &reverted {
+                        let action = step(a).map_or(Action::NoOp, |s| s.change.action);
+                        chaos::after_journal_write(JournalWrite::Revert, action, a);
+                    }
                 }
             }
         }
