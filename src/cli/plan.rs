@@ -227,6 +227,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         warnings,
         observed,
         images,
+        round_trips,
         ..
     } = match prepared {
         Ok(p) => p,
@@ -255,6 +256,8 @@ pub fn run(args: PlanArgs) -> ExitCode {
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
             "plan": plan,
             "lock_file_changes": lock_changes,
+            // Per node the plan connected: commands and Docker API requests it made there.
+            "round_trips": round_trips,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {

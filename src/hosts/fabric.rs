@@ -11,13 +11,13 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use super::{Cmd, Host, HostError};
+use super::{Host, HostError};
 
 /// Prints `PATH:VALUE` lines for the files read (every network interface's MTU among them), `net:DEVICE:NETDEV` for each network device an
 /// RDMA device drives, `linger:USER` for each lingering user. `grep` reads the GID table (256
 /// files a port) in one process; a GID's type cannot be read for an empty entry (EINVAL),
 /// which `2>/dev/null` drops.
-const SCRIPT: &str = r#"grep -H '' /sys/class/net/*/mtu 2>/dev/null
+pub(super) const SCRIPT: &str = r#"grep -H '' /sys/class/net/*/mtu 2>/dev/null
 C=/sys/class/infiniband
 if [ -d "$C" ]; then
   for d in "$C"/*; do
@@ -173,10 +173,10 @@ impl RdmaFabric {
     }
 }
 
-/// Read the fabric of `host` (one command).
+/// Read the fabric of `host`: its part of the node's glance (one command, shared with the
+/// other readers of a plan).
 pub async fn read(host: &dyn Host) -> Result<RdmaFabric, HostError> {
-    let out = host.exec(&Cmd::new("sh").args(["-c", SCRIPT])).await?;
-    Ok(parse(&out.stdout))
+    Ok(parse(&host.glance().await?.fabric.stdout))
 }
 
 /// Read the fabric of each of `nodes` on `pool`, at once: by node address. A node that cannot

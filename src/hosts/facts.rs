@@ -85,31 +85,24 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
     let uname = Cmd::new("uname").arg("-m");
     let kernel = Cmd::new("uname").arg("-r");
     let nproc = Cmd::new("nproc");
-    let meminfo = Cmd::new("cat").arg("/proc/meminfo");
-    let ip = Cmd::new("ip").args(["-j", "addr"]);
-    let smi = Cmd::new("nvidia-smi").args([
-        "--query-gpu=name,memory.total",
-        "--format=csv,noheader,nounits",
-    ]);
-    let (os, arch, cpus, mem, ip, smi, docker) = tokio::join!(
+    // The glance: the fabric's sysfs, meminfo, nvidia-smi's GPUs and `ip -j addr` at once.
+    let (os, arch, cpus, glance, docker) = tokio::join!(
         host.exec(&os_release),
         host.exec(&uname),
         host.exec(&nproc),
-        host.exec(&meminfo),
-        host.exec(&ip),
-        host.exec(&smi),
+        host.glance(),
         docker_version(host),
     );
-    let (kernel, nvidia, fabric, memlock, docker_memlock, images) = tokio::join!(
+    let (kernel, nvidia, memlock, docker_memlock, images) = tokio::join!(
         host.exec(&kernel),
         nvidia(host),
-        super::fabric::read(host),
         own_memlock(host),
         docker_memlock(host),
         image_ids(host, images),
     );
     let kernel = kernel?.stdout.trim().to_string();
-    let fabric = fabric?;
+    let glance = glance?;
+    let fabric = super::fabric::parse(&glance.fabric.stdout);
     let os = os?;
     let os = os
         .stdout
@@ -119,18 +112,17 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         .unwrap_or_else(|| "unknown".into());
     let arch = arch?.stdout.trim().to_string();
     let cpus = cpus?.stdout.trim().parse().unwrap_or(0);
-    let memory_gib = mem_total_gib(&mem?.stdout).unwrap_or(0.0);
-    let ip = ip?;
-    if !ip.success() {
+    let memory_gib = mem_total_gib(&glance.meminfo.stdout).unwrap_or(0.0);
+    let ip = &glance.ip;
+    if ip.code != 0 {
         return Err(other(
             &node,
             format!("`ip -j addr` failed: {}", ip.stderr.trim()),
         ));
     }
     let interfaces = parse_ip_addr(&ip.stdout).map_err(|e| other(&node, e))?;
-    let smi = smi?;
-    let gpus = if smi.success() {
-        parse_nvidia_smi(&smi.stdout)
+    let gpus = if glance.smi.code == 0 {
+        parse_nvidia_smi(&glance.smi.stdout)
     } else {
         Vec::new()
     };
@@ -195,26 +187,26 @@ fn round_gib(v: f64) -> f64 {
 }
 
 /// The node attributes a definition may leave unset, read cheaply for a plan: `/proc/meminfo`
-/// and `nvidia-smi`'s GPU list, both at once over the node's connection (one round trip).
-/// Without a working `nvidia-smi` the GPUs and unified memory stay unknown.
+/// and `nvidia-smi`'s GPU list, from the node's glance (one round trip, shared with the fabric
+/// read and the attachments' observation). Without a working `nvidia-smi` the GPUs and unified
+/// memory stay unknown; one that did not answer in time is an error.
 pub async fn observe_sizes(host: &dyn Host) -> Result<NodeObserved, HostError> {
-    let timeout = std::time::Duration::from_secs(30);
-    let meminfo = Cmd::new("cat").arg("/proc/meminfo").timeout(timeout);
-    let smi = Cmd::new("nvidia-smi")
-        .args([
-            "--query-gpu=name,memory.total",
-            "--format=csv,noheader,nounits",
-        ])
-        .timeout(timeout);
-    let (mem, smi) = tokio::join!(host.exec(&meminfo), host.exec(&smi));
-    let (mem, smi) = (mem?, smi?);
-    let memory_gib = mem
-        .success()
-        .then(|| mem_total_gib(&mem.stdout))
+    let g = host.glance().await?;
+    if g.smi.code == super::glance::TIMED_OUT {
+        return Err(other(
+            host.node(),
+            format!(
+                "`nvidia-smi` did not answer within {} s",
+                super::glance::SMI_TIMEOUT_SECS
+            ),
+        ));
+    }
+    let memory_gib = (g.meminfo.code == 0)
+        .then(|| mem_total_gib(&g.meminfo.stdout))
         .flatten()
         .filter(|m| *m > 0.0)
         .map(round_gib);
-    let gpus = smi.success().then(|| parse_nvidia_smi(&smi.stdout));
+    let gpus = (g.smi.code == 0).then(|| parse_nvidia_smi(&g.smi.stdout));
     Ok(NodeObserved {
         unified_memory: gpus.as_deref().and_then(unified_memory),
         memory_gib,
@@ -385,26 +377,23 @@ fn repository(reference: &str) -> &str {
     }
 }
 
-/// What each of `images` names on `host` (None: not there, or the engine did not answer).
+/// What each of `images` names on `host` (None: not there, or the engine did not answer),
+/// through [`Host::image`]: inspected once per reference while the host's pool reads for a plan.
 pub async fn image_digests(
     host: &dyn Host,
     images: &[String],
 ) -> BTreeMap<String, Option<ImageSeen>> {
-    let Ok(docker) = host.docker().await else {
-        return images.iter().map(|i| (i.clone(), None)).collect();
-    };
-    let seen = futures_util::future::join_all(images.iter().map(|i| docker.inspect_image(i))).await;
-    images
-        .iter()
-        .cloned()
-        .zip(seen.into_iter().map(|r| {
-            let i = r.ok()?;
-            Some(ImageSeen {
-                id: i.id?,
-                repo_digests: i.repo_digests.unwrap_or_default(),
-            })
-        }))
-        .collect()
+    let seen = futures_util::future::join_all(images.iter().map(|i| host.image(i))).await;
+    images.iter().cloned().zip(seen).collect()
+}
+
+/// What `reference` names on the engine `docker` (None: not there, or no answer).
+pub async fn inspect(docker: &bollard::Docker, reference: &str) -> Option<ImageSeen> {
+    let i = docker.inspect_image(reference).await.ok()?;
+    Some(ImageSeen {
+        id: i.id?,
+        repo_digests: i.repo_digests.unwrap_or_default(),
+    })
 }
 
 /// The image references the definitions' resources use, for `gather`.

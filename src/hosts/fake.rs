@@ -15,7 +15,7 @@ use async_trait::async_trait;
 
 use super::facts::Interface;
 use super::fake_docker::FakeDocker;
-use super::{Cmd, Endpoint, Host, HostError, Output};
+use super::{Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
 
 /// What a scripted command answers.
 #[derive(Debug, Clone)]
@@ -90,6 +90,10 @@ pub struct FakeHost {
     latency: Duration,
     state: Mutex<NodeState>,
     docker: Option<Arc<FakeDocker>>,
+    /// The client of its engine, negotiated once per connection as ssh's is (dropped by
+    /// `close`, so the next pool negotiates again).
+    client: tokio::sync::Mutex<Option<bollard::Docker>>,
+    trips: Counter,
 }
 
 impl FakeHost {
@@ -106,6 +110,8 @@ impl FakeHost {
                 gone: false,
             }),
             docker: None,
+            client: tokio::sync::Mutex::new(None),
+            trips: Counter::default(),
         }
     }
 
@@ -185,22 +191,47 @@ impl FakeHost {
         let words: Vec<&str> = std::iter::once(cmd.program.as_str())
             .chain(cmd.args.iter().map(String::as_str))
             .collect();
-        if let Some(r) = st.rules.iter().rev().find(|r| {
-            r.prefix.len() <= words.len() && r.prefix.iter().zip(&words).all(|(a, b)| a == b)
-        }) {
-            return Ok(r.answer.clone());
+        if words == ["sh", "-c", super::glance::script()] {
+            return Ok(glance(&mut st));
         }
-        Ok(match words.as_slice() {
-            ["ip", rest @ ..] => ip(&mut st.interfaces, rest),
-            ["ping", ..] => {
-                Answer::Exit(0, "2 packets transmitted, 2 received\n".into(), "".into())
-            }
-            _ => Answer::Exit(
-                127,
-                String::new(),
-                format!("{}: command not found", cmd.program),
-            ),
+        Ok(answer_to(&mut st, &words))
+    }
+}
+
+/// The glance ([`super::glance`]): each section answered as its command alone would be; the
+/// first fault among them is the glance's.
+fn glance(st: &mut NodeState) -> Answer {
+    let mut parts = Vec::new();
+    for (name, cmd) in super::glance::sections() {
+        match answer_to(st, &cmd) {
+            Answer::Exit(code, stdout, stderr) => parts.push((name, code, stdout, stderr)),
+            fault => return fault,
+        }
+    }
+    let parts: Vec<(&str, i32, &str, &str)> = parts
+        .iter()
+        .map(|(n, c, o, e)| (*n, *c, o.as_str(), e.as_str()))
+        .collect();
+    Answer::Exit(0, super::glance::render(&parts), String::new())
+}
+
+/// What the node answers `words`: the latest rule that matches, else `ip` and `ping` in memory.
+fn answer_to(st: &mut NodeState, words: &[&str]) -> Answer {
+    if let Some(r) =
+        st.rules.iter().rev().find(|r| {
+            r.prefix.len() <= words.len() && r.prefix.iter().zip(words).all(|(a, b)| a == b)
         })
+    {
+        return r.answer.clone();
+    }
+    match words {
+        ["ip", rest @ ..] => ip(&mut st.interfaces, rest),
+        ["ping", ..] => Answer::Exit(0, "2 packets transmitted, 2 received\n".into(), "".into()),
+        _ => Answer::Exit(
+            127,
+            String::new(),
+            format!("{}: command not found", words.first().unwrap_or(&"")),
+        ),
     }
 }
 
@@ -277,6 +308,7 @@ impl Host for FakeHost {
     }
 
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        self.trips.exec();
         {
             let mut w = self.world.lock();
             w.log.push(format!("{}: {}", self.node, cmd.display()));
@@ -321,7 +353,13 @@ impl Host for FakeHost {
             return Err(self.lost());
         }
         if let Some(engine) = &self.docker {
-            return super::docker_on_socket(&self.node, engine.socket()).await;
+            let mut client = self.client.lock().await;
+            if let Some(d) = client.as_ref() {
+                return Ok(d.clone());
+            }
+            let d = super::docker_on_socket(&self.node, engine.socket(), &self.trips).await?;
+            *client = Some(d.clone());
+            return Ok(d);
         }
         Err(HostError::Docker {
             node: self.node.clone(),
@@ -337,7 +375,13 @@ impl Host for FakeHost {
         })
     }
 
-    async fn close(&self) {}
+    async fn close(&self) {
+        self.client.lock().await.take();
+    }
+
+    fn round_trips(&self) -> RoundTrips {
+        self.trips.get()
+    }
 }
 
 /// Fake nodes by address, to hand to [`super::HostPool::from_hosts`].

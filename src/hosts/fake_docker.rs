@@ -845,7 +845,8 @@ mod tests {
     #[tokio::test]
     async fn it_serves_while_it_lives_and_leaves_nothing() {
         let d = FakeDocker::start().unwrap();
-        let docker = crate::hosts::docker_on_socket("node.a", d.socket())
+        let trips = crate::hosts::Counter::default();
+        let docker = crate::hosts::docker_on_socket("node.a", d.socket(), &trips)
             .await
             .unwrap();
         assert_eq!(docker.ping().await.unwrap(), "OK");
@@ -859,6 +860,11 @@ mod tests {
         assert_eq!(
             d.requests(),
             ["GET /version", "GET /_ping", "GET /containers/nope/json"]
+        );
+        assert_eq!(
+            trips.get().docker,
+            3,
+            "the client counts what the engine received"
         );
         let dir = d.socket().parent().unwrap().to_path_buf();
         drop(d);

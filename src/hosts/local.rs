@@ -5,11 +5,12 @@ use std::path::Path;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::{docker_on_socket, Cmd, Endpoint, Host, HostError, Output};
+use super::{docker_on_socket, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
 
 pub struct LocalHost {
     node: String,
     docker: Mutex<Option<bollard::Docker>>,
+    trips: Counter,
 }
 
 impl LocalHost {
@@ -17,6 +18,7 @@ impl LocalHost {
         LocalHost {
             node: node.to_string(),
             docker: Mutex::new(None),
+            trips: Counter::default(),
         }
     }
 }
@@ -27,7 +29,12 @@ impl Host for LocalHost {
         &self.node
     }
 
+    fn round_trips(&self) -> RoundTrips {
+        self.trips.get()
+    }
+
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        self.trips.exec();
         let mut c = tokio::process::Command::new(&cmd.program);
         c.args(&cmd.args)
             .stdin(std::process::Stdio::null())
@@ -61,7 +68,8 @@ impl Host for LocalHost {
         if let Some(d) = cached.as_ref() {
             return Ok(d.clone());
         }
-        let d = docker_on_socket(&self.node, Path::new("/var/run/docker.sock")).await?;
+        let d =
+            docker_on_socket(&self.node, Path::new("/var/run/docker.sock"), &self.trips).await?;
         *cached = Some(d.clone());
         Ok(d)
     }

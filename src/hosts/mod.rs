@@ -9,14 +9,18 @@ pub mod facts;
 pub mod fake;
 #[cfg(feature = "test-support")]
 pub mod fake_docker;
+pub mod glance;
 pub mod lifetime;
 pub mod local;
 pub mod nccl;
 pub mod pool;
+pub mod pooled;
 pub mod ssh;
 pub mod ssh_config;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -90,7 +94,7 @@ pub enum Endpoint {
     Tcp(String, u16),
 }
 
-#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+#[derive(Debug, Clone, thiserror::Error, miette::Diagnostic)]
 pub enum HostError {
     #[error("{node}: cannot reach {target}: {reason}")]
     #[diagnostic(code(sparkform::host::unreachable))]
@@ -197,6 +201,85 @@ pub trait Host: Send + Sync {
 
     /// Close connections cleanly.
     async fn close(&self);
+
+    /// The round trips made on this node so far: every [`Host::exec`] and every Docker API
+    /// request of the clients [`Host::docker`] handed out (the version negotiation included).
+    fn round_trips(&self) -> RoundTrips;
+
+    /// The node at a glance ([`glance::Glance`]: the fabric's sysfs, `/proc/meminfo`,
+    /// nvidia-smi's GPUs, `ip -j addr`) in one command; a pool that reads for a plan runs it
+    /// once for every reader ([`pooled::Pooled`]).
+    async fn glance(&self) -> Result<Arc<glance::Glance>, HostError> {
+        glance::read(self).await.map(Arc::new)
+    }
+
+    /// What the image reference names on the node (None: not there, or the engine did not
+    /// answer); a pool that reads for a plan inspects each reference once.
+    async fn image(&self, reference: &str) -> Option<facts::ImageSeen> {
+        facts::inspect(&self.docker().await.ok()?, reference).await
+    }
+
+    /// Whether what [`Host::glance`] and [`Host::image`] answer is remembered for the plan
+    /// being made (the pool reads for one): a reader may then take its part of the glance
+    /// instead of a command of its own.
+    fn remembers(&self) -> bool {
+        false
+    }
+}
+
+/// Round trips to one node: commands and Docker API requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RoundTrips {
+    pub exec: u64,
+    pub docker: u64,
+    /// `exec + docker`.
+    pub total: u64,
+}
+
+impl RoundTrips {
+    pub fn new(exec: u64, docker: u64) -> RoundTrips {
+        RoundTrips {
+            exec,
+            docker,
+            total: exec + docker,
+        }
+    }
+
+    /// What was made after `before`.
+    pub fn since(self, before: RoundTrips) -> RoundTrips {
+        RoundTrips::new(
+            self.exec.saturating_sub(before.exec),
+            self.docker.saturating_sub(before.docker),
+        )
+    }
+}
+
+/// A host's count of round trips ([`Host::round_trips`]), shared with the Docker clients it
+/// hands out.
+#[derive(Debug, Clone, Default)]
+pub struct Counter(Arc<[AtomicU64; 2]>);
+
+impl Counter {
+    /// One command.
+    pub fn exec(&self) {
+        self.0[0].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> RoundTrips {
+        RoundTrips::new(
+            self.0[0].load(Ordering::Relaxed),
+            self.0[1].load(Ordering::Relaxed),
+        )
+    }
+
+    /// `docker` counting each request it builds here.
+    fn counting(&self, docker: bollard::Docker) -> bollard::Docker {
+        let count = self.0.clone();
+        docker.with_request_modifier(move |req| {
+            count[1].fetch_add(1, Ordering::Relaxed);
+            req
+        })
+    }
 }
 
 /// Quote a string for a POSIX shell: used only for display and for the rare `sh -c` whose
@@ -212,10 +295,11 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// Connect a bollard client to a Docker socket and negotiate the API version (Debian's engine
-/// speaks 1.41 at most).
+/// speaks 1.41 at most); each request, the negotiation's included, counted on `trips`.
 pub async fn docker_on_socket(
     node: &str,
     path: &std::path::Path,
+    trips: &Counter,
 ) -> Result<bollard::Docker, HostError> {
     let err = |message: String| {
         HostError::Docker {
@@ -227,6 +311,7 @@ pub async fn docker_on_socket(
     let path_text = path.to_string_lossy();
     let docker = bollard::Docker::connect_with_unix(&path_text, 300, bollard::API_DEFAULT_VERSION)
         .map_err(|e| err(format!("cannot open the Docker socket: {e}")))?;
+    let docker = trips.counting(docker);
     let docker = tokio::time::timeout(Duration::from_secs(20), docker.negotiate_version())
         .await
         .map_err(|_| err("the Docker Engine did not answer within 20 s".into()))?

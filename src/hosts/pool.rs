@@ -8,10 +8,11 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use super::local::LocalHost;
+use super::pooled::Pooled;
 use super::ssh::{ConnectContext, SshHost};
 use super::ssh_config::{self, SshSettings, SshTarget};
 
-use super::{Host, HostError};
+use super::{Host, HostError, RoundTrips};
 use crate::config::Config;
 
 #[derive(Debug, Clone)]
@@ -47,7 +48,10 @@ const NEW_CONNECTIONS_PER_JUMP: usize = 32;
 pub type Ready = tokio::sync::mpsc::UnboundedSender<(String, Arc<dyn Host>)>;
 
 pub struct HostPool {
-    hosts: BTreeMap<String, Arc<dyn Host>>,
+    /// Each node as the pool hands it out: counted, and sharing reads while it remembers.
+    hosts: BTreeMap<String, Arc<Pooled>>,
+    /// Whether the pool reads for a plan ([`HostPool::remember`]).
+    remembering: bool,
     errors: BTreeMap<String, Arc<HostError>>,
     /// Master connections to jump hosts (their control sockets), closed with the pool.
     jump_masters: Vec<PathBuf>,
@@ -74,12 +78,12 @@ impl HostPool {
         if let Some(fake) = &opts.fake {
             return Self::connect_fake(fake, config, nodes, &ready);
         }
-        let mut hosts: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
+        let mut hosts: BTreeMap<String, Arc<Pooled>> = BTreeMap::new();
         let mut errors = undeclared(config, nodes);
         let wanted: Vec<&crate::config::Node> =
             nodes.iter().filter_map(|n| config.nodes.get(n)).collect();
         for node in wanted.iter().filter(|n| n.host == "local") {
-            let host: Arc<dyn Host> = Arc::new(LocalHost::new(&node.address));
+            let host = Arc::new(Pooled::new(Arc::new(LocalHost::new(&node.address))));
             report(&ready, &node.address, &host);
             hosts.insert(node.address.clone(), host);
         }
@@ -88,6 +92,7 @@ impl HostPool {
         if remote.is_empty() {
             return HostPool {
                 hosts,
+                remembering: false,
                 errors,
                 jump_masters: Vec::new(),
                 dirs: Vec::new(),
@@ -113,6 +118,7 @@ impl HostPool {
                 );
                 return HostPool {
                     hosts,
+                    remembering: false,
                     errors,
                     jump_masters: Vec::new(),
                     dirs: Vec::new(),
@@ -126,6 +132,7 @@ impl HostPool {
                 fail_all(&mut errors, e);
                 return HostPool {
                     hosts,
+                    remembering: false,
                     errors,
                     jump_masters: Vec::new(),
                     dirs: vec![dir],
@@ -137,6 +144,7 @@ impl HostPool {
             fail_all(&mut errors, format!("cannot write the ssh config: {e}"));
             return HostPool {
                 hosts,
+                remembering: false,
                 errors,
                 jump_masters: Vec::new(),
                 dirs: vec![dir],
@@ -149,6 +157,7 @@ impl HostPool {
         let ctl_root = dir.path().to_path_buf();
         let mut pool = HostPool {
             hosts,
+            remembering: false,
             errors,
             jump_masters,
             dirs: vec![dir],
@@ -230,7 +239,7 @@ impl HostPool {
         while let Some((address, joined)) = tasks.next().await {
             match joined {
                 Ok(Ok(h)) => {
-                    let host: Arc<dyn Host> = Arc::new(h);
+                    let host = Arc::new(Pooled::new(Arc::new(h)));
                     report(ready, &address, &host);
                     self.hosts.insert(address, host);
                 }
@@ -260,6 +269,7 @@ impl HostPool {
             return;
         }
         let mut more = HostPool::connect(config, &missing, opts).await;
+        more.remember(self.remembering);
         self.hosts.extend(std::mem::take(&mut more.hosts));
         self.errors.extend(std::mem::take(&mut more.errors));
         self.jump_masters
@@ -280,6 +290,7 @@ impl HostPool {
         for node in nodes.iter().filter(|n| config.nodes.contains_key(*n)) {
             match fake.open(node) {
                 Ok(host) => {
+                    let host = Arc::new(Pooled::new(host));
                     report(ready, node, &host);
                     pool.hosts.insert(node.clone(), host);
                 }
@@ -294,7 +305,11 @@ impl HostPool {
     /// A pool of hosts made elsewhere (the fake ones of tests): nothing to connect or close.
     pub fn from_hosts(hosts: BTreeMap<String, Arc<dyn Host>>) -> HostPool {
         HostPool {
-            hosts,
+            hosts: hosts
+                .into_iter()
+                .map(|(a, h)| (a, Arc::new(Pooled::new(h))))
+                .collect(),
+            remembering: false,
             errors: BTreeMap::new(),
             jump_masters: Vec::new(),
             dirs: Vec::new(),
@@ -303,7 +318,7 @@ impl HostPool {
 
     pub fn get(&self, node: &str) -> Result<Arc<dyn Host>, Arc<HostError>> {
         match self.hosts.get(node) {
-            Some(h) => Ok(h.clone()),
+            Some(h) => Ok(h.clone() as Arc<dyn Host>),
             None => Err(self.errors.get(node).cloned().unwrap_or_else(|| {
                 Arc::new(HostError::Other {
                     node: node.to_string(),
@@ -317,8 +332,28 @@ impl HostPool {
         &self.errors
     }
 
-    pub fn connected(&self) -> impl Iterator<Item = (&String, &Arc<dyn Host>)> {
-        self.hosts.iter()
+    pub fn connected(&self) -> impl Iterator<Item = (&String, Arc<dyn Host>)> {
+        self.hosts
+            .iter()
+            .map(|(a, h)| (a, h.clone() as Arc<dyn Host>))
+    }
+
+    /// While a plan is made from what the nodes show (`on`): every reader of a node shares
+    /// one glance and one inspect per image reference (`hosts::pooled`). Off forgets them,
+    /// before anything changes the nodes.
+    pub fn remember(&mut self, on: bool) {
+        self.remembering = on;
+        for h in self.hosts.values() {
+            h.remember(on);
+        }
+    }
+
+    /// The round trips made on each connected node since it joined the pool.
+    pub fn round_trips(&self) -> BTreeMap<String, RoundTrips> {
+        self.hosts
+            .iter()
+            .map(|(a, h)| (a.clone(), h.round_trips()))
+            .collect()
     }
 
     /// Close every master connection (in parallel).
@@ -468,9 +503,9 @@ fn behind_jump(node: &str, jump: &str, e: &HostError) -> HostError {
 }
 
 /// Send a connected node on `ready`, when the caller asked for them as they come.
-fn report(ready: &Option<Ready>, address: &str, host: &Arc<dyn Host>) {
+fn report(ready: &Option<Ready>, address: &str, host: &Arc<Pooled>) {
     if let Some(tx) = ready {
-        let _ = tx.send((address.to_string(), host.clone()));
+        let _ = tx.send((address.to_string(), host.clone() as Arc<dyn Host>));
     }
 }
 

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use openssh::{ForwardType, Session, Socket};
 use tokio::sync::{Mutex, Semaphore};
 
-use super::{docker_on_socket, lifetime, Cmd, Endpoint, Host, HostError, Output};
+use super::{
+    docker_on_socket, lifetime, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips,
+};
 
 pub const MAX_SESSIONS: usize = 8;
 
@@ -23,6 +25,7 @@ pub struct SshHost {
     sessions: Arc<Semaphore>,
     docker: Mutex<Option<bollard::Docker>>,
     forwards: Mutex<Vec<(String, u16, PathBuf)>>,
+    trips: Counter,
 }
 
 /// Where a master connection failed, for the error message.
@@ -123,6 +126,7 @@ impl SshHost {
             sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
             docker: Mutex::new(None),
             forwards: Mutex::new(Vec::new()),
+            trips: Counter::default(),
         })
     }
 
@@ -161,7 +165,12 @@ impl Host for SshHost {
         &self.node
     }
 
+    fn round_trips(&self) -> RoundTrips {
+        self.trips.get()
+    }
+
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        self.trips.exec();
         let _permit = self.sessions.acquire().await.map_err(|e| self.lost(e))?;
         let session = self.session()?;
         let deadline = tokio::time::Instant::now() + cmd.timeout;
@@ -233,7 +242,7 @@ impl Host for SshHost {
             },
         )
         .await?;
-        let d = docker_on_socket(&self.node, &local).await?;
+        let d = docker_on_socket(&self.node, &local, &self.trips).await?;
         *cached = Some(d.clone());
         Ok(d)
     }

@@ -15,7 +15,7 @@ use crate::config::{Config, Observed};
 use crate::diag::Diag;
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
-use crate::hosts::{HostOptions, HostPool};
+use crate::hosts::{HostOptions, HostPool, RoundTrips};
 use crate::kinds::machine::ReadMode;
 use crate::plan::{Plan, PlanOptions};
 use crate::state::State;
@@ -54,6 +54,8 @@ pub struct Prepared {
     pub images: super::lock::ImagesSeen,
     /// The connections when any were opened (close them, or hand them to an apply).
     pub pool: Option<HostPool>,
+    /// The round trips the plan made on each node it connected (`plan --json`).
+    pub round_trips: BTreeMap<String, RoundTrips>,
 }
 
 impl Prepared {
@@ -73,7 +75,12 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         hosts,
     } = req;
     let mut pool = connect(evaluated.config(), recorded, refresh, &hosts, events).await;
-    match phases(evaluated, recorded, refresh, options, &hosts, &mut pool).await {
+    // Nothing changes the nodes until the plan is made: its readers share what they read.
+    remember(&mut pool, true);
+    let made = phases(evaluated, recorded, refresh, options, &hosts, &mut pool).await;
+    remember(&mut pool, false);
+    let round_trips = pool.as_ref().map(HostPool::round_trips).unwrap_or_default();
+    match made {
         Ok((defs, plan, warnings, observed, images)) => Ok(Prepared {
             config: defs.config,
             graph: defs.graph,
@@ -82,6 +89,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
             observed,
             images,
             pool,
+            round_trips,
         }),
         Err(e) => {
             close(pool).await;
@@ -221,6 +229,12 @@ async fn read(
         images
     );
     Ok((read?, facts, images, warnings))
+}
+
+fn remember(pool: &mut Option<HostPool>, on: bool) {
+    if let Some(p) = pool {
+        p.remember(on);
+    }
 }
 
 async fn close(pool: Option<HostPool>) {

@@ -37,6 +37,7 @@ mod plan_snapshots;
 mod prepare;
 mod properties;
 mod reference;
+mod round_trips;
 mod soak;
 mod standins;
 mod taint;

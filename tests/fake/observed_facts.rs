@@ -454,19 +454,16 @@ async fn plan_reads_the_facts_on_the_refreshed_nodes_and_evaluates_again_with_th
             "{a}: {w:?}"
         );
     }
-    // Two commands per node, at once, and nothing else.
+    // One command per node (its glance: meminfo and nvidia-smi among its sections), and
+    // nothing else.
     let mut log = world.log();
     log.sort();
-    let smi = SMI.join(" ");
+    let glance = sparkform::hosts::glance::command().display();
     assert_eq!(
         log,
-        vec![
-            "node.n1: cat /proc/meminfo".to_string(),
-            format!("node.n1: {smi}"),
-            "node.n2: cat /proc/meminfo".to_string(),
-            format!("node.n2: {smi}"),
-        ]
+        vec![format!("node.n1: {glance}"), format!("node.n2: {glance}")]
     );
+    assert!(glance.contains(&SMI.join(" ")), "{glance}");
 }
 
 #[tokio::test]
@@ -540,7 +537,7 @@ node "n1" {
         "{:?}",
         messages(&planned.warnings)
     );
-    assert_eq!(world.log().len(), 2, "{:?}", world.log());
+    assert_eq!(world.log().len(), 1, "{:?}", world.log());
 }
 
 // ----- the first plan: no state, the nodes that leave a fact unset are connected -----
@@ -643,8 +640,9 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
         planned.plan.summary.update + planned.plan.summary.replace,
         0
     );
-    // Per node: the two facts commands and the fabric's sysfs (the attachment kind's read).
-    assert_eq!(world.log().len(), 6, "{:?}", world.log());
+    // Per node one command, its glance: the facts and the fabric's sysfs (the attachment
+    // kind's read) at once.
+    assert_eq!(world.log().len(), 2, "{:?}", world.log());
 }
 
 /// This machine (read without ssh), a node nobody listens for (ssh to a closed port on

@@ -130,17 +130,7 @@ async fn configure(
 /// secondaries); two at once on one interface would each see the other's deletion as such a
 /// loss and put it back.
 async fn node_lock(node: &str) -> tokio::sync::OwnedMutexGuard<()> {
-    static LOCKS: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    > = std::sync::OnceLock::new();
-    let lock = {
-        let mut map = LOCKS
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        map.entry(node.to_string()).or_default().clone()
-    };
-    lock.lock_owned().await
+    crate::kinds::machine::one_at_a_time(&format!("address changes on {node}")).await
 }
 
 #[async_trait]
@@ -267,21 +257,25 @@ impl Machine for AttachmentMachine {
             return Ok(out);
         }
         let node = host.node().to_string();
-        let ip = host
-            .exec(
-                &Cmd::new("ip")
-                    .args(["-j", "addr"])
-                    .timeout(Duration::from_secs(30)),
-            )
-            .await?;
-        if !ip.success() {
+        // A plan's refresh takes the `ip -j addr` of the node's glance (the read phase's).
+        let (ok, stdout, stderr) = if host.remembers() {
+            let g = host.glance().await?;
+            (g.ip.code == 0, g.ip.stdout.clone(), g.ip.stderr.clone())
+        } else {
+            let cmd = Cmd::new("ip")
+                .args(["-j", "addr"])
+                .timeout(Duration::from_secs(30));
+            let ip = host.exec(&cmd).await?;
+            (ip.success(), ip.stdout, ip.stderr)
+        };
+        if !ok {
             return Err(HostError::Other {
                 node,
-                message: format!("`ip -j addr` failed: {}", ip.stderr.trim()),
+                message: format!("`ip -j addr` failed: {}", stderr.trim()),
             });
         }
         let interfaces =
-            parse_ip_addr(&ip.stdout).map_err(|message| HostError::Other { node, message })?;
+            parse_ip_addr(&stdout).map_err(|message| HostError::Other { node, message })?;
         for (address, r) in recorded {
             out.0
                 .insert(address.clone(), observe_attachment(&r.config, &interfaces));

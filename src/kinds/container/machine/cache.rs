@@ -35,8 +35,8 @@ pub(super) async fn read_caches(
     let reads = cached(config).map(|(node, r, cache, image)| async move {
         let seen = async {
             let host = pool.get(node).ok()?;
-            let docker = host.docker().await.ok()?;
-            let id = docker.inspect_image(&image).await.ok()?.id?;
+            // The lock file's read inspects the same reference: the pool inspects it once.
+            let id = host.image(&image).await?.id;
             let folder = cache.folder(&id)?;
             // Anything in it: what the image's last container compiled.
             let find = crate::hosts::Cmd::new("find")

@@ -1,0 +1,213 @@
+//! A node at a glance, for a plan: one `sh` program runs the commands a plan's readers would
+//! each run (the fabric's sysfs read, `cat /proc/meminfo`, nvidia-smi's GPU list, `ip -j addr`)
+//! and prints each one's output, error text and exit code as a section, parsed apart here. The
+//! node facts, the fabric read and the attachments' observation then cost one round trip, not
+//! four. nvidia-smi runs under `timeout` where the node has it: a driver that hangs makes the
+//! facts unreadable (as before), not the fabric.
+
+use std::sync::LazyLock;
+
+use super::{shell_quote, Cmd, Host, HostError};
+
+/// One command's part of the glance.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Section {
+    /// Its exit code (127: not installed; [`TIMED_OUT`]: stopped by `timeout`).
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// What one glance saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Glance {
+    /// `sh -c` of [`super::fabric`]'s script: `super::fabric::parse` reads it.
+    pub fabric: Section,
+    /// `cat /proc/meminfo`.
+    pub meminfo: Section,
+    /// nvidia-smi's GPU list (`name, memory.total`), under `timeout` where there is one.
+    pub smi: Section,
+    /// `ip -j addr`.
+    pub ip: Section,
+}
+
+/// How long nvidia-smi may take.
+pub const SMI_TIMEOUT_SECS: u64 = 20;
+/// `timeout`'s exit code when it stopped the command.
+pub const TIMED_OUT: i32 = 124;
+
+/// The sections in the order the program runs them: name, and the command as it would run
+/// alone (what the fake node answers each section with).
+pub fn sections() -> [(&'static str, Vec<&'static str>); 4] {
+    [
+        ("fabric", vec!["sh", "-c", super::fabric::SCRIPT]),
+        ("meminfo", vec!["cat", "/proc/meminfo"]),
+        (
+            "smi",
+            vec![
+                "nvidia-smi",
+                "--query-gpu=name,memory.total",
+                "--format=csv,noheader,nounits",
+            ],
+        ),
+        ("ip", vec!["ip", "-j", "addr"]),
+    ]
+}
+
+const MARK: &str = "@@sparkform-glance";
+
+/// The program: `s NAME COMMAND…` runs the command with its stdout on the program's and its
+/// stderr and exit code captured, then prints them after markers.
+static SCRIPT: LazyLock<String> = LazyLock::new(|| {
+    let mut s = format!(
+        "exec 3>&1\n\
+         s() {{ n=$1; shift; printf '{MARK} %s\\n' \"$n\"; e=$(\"$@\" 2>&1 1>&3); r=$?; \
+         printf '\\n{MARK}-stderr %s\\n%s\\n{MARK}-code %s %s\\n' \"$n\" \"$e\" \"$n\" \"$r\"; }}\n\
+         T=; command -v timeout >/dev/null 2>&1 && T=\"timeout {SMI_TIMEOUT_SECS}\"\n"
+    );
+    for (name, cmd) in sections() {
+        let words: Vec<String> = cmd.iter().map(|w| shell_quote(w)).collect();
+        let timed = if name == "smi" { "$T " } else { "" };
+        s.push_str(&format!("s {name} {timed}{}\n", words.join(" ")));
+    }
+    s.push_str("exit 0\n");
+    s
+});
+
+/// The program `sh -c` runs.
+pub fn script() -> &'static str {
+    &SCRIPT
+}
+
+/// The glance as a command.
+pub fn command() -> Cmd {
+    Cmd::new("sh").args(["-c", script()])
+}
+
+/// Take a glance at `host`: one command.
+pub async fn read<H: Host + ?Sized>(host: &H) -> Result<Glance, HostError> {
+    let out = host.exec(&command()).await?;
+    if !out.stdout.contains(MARK) {
+        return Err(HostError::Other {
+            node: host.node().to_string(),
+            message: format!(
+                "`sh` printed nothing of what it was asked (exit code {:?}): {}",
+                out.code,
+                out.stderr.trim()
+            ),
+        });
+    }
+    Ok(parse(&out.stdout))
+}
+
+/// The program's output as sections. Pure; a section missing is empty with code -1.
+pub fn parse(out: &str) -> Glance {
+    let missing = Section {
+        code: -1,
+        ..Section::default()
+    };
+    let mut g = Glance {
+        fabric: missing.clone(),
+        meminfo: missing.clone(),
+        smi: missing.clone(),
+        ip: missing,
+    };
+    let mut rest = out;
+    while let Some(start) = rest.find(&format!("{MARK} ")) {
+        let after = &rest[start + MARK.len() + 1..];
+        let Some((name, body)) = after.split_once('\n') else {
+            break;
+        };
+        let name = name.trim().to_string();
+        let err_mark = format!("\n{MARK}-stderr {name}\n");
+        let code_mark = format!("\n{MARK}-code {name} ");
+        let (Some(e), Some(c)) = (body.find(&err_mark), body.find(&code_mark)) else {
+            break;
+        };
+        if c < e {
+            break;
+        }
+        let stdout = &body[..e];
+        let stderr = &body[e + err_mark.len()..c];
+        let tail = &body[c + code_mark.len()..];
+        let (code, next) = tail.split_once('\n').unwrap_or((tail, ""));
+        let section = Section {
+            code: code.trim().parse().unwrap_or(-1),
+            stdout: stdout.to_string(),
+            stderr: stderr.to_string(),
+        };
+        match name.as_str() {
+            "fabric" => g.fabric = section,
+            "meminfo" => g.meminfo = section,
+            "smi" => g.smi = section,
+            "ip" => g.ip = section,
+            _ => {}
+        }
+        rest = next;
+    }
+    g
+}
+
+/// What the program prints for these sections (name, code, stdout, stderr): the fake node's
+/// answer to it.
+pub fn render(sections: &[(&str, i32, &str, &str)]) -> String {
+    let mut out = String::new();
+    for (name, code, stdout, stderr) in sections {
+        out.push_str(&format!(
+            "{MARK} {name}\n{stdout}\n{MARK}-stderr {name}\n{stderr}\n{MARK}-code {name} {code}\n"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_are_parsed_apart_with_their_codes() {
+        let text = render(&[
+            ("fabric", 0, "/sys/class/net/eth1/mtu:9000\n", ""),
+            ("meminfo", 0, "MemTotal: 1024 kB\n", ""),
+            ("smi", 127, "", "sh: nvidia-smi: not found"),
+            ("ip", 0, "[]", ""),
+        ]);
+        let g = parse(&text);
+        assert_eq!(g.fabric.code, 0);
+        assert!(g
+            .fabric
+            .stdout
+            .starts_with("/sys/class/net/eth1/mtu:9000\n"));
+        assert_eq!(g.meminfo.stdout.trim(), "MemTotal: 1024 kB");
+        assert_eq!(
+            (g.smi.code, g.smi.stderr.trim()),
+            (127, "sh: nvidia-smi: not found")
+        );
+        assert_eq!((g.ip.code, g.ip.stdout.trim()), (0, "[]"));
+    }
+
+    #[test]
+    fn a_section_that_did_not_print_is_missing() {
+        let g = parse(&render(&[("meminfo", 0, "MemTotal: 1 kB", "")]));
+        assert_eq!(g.ip.code, -1);
+        assert_eq!(g.meminfo.code, 0);
+        assert_eq!(parse("garbage").fabric.code, -1);
+    }
+
+    /// The program itself, run by this machine's `sh`: every section there, nvidia-smi's
+    /// absence a code, not a failure.
+    #[tokio::test]
+    async fn the_program_runs_under_sh() {
+        let out = tokio::process::Command::new("sh")
+            .args(["-c", script()])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success());
+        let g = parse(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(g.fabric.code, 0, "{g:?}");
+        assert!(g.meminfo.stdout.contains("MemTotal:"), "{g:?}");
+        assert!(g.smi.code != -1, "{g:?}");
+        assert!(g.ip.code != -1, "{g:?}");
+    }
+}
