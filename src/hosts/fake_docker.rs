@@ -446,6 +446,18 @@ fn labelled(c: &Container, filters: &Value) -> bool {
     })
 }
 
+/// Whether a container is in a state of a `status` list filter (`running`, `exited`; any,
+/// without one).
+fn with_status(c: &Container, filters: &Value) -> bool {
+    match filters.get("status") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|s| s == if c.running { "running" } else { "exited" }),
+        _ => true,
+    }
+}
+
 /// Whether a container is one of an `id` list filter's (any, without one).
 fn with_id(c: &Container, filters: &Value) -> bool {
     match filters.get("id") {
@@ -455,6 +467,27 @@ fn with_id(c: &Container, filters: &Value) -> bool {
             .any(|id| c.id.starts_with(id)),
         _ => true,
     }
+}
+
+/// `GET /containers/json`: the containers its `all` and `filters` (label, id, status) select.
+fn list_containers(e: &Engine, q: &BTreeMap<String, String>) -> Response<Body> {
+    let all = q.get("all").is_some_and(|v| v == "true" || v == "1");
+    let filters: Value = q
+        .get("filters")
+        .and_then(|f| serde_json::from_str(f).ok())
+        .unwrap_or(Value::Null);
+    let list: Vec<Value> = e
+        .containers
+        .iter()
+        .filter(|c| {
+            (all || c.running)
+                && labelled(c, &filters)
+                && with_id(c, &filters)
+                && with_status(c, &filters)
+        })
+        .map(summary)
+        .collect();
+    reply(StatusCode::OK, Value::Array(list))
 }
 
 async fn handle(
@@ -525,20 +558,7 @@ async fn handle(
             inspect_image(&e, &unescape(&name.join("/")))
         }
         (&Method::POST, ["containers", "create"]) => create_container(&mut e, &q, &body),
-        (&Method::GET, ["containers", "json"]) => {
-            let all = q.get("all").is_some_and(|v| v == "true" || v == "1");
-            let filters: Value = q
-                .get("filters")
-                .and_then(|f| serde_json::from_str(f).ok())
-                .unwrap_or(Value::Null);
-            let list: Vec<Value> = e
-                .containers
-                .iter()
-                .filter(|c| (all || c.running) && labelled(c, &filters) && with_id(c, &filters))
-                .map(summary)
-                .collect();
-            reply(StatusCode::OK, Value::Array(list))
-        }
+        (&Method::GET, ["containers", "json"]) => list_containers(&e, &q),
         (m, ["containers", key, rest @ ..]) => {
             let key = unescape(key);
             match e.find(&key) {

@@ -114,6 +114,21 @@ pub fn container_index(config: &Config) -> ContainerIndex {
 /// What observing a node found: recorded resources by address, and objects nobody recorded.
 pub type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
 
+/// Serializes the work of this process that shares `scope` (a node's interface, a node's model
+/// cache folder): the guard held is the only one of its scope until it is dropped.
+pub async fn one_at_a_time(scope: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    type Locks = std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+    static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
+    let lock = {
+        let mut map = LOCKS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        map.entry(scope.to_string()).or_default().clone()
+    };
+    lock.lock_owned().await
+}
+
 /// Whether a Docker client error means the connection to the node is gone (the forwarded
 /// socket broke: the node, or the way to it, went down), not a refusal by its engine.
 pub fn docker_connection_lost(e: &bollard::errors::Error) -> bool {

@@ -250,6 +250,18 @@ pub trait Kind: Sync {
     ) -> Option<String> {
         None
     }
+    /// How refresh knows an untracked object of the kind is this deployment's, as a plan's
+    /// drift line says it.
+    fn untracked_found_by(&self) -> &'static str {
+        "carries this deployment's labels"
+    }
+    /// Whether an untracked object refresh found beside a resource (`orphan_id`: its id on the
+    /// node) is what the resource's desired configuration uses, so a plan keeps it instead of
+    /// removing it: a verified copy of the wanted weights a rollback kept, which the next apply
+    /// takes up without fetching it again.
+    fn uses_untracked(&self, _desired: &serde_json::Value, _orphan_id: &str) -> bool {
+        false
+    }
     /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
     /// bandwidth test that loads a serving deployment's fabric and GPUs runs only when named).
     fn verify_by_default(&self) -> bool {

@@ -911,6 +911,12 @@ fn deletions(
             if selection.leaves_out(&o.address) {
                 continue;
             }
+            let in_use = by_address
+                .get(o.address.as_str())
+                .is_some_and(|r| r.kind.kind().uses_untracked(&r.config, &o.id));
+            if in_use {
+                continue;
+            }
             deletes.push(Change {
                 address: o.address.clone(),
                 kind: o.kind,
@@ -923,10 +929,11 @@ fn deletions(
                 after: None,
                 after_hash: None,
                 drift: vec![format!(
-                    "{} {} ({}) carries this deployment's labels but the state does not record it",
+                    "{} {} ({}) {} but the state does not record it",
                     o.kind,
                     o.name,
-                    o.id.chars().take(12).collect::<String>()
+                    o.id.chars().take(12).collect::<String>(),
+                    o.kind.kind().untracked_found_by()
                 )],
                 orphan: Some(o.clone()),
                 purge: false,

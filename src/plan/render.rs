@@ -372,11 +372,11 @@ fn render_change(out: &mut String, step: usize, c: &Change) {
         Action::Create => "will be created".to_string(),
         Action::Update => "will be updated in place".to_string(),
         Action::Replace => format!("must be replaced ({})", c.replace_reasons.join("; ")),
-        // An untracked copy goes, not the resource: a stopped one (the previous container an
-        // interrupted apply set aside) is only removed.
+        // An untracked copy goes, not the resource: one that does not run (the previous
+        // container an interrupted apply set aside, a snapshot of weights) is only removed.
         Action::Delete => match &c.orphan {
             Some(o) if !o.running => format!(
-                "has an untracked, stopped copy ({}) that will be removed; nothing running stops",
+                "has an untracked copy that does not run ({}): it will be removed; nothing running stops",
                 o.name
             ),
             Some(o) => format!(

@@ -579,14 +579,55 @@ async fn each_transfer_has_a_random_token_given_as_input_never_as_an_argument() 
     let mut hosts = vec![host("node.a", &a)];
     hosts.extend(pullers.iter().map(|(n, d)| host(&format!("node.{n}"), d)));
     let store = sparkform::state::StateStore::new(dir.path().join("state/sparkform.json"));
-    let p = common::plan(&c, &g, &sparkform::state::State::new());
+    let fresh = sparkform::state::State::new();
+    // What a killed run of this deployment left on node a: an exited helper (removed by the
+    // next run's first transfer there) and one still running (left to the step that replaces
+    // or stops it by name); an exited helper of another deployment stays.
+    let left = hosts[0].1.docker().await.unwrap();
+    for (name, lineage, start) in [
+        ("sparkform-model.m-a-remove", fresh.lineage.as_str(), false),
+        (
+            "sparkform-model.m-b-serve-old",
+            fresh.lineage.as_str(),
+            true,
+        ),
+        ("sparkform-other-remove", "another-deployment", false),
+    ] {
+        let labels = [
+            ("sparkform.model-helper".to_string(), lineage.to_string()),
+            ("sparkform.run".to_string(), "a-killed-run".to_string()),
+        ]
+        .into();
+        left.create_container(
+            Some(bollard::query_parameters::CreateContainerOptions {
+                name: Some(name.into()),
+                ..Default::default()
+            }),
+            bollard::models::ContainerCreateBody {
+                image: Some("img:1".into()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        if start {
+            left.start_container(
+                name,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let p = common::plan(&c, &g, &fresh);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let outcome = apply(ApplyRequest {
         config: &c,
         graph: &g,
         plan: &p,
         store: &store,
-        state: sparkform::state::State::new(),
+        state: fresh.clone(),
         parallelism: 4,
         rollback: true,
         hosts: HostOptions::default(),
@@ -596,6 +637,17 @@ async fn each_transfer_has_a_random_token_given_as_input_never_as_an_argument() 
     })
     .await;
     assert!(outcome.ok, "{:?} {:?}", outcome.failures, outcome.not_run);
+    let names: Vec<String> = a.containers().iter().map(|c| c.name.clone()).collect();
+    assert!(
+        !names.iter().any(|n| n == "sparkform-model.m-a-remove"),
+        "the killed run's exited helper is still there: {names:?}"
+    );
+    for stays in ["sparkform-model.m-b-serve-old", "sparkform-other-remove"] {
+        assert!(
+            names.iter().any(|n| n == stays),
+            "{stays} was removed: {names:?}"
+        );
+    }
     let mut events = Vec::new();
     while let Ok(e) = rx.try_recv() {
         events.push(serde_json::to_string(&e).unwrap());
@@ -646,4 +698,90 @@ async fn each_transfer_has_a_random_token_given_as_input_never_as_an_argument() 
         tokens.push(token);
     }
     assert_ne!(tokens[0], tokens[1], "two transfers share a token");
+}
+
+/// Untracked snapshots refresh found beside a recorded copy (a run killed before it removed
+/// the previous revision; a rollback that kept a verified copy): the plan removes the one the
+/// definitions do not want, saying what it is and that nothing running stops, and keeps the one
+/// of the commit they want (the next apply takes it up without fetching it again); a destroy
+/// removes both.
+#[test]
+fn untracked_snapshots_go_unless_they_are_the_wanted_commit() {
+    let (c, g) = load(&base(MODEL), &observed(COMMIT_A, "main"));
+    let mut state = sparkform::state::State::new();
+    plan::record(&common::plan(&c, &g, &state), &mut state);
+    let orphan = |commit: &str| plan::Orphan {
+        kind: sparkform::kinds::KindId::Model,
+        address: "model.m[\"b\"]".into(),
+        node: "node.b".into(),
+        name: format!("snapshot {} of org/name, 61.0 MiB", &commit[..12]),
+        id: commit.into(),
+        running: false,
+    };
+    let with = |orphans: Vec<plan::Orphan>| plan::PlanOptions {
+        observations: Some(plan::Observations {
+            orphans,
+            ..Default::default()
+        }),
+        ..plan::PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32]))
+    };
+    // Recorded at A, the definitions want B; B's verified copy and an old C's are on node b.
+    const COMMIT_C: &str = "cccccccccccccccccccccccccccccccccccccccc";
+    let (c2, g2) = load(&base(MODEL), &observed(COMMIT_B, "main"));
+    let p = plan::plan(
+        &c2,
+        &g2,
+        &state,
+        &with(vec![orphan(COMMIT_B), orphan(COMMIT_C)]),
+    )
+    .expect("plan");
+    let removed: Vec<&str> = p
+        .changes
+        .iter()
+        .filter_map(|ch| ch.orphan.as_ref())
+        .map(|o| o.id.as_str())
+        .collect();
+    assert_eq!(removed, vec![COMMIT_C], "only the unwanted one goes");
+    let out = sparkform::plan::render::render(&p);
+    assert!(
+        out.contains("has an untracked copy that does not run (snapshot cccccccccccc of org/name, 61.0 MiB): it will be removed; nothing running stops"),
+        "{out}"
+    );
+    assert!(
+        out.contains("was copied and verified by sparkform into the block's cache folder but the state does not record it"),
+        "{out}"
+    );
+    assert!(
+        sparkform::plan::impact::compute(&p, &c2, &g2, &state)
+            .stopped
+            .is_empty(),
+        "removing a snapshot stops nothing"
+    );
+    // A destroy (nothing wanted) removes both, and the recorded copies.
+    let empty = common::write_config(&[("main.hcl", "")]);
+    let c0 = config::load(empty.path(), &VarInputs::default()).expect("empty");
+    let g0 = Graph::build(&c0).expect("graph");
+    let p = plan::plan(
+        &c0,
+        &g0,
+        &state,
+        &with(vec![orphan(COMMIT_B), orphan(COMMIT_C)]),
+    )
+    .expect("plan");
+    let untracked = p.changes.iter().filter(|ch| ch.orphan.is_some()).count();
+    let recorded = p
+        .changes
+        .iter()
+        .filter(|ch| {
+            ch.orphan.is_none()
+                && ch.action == Action::Delete
+                && ch.kind == sparkform::kinds::KindId::Model
+        })
+        .count();
+    assert_eq!(
+        (untracked, recorded),
+        (2, 2),
+        "{}",
+        sparkform::plan::render::render(&p)
+    );
 }

@@ -634,7 +634,7 @@ fn a_stopped_set_aside_copy_is_removed_without_an_outage() {
     );
     let out = render::render(&p);
     assert!(
-        out.contains("container.vllm (container on node.n1) has an untracked, stopped copy (vllm-sparkform-old-0123456789ab) that will be removed; nothing running stops"),
+        out.contains("container.vllm (container on node.n1) has an untracked copy that does not run (vllm-sparkform-old-0123456789ab): it will be removed; nothing running stops"),
         "{out}"
     );
     assert!(!out.contains("will be destroyed"), "{out}");

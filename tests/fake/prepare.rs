@@ -109,7 +109,7 @@ struct Bed {
 
 impl Bed {
     /// The definitions in a folder of their own, and two fake nodes with fake Docker Engines
-    /// that answer the node facts, the model's resolve, download and observe.
+    /// that answer the node facts, the model's resolve, download and observe (one command).
     fn new() -> Bed {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("main.hcl"), TESTBED_LIKE).unwrap();
@@ -140,19 +140,28 @@ impl Bed {
                     })),
                 ),
             );
-            docker.fault(
-                &format!("sparkform-model.m-{short}-observe"),
-                Fault::ExitsAfterStart(
-                    0,
-                    line(serde_json::json!({
-                        "event": "result", "mode": "observe", "recorded": true,
-                        "complete": true, "missing": [], "differ": [], "present": [],
-                    })),
-                ),
-            );
             let h = FakeHost::new(name, &world)
                 .interface("eth1", 1500, &[])
                 .docker_engine(docker);
+            // The model's copy, as the one command of its observe lists it: verified, and
+            // unchanged since.
+            let sha = "ab".repeat(32);
+            let file = serde_json::json!({"path": "model.safetensors", "size": 3000,
+                                          "blob": sha, "sha256": sha});
+            let mut verified = file.clone();
+            verified["mtime_ns"] = serde_json::json!(5_000_000_000u64);
+            let record = serde_json::json!({
+                "format": "sparkform-verified-manifest/1", "repo": "org/name", "commit": COMMIT,
+                "files": [verified], "expected": [file], "total_bytes": 3000,
+            });
+            h.on(
+                &["sh", "-c", sparkform::kinds::model::machine::observe::SCRIPT],
+                Answer::Exit(
+                    0,
+                    format!("== record 1 {COMMIT}.json\n{record}\n== snapshot 1 {COMMIT}\n3000 5.0 model.safetensors\n"),
+                    String::new(),
+                ),
+            );
             h.on(
                 &["cat", "/proc/meminfo"],
                 Answer::Exit(0, MEMINFO.into(), String::new()),

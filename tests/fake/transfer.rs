@@ -1747,3 +1747,119 @@ fn a_peer_lost_during_ranges_fails_the_pull_and_one_stream_resumes_from_the_reco
         vec![(prefix, size - prefix)]
     );
 }
+
+/// The model kind's observe reads a node's copies with one `sh` command, no container. On a
+/// copy transfer.py verified it agrees with transfer.py's own `observe`: in sync, then a file
+/// touched since it was verified, then a file gone. A snapshot of another commit that
+/// sparkform verified in the same folder is listed as untracked, with its size, and a snapshot
+/// with no record of sparkform's is not.
+#[test]
+fn the_one_command_observe_agrees_with_transfer_py() {
+    use sparkform::hosts::local::LocalHost;
+    use sparkform::kinds::machine::{machine, ReadMode};
+    use sparkform::kinds::model::Desired;
+    use sparkform::kinds::KindId;
+    use sparkform::plan::Observed;
+    use sparkform::state::ResourceState;
+
+    let py = python();
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("hf");
+    let files = sample_files();
+    let manifest = make_source(&cache, &files);
+    verify_source(&py, &cache, &manifest);
+    let desired = Desired {
+        block: "model.m".into(),
+        repo: REPO.into(),
+        revision: "main".into(),
+        commit: Some(COMMIT.into()),
+        cache: cache_arg(&cache),
+        image: "not-used".into(),
+        node_name: "a".into(),
+        role: "download".into(),
+        download_node: "node.a".into(),
+        ..Default::default()
+    };
+    let address = "model.m[\"a\"]".to_string();
+    let recorded = vec![(
+        address.clone(),
+        ResourceState {
+            kind: KindId::Model,
+            node: Some("node.a".into()),
+            config_hash: "sha256:0".into(),
+            config: serde_json::to_value(&desired).unwrap(),
+            attributes: Default::default(),
+            depends_on: Vec::new(),
+            last_apply_secs: None,
+        },
+    )];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let host = LocalHost::new("node.a");
+    let look = || {
+        rt.block_on(machine(KindId::Model).observe(&host, "lineage", &recorded, ReadMode::Normal))
+            .unwrap()
+    };
+    // What transfer.py says, judged as the kind judges it.
+    let theirs = |cache: &Path| {
+        let r = observe(&py, cache, false);
+        match sparkform::kinds::model::judge_observed("a", &r) {
+            _ if r["recorded"] == false => "missing",
+            None => "in sync",
+            Some(_) => "drifted",
+        }
+    };
+    let ours = |o: &Observed| match o {
+        Observed::InSync => "in sync",
+        Observed::Drifted(_) => "drifted",
+        Observed::Missing(_) => "missing",
+    };
+    let (seen, untracked) = look();
+    assert_eq!(ours(&seen[&address]), "in sync", "{seen:?}");
+    assert_eq!(theirs(&cache), "in sync");
+    // (A container would have failed: the image "not-used" is on no Docker Engine.)
+    assert!(untracked.is_empty(), "{untracked:?}");
+
+    // Touched since it was verified: the same bytes, no longer the verified file.
+    let (first, _) = &files[0];
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(snapshot_file(&cache, first))
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let (seen, _) = look();
+    assert_eq!(ours(&seen[&address]), "drifted", "{seen:?}");
+    assert_eq!(theirs(&cache), "drifted");
+
+    // Gone.
+    std::fs::remove_file(snapshot_file(&cache, first)).unwrap();
+    let (seen, _) = look();
+    let Observed::Drifted(why) = &seen[&address] else {
+        panic!("{seen:?}")
+    };
+    assert!(why.join(" ").contains(first), "{why:?}");
+    assert_eq!(theirs(&cache), "drifted");
+
+    // Another commit's verified snapshot beside it is untracked; a bare snapshot folder of a
+    // third commit (no record of sparkform's: not its to remove) is not.
+    let other = "fedcba9876543210fedcba9876543210fedcba98";
+    let records = storage(&cache).join("sparkform");
+    let mut rec: Value =
+        serde_json::from_slice(&std::fs::read(records.join(format!("{COMMIT}.json"))).unwrap())
+            .unwrap();
+    rec["commit"] = json!(other);
+    rec["total_bytes"] = json!(3 << 20);
+    std::fs::write(records.join(format!("{other}.json")), rec.to_string()).unwrap();
+    std::fs::create_dir_all(storage(&cache).join("snapshots").join("1".repeat(40))).unwrap();
+    let (_, untracked) = look();
+    assert_eq!(untracked.len(), 1, "{untracked:?}");
+    assert_eq!(untracked[0].id, other);
+    assert_eq!(untracked[0].address, address);
+    assert!(!untracked[0].running);
+    assert!(
+        untracked[0].name.contains("fedcba987654") && untracked[0].name.contains("3.0 MiB"),
+        "{}",
+        untracked[0].name
+    );
+}

@@ -21,7 +21,7 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::{human_bytes, is_commit, judge_observed, Desired};
+use super::{human_bytes, is_commit, Desired};
 use crate::config::Config;
 use crate::events::Event;
 use crate::hosts::{Host, HostError};
@@ -33,6 +33,7 @@ use crate::kinds::machine::{
 use crate::kinds::DesiredConfig;
 
 mod arch;
+pub mod observe;
 mod read;
 
 use crate::plan::{Action, Change, Observed};
@@ -51,6 +52,69 @@ pub const LABEL_HELPER: &str = "sparkform.model-helper";
 /// What a helper does: `["BLOCK", "NODE", "MODE"]` (the node whose step it is), so a later run
 /// finds what a killed one left without parsing names.
 const LABEL_TRANSFER: &str = "sparkform.model-transfer";
+
+/// Which sparkform process made a helper: a run removes the exited helpers of the deployment
+/// that other runs left (a killed run never removes its own), never one of its own, which its
+/// step may still be reading.
+const LABEL_RUN: &str = "sparkform.run";
+
+/// The lineage a plan-time resolve runs its helper under (no deployment's).
+const RESOLVE_LINEAGE: &str = "resolve";
+
+/// This process's value of [`LABEL_RUN`]: random, drawn once.
+fn this_run() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        // Without randomness the process id still tells this run from a killed one.
+        if getrandom::fill(&mut bytes).is_err() {
+            return format!("pid-{}", std::process::id());
+        }
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+/// Remove the deployment's helpers that exited under another run (a run killed while its
+/// helper ran leaves it behind: a SIGKILL stops sparkform, not its helpers); one that still
+/// runs is left to the step that replaces or stops it by name.
+async fn remove_exited_of_other_runs(docker: &bollard::Docker, lineage: &str) {
+    remove_helpers(docker, lineage, Some("exited"), |labels| {
+        labels.get(LABEL_RUN).map(String::as_str) != Some(this_run())
+    })
+    .await;
+}
+
+/// Remove the deployment's helpers (in `status`, or any) whose labels `which` picks. Unlisted,
+/// they stay: what called this goes on, and a later run finds them again.
+async fn remove_helpers(
+    docker: &bollard::Docker,
+    lineage: &str,
+    status: Option<&str>,
+    which: impl Fn(&std::collections::HashMap<String, String>) -> bool,
+) {
+    let mut filters = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![format!("{LABEL_HELPER}={lineage}")],
+    )]);
+    if let Some(status) = status {
+        filters.insert("status".to_string(), vec![status.to_string()]);
+    }
+    let options = q::ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    for c in docker
+        .list_containers(Some(options))
+        .await
+        .unwrap_or_default()
+    {
+        let picked = c.labels.as_ref().is_some_and(&which);
+        if let (true, Some(id)) = (picked, c.id.as_deref()) {
+            remove_container(docker, id).await;
+        }
+    }
+}
 
 /// How the container runs the program: its input file on standard input, removed as soon as it
 /// is open (so a token in it is in no file once the program runs, and none is left in a
@@ -123,9 +187,13 @@ async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
 
 async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError> {
     remove_container(job.docker, &job.who.name).await;
+    if job.lineage != RESOLVE_LINEAGE {
+        remove_exited_of_other_runs(job.docker, job.lineage).await;
+    }
     let mut labels = std::collections::HashMap::new();
     labels.insert(LABEL_HELPER.to_string(), job.lineage.to_string());
     labels.insert(LABEL_TRANSFER.to_string(), job.who.transfer.clone());
+    labels.insert(LABEL_RUN.to_string(), this_run().to_string());
     let body = ContainerCreateBody {
         image: Some(job.image.to_string()),
         entrypoint: Some(cmd),
@@ -451,6 +519,7 @@ impl Reporter<'_, '_> {
 async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
     let host = cx.host()?;
     let node = host.node().to_string();
+    let _alone = cache_lock(&node, w).await;
     let docker = host.docker().await?;
     let mut args = vec![
         "download".to_string(),
@@ -540,6 +609,7 @@ fn copy_applied(
 async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
     let host = cx.host()?;
     let node = host.node().to_string();
+    let _alone = cache_lock(&node, w).await;
     let docker = host.docker().await?;
     let source = w.source_address.clone().ok_or_else(|| {
         StepError::new(format!(
@@ -755,27 +825,20 @@ fn is_transfer_of(label: &str, block: &str, node_name: &str) -> bool {
 /// block runs then: the state lock keeps other applies out, and a delete or a finalize runs
 /// when the block's copies on the node are not being made.
 async fn remove_stale_transfers(docker: &bollard::Docker, lineage: &str, w: &Want) {
-    let mine = format!("{LABEL_HELPER}={lineage}");
-    let options = q::ListContainersOptions {
-        all: true,
-        filters: Some([("label".to_string(), vec![mine])].into()),
-        ..Default::default()
-    };
-    // Unlisted, they stay: the removal goes on, and the next apply replaces them by name.
-    for c in docker
-        .list_containers(Some(options))
-        .await
-        .unwrap_or_default()
-    {
-        let stale = c
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_TRANSFER))
-            .is_some_and(|t| is_transfer_of(t, &w.block, &w.node_name));
-        if let (true, Some(id)) = (stale, c.id.as_deref()) {
-            remove_container(docker, id).await;
-        }
-    }
+    remove_helpers(docker, lineage, None, |labels| {
+        labels
+            .get(LABEL_TRANSFER)
+            .is_some_and(|t| is_transfer_of(t, &w.block, &w.node_name))
+    })
+    .await;
+}
+
+/// One change at a time to a repository's folder in a node's cache: a removal decides which
+/// blobs no other snapshot links to, so another removal or a copy into the same folder at the
+/// same time would make it remove a blob that is being linked (or keep one that is not).
+async fn cache_lock(node: &str, w: &Want) -> tokio::sync::OwnedMutexGuard<()> {
+    let folder = observe::storage_folder(&w.cache, &w.repo);
+    crate::kinds::machine::one_at_a_time(&format!("model folder {folder} on {node}")).await
 }
 
 /// Remove one commit's snapshot from a node.
@@ -787,6 +850,7 @@ async fn remove_snapshot(
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<String, StepError> {
     let node = host.node().to_string();
+    let _alone = cache_lock(&node, w).await;
     let docker = host.docker().await?;
     remove_stale_transfers(&docker, lineage, w).await;
     let job = Job {
@@ -865,7 +929,7 @@ pub async fn resolve(
         cache: req.cache,
         args,
         input,
-        lineage: "resolve",
+        lineage: RESOLVE_LINEAGE,
     };
     let never = tokio_util::sync::CancellationToken::new();
     let end = run(&job, &mut |_| {}, &never).await?;
@@ -903,9 +967,20 @@ impl Machine for ModelMachine {
                 .recorded
                 .ok_or_else(|| StepError::new(format!("{}: nothing recorded", cx.address)))?;
             let w = want_recorded(cx.address, &rec.config)?;
+            // An untracked snapshot beside the recorded one (refresh found its record).
+            let commit = match &cx.change.orphan {
+                Some(o) if is_commit(&o.id) => o.id.clone(),
+                Some(o) => {
+                    return Err(StepError::new(format!(
+                        "{}: the untracked snapshot {:?} is not named by a commit",
+                        cx.address, o.id
+                    )))
+                }
+                None => w.commit.clone(),
+            };
             let host = cx.host()?;
             let summary =
-                remove_snapshot(host.as_ref(), cx.lineage, &w, &w.commit, cx.cancel).await?;
+                remove_snapshot(host.as_ref(), cx.lineage, &w, &commit, cx.cancel).await?;
             return Ok(Applied {
                 summary,
                 ..Default::default()
@@ -974,6 +1049,8 @@ impl Machine for ModelMachine {
         Ok(())
     }
 
+    /// One command on the node for every recorded copy (and the untracked ones beside them);
+    /// `-refresh=deep` rehashes each recorded copy in a one-shot container.
     async fn observe(
         &self,
         host: &dyn Host,
@@ -981,68 +1058,41 @@ impl Machine for ModelMachine {
         recorded: &[(String, ResourceState)],
         mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
-        let node = host.node().to_string();
         let mut out = BTreeMap::new();
-        if recorded.is_empty() {
-            return Ok(Default::default());
-        }
-        let docker = host.docker().await?;
-        let deep = mode.deep();
-        let never = tokio_util::sync::CancellationToken::new();
+        let mut asked = Vec::new();
+        let mut wants = Vec::new();
         for (address, r) in recorded {
-            let Ok(w) = want_recorded(address, &r.config) else {
-                out.insert(
-                    address.clone(),
-                    Observed::Missing("no commit recorded".into()),
-                );
-                continue;
-            };
-            let mut args = vec!["observe".to_string()];
-            args.extend(snapshot_args(&w, &w.commit));
-            if deep {
-                args.push("--deep".into());
-            }
-            let job = Job {
-                node: &node,
-                docker: &docker,
-                who: helper(&w.block, &w.node_name, "observe"),
-                image: &w.image,
-                cache: &w.cache,
-                args,
-                input: String::new(),
-                lineage,
-            };
-            let end = run(&job, &mut |_| {}, &never)
-                .await
-                .map_err(|e| HostError::Docker {
-                    node: node.clone(),
-                    message: format!("cannot observe {address}: {}", e.message),
-                    help: e.help.clone(),
-                })?;
-            let Some(result) = end.result.filter(|_| end.code == 0) else {
-                return Err(HostError::Docker {
-                    node: node.clone(),
-                    message: format!(
-                        "cannot observe {address}: {}",
-                        end.error
-                            .or_else(|| end.stderr.last().cloned())
-                            .unwrap_or_else(|| format!("exit code {}", end.code))
-                    ),
-                    help: None,
-                });
-            };
-            let name = w.node_name.clone();
-            let seen = if result.get("recorded").and_then(|x| x.as_bool()) == Some(false) {
-                Observed::Missing(format!("no verified copy of {} on {name}", w.repo))
-            } else {
-                match judge_observed(&name, &result) {
-                    None => Observed::InSync,
-                    Some(d) => Observed::Drifted(d),
+            match want_recorded(address, &r.config) {
+                Ok(w) => {
+                    asked.push(observe::Asked {
+                        address: address.clone(),
+                        repo: w.repo.clone(),
+                        commit: w.commit.clone(),
+                        cache: w.cache.clone(),
+                        node_name: w.node_name.clone(),
+                    });
+                    wants.push((address, w));
                 }
-            };
-            out.insert(address.clone(), seen);
+                Err(_) => {
+                    out.insert(
+                        address.clone(),
+                        Observed::Missing("no commit recorded".into()),
+                    );
+                }
+            }
         }
-        Ok((out, Vec::new()))
+        if asked.is_empty() {
+            return Ok((out, Vec::new()));
+        }
+        let (seen, orphans) = observe::observe_listed(host, &asked).await?;
+        out.extend(seen);
+        if mode.deep() {
+            for (address, w) in wants {
+                let seen = observe::deep(host, lineage, address, &w).await?;
+                out.insert(address.clone(), seen);
+            }
+        }
+        Ok((out, orphans))
     }
 
     fn read_nodes(&self, config: &Config) -> Vec<String> {

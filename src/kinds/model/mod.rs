@@ -66,6 +66,18 @@ impl Kind for Model {
     fn block(&self) -> &'static BlockSpec {
         &MODEL
     }
+    fn untracked_found_by(&self) -> &'static str {
+        "was copied and verified by sparkform into the block's cache folder"
+    }
+    /// A snapshot of the commit the definitions want (verified, then kept by a rollback) is
+    /// the copy the next apply uses; any other untracked snapshot goes.
+    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool {
+        use super::DesiredConfig;
+        Desired::from_config(desired)
+            .ok()
+            .and_then(|d| d.commit)
+            .is_some_and(|c| c == orphan_id)
+    }
     fn in_place(&self) -> &'static [&'static str] {
         IN_PLACE
     }
