@@ -10,13 +10,16 @@ use super::apply::{execute, ExecArgs};
 use crate::ops;
 use crate::ops::apply::Source;
 
-/// Remove every container and fabric address the deployment owns
+/// Remove every container, fabric address and copy of weights the deployment owns
 #[derive(Args, Debug)]
 #[command(
     long_about = "Remove everything this deployment created, dependents first: containers are stopped and \
-removed, the addresses sparkform added to fabric interfaces are taken off. Asks for confirmation \
-unless -auto-approve. It looks at the machines first and removes also the containers carrying \
-this deployment's labels that the state does not record (a run killed midway), saying so; \
+removed, the addresses sparkform added to fabric interfaces are taken off, the weights' copies \
+are deleted (saying the space freed). Asks for confirmation unless -auto-approve. It looks at the \
+machines first and removes also the containers carrying this deployment's labels that the state \
+does not record (a run killed midway), and the snapshots of a `model` block's weights that \
+sparkform verified in its cache folder beside a recorded copy but no longer records (a revision \
+change killed before it removed the old one), listing each with its size; \
 -refresh=false removes only what the state records. With -target, only those resources (and what \
 depends on them is not touched). A container's cache folder (its `cache`) is kept for a later apply \
 of the same image unless -purge-caches.",
