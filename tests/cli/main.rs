@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bench_check;
 mod broken_pipe;
 mod cli;
 mod cli_convention;
