@@ -776,3 +776,101 @@ fn sigkill_mid_copy_then_reapply_copes_with_the_stale_helpers() {
 fn sigkill_mid_copy_then_destroy_stops_the_stale_helpers_before_removing_the_copies() {
     kill_mid_copy("KILL", 71, 72, true);
 }
+
+/// A snapshot sparkform verified beside the recorded copy but no longer records (what a
+/// revision change killed before it removed the old commit leaves) is read by the one-command
+/// observe on a real node: the plan lists it with its size and says nothing running stops,
+/// leaves the recorded copy alone, and the apply removes it and says the space freed; a killed
+/// run's exited helper on the node goes with that apply; destroy removes another such snapshot
+/// with the recorded copies, leaving nothing of the repository.
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn an_untracked_snapshot_is_listed_removed_and_destroyed_with_its_size() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = testbed();
+    clean(&tb);
+    let dir = common::write_config(&[("main.hcl", &model_config(&tb, 65, 66, ""))]);
+    let d = dir.path().to_str().unwrap();
+    let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    let commit = snapshots(&tb, "sf-node2").trim().to_string();
+    assert_eq!(commit.len(), 40, "{commit}");
+    let storage = format!("{CACHE}/models--testbed--standin-qwen3");
+    // Another commit's verified snapshot on node2: its record, and a 1 MiB blob it links.
+    let other = "0123456789abcdef0123456789abcdef01234567";
+    let plant = || {
+        tb.ssh(
+            "sf-node2",
+            &format!(
+                "set -e; cd {storage}; \
+                 sed 's/{commit}/{other}/g' sparkform/{commit}.json > sparkform/{other}.json; \
+                 head -c 1048576 /dev/urandom > blobs/{}; mkdir -p snapshots/{other}; \
+                 ln -s ../../blobs/{} snapshots/{other}/extra.bin; echo planted",
+                "e".repeat(64),
+                "e".repeat(64)
+            ),
+        )
+    };
+    assert_eq!(plant().trim(), "planted");
+    let lineage = {
+        let text = std::fs::read_to_string(dir.path().join("state/sparkform.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["lineage"].as_str().unwrap().to_string()
+    };
+    tb.ssh(
+        "sf-node2",
+        &format!(
+            "docker create --name sparkform-killed-remove --label sparkform.model-helper={lineage} \
+             --label sparkform.run=a-killed-run sparkform-testbed/ray:latest true >/dev/null"
+        ),
+    );
+
+    let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
+    assert_eq!(code, 2, "a change is planned:\n{out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "has an untracked copy that does not run (snapshot {} of {REPO}",
+            &other[..12]
+        )) && out.contains("nothing running stops"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Plan: 0 to add, 0 to change, 0 to replace, 1 to destroy"),
+        "only the untracked snapshot goes:\n{out}"
+    );
+    let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
+    assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    assert!(out.contains("1.0 MiB freed"), "{out}");
+    assert_eq!(
+        snapshots(&tb, "sf-node2").trim(),
+        commit,
+        "the untracked snapshot is gone, the recorded one stays"
+    );
+    let record = tb.ssh(
+        "sf-node2",
+        &format!("ls {storage}/sparkform/ {storage}/blobs/ | grep -c {other}; ls {storage}/blobs | grep -c eeee; true"),
+    );
+    assert_eq!(
+        record.split_whitespace().collect::<Vec<_>>(),
+        ["0", "0"],
+        "{record}"
+    );
+    no_helper_left(&tb, "after the apply");
+    let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
+    assert_eq!(code, 0, "the plan after it has no change:\n{out}\n{err}");
+
+    // Destroy: the recorded copies and a planted one, listed, then nothing of the repository.
+    assert_eq!(plant().trim(), "planted");
+    let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
+    assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
+    assert!(
+        out.contains(&format!("snapshot {} of {REPO}", &other[..12])),
+        "{out}"
+    );
+    for n in ["sf-node1", "sf-node2"] {
+        let left = tb.ssh(n, &format!("ls -A {storage} 2>/dev/null; true"));
+        assert!(left.trim().is_empty(), "{n} keeps {left}");
+    }
+    no_helper_left(&tb, "after destroy");
+    clean(&tb);
+}

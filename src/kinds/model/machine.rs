@@ -78,26 +78,28 @@ fn this_run() -> &'static str {
 /// helper ran leaves it behind: a SIGKILL stops sparkform, not its helpers); one that still
 /// runs is left to the step that replaces or stops it by name.
 async fn remove_exited_of_other_runs(docker: &bollard::Docker, lineage: &str) {
-    remove_helpers(docker, lineage, Some("exited"), |labels| {
+    // Created and never started (killed between the two), or ended.
+    remove_helpers(docker, lineage, &["created", "exited", "dead"], |labels| {
         labels.get(LABEL_RUN).map(String::as_str) != Some(this_run())
     })
     .await;
 }
 
-/// Remove the deployment's helpers (in `status`, or any) whose labels `which` picks. Unlisted,
+/// Remove the deployment's helpers (in one of `statuses`, or any) whose labels `which` picks. Unlisted,
 /// they stay: what called this goes on, and a later run finds them again.
 async fn remove_helpers(
     docker: &bollard::Docker,
     lineage: &str,
-    status: Option<&str>,
+    statuses: &[&str],
     which: impl Fn(&std::collections::HashMap<String, String>) -> bool,
 ) {
     let mut filters = std::collections::HashMap::from([(
         "label".to_string(),
         vec![format!("{LABEL_HELPER}={lineage}")],
     )]);
-    if let Some(status) = status {
-        filters.insert("status".to_string(), vec![status.to_string()]);
+    if !statuses.is_empty() {
+        let statuses = statuses.iter().map(|s| s.to_string()).collect();
+        filters.insert("status".to_string(), statuses);
     }
     let options = q::ListContainersOptions {
         all: true,
@@ -825,7 +827,7 @@ fn is_transfer_of(label: &str, block: &str, node_name: &str) -> bool {
 /// block runs then: the state lock keeps other applies out, and a delete or a finalize runs
 /// when the block's copies on the node are not being made.
 async fn remove_stale_transfers(docker: &bollard::Docker, lineage: &str, w: &Want) {
-    remove_helpers(docker, lineage, None, |labels| {
+    remove_helpers(docker, lineage, &[], |labels| {
         labels
             .get(LABEL_TRANSFER)
             .is_some_and(|t| is_transfer_of(t, &w.block, &w.node_name))
