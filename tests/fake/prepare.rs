@@ -105,6 +105,8 @@ struct Bed {
     fakes: FakeNodes,
     dockers: BTreeMap<String, Arc<FakeDocker>>,
     hosts: BTreeMap<String, Arc<FakeHost>>,
+    /// The round trips per node of the last plan.
+    trips: std::sync::Mutex<BTreeMap<String, sparkform::hosts::RoundTrips>>,
 }
 
 impl Bed {
@@ -193,6 +195,7 @@ impl Bed {
             fakes: FakeNodes::new(fake),
             dockers,
             hosts,
+            trips: Default::default(),
         }
     }
 
@@ -330,6 +333,7 @@ impl Bed {
             recorded.as_ref(),
         )
         .changes();
+        *self.trips.lock().unwrap() = prepared.round_trips.clone();
         (prepared.plan, changes, prepared.warnings)
     }
 }
@@ -365,6 +369,23 @@ async fn a_no_op_plan_connects_once_per_node_and_evaluates_at_most_twice() {
     );
     assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
     assert!(evaluations <= 2, "{evaluations} evaluations");
+    // Per node, as tests/fake/round_trips.rs holds them: the glance, the Docker version, the
+    // containers by label and one inspect per image; on n1, which holds the weights, also the
+    // model's listing of its copies (one command, no container: the lock pins the commit, so
+    // nothing is resolved) and the inspect of the model's image (the lock's digest). Before
+    // the one-command listing, n1's observation ran a one-shot container (about 6 requests).
+    let trips = bed.trips.lock().unwrap().clone();
+    println!(
+        "round trips per node: {}",
+        serde_json::to_string(&trips).unwrap()
+    );
+    let want = |exec, docker| sparkform::hosts::RoundTrips {
+        exec,
+        docker,
+        total: exec + docker,
+    };
+    assert_eq!(trips["node.n1"], want(2, 4), "{trips:?}");
+    assert_eq!(trips["node.n2"], want(1, 3), "{trips:?}");
 
     // -refresh=false: the state pins the commit, nothing is connected (and no fact is read,
     // so the head's memory is unset now).

@@ -5,9 +5,8 @@
 //! (`hosts::glance`), share it while the pool remembers (`hosts::pooled`), or record the new
 //! figure with why.
 //!
-//! The definition has no `model` block: the model kind's observation (a one-shot container
-//! on each node holding weights) is being replaced in `src/kinds/model/` by other work; its
-//! round trips are not held here yet.
+//! The definition has no `model` block: `tests/fake/prepare.rs`'s no-op plan holds a model's
+//! share (one command on the node holding the weights, and its image's inspect).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
