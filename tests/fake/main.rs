@@ -37,7 +37,6 @@ mod plan_snapshots;
 mod prepare;
 mod properties;
 mod reference;
-mod round_trips;
 mod soak;
 mod standins;
 mod taint;

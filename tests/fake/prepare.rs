@@ -19,10 +19,11 @@ use sparkform::workspace::Workspace;
 
 const COMMIT: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
-/// The shape of examples/testbed: two nodes that leave their memory to the machines, a fabric,
-/// a model block whose revision is a branch (resolved on its download node at plan time), a
-/// head serving its snapshot, a worker, and a probe.
-const TESTBED_LIKE: &str = r#"
+/// Two nodes that leave their memory to the machines (one logical GPU each) and a fabric
+/// attachment on each: what both definitions here start with.
+macro_rules! nodes_and_fabric {
+    () => {
+        r#"
 node "n1" {
   address     = "10.0.0.1"
   gpus        = 1
@@ -48,7 +49,16 @@ network "a" {
     address   = "192.168.10.2"
   }
 }
+"#
+    };
+}
 
+/// The shape of examples/testbed: two nodes that leave their memory to the machines, a fabric,
+/// a model block whose revision is a branch (resolved on its download node at plan time), a
+/// head serving its snapshot, a worker, and a probe.
+const TESTBED_LIKE: &str = concat!(
+    nodes_and_fabric!(),
+    r#"
 model "m" {
   repo     = "org/name"
   revision = "main"
@@ -96,7 +106,8 @@ probe "serving" {
 output "memory" {
   value = [node.n1.memory_gib, node.n2.memory_gib]
 }
-"#;
+"#
+);
 
 const MEMINFO: &str = "MemTotal:       125410000 kB\nMemFree:        100000000 kB\n";
 
@@ -113,8 +124,13 @@ impl Bed {
     /// The definitions in a folder of their own, and two fake nodes with fake Docker Engines
     /// that answer the node facts, the model's resolve, download and observe (one command).
     fn new() -> Bed {
+        Bed::with(TESTBED_LIKE)
+    }
+
+    /// [`Bed::new`] with other definitions.
+    fn with(definitions: &str) -> Bed {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("main.hcl"), TESTBED_LIKE).unwrap();
+        std::fs::write(dir.path().join("main.hcl"), definitions).unwrap();
         let world = FakeWorld::new();
         let node = |name: &str, docker: Arc<FakeDocker>| {
             let short = name.trim_start_matches("node.");
@@ -369,7 +385,7 @@ async fn a_no_op_plan_connects_once_per_node_and_evaluates_at_most_twice() {
     );
     assert_eq!(opened, both_nodes_once(), "connections opened by the plan");
     assert!(evaluations <= 2, "{evaluations} evaluations");
-    // Per node, as tests/fake/round_trips.rs holds them: the glance, the Docker version, the
+    // Per node, as `a_no_op_plan_makes_the_recorded_round_trips_per_node` holds them: the glance, the Docker version, the
     // containers by label and one inspect per image; on n1, which holds the weights, also the
     // model's listing of its copies (one command, no container: the lock pins the commit, so
     // nothing is resolved) and the inspect of the model's image (the lock's digest). Before
@@ -935,4 +951,103 @@ async fn ends_of_a_fabric_at_different_mtus_refuse_the_plan_or_with_fix_are_name
         warnings.iter().all(|w| w.code != "fabric::mtu_differs"),
         "{warnings:?}"
     );
+}
+
+// ------------------------------------------------------------------ round trips
+//
+// Round trips of a no-op plan, per node, after the connection is up: every `Host::exec` and
+// every Docker API request, as `plan --json` reports them (`round_trips`), counted on fake
+// nodes and checked against what their fake Docker Engines received. The figure is recorded
+// exactly, so a round trip someone adds fails here: batch it into the node's glance
+// (`hosts::glance`), share it while the pool remembers (`hosts::pooled`), or record the new
+// figure with why. `a_no_op_plan_connects_once_per_node_and_evaluates_at_most_twice` holds a
+// model block's share.
+
+/// Two nodes that leave their memory to the machines, a fabric attachment on each, a
+/// container on each (one image), and a probe.
+const NO_MODEL: &str = concat!(
+    nodes_and_fabric!(),
+    r#"
+container "head" {
+  node       = node.n1
+  image      = "ray:1"
+  command    = ["ray", "start", "--head", "--memory", "${node.n1.memory_gib}"]
+  depends_on = [network.a]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+container "worker" {
+  node       = node.n2
+  image      = "ray:1"
+  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
+  depends_on = [container.head]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+probe "serving" {
+  timeout    = "5s"
+  interval   = "1s"
+  depends_on = [container.worker]
+  exec {
+    container = container.head
+    command   = ["curl", "-sf", "localhost:8000/v1/models"]
+  }
+}
+"#
+);
+
+/// What a no-op plan of [`NO_MODEL`] makes on each node: one command (the node's glance: the
+/// fabric's sysfs, meminfo, nvidia-smi, `ip -j addr`) and three Docker requests (the version
+/// negotiation, the containers by label, the image inspect shared by the lock file's read and
+/// the container's observation). Before the glance and the shared reads: 4 commands and 4
+/// Docker requests (the image inspected twice).
+const NO_OP_PLAN: sparkform::hosts::RoundTrips = sparkform::hosts::RoundTrips {
+    exec: 1,
+    docker: 3,
+    total: 4,
+};
+
+#[tokio::test]
+async fn a_no_op_plan_makes_the_recorded_round_trips_per_node() {
+    let bed = Bed::with(NO_MODEL);
+    let outcome = bed.apply().await;
+    assert!(outcome.ok, "{:?} {:?}", outcome.failures, outcome.not_run);
+    let before: BTreeMap<String, usize> = bed
+        .dockers
+        .iter()
+        .map(|(n, d)| (n.clone(), d.requests().len()))
+        .collect();
+    let plan = bed.plan().await;
+    assert!(!plan.has_changes(), "a no-op plan");
+    let received: BTreeMap<String, u64> = bed
+        .dockers
+        .iter()
+        .map(|(n, d)| (n.clone(), (d.requests().len() - before[n]) as u64))
+        .collect();
+    let trips = bed.trips.lock().unwrap().clone();
+    // What `plan --json` prints under "round_trips".
+    println!(
+        "round trips per node: {}",
+        serde_json::to_string(&trips).unwrap()
+    );
+    assert_eq!(
+        trips.keys().collect::<Vec<_>>(),
+        ["node.n1", "node.n2"],
+        "{trips:?}"
+    );
+    for (node, t) in &trips {
+        assert_eq!(
+            t.docker, received[node],
+            "{node}: the pool counts each request the engine received"
+        );
+        assert_eq!(*t, NO_OP_PLAN, "{node}: {trips:?}");
+    }
 }
