@@ -19,6 +19,7 @@ macro_rules! eprint {
 }
 
 mod apply;
+mod connections;
 mod destroy;
 mod fmt;
 mod force_unlock;
@@ -84,6 +85,7 @@ pub enum Command {
     Lock(lock::LockArgs),
     Graph(graph::GraphArgs),
     Nodes(nodes::NodesArgs),
+    Connections(connections::ConnectionsArgs),
     Show(show::ShowArgs),
     Output(output::OutputArgs),
     Fmt(fmt::FmtArgs),
@@ -214,6 +216,14 @@ pub struct ConnectArgs {
     /// Seconds to wait for each SSH connection
     #[arg(long = "connect-timeout", value_name = "SECONDS", default_value_t = 10)]
     pub connect_timeout: u64,
+    /// Keep each connection open after this command for the next one, ending it after DURATION idle (10s to 1h, e.g. 60s; `off` by default: nothing outlives the command). See `sparkform connections`
+    #[arg(
+        long = "persist",
+        env = "SPARKFORM_PERSIST",
+        value_name = "DURATION",
+        value_parser = crate::ops::connections::parse_persist
+    )]
+    pub persist: Option<crate::ops::connections::Persist>,
 }
 
 impl ConnectArgs {
@@ -224,6 +234,7 @@ impl ConnectArgs {
             accept_new_host_keys: self.accept_new_host_keys,
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout.max(1)),
             use_user_config: std::env::var_os("SPARKFORM_NO_USER_SSH_CONFIG").is_none(),
+            persist: self.persist.and_then(|p| p.0),
             ..crate::ops::HostOptions::default()
         }
     }
@@ -292,6 +303,8 @@ const SINGLE_DASH: &[&str] = &[
     "generate-config-out",
     "generate-import-out",
     "purge-caches",
+    "persist",
+    "close",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -345,6 +358,7 @@ pub fn main() -> ExitCode {
         Command::Import(a) => import::run(a),
         Command::Graph(a) => graph::run(a),
         Command::Nodes(a) => nodes::run(a),
+        Command::Connections(a) => connections::run(a),
         Command::Show(a) => show::run(a),
         Command::Output(a) => output::run(a),
         Command::Fmt(a) => fmt::run(a),

@@ -41,6 +41,8 @@ const OWNER: &str = "owner";
 #[derive(Default)]
 struct Registry {
     lifelines: HashMap<PathBuf, UnixStream>,
+    /// Lifelines of warm masters (`warm`): dropped with the process, their masters not ended.
+    held: HashMap<PathBuf, UnixStream>,
     dirs: Vec<PathBuf>,
     janitor: Option<(Child, ChildStdin)>,
 }
@@ -60,6 +62,11 @@ fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
 
 /// The options that start a background master connection whose life is bounded as above.
 pub fn master_options() -> Vec<String> {
+    master_options_persisting(Duration::from_secs(PERSIST_SECS))
+}
+
+/// [`master_options`] with another idle bound: a warm master's (`warm`).
+pub fn master_options_persisting(persist: Duration) -> Vec<String> {
     [
         "-M",
         "-f",
@@ -67,7 +74,7 @@ pub fn master_options() -> Vec<String> {
         "-o",
         "ControlMaster=yes",
         "-o",
-        &format!("ControlPersist={PERSIST_SECS}s"),
+        &format!("ControlPersist={}s", persist.as_secs()),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -81,13 +88,26 @@ pub fn started(ctl: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Called once a warm master behind `ctl` is up or found: it stays up while this process lives
+/// and counts its idle bound from the moment the process is gone. Nothing ends it at exit.
+pub fn hold(ctl: &Path) -> std::io::Result<()> {
+    let stream = UnixStream::connect(ctl)?;
+    with_registry(|r| r.held.insert(ctl.to_path_buf(), stream));
+    Ok(())
+}
+
+/// Let go of a warm master's lifeline: its idle bound starts counting now.
+pub fn release(ctl: &Path) {
+    with_registry(|r| r.held.remove(ctl));
+}
+
 /// The command that ends the master behind `ctl` now; the master is forgotten.
 pub fn exit_master(ctl: &Path) -> Command {
     with_registry(|r| r.lifelines.remove(ctl));
     exit_command(ctl)
 }
 
-fn exit_command(ctl: &Path) -> Command {
+pub(crate) fn exit_command(ctl: &Path) -> Command {
     let mut c = Command::new("ssh");
     c.args(["-F", "/dev/null", "-S"])
         .arg(ctl)

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod pooled;
 pub mod ssh;
 pub mod ssh_config;
+pub mod warm;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

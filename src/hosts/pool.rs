@@ -22,6 +22,9 @@ pub struct HostOptions {
     pub connect_timeout: Duration,
     /// Read the user's ~/.ssh/config for aliases (off in tests, for isolation).
     pub use_user_config: bool,
+    /// The warm mode's idle bound (`--persist`, `hosts::warm`): masters kept for the next
+    /// command. None: every connection ends with its command.
+    pub persist: Option<Duration>,
     /// Tests: "connect" to these fake nodes instead, counting each connection.
     #[cfg(feature = "test-support")]
     pub fake: Option<super::fake::FakeNodes>,
@@ -33,6 +36,7 @@ impl Default for HostOptions {
             accept_new_host_keys: false,
             connect_timeout: Duration::from_secs(10),
             use_user_config: true,
+            persist: None,
             #[cfg(feature = "test-support")]
             fake: None,
         }
@@ -66,6 +70,21 @@ impl HostPool {
         Self::connect_reporting(config, nodes, opts, None).await
     }
 
+    /// A pool with no remote connection (none asked for, or none possible: `errors` say why).
+    fn unconnected(
+        hosts: BTreeMap<String, Arc<Pooled>>,
+        errors: BTreeMap<String, Arc<HostError>>,
+        dirs: Vec<tempfile::TempDir>,
+    ) -> HostPool {
+        HostPool {
+            hosts,
+            remembering: false,
+            errors,
+            jump_masters: Vec::new(),
+            dirs,
+        }
+    }
+
     /// `connect`, sending each node on `ready` as soon as it is connected, so work on the first
     /// nodes overlaps the handshakes of the last. The channel closes when every node is done.
     pub async fn connect_reporting(
@@ -90,13 +109,7 @@ impl HostPool {
         let remote: Vec<&&crate::config::Node> =
             wanted.iter().filter(|n| n.host != "local").collect();
         if remote.is_empty() {
-            return HostPool {
-                hosts,
-                remembering: false,
-                errors,
-                jump_masters: Vec::new(),
-                dirs: Vec::new(),
-            };
+            return HostPool::unconnected(hosts, errors, Vec::new());
         }
         let fail_all = |errors: &mut BTreeMap<String, Arc<HostError>>, message: String| {
             for n in &remote {
@@ -116,44 +129,34 @@ impl HostPool {
                     &mut errors,
                     format!("cannot create a temporary directory: {e}"),
                 );
-                return HostPool {
-                    hosts,
-                    remembering: false,
-                    errors,
-                    jump_masters: Vec::new(),
-                    dirs: Vec::new(),
-                };
+                return HostPool::unconnected(hosts, errors, Vec::new());
             }
         };
-        let (targets, settings) = ssh_targets(config, &remote, opts, &dir).await;
+        let warm_root = match opts.persist.map(|_| super::warm::root()).transpose() {
+            Ok(r) => r,
+            Err(e) => {
+                fail_all(&mut errors, format!("warm mode (--persist): {e}"));
+                return HostPool::unconnected(hosts, errors, vec![dir]);
+            }
+        };
+        let (targets, settings, slots) =
+            ssh_targets(config, &remote, opts, &dir, warm_root.as_deref()).await;
         let text = match ssh_config::render(&targets, &settings) {
             Ok(t) => t,
             Err(e) => {
                 fail_all(&mut errors, e);
-                return HostPool {
-                    hosts,
-                    remembering: false,
-                    errors,
-                    jump_masters: Vec::new(),
-                    dirs: vec![dir],
-                };
+                return HostPool::unconnected(hosts, errors, vec![dir]);
             }
         };
         let config_file = dir.path().join("ssh_config");
         if let Err(e) = std::fs::write(&config_file, text) {
             fail_all(&mut errors, format!("cannot write the ssh config: {e}"));
-            return HostPool {
-                hosts,
-                remembering: false,
-                errors,
-                jump_masters: Vec::new(),
-                dirs: vec![dir],
-            };
+            return HostPool::unconnected(hosts, errors, vec![dir]);
         }
         // One master per jump host first: every node hop then goes through it, one handshake
         // at the jump host instead of one per node (and no pressure on its MaxStartups).
         let (jump_masters, jump_failed) =
-            start_jump_masters(config, &targets, &config_file, opts).await;
+            start_jump_masters(config, &targets, &config_file, opts, &slots).await;
         let ctl_root = dir.path().to_path_buf();
         let mut pool = HostPool {
             hosts,
@@ -170,6 +173,7 @@ impl HostPool {
             &ctl_root,
             opts,
             &ready,
+            &slots,
         )
         .await;
         pool
@@ -187,6 +191,7 @@ impl HostPool {
         ctl_root: &Path,
         opts: &HostOptions,
         ready: &Option<Ready>,
+        slots: &HashMap<String, super::warm::Slot>,
     ) {
         let mut gates: HashMap<String, Arc<Semaphore>> = HashMap::new();
         let mut tasks = crate::tasks::KeyedTasks::new();
@@ -223,6 +228,7 @@ impl HostPool {
             let config_file: PathBuf = config_file.to_path_buf();
             let ctl_root = ctl_root.to_path_buf();
             let timeout = opts.connect_timeout;
+            let slot = slots.get(&ssh_config::alias(&address)).cloned();
             tasks.spawn(address.clone(), async move {
                 let _permit = gate.acquire_owned().await;
                 let alias = ssh_config::alias(&address);
@@ -233,7 +239,7 @@ impl HostPool {
                     known_hosts,
                     timeout,
                 };
-                SshHost::connect(&config_file, &alias, &ctl_root, cx).await
+                SshHost::connect(&config_file, &alias, &ctl_root, cx, slot).await
             });
         }
         while let Some((address, joined)) = tasks.next().await {
@@ -422,22 +428,41 @@ async fn apply_user_alias(user_config: &Path, t: &mut SshTarget) {
     }
 }
 
-/// Start the master connection to a jump host; Err carries ssh's log.
+/// Start the master connection to a jump host (in the warm mode: reuse the warm one when it
+/// answers, else start one there); Err carries ssh's log.
 async fn start_jump_master(
     config_file: &Path,
     t: &SshTarget,
     timeout: Duration,
+    warm: Option<super::warm::Slot>,
 ) -> Result<(), String> {
     let Some(ctl) = &t.control_path else {
         return Ok(());
     };
+    let limit = timeout * 2 + Duration::from_secs(5);
+    let _guard = match &warm {
+        Some(slot) => {
+            let guard = slot.lock(limit).await?;
+            if super::warm::answers(ctl).await && super::lifetime::hold(ctl).is_ok() {
+                return Ok(());
+            }
+            let _ = std::fs::remove_file(ctl);
+            Some(guard)
+        }
+        None => None,
+    };
     let log = ctl.with_extension("log");
+    let _ = std::fs::remove_file(&log);
+    let options = match &warm {
+        Some(slot) => super::lifetime::master_options_persisting(slot.persist),
+        None => super::lifetime::master_options(),
+    };
     let mut cmd = tokio::process::Command::new("ssh");
     cmd.arg("-F")
         .arg(config_file)
         .arg("-E")
         .arg(&log)
-        .args(super::lifetime::master_options())
+        .args(options)
         // Its own process group, so the terminal's Ctrl-C leaves it up for the rollback.
         .process_group(0)
         .arg(&t.alias)
@@ -445,9 +470,22 @@ async fn start_jump_master(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
-    match tokio::time::timeout(timeout * 2 + Duration::from_secs(5), cmd.status()).await {
-        Ok(Ok(s)) if s.success() => super::lifetime::started(ctl)
-            .map_err(|e| format!("the master connection went away at once: {e}")),
+    match tokio::time::timeout(limit, cmd.status()).await {
+        Ok(Ok(s)) if s.success() => {
+            let up = match &warm {
+                Some(slot) => super::lifetime::hold(ctl).inspect(|()| {
+                    slot.write_info(&super::warm::Info {
+                        address: t.alias.trim_start_matches("sf.").to_string(),
+                        target: t.hostname.clone(),
+                        via: None,
+                        persist_secs: slot.persist.as_secs(),
+                        started: super::warm::now_secs(),
+                    })
+                }),
+                None => super::lifetime::started(ctl),
+            };
+            up.map_err(|e| format!("the master connection went away at once: {e}"))
+        }
         Ok(Ok(_)) => Err(std::fs::read_to_string(&log).unwrap_or_default()),
         Ok(Err(e)) => Err(format!("cannot run ssh: {e}")),
         Err(_) => Err(format!(
@@ -527,13 +565,19 @@ fn undeclared(config: &Config, nodes: &[String]) -> BTreeMap<String, Arc<HostErr
 }
 
 /// The generated ssh config's targets (with the user's aliases when their config is used), a
-/// control socket for each jump host, and the settings it is rendered with.
+/// control socket for each jump host, the settings it is rendered with, and in the warm mode
+/// (`warm_root`) each target's warm slot by alias.
 async fn ssh_targets(
     config: &Config,
     remote: &[&&crate::config::Node],
     opts: &HostOptions,
     dir: &tempfile::TempDir,
-) -> (Vec<SshTarget>, SshSettings) {
+    warm_root: Option<&Path>,
+) -> (
+    Vec<SshTarget>,
+    SshSettings,
+    HashMap<String, super::warm::Slot>,
+) {
     let user_config = std::env::var_os("HOME")
         .map(|h| Path::new(&h).join(".ssh/config"))
         .filter(|p| opts.use_user_config && p.is_file());
@@ -548,17 +592,65 @@ async fn ssh_targets(
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
-    for (i, t) in targets.iter_mut().enumerate() {
-        if jump_aliases.contains(&t.alias) {
-            t.control_path = Some(dir.path().join(format!("j{i}")));
-        }
-    }
     let settings = SshSettings {
         accept_new_host_keys: opts.accept_new_host_keys,
         connect_timeout_secs: opts.connect_timeout.as_secs().max(1),
         user_config,
     };
-    (targets, settings)
+    let slots = match (warm_root, opts.persist) {
+        (Some(root), Some(persist)) => warm_slots(&targets, &settings, root, persist),
+        _ => HashMap::new(),
+    };
+    for (i, t) in targets.iter_mut().enumerate() {
+        if jump_aliases.contains(&t.alias) {
+            t.control_path = Some(match slots.get(&t.alias) {
+                Some(slot) => slot.master(),
+                None => dir.path().join(format!("j{i}")),
+            });
+        }
+    }
+    (targets, settings, slots)
+}
+
+/// Each target's warm slot, named by everything its connection is made with: its own entry,
+/// its jump host's and the settings.
+fn warm_slots(
+    targets: &[SshTarget],
+    settings: &SshSettings,
+    root: &Path,
+    persist: Duration,
+) -> HashMap<String, super::warm::Slot> {
+    let entry = |alias: &str| {
+        targets
+            .iter()
+            .find(|t| t.alias == alias)
+            .map(|t| {
+                format!(
+                    "{:?}",
+                    SshTarget {
+                        control_path: None,
+                        ..t.clone()
+                    }
+                )
+            })
+            .unwrap_or_default()
+    };
+    targets
+        .iter()
+        .map(|t| {
+            let jump = t.proxy_jump.as_deref().map(entry).unwrap_or_default();
+            let text = format!(
+                "{}\njump {jump}\naccept-new {}\nuser config {:?}",
+                entry(&t.alias),
+                settings.accept_new_host_keys,
+                settings.user_config
+            );
+            (
+                t.alias.clone(),
+                super::warm::Slot::new(root, &text, persist),
+            )
+        })
+        .collect()
 }
 
 /// One master connection per jump host, all at once: the control sockets of those that
@@ -568,6 +660,7 @@ async fn start_jump_masters(
     targets: &[SshTarget],
     config_file: &Path,
     opts: &HostOptions,
+    slots: &HashMap<String, super::warm::Slot>,
 ) -> (Vec<PathBuf>, HashMap<String, Arc<HostError>>) {
     let mut jump_masters = Vec::new();
     let mut jump_failed: HashMap<String, Arc<HostError>> = HashMap::new();
@@ -579,8 +672,9 @@ async fn start_jump_masters(
             config_file.to_path_buf(),
             opts.connect_timeout,
         );
+        let slot = slots.get(&t.alias).cloned();
         starts.spawn(key, async move {
-            start_jump_master(&config_file, &t, timeout).await
+            start_jump_master(&config_file, &t, timeout, slot).await
         });
     }
     while let Some((t, r)) = starts.next().await {
@@ -591,6 +685,8 @@ async fn start_jump_masters(
             .map(|j| j.address.clone())
             .unwrap_or_else(|| t.alias.clone());
         match r {
+            // A warm master is kept, not ended with the pool.
+            Ok(Ok(())) if slots.contains_key(&t.alias) => {}
             Ok(Ok(())) => jump_masters.extend(t.control_path.clone()),
             Err(message) => {
                 let e = Arc::new(HostError::Other {

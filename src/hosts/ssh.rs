@@ -10,7 +10,7 @@ use openssh::{ForwardType, Session, Socket};
 use tokio::sync::{Mutex, Semaphore};
 
 use super::{
-    docker_on_socket, lifetime, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips,
+    docker_on_socket, lifetime, warm, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips,
 };
 
 pub const MAX_SESSIONS: usize = 8;
@@ -21,7 +21,14 @@ pub struct SshHost {
     target: String,
     /// Shared by concurrent commands; taken out only to close.
     session: std::sync::Mutex<Option<Arc<Session>>>,
+    /// This run's folder for the connection: the forwarded sockets (and, cold, the master).
     ctl_dir: PathBuf,
+    /// The master's control socket.
+    master: PathBuf,
+    /// A warm master (`warm`): kept when this command ends, so `close` lets it go instead.
+    warm: bool,
+    /// The run folder of a warm connection (a cold one's belongs to its session).
+    _run_dir: Option<tempfile::TempDir>,
     sessions: Arc<Semaphore>,
     docker: Mutex<Option<bollard::Docker>>,
     forwards: Mutex<Vec<(String, u16, PathBuf)>>,
@@ -38,21 +45,46 @@ pub struct ConnectContext<'a> {
 }
 
 impl SshHost {
-    /// Start the master connection for `alias` of the generated config file.
+    /// Start the master connection for `alias` of the generated config file; with `warm`, reuse
+    /// the warm master of its slot when one answers, or start one there that outlives this
+    /// command by the slot's bound.
     pub async fn connect(
         config_file: &Path,
         alias: &str,
         ctl_root: &Path,
         cx: ConnectContext<'_>,
+        warm: Option<warm::Slot>,
     ) -> Result<SshHost, HostError> {
+        let other = |message: String| HostError::Other {
+            node: cx.node.to_string(),
+            message,
+        };
         let dir = tempfile::Builder::new()
             .prefix("m")
             .tempdir_in(ctl_root)
-            .map_err(|e| HostError::Other {
-                node: cx.node.to_string(),
-                message: format!("cannot create the ssh control directory: {e}"),
-            })?;
-        let log = dir.path().join("log");
+            .map_err(|e| other(format!("cannot create the ssh control directory: {e}")))?;
+        // ssh bounds each TCP connect; the jump adds one more hop and authentication.
+        let limit = cx.timeout * 2 + Duration::from_secs(5);
+        let (master, log, _guard) = match &warm {
+            None => (dir.path().join("master"), dir.path().join("log"), None),
+            Some(slot) => {
+                let guard = slot.lock(limit).await.map_err(other)?;
+                let master = slot.master();
+                if warm::answers(&master).await && lifetime::hold(&master).is_ok() {
+                    let session = Session::resume_mux(master.clone().into(), None);
+                    let ctl_dir = dir.path().to_path_buf();
+                    return Ok(SshHost::build(&cx, session, master, ctl_dir, Some(dir)));
+                }
+                // A master that died (killed, the machine rebooted): reaped here.
+                let _ = std::fs::remove_file(&master);
+                let _ = std::fs::remove_file(slot.log());
+                (master, slot.log(), Some(guard))
+            }
+        };
+        let options = match &warm {
+            Some(slot) => lifetime::master_options_persisting(slot.persist),
+            None => lifetime::master_options(),
+        };
         // `-E` takes only this ssh's own messages; the ProxyJump hop it runs reports on stderr
         // (e.g. the jump's master refusing the forward to an unreachable node).
         let stderr_path = dir.path().join("stderr");
@@ -60,7 +92,6 @@ impl SshHost {
             Ok(f) => std::process::Stdio::from(f),
             Err(_) => std::process::Stdio::null(),
         };
-        let master = dir.path().join("master");
         let mut cmd = tokio::process::Command::new("ssh");
         cmd.arg("-F")
             .arg(config_file)
@@ -68,7 +99,7 @@ impl SshHost {
             .arg(&log)
             .arg("-S")
             .arg(&master)
-            .args(lifetime::master_options())
+            .args(options)
             // Its own process group: the terminal's Ctrl-C must not reach the ProxyJump
             // helper it leaves behind when it goes to the background, or the rollback that
             // Ctrl-C starts finds the node unreachable.
@@ -78,16 +109,9 @@ impl SshHost {
             .stdout(std::process::Stdio::null())
             .stderr(stderr)
             .kill_on_drop(true);
-        // ssh bounds each TCP connect; the jump adds one more hop and authentication.
-        let limit = cx.timeout * 2 + Duration::from_secs(5);
         let status = match tokio::time::timeout(limit, cmd.status()).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                return Err(HostError::Other {
-                    node: cx.node.to_string(),
-                    message: format!("cannot run ssh: {e}"),
-                })
-            }
+            Ok(Err(e)) => return Err(other(format!("cannot run ssh: {e}"))),
             Err(_) => return Err(HostError::Unreachable {
                 node: cx.node.to_string(),
                 target: cx.target.to_string(),
@@ -107,27 +131,60 @@ impl SshHost {
             let jump_up = cx.jump.is_some() && jump_master_answers(config_file, alias).await;
             return Err(classify_hop(&text, &cx, jump_up));
         }
-        let ctl_dir = dir.path().to_path_buf();
-        if let Err(e) = lifetime::started(&master) {
+        let up = match &warm {
+            Some(_) => lifetime::hold(&master),
+            None => lifetime::started(&master),
+        };
+        if let Err(e) = up {
             let _ = tokio::process::Command::from(lifetime::exit_master(&master))
                 .status()
                 .await;
-            return Err(HostError::Other {
-                node: cx.node.to_string(),
-                message: format!("the ssh master connection went away at once: {e}"),
-            });
+            return Err(other(format!(
+                "the ssh master connection went away at once: {e}"
+            )));
         }
-        let session = Session::new_native_mux(dir);
-        Ok(SshHost {
+        match warm {
+            Some(slot) => {
+                slot.write_info(&warm::Info {
+                    address: cx.node.to_string(),
+                    target: cx.target.to_string(),
+                    via: cx.jump.map(str::to_string),
+                    persist_secs: slot.persist.as_secs(),
+                    started: warm::now_secs(),
+                });
+                let session = Session::resume_mux(master.clone().into(), None);
+                let ctl_dir = dir.path().to_path_buf();
+                Ok(SshHost::build(&cx, session, master, ctl_dir, Some(dir)))
+            }
+            None => {
+                let ctl_dir = dir.path().to_path_buf();
+                let session = Session::new_native_mux(dir);
+                Ok(SshHost::build(&cx, session, master, ctl_dir, None))
+            }
+        }
+    }
+
+    /// `run_dir`: a warm connection's folder of this run (a cold one's is its session's).
+    fn build(
+        cx: &ConnectContext<'_>,
+        session: Session,
+        master: PathBuf,
+        ctl_dir: PathBuf,
+        run_dir: Option<tempfile::TempDir>,
+    ) -> SshHost {
+        SshHost {
             node: cx.node.to_string(),
             target: cx.target.to_string(),
             session: std::sync::Mutex::new(Some(Arc::new(session))),
             ctl_dir,
+            master,
+            warm: run_dir.is_some(),
+            _run_dir: run_dir,
             sessions: Arc::new(Semaphore::new(MAX_SESSIONS)),
             docker: Mutex::new(None),
             forwards: Mutex::new(Vec::new()),
             trips: Counter::default(),
-        })
+        }
     }
 
     fn lost(&self, reason: impl std::fmt::Display) -> HostError {
@@ -268,15 +325,45 @@ impl Host for SshHost {
     async fn close(&self) {
         self.docker.lock().await.take();
         let taken = self.session.lock().ok().and_then(|mut g| g.take());
-        if taken.is_some() {
-            // `-O exit` ends the master even while commands still hold the session; the control
-            // folder goes when the last of them drops it.
-            let mut exit =
-                tokio::process::Command::from(lifetime::exit_master(&self.ctl_dir.join("master")));
-            exit.kill_on_drop(true);
-            // A hung master must not hang the command: the janitor still ends it at exit.
-            let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
+        let Some(session) = taken else { return };
+        if self.warm {
+            // The master stays for the next command: take back what this one asked of it.
+            let docker = self.ctl_dir.join("docker.sock");
+            let mut forwards: Vec<(PathBuf, Socket<'static>)> = Vec::new();
+            if docker.exists() {
+                forwards.push((
+                    docker,
+                    Socket::UnixSocket {
+                        path: Path::new("/var/run/docker.sock").into(),
+                    },
+                ));
+            }
+            for (host, port, local) in self.forwards.lock().await.iter() {
+                forwards.push((
+                    local.clone(),
+                    Socket::TcpSocket {
+                        host: host.clone().into(),
+                        port: *port,
+                    },
+                ));
+            }
+            for (local, remote) in forwards {
+                let cancel = session.close_port_forward(
+                    ForwardType::Local,
+                    Socket::UnixSocket { path: local.into() },
+                    remote,
+                );
+                let _ = tokio::time::timeout(Duration::from_secs(2), cancel).await;
+            }
+            lifetime::release(&self.master);
+            return;
         }
+        // `-O exit` ends the master even while commands still hold the session; the control
+        // folder goes when the last of them drops it.
+        let mut exit = tokio::process::Command::from(lifetime::exit_master(&self.master));
+        exit.kill_on_drop(true);
+        // A hung master must not hang the command: the janitor still ends it at exit.
+        let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
     }
 }
 

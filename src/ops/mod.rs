@@ -3,6 +3,7 @@
 //! these and renders what comes back; anything else can run an apply the same way.
 
 pub mod apply;
+pub mod connections;
 pub mod definitions;
 pub mod import;
 pub mod lock;

@@ -400,3 +400,37 @@ output "where" {
     assert_eq!(code, 1);
     assert!(stderr.contains("too short"), "{stderr}");
 }
+
+/// `--persist` (and `SPARKFORM_PERSIST`) takes a bounded duration; anything else is refused
+/// before anything connects, naming the value and the form. `connections` with nothing kept
+/// says so and creates nothing.
+#[test]
+fn persist_takes_a_bounded_duration_and_connections_lists_nothing_kept() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    for (how, bad) in [("flag", "5s"), ("env", "forever")] {
+        let mut c = sparkform();
+        c.args(["plan", d, "-refresh=false"]);
+        match how {
+            "flag" => c.args(["-persist", bad]),
+            _ => c.env("SPARKFORM_PERSIST", bad),
+        };
+        let (code, _, stderr) = out(&mut c);
+        assert_eq!(code, 1, "{how} {bad}: {stderr}");
+        assert!(
+            stderr.contains(bad) && stderr.contains("--persist"),
+            "{stderr}"
+        );
+    }
+    let (code, stdout, stderr) = out(sparkform()
+        .args(["plan", d, "-refresh=false"])
+        .env("SPARKFORM_PERSIST", "off"));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let runtime = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = out(sparkform()
+        .args(["connections"])
+        .env("XDG_RUNTIME_DIR", runtime.path()));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("No kept connections"), "{stdout}");
+    assert!(!runtime.path().join("sparkform-warm").exists());
+}

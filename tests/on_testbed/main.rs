@@ -35,4 +35,5 @@ mod testbed_rank_group;
 mod testbed_refresh;
 mod testbed_sglang;
 mod testbed_ssh_alias;
+mod testbed_warm;
 mod testbed_watch;
