@@ -17,7 +17,10 @@
 //!   - `failed`: a run that failed on its own, its failure recorded (`plan::MARK_RUN_FAILED`);
 //!   - `finalize`: the write after a successful apply's finalize (set-aside containers
 //!     removed, outputs recorded); it belongs to no step, so `finalize` alone matches it;
-//!   - `revert`: a complete rollback putting back the entries of the steps that failed.
+//!   - `revert`: a complete rollback putting back the entries of the steps that failed;
+//!   - `undo`: a rollback's record of one undone step (its entry back as before the apply);
+//!   - `lineage`: the state written before the first step of a deployment's first apply (the
+//!     lineage its containers will carry); it belongs to no step, so `lineage` alone matches.
 //! - `ACTION` the action as plans spell it (`create`, `replace`, `update`, `delete`, `run`),
 //!   or `*` (or nothing) for any;
 //! - `ADDRESS_PART` a part of the step's address;
@@ -55,6 +58,10 @@ pub enum JournalWrite {
     Finalize,
     /// A complete rollback putting back the entries of the steps that failed.
     Revert,
+    /// A rollback's record of one undone step.
+    Undo,
+    /// The state written before the first step, holding the lineage.
+    Lineage,
 }
 
 impl JournalWrite {
@@ -67,6 +74,8 @@ impl JournalWrite {
             JournalWrite::Failed => "failed",
             JournalWrite::Finalize => "finalize",
             JournalWrite::Revert => "revert",
+            JournalWrite::Undo => "undo",
+            JournalWrite::Lineage => "lineage",
         }
     }
 }
@@ -93,13 +102,15 @@ mod hook {
     pub const ENV: &str = "SPARKFORM_CHAOS_KILL_AFTER";
     pub const SKIP_ENV: &str = "SPARKFORM_CHAOS_SKIP_JOURNAL";
 
-    const PHASES: [JournalWrite; 6] = [
+    const PHASES: [JournalWrite; 8] = [
         JournalWrite::Ahead,
         JournalWrite::Done,
         JournalWrite::Forget,
         JournalWrite::Failed,
         JournalWrite::Finalize,
         JournalWrite::Revert,
+        JournalWrite::Undo,
+        JournalWrite::Lineage,
     ];
 
     #[derive(Debug)]
@@ -283,6 +294,12 @@ mod hook {
             assert!(any.matches(JournalWrite::Failed, Action::Run, "probe.hello"));
             let revert = parse("revert:run").unwrap();
             assert!(revert.matches(JournalWrite::Revert, Action::Run, "probe.hello"));
+            let undo = parse("undo:replace:container.head").unwrap();
+            assert!(undo.matches(JournalWrite::Undo, Action::Replace, "container.head"));
+            assert!(!undo.matches(JournalWrite::Done, Action::Replace, "container.head"));
+            let lineage = parse("lineage").unwrap();
+            assert!(lineage.matches(JournalWrite::Lineage, Action::NoOp, ""));
+            assert!(!lineage.matches(JournalWrite::Finalize, Action::NoOp, ""));
             assert_eq!(
                 fields(&parse("forget:create:attach").unwrap()).0,
                 JournalWrite::Forget

@@ -657,6 +657,7 @@ fn write_lineage_first(
         return true;
     }
     let Err(e) = req.store.write(state) else {
+        chaos::after_journal_write(chaos::JournalWrite::Lineage, Action::NoOp, "");
         return true;
     };
     outcome.ok = false;

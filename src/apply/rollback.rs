@@ -88,8 +88,13 @@ pub(super) async fn rollback(
                         }
                     }
                 }
-                if let Err(e) = req.store.write(state) {
-                    outcome.state_error = Some(e.to_string());
+                match req.store.write(state) {
+                    Ok(()) => super::chaos::after_journal_write(
+                        super::chaos::JournalWrite::Undo,
+                        undoable[k].1.change.action,
+                        address,
+                    ),
+                    Err(e) => outcome.state_error = Some(e.to_string()),
                 }
             }
             Err(e) => {
