@@ -285,23 +285,32 @@ fn fmt_check_reports_and_fmt_fixes() {
 
 #[test]
 fn every_command_explains_itself_with_an_example() {
-    for cmd in [
-        "validate",
-        "plan",
-        "graph",
-        "show",
-        "output",
-        "fmt",
-        "force-unlock",
-    ] {
-        let (code, stdout, _) = out(sparkform().args([cmd, "--help"]));
+    // Every command `sparkform --help` lists, so a new one cannot go without an example.
+    let (code, top, _) = out(sparkform().args(["--help"]));
+    assert_eq!(code, 0);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Options:"))
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help" && c != "state")
+        .collect();
+    assert!(
+        commands.len() >= 18 && commands.iter().any(|c| c == "connections"),
+        "{commands:?}"
+    );
+    for cmd in &commands {
+        let (code, stdout, _) = out(sparkform().args([cmd.as_str(), "--help"]));
         assert_eq!(code, 0, "{cmd}");
         assert!(
             stdout.contains("Example"),
             "{cmd} --help has no example:\n{stdout}"
         );
     }
-    for sub in ["list", "show"] {
+    // `state` is a group: its subcommands carry the examples.
+    for sub in ["list", "show", "pull", "push", "migrate"] {
         let (_, stdout, _) = out(sparkform().args(["state", sub, "--help"]));
         assert!(stdout.contains("Example"), "state {sub}");
     }
