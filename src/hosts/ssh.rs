@@ -72,8 +72,16 @@ impl SshHost {
                 let master = slot.master();
                 if warm::answers(&master).await && lifetime::hold(&master).is_ok() {
                     let session = Session::resume_mux(master.clone().into(), None);
-                    let ctl_dir = dir.path().to_path_buf();
-                    return Ok(SshHost::build(&cx, session, master, ctl_dir, Some(dir)));
+                    if reaches(&session).await {
+                        let ctl_dir = dir.path().to_path_buf();
+                        return Ok(SshHost::build(&cx, session, master, ctl_dir, Some(dir)));
+                    }
+                    // The machine went away behind a master that still answers here (it would
+                    // notice within its keepalives): end it and connect anew.
+                    lifetime::release(&master);
+                    let mut exit = tokio::process::Command::from(lifetime::exit_command(&master));
+                    exit.kill_on_drop(true);
+                    let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
                 }
                 // A master that died (killed, the machine rebooted): reaped here.
                 let _ = std::fs::remove_file(&master);
@@ -365,6 +373,15 @@ impl Host for SshHost {
         // A hung master must not hang the command: the janitor still ends it at exit.
         let _ = tokio::time::timeout(Duration::from_secs(5), exit.status()).await;
     }
+}
+
+/// Whether a command runs through a kept master: one round trip to the machine, bounded.
+async fn reaches(session: &Session) -> bool {
+    let mut cmd = session.command("true");
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), cmd.status()).await,
+        Ok(Ok(status)) if status.success()
+    )
 }
 
 /// The jump host's master connection that the node hop `alias` goes through, from the generated

@@ -8,10 +8,14 @@
 //! bound, whatever became of the command that started it. Each lives in a folder of its own
 //! under the user's warm folder (`$XDG_RUNTIME_DIR/sparkform-warm`, else
 //! `/tmp/sparkform-warm-UID`, mode 0700, refused when anyone else could enter it), named by a
-//! hash of everything the connection was made with (address, user, port, key, known hosts, jump
-//! host, bound): a changed definition never reuses a connection made for another. A command that
-//! finds a folder whose master died (killed, machine rebooted) reaps it; `sparkform connections`
-//! lists the folders and `-close` ends them.
+//! hash of what sparkform's generated ssh config says of the connection (address, user, port,
+//! key, known hosts file, jump host, host-key mode, the user's ssh config file's path) and the
+//! bound: a changed definition never reuses a connection made for another. Edits inside the
+//! user's ssh config or known hosts file do not change the name: they reach kept connections
+//! after `sparkform connections -close`. A master is reused only after a command through it
+//! answers (a master whose machine went away still answers locally for a while); a command that
+//! finds a folder whose master died (killed, machine rebooted) reaps it; `sparkform
+//! connections` lists the folders and `-close` ends them.
 
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
@@ -69,9 +73,10 @@ pub fn root_path() -> PathBuf {
     }
 }
 
-/// This process's user: the owner of its /proc entry.
+/// This process's effective user.
 fn my_uid() -> u32 {
-    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
 }
 
 /// The user's warm folder, created when missing; refused when it is a link, is not the user's,
@@ -91,17 +96,24 @@ fn check_private(dir: &Path) -> Result<(), String> {
     let meta = std::fs::symlink_metadata(dir)
         .map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
     let me = my_uid();
+    let fix = "set XDG_RUNTIME_DIR to a folder of your own (the warm folder goes there), or do not ask for kept connections (--persist, SPARKFORM_PERSIST)";
     if !meta.is_dir() {
         return Err(format!(
-            "{} is not a folder (a link or a file): remove it, or run without --persist",
+            "{} is not a folder (a link or a file), so it cannot hold kept connections: remove it if it is yours, or {fix}",
             dir.display()
         ));
     }
-    if meta.uid() != me || meta.permissions().mode() & 0o077 != 0 {
+    if meta.uid() != me {
         return Err(format!(
-            "{} belongs to uid {} with mode {:o}: the warm connections' folder must be yours alone (mode 700); remove it, or run without --persist",
+            "{} belongs to uid {}, not to you (uid {me}): kept connections need a folder of your own; {fix}",
             dir.display(),
-            meta.uid(),
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} has mode {:o}: others may enter it, and a kept connection's socket runs commands as you; `chmod 700` it, or {fix}",
+            dir.display(),
             meta.permissions().mode() & 0o7777
         ));
     }
@@ -199,11 +211,17 @@ fn try_lock(dir: &Path) -> std::io::Result<Option<File>> {
             Err(e) => return Err(e),
         }
         let path = dir.join(LOCK);
-        let file = std::fs::OpenOptions::new()
+        let file = match std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(&path)?;
+            .open(&path)
+        {
+            Ok(f) => f,
+            // A reaper removed the folder between the two: make it again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
@@ -262,17 +280,29 @@ pub async fn list(root: &Path) -> Vec<Listed> {
         let info = std::fs::read_to_string(dir.join(INFO))
             .ok()
             .and_then(|t| serde_json::from_str::<Info>(&t).ok());
-        let alive = answers(&dir.join(MASTER)).await;
+        let mut alive = answers(&dir.join(MASTER)).await;
         if !alive {
             match try_lock(&dir) {
-                // Nobody is starting it: a dead master's folder.
+                // Nobody is starting it now; asked again under the lock, for a command that
+                // started it meanwhile and let go.
                 Ok(Some(_held)) => {
-                    let _ = std::fs::remove_dir_all(&dir);
+                    alive = answers(&dir.join(MASTER)).await;
+                    if !alive {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
                 }
                 // Another command is starting it right now: not ours to judge.
                 _ => continue,
             }
         }
+        let info = if alive {
+            std::fs::read_to_string(dir.join(INFO))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Info>(&t).ok())
+                .or(info)
+        } else {
+            info
+        };
         out.push(Listed { dir, info, alive });
     }
     out
@@ -296,7 +326,11 @@ pub async fn close_all(root: &Path) -> Vec<Listed> {
     });
     futures_util::future::join_all(ends).await;
     for l in listed.iter().filter(|l| l.alive) {
-        let _ = std::fs::remove_dir_all(&l.dir);
+        // Under the folder's lock, so a command starting a new master there is not cut off;
+        // one that holds it keeps its folder (its master is new, and ends when idle).
+        if let Ok(Some(_held)) = try_lock(&l.dir) {
+            let _ = std::fs::remove_dir_all(&l.dir);
+        }
     }
     listed
 }
@@ -375,7 +409,8 @@ mod tests {
         assert_eq!(check_private(&warm), Ok(()));
         std::fs::set_permissions(&warm, std::fs::Permissions::from_mode(0o770)).unwrap();
         let e = check_private(&warm).unwrap_err();
-        assert!(e.contains("yours alone") && e.contains("770"), "{e}");
+        assert!(e.contains("others may enter") && e.contains("770"), "{e}");
+        assert!(e.contains("XDG_RUNTIME_DIR"), "{e}");
         let link = dir.path().join("l");
         std::os::unix::fs::symlink(dir.path(), &link).unwrap();
         assert!(check_private(&link).unwrap_err().contains("not a folder"));

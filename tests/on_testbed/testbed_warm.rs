@@ -1,8 +1,9 @@
 //! The warm mode (`--persist`, `SPARKFORM_PERSIST`) on the real ssh path: connections kept after
 //! a command are reused by the next, end by themselves once idle for the bound, a killed one is
-//! reaped by the next command, `connections -close` ends them, and without the setting nothing
-//! is kept. Each test has a warm folder of its own (`XDG_RUNTIME_DIR`), so its connections are
-//! told apart from any other test's by the folder in their arguments.
+//! reaped by the next command, one whose machine went quiet is replaced, `connections -close`
+//! ends them, and without the setting nothing is kept. Each test has a warm folder of its own
+//! (`XDG_RUNTIME_DIR`), so its connections are told apart from any other test's by the folder
+//! in their arguments.
 
 use crate::common;
 
@@ -46,6 +47,19 @@ fn masters(runtime: &Path) -> Vec<(u32, String)> {
         .collect();
     out.sort_by(|a, b| a.1.cmp(&b.1));
     out
+}
+
+/// Run a shell script in a testbed node's container (not over ssh: its sessions are the subject).
+fn in_node(container: &str, script: &str) {
+    let o = Command::new("docker")
+        .args(["exec", container, "sh", "-c", script])
+        .output()
+        .expect("docker exec");
+    assert!(
+        o.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn pid_of(masters: &[(u32, String)], alias: &str) -> u32 {
@@ -110,6 +124,26 @@ fn kept_connections_are_reused_reaped_closed_and_end_when_idle() {
     assert_eq!(
         pid_of(&after_kill, "sf.node.node2"),
         pid_of(&first, "sf.node.node2")
+    );
+
+    // A machine gone quiet behind a master that still answers here (the node's sshd session of
+    // that master stopped): the next command gets no answer through it, ends it and connects
+    // anew, instead of failing on its first command.
+    let sessions = "ps -eo pid,stat,args | grep '[s]shd: root' | awk '{print $1}'";
+    in_node("sf-node1", &format!("kill -STOP $({sessions})"));
+    let (code, out, err) = sparkform_in(rt, Some("10s"), &["plan", d]);
+    // Only the stopped session goes: the new master's is running.
+    let stopped = "ps -eo pid,stat,args | awk '$2 ~ /^T/ && /sshd: root/ {print $1}'";
+    in_node(
+        "sf-node1",
+        &format!("kill -KILL $({stopped}) 2>/dev/null; true"),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let after_stop = masters(rt);
+    assert_ne!(
+        pid_of(&after_stop, "sf.node.node1"),
+        pid_of(&after_kill, "sf.node.node1"),
+        "the quiet machine's master was reused"
     );
 
     // -close ends them all now and leaves no folder of theirs.
