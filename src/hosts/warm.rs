@@ -370,31 +370,18 @@ mod tests {
 
     #[test]
     fn a_setting_changed_is_another_folder() {
-        let root = Path::new("/r");
-        let a = Slot::new(
-            root,
-            "Host a\n  HostName 10.0.0.1\n",
-            Duration::from_secs(60),
-        );
-        let same = Slot::new(
-            root,
-            "Host a\n  HostName 10.0.0.1\n",
-            Duration::from_secs(60),
-        );
-        let other_host = Slot::new(
-            root,
-            "Host a\n  HostName 10.0.0.2\n",
-            Duration::from_secs(60),
-        );
-        let other_bound = Slot::new(
-            root,
-            "Host a\n  HostName 10.0.0.1\n",
-            Duration::from_secs(61),
-        );
+        let slot = |host: &str, secs: u64| {
+            let text = format!("Host a\n  HostName {host}\n");
+            Slot::new(Path::new("/r"), &text, Duration::from_secs(secs))
+        };
+        let a = slot("10.0.0.1", 60);
+        let same = slot("10.0.0.1", 60);
+        let other_host = slot("10.0.0.2", 60);
+        let other_bound = slot("10.0.0.1", 61);
         assert_eq!(a.dir, same.dir);
         assert_ne!(a.dir, other_host.dir);
         assert_ne!(a.dir, other_bound.dir);
-        assert_eq!(a.dir.parent(), Some(root));
+        assert_eq!(a.dir.parent(), Some(Path::new("/r")));
         assert_eq!(a.dir.file_name().map(|n| n.len()), Some(16));
     }
 

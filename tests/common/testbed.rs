@@ -172,12 +172,22 @@ network "fabric" {{
 
 /// Run the sparkform binary; (exit code, stdout, stderr).
 pub fn sparkform(args: &[&str]) -> (i32, String, String) {
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
-        .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
+    sparkform_env(&[], args)
+}
+
+/// [`sparkform`] with environment variables set (`Some`) or removed (`None`).
+pub fn sparkform_env(env: &[(&str, Option<&str>)], args: &[&str]) -> (i32, String, String) {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"));
+    c.env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
         .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run sparkform");
+        .stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let o = c.output().expect("run sparkform");
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).to_string(),

@@ -53,6 +53,36 @@ network "a" {
     };
 }
 
+/// A worker on n2 joining the head (the container both definitions put on n1) and a probe
+/// in the head after it: what both definitions end with.
+macro_rules! worker_and_probe {
+    () => {
+        r#"
+container "worker" {
+  node       = node.n2
+  image      = "ray:1"
+  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
+  depends_on = [container.head]
+  ready {
+    exec     = ["ray", "status"]
+    timeout  = "2s"
+    interval = "1s"
+  }
+}
+
+probe "serving" {
+  timeout    = "5s"
+  interval   = "1s"
+  depends_on = [container.worker]
+  exec {
+    container = container.head
+    command   = ["curl", "-sf", "localhost:8000/v1/models"]
+  }
+}
+"#
+    };
+}
+
 /// The shape of examples/testbed: two nodes that leave their memory to the machines, a fabric,
 /// a model block whose revision is a branch (resolved on its download node at plan time), a
 /// head serving its snapshot, a worker, and a probe.
@@ -80,29 +110,9 @@ container "head" {
     interval = "1s"
   }
 }
-
-container "worker" {
-  node       = node.n2
-  image      = "ray:1"
-  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
-  depends_on = [container.head]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-probe "serving" {
-  timeout    = "5s"
-  interval   = "1s"
-  depends_on = [container.worker]
-  exec {
-    container = container.head
-    command   = ["curl", "-sf", "localhost:8000/v1/models"]
-  }
-}
-
+"#,
+    worker_and_probe!(),
+    r#"
 output "memory" {
   value = [node.n1.memory_gib, node.n2.memory_gib]
 }
@@ -979,29 +989,8 @@ container "head" {
     interval = "1s"
   }
 }
-
-container "worker" {
-  node       = node.n2
-  image      = "ray:1"
-  command    = ["ray", "start", "--address", "${network.a.attach.n1.address}:6379"]
-  depends_on = [container.head]
-  ready {
-    exec     = ["ray", "status"]
-    timeout  = "2s"
-    interval = "1s"
-  }
-}
-
-probe "serving" {
-  timeout    = "5s"
-  interval   = "1s"
-  depends_on = [container.worker]
-  exec {
-    container = container.head
-    command   = ["curl", "-sf", "localhost:8000/v1/models"]
-  }
-}
-"#
+"#,
+    worker_and_probe!()
 );
 
 /// What a no-op plan of [`NO_MODEL`] makes on each node: one command (the node's glance: the

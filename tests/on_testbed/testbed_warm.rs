@@ -8,28 +8,21 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::procs;
-use common::testbed::testbed;
+use common::testbed::{sparkform_env, testbed};
 
 /// Run sparkform with the warm folder under `runtime` and `persist` (None: unset).
 fn sparkform_in(runtime: &Path, persist: Option<&str>, args: &[&str]) -> (i32, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sparkform"));
-    c.env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
-        .env("XDG_RUNTIME_DIR", runtime)
-        .env_remove("SPARKFORM_PERSIST")
-        .args(args)
-        .stdin(Stdio::null());
-    if let Some(p) = persist {
-        c.env("SPARKFORM_PERSIST", p);
-    }
-    let o = c.output().expect("run sparkform");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).to_string(),
-        String::from_utf8_lossy(&o.stderr).to_string(),
+    let runtime = runtime.to_str().expect("a UTF-8 temp path");
+    sparkform_env(
+        &[
+            ("XDG_RUNTIME_DIR", Some(runtime)),
+            ("SPARKFORM_PERSIST", persist),
+        ],
+        args,
     )
 }
 
