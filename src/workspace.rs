@@ -7,7 +7,7 @@ use crate::config::backend::{BackendKind, StateBlock};
 use crate::config::{self, Config, VarInputs};
 use crate::diag::Diagnostics;
 use crate::graph::Graph;
-use crate::state::{HashKey, PgTarget, State, StateError, StateKey, StateStore};
+use crate::state::{HashKey, LockWait, PgTarget, State, StateError, StateKey, StateStore};
 
 pub const DEFAULT_STATE_FILE: &str = "state/sparkform.json";
 
@@ -20,7 +20,27 @@ pub struct Workspace {
     /// [`Workspace::store`], made once: every use in a run shares its backend (PostgreSQL's
     /// one connection for the lock, the reads and the writes).
     store: std::sync::Arc<std::sync::OnceLock<StateStore>>,
+    /// `-lock-timeout`: how the store's lock waits for another process's.
+    lock_wait: Option<LockWait>,
+    /// `-workspace` (or `SPARKFORM_WORKSPACE`): the state's workspace, instead of the one
+    /// the `state` block names.
+    workspace: Option<String>,
+    /// Whether `-state` named the file.
+    state_given: bool,
 }
+
+/// Where the local backend keeps the state of workspace `name` of the definitions in `dir`:
+/// `default`'s is `DIR/state/sparkform.json`, the others' `DIR/state/workspaces/NAME/sparkform.json`.
+pub fn local_state_path(dir: &Path, name: &str) -> PathBuf {
+    if name == config::backend::DEFAULT_WORKSPACE {
+        dir.join(DEFAULT_STATE_FILE)
+    } else {
+        dir.join(LOCAL_WORKSPACES).join(name).join("sparkform.json")
+    }
+}
+
+/// The folder of the local backend's workspaces other than `default`, in the definitions' folder.
+pub const LOCAL_WORKSPACES: &str = "state/workspaces";
 
 impl Workspace {
     /// `dir` holds the definitions; the state is where their `state` block says, by default
@@ -47,7 +67,53 @@ impl Workspace {
             state_path: state.map(Path::to_path_buf).unwrap_or(default),
             backend,
             store: Default::default(),
+            lock_wait: None,
+            workspace: None,
+            state_given: state.is_some(),
         }
+    }
+
+    /// This deployment's state in workspace `name` (`-workspace`), when given: PostgreSQL's
+    /// row of that name, whatever the `state` block names; the local file
+    /// [`local_state_path`]. A local workspace other than `default` and `-state` together
+    /// are refused: each names the file.
+    pub fn in_workspace(mut self, name: Option<&str>) -> Self {
+        let Some(name) = name else {
+            return self;
+        };
+        self.workspace = Some(name.to_string());
+        self.store = Default::default();
+        if self.backend_kind() == BackendKind::Local && name != config::backend::DEFAULT_WORKSPACE {
+            if self.state_given && self.state_path != local_state_path(&self.dir, name) {
+                self.backend = Err(format!(
+                    "-state {} names the state file, and -workspace {name} names another (DIR/{LOCAL_WORKSPACES}/{name}/sparkform.json): give one of them",
+                    self.state_path.display()
+                ));
+            } else {
+                self.state_path = local_state_path(&self.dir, name);
+            }
+        }
+        self
+    }
+
+    /// The state's workspace: `-workspace`'s, else the `state` block's (PostgreSQL), else
+    /// `default`.
+    pub fn workspace_name(&self) -> String {
+        if let Some(name) = &self.workspace {
+            return name.clone();
+        }
+        match &self.backend {
+            Ok(Some(b)) if b.backend == BackendKind::Pg => b.workspace.clone(),
+            _ => config::backend::DEFAULT_WORKSPACE.to_string(),
+        }
+    }
+
+    /// This deployment, its state lock waiting as `wait` says (`-lock-timeout`) when another
+    /// process holds it.
+    pub fn with_lock_wait(mut self, wait: Option<LockWait>) -> Self {
+        self.lock_wait = wait;
+        self.store = Default::default();
+        self
     }
 
     /// The backend the definitions choose: `local` (also without a `state` block) or `pg`.
@@ -130,15 +196,17 @@ impl Workspace {
                 let target = PgTarget {
                     schema: block
                         .map_or(config::backend::DEFAULT_SCHEMA.into(), |b| b.schema.clone()),
-                    workspace: block.map_or(config::backend::DEFAULT_WORKSPACE.into(), |b| {
-                        b.workspace.clone()
+                    workspace: self.workspace.clone().unwrap_or_else(|| {
+                        block.map_or(config::backend::DEFAULT_WORKSPACE.into(), |b| {
+                            b.workspace.clone()
+                        })
                     }),
                 };
                 StateStore::postgres_from_env(self.dir.join(DEFAULT_STATE_FILE), target)
             }
         };
         match store {
-            Ok(s) => s.with_key(key),
+            Ok(s) => s.with_key(key).with_lock_wait(self.lock_wait.clone()),
             Err(e) => StateStore::unusable(self.state_path.clone(), e),
         }
     }

@@ -1,12 +1,24 @@
 # vLLM across the testbed's two nodes without Ray (modules/vllm-mp), after
 # `tests/testbed/testbed up && testbed ray && testbed hub`: the same jump host, nodes, fabric and
-# weights as examples/testbed, and the vLLM stand-in in its multiprocessing mode (rank 0 on node1
+# weights as examples/testbed-standin, and the vLLM stand-in in its multiprocessing mode (rank 0 on node1
 # hosts the master port, node2 joins it headless; rank 0 answers only once every rank has joined).
 
 variable "testbed_dir" {
   type        = string
   default     = "/tmp/sparkform-testbed"
   description = "Where `testbed up` keeps its keys and known_hosts (SPARKFORM_TESTBED_DIR)."
+}
+
+variable "nodes" {
+  type        = list(string)
+  default     = ["sf-node1", "sf-node2"]
+  description = "The two testbed nodes it runs on, rank 0's first (`testbed up -n N` names them sf-node1 to sf-nodeN)."
+}
+
+variable "fabric_addresses" {
+  type        = list(string)
+  default     = ["192.168.200.1", "192.168.200.2"]
+  description = "The two nodes' addresses on the fabric (192.168.200.0/24), in the order of `nodes`."
 }
 
 variable "rev" {
@@ -76,7 +88,7 @@ jump "testbed" {
 }
 
 node "node1" {
-  address       = "sf-node1"
+  address       = var.nodes[0]
   user          = "root"
   jump          = jump.testbed
   identity_file = "${var.testbed_dir}/id_ed25519"
@@ -86,7 +98,7 @@ node "node1" {
 }
 
 node "node2" {
-  address       = "sf-node2"
+  address       = var.nodes[1]
   user          = "root"
   jump          = jump.testbed
   identity_file = "${var.testbed_dir}/id_ed25519"
@@ -102,12 +114,12 @@ network "roce" {
   attach "node1" {
     node      = node.node1
     interface = "enp1s0f0np0"
-    address   = "192.168.200.1"
+    address   = var.fabric_addresses[0]
   }
   attach "node2" {
     node      = node.node2
     interface = "enp1s0f0np0"
-    address   = "192.168.200.2"
+    address   = var.fabric_addresses[1]
   }
 }
 

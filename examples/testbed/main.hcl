@@ -1,9 +1,15 @@
-# The seed deployment's modules on the local testbed (tests/testbed/testbed up && testbed ray &&
-# testbed hub): two Docker-in-Docker nodes behind a jump host, a fabric at MTU 9000 on
-# 192.168.200.0/24, real Ray, and a stand-in for `vllm serve` that places its TP×PP GPU bundles on
-# the nodes exactly as vLLM does (each node declares one logical GPU) and answers chat
-# completions. The weights come from the stand-in hub: node1 downloads them once, node2 copies
-# them from node1 over the fabric, both verify them, and vLLM serves the local snapshot offline.
+# The real vLLM across the local testbed's two nodes (tests/testbed/testbed up && testbed ray &&
+# testbed engine && testbed hub): two Docker-in-Docker nodes behind a jump host, a fabric at
+# MTU 9000 on 192.168.200.0/24, and vLLM's CPU build serving a tiny real Qwen3 with tensor
+# parallelism 2, one rank per node (modules/vllm-mp: rank 0 on node1 holds the master port and
+# the API, node2 joins it headless; torch.distributed runs over the fabric). The weights come
+# from the stand-in hub: node1 downloads them once, node2 copies them from node1 over the fabric,
+# both verify them, and vLLM loads the local snapshot offline.
+#
+# vLLM's Ray executor is not used here: this CPU build refuses it ("current platform cpu does
+# not support ray"), so the seed's Ray layout runs on the stand-in (examples/testbed-standin).
+# What a CPU build needs that a GPU does not is set below, never in a module: the KV cache's
+# size in GiB (VLLM_CPU_KVCACHE_SPACE) and a short context.
 
 variable "testbed_dir" {
   type        = string
@@ -11,10 +17,28 @@ variable "testbed_dir" {
   description = "Where `testbed up` keeps its keys and known_hosts (SPARKFORM_TESTBED_DIR)."
 }
 
+variable "nodes" {
+  type        = list(string)
+  default     = ["sf-node1", "sf-node2"]
+  description = "The two testbed nodes it runs on, rank 0's first (`testbed up -n N` names them sf-node1 to sf-nodeN)."
+}
+
+variable "fabric_addresses" {
+  type        = list(string)
+  default     = ["192.168.200.1", "192.168.200.2"]
+  description = "The two nodes' addresses on the fabric (192.168.200.0/24), in the order of `nodes`."
+}
+
 variable "rev" {
   type        = string
   default     = "main"
-  description = "The model's revision on the hub: a branch, a tag or a 40-hex commit (the stand-in hub has `main` and `v2`)."
+  description = "The model's revision on the hub: a branch, a tag or a 40-hex commit (the stand-in hub's tiny Qwen3 has `main` and `v2`, with different weights)."
+}
+
+variable "repo" {
+  type        = string
+  default     = "testbed/tiny-qwen3"
+  description = "The model on the hub: a tiny Qwen3 (2 layers, hidden size 256) with real weights, tokenizer and chat template."
 }
 
 variable "hub" {
@@ -25,8 +49,25 @@ variable "hub" {
 
 variable "image" {
   type        = string
-  default     = "sparkform-testbed/ray:latest"
-  description = "The Ray and vLLM image; the apply checks that its vLLM knows the model's architecture before anything starts on it."
+  default     = "sparkform-testbed/vllm-cpu:latest"
+  description = "The ranks' image: the real vLLM, its CPU build (`testbed engine`). The apply checks that its vLLM knows the model's architecture before anything starts on it."
+}
+
+variable "max_model_len" {
+  type    = number
+  default = 512
+}
+
+variable "kv_cache_gib" {
+  type        = number
+  default     = 1
+  description = "The KV cache of each rank, in GiB: a CPU build sizes it from VLLM_CPU_KVCACHE_SPACE, not from gpu_memory_utilization."
+}
+
+variable "extra_args" {
+  type        = list(string)
+  default     = []
+  description = "More `vllm serve` flags for every rank."
 }
 
 variable "probe_timeout" {
@@ -34,15 +75,10 @@ variable "probe_timeout" {
   default = "2m"
 }
 
-variable "max_model_len" {
-  type    = number
-  default = 8192
-}
-
-variable "expect_model" {
+variable "health_timeout" {
   type        = string
-  default     = "Qwen"
-  description = "What the hello probe expects the model to call itself."
+  default     = "8m"
+  description = "How long a rank waits for rank 0's /health: a cold start compiles the model on two shared cores."
 }
 
 variable "api_key" {
@@ -61,23 +97,23 @@ jump "testbed" {
 }
 
 node "node1" {
-  address       = "sf-node1"
+  address       = var.nodes[0]
   user          = "root"
   jump          = jump.testbed
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
-  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
+  gpu_devices   = false # no GPU on the testbed: one rank per node, counted as its logical GPU
 }
 
 node "node2" {
-  address       = "sf-node2"
+  address       = var.nodes[1]
   user          = "root"
   jump          = jump.testbed
   identity_file = "${var.testbed_dir}/id_ed25519"
   known_hosts   = "${var.testbed_dir}/known_hosts"
   gpus          = 1
-  gpu_devices   = false # no GPU on the testbed: the declared one is logical, for the placement checks
+  gpu_devices   = false # no GPU on the testbed: one rank per node, counted as its logical GPU
 }
 
 network "roce" {
@@ -87,18 +123,18 @@ network "roce" {
   attach "node1" {
     node      = node.node1
     interface = "enp1s0f0np0"
-    address   = "192.168.200.1"
+    address   = var.fabric_addresses[0]
   }
   attach "node2" {
     node      = node.node2
     interface = "enp1s0f0np0"
-    address   = "192.168.200.2"
+    address   = var.fabric_addresses[1]
   }
 }
 
 # One resource per node: model.qwen["node1"] downloads, model.qwen["node2"] pulls over the fabric.
 model "qwen" {
-  repo        = "testbed/standin-qwen3"
+  repo        = var.repo
   revision    = var.rev
   nodes       = [node.node1, node.node2]
   cache       = "/tmp/sparkform-models"
@@ -109,7 +145,7 @@ model "qwen" {
 }
 
 module "qwen" {
-  source                 = "../../modules/vllm-ray"
+  source                 = "../../modules/vllm-mp"
   image                  = var.image
   network                = network.roce
   head                   = node.node1
@@ -122,11 +158,16 @@ module "qwen" {
   hf_cache               = "/tmp/sparkform-hf-cache"
   shm_size               = "1g"
   rdma                   = false # the testbed's nodes have no /dev/infiniband
-  ray_args               = ["--object-store-memory=100000000", "--num-cpus=1"]
-  health_timeout         = "5m"
+  health_timeout         = var.health_timeout
+  start_timeout          = "3m"
+  rendezvous_timeout     = "2m"
+  extra_args             = var.extra_args
+  extra_env              = { VLLM_CPU_KVCACHE_SPACE = tostring(var.kv_cache_gib) }
   api_key                = var.api_key
 }
 
+# A real completion through both ranks: the random weights say nothing sensible, so the probe
+# asks for at least 4 tokens, greedily (the same weights, the same text), and wants some text.
 probe "hello" {
   http {
     via     = node.node1
@@ -134,15 +175,17 @@ probe "hello" {
     method  = "POST"
     headers = module.qwen.auth_headers
     json = {
-      model      = module.qwen.served_model_name
-      max_tokens = 64
-      messages   = [{ role = "user", content = "Hello! What model are you? Reply briefly." }]
+      model       = module.qwen.served_model_name
+      max_tokens  = 16
+      min_tokens  = 4
+      temperature = 0
+      messages    = [{ role = "user", content = "Hello! What model are you? Reply briefly." }]
     }
   }
   expect {
     status    = 200
     json_path = "choices[0].message.content"
-    matches   = "(?i)${var.expect_model}"
+    matches   = "\\S"
   }
   timeout  = var.probe_timeout
   interval = "2s"

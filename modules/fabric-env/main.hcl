@@ -102,7 +102,9 @@ locals {
     gpu = local.detect_socket_fallback && var.nccl_socket_fallback == "warn" ? local.socket_fallback : {}
   }
 
-  # Known failures, by the log line that shows them, with the fix. Each group applies where its
+  # Known failures, by the log line that shows them, with the fix. vLLM's CPU build refuses a
+  # head dimension its attention kernels lack as "Invalid CPU attention head_dim: N" (0.13) and
+  # "Unsupported CPU attention configuration: head_dim=N" (0.21 on). Each group applies where its
   # software runs: `gpu` and `vllm` in every vLLM container, `ray` in Ray's, `mp` in the ranks
   # of vLLM's multiprocessing backend. A pattern must match no line of `benign_log`.
   signatures = {
@@ -115,11 +117,12 @@ locals {
       local.detect_socket_fallback && var.nccl_socket_fallback == "fail" ? local.socket_fallback : {},
     )
     vllm = {
-      "Available KV cache memory: -"                   = "the weights leave no memory for the KV cache on this rank: raise gpu_memory_utilization (at most 0.85-0.90 on GB10), lower max_model_len, or spread the model over more nodes"
-      "CUDA out of memory|CUDA error: out of memory"   = "the GPU ran out of memory while vLLM loaded or profiled: right after a restart the previous vLLM (an orphan VLLM::EngineCore process) may still hold the node's memory, so wait until the node's available memory is back and apply again; otherwise lower gpu_memory_utilization or max_model_len"
-      "Gloo connectFullMesh failed"                    = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
-      "Model architectures \\[.*\\] are not supported" = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
-      "Free memory on device .* is less than desired"  = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
+      "Available KV cache memory: -"                                                                = "the weights leave no memory for the KV cache on this rank: raise gpu_memory_utilization (at most 0.85-0.90 on GB10), lower max_model_len, or spread the model over more nodes"
+      "CUDA out of memory|CUDA error: out of memory"                                                = "the GPU ran out of memory while vLLM loaded or profiled: right after a restart the previous vLLM (an orphan VLLM::EngineCore process) may still hold the node's memory, so wait until the node's available memory is back and apply again; otherwise lower gpu_memory_utilization or max_model_len"
+      "Gloo connectFullMesh failed"                                                                 = "Gloo could not connect the nodes: GLOO_SOCKET_IFNAME and VLLM_HOST_IP must name the fabric interface and each node's own fabric address in every container"
+      "Model architectures \\[.*\\] are not supported"                                              = "this image's vLLM does not know the model's architecture: use an image whose vLLM supports the model"
+      "Free memory on device .* is less than desired"                                               = "the GPU has less free memory than gpu_memory_utilization asks for: lower it, or stop whatever else holds GPU memory (an old vLLM?)"
+      "Unsupported CPU attention configuration: head_dim=\\d+|Invalid CPU attention head_dim: \\d+" = "vLLM's CPU build has no attention kernel for this model's head dimension (head_dim in its config.json; 64 runs, 16 does not): serve this model on GPU nodes, or pick a model whose head dimension the CPU build supports"
     }
     ray = {
       "Waiting for creating a placement group of specs"                                        = "vLLM's placement group waits for GPUs Ray does not offer: RAY_ADDRESS must point at the head (a bare ray.init() starts a private cluster without GPUs), every worker must have joined (see the ray_members probe), and tensor_parallel_size × pipeline_parallel_size must equal the GPUs of the nodes"

@@ -21,17 +21,22 @@ output "progress" {
   # URL" since (0.21's and 0.33's). 0.34's model runner says "Loading model from scratch..." where
   # the older ones said "Starting to load model", and names its graph bars "Capturing CUDA
   # graphs (MODE)"; vLLM's torch.compile names its cache folder first, then compiles or, from a
-  # warm cache, loads what it compiled before (the phase a warm `cache` skips).
+  # warm cache, loads what it compiled before (the phase a warm `cache` skips); the CPU build's
+  # model runner says "Warming up model for the compilation..." instead. The KV cache's size is
+  # "GPU KV cache size: N tokens" (the CPU build: "CPU KV cache size"), and a CPU worker's own
+  # share "Explicitly set (X/Y) GiB for KV cache on node N".
   value = {
-    "Starting to load model|Loading model from scratch"    = "loading the model"
-    "Loading safetensors checkpoint shards: +(\\d+)%"      = "loading weights"
-    "Loading weights took|Model loading took"              = "weights loaded"
-    "Using cache directory: .* for vLLM's torch\\.compile" = "compiling"
-    "Memory profiling takes|Available KV cache memory:"    = "memory profiled"
-    "Capturing CUDA graphs[^:]*: +(\\d+)%"                 = "capturing CUDA graphs"
-    "Graph capturing finished in"                          = "CUDA graphs captured"
-    "Starting vLLM (API )?server"                          = "starting the API server"
-    "Application startup complete"                         = "API server up"
+    "Starting to load model|Loading model from scratch"       = "loading the model"
+    "Loading safetensors checkpoint shards: +(\\d+)%"         = "loading weights"
+    "Loading weights took|Model loading took"                 = "weights loaded"
+    "Using cache directory: .* for vLLM's torch\\.compile"    = "compiling"
+    "Warming up model for the compilation"                    = "compiling"
+    "Memory profiling takes|Available KV cache memory:"       = "memory profiled"
+    "KV cache size: [\\d,.]+ tokens|GiB for KV cache on node" = "KV cache allocated"
+    "Capturing CUDA graphs[^:]*: +(\\d+)%"                    = "capturing CUDA graphs"
+    "Graph capturing finished in"                             = "CUDA graphs captured"
+    "Starting vLLM (API )?server"                             = "starting the API server"
+    "Application startup complete"                            = "API server up"
   }
 }
 

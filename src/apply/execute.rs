@@ -134,8 +134,27 @@ impl<'r, 'a> Run<'r, 'a> {
             );
             let mut job = jobs.job(&step);
             job.idx = i;
+            job.upstream = self.upstream_of(&step);
             running.spawn((i, Instant::now()), job.run());
         }
+    }
+
+    /// What a check (a resource whose kind runs rather than holds something) depends on, as
+    /// this apply recorded it so far: its job watches them while it retries. Empty for the
+    /// other steps.
+    fn upstream_of(&self, step: &Step) -> Vec<(String, ResourceState)> {
+        let StepKind::Resource(kind) = step.kind else {
+            return Vec::new();
+        };
+        if kind.kind().lifecycle() != crate::kinds::Lifecycle::Runs {
+            return Vec::new();
+        }
+        self.req
+            .graph
+            .ancestors(&step.address)
+            .into_iter()
+            .filter_map(|a| Some((a.clone(), self.state.resources.get(&a)?.clone())))
+            .collect()
     }
 
     /// What a step that ended came to: done, stopped (cancelled from outside) or failed.

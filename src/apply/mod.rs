@@ -368,6 +368,28 @@ struct Job {
     cancel: CancellationToken,
     containers: Arc<ContainerIndex>,
     secrets: crate::events::Secrets,
+    /// For a check (a probe): what it depends on, as this apply recorded it, which
+    /// [`Job::run`] watches while the check retries (see [`watch_upstream`]).
+    upstream: Vec<(String, ResourceState)>,
+}
+
+/// How often a check's upstream is looked at while the check retries.
+const UPSTREAM_EVERY: Duration = Duration::from_secs(5);
+
+/// The first of `upstream` that is down (its kind says so, [`Machine::down`]: a container that
+/// exited, with what its log says it died of), looked at every [`UPSTREAM_EVERY`]; never
+/// returns while all are up.
+async fn watch_upstream(upstream: &[(String, ResourceState)], pool: &HostPool) -> StepError {
+    loop {
+        tokio::time::sleep(UPSTREAM_EVERY).await;
+        for (address, recorded) in upstream {
+            if let Some(why) = machine(recorded.kind).down(recorded, pool).await {
+                return StepError::new(format!(
+                    "stopped trying: {address}, which it depends on, is down: {why}"
+                ));
+            }
+        }
+    }
 }
 
 impl Job {
@@ -408,7 +430,17 @@ impl Job {
                         return (self.idx, self.step.clone(), Err(err), start.elapsed());
                     }
                 }
-                machine(*kind).apply(&cx, self.step.change.action).await
+                if self.upstream.is_empty() {
+                    machine(*kind).apply(&cx, self.step.change.action).await
+                } else {
+                    // A check against an engine that died retries for its whole timeout
+                    // (minutes, for a loading engine) unless what it depends on is watched.
+                    let check = machine(*kind).apply(&cx, self.step.change.action);
+                    tokio::select! {
+                        result = check => result,
+                        down = watch_upstream(&self.upstream, &self.pool) => Err(down),
+                    }
+                }
             }
         };
         // What a step says (a probe's URL, its answer, what it expected) reaches events, the
@@ -724,6 +756,7 @@ impl Jobs<'_> {
             cancel: self.cancel.clone(),
             containers: self.containers.clone(),
             secrets: self.secrets.clone(),
+            upstream: Vec::new(),
         }
     }
 }

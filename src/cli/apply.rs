@@ -205,6 +205,9 @@ pub fn execute(
     };
     show_warnings(&prepared.warnings, args.json);
     if !args.json {
+        if let Some(header) = super::workspace_header(ws) {
+            println!("{header}");
+        }
         print!("{}", render::render(&prepared.plan));
     }
     let prompt = !args.auto_approve && !from_planfile;

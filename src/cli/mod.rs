@@ -38,6 +38,7 @@ mod tunnel;
 mod validate;
 mod verify;
 mod watch;
+mod workspace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +93,11 @@ pub enum Command {
     #[command(subcommand)]
     State(state::StateCommand),
     ForceUnlock(force_unlock::ForceUnlockArgs),
+    #[command(
+        subcommand,
+        after_help = "Example:\n  sparkform workspace list examples/testbed\n  SPARKFORM_WORKSPACE=staging sparkform plan examples/testbed"
+    )]
+    Workspace(workspace::WorkspaceCommand),
 }
 
 /// The folder and variables every configuration-reading command takes.
@@ -116,11 +122,58 @@ pub struct InputArgs {
     /// State file (default: DIR/state/sparkform.json)
     #[arg(long = "state", value_name = "PATH")]
     pub state: Option<PathBuf>,
+    /// When another command holds the state lock, wait up to DURATION for it (30s, 5m)
+    /// instead of failing at once
+    #[arg(long = "lock-timeout", value_name = "DURATION", value_parser = parse_lock_timeout)]
+    pub lock_timeout: Option<std::time::Duration>,
+    /// The state's workspace: another state of the same definitions (a PostgreSQL row, or the
+    /// local file DIR/state/workspaces/NAME/sparkform.json); `sparkform workspace list`
+    #[arg(long = "workspace", env = "SPARKFORM_WORKSPACE", value_name = "NAME", value_parser = parse_workspace)]
+    pub workspace: Option<String>,
+}
+
+/// `-workspace`'s value: a name a state can be kept under.
+fn parse_workspace(text: &str) -> Result<String, String> {
+    if crate::config::backend::is_workspace_name(text) {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a workspace name: use letters, digits, `_`, `-` and `.` (not first), at most 128"
+        ))
+    }
+}
+
+/// `-lock-timeout`'s value: a duration as the definitions write one (`90`, `30s`, `5m`, `1h`).
+fn parse_lock_timeout(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is not a duration: write 30s, 5m or 1h"))
+}
+
+/// How the state lock waits with `-lock-timeout`: it tells, once, who holds it and since when.
+fn lock_wait(timeout: Option<std::time::Duration>) -> Option<crate::state::LockWait> {
+    let timeout = timeout.filter(|t| !t.is_zero())?;
+    Some(crate::state::LockWait {
+        timeout,
+        notify: std::sync::Arc::new(|holder: &crate::state::LockInfo, timeout| {
+            eprintln!(
+                "Waiting up to {} for the state lock: `{}` holds it since {} (PID {} on {}, lock ID {})…",
+                crate::plan::render::duration(timeout.as_secs_f64()),
+                holder.operation,
+                holder.started,
+                holder.pid,
+                holder.host,
+                holder.id
+            );
+        }),
+    })
 }
 
 impl ConfigArgs {
     pub fn workspace(&self) -> Workspace {
         Workspace::new(&self.dir, self.inputs.state.as_deref())
+            .in_workspace(self.inputs.workspace.as_deref())
+            .with_lock_wait(lock_wait(self.inputs.lock_timeout))
     }
 
     /// The definitions evaluated as written (`ops::definitions::load`), with its variables;
@@ -172,6 +225,13 @@ pub struct StateFile {
     /// State file (default: DIR/state/sparkform.json)
     #[arg(long = "state", value_name = "PATH")]
     pub state: Option<PathBuf>,
+    /// When another command holds the state lock, wait up to DURATION for it (30s, 5m)
+    /// instead of failing at once
+    #[arg(long = "lock-timeout", value_name = "DURATION", value_parser = parse_lock_timeout)]
+    pub lock_timeout: Option<std::time::Duration>,
+    /// The state's workspace (a PostgreSQL row, or DIR/state/workspaces/NAME/sparkform.json)
+    #[arg(long = "workspace", env = "SPARKFORM_WORKSPACE", value_name = "NAME", value_parser = parse_workspace)]
+    pub workspace: Option<String>,
     /// The folder, as older scripts give it; DIR is the way now
     #[arg(long = "dir", value_name = "DIR", hide = true)]
     pub old_dir: Option<PathBuf>,
@@ -196,7 +256,9 @@ impl StateFile {
         let ws = Workspace::new(
             named.unwrap_or(std::path::Path::new(".")),
             self.state.as_deref(),
-        );
+        )
+        .in_workspace(self.workspace.as_deref())
+        .with_lock_wait(lock_wait(self.lock_timeout));
         if named.is_some() || self.state.is_none() {
             if let Err(message) = ws.check_folder() {
                 eprintln!("Error: {message}");
@@ -238,6 +300,18 @@ impl ConnectArgs {
             ..crate::ops::HostOptions::default()
         }
     }
+}
+
+/// The line a plan or an apply starts with when its state is not the `default` workspace's:
+/// the same definitions then deploy another cluster, and the reader should see which.
+pub fn workspace_header(ws: &Workspace) -> Option<String> {
+    let name = ws.workspace_name();
+    (name != crate::config::backend::DEFAULT_WORKSPACE).then(|| {
+        format!(
+            "Workspace \"{name}\": the state in {}.\n",
+            ws.store().describe()
+        )
+    })
 }
 
 /// The async runtime for commands that talk to machines.
@@ -305,6 +379,8 @@ const SINGLE_DASH: &[&str] = &[
     "purge-caches",
     "persist",
     "close",
+    "lock-timeout",
+    "workspace",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -364,6 +440,7 @@ pub fn main() -> ExitCode {
         Command::Fmt(a) => fmt::run(a),
         Command::State(c) => state::run(c),
         Command::ForceUnlock(a) => force_unlock::run(a),
+        Command::Workspace(c) => workspace::run(c),
     }
 }
 
@@ -413,10 +490,20 @@ pub fn report_op_error(e: crate::ops::OpError, json: bool) -> ExitCode {
         OpError::State(e) => report_error(e),
         OpError::PlanFile(e) => report_error(e),
         OpError::Refresh(errors) => {
+            // Connected, but a program the read needs is not on the node: nothing to fix in
+            // the connection.
+            let programs = !errors.is_empty()
+                && errors
+                    .iter()
+                    .all(|e| matches!(**e, crate::ops::HostError::ProgramMissing { .. }));
             for e in errors {
                 eprintln!("{:?}", miette::Report::new(SharedHostError(e)));
             }
-            eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
+            if programs {
+                eprintln!("Error: cannot refresh; install what is missing on the node, or plan against the state alone with -refresh=false.");
+            } else {
+                eprintln!("Error: cannot refresh; fix the connection, or plan against the state alone with -refresh=false.");
+            }
             ExitCode::from(1)
         }
         OpError::DefinitionsChanged(address) => {

@@ -26,7 +26,10 @@ each image the node has, never pulled), and the network interfaces. Lines marked
 the nodes differ from each other (kernel, driver, CUDA, image IDs, an image's NCCL), an image \
 that carries both a pip and a system NCCL, or where they differ from the definitions (declared \
 GPUs or memory, an attachment's interface that does not exist); lines marked `-` explain expected differences (logical GPUs with `gpu_devices = \
-false`, no NVIDIA driver, no RDMA device). Exits 1 when a node cannot be reached.",
+false`, no NVIDIA driver, no RDMA device). A part a node cannot show (a program it lacks, such as \
+`ip` or `nvidia-smi`, named with the Debian/Ubuntu package that brings it) is said on its own line \
+(`interfaces: not read: ...`, a `?` in the table) and the rest is shown. Exits 1 when a node cannot \
+be reached or its facts cannot be read at all.",
     after_help = "Example:\n  sparkform nodes examples/testbed\n  sparkform nodes examples/testbed --json"
 )]
 pub struct NodesArgs {
@@ -51,22 +54,11 @@ pub fn run(args: NodesArgs) -> ExitCode {
         Err(code) => return code,
     };
     rt.block_on(async {
-        let results: std::collections::BTreeMap<String, Result<Facts, String>> =
-            crate::ops::nodes::gather(&config, &opts)
-                .await
-                .into_iter()
-                .map(|(name, r)| {
-                    let r = match r {
-                        NodeFacts::Facts(f) => Ok(*f),
-                        NodeFacts::Failed(e) => Err(e),
-                        NodeFacts::Unreachable(e) => Err(format!(
-                            "{:?}",
-                            miette::Report::new(super::SharedHostError(e))
-                        )),
-                    };
-                    (name, r)
-                })
-                .collect();
+        let results: Results = crate::ops::nodes::gather(&config, &opts)
+            .await
+            .into_iter()
+            .map(|(name, r)| (name, shown(r)))
+            .collect();
         let unreachable = results.values().any(|r| r.is_err());
         if args.json {
             println!("{}", render_json(&config, &results));
@@ -81,7 +73,39 @@ pub fn run(args: NodesArgs) -> ExitCode {
     })
 }
 
-type Results = BTreeMap<String, Result<Facts, String>>;
+/// Why a node shows no facts at all.
+#[derive(Debug, Clone)]
+struct NotShown {
+    /// Not connected; else connected, but its facts could not be gathered.
+    unreachable: bool,
+    why: String,
+}
+
+type Results = BTreeMap<String, Result<Facts, NotShown>>;
+
+fn shown(r: NodeFacts) -> Result<Facts, NotShown> {
+    match r {
+        NodeFacts::Facts(f) => Ok(*f),
+        NodeFacts::Failed(why) => Err(NotShown {
+            unreachable: false,
+            why,
+        }),
+        NodeFacts::Unreachable(e) => Err(NotShown {
+            unreachable: true,
+            why: format!("{:?}", miette::Report::new(super::SharedHostError(e))),
+        }),
+    }
+}
+
+/// How a section of [`Facts::not_read`] reads in the text.
+fn section_label(field: &str) -> &str {
+    match field {
+        "memory_gib" => "memory",
+        "nvidia" => "driver",
+        "docker_memlock" => "containers' memlock",
+        other => other,
+    }
+}
 
 fn reached(results: &Results) -> BTreeMap<String, Facts> {
     results
@@ -103,7 +127,7 @@ fn render_json(config: &Config, results: &Results) -> String {
                         "explanations": node.map(|n| explanations(n, f)).unwrap_or_default(),
                     })
                 }
-                Err(e) => serde_json::json!({ "error": e }),
+                Err(e) => serde_json::json!({ "error": e.why, "unreachable": e.unreachable }),
             };
             (name.clone(), v)
         })
@@ -127,33 +151,58 @@ fn render_text(config: &Config, results: &Results) -> String {
         let f = match r {
             Ok(f) => f,
             Err(e) => {
-                let mut row = vec![name.clone(), "unreachable".into()];
+                let what = if e.unreachable {
+                    "unreachable"
+                } else {
+                    "not read"
+                };
+                let mut row = vec![name.clone(), what.into()];
                 row.resize(rows[0].len(), String::new());
                 rows.push(row);
-                notes.push(format!("! {name}: {e}"));
+                notes.push(format!("! {name}: {}", e.why));
                 continue;
+            }
+        };
+        // A section the node could not show reads `?`, said on its own line below.
+        let or_unknown = |field: &str, value: String| {
+            if f.not_read.contains_key(field) {
+                "?".to_string()
+            } else {
+                value
             }
         };
         rows.push(vec![
             name.clone(),
-            f.os.clone(),
-            f.kernel.clone(),
-            f.arch.clone(),
-            f.cpus.to_string(),
-            format!("{:.1} GiB", f.memory_gib),
-            match f.gpus.first() {
-                None => "0".into(),
-                Some(g) => format!("{} × {}", f.gpus.len(), g.name),
-            },
-            f.nvidia
-                .as_ref()
-                .map_or("none".into(), |n| n.driver.clone()),
-            f.nvidia
-                .as_ref()
-                .and_then(|n| n.cuda.clone())
-                .unwrap_or_else(|| "none".into()),
+            or_unknown("os", f.os.clone()),
+            or_unknown("kernel", f.kernel.clone()),
+            or_unknown("arch", f.arch.clone()),
+            or_unknown("cpus", f.cpus.to_string()),
+            or_unknown("memory_gib", format!("{:.1} GiB", f.memory_gib)),
+            or_unknown(
+                "gpus",
+                match f.gpus.first() {
+                    None => "0".into(),
+                    Some(g) => format!("{} × {}", f.gpus.len(), g.name),
+                },
+            ),
+            or_unknown(
+                "nvidia",
+                f.nvidia
+                    .as_ref()
+                    .map_or("none".into(), |n| n.driver.clone()),
+            ),
+            or_unknown(
+                "nvidia",
+                f.nvidia
+                    .as_ref()
+                    .and_then(|n| n.cuda.clone())
+                    .unwrap_or_else(|| "none".into()),
+            ),
             f.docker.clone().unwrap_or_else(|_| "unavailable".into()),
         ]);
+        for (field, why) in f.not_read.iter().filter(|(k, _)| *k != "interfaces") {
+            notes.push(format!("{name}: {}: not read: {why}", section_label(field)));
+        }
         let rdma: Vec<String> = f
             .rdma
             .iter()
@@ -204,7 +253,10 @@ fn render_text(config: &Config, results: &Results) -> String {
                 .to_string()
             })
             .collect();
-        notes.push(format!("{name}: interfaces: {}", ifaces.join("; ")));
+        match f.not_read.get("interfaces") {
+            Some(why) => notes.push(format!("{name}: interfaces: not read: {why}")),
+            None => notes.push(format!("{name}: interfaces: {}", ifaces.join("; "))),
+        }
         if let Some(n) = config.nodes.get(name) {
             for e in explanations(n, f) {
                 notes.push(format!("- {name}: {e}"));
@@ -333,6 +385,7 @@ mod tests {
             images: [("vllm:26.01".to_string(), Some(image.to_string()))].into(),
             nccl: BTreeMap::new(),
             interfaces: Vec::new(),
+            not_read: BTreeMap::new(),
         }
     }
 
@@ -448,6 +501,95 @@ nccl-wheel\t{packages}/nvidia_nccl_cu12-{version}.dist-info\t{version}\n"
             "the probe did not finish within 60 s"
         );
         assert_eq!(json["differences"].as_array().unwrap().len(), 2, "{json}");
+    }
+
+    /// The issue's node (no iproute2): its row shows the GPU, driver, CUDA and memory, its
+    /// interfaces line names `ip` and iproute2; a part not read is `?` in the table. Only a
+    /// node not connected reads "unreachable"; one connected whose facts failed, "not read".
+    #[test]
+    fn a_section_not_read_is_said_alone_and_the_rest_shown() {
+        let c = config(true);
+        let mut h200 = facts("580.159.04", "sha256:1111111111111111");
+        h200.gpus = vec![crate::hosts::facts::Gpu {
+            name: "NVIDIA H200".into(),
+            memory_mib: Some(143771),
+        }];
+        h200.memory_gib = 2048.0;
+        h200.not_read = [
+            (
+                "interfaces".to_string(),
+                "`ip` is missing on the node (install iproute2)".to_string(),
+            ),
+            (
+                "docker_memlock".to_string(),
+                "`pidof` is missing on the node (install procps, or sysvinit-utils on older releases)"
+                    .to_string(),
+            ),
+            ("cpus".to_string(), "`nproc` is missing on the node (install coreutils)".to_string()),
+        ]
+        .into();
+        let results: Results = [
+            ("node.a".to_string(), Ok(h200)),
+            (
+                "node.b".to_string(),
+                Err(NotShown {
+                    unreachable: false,
+                    why: "gathering facts took over 60 s".into(),
+                }),
+            ),
+            (
+                "node.c".to_string(),
+                Err(NotShown {
+                    unreachable: true,
+                    why: "node.c: cannot reach 10.0.0.3: connection refused".into(),
+                }),
+            ),
+        ]
+        .into();
+        let text = render_text(&c, &results);
+        let row = |node: &str| {
+            text.lines()
+                .find(|l| l.starts_with(node) && !l.contains(": "))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            row("node.a"),
+            "node.a Ubuntu 24.04.3 LTS 6.11.0-1016-nvidia aarch64 ? 2048.0 GiB 1 × NVIDIA H200 580.159.04 13.0 28.2.2 (API 1.50)",
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "node.a: interfaces: not read: `ip` is missing on the node (install iproute2)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("node.a: containers' memlock: not read: `pidof` is missing on the node"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "node.a: cpus: not read: `nproc` is missing on the node (install coreutils)\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(row("node.b"), "node.b not read", "{text}");
+        assert!(
+            text.contains("! node.b: gathering facts took over 60 s"),
+            "{text}"
+        );
+        assert_eq!(row("node.c"), "node.c unreachable", "{text}");
+        assert!(!row("node.a").contains("unreachable"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&render_json(&c, &results)).unwrap();
+        assert_eq!(
+            json["nodes"]["node.a"]["facts"]["not_read"]["interfaces"],
+            "`ip` is missing on the node (install iproute2)"
+        );
+        assert_eq!(json["nodes"]["node.b"]["unreachable"], false);
+        assert_eq!(json["nodes"]["node.c"]["unreachable"], true);
     }
 
     #[test]

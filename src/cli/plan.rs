@@ -251,6 +251,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         }
         let doc = serde_json::json!({
             "format_version": 1,
+            "workspace": ws.workspace_name(),
             "diagnostics": super::diagnostics_values(&all),
             "lock": lock_note,
             "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
@@ -262,6 +263,9 @@ pub fn run(args: PlanArgs) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         report_warnings(&warnings);
+        if let Some(header) = super::workspace_header(&ws) {
+            println!("{header}");
+        }
         print!("{}", render::render(&plan));
         if !lock_changes.is_empty() {
             println!("\n{} changes (an apply writes them):", ops::lock::FILE);

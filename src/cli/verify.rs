@@ -12,8 +12,13 @@ use crate::ops::definitions::Pins;
 #[command(
     long_about = "Run every probe (or the -target ones) against the deployment as it runs now, in \
 dependency order, and print each one's latency and answer. Changes nothing and takes no lock. \
-Exits 1 when a probe fails.",
-    after_help = "Example:\n  sparkform verify examples/testbed\n  sparkform verify examples/testbed -target probe.hello --json"
+Exits 1 when a probe fails.\n\n\
+Made to answer fast for cron and monitoring: a probe first looks at what it depends on, and a \
+container that is not running fails it at once, naming its state and exit code (container \
+vllm-node1 is exited (exit code 137) on node.node1). A running engine that does not answer is \
+tried again for --retry-for only, not for the probe's timeout, which is how long an apply waits \
+for an engine that is still loading.",
+    after_help = "Examples:\n  sparkform verify examples/testbed\n  sparkform verify examples/testbed -target probe.hello --json\n  sparkform verify examples/testbed --retry-for 30s   # cron: a busy engine gets 30 s to answer"
 )]
 pub struct VerifyArgs {
     #[command(flatten)]
@@ -23,12 +28,24 @@ pub struct VerifyArgs {
     /// Only these probes (repeatable); a fabric_test runs only when named here
     #[arg(long, value_name = "ADDRESS")]
     pub target: Vec<String>,
+    /// How long a probe's failed attempts are tried again (0s: one attempt); a probe whose
+    /// container is not running fails at once
+    #[arg(long = "retry-for", default_value = "10s", value_name = "DURATION")]
+    pub retry_for: String,
     /// Progress as JSON lines
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: VerifyArgs) -> ExitCode {
+    let Some(retry_for) = crate::config::parse_duration(&args.retry_for) else {
+        eprintln!(
+            "Error: --retry-for {:?} is not a duration\n  help: such as \"10s\", \"2m\", or \"0s\" for one attempt",
+            args.retry_for
+        );
+        return ExitCode::from(2);
+    };
+    let retry_for = std::time::Duration::from_secs(retry_for);
     let ws = args.config.workspace();
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e,
@@ -94,8 +111,10 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
         let r = crate::ops::verify::verify(
             &config,
-            &graph.order(),
+            &graph,
+            &state,
             &args.target,
+            retry_for,
             &args.connect.options(),
             &tx,
         )

@@ -17,7 +17,9 @@ use crate::ops::watch::{WatchEnd, WatchRequest};
     long_about = "Check the deployment as it runs, every --interval: each container's state and \
 Docker restart count, the lines of its log that mean the engine no longer serves (watch_on_log, \
 such as EngineDeadError, and its ready checks' fail_on_log), and the probes verify runs (the \
-canary's real completion), each within --probe-timeout. Exits 1 naming the cause at the first \
+canary's real completion), each within --probe-timeout: a probe whose container is not running \
+fails at once, naming its state and exit code, and a failed attempt is tried again for --retry-for \
+only (not the probe's timeout, which is how long an apply waits for an engine that is loading). Exits 1 naming the cause at the first \
 failure, unless --restart: then the whole engine (every rank of its process group, what its \
 replacement triggers, and the probes after it) is replaced through the normal apply (journal, \
 state, rollback), at most --max-restarts times within --window, each waiting twice as long as \
@@ -37,6 +39,10 @@ pub struct WatchArgs {
     /// The longest each probe may take at a check (a wedged engine never answers)
     #[arg(long = "probe-timeout", default_value = "60s", value_name = "DURATION")]
     pub probe_timeout: String,
+    /// How long a probe's failed attempts are tried again at a check (0s: one attempt); a probe
+    /// whose container is not running fails at once
+    #[arg(long = "retry-for", default_value = "10s", value_name = "DURATION")]
+    pub retry_for: String,
     /// Restart the engine when a check fails (else exit 1 naming the cause)
     #[arg(long)]
     pub restart: bool,
@@ -60,9 +66,10 @@ pub struct WatchArgs {
     pub json: bool,
 }
 
-fn duration(flag: &str, text: &str) -> Result<Duration, ExitCode> {
+/// `text` as a duration of at least `least` seconds.
+fn duration(flag: &str, text: &str, least: u64) -> Result<Duration, ExitCode> {
     match crate::config::parse_duration(text) {
-        Some(s) if s > 0 => Ok(Duration::from_secs(s)),
+        Some(s) if s >= least => Ok(Duration::from_secs(s)),
         _ => {
             eprintln!("Error: --{flag} {text:?} is not a duration\n  help: such as \"30s\", \"5m\" or \"1h\"");
             Err(ExitCode::from(2))
@@ -73,12 +80,13 @@ fn duration(flag: &str, text: &str) -> Result<Duration, ExitCode> {
 pub fn run(args: WatchArgs) -> ExitCode {
     let parsed = (|| {
         Ok::<_, ExitCode>((
-            duration("interval", &args.interval)?,
-            duration("probe-timeout", &args.probe_timeout)?,
-            duration("window", &args.window)?,
+            duration("interval", &args.interval, 1)?,
+            duration("probe-timeout", &args.probe_timeout, 1)?,
+            duration("retry-for", &args.retry_for, 0)?,
+            duration("window", &args.window, 1)?,
         ))
     })();
-    let (interval, probe_timeout, window) = match parsed {
+    let (interval, probe_timeout, retry_for, window) = match parsed {
         Ok(d) => d,
         Err(code) => return code,
     };
@@ -159,6 +167,7 @@ pub fn run(args: WatchArgs) -> ExitCode {
                 vars,
                 interval,
                 probe_timeout,
+                retry_for,
                 restart: args.restart,
                 max_restarts: args.max_restarts,
                 window,

@@ -72,8 +72,11 @@ fn is_identifier(s: &str) -> bool {
         && s.len() <= 63
 }
 
-fn is_workspace_name(s: &str) -> bool {
+/// A workspace's name: letters, digits, `_`, `-` and `.`, not starting with a dot (a local
+/// workspace is a folder of that name).
+pub fn is_workspace_name(s: &str) -> bool {
     !s.is_empty()
+        && !s.starts_with('.')
         && s.len() <= 128
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))

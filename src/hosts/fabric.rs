@@ -182,14 +182,16 @@ pub async fn read(host: &dyn Host) -> Result<RdmaFabric, HostError> {
 /// Read the fabric of each of `nodes` on `pool`, at once: by node address. A node that cannot
 /// be connected or read is left out (the refresh reports it).
 pub async fn read_each(pool: &super::HostPool, nodes: &[String]) -> BTreeMap<String, RdmaFabric> {
-    let reads = nodes.iter().filter_map(|n| {
-        let host = pool.get(n).ok()?;
-        Some(async move { (n.clone(), read(host.as_ref()).await) })
-    });
-    futures_util::future::join_all(reads)
-        .await
-        .into_iter()
-        .filter_map(|(node, read)| Some((node, read.ok()?)))
+    of_each(&super::glance::read_each(pool, nodes).await)
+}
+
+/// The fabric in each node's glance.
+pub fn of_each(
+    glances: &BTreeMap<String, std::sync::Arc<super::glance::Glance>>,
+) -> BTreeMap<String, RdmaFabric> {
+    glances
+        .iter()
+        .map(|(node, g)| (node.clone(), parse(&g.fabric.stdout)))
         .collect()
 }
 

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{Cmd, Host, HostError};
+use super::glance::Section;
+use super::{Cmd, Host, HostError, Output};
 use crate::config::{Config, Node, NodeObserved};
 use crate::kinds::DesiredConfig;
 use crate::kinds::{attachment, KindId};
@@ -68,6 +69,12 @@ pub struct Facts {
     /// slow for a plan).
     pub nccl: super::nccl::ImagesNccl,
     pub interfaces: Vec<Interface>,
+    /// The sections not read, by the field each fills (`interfaces`, `gpus`, `nvidia`,
+    /// `memory_gib`, `docker_memlock`, `os`, `kernel`, `arch`, `cpus`), and why: the program
+    /// missing on the node and the package that brings it (`` `ip` is missing on the node
+    /// (install iproute2) ``), or the command's own error. Such a field stays empty or
+    /// unknown; the others stand.
+    pub not_read: BTreeMap<String, String>,
 }
 
 fn other(node: &str, message: String) -> HostError {
@@ -77,13 +84,53 @@ fn other(node: &str, message: String) -> HostError {
     }
 }
 
+/// The sections of the facts not read, by the name of the field each fills, and why.
+#[derive(Default)]
+struct NotRead(BTreeMap<String, String>);
+
+impl NotRead {
+    /// `out`'s stdout where `cmd` ran well; else why not, noted for `section`.
+    fn stdout(&mut self, section: &str, cmd: &Cmd, out: Output) -> Option<String> {
+        if out.success() {
+            return Some(out.stdout);
+        }
+        self.note(
+            section,
+            super::tools::why(
+                &cmd.program,
+                &cmd.display(),
+                out.code,
+                &out.stdout,
+                &out.stderr,
+            ),
+        );
+        None
+    }
+
+    /// The glance's section `name` where it ran well; else why not, noted for `section`.
+    fn glance<'g>(&mut self, section: &str, name: &str, s: &'g Section) -> Option<&'g str> {
+        match s.failure(name) {
+            None => Some(&s.stdout),
+            Some(why) => {
+                self.note(section, why);
+                None
+            }
+        }
+    }
+
+    fn note(&mut self, section: &str, why: String) {
+        self.0.insert(section.to_string(), why);
+    }
+}
+
 /// Gather facts, with the IDs of `images` there; the commands run in parallel over the node's
-/// one connection.
+/// one connection. Each section stands alone: one whose command fails (a program the node
+/// lacks: `ip`, `nvidia-smi`) is left empty or unknown and said in [`Facts::not_read`], the
+/// others are read. An error is the node's: its connection, or its `sh` answering nothing.
 pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostError> {
-    let node = host.node().to_string();
     let os_release = Cmd::new("cat").arg("/etc/os-release");
     let uname = Cmd::new("uname").arg("-m");
-    let kernel = Cmd::new("uname").arg("-r");
+    let kernel_cmd = Cmd::new("uname").arg("-r");
     let nproc = Cmd::new("nproc");
     // The glance: the fabric's sysfs, meminfo, nvidia-smi's GPUs and `ip -j addr` at once.
     let (os, arch, cpus, glance, docker) = tokio::join!(
@@ -94,38 +141,64 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         docker_version(host),
     );
     let (kernel, nvidia, memlock, docker_memlock, images) = tokio::join!(
-        host.exec(&kernel),
-        nvidia(host),
+        host.exec(&kernel_cmd),
+        driver(host),
         own_memlock(host),
         docker_memlock(host),
         image_ids(host, images),
     );
-    let kernel = kernel?.stdout.trim().to_string();
     let glance = glance?;
+    let mut not_read = NotRead::default();
     let fabric = super::fabric::parse(&glance.fabric.stdout);
-    let os = os?;
-    let os = os
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
-        .map(|v| v.trim_matches('"').to_string())
+    let os = not_read
+        .stdout("os", &os_release, os?)
+        .map(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+                .unwrap_or_else(|| "unknown".into())
+        })
         .unwrap_or_else(|| "unknown".into());
-    let arch = arch?.stdout.trim().to_string();
-    let cpus = cpus?.stdout.trim().parse().unwrap_or(0);
-    let memory_gib = mem_total_gib(&glance.meminfo.stdout).unwrap_or(0.0);
-    let ip = &glance.ip;
-    if ip.code != 0 {
-        return Err(other(
-            &node,
-            format!("`ip -j addr` failed: {}", ip.stderr.trim()),
-        ));
-    }
-    let interfaces = parse_ip_addr(&ip.stdout).map_err(|e| other(&node, e))?;
-    let gpus = if glance.smi.code == 0 {
-        parse_nvidia_smi(&glance.smi.stdout)
-    } else {
-        Vec::new()
+    let kernel = not_read
+        .stdout("kernel", &kernel_cmd, kernel?)
+        .map_or_else(|| "unknown".into(), |k| k.trim().to_string());
+    let arch = not_read
+        .stdout("arch", &uname, arch?)
+        .map_or_else(|| "unknown".into(), |a| a.trim().to_string());
+    let cpus = not_read
+        .stdout("cpus", &nproc, cpus?)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0);
+    let memory_gib = match not_read.glance("memory_gib", "meminfo", &glance.meminfo) {
+        Some(text) => mem_total_gib(text).unwrap_or_else(|| {
+            not_read.note("memory_gib", "/proc/meminfo has no MemTotal".into());
+            0.0
+        }),
+        None => 0.0,
     };
+    let interfaces = match not_read.glance("interfaces", "ip", &glance.ip) {
+        Some(json) => parse_ip_addr(json).unwrap_or_else(|e| {
+            not_read.note("interfaces", e);
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    let gpus = not_read
+        .glance("gpus", "smi", &glance.smi)
+        .map(parse_nvidia_smi)
+        .unwrap_or_default();
+    // Without the program there is no driver (`None`), said once, where the GPUs are; a
+    // driver that fails or hangs leaves its version unknown.
+    let nvidia = nvidia?.unwrap_or_else(|why| {
+        if why != super::tools::missing(super::tools::NVIDIA_SMI.command) {
+            not_read.note("nvidia", why);
+        }
+        None
+    });
+    let docker_memlock = docker_memlock?.unwrap_or_else(|why| {
+        not_read.note("docker_memlock", why);
+        None
+    });
     Ok(Facts {
         os,
         kernel,
@@ -133,16 +206,39 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         cpus,
         memory_gib,
         gpus,
-        nvidia: nvidia?,
+        nvidia,
         rdma: rdma_devices(&fabric),
         fabric,
         memlock: memlock?,
-        docker_memlock: docker_memlock?,
+        docker_memlock,
         docker,
         images,
         nccl: BTreeMap::new(),
         interfaces,
+        not_read: not_read.0,
     })
+}
+
+/// The driver and CUDA version, or why `nvidia-smi` could not say (missing, failing, hung):
+/// under the glance's bound, so that a hung driver leaves the rest of the facts.
+async fn driver(host: &dyn Host) -> Result<Result<Option<Nvidia>, String>, HostError> {
+    let cmd = Cmd::new("nvidia-smi").timeout(std::time::Duration::from_secs(
+        super::glance::SMI_TIMEOUT_SECS,
+    ));
+    match host.exec(&cmd).await {
+        Ok(out) if out.success() => Ok(Ok(parse_smi_header(&out.stdout))),
+        Ok(out) => Ok(Err(super::tools::why(
+            &cmd.program,
+            &cmd.display(),
+            out.code,
+            &out.stdout,
+            &out.stderr,
+        ))),
+        Err(HostError::Timeout { seconds, .. }) => Ok(Err(format!(
+            "`nvidia-smi` did not answer within {seconds} s"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// `MemTotal` of `/proc/meminfo`, in GiB.
@@ -259,32 +355,37 @@ async fn own_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
     Ok(out.success().then(|| parse_memlock(&out.stdout)).flatten())
 }
 
-async fn docker_memlock(host: &dyn Host) -> Result<Option<String>, HostError> {
+/// The limit containers get by default, None where neither daemon.json nor a running dockerd
+/// says; why not where `pidof` is missing.
+async fn docker_memlock(host: &dyn Host) -> Result<Result<Option<String>, String>, HostError> {
     let daemon = host
         .exec(&Cmd::new("cat").arg("/etc/docker/daemon.json"))
         .await?;
     if daemon.success() {
         if let Some(m) = daemon_default_memlock(&daemon.stdout) {
-            return Ok(Some(format!("{m} (daemon.json default-ulimits)")));
+            return Ok(Ok(Some(format!("{m} (daemon.json default-ulimits)"))));
         }
     }
     let pid = host.exec(&Cmd::new("pidof").arg("dockerd")).await?;
+    if super::tools::is_missing("pidof", pid.code, &pid.stderr) {
+        return Ok(Err(super::tools::missing("pidof")));
+    }
     let Some(pid) = pid
         .stdout
         .split_whitespace()
         .next()
         .filter(|_| pid.success())
     else {
-        return Ok(None);
+        return Ok(Ok(None));
     };
     let limits = host
         .exec(&Cmd::new("cat").arg(format!("/proc/{pid}/limits")))
         .await?;
-    Ok(limits
+    Ok(Ok(limits
         .success()
         .then(|| parse_memlock(&limits.stdout))
         .flatten()
-        .map(|m| format!("{m} (dockerd's own)")))
+        .map(|m| format!("{m} (dockerd's own)"))))
 }
 
 /// The `Max locked memory` line of `/proc/PID/limits`, as `soft` or `soft/hard`.
@@ -520,7 +621,8 @@ pub fn explanations(node: &Node, facts: &Facts) -> Vec<String> {
             ));
         }
     }
-    if facts.nvidia.is_none() {
+    // A driver that is there but failed is said where it was not read, not explained away.
+    if facts.nvidia.is_none() && !facts.not_read.contains_key("nvidia") {
         out.push("no NVIDIA driver: driver and CUDA parity are not checked here".into());
     }
     if facts.rdma.is_empty() {
@@ -529,8 +631,14 @@ pub fn explanations(node: &Node, facts: &Facts) -> Vec<String> {
     out
 }
 
+/// The engine's version, or why it cannot be used (with what to check).
 async fn docker_version(host: &dyn Host) -> Result<String, String> {
-    let docker = host.docker().await.map_err(|e| e.to_string())?;
+    let docker = host.docker().await.map_err(|e| match &e {
+        HostError::Docker {
+            help: Some(help), ..
+        } => format!("{e} ({help})"),
+        _ => e.to_string(),
+    })?;
     let v = docker.version().await.map_err(|e| e.to_string())?;
     Ok(format!(
         "{} (API {})",
@@ -626,6 +734,13 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
         .filter_map(|r| Some((r, attachment::Desired::from_config(&r.config).ok()?)));
     for (r, d) in attachments {
         let iface = d.interface.as_str();
+        if let Some(why) = facts.not_read.get("interfaces") {
+            out.push(format!(
+                "{} uses interface {iface}, which cannot be checked: {why}; plan and apply need it",
+                r.address
+            ));
+            continue;
+        }
         match facts.interfaces.iter().find(|i| i.name == iface) {
             None => out.push(format!(
                 "{} uses interface {iface}, which does not exist (interfaces: {})",
@@ -753,6 +868,7 @@ Max locked memory         8388608              8388608              bytes\n";
             images: [("vllm:x".to_string(), image.map(str::to_string))].into(),
             nccl: BTreeMap::new(),
             interfaces: Vec::new(),
+            not_read: BTreeMap::new(),
         }
     }
 

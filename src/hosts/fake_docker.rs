@@ -292,6 +292,16 @@ impl FakeDocker {
         }
     }
 
+    /// A container's process ends on its own with `code` (137: killed, as by the kernel's
+    /// OOM killer or a `docker kill`), behind sparkform's back.
+    pub fn exit(&self, name: &str, code: i64) {
+        let mut e = lock(&self.engine);
+        if let Some(i) = e.find(name) {
+            e.containers[i].running = false;
+            e.containers[i].exit_code = code;
+        }
+    }
+
     pub fn containers(&self) -> Vec<Container> {
         lock(&self.engine).containers.clone()
     }

@@ -18,6 +18,40 @@ pub struct Section {
     pub stderr: String,
 }
 
+impl Section {
+    /// Why the section `name` (of [`sections`]) gave nothing to read, None where its command
+    /// ran well: the program missing and the package that brings it ([`super::tools`]),
+    /// nvidia-smi stopped by `timeout`, or the command's own error.
+    pub fn failure(&self, name: &str) -> Option<String> {
+        if self.code == 0 {
+            return None;
+        }
+        let words = sections()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, w)| w)
+            .unwrap_or_default();
+        let program = words.first().copied().unwrap_or(name);
+        if name == "smi" && self.code == TIMED_OUT {
+            return Some(format!(
+                "`{program}` did not answer within {SMI_TIMEOUT_SECS} s"
+            ));
+        }
+        let display = match name {
+            // The script is long; what it reads is said in its own module.
+            "fabric" => "the fabric's sysfs read".to_string(),
+            _ => words.join(" "),
+        };
+        Some(super::tools::why(
+            program,
+            &display,
+            Some(self.code),
+            &self.stdout,
+            &self.stderr,
+        ))
+    }
+}
+
 /// What one glance saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Glance {
@@ -98,6 +132,23 @@ pub async fn read<H: Host + ?Sized>(host: &H) -> Result<Glance, HostError> {
         });
     }
     Ok(parse(&out.stdout))
+}
+
+/// The glance of each of `nodes` on `pool`, at once: by node address. A node that cannot be
+/// connected or read is left out (the refresh reports it).
+pub async fn read_each(
+    pool: &super::HostPool,
+    nodes: &[String],
+) -> std::collections::BTreeMap<String, std::sync::Arc<Glance>> {
+    let reads = nodes.iter().filter_map(|n| {
+        let host = pool.get(n).ok()?;
+        Some(async move { (n.clone(), host.glance().await) })
+    });
+    futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .filter_map(|(node, read)| Some((node, read.ok()?)))
+        .collect()
 }
 
 /// The program's output as sections. Pure; a section missing is empty with code -1.
@@ -184,6 +235,56 @@ mod tests {
             (127, "sh: nvidia-smi: not found")
         );
         assert_eq!((g.ip.code, g.ip.stdout.trim()), (0, "[]"));
+    }
+
+    #[test]
+    fn a_sections_failure_names_a_missing_program_and_its_package() {
+        let g = parse(&render(&[
+            ("fabric", 0, "", ""),
+            ("meminfo", 0, "MemTotal: 1024 kB", ""),
+            ("smi", TIMED_OUT, "", ""),
+            ("ip", 127, "", "sh: 1: ip: not found"),
+        ]));
+        assert_eq!(g.meminfo.failure("meminfo"), None);
+        assert_eq!(
+            g.ip.failure("ip").as_deref(),
+            Some("`ip` is missing on the node (install iproute2)")
+        );
+        assert_eq!(
+            g.smi.failure("smi").as_deref(),
+            Some("`nvidia-smi` did not answer within 20 s")
+        );
+        let smi = parse(&render(&[(
+            "smi",
+            127,
+            "",
+            "timeout: failed to run command 'nvidia-smi': No such file or directory",
+        )]));
+        assert_eq!(
+            smi.smi.failure("smi").as_deref(),
+            Some("`nvidia-smi` is missing on the node (install the NVIDIA driver: nvidia-utils-<version>)")
+        );
+        let old_ip = parse(&render(&[(
+            "ip",
+            255,
+            "",
+            "Option \"-j\" is unknown, try \"ip -help\".",
+        )]));
+        assert_eq!(
+            old_ip.ip.failure("ip").as_deref(),
+            Some(
+                "`ip -j addr` failed (exit code 255): Option \"-j\" is unknown, try \"ip -help\"."
+            )
+        );
+        assert_eq!(
+            g.fabric.failure("fabric"),
+            None,
+            "a section that ran is no failure"
+        );
+        assert_eq!(
+            parse("").ip.failure("ip").as_deref(),
+            Some("`ip -j addr` did not run: no error text")
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod pooled;
 pub mod ssh;
 pub mod ssh_config;
+pub mod tools;
 pub mod warm;
 
 use std::path::PathBuf;
@@ -164,6 +165,15 @@ pub enum HostError {
         #[help]
         help: Option<String>,
     },
+    /// Connected, but a program sparkform needs there is not installed ([`tools`]).
+    #[error("{node}: {}", tools::missing(command))]
+    #[diagnostic(code(sparkform::host::program_missing))]
+    ProgramMissing {
+        node: String,
+        command: String,
+        #[help]
+        help: Option<String>,
+    },
     #[error("{node}: {message}")]
     #[diagnostic(code(sparkform::host::other))]
     Other { node: String, message: String },
@@ -180,6 +190,7 @@ impl HostError {
             | HostError::Timeout { node, .. }
             | HostError::Disconnected { node, .. }
             | HostError::Docker { node, .. }
+            | HostError::ProgramMissing { node, .. }
             | HostError::Other { node, .. } => node,
         }
     }
@@ -306,7 +317,7 @@ pub async fn docker_on_socket(
         HostError::Docker {
         node: node.to_string(),
         message,
-        help: Some("is Docker Engine installed and running on the node, and may this user use /var/run/docker.sock?".into()),
+        help: Some("is Docker Engine installed (on Debian or Ubuntu: docker.io, or Docker's own docker-ce) and running on the node, and may this user use /var/run/docker.sock?".into()),
     }
     };
     let path_text = path.to_string_lossy();

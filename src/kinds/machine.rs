@@ -417,16 +417,27 @@ pub trait Machine: Send + Sync {
             "{address}: this kind of resource cannot be imported"
         )))
     }
-    /// Run it against what is deployed, changing nothing (`sparkform verify`): how long it
-    /// took and what it saw. `None` for kinds that are not checks.
+    /// Run it against what is deployed, changing nothing (`sparkform verify`, `watch`): how
+    /// long it took and what it saw. A failed attempt is tried again only for `retry_for` (the
+    /// deployment passed once: nothing is still loading), never for the load-time wait of the
+    /// definitions. `None` for kinds that are not checks.
     async fn verify(
         &self,
         _config: &serde_json::Value,
         _pool: &HostPool,
         _containers: &ContainerIndex,
+        _retry_for: std::time::Duration,
         _cancel: &tokio_util::sync::CancellationToken,
         _progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(std::time::Duration, String), StepError>> {
+        None
+    }
+    /// Why what a deployed resource runs is down now, if it is: a check that depends on it
+    /// (`verify`, `watch`) asks before it runs, and fails at once with the answer instead of
+    /// retrying against it (a container that exited, with its state and exit code). `recorded`
+    /// is its record in the state. `None` when it is up, when its kind runs nothing, and when
+    /// it cannot be told (the check itself then finds out).
+    async fn down(&self, _recorded: &ResourceState, _pool: &HostPool) -> Option<String> {
         None
     }
     /// Where an exec probe can run commands inside this resource: (node, Docker name).

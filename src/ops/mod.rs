@@ -18,6 +18,7 @@ pub mod tunnel;
 pub mod verify;
 pub mod watch;
 pub mod watch_metrics;
+pub mod workspace;
 
 use std::sync::Arc;
 

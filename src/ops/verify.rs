@@ -9,7 +9,7 @@ use crate::config::{Config, Resource};
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::machine::{container_index, machine, StepError};
+use crate::kinds::machine::{container_index, machine, ContainerIndex, StepError};
 use crate::kinds::Lifecycle;
 use crate::state::State;
 
@@ -84,12 +84,87 @@ pub fn not_run_by_default(config: &Config, targets: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Run every probe of the configuration (or the targeted ones) against what is deployed;
-/// returns (address, result) in dependency order. Changes nothing.
+/// The deployment the checks run against, connected: what the state records, and how long a
+/// failed attempt is tried again.
+pub struct Deployed<'a> {
+    pub graph: &'a Graph,
+    pub state: &'a State,
+    pub pool: &'a HostPool,
+    pub containers: &'a ContainerIndex,
+    /// How long a check's failed attempts are tried again (`--retry-for`): the deployment passed
+    /// once, so this is not the load-time wait of the definitions' `timeout`.
+    pub retry_for: Duration,
+    pub cancel: &'a CancellationToken,
+}
+
+impl Deployed<'_> {
+    /// What `check` depends on (its ancestors the state records) that is down now, each with
+    /// why, as its kind tells ([`Machine::down`](crate::kinds::machine::Machine::down)): a
+    /// container that exited, with its exit code. Asked of all of them at once.
+    pub async fn down(&self, check: &str) -> Vec<(String, String)> {
+        let asks = self.graph.ancestors(check).into_iter().filter_map(|a| {
+            let recorded = self.state.resources.get(&a)?;
+            Some(async move {
+                let why = machine(recorded.kind).down(recorded, self.pool).await;
+                why.map(|w| (a, w))
+            })
+        });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Run one check (a probe) against the deployment: first what it depends on — something
+    /// down fails it at once, naming why, with no attempt — then the check itself, its failed
+    /// attempts tried again for `retry_for` only. `None` for a resource that is no check.
+    pub async fn check(
+        &self,
+        r: &Resource,
+        progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(Duration, String), StepError>> {
+        if r.kind.kind().lifecycle() != Lifecycle::Runs {
+            return None;
+        }
+        let down = self.down(&r.address).await;
+        if let Some((first, why)) = down.first() {
+            let more: Vec<String> = down
+                .iter()
+                .skip(1)
+                .map(|(a, w)| format!("{a}: {w}"))
+                .collect();
+            return Some(Err(StepError::new(format!(
+                "not tried: {first}, which it depends on, is down: {why}"
+            ))
+            .details(more)
+            .help(format!(
+                "it cannot pass until {} runs again: `sparkform logs` shows why it stopped, and `sparkform apply` replaces it",
+                if down.len() == 1 { "that" } else { "each of them" }
+            ))));
+        }
+        machine(r.kind)
+            .verify(
+                &r.config,
+                self.pool,
+                self.containers,
+                self.retry_for,
+                self.cancel,
+                progress,
+            )
+            .await
+    }
+}
+
+/// Run every probe of the configuration (or the targeted ones) against what is deployed (what
+/// `state` records), in dependency order; returns (address, result). A probe whose dependency
+/// is down fails at once; a failed attempt is tried again for `retry_for` only. Changes nothing.
 pub async fn verify(
     config: &Config,
-    order: &[String],
+    graph: &Graph,
+    state: &State,
     targets: &[String],
+    retry_for: Duration,
     hosts: &HostOptions,
     events: &Sender,
 ) -> Vec<(String, Result<(Duration, String), StepError>)> {
@@ -99,7 +174,8 @@ pub async fn verify(
         .iter()
         .map(|r| (r.address.as_str(), r))
         .collect();
-    let probes: Vec<&Resource> = order
+    let probes: Vec<&Resource> = graph
+        .order()
         .iter()
         .filter_map(|a| by_address.get(a.as_str()).copied())
         .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
@@ -114,6 +190,14 @@ pub async fn verify(
         .collect();
     let pool = HostPool::connect(config, &nodes, hosts).await;
     let cancel = CancellationToken::new();
+    let deployed = Deployed {
+        graph,
+        state,
+        pool: &pool,
+        containers: &containers,
+        retry_for,
+        cancel: &cancel,
+    };
     let mut out = Vec::new();
     // What the probes report, scrubbed of the definitions' sensitive values at the source.
     let secrets = &config.secrets;
@@ -139,8 +223,8 @@ pub async fn verify(
                 },
             )
         };
-        let r = machine(p.kind)
-            .verify(&p.config, &pool, &containers, &cancel, &progress)
+        let r = deployed
+            .check(p, &progress)
             .await
             .unwrap_or_else(|| Ok((Duration::ZERO, "nothing to verify".into())))
             .map(|(t, s)| (t, secrets.scrub(&s).into_owned()))

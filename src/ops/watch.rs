@@ -24,7 +24,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::container::Desired as ContainerDesired;
-use crate::kinds::machine::{container_index, machine, ReadMode};
+use crate::kinds::machine::{container_index, ReadMode};
 use crate::kinds::{DesiredConfig, Lifecycle};
 use crate::plan::PlanOptions;
 use crate::state::{Restart, State, StateStore, RESTARTS_KEPT};
@@ -36,6 +36,9 @@ pub struct WatchRequest {
     pub interval: Duration,
     /// The bound on each probe's run (the canary's completion included).
     pub probe_timeout: Duration,
+    /// How long a probe's failed attempts are tried again within a check (not its timeout,
+    /// which is the load-time wait of an apply).
+    pub retry_for: Duration,
     pub restart: bool,
     /// Restarts allowed within `window`; one more stops the watch.
     pub max_restarts: usize,
@@ -262,17 +265,27 @@ async fn log_lines(docker: &bollard::Docker, id: &str, since: i64) -> Vec<String
     out
 }
 
-/// The probes `verify` runs, each bounded by `timeout`.
+/// The probes `verify` runs, as it runs them (`ops::verify::Deployed::check`: a probe whose
+/// container is not running fails at once, a failed attempt is tried again for `retry_for`
+/// only), each bounded by `--probe-timeout`.
 async fn check_probes(
+    req: &WatchRequest,
     config: &Config,
     graph: &Graph,
     state: &State,
     pool: &HostPool,
-    timeout: Duration,
     cancel: &CancellationToken,
     check: &mut Check,
 ) {
     let containers = container_index(config);
+    let deployed = super::verify::Deployed {
+        graph,
+        state,
+        pool,
+        containers: &containers,
+        retry_for: req.retry_for,
+        cancel,
+    };
     for address in graph.order() {
         let Some(p) = config.resource(&address) else {
             continue;
@@ -293,9 +306,9 @@ async fn check_probes(
         }
         let start = Instant::now();
         let quiet = |_: String, _: u64| {};
-        let run = machine(p.kind).verify(&p.config, pool, &containers, cancel, &quiet);
+        let run = deployed.check(p, &quiet);
         let secrets = &config.secrets;
-        match tokio::time::timeout(timeout, run).await {
+        match tokio::time::timeout(req.probe_timeout, run).await {
             Ok(Some(Ok((took, summary)))) => check.probes.push((
                 address.clone(),
                 took.as_secs_f64(),
@@ -534,11 +547,11 @@ async fn check_once(
 ) -> Check {
     let mut probed = Check::default();
     check_probes(
+        req,
         &defs.config,
         &defs.graph,
         state,
         pool,
-        req.probe_timeout,
         cancel,
         &mut probed,
     )

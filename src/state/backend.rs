@@ -54,6 +54,26 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn force_unlock(&self, id: &str, force: bool) -> Result<LockInfo, StateError>;
     fn read_lock_info(&self) -> Result<Option<LockInfo>, StateError>;
     fn lock_status(&self) -> Result<LockStatus, StateError>;
+    /// Whether the key of the hashes of sensitive values is kept with the state (shared by
+    /// everyone who uses it), rather than in `sparkform.key` beside the local path.
+    fn keeps_hash_key(&self) -> bool {
+        false
+    }
+    /// The stored key of the hashes (sealed under the state key when one is set); `None` when
+    /// none is stored yet.
+    fn read_hash_key(&self) -> Result<Option<Vec<u8>>, StateError> {
+        Ok(None)
+    }
+    /// Stores `stored` as the key of the hashes unless one is stored already, and returns the
+    /// one stored: the first writer's.
+    fn create_hash_key(&self, stored: &[u8]) -> Result<Vec<u8>, StateError> {
+        Ok(stored.to_vec())
+    }
+    /// The workspaces that hold a state, by name, where the backend can list them (PostgreSQL's
+    /// rows); `None` for the local file, whose workspaces are folders the caller lists.
+    fn workspaces(&self) -> Result<Option<Vec<String>>, StateError> {
+        Ok(None)
+    }
 }
 
 /// The state file, `DIR/state/sparkform.json` by default, and its lock file beside it.

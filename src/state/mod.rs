@@ -4,12 +4,17 @@
 
 mod backend;
 pub mod crypt;
+mod hash_key;
 mod lock;
 mod pg;
 mod transfer;
 
 pub use backend::{Expect, PgTarget};
 pub use crypt::StateKey;
+pub use hash_key::{
+    hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, KEYED_PREFIX, KEY_FILE, LEGACY_PREFIX,
+    UNKEYED,
+};
 pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
 pub use transfer::Moved;
 
@@ -20,7 +25,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// Version of the on-disk state document this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -116,96 +120,6 @@ impl Default for State {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// The prefix of a keyed hash of a sensitive value.
-pub const KEYED_PREFIX: &str = "hmac-sha256:";
-/// The prefix of the unkeyed hashes that sparkform wrote before its hashes were keyed.
-pub const LEGACY_PREFIX: &str = "sha256:";
-/// What a sensitive value is recorded as when no key is at hand: it matches no recorded hash,
-/// so the value plans as changed, and it confirms no guess.
-pub const UNKEYED: &str = "hmac-sha256:(no key)";
-
-/// The per-deployment key of the hashes of sensitive values. Kept beside the state, never in
-/// it, so a state or plan file alone cannot confirm a guessed secret by hashing it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct HashKey([u8; 32]);
-
-impl std::fmt::Debug for HashKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HashKey(..)")
-    }
-}
-
-impl HashKey {
-    pub fn from_bytes(bytes: [u8; 32]) -> Self {
-        HashKey(bytes)
-    }
-
-    /// A new random key from the operating system's generator.
-    pub fn generate() -> io::Result<Self> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(HashKey(bytes))
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        let text = text.trim();
-        if text.len() != 64 {
-            return None;
-        }
-        let mut bytes = [0u8; 32];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(HashKey(bytes))
-    }
-
-    fn to_hex(&self) -> String {
-        hex(&self.0)
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-/// Lower-case hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-/// Replaces a sensitive value by `"hmac-sha256:<hex>"`, the HMAC of its canonical JSON under
-/// the deployment's key (serde_json sorts object keys, so `to_vec` is canonical); without a
-/// key, by [`UNKEYED`].
-pub fn hash_sensitive(key: Option<&HashKey>, value: &serde_json::Value) -> serde_json::Value {
-    use hmac::{KeyInit, Mac};
-    let Some(key) = key else {
-        return serde_json::Value::String(UNKEYED.to_string());
-    };
-    // Serialising a `Value` cannot fail (all keys are strings).
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let mut mac = match hmac::Hmac::<Sha256>::new_from_slice(&key.0) {
-        Ok(m) => m,
-        // HMAC takes keys of any length: unreachable, but never a clear value.
-        Err(_) => return serde_json::Value::String(UNKEYED.to_string()),
-    };
-    mac.update(&bytes);
-    let tag = mac.finalize().into_bytes();
-    serde_json::Value::String(format!("{KEYED_PREFIX}{}", hex(&tag)))
-}
-
-/// Whether a recorded string is a hash of a sensitive value (keyed, legacy or unkeyed).
-pub fn is_sensitive_hash(s: &str) -> bool {
-    s == UNKEYED
-        || (s.starts_with(KEYED_PREFIX) && s.len() == KEYED_PREFIX.len() + 64)
-        || (s.starts_with(LEGACY_PREFIX) && s.len() == LEGACY_PREFIX.len() + 64)
 }
 
 fn newer_writer_suffix(written_by: &Option<String>) -> String {
@@ -389,6 +303,20 @@ pub enum StateError {
     )]
     StillLocal { place: String, file: PathBuf },
 
+    #[error("two keys for the hashes of sensitive values: {place} keeps one, and {} beside this checkout holds another", file.display())]
+    #[diagnostic(
+        code(sparkform::state::two_hash_keys),
+        help("the state's hashes were recorded under the key kept with it, which everyone who uses this state shares; this checkout's file is from before (or from another state): move it away and plan again")
+    )]
+    TwoHashKeys { place: String, file: PathBuf },
+
+    #[error("the key for the hashes of sensitive values kept in {place} is not a key: {why}")]
+    #[diagnostic(
+        code(sparkform::state::damaged_hash_key),
+        help("it is shared by everyone who uses this state, so it is not replaced on its own: restore it, or delete it (every sensitive value then plans as changed once, and the next apply creates a new one)")
+    )]
+    DamagedHashKey { place: String, why: String },
+
     #[error("state is not locked ({} does not exist)", path.display())]
     #[diagnostic(code(sparkform::state::not_locked), help("nothing to unlock"))]
     NotLocked { path: PathBuf },
@@ -423,46 +351,40 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// The file beside the state that holds the [`HashKey`].
-pub const KEY_FILE: &str = "sparkform.key";
-
-/// Add `name` to `dir/.gitignore` unless a line already names it.
-fn ignore_in_git(dir: &Path, name: &str) -> Result<(), StateError> {
-    let path = dir.join(".gitignore");
-    let text = match fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(io_err(&path, e)),
-    };
-    if text
-        .lines()
-        .any(|l| l.trim() == name || l.trim() == format!("/{name}"))
-    {
-        return Ok(());
-    }
-    let mut f = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(&path)
-        .map_err(|e| io_err(&path, e))?;
-    let sep = if text.is_empty() || text.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
-    f.write_all(format!("{sep}{name}\n").as_bytes())
-        .map_err(|e| io_err(&path, e))
-}
-
 /// Where the state lives: the local file (`path`), or another [`backend::Backend`]
 /// (PostgreSQL), with the key of its encryption at rest when one is set. The key of the hashes
-/// of sensitive values is beside `path` for every backend.
+/// of sensitive values is kept by PostgreSQL with the state, and beside `path` for the local
+/// file ([`StateStore::key_or_create`]).
 #[derive(Debug, Clone)]
 pub struct StateStore {
     path: PathBuf,
     backend: Arc<dyn backend::Backend>,
     key: Option<StateKey>,
+    /// `-lock-timeout`: how long [`StateStore::lock`] waits for a lock another process holds.
+    lock_wait: Option<LockWait>,
 }
+
+/// How long to wait for the state lock while another process holds it, and whom to tell,
+/// once, that the wait began (the command line prints who holds it and since when).
+#[derive(Clone)]
+pub struct LockWait {
+    pub timeout: std::time::Duration,
+    pub notify: LockWaitNotice,
+}
+
+/// Told who holds the lock and how long the wait may last, when a [`LockWait`] begins.
+pub type LockWaitNotice = Arc<dyn Fn(&LockInfo, std::time::Duration) + Send + Sync>;
+
+impl std::fmt::Debug for LockWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockWait")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often a waiting [`StateStore::lock`] tries again.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl PartialEq for StateStore {
     fn eq(&self, other: &Self) -> bool {
@@ -478,6 +400,7 @@ impl StateStore {
             backend: Arc::new(backend::LocalFile::new(path.clone())),
             path,
             key: None,
+            lock_wait: None,
         }
     }
 
@@ -496,6 +419,7 @@ impl StateStore {
             backend: Arc::new(pg),
             path,
             key: None,
+            lock_wait: None,
         })
     }
 
@@ -511,6 +435,7 @@ impl StateStore {
             backend: Arc::new(pg),
             path,
             key: None,
+            lock_wait: None,
         })
     }
 
@@ -530,6 +455,7 @@ impl StateStore {
             backend: Arc::new(backend::Unusable { message, help }),
             path,
             key: None,
+            lock_wait: None,
         }
     }
 
@@ -554,16 +480,49 @@ impl StateStore {
         self.backend.name()
     }
 
+    /// The workspaces holding a state, where the backend lists them (PostgreSQL); `None`
+    /// for the local file.
+    pub fn workspaces(&self) -> Result<Option<Vec<String>>, StateError> {
+        self.backend.workspaces()
+    }
+
     /// The local path: the state file of the local backend; for the others, where the key of
     /// the hashes is kept (its folder).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Takes the state lock for `operation` (e.g. `"apply"`), failing fast with
-    /// [`StateError::Locked`] naming the holder if another process holds it.
+    /// Takes the state lock for `operation` (e.g. `"apply"`). If another process holds it,
+    /// fails with [`StateError::Locked`] naming the holder: at once, or after waiting up to the
+    /// [`LockWait`] set with [`StateStore::with_lock_wait`], trying again twice a second.
     pub fn lock(&self, operation: &str) -> Result<StateLock, StateError> {
-        self.backend.lock(operation)
+        let started = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            let taken = self.backend.lock(operation);
+            let Some(wait) = &self.lock_wait else {
+                return taken;
+            };
+            let left = wait.timeout.saturating_sub(started.elapsed());
+            match &taken {
+                Err(StateError::Locked { holder, .. }) if !left.is_zero() => {
+                    if !told {
+                        (wait.notify)(holder, wait.timeout);
+                        told = true;
+                    }
+                }
+                // another process is between taking the lock and writing who it is
+                Err(StateError::LockBusy { .. }) if !left.is_zero() => {}
+                _ => return taken,
+            }
+            std::thread::sleep(left.min(LOCK_RETRY));
+        }
+    }
+
+    /// This store, its [`StateStore::lock`] waiting as `wait` says.
+    pub fn with_lock_wait(mut self, wait: Option<LockWait>) -> Self {
+        self.lock_wait = wait;
+        self
     }
 
     /// Removes the lock whose ID is `id`; a live one only with `force`.
@@ -589,55 +548,6 @@ impl StateStore {
     /// `<path>.lock`: see [`StateStore::lock`].
     pub fn lock_path(&self) -> PathBuf {
         with_suffix(&self.path, ".lock")
-    }
-
-    /// `sparkform.key` in the state's folder: the key of the hashes of sensitive values.
-    pub fn key_path(&self) -> PathBuf {
-        parent_dir(&self.path).join(KEY_FILE)
-    }
-
-    /// The key of the hashes of sensitive values; `Ok(None)` if there is none yet (or it is
-    /// not a key: a damaged key is treated as missing, so every sensitive value plans as
-    /// changed rather than the plan failing).
-    pub fn read_key(&self) -> Result<Option<HashKey>, StateError> {
-        let path = self.key_path();
-        match fs::read_to_string(&path) {
-            Ok(t) => Ok(HashKey::parse(&t)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(&path, e)),
-        }
-    }
-
-    /// The key, created on first use: readable only by its owner, and listed in the state
-    /// folder's `.gitignore` so it is not committed with the definitions.
-    pub fn key_or_create(&self) -> Result<HashKey, StateError> {
-        if let Some(k) = self.read_key()? {
-            return Ok(k);
-        }
-        let path = self.key_path();
-        let dir = parent_dir(&self.path);
-        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-        let key = HashKey::generate().map_err(|e| io_err(&path, e))?;
-        let mut opts = OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let mut f = opts.open(&path).map_err(|e| io_err(&path, e))?;
-        #[cfg(unix)]
-        {
-            // A damaged key file that existed keeps its mode with `open`: tighten it.
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
-                .map_err(|e| io_err(&path, e))?;
-        }
-        f.write_all(format!("{}\n", key.to_hex()).as_bytes())
-            .and_then(|_| f.sync_all())
-            .map_err(|e| io_err(&path, e))?;
-        ignore_in_git(&dir, KEY_FILE)?;
-        Ok(key)
     }
 
     /// Reads the state; `Ok(None)` if there is none yet.

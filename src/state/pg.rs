@@ -77,7 +77,13 @@ struct Session {
 }
 
 /// `SCHEMA.states`, `SCHEMA.locks`, `SCHEMA`, quoted.
-type Tables = (String, String, String);
+/// The states, locks and keys tables, and the schema, quoted.
+struct Tables {
+    states: String,
+    locks: String,
+    keys: String,
+    schema: String,
+}
 
 /// One statement parameter with its type, so a statement needs no prepare round trip.
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
@@ -234,7 +240,12 @@ impl PgBackend {
     }
 
     fn tables(&self) -> Tables {
-        (self.table("states"), self.table("locks"), self.schema())
+        Tables {
+            states: self.table("states"),
+            locks: self.table("locks"),
+            keys: self.table("keys"),
+            schema: self.schema(),
+        }
     }
 
     /// The run's connection: the one open, or a new one when there is none or it closed
@@ -334,6 +345,25 @@ impl PgBackend {
             .await
             .map_err(query_error)?;
         Ok(row.map(|r| (r.get::<_, i64>(0).max(0) as u64, r.get::<_, String>(1))))
+    }
+
+    /// The text column `column` of this workspace's row of `table`, as bytes; `None` when
+    /// there is no row, or no tables yet.
+    fn workspace_text(&self, table: &str, column: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let table = self.table(table);
+        let query = format!("SELECT {column} FROM {table} WHERE workspace = $1");
+        let workspace = self.workspace().to_string();
+        self.call(move |client| async move {
+            let row = client
+                .query_typed_opt(&query, &[(&workspace, Type::TEXT)])
+                .await;
+            match row {
+                Err(e) if no_tables(&e) => Ok(None),
+                r => Ok(r
+                    .map_err(query_error)?
+                    .map(|r| r.get::<_, String>(0).into_bytes())),
+            }
+        })
     }
 
     fn lock_place(&self) -> PathBuf {
@@ -535,20 +565,29 @@ fn query_error(e: tokio_postgres::Error) -> StateError {
 
 /// The tables, created if missing (under a transaction-scoped advisory lock, so two first
 /// runs do not race on the catalog).
-async fn ensure_tables(
-    client: &Client,
-    (states, locks, schema): &(String, String, String),
-) -> Result<(), StateError> {
+async fn ensure_tables(client: &Client, tables: &Tables) -> Result<(), StateError> {
+    let Tables {
+        states,
+        locks,
+        keys,
+        schema,
+    } = tables;
     let present = client
         .query_typed_one(
-            "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
-            &[(states, Type::TEXT), (locks, Type::TEXT)],
+            "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
+             AND to_regclass($3) IS NOT NULL",
+            &[
+                (states, Type::TEXT),
+                (locks, Type::TEXT),
+                (keys, Type::TEXT),
+            ],
         )
         .await
         .map_err(query_error)?;
     if present.get::<_, bool>(0) {
         return Ok(());
     }
+    // `keys` came after the other two: a schema from an older sparkform gains it here.
     client
         .batch_execute(&format!(
             "BEGIN;
@@ -570,6 +609,11 @@ async fn ensure_tables(
                  started text NOT NULL,
                  operation text NOT NULL,
                  version text NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS {keys} (
+                 workspace text PRIMARY KEY,
+                 key text NOT NULL,
+                 created timestamptz NOT NULL DEFAULT now()
              );
              COMMIT;"
         ))
@@ -607,22 +651,7 @@ impl Backend for PgBackend {
     }
 
     fn read(&self) -> Result<Option<Vec<u8>>, StateError> {
-        let states = self.table("states");
-        let workspace = self.workspace().to_string();
-        let doc = self.call(move |client| async move {
-            let row = client
-                .query_typed_opt(
-                    &format!("SELECT document FROM {states} WHERE workspace = $1"),
-                    &[(&workspace, Type::TEXT)],
-                )
-                .await;
-            match row {
-                Err(e) if no_tables(&e) => Ok(None),
-                r => Ok(r
-                    .map_err(query_error)?
-                    .map(|r| r.get::<_, String>(0).into_bytes())),
-            }
-        })?;
+        let doc = self.workspace_text("states", "document")?;
         if doc.is_none() && self.local_file.exists() {
             return Err(StateError::StillLocal {
                 place: self.describe(),
@@ -846,6 +875,64 @@ impl Backend for PgBackend {
             (None, true) => LockStatus::Starting,
             (Some(info), true) => LockStatus::Held(info),
             (Some(info), false) => LockStatus::Stale(info),
+        })
+    }
+
+    fn keeps_hash_key(&self) -> bool {
+        true
+    }
+
+    fn workspaces(&self) -> Result<Option<Vec<String>>, StateError> {
+        let states = self.table("states");
+        self.call(move |client| async move {
+            let rows = client
+                .query_typed(
+                    &format!("SELECT workspace FROM {states} ORDER BY workspace"),
+                    &[],
+                )
+                .await;
+            match rows {
+                Err(e) if no_tables(&e) => Ok(Some(Vec::new())),
+                r => Ok(Some(
+                    r.map_err(query_error)?
+                        .iter()
+                        .map(|r| r.get::<_, String>(0))
+                        .collect(),
+                )),
+            }
+        })
+    }
+
+    fn read_hash_key(&self) -> Result<Option<Vec<u8>>, StateError> {
+        self.workspace_text("keys", "key")
+    }
+
+    fn create_hash_key(&self, stored: &[u8]) -> Result<Vec<u8>, StateError> {
+        self.ensure_tables()?;
+        let keys = self.table("keys");
+        let workspace = self.workspace().to_string();
+        let text = String::from_utf8_lossy(stored).into_owned();
+        // One statement: a teammate's first apply racing this one keeps whichever came first,
+        // and both read that one back.
+        self.call(move |client| async move {
+            client
+                .execute_typed(
+                    &format!(
+                        "INSERT INTO {keys} (workspace, key) VALUES ($1, $2) \
+                         ON CONFLICT (workspace) DO NOTHING"
+                    ),
+                    &[(&workspace, Type::TEXT), (&text, Type::TEXT)],
+                )
+                .await
+                .map_err(query_error)?;
+            let row = client
+                .query_typed_one(
+                    &format!("SELECT key FROM {keys} WHERE workspace = $1"),
+                    &[(&workspace, Type::TEXT)],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(row.get::<_, String>(0).into_bytes())
         })
     }
 }

@@ -66,7 +66,7 @@ impl StateStore {
     }
 
     /// Copies the state of `self` to `target` byte for byte (re-encrypted under `target`'s
-    /// key when it has one), holding both locks. Refused when `target` holds another
+    /// key when it has one), and the key of its hashes with it, holding both locks. Refused when `target` holds another
     /// deployment's state, or a newer serial of this one. The source is then set aside (a local
     /// file renamed `….migrated`, a PostgreSQL row renamed `WORKSPACE.migrated`), so nothing
     /// reads it by mistake.
@@ -112,7 +112,21 @@ impl StateStore {
             }
             Some(t) => Expect::Serial(t.serial, t.lineage.clone()),
         };
+        // The key of the hashes goes with the state, so the hashes still verify there; a
+        // target that has another key is refused before anything is written.
+        let key = self.read_key()?;
+        if let (Some(ours), Some(theirs)) = (&key, target.read_key()?) {
+            if *ours != theirs {
+                return Err(StateError::TwoHashKeys {
+                    place: target.describe(),
+                    file: self.key_path(),
+                });
+            }
+        }
         target.store_document(&doc, state.serial, &state.lineage, expect)?;
+        if let Some(key) = &key {
+            target.adopt_key(key)?;
+        }
         self.backend.set_aside()?;
         Ok(moved(&state, existing.map(|e| e.serial)))
     }

@@ -32,15 +32,21 @@ fn plan_graph_and_help_survive_a_closed_stdout() {
     for args in [
         &[
             "plan",
-            "examples/testbed",
+            "examples/testbed-standin",
             "-refresh=false",
             "-var",
             PINNED,
             "--json",
         ][..],
-        &["plan", "examples/testbed", "-refresh=false", "-var", PINNED][..],
-        &["graph", "examples/testbed"][..],
-        &["validate", "examples/testbed"][..],
+        &[
+            "plan",
+            "examples/testbed-standin",
+            "-refresh=false",
+            "-var",
+            PINNED,
+        ][..],
+        &["graph", "examples/testbed-standin"][..],
+        &["validate", "examples/testbed-standin"][..],
     ] {
         let (code, stderr) = run_with_stdout_closed(args);
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");

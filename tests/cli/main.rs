@@ -11,5 +11,7 @@ mod broken_pipe;
 mod cli;
 mod cli_convention;
 mod hostile;
+mod lock_timeout;
 mod pg_state;
 mod sensitive_args;
+mod workspaces;

@@ -8,7 +8,7 @@ use crate::common::pg::Pg;
 use assert_cmd::Command;
 use sparkform::state::{ResourceState, State, StateStore};
 
-fn sparkform() -> Command {
+pub(crate) fn sparkform() -> Command {
     let mut c = Command::cargo_bin("sparkform").expect("binary");
     for v in [
         "SPARKFORM_PG_CONN",
@@ -24,7 +24,7 @@ fn sparkform() -> Command {
 }
 
 /// Exit code, stdout, and stderr with miette's wrapping undone (one line, single spaces).
-fn out(c: &mut Command) -> (i32, String, String) {
+pub(crate) fn out(c: &mut Command) -> (i32, String, String) {
     let o = c.output().expect("run");
     let err = String::from_utf8_lossy(&o.stderr).replace('│', " ");
     (
@@ -34,13 +34,17 @@ fn out(c: &mut Command) -> (i32, String, String) {
     )
 }
 
-fn folder(block: &str) -> tempfile::TempDir {
+/// A deployment folder: `block` (a `state` block, or nothing) and one node.
+pub(crate) fn folder(block: &str) -> tempfile::TempDir {
+    definitions(&format!(
+        "{block}\nnode \"n1\" {{\n  address = \"10.0.0.1\"\n}}\n"
+    ))
+}
+
+/// A temp folder whose `main.hcl` is `text`.
+fn definitions(text: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("main.hcl"),
-        format!("{block}\nnode \"n1\" {{\n  address = \"10.0.0.1\"\n}}\n"),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("main.hcl"), text).unwrap();
     dir
 }
 
@@ -109,7 +113,7 @@ fn a_wrong_state_key_is_an_error_and_the_file_stays() {
     assert_eq!(std::fs::read(store.path()).unwrap(), before);
 }
 
-fn sample() -> State {
+pub(crate) fn sample() -> State {
     let mut s = State::new();
     s.resources.insert(
         "network.fabric.attach.n1".into(),
@@ -239,4 +243,134 @@ fn pg_state_over_tls_checks_the_servers_certificate() {
     let (code, _, err) = out(sf(&plain).args(["state", "pull"]).arg(dir.path()));
     assert_eq!(code, 1);
     assert!(err.contains("no pg_hba.conf entry"), "{err}");
+}
+
+/// A copy of the plan fixture `cluster` (whose containers carry a sensitive token) keeping its
+/// state in PostgreSQL's workspace `team`: one teammate's checkout.
+fn checkout() -> tempfile::TempDir {
+    let text = std::fs::read_to_string("tests/fixtures/plan/cluster/main.hcl").unwrap();
+    definitions(&format!(
+        "state {{\n  backend   = \"pg\"\n  workspace = \"team\"\n}}\n{text}"
+    ))
+}
+
+/// The store of a [`checkout`]: PostgreSQL's workspace `team`.
+fn team_store(pg: &Pg, dir: &tempfile::TempDir) -> StateStore {
+    StateStore::postgres(
+        dir.path().join("state/sparkform.json"),
+        sparkform::state::PgTarget {
+            schema: "sparkform".into(),
+            workspace: "team".into(),
+        },
+        &pg.conn,
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// Two checkouts of one state: what the first applied (its sensitive values hashed under the
+/// key its apply created) the second plans as "No changes", with no key file of its own: the
+/// key is kept in PostgreSQL with the state, sealed under the state key. With the kept key gone
+/// the second plans every sensitive value as changed, which is what a key beside each checkout
+/// did.
+#[test]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+fn pg_a_teammates_checkout_plans_no_changes_with_the_key_kept_in_the_state() {
+    let pg = Pg::start();
+    let (first, second) = (checkout(), checkout());
+    let state_key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    let store = |dir: &tempfile::TempDir| {
+        team_store(&pg, dir).with_key(Some(
+            sparkform::state::StateKey::from_base64(state_key).unwrap(),
+        ))
+    };
+    // The first checkout's apply: the key it creates, the plan recorded under it.
+    let a = store(&first);
+    let key = a.key_or_create().unwrap_or_else(|e| panic!("{e:?}"));
+    let (config, graph) = common::load(first.path());
+    let opts = sparkform::plan::PlanOptions::with_key(key.clone());
+    let mut state = State::new();
+    let p = sparkform::plan::plan(&config, &graph, &state, &opts).unwrap();
+    sparkform::plan::record(&p, &mut state);
+    a.write(&mut state).unwrap_or_else(|e| panic!("{e:?}"));
+    let row = pg.psql("SELECT key FROM sparkform.keys WHERE workspace = 'team'");
+    assert!(
+        !row.is_empty() && !row.trim().chars().all(|c| c.is_ascii_hexdigit()),
+        "the kept key is not sealed: {row:?}"
+    );
+
+    let plan_second = || {
+        out(sparkform()
+            .args(["plan", "-refresh=false"])
+            .arg(second.path())
+            .env("SPARKFORM_PG_CONN", &pg.conn)
+            .env("SPARKFORM_STATE_KEY", state_key))
+    };
+    let (code, stdout, err) = plan_second();
+    assert_eq!(code, 0, "{stdout}\n{err}");
+    assert!(stdout.contains("No changes"), "{stdout}\n{err}");
+    assert!(!stdout.contains("key for sensitive values"), "{stdout}");
+    for dir in [&first, &second] {
+        assert!(
+            !dir.path().join("state/sparkform.key").exists(),
+            "a key file beside a checkout"
+        );
+    }
+
+    pg.psql("DELETE FROM sparkform.keys WHERE workspace = 'team'");
+    let (code, stdout, err) = plan_second();
+    assert_eq!(code, 0, "{stdout}\n{err}");
+    assert!(
+        stdout.contains("key for sensitive values"),
+        "without the kept key the second checkout planned: {stdout}"
+    );
+}
+
+/// A key file an earlier sparkform left beside a checkout is adopted by the first apply on
+/// PostgreSQL (kept there from then on); another checkout's different file is then an error
+/// that names both, for a plan and an apply alike.
+#[test]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+fn pg_a_key_file_from_before_is_adopted_and_a_different_one_is_refused_naming_both() {
+    let pg = Pg::start();
+    let (old, stray, fresh) = (checkout(), checkout(), checkout());
+    let pg_store = |dir: &tempfile::TempDir| team_store(&pg, dir);
+    let file_store =
+        |dir: &tempfile::TempDir| StateStore::new(dir.path().join("state/sparkform.json"));
+    let file_key = file_store(&old).key_or_create().unwrap();
+    // Before the first apply on PostgreSQL the file is the key; the apply keeps it there.
+    assert_eq!(pg_store(&old).read_key().unwrap(), Some(file_key.clone()));
+    assert_eq!(pg_store(&fresh).read_key().unwrap(), None);
+    assert_eq!(pg_store(&old).key_or_create().unwrap(), file_key);
+    assert_eq!(pg_store(&fresh).read_key().unwrap(), Some(file_key.clone()));
+    assert_eq!(pg_store(&fresh).key_or_create().unwrap(), file_key);
+
+    let other = file_store(&stray).key_or_create().unwrap();
+    assert_ne!(other, file_key);
+    for result in [
+        pg_store(&stray).read_key().map(|_| ()),
+        pg_store(&stray).key_or_create().map(|_| ()),
+    ] {
+        let e = result.expect_err("two keys for one state");
+        let text = e.to_string();
+        assert!(
+            text.contains("PostgreSQL sparkform.states, workspace \"team\"")
+                && text.contains(
+                    &stray
+                        .path()
+                        .join("state/sparkform.key")
+                        .display()
+                        .to_string()
+                ),
+            "{text}"
+        );
+    }
+    let (code, _, err) = out(sparkform()
+        .args(["plan", "-refresh=false"])
+        .arg(stray.path())
+        .env("SPARKFORM_PG_CONN", &pg.conn));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("two keys for the hashes of sensitive values"),
+        "{err}"
+    );
 }

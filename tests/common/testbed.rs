@@ -3,71 +3,152 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
-/// The model cache of examples/testbed and examples/testbed-mp on the nodes.
+/// The model cache of examples/testbed-standin and examples/testbed-mp on the nodes.
 pub const EXAMPLE_MODELS: &str = "/tmp/sparkform-models";
 
 pub struct Testbed {
     pub dir: PathBuf,
+    /// The pair of nodes this test holds, in their order (rank 0's first).
+    pub nodes: [&'static str; 2],
     _turn: Turn,
+    /// The second pair's lock, shared with another process (bench/chaos --second-pair), held
+    /// until the test ends: the file closed releases it.
+    _pair_lock: Option<std::fs::File>,
 }
 
-/// The file whose tests hold the testbed now, and how many of them do.
-static TURN: Mutex<(Option<&'static str>, usize)> = Mutex::new((None, 0));
+/// The second pair's lock file (bench/chaos takes it too, for each of its tries there).
+const SECOND_PAIR_LOCK: &str = "/tmp/sparkform-testbed-pair2.lock";
+
+/// Wait for and take an exclusive flock on `path` (created if missing).
+fn flock(path: &str) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock {path}: {}", std::io::Error::last_os_error());
+    f
+}
+
+/// The testbed's pairs of nodes. The tests of a file hold one pair; a file that holds the
+/// second runs beside the files that take turns on the first (`.ci/test` starts four nodes).
+const PAIRS: [[&str; 2]; 2] = [["sf-node1", "sf-node2"], ["sf-node3", "sf-node4"]];
+
+/// The first pair's lock file, held by a test process while one of its files has its turn there:
+/// the other test binaries' testbed tests (`.ci/test` runs them beside the testbed's own) wait
+/// for it as a file of this one waits for another's turn.
+const FIRST_PAIR_LOCK: &str = "/tmp/sparkform-testbed-pair1.lock";
+
+/// For each pair: the file whose tests hold it now, how many of them do, and (the first pair)
+/// this process's hold on [`FIRST_PAIR_LOCK`] while they do.
+type Turns = [(Option<&'static str>, usize, Option<std::fs::File>); 2];
+static TURNS: Mutex<Turns> = Mutex::new([(None, 0, None), (None, 0, None)]);
 static TURN_ENDED: Condvar = Condvar::new();
 
-/// A test's part in its file's turn on the testbed, given back when it drops (when the test
+/// A test's part in its file's turn on a pair of nodes, given back when it drops (when the test
 /// ends, failed or not).
-struct Turn;
+struct Turn {
+    pair: usize,
+}
 
 impl Turn {
-    fn take(file: &'static str) -> Turn {
-        let mut turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-        while turn.0.is_some_and(|holder| holder != file) {
-            turn = TURN_ENDED.wait(turn).unwrap_or_else(|e| e.into_inner());
+    fn take(file: &'static str, pair: usize) -> Turn {
+        let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        while turns[pair].0.is_some_and(|holder| holder != file) {
+            turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
         }
-        *turn = (Some(file), turn.1 + 1);
-        Turn
+        if turns[pair].1 == 0 && pair == 0 {
+            // Another process's turn ends first; this process's other files wait on TURNS.
+            turns[pair].2 = Some(flock(FIRST_PAIR_LOCK));
+        }
+        turns[pair].0 = Some(file);
+        turns[pair].1 += 1;
+        Turn { pair }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let mut turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        let turn = &mut turns[self.pair];
         turn.1 -= 1;
         if turn.1 == 0 {
             turn.0 = None;
+            turn.2 = None;
             TURN_ENDED.notify_all();
         }
     }
 }
 
-/// The running testbed. Tests that need it are `#[ignore = "needs the testbed: …"]`, so a
-/// plain `cargo test` lists them as ignored instead of passing them silently; `.ci/test` runs
-/// them with `--include-ignored` and fails when any is still skipped. Run without a testbed,
-/// such a test fails and says how to start one.
+/// The running testbed's first pair of nodes, sf-node1 and sf-node2. Tests that need it are
+/// `#[ignore = "needs the testbed: …"]`, so a plain `cargo test` lists them as ignored instead
+/// of passing them silently; `.ci/test` runs them with `--include-ignored` and fails when any is
+/// still skipped. Run without a testbed, such a test fails and says how to start one.
 ///
-/// One testbed serves every test, a file at a time: the tests of the caller's file (hence
+/// One pair serves many files, a file at a time: the tests of the caller's file (hence
 /// `track_caller`) hold it together and may run beside each other (a file whose tests must not
 /// has a lock of its own, as testbed_model's); a test of another file waits here until they have
-/// all ended. So the tests of two files never meet on the testbed, as when each file was its own
+/// all ended. So the tests of two files never meet on a pair, as when each file was its own
 /// test binary and cargo ran the binaries one after the other, whatever `--test-threads`. Call it
 /// first in the test, from the test's own file, and keep the `Testbed` until the test ends.
 #[track_caller]
 pub fn testbed() -> Testbed {
+    take_pair(std::panic::Location::caller().file(), 0)
+}
+
+/// The testbed's second pair of nodes, sf-node3 and sf-node4 (`testbed up -n 4`): for a file
+/// whose tests are long and touch no other node (the real engine's), so that they run beside the
+/// files that share the first pair. What a test of the first pair does to the shared parts (the
+/// fabric's 192.168.200.0/24 addresses of sf-node1 and sf-node2, the hub's fetch log of its own
+/// repositories) is not what a test of the second reads.
+#[track_caller]
+pub fn testbed_second_pair() -> Testbed {
+    take_pair(std::panic::Location::caller().file(), 1)
+}
+
+fn take_pair(file: &'static str, pair: usize) -> Testbed {
     // The turn before anything else: a test of another file may be taking the testbed down and
     // up again (tests/on_testbed/terminal.rs).
-    let turn = Turn::take(std::panic::Location::caller().file());
+    let waited = std::time::Instant::now();
+    let turn = Turn::take(file, pair);
+    let pair_lock = (pair == 1).then(|| flock(SECOND_PAIR_LOCK));
+    suite_log("wait for the testbed", waited.elapsed());
     let dir = std::env::var_os("SPARKFORM_TESTBED_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp/sparkform-testbed"));
+    let nodes = PAIRS[pair];
+    let known = std::fs::read_to_string(dir.join("known_hosts")).unwrap_or_default();
+    let missing: Vec<&str> = nodes
+        .iter()
+        .copied()
+        .filter(|n| !known.lines().any(|l| l.starts_with(&format!("{n},"))))
+        .collect();
     assert!(
-        dir.join("known_hosts").is_file(),
-        "this test needs the testbed, which is not up ({} has no known_hosts): run \
-         `tests/testbed/testbed images && tests/testbed/testbed up -n 2 && tests/testbed/testbed ray`, \
-         or `bash .ci/test` for everything",
-        dir.display()
+        missing.is_empty(),
+        "this test needs the testbed's nodes {nodes:?}, and {missing:?} not up ({} lists no \
+         such host): run `tests/testbed/testbed images && tests/testbed/testbed up -n {} && \
+         tests/testbed/testbed ray`, or `bash .ci/test` for everything",
+        dir.join("known_hosts").display(),
+        2 * (pair + 1),
     );
-    Testbed { dir, _turn: turn }
+    Testbed {
+        dir,
+        nodes,
+        _turn: turn,
+        _pair_lock: pair_lock,
+    }
+}
+
+/// How many nodes the running testbed has (sf-node1 to sf-nodeN in its known_hosts).
+pub fn node_count(tb: &Testbed) -> usize {
+    std::fs::read_to_string(tb.known_hosts())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("sf-node"))
+        .count()
 }
 
 impl Testbed {
@@ -86,7 +167,7 @@ impl Testbed {
     /// the examples' container names (the model's helpers among them), addresses on the
     /// examples' fabric, and the examples' model cache.
     pub fn clear_leftovers(&self) {
-        for node in ["sf-node1", "sf-node2"] {
+        for node in self.nodes {
             self.ssh(node, &format!("docker ps -aq --filter name=sparkform- | xargs -r docker rm -f >/dev/null; ip addr flush dev enp1s0f0np0 to 192.168.200.0/24; rm -rf {EXAMPLE_MODELS}"));
         }
     }
@@ -130,6 +211,7 @@ impl Testbed {
 
     /// Run a command on a testbed node through plain ssh (independent of sparkform).
     pub fn ssh(&self, node: &str, command: &str) -> String {
+        let started = std::time::Instant::now();
         let out = std::process::Command::new("ssh")
             .arg("-F")
             .arg(self.dir.join("ssh_config"))
@@ -138,6 +220,7 @@ impl Testbed {
             .stdin(std::process::Stdio::null())
             .output()
             .expect("ssh");
+        suite_log("ssh to a node", started.elapsed());
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 }
@@ -187,12 +270,37 @@ pub fn sparkform_env(env: &[(&str, Option<&str>)], args: &[&str]) -> (i32, Strin
             None => c.env_remove(k),
         };
     }
+    let started = std::time::Instant::now();
     let o = c.output().expect("run sparkform");
+    suite_log(
+        &format!("sparkform {}", args.first().copied().unwrap_or("")),
+        started.elapsed(),
+    );
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).to_string(),
         String::from_utf8_lossy(&o.stderr).to_string(),
     )
+}
+
+/// With SPARKFORM_SUITE_LOG set (bench/suite-time sets it), one line per timed step of a test
+/// appended to that file: the test (libtest names a test's thread after it), what it did, and
+/// seconds. bench/suite-time sums them per test: what the slowest tests spend their time on.
+pub fn suite_log(what: &str, took: std::time::Duration) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("SPARKFORM_SUITE_LOG") else {
+        return;
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        // One write per line: the tests of a binary append from several threads.
+        let line = format!("{test}\t{what}\t{:.3}\n", took.as_secs_f64());
+        let _ = f.write_all(line.as_bytes());
+    }
 }
 
 impl Testbed {

@@ -19,8 +19,9 @@ use std::path::Path;
 use sparkform::config::{Config, ResourceKind, VarInputs};
 
 const FIXTURES: &str = "tests/fixtures/compat";
-const EXAMPLES: [&str; 6] = [
+const EXAMPLES: [&str; 7] = [
     "testbed",
+    "testbed-standin",
     "testbed-mp",
     "qwen35-two-sparks",
     "qwen35-two-sparks-mp",

@@ -549,7 +549,7 @@ async fn a_rollback_names_what_it_could_not_restore_and_the_failed_probe_stays_v
 
 #[test]
 fn replacing_a_ray_worker_replaces_vllm() {
-    for example in ["examples/qwen35-two-sparks", "examples/testbed"] {
+    for example in ["examples/qwen35-two-sparks", "examples/testbed-standin"] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(example);
         let (config, graph) = common::load(&dir);
         let state = common::applied(&dir);

@@ -619,6 +619,7 @@ fn every_engine_container_keeps_its_compile_caches_and_skips_only_phases_it_show
         "examples/qwen35-two-sparks",
         "examples/qwen35-two-sparks-mp",
         "examples/testbed",
+        "examples/testbed-standin",
         "examples/testbed-mp",
         "examples/qwen35-two-sparks-sglang",
         "examples/testbed-sglang",

@@ -259,7 +259,7 @@ fn bad_blocks_say_what_and_how() {
 fn launcher_with_weights() -> String {
     let example = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/testbed/main.hcl"
+        "/examples/testbed-standin/main.hcl"
     ))
     .unwrap();
     let modules = concat!(env!("CARGO_MANIFEST_DIR"), "/modules");

@@ -255,7 +255,17 @@ probe "p" {{
         ..HostOptions::default()
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let results = sparkform::ops::verify::verify(&c, &g.order(), &[], &hosts, &tx).await;
+    let state = common::applied(dir.path());
+    let results = sparkform::ops::verify::verify(
+        &c,
+        &g,
+        &state,
+        &[],
+        std::time::Duration::from_secs(1),
+        &hosts,
+        &tx,
+    )
+    .await;
     let (_, r) = results.first().expect("the probe ran");
     let shown = r.as_ref().expect_err("the probe failed").render();
     assert!(shown.contains("invalid key (sensitive value)"), "{shown}");

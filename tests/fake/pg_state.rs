@@ -257,6 +257,32 @@ fn pg_migrate_local_to_pg_and_back_keeps_the_document_byte_for_byte() {
     );
 }
 
+/// `state migrate` carries the key of the hashes with the state: to PostgreSQL (where another
+/// checkout, with no key file, reads it) and back to a folder that has none.
+#[test]
+#[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
+fn pg_migrate_carries_the_key_of_the_hashes_both_ways() {
+    let pg = Pg::start();
+    let (dir, teammate, back) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let local = StateStore::new(dir.path().join("state/sparkform.json"));
+    local.write(&mut sample()).unwrap();
+    let key = local.key_or_create().unwrap();
+    local
+        .migrate_to(&pg_store(&pg, dir.path(), "default"))
+        .unwrap();
+    let remote = pg_store(&pg, teammate.path(), "default");
+    assert_eq!(remote.read_key().unwrap(), Some(key.clone()));
+
+    let fresh = StateStore::new(back.path().join("state/sparkform.json"));
+    assert_eq!(fresh.read_key().unwrap(), None);
+    remote.migrate_to(&fresh).unwrap();
+    assert_eq!(fresh.read_key().unwrap(), Some(key));
+}
+
 #[test]
 #[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
 fn pg_an_encrypted_state_read_with_the_wrong_key_fails_without_writing() {

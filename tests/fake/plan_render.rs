@@ -61,9 +61,9 @@ fn stack_change(before: &[(&str, &str)], after: &[(&str, &str)], secs: &[(&str, 
     )
 }
 
-/// Apply examples/testbed with `before`, then plan it with `after`.
+/// Apply examples/testbed-standin with `before`, then plan it with `after`.
 fn testbed_change(before: &[(&str, &str)], after: &[(&str, &str)]) -> Plan {
-    let dir = std::path::Path::new("examples/testbed");
+    let dir = std::path::Path::new("examples/testbed-standin");
     let state = applied(dir, before, &[]);
     plan_with(
         dir,
@@ -575,6 +575,7 @@ fn every_resource_address_of_the_examples_reads_back_into_its_kind() {
     use sparkform::kinds::address::Address;
     for dir in [
         "examples/testbed",
+        "examples/testbed-standin",
         "examples/testbed-mp",
         "examples/qwen35-two-sparks",
         "examples/qwen35-two-sparks-mp",

@@ -83,7 +83,7 @@ probe "serving" {
     };
 }
 
-/// The shape of examples/testbed: two nodes that leave their memory to the machines, a fabric,
+/// The shape of examples/testbed-standin: two nodes that leave their memory to the machines, a fabric,
 /// a model block whose revision is a branch (resolved on its download node at plan time), a
 /// head serving its snapshot, a worker, and a probe.
 const TESTBED_LIKE: &str = concat!(

@@ -1,10 +1,11 @@
 //! The testbed's stand-ins, run locally (python3, loopback, temp folders; no testbed): the hub
 //! stand-in generates real safetensors shards whose `__metadata__` carries the data's sha256,
-//! serves two revisions (branch `main`, tag `v2`) and logs every fetch; the vLLM stand-in serves
-//! a good local snapshot and refuses a missing, truncated or corrupted one, or an architecture
-//! its registry lacks, with vLLM's own messages and exit code 1; the stand-in `vllm` package
-//! answers `ModelRegistry.get_supported_archs()` as vLLM does. One test needs the testbed: the
-//! Ray image and its `:noarch` tag on the nodes.
+//! serves two revisions (branch `main`, tag `v2`) and logs every fetch, and a complete tiny
+//! Qwen3 (`testbed/tiny-qwen3`: config, tokenizer, every tensor) with other weights at `v2`;
+//! the vLLM stand-in serves a good local snapshot and refuses a missing, truncated or corrupted
+//! one, or an architecture its registry lacks, with vLLM's own messages and exit code 1; the
+//! stand-in `vllm` package answers `ModelRegistry.get_supported_archs()` as vLLM does. One test
+//! needs the testbed: the Ray image and its `:noarch` tag on the nodes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -117,8 +118,12 @@ impl Hub {
 
     /// path -> sha256 of every file of a commit, from the control endpoint.
     fn files(&self, commit: &str) -> BTreeMap<String, String> {
+        self.files_of(REPO, commit)
+    }
+
+    fn files_of(&self, repo: &str, commit: &str) -> BTreeMap<String, String> {
         let repos = self.json("GET", "/_standin/repos");
-        let c = repos[REPO]["commits"]
+        let c = repos[repo]["commits"]
             .as_array()
             .unwrap()
             .iter()
@@ -138,8 +143,12 @@ impl Hub {
     }
 
     fn refs(&self) -> (String, String) {
+        self.refs_of(REPO)
+    }
+
+    fn refs_of(&self, repo: &str) -> (String, String) {
         let repos = self.json("GET", "/_standin/repos");
-        let refs = &repos[REPO]["refs"];
+        let refs = &repos[repo]["refs"];
         (
             refs["main"].as_str().unwrap().to_string(),
             refs["v2"].as_str().unwrap().to_string(),
@@ -273,6 +282,174 @@ fn hub_serves_real_safetensors_two_revisions_and_logs_each_fetch() {
         v2.as_str(),
         "main now points at the second commit"
     );
+}
+
+/// `testbed/tiny-qwen3`: a complete tiny Qwen3 (what the real vLLM's CPU build loads and serves;
+/// that is checked by hand, see tests/testbed/README.md), here its parts: every tensor of the
+/// architecture at the config's shapes in one safetensors file, a byte-level BPE tokenizer whose
+/// vocabulary is exactly the config's, and a v2 with other weights only; the same bytes and
+/// commit ids from a second hub.
+#[test]
+fn hub_serves_a_complete_tiny_qwen3_with_other_weights_at_v2() {
+    const TINY: &str = "testbed/tiny-qwen3";
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = Hub::start(tmp.path());
+    let (main, v2) = hub.refs_of(TINY);
+    assert_ne!(main, v2);
+    let (a, b) = (hub.files_of(TINY, &main), hub.files_of(TINY, &v2));
+    assert_eq!(
+        a.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            ".gitattributes",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    let changed: Vec<&String> = a.keys().filter(|p| a[*p] != b[*p]).collect();
+    assert_eq!(
+        changed,
+        ["model.safetensors"],
+        "v2 changes the weights only"
+    );
+
+    let get = |rev: &str, path: &str| hub.request("GET", &format!("/{TINY}/resolve/{rev}/{path}"));
+    let json = |path: &str| -> Value { serde_json::from_slice(&get(&main, path)).unwrap() };
+    let cfg = json("config.json");
+    assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM");
+    assert_eq!(cfg["model_type"], "qwen3");
+    assert_eq!(cfg["tie_word_embeddings"], true);
+    let n = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("{k} in {cfg}"));
+    let (vocab, h, inter, hd) = (
+        n("vocab_size"),
+        n("hidden_size"),
+        n("intermediate_size"),
+        n("head_dim"),
+    );
+    let (q, kv) = (n("num_attention_heads") * hd, n("num_key_value_heads") * hd);
+    assert_eq!((h, inter, hd, n("num_hidden_layers")), (256, 512, 64, 2));
+
+    // the tokenizer: 256 byte-level symbols, merges, three special tokens; exactly vocab_size ids
+    let tok = json("tokenizer.json");
+    assert_eq!(tok["pre_tokenizer"]["type"], "ByteLevel");
+    assert_eq!(tok["decoder"]["type"], "ByteLevel");
+    let model_vocab = tok["model"]["vocab"].as_object().unwrap();
+    let mut ids: Vec<u64> = model_vocab.values().map(|v| v.as_u64().unwrap()).collect();
+    let mut specials = BTreeMap::new();
+    for t in tok["added_tokens"].as_array().unwrap() {
+        ids.push(t["id"].as_u64().unwrap());
+        specials.insert(
+            t["content"].as_str().unwrap().to_string(),
+            t["id"].as_u64().unwrap(),
+        );
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..vocab).collect::<Vec<_>>(),
+        "ids 0..vocab_size, once each"
+    );
+    assert_eq!(
+        model_vocab
+            .keys()
+            .filter(|k| k.chars().count() == 1)
+            .count(),
+        256
+    );
+    for m in tok["model"]["merges"].as_array().unwrap() {
+        let (l, r) = m.as_str().unwrap().split_once(' ').unwrap();
+        for t in [l, r, &format!("{l}{r}")] {
+            assert!(
+                model_vocab.contains_key(t),
+                "merge {m}: {t} in the vocabulary"
+            );
+        }
+    }
+    assert_eq!(cfg["eos_token_id"], specials["<|im_end|>"]);
+    assert_eq!(cfg["bos_token_id"], specials["<|endoftext|>"]);
+    let tc = json("tokenizer_config.json");
+    assert_eq!(tc["eos_token"], "<|im_end|>");
+    assert!(tc["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>assistant\n"));
+    assert_eq!(
+        json("generation_config.json")["eos_token_id"][0],
+        cfg["eos_token_id"]
+    );
+
+    // the weights: every tensor of Qwen3ForCausalLM at these shapes (no lm_head: tied), the
+    // norms 1.0, the rest random; v2's are other values
+    let mut want = BTreeMap::from([
+        ("model.embed_tokens.weight".to_string(), vec![vocab, h]),
+        ("model.norm.weight".to_string(), vec![h]),
+    ]);
+    for l in 0..n("num_hidden_layers") {
+        for (t, shape) in [
+            ("input_layernorm", vec![h]),
+            ("post_attention_layernorm", vec![h]),
+            ("self_attn.q_proj", vec![q, h]),
+            ("self_attn.k_proj", vec![kv, h]),
+            ("self_attn.v_proj", vec![kv, h]),
+            ("self_attn.o_proj", vec![h, q]),
+            ("self_attn.q_norm", vec![hd]),
+            ("self_attn.k_norm", vec![hd]),
+            ("mlp.gate_proj", vec![inter, h]),
+            ("mlp.up_proj", vec![inter, h]),
+            ("mlp.down_proj", vec![h, inter]),
+        ] {
+            want.insert(format!("model.layers.{l}.{t}.weight"), shape);
+        }
+    }
+    let weights = get(&main, "model.safetensors");
+    let other = get(&v2, "model.safetensors");
+    assert_eq!(sha256(&weights), a["model.safetensors"]);
+    assert_eq!(weights.len(), other.len());
+    let (header, data) = parse_safetensors(&weights);
+    assert_eq!(header["__metadata__"], serde_json::json!({"format": "pt"}));
+    let got: BTreeMap<String, Vec<u64>> = header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, t)| {
+            let shape = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .collect();
+            (k.clone(), shape)
+        })
+        .collect();
+    assert_eq!(got, want, "every tensor, at its shape");
+    let (v2_header, v2_data) = parse_safetensors(&other);
+    assert_eq!(v2_header, header, "v2: the same header");
+    for (name, t) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        let (s, e) = (
+            t["data_offsets"][0].as_u64().unwrap() as usize,
+            t["data_offsets"][1].as_u64().unwrap() as usize,
+        );
+        let values: BTreeSet<&[u8]> = data[s..e].chunks(2).collect();
+        if name.ends_with("norm.weight") {
+            assert_eq!(
+                values,
+                BTreeSet::from([&[0x80, 0x3f][..]]),
+                "{name}: 1.0 (BF16)"
+            );
+        } else {
+            assert!(values.len() > 100, "{name}: random values");
+            assert_ne!(data[s..e], v2_data[s..e], "{name}: other values at v2");
+        }
+    }
+    assert!(weights.len() < 8 << 20, "a few MB: {}", weights.len());
+
+    // deterministic: a second hub, on another data folder, has the same commits and bytes
+    let again = tempfile::tempdir().unwrap();
+    let hub2 = Hub::start(again.path());
+    assert_eq!(hub2.refs_of(TINY), (main.clone(), v2.clone()));
+    assert_eq!(hub2.files_of(TINY, &main), a);
+    assert_eq!(hub2.files_of(TINY, &v2), b);
 }
 
 fn free_port() -> u16 {

@@ -54,7 +54,7 @@ fn every_lowered_configuration_is_its_kinds_typed_desired() {
         }
     }
     // The resolved seed example too: a model with its commit, size and facts filled in.
-    let (resolved, _) = common::load_resolved(&common::fixture("../../examples/testbed"));
+    let (resolved, _) = common::load_resolved(&common::fixture("../../examples/testbed-standin"));
     for r in &resolved.resources {
         assert_eq!(
             r.kind.typed_config(&r.config).as_ref(),

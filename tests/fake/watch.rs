@@ -52,7 +52,7 @@ fn a_wedged_rank_restarts_every_rank_and_the_probes_after_them() {
 
 #[test]
 fn with_ray_a_failed_canary_restarts_vllm_and_a_failed_ray_member_restarts_both() {
-    let (c, g) = example("testbed");
+    let (c, g) = example("testbed-standin");
     let (replace, _) = restart_set(&c, &g, &[failure(&[], Some("probe.hello"))]);
     assert_eq!(replace, ["module.qwen.container.vllm"], "Ray keeps running");
     let worker = c

@@ -5,13 +5,16 @@
 //! They share one testbed (its nodes, container names, fabric addresses, the examples' model
 //! cache), and run on it as when each file was its own test binary, which cargo ran one after
 //! the other: the tests of one file may run beside each other, never beside a test of another
-//! file. `common::testbed::testbed()`, which each of them calls first, gives the testbed to one
-//! file at a time.
+//! file on the same nodes. `common::testbed::testbed()`, which each of them calls first, gives
+//! the first pair of nodes to one file at a time; `testbed_second_pair()` gives the second pair
+//! (sf-node3, sf-node4) to the real engine's file, which runs beside them (libtest starts tests
+//! in the order of their names: `real_engine` starts among the first).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod leftovers;
+mod real_engine;
 mod terminal;
 mod testbed_apply;
 mod testbed_apply_more;

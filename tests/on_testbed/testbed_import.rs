@@ -131,7 +131,7 @@ fn wait_for(tb: &Testbed, node: &str, cmd: &str, limit: Duration) -> bool {
 fn example_copy(dir: &Path) {
     let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("modules");
     let main = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/testbed/main.hcl"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/testbed-standin/main.hcl"),
     )
     .unwrap()
     .replace("../../modules", modules.to_str().unwrap());
@@ -171,7 +171,7 @@ const VLLM: &str = "module.qwen.container.vllm";
 /// One test at a time (the file's tests run two at once): two deploy the testbed example under
 /// the same container names, and each begins by removing every `sparkform-` container.
 static EXAMPLE_IN_USE: Mutex<()> = Mutex::new(());
-/// examples/testbed's `api_key` default.
+/// examples/testbed-standin's `api_key` default.
 const TESTBED_API_KEY: &str = "sparkform-testbed-key";
 
 #[test]

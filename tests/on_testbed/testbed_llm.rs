@@ -1,4 +1,4 @@
-//! The LLM stack end to end on the testbed: examples/testbed with real Ray, the vLLM stand-in
+//! The LLM stack end to end on the testbed: examples/testbed-standin with real Ray, the vLLM stand-in
 //! (`tests/testbed/testbed ray` loads its image into the nodes) and the weights from the stand-in
 //! hub (`testbed hub`).
 
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::testbed::{sparkform, testbed};
 
-const EXAMPLE: &str = "examples/testbed";
+const EXAMPLE: &str = "examples/testbed-standin";
 
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]

@@ -1,4 +1,4 @@
-//! examples/testbed with its model block, end to end: from empty the weights come from the
+//! examples/testbed-standin with its model block, end to end: from empty the weights come from the
 //! stand-in hub (`testbed hub`) and vLLM serves the local snapshot offline from the read-only
 //! cache; a new revision replaces the weights on both nodes and vLLM, never Ray; destroy leaves
 //! no weights, helper container, container or address.
@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::testbed::{sparkform, testbed, Testbed, EXAMPLE_MODELS};
 
-const EXAMPLE: &str = "examples/testbed";
+const EXAMPLE: &str = "examples/testbed-standin";
 const SNAPSHOTS: &str = "models--testbed--standin-qwen3/snapshots";
 const HEAD: (&str, &str) = ("sf-node1", "sparkform-ray-head");
 const WORKER: (&str, &str) = ("sf-node2", "sparkform-ray-worker-node2");

@@ -25,7 +25,7 @@ pub(crate) fn rank_ids(tb: &Testbed, ranks: &[(&str, &str)]) -> Vec<String> {
 
 pub(crate) fn assert_nothing_left(tb: &Testbed) {
     assert_nothing_running(tb);
-    for node in ["sf-node1", "sf-node2"] {
+    for node in tb.nodes {
         let left = tb.example_model_left(node);
         assert!(left.trim().is_empty(), "model files left on {node}: {left}");
     }
@@ -34,7 +34,7 @@ pub(crate) fn assert_nothing_left(tb: &Testbed) {
 /// No container and no fabric address left; the weights may stay (a rollback keeps the copies
 /// it verified, for the next apply).
 pub(crate) fn assert_nothing_running(tb: &Testbed) {
-    for node in ["sf-node1", "sf-node2"] {
+    for node in tb.nodes {
         assert!(
             tb.containers(node, "sparkform.lineage")
                 .iter()

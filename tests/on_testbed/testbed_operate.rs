@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::testbed::{sparkform, testbed};
 
-const EXAMPLE: &str = "examples/testbed";
+const EXAMPLE: &str = "examples/testbed-standin";
 
 /// Lines of a child's stream, as they come.
 fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {

@@ -9,7 +9,7 @@ use common::testbed::{sparkform, testbed, Testbed};
 
 // The Ray example: the testbed image the coordinator built has a stand-in without the
 // multiprocessing mode; the check is the container kind's, the same for both launchers.
-const EXAMPLE: &str = "examples/testbed";
+const EXAMPLE: &str = "examples/testbed-standin";
 /// The example's image for Ray and vLLM.
 const RAY: &str = "sparkform-testbed/ray:latest";
 /// A reference of the Ray image that only the containers use (`-var image=`): the model's
@@ -174,7 +174,7 @@ fn image_parity_on_the_testbed() {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn nodes_shows_the_testbed_alike_and_explains_it() {
     let tb = testbed();
-    let (code, out, err) = sparkform(&["nodes", "examples/testbed"]);
+    let (code, out, err) = sparkform(&["nodes", "examples/testbed-standin"]);
     assert_eq!(code, 0, "{out}\n{err}");
     let id = short(&image_id(&tb, "sf-node1", RAY));
     for node in ["node.node1", "node.node2"] {

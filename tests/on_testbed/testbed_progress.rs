@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use common::testbed::{sparkform, testbed, Testbed};
 
-const EXAMPLE: &str = "examples/testbed";
+const EXAMPLE: &str = "examples/testbed-standin";
 const VLLM: &str = "module.qwen.container.vllm";
 /// Both tests deploy the same example: one at a time.
 static EXAMPLE_IN_USE: Mutex<()> = Mutex::new(());

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use super::Desired;
 use crate::config::{Config, Resource};
 use crate::hosts::facts::{parse_ip_addr, Interface};
-use crate::hosts::{Cmd, Host, HostError, HostPool};
+use crate::hosts::glance::Glance;
+use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Applied, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
     StepError,
@@ -43,6 +44,14 @@ async fn run(host: &dyn Host, args: &[&str]) -> Result<String, StepError> {
         .args(args.iter().copied())
         .timeout(Duration::from_secs(30));
     let out = host.exec(&cmd).await?;
+    if tools::is_missing(tools::IP.command, out.code, &out.stderr) {
+        return Err(StepError::new(format!(
+            "{}: {}",
+            host.node(),
+            tools::missing(tools::IP.command)
+        ))
+        .help(IP_HELP));
+    }
     if !out.success() {
         return Err(StepError::new(format!(
             "{}: `{}` failed: {}",
@@ -56,6 +65,9 @@ async fn run(host: &dyn Host, args: &[&str]) -> Result<String, StepError> {
     }
     Ok(out.stdout)
 }
+
+/// What an attachment needs `ip` for, and how to get it.
+const IP_HELP: &str = "an attachment reads and sets its interface's address and MTU with `ip` (iproute2): install it on the node (`apt-get install iproute2`), then plan again";
 
 async fn interfaces(host: &dyn Host) -> Result<Vec<Interface>, StepError> {
     let text = run(host, &["-j", "addr"]).await?;
@@ -258,20 +270,27 @@ impl Machine for AttachmentMachine {
         }
         let node = host.node().to_string();
         // A plan's refresh takes the `ip -j addr` of the node's glance (the read phase's).
-        let (ok, stdout, stderr) = if host.remembers() {
+        let (code, stdout, stderr) = if host.remembers() {
             let g = host.glance().await?;
-            (g.ip.code == 0, g.ip.stdout.clone(), g.ip.stderr.clone())
+            (Some(g.ip.code), g.ip.stdout.clone(), g.ip.stderr.clone())
         } else {
             let cmd = Cmd::new("ip")
                 .args(["-j", "addr"])
                 .timeout(Duration::from_secs(30));
             let ip = host.exec(&cmd).await?;
-            (ip.success(), ip.stdout, ip.stderr)
+            (ip.code, ip.stdout, ip.stderr)
         };
-        if !ok {
+        if tools::is_missing(tools::IP.command, code, &stderr) {
+            return Err(HostError::ProgramMissing {
+                node,
+                command: tools::IP.command.into(),
+                help: Some(IP_HELP.into()),
+            });
+        }
+        if code != Some(0) {
             return Err(HostError::Other {
                 node,
-                message: format!("`ip -j addr` failed: {}", stderr.trim()),
+                message: tools::why(tools::IP.command, "ip -j addr", code, &stdout, &stderr),
             });
         }
         let interfaces =
@@ -308,8 +327,10 @@ impl Machine for AttachmentMachine {
             return Ok(not_looking(cx));
         }
         let nodes = self.read_nodes(cx.config);
-        let fabrics = crate::hosts::fabric::read_each(cx.pool, &nodes).await;
-        let (errors, warnings) = judge_fabric(cx.config, &fabrics);
+        let glances = crate::hosts::glance::read_each(cx.pool, &nodes).await;
+        let fabrics = crate::hosts::fabric::of_each(&glances);
+        let (mut errors, warnings) = judge_fabric(cx.config, &fabrics);
+        errors.extend(judge_ip(cx.config, &glances));
         if !errors.is_empty() {
             return Err(ReadError::Config(crate::diag::Diagnostics(errors)));
         }
@@ -493,6 +514,37 @@ fn attachments(config: &Config) -> impl Iterator<Item = (&str, &Resource, Desire
         }
         Some((r.node.as_deref()?, r, Desired::from_config(&r.config).ok()?))
     })
+}
+
+/// Each attachment's node must answer `ip -j addr` (its part of the node's glance): an apply
+/// reads and sets the interface with `ip`, so a node without it (iproute2 not installed) or
+/// whose `ip` fails refuses the plan, naming the program and its package. Pure.
+pub fn judge_ip(
+    config: &Config,
+    glances: &std::collections::BTreeMap<String, Arc<Glance>>,
+) -> Vec<crate::diag::Diag> {
+    use crate::diag::Diag;
+    let mut errors = Vec::new();
+    for (node, r, _) in attachments(config) {
+        let Some(why) = glances.get(node).and_then(|g| g.ip.failure("ip")) else {
+            continue;
+        };
+        let missing = why == tools::missing(tools::IP.command);
+        let code = if missing {
+            "attachment::ip_missing"
+        } else {
+            "attachment::ip_failed"
+        };
+        errors.push(
+            Diag::error(code, format!("{node}: cannot read its interfaces: {why}"))
+                .label(
+                    &r.span,
+                    "this attachment sets its address and MTU with `ip`",
+                )
+                .help(IP_HELP),
+        );
+    }
+    errors
 }
 
 /// The RDMA ports behind each attachment's interface, as `fabrics` (by node address) shows
@@ -724,11 +776,15 @@ pub async fn check_mesh(
     }
     let mut failures = Vec::new();
     let mut unreachable = Vec::new();
+    let mut no_ping = Vec::new();
     let mut pairs = 0;
     while let Some(((from, to), out)) = tasks.next().await {
         pairs += 1;
         match out {
             Ok(Ok(o)) if o.success() => {}
+            Ok(Ok(o)) if tools::is_missing(tools::PING.command, o.code, &o.stderr) => {
+                no_ping.push(from.node.clone())
+            }
             Ok(Ok(o)) => failures.push(format!(
                 "{} ({}) → {} ({}): {}",
                 from.node,
@@ -744,6 +800,17 @@ pub async fn check_mesh(
             Ok(Err(e)) => unreachable.push(format!("{}: {e}", from.node)),
             Err(e) => unreachable.push(format!("{}: {e}", from.node)),
         }
+    }
+    if !no_ping.is_empty() {
+        no_ping.sort();
+        no_ping.dedup();
+        return Err(StepError::new(format!(
+            "cannot check the fabric: `{}` is missing on {} (install {})",
+            tools::PING.command,
+            no_ping.join(", "),
+            tools::PING.package
+        ))
+        .help("the fabric check sends full-size frames between the attachments with `ping`: install iputils-ping on the node, then run apply again"));
     }
     if !unreachable.is_empty() {
         unreachable.sort();
@@ -862,5 +929,96 @@ mod tests {
             observe_attachment(&cfg, &[]),
             Observed::Missing(_)
         ));
+    }
+
+    /// On a node without iproute2 the refresh of a recorded attachment and an apply's `ip`
+    /// say that `ip` is missing and which package brings it, never that the node is
+    /// unreachable nor that its user needs root.
+    #[tokio::test]
+    async fn a_node_without_ip_is_said_so_with_its_package() {
+        use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
+        let host = FakeHost::new("node.h200", &FakeWorld::new());
+        host.on(
+            &["ip"],
+            Answer::Exit(127, String::new(), "sh: 1: ip: not found".into()),
+        );
+        let recorded = ResourceState {
+            kind: crate::kinds::KindId::Attachment,
+            node: Some("node.h200".into()),
+            config_hash: String::new(),
+            config: serde_json::json!({"network": "network.fabric", "node": "node.h200", "interface": "eth1", "address": "192.168.10.1", "prefix_len": 24, "mtu": 9000}),
+            attributes: Default::default(),
+            depends_on: Vec::new(),
+            last_apply_secs: None,
+        };
+        let seen = MACHINE
+            .observe(
+                &host,
+                "lineage",
+                &[("network.fabric.attach.h200".into(), recorded)],
+                ReadMode::Normal,
+            )
+            .await;
+        match seen {
+            Err(e @ HostError::ProgramMissing { .. }) => {
+                assert_eq!(
+                    e.to_string(),
+                    "node.h200: `ip` is missing on the node (install iproute2)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let step = interfaces(&host)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"));
+        let Err(step) = step else {
+            panic!("read interfaces without `ip`")
+        };
+        assert!(
+            step.contains("`ip` is missing on the node (install iproute2)"),
+            "{step}"
+        );
+        assert!(!step.contains("root"), "{step}");
+    }
+
+    /// A node without `ping` cannot check the fabric: said so, with iputils-ping, not taken
+    /// for a fabric that drops full-size frames.
+    #[tokio::test]
+    async fn the_fabric_check_names_a_missing_ping() {
+        use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
+        let world = FakeWorld::new();
+        let a = FakeHost::new("node.a", &world);
+        a.on(
+            &["ping"],
+            Answer::Exit(127, String::new(), "sh: 1: ping: not found".into()),
+        );
+        let b = FakeHost::new("node.b", &world);
+        let pool = HostPool::from_hosts(
+            [
+                ("node.a".to_string(), Arc::new(a) as Arc<dyn Host>),
+                ("node.b".to_string(), Arc::new(b) as Arc<dyn Host>),
+            ]
+            .into(),
+        );
+        let member = |n: &str, ip: &str| Member {
+            address: format!("network.f.attach.{n}"),
+            node: format!("node.{n}"),
+            interface: "eth1".into(),
+            ip: ip.into(),
+        };
+        let members = [member("a", "192.168.10.1"), member("b", "192.168.10.2")];
+        let err = check_mesh(&pool, &members, 9000)
+            .await
+            .map_err(|e| format!("{e:?}"));
+        let Err(err) = err else {
+            panic!("checked the fabric without `ping` on node.a")
+        };
+        assert!(
+            err.contains(
+                "cannot check the fabric: `ping` is missing on node.a (install iputils-ping)"
+            ),
+            "{err}"
+        );
     }
 }

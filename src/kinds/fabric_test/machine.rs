@@ -396,6 +396,7 @@ impl Machine for FabricTestMachine {
         config: &serde_json::Value,
         pool: &HostPool,
         _containers: &ContainerIndex,
+        _retry_for: Duration,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {

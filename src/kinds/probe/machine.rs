@@ -190,38 +190,73 @@ fn check_text(expect: &Expect, subject: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Run a probe until it passes or its timeout ends; Ok((latency of the passing attempt, summary)).
+/// How long a probe's failed attempts are tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// For its own `timeout`: an apply waits for an engine that is still loading, and the last
+    /// attempt gets what is left of it (at least 5 s).
+    Timeout,
+    /// Only for this long (`verify`, `watch`: the deployment passed once, nothing is loading),
+    /// each attempt within what is left of it (at least 5 s): an engine that takes the request
+    /// and never answers (a wedge: its core stopped while /health says 200) fails within the
+    /// bound, not after the probe's load-time timeout.
+    For(Duration),
+}
+
+/// Run a probe until it passes or its retries (`retry`) end; Ok((latency of the passing
+/// attempt, summary)).
 pub async fn run(
     config: &Desired,
     pool: &HostPool,
     containers: &ContainerIndex,
+    retry: Retry,
     cancel: &tokio_util::sync::CancellationToken,
     mut progress: impl FnMut(String, u64),
 ) -> Result<(Duration, String), StepError> {
-    let timeout = Duration::from_secs(config.timeout_secs());
+    let own = Duration::from_secs(config.timeout_secs());
     let interval = Duration::from_secs(config.interval_secs().max(1));
-    let per_try = timeout.clamp(Duration::from_secs(5), Duration::from_secs(600));
+    let per_try = own.clamp(Duration::from_secs(5), Duration::from_secs(600));
+    let window = match retry {
+        Retry::Timeout => own,
+        Retry::For(d) => d,
+    };
     let start = Instant::now();
     let mut tries = 0u32;
     let mut backoff = Backoff::new(interval);
     loop {
         tries += 1;
         let t = Instant::now();
-        // The last attempt still gets a fair chance to answer, so the error says what it answered.
-        let remaining = timeout
-            .saturating_sub(start.elapsed())
-            .max(Duration::from_secs(5));
-        match attempt(config, pool, containers, per_try.min(remaining)).await {
+        let limit = match retry {
+            // The last attempt still gets a fair chance to answer, so the error says what it
+            // answered.
+            Retry::Timeout => per_try.min(
+                own.saturating_sub(start.elapsed())
+                    .max(Duration::from_secs(5)),
+            ),
+            Retry::For(d) => per_try.min(
+                d.saturating_sub(start.elapsed())
+                    .max(Duration::from_secs(5)),
+            ),
+        };
+        match attempt(config, pool, containers, limit).await {
             Ok(summary) => return Ok((t.elapsed(), summary)),
             Err(why) => {
-                if start.elapsed() + backoff.peek() > timeout || cancel.is_cancelled() {
-                    return Err(StepError::new(format!(
+                if start.elapsed() + backoff.peek() > window || cancel.is_cancelled() {
+                    let e = StepError::new(format!(
                         "the probe failed after {tries} attempt{} in {:.1} s: {why}",
                         if tries == 1 { "" } else { "s" },
                         start.elapsed().as_secs_f64()
-                    )));
+                    ));
+                    return Err(match retry {
+                        Retry::Timeout => e,
+                        Retry::For(d) => e.help(format!(
+                            "a failed attempt was tried again for {} s (--retry-for), not for the probe's timeout ({} s), which is how long an apply waits for an engine that is still loading; give a longer --retry-for to wait for one",
+                            d.as_secs_f64(),
+                            own.as_secs()
+                        )),
+                    });
                 }
-                progress(format!("attempt {tries}: {why}"), timeout.as_secs());
+                progress(format!("attempt {tries}: {why}"), window.as_secs());
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.next_wait()) => {}
                     _ = cancel.cancelled() => {}
@@ -287,9 +322,14 @@ impl Machine for ProbeMachine {
             return Ok(Applied::default());
         }
         let config = cx.desired_as::<Desired>()?;
-        let (latency, summary) = run(&config, cx.pool, cx.containers, cx.cancel, |m, t| {
-            cx.progress(m, None, Some(t))
-        })
+        let (latency, summary) = run(
+            &config,
+            cx.pool,
+            cx.containers,
+            Retry::Timeout,
+            cx.cancel,
+            |m, t| cx.progress(m, None, Some(t)),
+        )
         .await?;
         let soaked = soak(&config, cx.pool, cx.containers, cx.cancel, |m, t| {
             cx.progress(m, None, Some(t))
@@ -320,6 +360,7 @@ impl Machine for ProbeMachine {
         config: &serde_json::Value,
         pool: &HostPool,
         containers: &ContainerIndex,
+        retry_for: Duration,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
@@ -331,7 +372,17 @@ impl Machine for ProbeMachine {
                 )))
             }
         };
-        Some(run(&config, pool, containers, cancel, progress).await)
+        Some(
+            run(
+                &config,
+                pool,
+                containers,
+                Retry::For(retry_for),
+                cancel,
+                progress,
+            )
+            .await,
+        )
     }
 
     fn other_nodes(&self, _change: &Change, containers: &ContainerIndex) -> Vec<String> {

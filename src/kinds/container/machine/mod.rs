@@ -4,7 +4,7 @@
 //! set-aside and restore (`aside`), drift and node parity (`drift`) and import (`import`).
 //! The files share one namespace (each `use super::*`), as when they were one file.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -591,6 +591,43 @@ impl Machine for ContainerMachine {
 
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
         parity_check(config, changed).into_iter().collect()
+    }
+
+    /// Looked up by the ID the state records (else its name) on its node: gone, exited (with
+    /// its exit code), restarting, paused. A node the pool could not reach is down too; an
+    /// engine that does not answer now tells nothing.
+    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
+        let d = Desired::from_config(&recorded.config).ok()?;
+        let node = recorded.node.clone().unwrap_or_else(|| d.node.clone());
+        let id = recorded
+            .attributes
+            .get("container_id")
+            .and_then(|v| v.as_str())
+            .unwrap_or(&d.name);
+        if id.is_empty() {
+            return None;
+        }
+        let host = match pool.get(&node) {
+            Ok(h) => h,
+            Err(e) => return Some(format!("container {} on {node}: {e}", d.name)),
+        };
+        let docker = host.docker().await.ok()?;
+        let seen = liveness(&docker, id).await.ok()?;
+        let why = not_serving(&seen, &d.name, &node)?;
+        // What it died of, where its log says so in a line its ready checks know as fatal.
+        let patterns: BTreeMap<String, String> = d
+            .ready
+            .iter()
+            .filter_map(|r| r.fail_on_log.clone())
+            .flatten()
+            .collect();
+        match fail_on_log(&docker, id, &d.name, &patterns, 0).await {
+            Err(e) => Some(match &e.help {
+                Some(fix) => format!("{why}; {}: {fix}", e.message),
+                None => format!("{why}; {}", e.message),
+            }),
+            Ok(()) => Some(why),
+        }
     }
 
     fn exec_target(&self, r: &Resource) -> Option<(String, String)> {

@@ -30,14 +30,21 @@ pub(super) async fn evidence(docker: &bollard::Docker, id: &str) -> (String, Vec
     (summary, logs)
 }
 
-/// What a look at a container during its start found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a look at a container found (during its start, or before a check that depends on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) struct Liveness {
     running: bool,
     /// Docker is between two restarts of it (its restart policy brought it back after a crash).
     restarting: bool,
     /// Docker's `RestartCount`: how often its restart policy restarted it.
     restarts: i64,
+    /// Docker's word for its state (`exited`, `paused`…); `None` when the engine has no such
+    /// container.
+    status: Option<bollard::models::ContainerStateStatusEnum>,
+    /// The exit code of its last run (0 while it never exited).
+    exit_code: i64,
+    /// Its last run was killed for lack of memory.
+    oom_killed: bool,
 }
 
 /// Whether the container runs and how often Docker restarted it; Err when the node does not
@@ -52,21 +59,61 @@ pub(super) async fn liveness(docker: &bollard::Docker, id: &str) -> Result<Liven
         Err(_) => Err("the node's Docker Engine did not answer for 20 s".into()),
         Ok(Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
-        })) => Ok(Liveness {
-            running: false,
-            restarting: false,
-            restarts: 0,
-        }),
+        })) => Ok(Liveness::default()),
         Ok(Err(e)) if connection_lost(&e) => Err(format!(
             "the node was lost: the connection to it broke ({e})"
         )),
         Ok(Err(e)) => Err(format!("the node's Docker Engine failed: {e}")),
-        Ok(Ok(i)) => Ok(Liveness {
-            running: i.state.as_ref().and_then(|s| s.running).unwrap_or(false),
-            restarting: i.state.as_ref().and_then(|s| s.restarting).unwrap_or(false),
-            restarts: i.restart_count.unwrap_or(0),
-        }),
+        Ok(Ok(i)) => {
+            let st = i.state.unwrap_or_default();
+            Ok(Liveness {
+                running: st.running.unwrap_or(false),
+                restarting: st.restarting.unwrap_or(false),
+                restarts: i.restart_count.unwrap_or(0),
+                status: Some(
+                    st.status
+                        .unwrap_or(bollard::models::ContainerStateStatusEnum::EMPTY),
+                ),
+                exit_code: st.exit_code.unwrap_or(-1),
+                oom_killed: st.oom_killed.unwrap_or(false),
+            })
+        }
     }
+}
+
+/// Why a container that something depends on does not serve now, as Docker shows it (`l`):
+/// gone, exited with its code, restarting after a crash, paused; `None` while it runs.
+pub(super) fn not_serving(l: &Liveness, name: &str, node: &str) -> Option<String> {
+    use bollard::models::ContainerStateStatusEnum as S;
+    let Some(status) = l.status else {
+        return Some(format!("container {name} is gone from {node}"));
+    };
+    if l.running && !l.restarting && status != S::PAUSED {
+        return None;
+    }
+    let word = match status {
+        S::EMPTY if !l.running => "exited".to_string(),
+        // Between two restarts Docker reports it running and restarting.
+        _ if l.restarting => "restarting".to_string(),
+        s => s.to_string(),
+    };
+    let how = match status {
+        S::PAUSED | S::CREATED => String::new(),
+        _ => {
+            let oom = if l.oom_killed {
+                ", killed for lack of memory"
+            } else {
+                ""
+            };
+            let restarts = match l.restarts {
+                0 => String::new(),
+                1 => ", restarted once by Docker".to_string(),
+                n => format!(", restarted {n} times by Docker"),
+            };
+            format!(" (exit code {}{oom}{restarts})", l.exit_code)
+        }
+    };
+    Some(format!("container {name} is {word}{how} on {node}"))
 }
 
 /// Why a container that is not ready yet will not become ready.
@@ -635,12 +682,52 @@ mod tests {
         assert!(new_warnings(&rdma, &patterns, &mut BTreeSet::new()).is_empty());
     }
 
+    /// What a check that depends on a container is told about it: nothing while it runs; else
+    /// its state, with the exit code where it has one.
+    #[test]
+    fn a_container_that_does_not_run_is_named_with_its_state_and_exit_code() {
+        use bollard::models::ContainerStateStatusEnum as S;
+        let seen = |status, running, restarting, exit_code, restarts| Liveness {
+            running,
+            restarting,
+            restarts,
+            status: Some(status),
+            exit_code,
+            oom_killed: false,
+        };
+        let down = |l: Liveness| not_serving(&l, "vllm-node1", "node.node1");
+        assert_eq!(down(seen(S::RUNNING, true, false, 0, 0)), None);
+        assert_eq!(
+            down(seen(S::EXITED, false, false, 137, 0)).as_deref(),
+            Some("container vllm-node1 is exited (exit code 137) on node.node1")
+        );
+        let mut oom = seen(S::EXITED, false, false, 137, 0);
+        oom.oom_killed = true;
+        assert_eq!(
+            down(oom).as_deref(),
+            Some("container vllm-node1 is exited (exit code 137, killed for lack of memory) on node.node1")
+        );
+        assert_eq!(
+            down(seen(S::RESTARTING, true, true, 1, 4)).as_deref(),
+            Some("container vllm-node1 is restarting (exit code 1, restarted 4 times by Docker) on node.node1")
+        );
+        assert_eq!(
+            down(seen(S::PAUSED, true, false, 0, 0)).as_deref(),
+            Some("container vllm-node1 is paused on node.node1")
+        );
+        assert_eq!(
+            down(Liveness::default()).as_deref(),
+            Some("container vllm-node1 is gone from node.node1")
+        );
+    }
+
     #[test]
     fn a_restart_before_ready_is_a_crash_loop_and_an_exit_is_an_exit() {
         let l = |running, restarting, restarts| Liveness {
             running,
             restarting,
             restarts,
+            ..Liveness::default()
         };
         assert_eq!(doomed(&l(true, false, 0)), None);
         assert_eq!(doomed(&l(false, false, 0)), Some(Doomed::Exited));

@@ -1,0 +1,377 @@
+//! The real vLLM under sparkform: examples/testbed with vLLM's CPU build (`tests/testbed/testbed
+//! engine` loads its image into the nodes) serving a tiny real Qwen3 from the stand-in hub
+//! (`testbed hub`), tensor parallel 2 with one rank per node (modules/vllm-mp).
+//!
+//! One deployment serves the first test, its steps in order (each real start costs a minute or
+//! more on two cores): the first apply's real completion and its phases from the real log, a
+//! no-op plan, a vLLM flag that replaces the ranks and keeps the weights, a revision that replaces
+//! the weights and the ranks (and the new weights answer), `verify` on a stopped rank and on a
+//! stopped engine core, the watch finding the real wedge (SIGSTOP of the engine core) and
+//! restarting every rank, and a destroy that leaves nothing on either node. The second applies a
+//! model the CPU build cannot run (heads of dimension 16) and sees it fail with vLLM's own line
+//! and roll back.
+//!
+//! It runs on the testbed's second pair of nodes (sf-node3 and sf-node4, with their own fabric
+//! addresses), beside the files that take turns on the first: the longest test of the suite
+//! costs the suite no time of its own (`.ci/test` loads the engine's image into those two only).
+
+use crate::common;
+
+use common::testbed::{sparkform, testbed_second_pair, Testbed};
+
+const EXAMPLE: &str = "examples/testbed";
+/// The ranks' addresses on the fabric: the example's own (.1, .2) are the first pair's.
+const FABRIC: [&str; 2] = ["192.168.200.103", "192.168.200.104"];
+const MODELS: &str = "/tmp/sparkform-models/models--testbed--tiny-qwen3";
+/// The stand-in hub's tiny Qwen3 with heads of dimension 16, which the CPU build cannot run.
+const HD16: &str = "testbed/tiny-qwen3-hd16";
+
+/// The example's variables that put it on this test's pair of nodes.
+fn placement(tb: &Testbed) -> [String; 4] {
+    [
+        "-var".to_string(),
+        format!("nodes=[\"{}\",\"{}\"]", tb.nodes[0], tb.nodes[1]),
+        "-var".to_string(),
+        format!("fabric_addresses=[\"{}\",\"{}\"]", FABRIC[0], FABRIC[1]),
+    ]
+}
+
+/// The running container of each rank, by ID (testbed_mp's, with this example's names).
+fn rank_ids(tb: &Testbed) -> Vec<String> {
+    crate::testbed_mp::rank_ids(
+        tb,
+        &[
+            (tb.nodes[0], "sparkform-vllm-node1"),
+            (tb.nodes[1], "sparkform-vllm-node2"),
+        ],
+    )
+}
+
+/// The snapshot folders of the tiny model on a node (their names are the commits).
+fn snapshots(tb: &Testbed, node: &str) -> String {
+    tb.ssh(node, &format!("ls {MODELS}/snapshots 2>/dev/null"))
+}
+
+/// What vLLM says it serves, asked on node1 over the fabric: `/v1/models` names the snapshot
+/// folder it loaded, whose name is the weights' commit.
+fn served_root(tb: &Testbed) -> String {
+    tb.ssh(
+        tb.nodes[0],
+        &format!(
+            "curl -s --max-time 20 -H 'Authorization: Bearer sparkform-testbed-key' \
+             http://{}:30000/v1/models",
+            FABRIC[0]
+        ),
+    )
+}
+
+/// A chat completion on node1, bounded: the answer, or what curl said.
+fn complete(tb: &Testbed, max_time_s: u32) -> String {
+    tb.ssh(
+        tb.nodes[0],
+        &format!(
+            "curl -s --max-time {max_time_s} -H 'Authorization: Bearer sparkform-testbed-key' \
+             -H 'Content-Type: application/json' http://{}:30000/v1/chat/completions \
+             -d '{{\"model\":\"testbed/tiny-qwen3\",\"max_tokens\":8,\"min_tokens\":4,\"temperature\":0,\
+             \"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}' || echo curl-exit-$?",
+            FABRIC[0]
+        ),
+    )
+}
+
+/// `vllm:num_requests_running` and `vllm:generation_tokens_total` from rank 0's /metrics.
+fn metrics(tb: &Testbed) -> (f64, f64) {
+    let text = tb.ssh(
+        tb.nodes[0],
+        &format!(
+            "curl -s --max-time 10 -H 'Authorization: Bearer sparkform-testbed-key' \
+             http://{}:30000/metrics",
+            FABRIC[0]
+        ),
+    );
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        text.contains("vllm:generation_tokens_total"),
+        "no engine metrics: {text}"
+    );
+    (
+        value("vllm:num_requests_running"),
+        value("vllm:generation_tokens_total"),
+    )
+}
+
+/// The PID, on rank 0's node, of its engine core (the process vLLM names `VLLM::EngineCore`).
+fn engine_core_pid(tb: &Testbed) -> String {
+    let pid = tb.ssh(
+        tb.nodes[0],
+        "for p in $(pgrep -f 'VLLM::EngineCore'); do echo $p; done | head -n 1",
+    );
+    let pid = pid.trim().to_string();
+    assert!(
+        !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()),
+        "no VLLM::EngineCore process on {}: {pid:?}",
+        tb.nodes[0]
+    );
+    pid
+}
+
+/// No container, fabric address or model helper left (testbed_mp's check), and none of this
+/// example's weights.
+fn assert_nothing_left(tb: &Testbed) {
+    crate::testbed_mp::assert_nothing_running(tb);
+    for node in tb.nodes {
+        let left = tb.ssh(
+            node,
+            &format!(
+                "ls -A {MODELS}/snapshots {MODELS}/blobs 2>/dev/null | grep -v -e '^$' -e ':$'"
+            ),
+        );
+        assert!(left.trim().is_empty(), "weights left on {node}: {left}");
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn the_real_vllm_across_both_nodes() {
+    let tb = testbed_second_pair();
+    tb.clear_leftovers();
+    let placement = placement(&tb);
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state.json");
+    let st = state.to_str().unwrap().to_string();
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(["-state", st.as_str()]);
+        a.extend(placement.iter().map(String::as_str));
+        sparkform(&a)
+    };
+
+    // From empty: the real engine's architecture check, its phases from the real log, and a
+    // real completion through both ranks.
+    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("sparkform-testbed/vllm-cpu:latest serves Qwen3ForCausalLM"),
+        "{out}"
+    );
+    // The phases of the start, read from the real log of the rank whose ready check waits for
+    // the engine (rank 1: rank 0's is its master port), are recorded with their durations.
+    let recorded: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let phases =
+        &recorded["resources"]["module.qwen.container.rank[\"node2\"]"]["attributes"]["phase_secs"];
+    for phase in [
+        "loading the model",
+        "weights loaded",
+        "compiling",
+        "KV cache allocated",
+    ] {
+        assert!(
+            phases[phase].as_f64().is_some(),
+            "no duration of the phase {phase:?} recorded: {phases}"
+        );
+    }
+    assert!(out.contains("probe.hello"), "{out}");
+    let first = rank_ids(&tb);
+    let main_commit = snapshots(&tb, tb.nodes[0]);
+    assert_eq!(
+        main_commit.trim().len(),
+        40,
+        "one snapshot on node1: {main_commit}"
+    );
+    assert_eq!(snapshots(&tb, tb.nodes[1]), main_commit);
+    assert!(served_root(&tb).contains(main_commit.trim()));
+    let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
+    assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
+
+    // One vLLM flag: both ranks are replaced (one process group), the weights are not.
+    let flag = r#"extra_args=["--max-num-seqs","8"]"#;
+    let (code, out, _) = run(&["plan", EXAMPLE, "-var", flag, "-detailed-exitcode"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("Plan: 0 to add, 0 to change, 2 to replace, 0 to destroy"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve", "-var", flag]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let flagged = rank_ids(&tb);
+    for (b, a) in first.iter().zip(&flagged) {
+        assert_ne!(b, a, "a rank kept running through a flag change");
+    }
+    assert_eq!(
+        snapshots(&tb, tb.nodes[0]),
+        main_commit,
+        "the weights moved"
+    );
+
+    // The v2 revision: the weights on both nodes and every rank are replaced, and vLLM serves
+    // the new commit.
+    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve", "-var", "rev=v2"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v2 = rank_ids(&tb);
+    for (b, a) in flagged.iter().zip(&v2) {
+        assert_ne!(b, a, "a rank kept serving the old weights");
+    }
+    let v2_commit = snapshots(&tb, tb.nodes[0]);
+    assert_eq!(v2_commit.trim().len(), 40, "{v2_commit}");
+    assert_ne!(v2_commit, main_commit);
+    assert_eq!(snapshots(&tb, tb.nodes[1]), v2_commit);
+    let root = served_root(&tb);
+    assert!(root.contains(v2_commit.trim()), "{root}");
+    let answer = complete(&tb, 30);
+    assert!(answer.contains("\"completion_tokens\""), "{answer}");
+
+    // A real wedge: rank 0's engine core stopped. /health still says 200, a completion gets
+    // no answer; verify says so within its own short bound, and the watch restarts every rank.
+    let core = engine_core_pid(&tb);
+    tb.ssh(tb.nodes[0], &format!("kill -STOP {core}"));
+    let health = tb.ssh(
+        tb.nodes[0],
+        &format!(
+            "curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 http://{}:30000/health",
+            FABRIC[0]
+        ),
+    );
+    assert_eq!(health.trim(), "200", "a stopped core's /health");
+    let before = metrics(&tb);
+    let answer = complete(&tb, 8);
+    assert!(
+        answer.contains("curl-exit-28"),
+        "a stopped core answered: {answer}"
+    );
+    // The engine's gauges freeze with its core (docs/watch.md): /metrics answers, no request
+    // runs, no token is counted, though a request waited above. Only the canary tells.
+    let during = metrics(&tb);
+    assert_eq!(
+        (during.0, during.1),
+        (0.0, before.1),
+        "vllm:num_requests_running and vllm:generation_tokens_total moved during the wedge"
+    );
+    // verify gives up within its own bound (--retry-for), each attempt cut there too, not after
+    // the probe's load-time timeout (2 minutes).
+    let (code, out, err) = run(&["verify", EXAMPLE, "-var", "rev=v2", "--retry-for", "10s"]);
+    assert_eq!(
+        code, 1,
+        "verify passed on a stopped engine core: {out}\n{err}"
+    );
+    let all = format!("{out}\n{err}");
+    let secs: f64 = all
+        .split("the probe failed after ")
+        .nth(1)
+        .and_then(|rest| rest.split(" in ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no attempt count and time: {all}"));
+    assert!(
+        secs < 60.0,
+        "verify waited {secs} s, the probe's timeout, not --retry-for: {all}"
+    );
+    let watch = [
+        "watch",
+        EXAMPLE,
+        "-var",
+        "rev=v2",
+        "--interval",
+        "5s",
+        "--probe-timeout",
+        "15s",
+        "--restart",
+        "--ticks",
+        "2",
+        "-state",
+        st.as_str(),
+    ];
+    let watch: Vec<&str> = watch
+        .into_iter()
+        .chain(placement.iter().map(String::as_str))
+        .collect();
+    let (code, out, err) = sparkform(&watch);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("✗ check 1"), "the wedge was not found: {out}");
+    assert!(
+        out.contains(
+            "replacing module.qwen.container.rank0, module.qwen.container.rank[\"node2\"]"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("✓ check 2"), "the canary passes again: {out}");
+    let restarted = rank_ids(&tb);
+    for (b, a) in v2.iter().zip(&restarted) {
+        assert_ne!(b, a, "a rank was not restarted");
+    }
+
+    // A stopped rank: verify fails at once, naming the container, its state and exit code.
+    tb.ssh(
+        tb.nodes[1],
+        "docker stop -t 5 sparkform-vllm-node2 >/dev/null",
+    );
+    let (code, out, err) = run(&["verify", EXAMPLE, "-var", "rev=v2"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let all = format!("{out}\n{err}");
+    assert!(
+        all.contains("sparkform-vllm-node2 is exited (exit code"),
+        "{all}"
+    );
+
+    let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve", "-var", "rev=v2"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_nothing_left(&tb);
+}
+
+/// A model the CPU build cannot run (heads of dimension 16): the architecture check passes (a
+/// Qwen3), the weights arrive, the ranks start, and vLLM refuses the head dimension. The apply
+/// fails with vLLM's own line and the module's hint, and rolls back: no rank, helper or fabric
+/// address is left on either node, and the state holds nothing.
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn a_model_the_cpu_build_cannot_run_fails_with_vllms_line_and_rolls_back() {
+    let tb = testbed_second_pair();
+    tb.clear_leftovers();
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state.json");
+    let repo = format!("repo={HD16}");
+    let mut args = vec![
+        "apply",
+        EXAMPLE,
+        "-auto-approve",
+        "-var",
+        repo.as_str(),
+        "-state",
+        state.to_str().unwrap(),
+    ];
+    let placement = placement(&tb);
+    args.extend(placement.iter().map(String::as_str));
+    let (code, out, err) = sparkform(&args);
+    let all = format!("{out}\n{err}");
+    assert_eq!(
+        code, 1,
+        "an apply of a head_dim-16 model did not fail: {all}"
+    );
+    assert!(
+        all.contains("Unsupported CPU attention configuration: head_dim=16"),
+        "vLLM's own line is not named: {all}"
+    );
+    assert!(
+        all.contains("no attention kernel for this model's head dimension"),
+        "no hint: {all}"
+    );
+    assert!(all.contains("Rolled back "), "no rollback: {all}");
+    crate::testbed_mp::assert_nothing_running(&tb);
+    if state.exists() {
+        let recorded: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        let left = recorded["resources"]
+            .as_object()
+            .map(|r| r.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default();
+        assert!(
+            left.iter().all(|a| !a.contains("container.")),
+            "containers still in the state after the rollback: {left:?}"
+        );
+    }
+}
