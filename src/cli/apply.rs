@@ -10,7 +10,7 @@ use super::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
 use crate::apply;
 use crate::diag::Diag;
 use crate::ops;
-use crate::ops::apply::{Interrupt, PrepareRequest, RunOptions, Source};
+use crate::ops::apply::{Interrupt, PlanRequest, RunOptions, Source};
 use crate::ops::definitions::Evaluated;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{render, PlanOptions};
@@ -189,7 +189,7 @@ pub fn execute(
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let request = PrepareRequest {
+    let request = PlanRequest {
         evaluated,
         lockfile_readonly: args.lockfile == Some(LockfileMode::Readonly),
         store: ws.store(),
@@ -197,7 +197,7 @@ pub fn execute(
         hosts: args.connect.options(),
     };
     let prepared = rt.block_on(super::with_notes(args.json, |events| async move {
-        ops::apply::prepare(request, &events).await
+        ops::apply::lock_and_plan(request, &events).await
     }));
     let mut prepared = match prepared {
         Ok(p) => p,

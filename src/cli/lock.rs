@@ -43,9 +43,9 @@ pub fn run(args: LockArgs) -> ExitCode {
         Ok(update) => {
             let changes = update.changes();
             if changes.is_empty() {
-                println!("{} is up to date.", ops::lock::FILE);
+                println!("{} is up to date.", ops::lock_file::FILE);
             } else {
-                println!("Wrote {}:", ops::lock::FILE);
+                println!("Wrote {}:", ops::lock_file::FILE);
                 changes.iter().for_each(|c| println!("  {c}"));
             }
             ExitCode::SUCCESS

@@ -233,7 +233,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
-    let lock_changes = ops::lock::LockUpdate::new(
+    let lock_changes = ops::lock_file::LockUpdate::new(
         &config,
         lock_before.as_ref(),
         args.upgrade,
@@ -268,7 +268,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         }
         print!("{}", render::render(&plan));
         if !lock_changes.is_empty() {
-            println!("\n{} changes (an apply writes them):", ops::lock::FILE);
+            println!("\n{} changes (an apply writes them):", ops::lock_file::FILE);
             lock_changes.iter().for_each(|c| println!("  {c}"));
         }
     }

@@ -13,24 +13,6 @@ use serde::Serialize;
 
 use super::{Host, HostError};
 
-/// Prints `PATH:VALUE` lines for the files read (every network interface's MTU among them), `net:DEVICE:NETDEV` for each network device an
-/// RDMA device drives, `linger:USER` for each lingering user. `grep` reads the GID table (256
-/// files a port) in one process; a GID's type cannot be read for an empty entry (EINVAL),
-/// which `2>/dev/null` drops.
-pub(super) const SCRIPT: &str = r#"grep -H '' /sys/class/net/*/mtu 2>/dev/null
-C=/sys/class/infiniband
-if [ -d "$C" ]; then
-  for d in "$C"/*; do
-    [ -d "$d" ] || continue
-    for n in "$d"/device/net/*; do [ -e "$n" ] && echo "net:${d##*/}:${n##*/}"; done
-  done
-  grep -H '' "$C"/*/ports/*/state "$C"/*/ports/*/phys_state "$C"/*/ports/*/link_layer "$C"/*/ports/*/rate "$C"/*/ports/*/gids/* "$C"/*/ports/*/gid_attrs/types/* "$C"/*/ports/*/gid_attrs/ndevs/* "$C"/*/device/current_link_width "$C"/*/device/max_link_width "$C"/*/device/current_link_speed "$C"/*/device/max_link_speed 2>/dev/null
-fi
-grep -H '^[[:space:]]*RemoveIPC' /etc/systemd/logind.conf /etc/systemd/logind.conf.d/*.conf 2>/dev/null
-for u in /var/lib/systemd/linger/*; do [ -e "$u" ] && echo "linger:${u##*/}"; done
-exit 0
-"#;
-
 /// An entry of a port's GID table that is set.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Gid {

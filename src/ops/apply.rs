@@ -18,7 +18,7 @@ use crate::plan::planfile::PlanFile;
 use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};
 
-use super::lock::LockUpdate;
+use super::lock_file::LockUpdate;
 use super::OpError;
 
 /// Where the plan comes from.
@@ -53,7 +53,7 @@ impl Source<'_> {
     }
 }
 
-pub struct PrepareRequest<'a> {
+pub struct PlanRequest<'a> {
     /// The definitions as written (`ops::definitions::load`; the caller showed their warnings).
     pub evaluated: Evaluated,
     /// `-lockfile=readonly`: a change to `sparkform.lock.hcl` is an error before anything runs.
@@ -64,9 +64,9 @@ pub struct PrepareRequest<'a> {
 }
 
 /// A plan ready to apply, holding the state lock until it is applied or dropped.
-pub struct Prepared {
+pub struct LockedPlan {
     pub plan: Plan,
-    /// Warnings of the planning the caller has not shown (`ops::prepare::Prepared`).
+    /// Warnings of the planning the caller has not shown (`ops::prepare::Prepared`'s).
     pub warnings: Vec<crate::diag::Diag>,
     /// The definitions as the plan evaluated them; the apply uses these.
     config: Config,
@@ -82,7 +82,7 @@ pub struct Prepared {
 
 /// Lock, load the state, plan. A lock left by a process that is gone is taken over and said
 /// so with [`Event::LockTakenOver`].
-pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepared, OpError> {
+pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<LockedPlan, OpError> {
     let lock = req.store.lock(req.source.operation())?;
     if let Some(old) = &lock.took_over {
         emit(
@@ -102,7 +102,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
-    let mut images = super::lock::ImagesSeen::new();
+    let mut images = super::lock_file::ImagesSeen::new();
     let (defs, plan, warnings, pool) = match req.source {
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
@@ -177,7 +177,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     let refused = match &lock_file {
         // An image the lock pins that the node no longer has under its reference: running
         // what the node has would not be what the lock says (`-upgrade` takes it).
-        Some(_) if !upgrade => super::lock::refuse_image_drift(&warnings),
+        Some(_) if !upgrade => super::lock_file::refuse_image_drift(&warnings),
         _ => Ok(()),
     }
     .and_then(|()| match (&lock_file, req.lockfile_readonly) {
@@ -190,7 +190,7 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
         }
         return Err(e);
     }
-    Ok(Prepared {
+    Ok(LockedPlan {
         plan,
         warnings,
         config,
@@ -301,7 +301,7 @@ pub struct RunOptions {
     pub hosts: HostOptions,
 }
 
-impl Prepared {
+impl LockedPlan {
     /// Close the refresh's connections: a prompt may keep a human for minutes, and an idle
     /// master connection is not worth keeping that long. The apply connects again.
     pub async fn drop_connections(&mut self) {

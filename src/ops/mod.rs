@@ -7,6 +7,7 @@ pub mod connections;
 pub mod definitions;
 pub mod import;
 pub mod lock;
+pub mod lock_file;
 pub mod logs;
 pub mod nodes;
 pub mod observe;

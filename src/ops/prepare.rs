@@ -51,7 +51,7 @@ pub struct Prepared {
     pub observed: Observed,
     /// What the definitions' image references name on their nodes (empty without looking),
     /// for the lock file.
-    pub images: super::lock::ImagesSeen,
+    pub images: super::lock_file::ImagesSeen,
     /// The connections when any were opened (close them, or hand them to an apply).
     pub pool: Option<HostPool>,
     /// The round trips the plan made on each node it connected (`plan --json`).
@@ -112,7 +112,7 @@ async fn phases(
         Plan,
         Vec<Diag>,
         Observed,
-        super::lock::ImagesSeen,
+        super::lock_file::ImagesSeen,
     ),
     OpError,
 > {
@@ -129,7 +129,7 @@ async fn phases(
     let defs = evaluated.again(&all)?;
     warnings.extend(defs.warnings.iter().cloned());
     if !upgrade {
-        warnings.extend(super::lock::image_drift(
+        warnings.extend(super::lock_file::image_drift(
             &defs.config,
             lock.as_ref(),
             &images,
@@ -203,7 +203,7 @@ async fn read(
     recorded: Option<&State>,
     refresh: ReadMode,
     pool: &Option<HostPool>,
-) -> Result<(Observed, Observed, super::lock::ImagesSeen, Vec<Diag>), OpError> {
+) -> Result<(Observed, Observed, super::lock_file::ImagesSeen, Vec<Diag>), OpError> {
     let config = evaluated.config();
     let empty = HostPool::from_hosts(BTreeMap::new());
     let on = pool.as_ref().unwrap_or(&empty);
@@ -219,7 +219,7 @@ async fn read(
     };
     let images = async {
         match pool {
-            Some(p) => super::lock::read_images(config, p).await,
+            Some(p) => super::lock_file::read_images(config, p).await,
             None => Default::default(),
         }
     };

@@ -16,7 +16,7 @@ use bollard::query_parameters as q;
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::apply::{PrepareRequest, RunOptions, Source};
+use super::apply::{PlanRequest, RunOptions, Source};
 use super::definitions::{self, Pins};
 use super::OpError;
 use crate::config::{Config, ResourceKind, VarInputs};
@@ -418,8 +418,8 @@ async fn restart(
     cancel: &CancellationToken,
 ) -> Result<String, String> {
     let evaluated = definitions::load(&req.workspace, &req.vars).map_err(describe)?;
-    let prepared = super::apply::prepare(
-        PrepareRequest {
+    let prepared = super::apply::lock_and_plan(
+        PlanRequest {
             evaluated,
             lockfile_readonly: false,
             store: req.workspace.store(),
@@ -712,7 +712,10 @@ pub async fn watch(
             },
         );
         if let Some(m) = metrics {
-            m.observe(&check);
+            m.observe(
+                &check.probes,
+                check.failures.first().map(|f| f.cause.as_str()),
+            );
         }
         // Whether the deployment serves after this check (and its restart, if any).
         let serving = match check.failures.first() {

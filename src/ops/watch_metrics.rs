@@ -12,8 +12,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::watch::Check;
-
 type Labels = Vec<(String, String)>;
 
 pub struct Metrics {
@@ -71,10 +69,11 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// What one check saw.
-    pub fn observe(&self, check: &Check) {
+    /// What one check saw: each probe that passed (address, seconds, summary) and the cause of
+    /// its first failure.
+    pub fn observe(&self, probes: &[(String, f64, String)], failure: Option<&str>) {
         self.checks.inc();
-        for (address, secs, summary) in &check.probes {
+        for (address, secs, summary) in probes {
             let labels = vec![("probe".to_string(), address.clone())];
             self.probe_seconds.get_or_create(&labels).set(*secs);
             if let Some(tokens) = completion_tokens(summary) {
@@ -85,9 +84,9 @@ impl Metrics {
                 }
             }
         }
-        if let Some(f) = check.failures.first() {
+        if let Some(cause) = failure {
             self.failed_checks.inc();
-            self.cause(&f.cause);
+            self.cause(cause);
         }
     }
 
@@ -175,30 +174,19 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Me
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::watch::Failure;
 
     #[test]
     fn a_check_shows_in_the_text() {
         let m = Metrics::new();
-        m.observe(&Check {
-            failures: Vec::new(),
-            probes: vec![(
+        m.observe(
+            &[(
                 "probe.hello".into(),
                 0.5,
                 "passed in 0.50 s, 200: Hello (20 completion tokens)".into(),
             )],
-            containers: 2,
-        });
-        m.observe(&Check {
-            failures: vec![Failure {
-                cause: "container.x: EngineDeadError".into(),
-                containers: vec!["container.x".into()],
-                probe: None,
-                restartable: true,
-            }],
-            probes: Vec::new(),
-            containers: 2,
-        });
+            None,
+        );
+        m.observe(&[], Some("container.x: EngineDeadError"));
         m.restarted("container.x: EngineDeadError");
         let t = m.text();
         assert!(

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::diff::{self, Noun, Sign, SENSITIVE};
-use super::impact::Impact;
+use super::impact::{Impact, PhaseTimes};
 use super::{Action, AttrChange, Change, Plan};
 use crate::kinds::address;
 
@@ -212,49 +212,69 @@ fn expected(secs: Option<f64>) -> String {
     }
 }
 
-/// The new containers' cache folders: warm ones skip phases (their recorded time is out of the
-/// expected durations above), cold ones go through them.
+/// The new containers' cache folders: a warm one shortens phases (by what the recorded cold and
+/// warm starts took, or skips them when no warm start is recorded), a cold one goes through
+/// them; the expected durations above count it.
 fn render_caches(out: &mut String, impact: &Impact) {
     for c in &impact.caches {
-        let phases = |with: &dyn Fn(Option<f64>) -> String| {
-            c.skips
-                .iter()
-                .map(|(label, secs)| format!("{label}{}", with(*secs)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let image = c.image_id.as_deref().map(|i| {
             let hex = i.strip_prefix("sha256:").unwrap_or(i);
             format!("sha256:{}", hex.chars().take(12).collect::<String>())
         });
+        let phases = c
+            .skips
+            .iter()
+            .map(|p| cache_phase(p, c.warm, c.last_start_warm))
+            .collect::<Vec<_>>()
+            .join(", ");
         let text = match (&image, c.warm) {
-            (Some(image), true) if !c.skips.is_empty() => format!(
-                "warm for image {image}: skips {}",
-                phases(&|s| match s {
-                    Some(s) => format!(
-                        " ({} the last apply, left out of the expected time)",
-                        duration(s)
-                    ),
-                    None => " (no recorded time)".into(),
-                })
-            ),
+            (Some(image), true) if !c.skips.is_empty() && c.last_start_warm => {
+                format!("warm for image {image}, as the recorded start was: {phases}")
+            }
+            (Some(image), true) if !c.skips.is_empty() => {
+                format!("warm for image {image}: {phases}")
+            }
             (Some(image), true) => format!("warm for image {image}"),
-            (Some(image), false) => format!(
-                "cold: nothing for image {image} yet{}",
-                if c.skips.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", so {} runs",
-                        phases(&|s| s
-                            .map(|s| format!(" ({} the last apply)", duration(s)))
-                            .unwrap_or_default())
-                    )
-                }
-            ),
+            (Some(image), false) if c.skips.is_empty() => {
+                format!("cold: nothing for image {image} yet")
+            }
+            (Some(image), false) => {
+                format!("cold: nothing for image {image} yet, so {phases}")
+            }
             (None, _) => "cold: the node does not have the image yet".into(),
         };
         let _ = writeln!(out, "  Cache: {}{}: {text}.", c.address, on(&c.node));
+    }
+}
+
+/// What one phase of a cached start is expected to take, and how the expected time counts it.
+fn cache_phase(p: &PhaseTimes, warm: bool, last_start_warm: bool) -> String {
+    let label = &p.label;
+    let secs = |s: Option<f64>| s.map_or_else(|| "not recorded".to_string(), duration);
+    match (warm, last_start_warm, p.saving()) {
+        // the recorded start was like this one: its time stands
+        (true, true, _) => format!("{label} ({} warm, the last apply)", secs(p.warm_secs)),
+        (false, false, _) => match p.cold_secs {
+            Some(s) => format!("{label} runs ({} the last apply)", duration(s)),
+            None => format!("{label} runs"),
+        },
+        (true, false, Some(s)) if p.warm_secs.is_none() => format!(
+            "skips {label} ({} the last apply, left out of the expected time)",
+            duration(s)
+        ),
+        (true, false, Some(s)) => format!(
+            "{label} {} cold, {} warm ({} less than the last apply)",
+            secs(p.cold_secs),
+            secs(p.warm_secs),
+            duration(s)
+        ),
+        (false, true, Some(s)) => format!(
+            "{label} runs ({} cold, {} warm: {} more than the last apply)",
+            secs(p.cold_secs),
+            secs(p.warm_secs),
+            duration(s)
+        ),
+        (_, _, None) => format!("{label} (no cold start recorded)"),
     }
 }
 

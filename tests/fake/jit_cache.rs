@@ -9,7 +9,7 @@ use sparkform::config::VarInputs;
 use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
 use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions};
-use sparkform::ops::apply::{prepare, PrepareRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
 use sparkform::ops::ReadMode;
 use sparkform::plan::{Action, Plan, PlanOptions};
 use sparkform::state::StateStore;
@@ -107,15 +107,15 @@ impl Bed {
         );
     }
 
-    async fn prepared(&self, source: Source<'_>) -> sparkform::ops::apply::Prepared {
+    async fn prepared(&self, source: Source<'_>) -> sparkform::ops::apply::LockedPlan {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
         )
         .unwrap_or_else(|e| panic!("{e:?}"));
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        prepare(
-            PrepareRequest {
+        lock_and_plan(
+            PlanRequest {
                 evaluated,
                 lockfile_readonly: false,
                 store: self.store(),
@@ -269,6 +269,91 @@ async fn the_image_ids_folder_is_mounted_recorded_and_judged_warm_or_cold_by_the
     assert_eq!(
         outcome.state.resources["container.engine"].attributes["cache_folder"],
         folder(NEW)
+    );
+}
+
+/// A CPU build of vLLM compiles again on a warm cache, only faster: once a warm start is
+/// recorded, a warm replacement is expected to take what the cold start took less what the warm
+/// one saved (not less the whole phase), a warm replacement after a warm start what that start
+/// took, and a cold one after a warm start that much more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_warm_start_sets_the_expected_time_of_the_next_one() {
+    let bed = Bed::new();
+    // The start finds the folder cold, then warm: each is recorded as such.
+    bed.warm(OLD, false);
+    let outcome = bed.apply(&[]).await;
+    let attributes = &outcome.state.resources["container.engine"].attributes;
+    assert_eq!(attributes["cache_warm"], false, "{attributes:?}");
+    bed.warm(OLD, true);
+    let outcome = bed.apply(&["container.engine"]).await;
+    let attributes = &outcome.state.resources["container.engine"].attributes;
+    assert_eq!(attributes["cache_warm"], true, "{attributes:?}");
+    assert!(
+        attributes["phase_secs_by_cache"]["warm"].is_object()
+            && attributes["phase_secs_by_cache"]["cold"].is_object(),
+        "both starts kept: {attributes:?}"
+    );
+
+    // As a real start records them: cold 40 s (compiling 30 s), a warm start's compile 12 s.
+    let record = |total: f64, last_warm: bool| {
+        let store = bed.store();
+        let mut state = store.load().unwrap().unwrap();
+        let r = state.resources.get_mut("container.engine").unwrap();
+        r.last_apply_secs = Some(total);
+        let compiling = if last_warm { 12.0 } else { 30.0 };
+        r.attributes.insert(
+            "phase_secs".into(),
+            serde_json::json!({ "loading weights": 5.0, "compiling": compiling }),
+        );
+        r.attributes
+            .insert("cache_warm".into(), serde_json::json!(last_warm));
+        r.attributes.insert(
+            "phase_secs_by_cache".into(),
+            serde_json::json!({
+                "cold": { "loading weights": 5.0, "compiling": 30.0 },
+                "warm": { "loading weights": 5.0, "compiling": 12.0 },
+            }),
+        );
+        store.write(&mut state).unwrap();
+    };
+    let bed = &bed;
+    let expected = |warm: bool| async move {
+        bed.warm(OLD, warm);
+        let plan = bed.plan(&["container.engine"]).await;
+        let text = sparkform::plan::render::render(&plan);
+        (plan.impact.unwrap().stopped[0].expected_secs, text)
+    };
+
+    record(40.0, false);
+    let (secs, text) = expected(true).await;
+    assert_eq!(
+        secs,
+        Some(22.0),
+        "40 s less the 18 s a warm compile saves:\n{text}"
+    );
+    assert!(
+        text.contains("warm for image sha256:aaaa00000000: compiling 30.0 s cold, 12.0 s warm (18.0 s less than the last apply)."),
+        "{text}"
+    );
+    let (secs, _) = expected(false).await;
+    assert_eq!(secs, Some(40.0));
+
+    record(22.0, true);
+    let (secs, text) = expected(true).await;
+    assert_eq!(secs, Some(22.0), "the warm start's own time:\n{text}");
+    assert!(
+        text.contains("warm for image sha256:aaaa00000000, as the recorded start was: compiling (12.0 s warm, the last apply)."),
+        "{text}"
+    );
+    let (secs, text) = expected(false).await;
+    assert_eq!(
+        secs,
+        Some(40.0),
+        "the warm start's time and the 18 s it saved:\n{text}"
+    );
+    assert!(
+        text.contains("cold: nothing for image sha256:aaaa00000000 yet, so compiling runs (30.0 s cold, 12.0 s warm: 18.0 s more than the last apply)."),
+        "{text}"
     );
 }
 

@@ -217,6 +217,69 @@ fn the_layers_have_no_cycle() {
     );
 }
 
+/// Pairs of sibling files (neither the other's parent module) that name each other: a cycle
+/// inside a layer, which the layer edges do not see. `a.rs` and `b.rs` both needing a thing is
+/// a thing for one of them, or for a third file, to hold.
+fn sibling_cycles() -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let modules: BTreeMap<Vec<String>, String> = all
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(&src).unwrap().display().to_string();
+            (module_of(&src, f), rel)
+        })
+        .collect();
+    // file → the files it names (the longest module path that is a file)
+    let mut names: BTreeMap<&[String], BTreeSet<&[String]>> = BTreeMap::new();
+    for f in &all {
+        let module = module_of(&src, f);
+        let Some((from, _)) = modules.get_key_value(&module) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        // A unit test may drive a sibling: only the product's code counts.
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let entry = names.entry(from.as_slice()).or_default();
+        for mut r in references(text, &module) {
+            while !r.is_empty() {
+                if let Some((to, _)) = modules.get_key_value(&r) {
+                    if to != from {
+                        entry.insert(to.as_slice());
+                    }
+                    break;
+                }
+                r.pop();
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (a, targets) in &names {
+        for b in targets {
+            let related = a.starts_with(b) || b.starts_with(a);
+            if a < b && !related && names.get(b).is_some_and(|t| t.contains(a)) {
+                out.push(format!(
+                    "{} ↔ {}",
+                    modules[&a.to_vec()],
+                    modules[&b.to_vec()]
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_sibling_files_name_each_other() {
+    let cycles = sibling_cycles();
+    assert!(
+        cycles.is_empty(),
+        "files that import each other:\n  {}",
+        cycles.join("\n  ")
+    );
+}
+
 #[test]
 fn pure_layers_never_reach_machines() {
     let edges = layer_edges();

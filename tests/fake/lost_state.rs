@@ -111,8 +111,8 @@ impl Bed {
         )
         .unwrap_or_else(|e| panic!("{e:?}"));
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let prepared = sparkform::ops::apply::prepare(
-            sparkform::ops::apply::PrepareRequest {
+        let prepared = sparkform::ops::apply::lock_and_plan(
+            sparkform::ops::apply::PlanRequest {
                 evaluated,
                 lockfile_readonly: false,
                 store: self.store(),

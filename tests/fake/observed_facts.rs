@@ -778,7 +778,7 @@ check "n1_unified" {
 
 #[tokio::test]
 async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them() {
-    use sparkform::ops::apply::{prepare, PrepareRequest, Source};
+    use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
     use sparkform::ops::OpError;
     use sparkform::plan::planfile::{NodeFacts, PlanFile};
     use sparkform::state::StateStore;
@@ -817,17 +817,18 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
     // `apply FILE` loads the definitions without facts, as the command does, and the plan is
     // accepted: prepare evaluates them again with the recorded facts.
     let ws = sparkform::workspace::Workspace::new(dir.path(), None);
-    let request = |file| PrepareRequest {
+    let request = |file| PlanRequest {
         evaluated: sparkform::ops::definitions::load(&ws, &VarInputs::default()).unwrap(),
         lockfile_readonly: false,
         store: store(),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
-    let prepared = match prepare(request(&file), &tokio::sync::mpsc::unbounded_channel().0).await {
-        Ok(p) => p,
-        Err(e) => panic!("{e:?}"),
-    };
+    let prepared =
+        match lock_and_plan(request(&file), &tokio::sync::mpsc::unbounded_channel().0).await {
+            Ok(p) => p,
+            Err(e) => panic!("{e:?}"),
+        };
     assert_eq!(prepared.plan, file.plan);
     let w = messages(&prepared.warnings);
     assert!(
@@ -840,7 +841,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
     // the facts filled differs.
     let mut blind = file.clone();
     blind.node_facts.clear();
-    match prepare(request(&blind), &tokio::sync::mpsc::unbounded_channel().0).await {
+    match lock_and_plan(request(&blind), &tokio::sync::mpsc::unbounded_channel().0).await {
         Err(OpError::DefinitionsChanged(a)) => assert_eq!(a, "container.web"),
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("the plan was accepted without the facts it was made with"),

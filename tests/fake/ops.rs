@@ -6,7 +6,7 @@ use crate::common;
 use std::path::Path;
 
 use sparkform::hosts::HostOptions;
-use sparkform::ops::apply::{prepare, PrepareRequest, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
 use sparkform::ops::{OpError, ReadMode};
 use sparkform::plan::planfile::PlanFile;
 use sparkform::plan::{self, Action, PlanOptions};
@@ -67,8 +67,8 @@ fn events() -> sparkform::events::Sender {
 #[tokio::test]
 async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
     let dir = folder();
-    let prepared = prepare(
-        PrepareRequest {
+    let prepared = lock_and_plan(
+        PlanRequest {
             evaluated: evaluated(dir.path()),
             lockfile_readonly: false,
             store: store(dir.path()),
@@ -112,14 +112,14 @@ async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved(
         text.replace("192.168.1.2\"", "192.168.1.3\""),
     )
     .unwrap();
-    let request = |file| PrepareRequest {
+    let request = |file| PlanRequest {
         evaluated: evaluated(dir.path()),
         lockfile_readonly: false,
         store: store(dir.path()),
         source: Source::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
-    match prepare(request(&file), &events()).await {
+    match lock_and_plan(request(&file), &events()).await {
         Err(OpError::DefinitionsChanged(a)) => assert_eq!(a, "network.fabric.attach.n2"),
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("a stale plan file was accepted"),
@@ -128,7 +128,7 @@ async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved(
     // The state moves on after the plan was made (checked before the definitions).
     let mut s = State::new();
     store(dir.path()).write(&mut s).unwrap();
-    match prepare(request(&file), &events()).await {
+    match lock_and_plan(request(&file), &events()).await {
         Err(OpError::PlanFile(e)) => assert!(e.to_string().contains("tb.plan"), "{e}"),
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("a plan made without a state was accepted over one"),
@@ -149,8 +149,8 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
     .unwrap();
     plan::record(&p, &mut state);
     store(dir.path()).write(&mut state).unwrap();
-    let prepared = prepare(
-        PrepareRequest {
+    let prepared = lock_and_plan(
+        PlanRequest {
             evaluated: evaluated(dir.path()),
             lockfile_readonly: false,
             store: store(dir.path()),
@@ -178,7 +178,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
 #[tokio::test]
 async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() {
     let dir = folder();
-    let request = |targets: Vec<String>| PrepareRequest {
+    let request = |targets: Vec<String>| PlanRequest {
         evaluated: evaluated(dir.path()),
         lockfile_readonly: false,
         store: store(dir.path()),
@@ -191,7 +191,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
         },
         hosts: HostOptions::default(),
     };
-    match prepare(request(vec!["network.fabric.attach.n9".into()]), &events()).await {
+    match lock_and_plan(request(vec!["network.fabric.attach.n9".into()]), &events()).await {
         Err(OpError::Config(d)) => {
             let text = sparkform::diag::render_plain(&d.0);
             assert!(text.contains("did you mean"), "{text}");
@@ -201,7 +201,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
     }
     let _held = store(dir.path()).lock("apply").unwrap();
     assert!(matches!(
-        prepare(request(Vec::new()), &events()).await,
+        lock_and_plan(request(Vec::new()), &events()).await,
         Err(OpError::State(_))
     ));
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sparkform::apply::{apply, ApplyRequest};
 use sparkform::hosts::fake::{FakeHost, FakeWorld};
 use sparkform::hosts::{HostOptions, HostPool};
-use sparkform::ops::apply::{prepare, PrepareRequest, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
 use sparkform::ops::ReadMode;
 use sparkform::plan::PlanOptions;
 use sparkform::state::{
@@ -353,8 +353,8 @@ async fn pg_plan_and_apply_on_a_fake_node_record_in_postgres() {
     let store = pg_store(&pg, dir.path(), "default");
     let key = HashKey::from_bytes([7; 32]);
     let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let prepared = prepare(
-        PrepareRequest {
+    let prepared = lock_and_plan(
+        PlanRequest {
             evaluated: sparkform::ops::definitions::load(
                 &sparkform::workspace::Workspace::new(dir.path(), None),
                 &sparkform::config::VarInputs::default(),
@@ -616,8 +616,8 @@ async fn apply_on(
         ..HostOptions::default()
     };
     let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let prepared = prepare(
-        PrepareRequest {
+    let prepared = lock_and_plan(
+        PlanRequest {
             evaluated: sparkform::ops::definitions::load(
                 &sparkform::workspace::Workspace::new(dir, None),
                 &sparkform::config::VarInputs::default(),

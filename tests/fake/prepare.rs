@@ -276,8 +276,8 @@ impl Bed {
             .unwrap_or_else(|e| panic!("{e:?}"))
             .upgrading(upgrade);
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let prepared = sparkform::ops::apply::prepare(
-            sparkform::ops::apply::PrepareRequest {
+        let prepared = sparkform::ops::apply::lock_and_plan(
+            sparkform::ops::apply::PlanRequest {
                 evaluated,
                 lockfile_readonly,
                 store: self.store(),
@@ -351,7 +351,7 @@ impl Bed {
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
         prepared.close().await;
-        let changes = sparkform::ops::lock::LockUpdate::new(
+        let changes = sparkform::ops::lock_file::LockUpdate::new(
             &prepared.config,
             lock_before.as_ref(),
             upgrade,
@@ -465,7 +465,7 @@ fn head_command(plan: &sparkform::plan::Plan) -> String {
 #[tokio::test]
 async fn the_lock_file_pins_the_commit_until_upgrade() {
     let bed = Bed::new();
-    let path = bed.dir.path().join(sparkform::ops::lock::FILE);
+    let path = bed.dir.path().join(sparkform::ops::lock_file::FILE);
     assert!(bed.apply().await.ok);
     let text = std::fs::read_to_string(&path).expect("the first apply writes the lock");
     assert!(
@@ -521,7 +521,11 @@ async fn the_lock_file_pins_the_commit_until_upgrade() {
     // A fresh clone (the definitions and the lock, no state): -refresh=false plans the locked
     // commit, connecting to nothing.
     let clone = Bed::new();
-    std::fs::copy(&path, clone.dir.path().join(sparkform::ops::lock::FILE)).unwrap();
+    std::fs::copy(
+        &path,
+        clone.dir.path().join(sparkform::ops::lock_file::FILE),
+    )
+    .unwrap();
     let (plan, opened, _) = clone.counted(clone.plan_as(ReadMode::Recorded)).await;
     assert!(
         head_command(&plan).contains(OTHER),
@@ -537,7 +541,7 @@ async fn the_lock_file_pins_the_commit_until_upgrade() {
 #[tokio::test]
 async fn a_retagged_image_is_drift_until_upgrade() {
     let bed = Bed::new();
-    let path = bed.dir.path().join(sparkform::ops::lock::FILE);
+    let path = bed.dir.path().join(sparkform::ops::lock_file::FILE);
     assert!(bed.apply().await.ok);
     let text = std::fs::read_to_string(&path).unwrap();
     // The fake engine's image IDs are `sha256:NAME`.
@@ -665,7 +669,7 @@ async fn a_fabric_port_down_refuses_the_plan_and_a_narrow_pcie_link_is_a_warning
 async fn a_malformed_lock_file_is_a_located_error() {
     let bed = Bed::new();
     std::fs::write(
-        bed.dir.path().join(sparkform::ops::lock::FILE),
+        bed.dir.path().join(sparkform::ops::lock_file::FILE),
         "model \"model.m\" {\n  commit = var.x\n}\n",
     )
     .unwrap();

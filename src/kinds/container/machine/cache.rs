@@ -38,22 +38,7 @@ pub(super) async fn read_caches(
             // The lock file's read inspects the same reference: the pool inspects it once.
             let id = host.image(&image).await?.id;
             let folder = cache.folder(&id)?;
-            // Anything in it: what the image's last container compiled.
-            let find = crate::hosts::Cmd::new("find")
-                .args([
-                    folder.as_str(),
-                    "-mindepth",
-                    "1",
-                    "-maxdepth",
-                    "1",
-                    "-print",
-                    "-quit",
-                ])
-                .timeout(Duration::from_secs(20));
-            let warm = host
-                .exec(&find)
-                .await
-                .is_ok_and(|o| o.success() && !o.stdout.trim().is_empty());
+            let warm = holds_anything(host.as_ref(), &folder).await;
             Some(serde_json::json!({ "image_id": id, "folder": folder, "warm": warm }))
         }
         .await
@@ -64,6 +49,46 @@ pub(super) async fn read_caches(
         .await
         .into_iter()
         .collect()
+}
+
+/// Whether a cache folder on the node holds anything: what the image's last container compiled.
+/// A folder that cannot be read counts as cold.
+pub(super) async fn holds_anything(host: &dyn crate::hosts::Host, folder: &str) -> bool {
+    let find = crate::hosts::Cmd::new("find")
+        .args([
+            folder,
+            "-mindepth",
+            "1",
+            "-maxdepth",
+            "1",
+            "-print",
+            "-quit",
+        ])
+        .timeout(Duration::from_secs(20));
+    host.exec(&find)
+        .await
+        .is_ok_and(|o| o.success() && !o.stdout.trim().is_empty())
+}
+
+/// The phases of the latest start from a cold folder and of the latest from a warm one
+/// (`{ "cold": {phase: secs}, "warm": {…} }`): this start's replaces its kind's, the other is
+/// carried over from the recorded state. The plan's expected time for a warm replacement after
+/// a cold start is then what a warm start took, not the cold start less a guess: a CPU build
+/// of vLLM compiles again on a warm cache, only faster.
+pub(super) fn phases_by_cache(
+    recorded: Option<&ResourceState>,
+    warm: bool,
+    phases: &BTreeMap<String, f64>,
+) -> serde_json::Value {
+    let mut by_cache = recorded
+        .and_then(|r| r.attributes.get("phase_secs_by_cache"))
+        .and_then(|v| v.as_object())
+        .cloned()
+        .unwrap_or_default();
+    by_cache.retain(|k, v| matches!(k.as_str(), "cold" | "warm") && v.is_object());
+    let this = if warm { "warm" } else { "cold" };
+    by_cache.insert(this.into(), serde_json::json!(phases));
+    serde_json::Value::Object(by_cache)
 }
 
 /// Remove a deleted container's cache folder (`destroy -purge-caches`): a one-shot container of

@@ -118,6 +118,8 @@ struct Started {
     image_id: String,
     image_digest: String,
     cache_folder: Option<String>,
+    /// Whether the cache folder held anything when the container started.
+    cache_warm: bool,
     phases: std::collections::BTreeMap<String, f64>,
 }
 
@@ -166,6 +168,10 @@ async fn start_new(
         }
         None => None,
     };
+    let cache_warm = match &cache_folder {
+        Some(folder) => cache::holds_anything(cx.host()?.as_ref(), folder).await,
+        None => false,
+    };
     cx.progress(format!("creating {name} on {node}"), None, None);
     let created = docker
         .create_container(
@@ -198,6 +204,7 @@ async fn start_new(
         image_id: image.0,
         image_digest: image.1,
         cache_folder,
+        cache_warm,
         phases,
     })
 }
@@ -303,8 +310,18 @@ impl Machine for ContainerMachine {
                             "image_digest".into(),
                             serde_json::json!(started.image_digest),
                         );
-                        if let Some(folder) = started.cache_folder {
+                        if let Some(folder) = &started.cache_folder {
                             attributes.insert("cache_folder".into(), serde_json::json!(folder));
+                            attributes
+                                .insert("cache_warm".into(), serde_json::json!(started.cache_warm));
+                            attributes.insert(
+                                "phase_secs_by_cache".into(),
+                                cache::phases_by_cache(
+                                    cx.recorded,
+                                    started.cache_warm,
+                                    &started.phases,
+                                ),
+                            );
                         }
                         if !started.phases.is_empty() {
                             attributes
