@@ -251,30 +251,36 @@ fn render_caches(out: &mut String, impact: &Impact) {
 fn cache_phase(p: &PhaseTimes, warm: bool, last_start_warm: bool) -> String {
     let label = &p.label;
     let secs = |s: Option<f64>| s.map_or_else(|| "not recorded".to_string(), duration);
-    match (warm, last_start_warm, p.saving()) {
-        // the recorded start was like this one: its time stands
-        (true, true, _) => format!("{label} ({} warm, the last apply)", secs(p.warm_secs)),
-        (false, false, _) => match p.cold_secs {
-            Some(s) => format!("{label} runs ({} the last apply)", duration(s)),
-            None => format!("{label} runs"),
-        },
-        (true, false, Some(s)) if p.warm_secs.is_none() => format!(
-            "skips {label} ({} the last apply, left out of the expected time)",
+    if !warm {
+        return match (last_start_warm, p.cold_secs, p.saving()) {
+            (true, _, Some(s)) => format!(
+                "{label} runs ({} cold, {} warm: {} more than the last apply)",
+                secs(p.cold_secs),
+                secs(p.warm_secs),
+                duration(s)
+            ),
+            (false, Some(s), _) => format!("{label} runs ({} the last apply)", duration(s)),
+            _ => format!("{label} runs"),
+        };
+    }
+    if p.cold_secs.is_none() && p.warm_secs.is_none() {
+        // the phase shows on another container's log (a rank that waits for rank 0's health)
+        return format!("{label} (not a phase its recorded starts showed)");
+    }
+    match (last_start_warm, p.saving()) {
+        // the recorded start was warm too: its time stands
+        (true, _) => format!("{label} ({} warm, the last apply)", secs(p.warm_secs)),
+        (false, Some(s)) if p.warm_secs.is_none() => format!(
+            "skips {label} ({} the last apply, left out of the expected time until a warm start is recorded)",
             duration(s)
         ),
-        (true, false, Some(s)) => format!(
+        (false, Some(s)) => format!(
             "{label} {} cold, {} warm ({} less than the last apply)",
             secs(p.cold_secs),
             secs(p.warm_secs),
             duration(s)
         ),
-        (false, true, Some(s)) => format!(
-            "{label} runs ({} cold, {} warm: {} more than the last apply)",
-            secs(p.cold_secs),
-            secs(p.warm_secs),
-            duration(s)
-        ),
-        (_, _, None) => format!("{label} (no cold start recorded)"),
+        (false, None) => format!("{label} (no cold start recorded)"),
     }
 }
 

@@ -234,7 +234,7 @@ async fn the_image_ids_folder_is_mounted_recorded_and_judged_warm_or_cold_by_the
     assert_eq!(impact.stopped[0].expected_secs, Some(10.0), "{impact:?}");
     let text = sparkform::plan::render::render(&warm);
     assert!(
-        text.contains("Cache: container.engine on node.n1: warm for image sha256:aaaa00000000: skips compiling (30.0 s the last apply, left out of the expected time)."),
+        text.contains("Cache: container.engine on node.n1: warm for image sha256:aaaa00000000: skips compiling (30.0 s the last apply, left out of the expected time until a warm start is recorded)."),
         "{text}"
     );
     // Cold, the same replacement is expected to take what the last start took.

@@ -817,3 +817,56 @@ fn the_architecture_doc_lists_exactly_the_layer_edges() {
         );
     }
 }
+
+/// ARCHITECTURE.md is a map a reader can trust: at most 300 lines, and each invariant names
+/// the test that guards it (`Guard: `PATH::TEST``), a test that exists.
+#[test]
+fn every_invariant_names_a_test_that_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    assert!(
+        doc.lines().count() <= 300,
+        "ARCHITECTURE.md has {} lines: a map, at most 300 (the long form goes to docs/design-notes.md)",
+        doc.lines().count()
+    );
+    let section = doc
+        .split("\n## Invariants\n")
+        .nth(1)
+        .expect("ARCHITECTURE.md has an `## Invariants` section");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let bullets: Vec<&str> = section
+        .split("\n- ")
+        .skip(1)
+        .filter(|b| !b.trim().is_empty())
+        .collect();
+    assert!(bullets.len() >= 10, "{} invariants found", bullets.len());
+    let guard = regex::Regex::new(r"Guard: `([^`:]+)::([a-z0-9_]+)`").unwrap();
+    let mut wrong = Vec::new();
+    for b in &bullets {
+        let first = b.lines().next().unwrap_or_default();
+        let Some(c) = guard.captures(b) else {
+            wrong.push(format!("no `Guard: `PATH::TEST`` in: {first}"));
+            continue;
+        };
+        let (path, test) = (&c[1], &c[2]);
+        let text = std::fs::read_to_string(root.join(path)).unwrap_or_default();
+        let defines = regex::Regex::new(&format!(r"\bfn {test}\s*\("))
+            .unwrap()
+            .is_match(&text);
+        let marked = text
+            .split(&format!("fn {test}"))
+            .next()
+            .and_then(|before| before.rsplit("\n\n").next())
+            .is_some_and(|attrs| {
+                attrs.contains("#[test]") || attrs.contains("::test(") || attrs.contains("::test]")
+            });
+        if !defines || !marked {
+            wrong.push(format!("{path} has no test `{test}` (for: {first})"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md:\n  {}",
+        wrong.join("\n  ")
+    );
+}
