@@ -12,6 +12,7 @@ pub mod fmt;
 pub mod graph;
 pub mod hosts;
 pub mod http;
+pub mod inspect;
 pub mod kinds;
 pub mod lockfile;
 pub mod ops;

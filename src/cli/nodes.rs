@@ -343,7 +343,7 @@ fn fabric_lines(name: &str, f: &RdmaFabric) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::facts::{Nvidia, RdmaDevice};
+    use crate::inspect::facts::{Nvidia, RdmaDevice};
 
     fn config(gpu_devices: bool) -> Config {
         let dir = tempfile::tempdir().unwrap();
@@ -446,7 +446,7 @@ nccl-wheel\t{packages}/nvidia_nccl_cu12-{version}.dist-info\t{version}\n"
             out.push_str("nccl-lib\t/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.3\n");
         }
         out.push_str("nccl-end\n");
-        crate::hosts::nccl::parse_probe(&out).unwrap()
+        crate::inspect::nccl::parse_probe(&out).unwrap()
     }
 
     #[test]
@@ -510,7 +510,7 @@ nccl-wheel\t{packages}/nvidia_nccl_cu12-{version}.dist-info\t{version}\n"
     fn a_section_not_read_is_said_alone_and_the_rest_shown() {
         let c = config(true);
         let mut h200 = facts("580.159.04", "sha256:1111111111111111");
-        h200.gpus = vec![crate::hosts::facts::Gpu {
+        h200.gpus = vec![crate::inspect::facts::Gpu {
             name: "NVIDIA H200".into(),
             memory_mib: Some(143771),
         }];

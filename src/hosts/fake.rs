@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::facts::Interface;
 use super::fake_docker::FakeDocker;
+use super::ip_addr::Interface;
 use super::{Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
 
 /// What a scripted command answers.
@@ -452,7 +452,7 @@ impl FakeNodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::facts::parse_ip_addr;
+    use crate::hosts::ip_addr::parse_ip_addr;
 
     #[tokio::test]
     async fn ip_changes_what_ip_shows_and_faults_come_as_asked() {

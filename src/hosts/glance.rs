@@ -55,7 +55,7 @@ impl Section {
 /// What one glance saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Glance {
-    /// `sh -c` of [`super::fabric`]'s script: `super::fabric::parse` reads it.
+    /// `sh -c` of the fabric's script (`FABRIC`): `inspect::fabric::parse` reads it.
     pub fabric: Section,
     /// `cat /proc/meminfo`.
     pub meminfo: Section,

@@ -2,17 +2,16 @@
 //! Engine, reach one of its ports. `ssh` reaches nodes through jump hosts with one master
 //! connection each; `local` is this machine.
 
-pub mod fabric;
-pub mod facts;
 // Nodes in memory for the tests, never in the product (Cargo.toml, feature `test-support`).
 #[cfg(feature = "test-support")]
 pub mod fake;
 #[cfg(feature = "test-support")]
 pub mod fake_docker;
 pub mod glance;
+pub mod image;
+pub mod ip_addr;
 pub mod lifetime;
 pub mod local;
-pub mod nccl;
 pub mod pool;
 pub mod pooled;
 pub mod ssh;
@@ -227,8 +226,8 @@ pub trait Host: Send + Sync {
 
     /// What the image reference names on the node (None: not there, or the engine did not
     /// answer); a pool that reads for a plan inspects each reference once.
-    async fn image(&self, reference: &str) -> Option<facts::ImageSeen> {
-        facts::inspect(&self.docker().await.ok()?, reference).await
+    async fn image(&self, reference: &str) -> Option<image::ImageSeen> {
+        image::inspect(&self.docker().await.ok()?, reference).await
     }
 
     /// Whether what [`Host::glance`] and [`Host::image`] answer is remembered for the plan

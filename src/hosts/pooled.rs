@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use super::facts::ImageSeen;
 use super::glance::Glance;
+use super::image::ImageSeen;
 use super::{Cmd, Endpoint, Host, HostError, Output, RoundTrips};
 
 type Shared<T> = Arc<OnceCell<T>>;

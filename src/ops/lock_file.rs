@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::config::Config;
 use crate::diag::{Diag, Diagnostics};
-use crate::hosts::{facts, HostPool};
+use crate::hosts::{image, HostPool};
 use crate::lockfile::Lock;
 use crate::state::State;
 
@@ -32,7 +32,7 @@ const IMAGE: &str = "image";
 
 /// What each node's image references name now, read in the plan's read phase: by (node name,
 /// reference).
-pub type ImagesSeen = BTreeMap<(String, String), facts::ImageSeen>;
+pub type ImagesSeen = BTreeMap<(String, String), image::ImageSeen>;
 
 /// One image reference a resource runs on a node.
 struct ImageUse<'a> {
@@ -83,7 +83,7 @@ pub async fn read_images(config: &Config, pool: &HostPool) -> ImagesSeen {
         let host = pool.get(address).ok()?;
         let images: Vec<String> = images.into_iter().collect();
         Some(async move {
-            let seen = facts::image_digests(host.as_ref(), &images).await;
+            let seen = image::image_digests(host.as_ref(), &images).await;
             (name.to_string(), seen)
         })
     });
@@ -168,9 +168,9 @@ pub fn image_drift(config: &Config, before: Option<&Lock>, seen: &ImagesSeen) ->
                     "image {} on {} is {} (pulled or retagged since it was locked); {} pins {}",
                     u.image,
                     u.node_address,
-                    facts::short_id(&now.digest(&u.image)),
+                    image::short_id(&now.digest(&u.image)),
                     crate::lockfile::FILE,
-                    facts::short_id(pinned)
+                    image::short_id(pinned)
                 ),
             )
             .help(format!(

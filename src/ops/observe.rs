@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use crate::config::{Config, Node, NodeObserved, Observed};
 use crate::diag::Diag;
-use crate::hosts::{facts, Host, HostPool};
+use crate::hosts::{Host, HostPool};
+use crate::inspect::facts;
 
 /// The facts of `nodes` (addresses) connected in `pool`, and a warning for each node whose
 /// facts could not be read (what it leaves unset then stays unset): a connected node that

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use sparkform::hosts::fake::{FakeHost, FakeNodes, FakeWorld};
 use sparkform::hosts::fake_docker::{FakeDocker, Fault};
-use sparkform::hosts::nccl::{probe_container_name, LABEL_PROBE};
 use sparkform::hosts::{Host, HostOptions};
+use sparkform::inspect::nccl::{probe_container_name, LABEL_PROBE};
 use sparkform::ops::nodes::{differences, gather, Facts, NodeFacts};
 
 use crate::common;

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::testbed::testbed;
 use sparkform::config::{self, VarInputs};
-use sparkform::hosts::{facts, Cmd, HostError, HostOptions, HostPool};
+use sparkform::hosts::{Cmd, HostError, HostOptions, HostPool};
+use sparkform::inspect::facts;
 
 fn opts() -> HostOptions {
     HostOptions {

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use super::Desired;
 use crate::config::{Config, Resource};
-use crate::hosts::facts::{parse_ip_addr, Interface};
 use crate::hosts::glance::Glance;
+use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Applied, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
@@ -328,7 +328,7 @@ impl Machine for AttachmentMachine {
         }
         let nodes = self.read_nodes(cx.config);
         let glances = crate::hosts::glance::read_each(cx.pool, &nodes).await;
-        let fabrics = crate::hosts::fabric::of_each(&glances);
+        let fabrics = crate::inspect::fabric::of_each(&glances);
         let (mut errors, warnings) = judge_fabric(cx.config, &fabrics);
         errors.extend(judge_ip(cx.config, &glances));
         if !errors.is_empty() {
@@ -446,7 +446,7 @@ fn describe(roce: &super::Roce) -> String {
 /// The RDMA ports that carry the attachment's fabric on a node whose sysfs `fabric` shows, and
 /// the index of the RoCE v2 GID of its address: `None` when no active RDMA port is on the
 /// fabric (no RDMA hardware, as on the testbed). Pure.
-pub fn roce_of(d: &Desired, fabric: &crate::hosts::fabric::RdmaFabric) -> Option<super::Roce> {
+pub fn roce_of(d: &Desired, fabric: &crate::inspect::fabric::RdmaFabric) -> Option<super::Roce> {
     let subnet = d.cidr().parse::<ipnet::IpNet>().ok()?.trunc();
     let ports: Vec<String> = fabric
         .fabric_ports(&d.interface, &subnet)
@@ -553,7 +553,7 @@ pub fn judge_ip(
 /// no RDMA device drives (no RDMA hardware, as on the testbed) is not judged. Pure.
 pub fn judge_fabric(
     config: &Config,
-    fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
+    fabrics: &std::collections::BTreeMap<String, crate::inspect::fabric::RdmaFabric>,
 ) -> (Vec<crate::diag::Diag>, Vec<crate::diag::Diag>) {
     use crate::diag::Diag;
     let (mut errors, mut warnings) = (Vec::new(), Vec::new());
@@ -611,7 +611,7 @@ pub fn judge_fabric(
 /// a full-size frame between every pair before anything starts on the fabric. Pure.
 pub fn judge_mtu(
     config: &Config,
-    fabrics: &std::collections::BTreeMap<String, crate::hosts::fabric::RdmaFabric>,
+    fabrics: &std::collections::BTreeMap<String, crate::inspect::fabric::RdmaFabric>,
 ) -> (Vec<crate::diag::Diag>, Vec<crate::diag::Diag>) {
     let (mut errors, mut out) = (Vec::new(), Vec::new());
     for net in config.networks.values() {

@@ -224,12 +224,12 @@ pub(super) async fn ensure_image(
         })
 }
 
-/// An image's ID, and what a lock file pins its reference to (`facts::ImageSeen::digest`).
+/// An image's ID, and what a lock file pins its reference to (`hosts::image::ImageSeen::digest`).
 pub(super) fn id_and_digest(
     reference: &str,
     image: bollard::models::ImageInspect,
 ) -> (String, String) {
-    let seen = facts::ImageSeen {
+    let seen = crate::hosts::image::ImageSeen {
         id: image.id.unwrap_or_default(),
         repo_digests: image.repo_digests.unwrap_or_default(),
     };

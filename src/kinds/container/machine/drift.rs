@@ -164,8 +164,8 @@ pub(super) fn image_moved(
     (now != runs).then(|| {
         format!(
             "image {image} on {node} is now {} (pulled or retagged); the container runs {}",
-            facts::short_id(now),
-            facts::short_id(runs)
+            crate::hosts::image::short_id(now),
+            crate::hosts::image::short_id(runs)
         )
     })
 }
@@ -226,8 +226,8 @@ impl CheckRun for Parity {
             let images: Vec<String> = images.iter().cloned().collect();
             tasks.spawn(node.clone(), async move {
                 let (ids, nvidia) = tokio::join!(
-                    facts::image_ids(host.as_ref(), &images),
-                    facts::nvidia(host.as_ref())
+                    crate::hosts::image::image_ids(host.as_ref(), &images),
+                    crate::inspect::facts::nvidia(host.as_ref())
                 );
                 Ok::<NodeParity, HostError>((ids, nvidia?.map(|n| n.driver)))
             });
@@ -261,7 +261,7 @@ pub(super) fn judge_parity(
         if distinct.len() > 1 {
             let each: Vec<String> = on
                 .iter()
-                .map(|(n, id)| format!("{n} has {}", facts::short_id(id)))
+                .map(|(n, id)| format!("{n} has {}", crate::hosts::image::short_id(id)))
                 .collect();
             problems.push(format!(
                 "image {image} is not the same on every node: {}",
@@ -270,7 +270,7 @@ pub(super) fn judge_parity(
         } else if let Some(id) = distinct.first() {
             fine.push(format!(
                 "{image} is {} on {} node(s)",
-                facts::short_id(id),
+                crate::hosts::image::short_id(id),
                 on.len()
             ));
         }

@@ -77,7 +77,7 @@ pub async fn import_container(
                 .collect()
         })
         .unwrap_or_default();
-    let image_digest = facts::ImageSeen {
+    let image_digest = crate::hosts::image::ImageSeen {
         id: image_id.clone(),
         repo_digests,
     }

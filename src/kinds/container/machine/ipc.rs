@@ -8,7 +8,7 @@
 
 use super::*;
 use crate::diag::Diag;
-use crate::hosts::fabric::RdmaFabric;
+use crate::inspect::fabric::RdmaFabric;
 
 /// The containers logind's `RemoveIPC` can reach: (node address, resource, user as written).
 fn reachable(config: &Config) -> impl Iterator<Item = (&str, &Resource, String)> {

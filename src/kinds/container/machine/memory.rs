@@ -8,7 +8,8 @@
 use std::time::{Duration, Instant};
 
 use super::super::MemoryNeed;
-use crate::hosts::{facts, Cmd, Host};
+use crate::hosts::{Cmd, Host};
+use crate::inspect::facts;
 use crate::kinds::machine::{StepCx, StepError};
 
 const DEFAULT_WAIT_SECS: u64 = 120;

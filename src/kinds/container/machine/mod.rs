@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 
 use super::{Desired, ReadyCheck, ReadyKind, LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
 use crate::config::{Config, Resource};
-use crate::hosts::{facts, Host, HostError, HostPool};
+use crate::hosts::{image, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode,
     StepCx, StepError,
@@ -548,7 +548,7 @@ impl Machine for ContainerMachine {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        let now = facts::image_ids(host, &images).await;
+        let now = image::image_ids(host, &images).await;
         Ok(judge(node, recorded, &list, &now))
     }
 
@@ -594,7 +594,7 @@ impl Machine for ContainerMachine {
         }
         let nodes = ipc::ipc_nodes(cx.config);
         let (logind, caches) = tokio::join!(
-            crate::hosts::fabric::read_each(cx.pool, &nodes),
+            crate::inspect::fabric::read_each(cx.pool, &nodes),
             cache::read_caches(cx.config, cx.pool)
         );
         out.kinds = caches;

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use super::{Host, HostError};
+use crate::hosts::{Host, HostError};
 
 /// An entry of a port's GID table that is set.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -163,13 +163,16 @@ pub async fn read(host: &dyn Host) -> Result<RdmaFabric, HostError> {
 
 /// Read the fabric of each of `nodes` on `pool`, at once: by node address. A node that cannot
 /// be connected or read is left out (the refresh reports it).
-pub async fn read_each(pool: &super::HostPool, nodes: &[String]) -> BTreeMap<String, RdmaFabric> {
-    of_each(&super::glance::read_each(pool, nodes).await)
+pub async fn read_each(
+    pool: &crate::hosts::HostPool,
+    nodes: &[String],
+) -> BTreeMap<String, RdmaFabric> {
+    of_each(&crate::hosts::glance::read_each(pool, nodes).await)
 }
 
 /// The fabric in each node's glance.
 pub fn of_each(
-    glances: &BTreeMap<String, std::sync::Arc<super::glance::Glance>>,
+    glances: &BTreeMap<String, std::sync::Arc<crate::hosts::glance::Glance>>,
 ) -> BTreeMap<String, RdmaFabric> {
     glances
         .iter()

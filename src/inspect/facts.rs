@@ -1,25 +1,19 @@
 //! What a node is: OS, kernel, architecture, CPUs, memory, GPUs and their driver, RDMA
 //! devices, memlock limits, Docker and the images the definitions use (with the NCCL each
-//! carries, which `nodes` adds: `super::nccl`), interfaces.
+//! carries, which `nodes` adds: `super::nccl`), interfaces. Read over a `Host`; judged against
+//! the definitions for `sparkform nodes`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::glance::Section;
-use super::{Cmd, Host, HostError, Output};
 use crate::config::{Config, Node, NodeObserved};
+use crate::hosts::glance::Section;
+use crate::hosts::image::{image_ids, short_id};
+use crate::hosts::ip_addr::{parse_ip_addr, Interface};
+use crate::hosts::{tools, Cmd, Host, HostError, Output};
 use crate::kinds::DesiredConfig;
 use crate::kinds::{attachment, KindId};
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Interface {
-    pub name: String,
-    pub mtu: u32,
-    pub state: String,
-    /// `address/prefix`
-    pub addresses: Vec<String>,
-}
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Gpu {
@@ -96,7 +90,7 @@ impl NotRead {
         }
         self.note(
             section,
-            super::tools::why(
+            tools::why(
                 &cmd.program,
                 &cmd.display(),
                 out.code,
@@ -190,7 +184,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
     // Without the program there is no driver (`None`), said once, where the GPUs are; a
     // driver that fails or hangs leaves its version unknown.
     let nvidia = nvidia?.unwrap_or_else(|why| {
-        if why != super::tools::missing(super::tools::NVIDIA_SMI.command) {
+        if why != tools::missing(tools::NVIDIA_SMI.command) {
             not_read.note("nvidia", why);
         }
         None
@@ -223,11 +217,11 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
 /// under the glance's bound, so that a hung driver leaves the rest of the facts.
 async fn driver(host: &dyn Host) -> Result<Result<Option<Nvidia>, String>, HostError> {
     let cmd = Cmd::new("nvidia-smi").timeout(std::time::Duration::from_secs(
-        super::glance::SMI_TIMEOUT_SECS,
+        crate::hosts::glance::SMI_TIMEOUT_SECS,
     ));
     match host.exec(&cmd).await {
         Ok(out) if out.success() => Ok(Ok(parse_smi_header(&out.stdout))),
-        Ok(out) => Ok(Err(super::tools::why(
+        Ok(out) => Ok(Err(tools::why(
             &cmd.program,
             &cmd.display(),
             out.code,
@@ -288,12 +282,12 @@ fn round_gib(v: f64) -> f64 {
 /// memory stay unknown; one that did not answer in time is an error.
 pub async fn observe_sizes(host: &dyn Host) -> Result<NodeObserved, HostError> {
     let g = host.glance().await?;
-    if g.smi.code == super::glance::TIMED_OUT {
+    if g.smi.code == crate::hosts::glance::TIMED_OUT {
         return Err(other(
             host.node(),
             format!(
                 "`nvidia-smi` did not answer within {} s",
-                super::glance::SMI_TIMEOUT_SECS
+                crate::hosts::glance::SMI_TIMEOUT_SECS
             ),
         ));
     }
@@ -367,8 +361,8 @@ async fn docker_memlock(host: &dyn Host) -> Result<Result<Option<String>, String
         }
     }
     let pid = host.exec(&Cmd::new("pidof").arg("dockerd")).await?;
-    if super::tools::is_missing("pidof", pid.code, &pid.stderr) {
-        return Ok(Err(super::tools::missing("pidof")));
+    if tools::is_missing("pidof", pid.code, &pid.stderr) {
+        return Ok(Err(tools::missing("pidof")));
     }
     let Some(pid) = pid
         .stdout
@@ -433,70 +427,6 @@ fn daemon_default_memlock(json: &str) -> Option<String> {
     })
 }
 
-/// The ID each image reference resolves to on the node (None: the node does not have it).
-pub async fn image_ids(host: &dyn Host, images: &[String]) -> BTreeMap<String, Option<String>> {
-    image_digests(host, images)
-        .await
-        .into_iter()
-        .map(|(image, seen)| (image, seen.map(|s| s.id)))
-        .collect()
-}
-
-/// What an image reference names on a node: its image ID and the registry digests it has.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ImageSeen {
-    pub id: String,
-    pub repo_digests: Vec<String>,
-}
-
-impl ImageSeen {
-    /// What a lock file pins the reference to: the registry digest of the reference's own
-    /// repository (`vllm/vllm-openai@sha256:…`) where the image came from a registry, else the
-    /// image ID (a loaded or locally built image has no registry digest).
-    pub fn digest(&self, reference: &str) -> String {
-        let repo = repository(reference);
-        self.repo_digests
-            .iter()
-            .find(|d| d.split_once('@').is_some_and(|(r, _)| r == repo))
-            .cloned()
-            .unwrap_or_else(|| self.id.clone())
-    }
-
-    /// Whether `pinned` (a [`ImageSeen::digest`] written earlier) names this image.
-    pub fn is(&self, pinned: &str) -> bool {
-        pinned == self.id || self.repo_digests.iter().any(|d| d == pinned)
-    }
-}
-
-/// A reference's repository: without its tag or digest (`host:5000/a/b:1` → `host:5000/a/b`).
-fn repository(reference: &str) -> &str {
-    let no_digest = reference.split_once('@').map_or(reference, |(r, _)| r);
-    match no_digest.rfind(':') {
-        // A colon after the last slash starts the tag; one before it is a registry's port.
-        Some(i) if !no_digest[i..].contains('/') => &no_digest[..i],
-        _ => no_digest,
-    }
-}
-
-/// What each of `images` names on `host` (None: not there, or the engine did not answer),
-/// through [`Host::image`]: inspected once per reference while the host's pool reads for a plan.
-pub async fn image_digests(
-    host: &dyn Host,
-    images: &[String],
-) -> BTreeMap<String, Option<ImageSeen>> {
-    let seen = futures_util::future::join_all(images.iter().map(|i| host.image(i))).await;
-    images.iter().cloned().zip(seen).collect()
-}
-
-/// What `reference` names on the engine `docker` (None: not there, or no answer).
-pub async fn inspect(docker: &bollard::Docker, reference: &str) -> Option<ImageSeen> {
-    let i = docker.inspect_image(reference).await.ok()?;
-    Some(ImageSeen {
-        id: i.id?,
-        repo_digests: i.repo_digests.unwrap_or_default(),
-    })
-}
-
 /// The image references the definitions' resources use, for `gather`.
 pub fn images_of(config: &Config) -> Vec<String> {
     let set: BTreeSet<String> = config
@@ -505,16 +435,6 @@ pub fn images_of(config: &Config) -> Vec<String> {
         .flat_map(|r| r.kind.kind().images(&r.config))
         .collect();
     set.into_iter().collect()
-}
-
-/// An image ID as people compare them: `sha256:` and 12 hex digits; a registry digest
-/// (`repo@sha256:…`) keeps its repository.
-pub fn short_id(id: &str) -> String {
-    if let Some((repo, digest)) = id.split_once('@') {
-        return format!("{repo}@{}", short_id(digest));
-    }
-    let hex = id.strip_prefix("sha256:").unwrap_or(id);
-    format!("sha256:{}", hex.chars().take(12).collect::<String>())
 }
 
 /// What differs between nodes that should be alike (kernel, driver, CUDA, image IDs, the
@@ -647,42 +567,6 @@ async fn docker_version(host: &dyn Host) -> Result<String, String> {
     ))
 }
 
-/// `ip -j addr` output.
-pub fn parse_ip_addr(json: &str) -> Result<Vec<Interface>, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("cannot read `ip -j addr`: {e}"))?;
-    let list = v.as_array().ok_or("`ip -j addr` did not print a list")?;
-    Ok(list
-        .iter()
-        .filter_map(|i| {
-            Some(Interface {
-                name: i.get("ifname")?.as_str()?.to_string(),
-                mtu: i.get("mtu").and_then(|m| m.as_u64()).unwrap_or(0) as u32,
-                state: i
-                    .get("operstate")
-                    .and_then(|s| s.as_str())
-                    .unwrap_or("UNKNOWN")
-                    .to_string(),
-                addresses: i
-                    .get("addr_info")
-                    .and_then(|a| a.as_array())
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|x| {
-                                Some(format!(
-                                    "{}/{}",
-                                    x.get("local")?.as_str()?,
-                                    x.get("prefixlen")?.as_u64()?
-                                ))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            })
-        })
-        .collect())
-}
-
 pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -771,44 +655,6 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_lock_pins_the_registry_digest_of_the_references_repository_else_the_id() {
-        let seen = ImageSeen {
-            id: "sha256:1111".into(),
-            repo_digests: vec![
-                "mirror:5000/vllm/vllm-openai@sha256:2222".into(),
-                "vllm/vllm-openai@sha256:3333".into(),
-            ],
-        };
-        assert_eq!(
-            seen.digest("vllm/vllm-openai:v0.21.0"),
-            "vllm/vllm-openai@sha256:3333"
-        );
-        assert_eq!(
-            seen.digest("mirror:5000/vllm/vllm-openai:v0.21.0"),
-            "mirror:5000/vllm/vllm-openai@sha256:2222"
-        );
-        assert_eq!(seen.digest("local/built:1"), "sha256:1111");
-        assert!(seen.is("sha256:1111") && seen.is("vllm/vllm-openai@sha256:3333"));
-        assert!(!seen.is("sha256:4444"));
-        assert_eq!(repository("mirror:5000/a/b"), "mirror:5000/a/b");
-        assert_eq!(repository("a/b@sha256:00"), "a/b");
-        assert_eq!(
-            short_id("a/b@sha256:0123456789abcdef"),
-            "a/b@sha256:0123456789ab"
-        );
-    }
-
-    #[test]
-    fn reads_ip_json() {
-        let j = r#"[{"ifindex":1,"ifname":"lo","mtu":65536,"operstate":"UNKNOWN","addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8}]},
-                  {"ifindex":5,"ifname":"enp1s0f0np0","mtu":9000,"operstate":"UP","addr_info":[]}]"#;
-        let i = parse_ip_addr(j).unwrap();
-        assert_eq!(i[0].addresses, vec!["127.0.0.1/8"]);
-        assert_eq!((i[1].name.as_str(), i[1].mtu), ("enp1s0f0np0", 9000));
-        assert!(parse_ip_addr("not json").is_err());
-    }
 
     #[test]
     fn reads_the_driver_and_cuda_version() {

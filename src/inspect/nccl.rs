@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{remove_container, Host};
+use crate::hosts::{remove_container, Host};
 
 /// How long one image's probe may take, from create to exit: `import torch` of a large image
 /// takes seconds, a `find` over its files a few more.

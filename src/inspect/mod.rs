@@ -1,0 +1,7 @@
+//! What a node is, read over the transport (`hosts`): its facts (OS, memory, GPUs, driver,
+//! memlock, Docker, interfaces), its RDMA fabric from sysfs, and the NCCL its images carry.
+//! Apart from `hosts`, which only carries commands and Docker requests to the machines.
+
+pub mod fabric;
+pub mod facts;
+pub mod nccl;
