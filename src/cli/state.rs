@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use super::report_error;
+use super::{report_error, report_op_error};
+use crate::ops;
 use crate::plan::render;
 use crate::state::ResourceState;
 use crate::workspace::Workspace;
@@ -89,7 +90,7 @@ pub fn run(cmd: StateCommand) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    let state = match ws.state() {
+    let state = match ops::state::recorded(&ws) {
         Ok(Some(s)) => s,
         Ok(None) => {
             eprintln!("{}.", ws.nothing_applied());
@@ -101,34 +102,32 @@ pub fn run(cmd: StateCommand) -> ExitCode {
         }
         Err(e) => return report_error(e),
     };
-    match address {
-        None => {
-            for a in state.resources.keys() {
-                println!("{a}");
-            }
+    let Some(a) = address else {
+        for a in state.resources.keys() {
+            println!("{a}");
+        }
+        return ExitCode::SUCCESS;
+    };
+    match ops::state::resource(&state, a) {
+        ops::state::Lookup::Found(r) => {
+            println!(
+                "# {a} ({}{})",
+                r.kind,
+                r.node
+                    .as_ref()
+                    .map(|n| format!(" on {n}"))
+                    .unwrap_or_default()
+            );
+            print!("{}", describe_resource(&r));
             ExitCode::SUCCESS
         }
-        Some(a) => match state.resources.get(a) {
-            Some(r) => {
-                println!(
-                    "# {a} ({}{})",
-                    r.kind,
-                    r.node
-                        .as_ref()
-                        .map(|n| format!(" on {n}"))
-                        .unwrap_or_default()
-                );
-                print!("{}", describe_resource(r));
-                ExitCode::SUCCESS
-            }
-            None => {
-                let hint = crate::diag::did_you_mean(a, state.resources.keys().map(String::as_str))
-                    .map(|s| format!(" Did you mean {s}?"))
-                    .unwrap_or_else(|| " `sparkform state list` prints the addresses.".into());
-                eprintln!("Error: no resource {a} in the state.{hint}");
-                ExitCode::from(1)
-            }
-        },
+        ops::state::Lookup::Missing { did_you_mean } => {
+            let hint = did_you_mean
+                .map(|s| format!(" Did you mean {s}?"))
+                .unwrap_or_else(|| " `sparkform state list` prints the addresses.".into());
+            eprintln!("Error: no resource {a} in the state.{hint}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -137,7 +136,7 @@ fn pull(args: &StateArgs) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    match ws.store().read_document() {
+    match ops::state::pull(&ws) {
         Ok(Some(doc)) => {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
@@ -162,16 +161,9 @@ fn push(args: &StateArgs, file: &std::path::Path, force: bool) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    let doc = match std::fs::read(file) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("Error: cannot read {}: {e}", file.display());
-            return ExitCode::from(1);
-        }
-    };
-    let store = ws.store();
-    match store.push(&doc, file, force) {
-        Ok(m) => {
+    match ops::state::push(&ws, file, force) {
+        Ok(w) => {
+            let m = &w.moved;
             let was = m
                 .replaced
                 .map(|s| format!(" (it was at serial {s})"))
@@ -179,14 +171,14 @@ fn push(args: &StateArgs, file: &std::path::Path, force: bool) -> ExitCode {
             println!(
                 "Pushed {} to {}: serial {}, lineage {}, {} resources{was}.",
                 file.display(),
-                store.describe(),
+                w.to,
                 m.serial,
                 m.lineage,
                 m.resources
             );
             ExitCode::SUCCESS
         }
-        Err(e) => report_error(e),
+        Err(e) => report_op_error(e, false),
     }
 }
 
@@ -196,22 +188,18 @@ fn migrate(args: &StateArgs, to: &str) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    if to == "pg" && ws.backend_kind() != BackendKind::Pg {
-        eprintln!("Error: the definitions keep the state in the local file: set `backend = \"pg\"` in their `state` block first (docs/language.md#state), then migrate; until then the commands refuse to run beside a local state.");
-        return ExitCode::from(1);
-    }
-    let (from, target) = if to == "pg" {
-        (BackendKind::Local, BackendKind::Pg)
+    let target = if to == "pg" {
+        BackendKind::Pg
     } else {
-        (BackendKind::Pg, BackendKind::Local)
+        BackendKind::Local
     };
-    let (source, dest) = (ws.store_on(from), ws.store_on(target));
-    match source.migrate_to(&dest) {
-        Ok(m) => {
+    match ops::state::migrate(&ws, target) {
+        Ok(w) => {
+            let m = &w.moved;
             println!(
                 "Migrated the state from {} to {}: serial {}, lineage {}, {} resources.",
-                source.describe(),
-                dest.describe(),
+                w.from.as_deref().unwrap_or_default(),
+                w.to,
                 m.serial,
                 m.lineage,
                 m.resources
@@ -224,7 +212,7 @@ fn migrate(args: &StateArgs, to: &str) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => report_error(e),
+        Err(e) => report_op_error(e, false),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod observe;
 pub mod plan;
 pub mod prepare;
 pub mod refresh;
+pub mod state;
 pub mod status;
 pub mod tunnel;
 pub mod verify;
