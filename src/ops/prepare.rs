@@ -169,7 +169,7 @@ fn nodes_to_connect(config: &Config, recorded: Option<&State>) -> Vec<String> {
     if let Some(state) = recorded {
         nodes.extend(crate::refresh::nodes_to_refresh(config, state));
     }
-    nodes.extend(super::observe::nodes_needing_facts(config));
+    nodes.extend(super::node_facts::nodes_needing_facts(config));
     nodes.sort();
     nodes.dedup();
     nodes
@@ -207,13 +207,13 @@ async fn read(
     let config = evaluated.config();
     let empty = HostPool::from_hosts(BTreeMap::new());
     let on = pool.as_ref().unwrap_or(&empty);
-    let mut facts_on = super::observe::nodes_needing_facts(config);
+    let mut facts_on = super::node_facts::nodes_needing_facts(config);
     if let Some(state) = recorded {
         facts_on.extend(crate::refresh::nodes_to_refresh(config, state));
     }
     let facts = async {
         match pool {
-            Some(p) => super::observe::observe(config, p, &facts_on).await,
+            Some(p) => super::node_facts::read(config, p, &facts_on).await,
             None => (Observed::default(), Vec::new()),
         }
     };

@@ -394,7 +394,7 @@ fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
 
 /// What a command in `src/cli/` must not do itself: evaluate the definitions
 /// (`config::load`, `load_observed`, `Workspace::load` as `ws.load(&…)`), resolve models or
-/// read node facts (`ops::resolve_models`, `ops::observe`, the plan's second evaluation). It
+/// read node facts (`ops::resolve_models`, `ops::node_facts`, the plan's second evaluation). It
 /// gets its definitions from `ops::definitions`, the one place for that.
 fn cli_forbidden() -> regex::Regex {
     regex::Regex::new(
@@ -452,7 +452,7 @@ fn the_cli_gets_its_definitions_from_ops_definitions_alone() {
     // The guard itself: what it must catch, and what it must let through.
     let caught = cli_violations(
         "x.rs",
-        "let (c, g) = ws.load(&vars)?;\nops::resolve_models::load_resolved(a).await;\nlet o = crate::ops::observe::observe(&c, &p);\nops::plan::second_evaluation(&c, &o);\ncrate::config::load(dir, &v);\n",
+        "let (c, g) = ws.load(&vars)?;\nops::resolve_models::load_resolved(a).await;\nlet o = crate::ops::node_facts::read(&c, &p);\nops::plan::second_evaluation(&c, &o);\ncrate::config::load(dir, &v);\n",
     );
     assert_eq!(caught.len(), 5, "{caught:?}");
     assert!(caught[0].starts_with("x.rs:1: "), "{caught:?}");

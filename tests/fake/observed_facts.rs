@@ -15,7 +15,7 @@ use sparkform::diag::Diag;
 use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
 use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions, HostPool};
-use sparkform::ops::observe::nodes_needing_facts;
+use sparkform::ops::node_facts::nodes_needing_facts;
 use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::ReadMode;
 use sparkform::plan::PlanOptions;

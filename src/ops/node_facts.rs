@@ -14,7 +14,7 @@ use crate::inspect::facts;
 /// The facts of `nodes` (addresses) connected in `pool`, and a warning for each node whose
 /// facts could not be read (what it leaves unset then stays unset): a connected node that
 /// failed to answer, or a node that needs facts and could not be connected.
-pub async fn observe(config: &Config, pool: &HostPool, nodes: &[String]) -> (Observed, Vec<Diag>) {
+pub async fn read(config: &Config, pool: &HostPool, nodes: &[String]) -> (Observed, Vec<Diag>) {
     let mut warnings = Vec::new();
     let nodes = node_facts(config, pool, nodes, &mut warnings).await;
     let observed = Observed {
