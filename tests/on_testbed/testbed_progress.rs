@@ -108,12 +108,21 @@ fn the_impact_expects_what_the_last_apply_took() {
     let _one = EXAMPLE_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     clear(&tb);
+    // A cold first start (an earlier test of this file left its compile cache warm): the plan
+    // takes a warm start's time as it was recorded, and a cold one's less what it compiled.
+    for node in ["sf-node1", "sf-node2"] {
+        tb.ssh(node, "rm -rf /var/cache/sparkform-jit");
+    }
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let (code, out, err) = run(&state, &["apply", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(
+        doc["resources"][VLLM]["attributes"]["cache_warm"], false,
+        "the first start found its cache folder cold: {doc}"
+    );
     let recorded = doc["resources"][VLLM]["last_apply_secs"]
         .as_f64()
         .unwrap_or_else(|| panic!("no duration recorded for {VLLM}: {doc}"));
