@@ -398,7 +398,7 @@ fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
 /// gets its definitions from `ops::definitions`, the one place for that.
 fn cli_forbidden() -> regex::Regex {
     regex::Regex::new(
-        r"\bops::(?:resolve_models|observe)\b|\bsecond_evaluation\b|\bplan_connected\b|\bload_observed\b|\bconfig::load\b|\.load\(&",
+        r"\bops::(?:resolve_models|node_facts)\b|\bsecond_evaluation\b|\bplan_connected\b|\bload_observed\b|\bconfig::load\b|\.load\(&",
     )
     .unwrap()
 }
