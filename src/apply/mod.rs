@@ -608,9 +608,10 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
     outcome
 }
 
-/// Imports change nothing on the machines: they are in the state before the first step, so a
-/// step that then updates or replaces an imported object finds it recorded.
+/// Imports, moves and forgets change nothing on the machines: they are in the state before the
+/// first step, so a step that then updates or replaces an imported object finds it recorded.
 fn record_imports(req: &mut ApplyRequest<'_>) {
+    crate::plan::moves::record(&mut req.state, &req.plan.moved, &req.plan.forgotten);
     for i in &req.plan.imports {
         if !req.state.resources.contains_key(&i.address) {
             let deps = req
@@ -685,7 +686,11 @@ fn write_lineage_first(
     state: &mut State,
     outcome: &mut ApplyOutcome,
 ) -> bool {
-    if req.store.path().exists() && req.plan.imports.is_empty() {
+    if req.store.path().exists()
+        && req.plan.imports.is_empty()
+        && req.plan.moved.is_empty()
+        && req.plan.forgotten.is_empty()
+    {
         return true;
     }
     let Err(e) = req.store.write(state) else {

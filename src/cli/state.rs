@@ -1,4 +1,5 @@
-//! `sparkform state list|show|pull|push|migrate`: read the recorded state, or move it as it is.
+//! `sparkform state list|show|pull|push|migrate|mv|rm`: read the recorded state, move it as it
+//! is, or re-address and forget its records.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +12,7 @@ use crate::plan::render;
 use crate::state::ResourceState;
 use crate::workspace::Workspace;
 
-/// Read the recorded state, or move it as it is
+/// Read the recorded state, move it as it is, or re-address and forget its records
 #[derive(Subcommand, Debug)]
 pub enum StateCommand {
     /// Print the state document (decrypted when it is encrypted) to stdout
@@ -45,6 +46,32 @@ file is renamed sparkform.json.migrated. Then set `backend` in the `state` block
         /// Where the state goes: `pg` or `local`
         #[arg(long, value_name = "BACKEND", value_parser = ["pg", "local"])]
         to: String,
+        #[command(flatten)]
+        args: StateArgs,
+    },
+    /// Record a resource (or a module's, or every instance's) at another address
+    #[command(
+        long_about = "Re-address what the state records at FROM (the resource, every instance of it, or everything under a module) to TO, holding the state lock. Nothing on the nodes changes. \
+Rename the blocks in the definitions to match: a container whose name was derived from its old address is then replaced, unless the definitions give it that name; a `moved { from = FROM to = TO }` block does both at once and keeps derived names.",
+        after_help = "Example:\n  sparkform state mv module.qwen module.qwen35 examples/testbed"
+    )]
+    Mv {
+        /// The address the state records now
+        from: String,
+        /// The address to record it at
+        to: String,
+        #[command(flatten)]
+        args: StateArgs,
+    },
+    /// Forget a resource (or a module's, or every instance's), leaving it running
+    #[command(
+        long_about = "Drop what the state records at ADDRESS (the resource, every instance of it, or everything under a module), holding the state lock, without touching the nodes: it runs on, unmanaged, and later plans neither destroy it nor take it for a lost record's leftover. \
+Delete its block from the definitions too, or the next plan creates it anew; a `removed { from = ADDRESS lifecycle { destroy = false } }` block does both at once.",
+        after_help = "Example:\n  sparkform state rm 'module.qwen.container.rank[\"node2\"]' examples/testbed"
+    )]
+    Rm {
+        /// The address to forget, as `state list` prints it
+        address: String,
         #[command(flatten)]
         args: StateArgs,
     },
@@ -85,6 +112,8 @@ pub fn run(cmd: StateCommand) -> ExitCode {
         StateCommand::Pull(args) => return pull(args),
         StateCommand::Push { file, force, args } => return push(args, file, *force),
         StateCommand::Migrate { to, args } => return migrate(args, to),
+        StateCommand::Mv { from, to, args } => return move_records(args, from, to),
+        StateCommand::Rm { address, args } => return forget(args, address),
     };
     let ws = match args.workspace() {
         Ok(ws) => ws,
@@ -163,7 +192,7 @@ fn push(args: &StateArgs, file: &std::path::Path, force: bool) -> ExitCode {
     };
     match ops::state::push(&ws, file, force) {
         Ok(w) => {
-            let m = &w.moved;
+            let m = &w.transferred;
             let was = m
                 .replaced
                 .map(|s| format!(" (it was at serial {s})"))
@@ -195,7 +224,7 @@ fn migrate(args: &StateArgs, to: &str) -> ExitCode {
     };
     match ops::state::migrate(&ws, target) {
         Ok(w) => {
-            let m = &w.moved;
+            let m = &w.transferred;
             println!(
                 "Migrated the state from {} to {}: serial {}, lineage {}, {} resources.",
                 w.from.as_deref().unwrap_or_default(),
@@ -210,6 +239,43 @@ fn migrate(args: &StateArgs, to: &str) -> ExitCode {
                     target.name()
                 );
             }
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_op_error(e, false),
+    }
+}
+
+fn move_records(args: &StateArgs, from: &str, to: &str) -> ExitCode {
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
+    match ops::state::move_records(&ws, from, to) {
+        Ok(moves) => {
+            for (f, t) in &moves {
+                println!("Moved {f} to {t}.");
+            }
+            println!(
+                "{} record(s) moved; nothing on the nodes changed.",
+                moves.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => report_op_error(e, false),
+    }
+}
+
+fn forget(args: &StateArgs, address: &str) -> ExitCode {
+    let ws = match args.workspace() {
+        Ok(ws) => ws,
+        Err(code) => return code,
+    };
+    match ops::state::forget(&ws, &[address.to_string()]) {
+        Ok(gone) => {
+            for a in &gone {
+                println!("Removed {a} from the state; what runs of it was left running.");
+            }
+            println!("{} record(s) forgotten. Delete their blocks from the definitions too, or the next plan creates them anew.", gone.len());
             ExitCode::SUCCESS
         }
         Err(e) => report_op_error(e, false),

@@ -171,6 +171,10 @@ pub trait Engine<'m> {
     /// What the machines said before this evaluation (empty when nothing was observed).
     #[allow(dead_code)] // the seam for kinds whose values come from the machines (model revisions)
     fn observed(&self) -> &Observed;
+    /// The address `address` had before the root module's `moved` blocks renamed it (itself
+    /// when none did): what is derived from an address (a container's default name) stays
+    /// what it was, so the move restarts nothing.
+    fn address_before_moves(&self, address: &str) -> String;
     /// A resource of the module instance.
     fn add_resource(&mut self, r: Resource);
     fn add_network(&mut self, n: Network);
@@ -199,4 +203,56 @@ pub fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
         .or_else(|| block.ident.span().map(|r| r.end))
         .unwrap_or(start);
     Span::new(file, start..end)
+}
+
+/// The names of a resource's address that a default name is made of: the modules', the
+/// block's and the instance key, without the words `module` and the kind:
+/// `module.qwen.container.rank["node2"]` is `qwen`, `rank`, `node2`. `None` for text that is
+/// not a resource's address.
+pub fn address_names(address: &str) -> Option<Vec<String>> {
+    // (name, key) segments: `rank["node2"]` is ("rank", Some("node2")).
+    let mut segments: Vec<(String, Option<String>)> = Vec::new();
+    let mut rest = address;
+    loop {
+        let end = rest.find(['.', '[']).unwrap_or(rest.len());
+        let name = rest[..end].to_string();
+        if name.is_empty() {
+            return None;
+        }
+        rest = &rest[end..];
+        let mut key = None;
+        if let Some(after) = rest.strip_prefix("[\"") {
+            let close = after.find("\"]")?;
+            key = Some(after[..close].to_string());
+            rest = &after[close + 2..];
+        } else if let Some(after) = rest.strip_prefix('[') {
+            let close = after.find(']')?;
+            key = Some(after[..close].to_string());
+            rest = &after[close + 1..];
+        }
+        segments.push((name, key));
+        match rest.strip_prefix('.') {
+            Some(r) => rest = r,
+            None if rest.is_empty() => break,
+            None => return None,
+        }
+    }
+    let mut names = Vec::new();
+    let mut i = 0;
+    while segments
+        .get(i)
+        .is_some_and(|(n, k)| n == "module" && k.is_none())
+    {
+        let (module, key) = segments.get(i + 1)?;
+        names.push(module.clone());
+        names.extend(key.clone());
+        i += 2;
+    }
+    // The kind, then the block's name and key; nothing after.
+    let [(_kind, None), (name, key)] = &segments[i..] else {
+        return None;
+    };
+    names.push(name.clone());
+    names.extend(key.clone());
+    Some(names)
 }

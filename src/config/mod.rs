@@ -112,6 +112,7 @@ pub fn load_observed(
     let inputs = root_inputs(vars, &declared, &secret_names, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;
+    loader.check_moves();
     if loader.diags.has_errors() {
         loader.diags.sort();
         return Err(loader.diags);

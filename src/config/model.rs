@@ -47,6 +47,10 @@ pub struct Config {
     pub warnings: Vec<Diag>,
     /// The root module's `import` blocks, in declaration order.
     pub imports: Vec<Import>,
+    /// The root module's `moved` blocks, in declaration order.
+    pub moves: Vec<Move>,
+    /// The root module's `removed` blocks.
+    pub removals: Vec<Removal>,
     /// The texts of every value derived from a sensitive input (the variables' values, what
     /// the evaluation and the lowering derived from them): the one scrubber of what a run shows
     /// and records (`secrets::Secrets`).
@@ -186,6 +190,50 @@ pub struct Import {
     pub span: Span,
     pub to_span: Span,
     pub id_span: Span,
+}
+
+/// A `moved` block: the state's records at `from` (the address itself, or everything under it)
+/// are re-addressed to `to`.
+#[derive(Debug, Clone)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
+    pub span: Span,
+    pub from_span: Span,
+    pub to_span: Span,
+}
+
+/// A `removed` block: the state's records at `from` (or under it) are forgotten, leaving what
+/// runs in place (`destroy = false`), or destroyed as if the block were deleted.
+#[derive(Debug, Clone)]
+pub struct Removal {
+    pub from: String,
+    pub destroy: bool,
+    pub span: Span,
+    pub from_span: Span,
+}
+
+/// Whether `address` is `prefix` or lies under it: `module.qwen` holds
+/// `module.qwen.container.rank0`; `container.rank` holds `container.rank["node2"]`.
+pub fn address_within(address: &str, prefix: &str) -> bool {
+    address == prefix
+        || address
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// `address` with the moves undone, the latest first: where it was before the `moved` blocks
+/// renamed it (itself when none did). A loop of moves is refused at validate; the bound keeps
+/// an unvalidated one finite.
+pub fn address_before_moves(moves: &[Move], address: &str) -> String {
+    let mut at = address.to_string();
+    for _ in 0..=moves.len() {
+        let Some(m) = moves.iter().rev().find(|m| address_within(&at, &m.to)) else {
+            break;
+        };
+        at = format!("{}{}", m.from, &at[m.to.len()..]);
+    }
+    at
 }
 
 #[derive(Debug, Clone)]

@@ -97,6 +97,33 @@ pub static IMPORT: BlockSpec = spec(
     &[],
 );
 
+/// `moved { from = ADDRESS, to = ADDRESS }`: what the state records at `from` (a resource, a
+/// `for_each` instance, or everything under a module or a resource) is recorded at `to` from the
+/// next apply on; nothing on the nodes changes.
+pub static MOVED: BlockSpec = spec(
+    "moved",
+    &[],
+    &[req("from", Kind::Address), req("to", Kind::Address)],
+    &[],
+);
+
+/// `removed { from = ADDRESS lifecycle { destroy = false } }`: forget what the state records at
+/// `from` without touching the nodes (`destroy = true`, the default, destroys it as deleting
+/// the block would).
+pub static REMOVED: BlockSpec = spec(
+    "removed",
+    &[],
+    &[req("from", Kind::Address)],
+    &[Child {
+        name: "lifecycle",
+        spec: &REMOVED_LIFECYCLE,
+        multiple: false,
+    }],
+);
+
+pub static REMOVED_LIFECYCLE: BlockSpec =
+    spec("lifecycle", &[], &[opt("destroy", Kind::Bool)], &[]);
+
 /// `state { backend = "pg" … }`: where the state lives (`config::backend`). Literal strings.
 pub static STATE: BlockSpec = spec(
     "state",
@@ -138,6 +165,8 @@ macro_rules! top_level {
             &MODULE,
             &OUTPUT,
             &IMPORT,
+            &MOVED,
+            &REMOVED,
             &STATE,
         ];
     };

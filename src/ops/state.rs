@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::config::backend::BackendKind;
-use crate::state::{Moved, ResourceState, State, StateError};
+use crate::state::{ResourceState, State, StateError, Transferred};
 use crate::workspace::Workspace;
 
 use super::OpError;
@@ -44,7 +44,7 @@ pub fn pull(ws: &Workspace) -> Result<Option<Vec<u8>>, StateError> {
 
 /// What a push or a migration wrote, and where.
 pub struct Written {
-    pub moved: Moved,
+    pub transferred: Transferred,
     /// The store written, as messages name it.
     pub to: String,
     /// The store read (a migration's source).
@@ -56,9 +56,9 @@ pub fn push(ws: &Workspace, file: &Path, force: bool) -> Result<Written, OpError
     let doc = std::fs::read(file)
         .map_err(|e| OpError::Local(format!("cannot read {}: {e}", file.display())))?;
     let store = ws.store();
-    let moved = store.push(&doc, file, force)?;
+    let transferred = store.push(&doc, file, force)?;
     Ok(Written {
-        moved,
+        transferred,
         to: store.describe(),
         from: None,
     })
@@ -77,10 +77,82 @@ pub fn migrate(ws: &Workspace, to: BackendKind) -> Result<Written, OpError> {
         BackendKind::Local => BackendKind::Pg,
     };
     let (source, dest) = (ws.store_on(from), ws.store_on(to));
-    let moved = source.migrate_to(&dest)?;
+    let transferred = source.migrate_to(&dest)?;
     Ok(Written {
-        moved,
+        transferred,
         to: dest.describe(),
         from: Some(source.describe()),
     })
+}
+
+/// Re-address what the state records at `from` (the address and everything under it: a
+/// module, every instance of a resource) to `to`, holding the lock (`state mv`). Nothing on
+/// the nodes changes. The moves made, as (from, to) pairs.
+pub fn move_records(
+    ws: &Workspace,
+    from: &str,
+    to: &str,
+) -> Result<Vec<(String, String)>, OpError> {
+    let store = ws.store();
+    let _lock = store.lock("state mv")?;
+    let mut state = store.load()?.ok_or_else(nothing_recorded)?;
+    let within = |a: &str, p: &str| crate::config::address_within(a, p);
+    if !state.resources.keys().any(|a| within(a, from)) {
+        return Err(OpError::Local(missing(&state, from)));
+    }
+    if from == to {
+        return Err(OpError::Local(format!(
+            "{from} is already there: `state mv` needs two addresses"
+        )));
+    }
+    if let Some(there) = state
+        .resources
+        .keys()
+        .find(|a| within(a, to) && !within(a, from))
+    {
+        return Err(OpError::Local(format!(
+            "the state already records {there}: two records cannot share an address (`sparkform state rm {there}` forgets that one, leaving it running)"
+        )));
+    }
+    let moves = state.move_records(from, to);
+    store.write(&mut state)?;
+    Ok(moves)
+}
+
+/// Forget what the state records at each of `addresses` (and under it) without touching the
+/// nodes, holding the lock (`state rm`). The addresses forgotten.
+pub fn forget(ws: &Workspace, addresses: &[String]) -> Result<Vec<String>, OpError> {
+    let store = ws.store();
+    let _lock = store.lock("state rm")?;
+    let mut state = store.load()?.ok_or_else(nothing_recorded)?;
+    let mut gone = Vec::new();
+    for address in addresses {
+        let under: Vec<String> = state
+            .resources
+            .keys()
+            .filter(|a| crate::config::address_within(a, address))
+            .cloned()
+            .collect();
+        if under.is_empty() {
+            return Err(OpError::Local(missing(&state, address)));
+        }
+        for a in under {
+            state.forget(&a);
+            gone.push(a);
+        }
+    }
+    store.write(&mut state)?;
+    Ok(gone)
+}
+
+fn nothing_recorded() -> OpError {
+    OpError::Local("the state records nothing yet: nothing was applied here".into())
+}
+
+/// The error of an address the state does not record, with a close one when there is.
+fn missing(state: &State, address: &str) -> String {
+    let hint = crate::diag::did_you_mean(address, state.resources.keys().map(String::as_str))
+        .map(|s| format!("; did you mean {s}?"))
+        .unwrap_or_else(|| "; `sparkform state list` shows what it records".into());
+    format!("the state records nothing at {address}{hint}")
 }

@@ -4,6 +4,8 @@
 pub mod diff;
 mod foreign;
 pub mod impact;
+mod imports;
+pub mod moves;
 mod outputs;
 pub mod planfile;
 mod record;
@@ -125,6 +127,12 @@ pub struct Summary {
     /// Objects adopted into the state (`import`), besides what their changes count.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub import: usize,
+    /// Records re-addressed by `moved` blocks, nothing on the nodes changed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moved: usize,
+    /// Records forgotten by `removed` blocks, what runs left running.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub forget: usize,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -167,6 +175,14 @@ pub struct Plan {
     /// state's lineage (a lost state): `-generate-import-out` writes the blocks that adopt them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub foreign: Vec<Foreign>,
+    /// Records the `moved` blocks re-address: an apply writes them at their new addresses
+    /// before its first step; nothing on the nodes changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<moves::Moved>,
+    /// Records the `removed` blocks forget (`destroy = false`): an apply drops them from the
+    /// state and leaves what runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten: Vec<moves::Forget>,
 }
 
 /// A run whose last recorded result failed.
@@ -183,6 +199,8 @@ impl Plan {
         self.changes.iter().any(|c| c.action.is_change())
             || self.outputs.iter().any(|o| o.action.is_change())
             || !self.imports.is_empty()
+            || !self.moved.is_empty()
+            || !self.forgotten.is_empty()
     }
 
     pub fn import(&self, address: &str) -> Option<&Import> {
@@ -236,20 +254,6 @@ pub struct Import {
     /// sensitive ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_paths: Vec<Vec<String>>,
-}
-
-/// An import with its sensitive values as the state records them.
-fn recorded_import(i: &Import, r: &Resource, key: Option<&HashKey>) -> Import {
-    let mut config = i.config.clone();
-    for path in r.sensitive.iter().chain(&i.secret_paths) {
-        if let Some(slot) = pointer_mut(&mut config, path) {
-            *slot = hash_sensitive(key, slot);
-        }
-    }
-    Import {
-        config,
-        ..i.clone()
-    }
 }
 
 impl PlanOptions {
@@ -446,9 +450,19 @@ pub fn plan(
     state: &State,
     opts: &PlanOptions,
 ) -> Result<Plan, Box<Diag>> {
+    // What moved blocks rename and removed blocks forget plans as if the state had it so.
+    let moves::Readdressed {
+        moved,
+        forgotten,
+        state: with_moves,
+    } = moves::apply_to(config, state)?;
+    let state = with_moves.as_ref().unwrap_or(state);
+    // The refresh observed the records at their old addresses.
+    let moved_opts = moves::options_after(opts, &moved, state);
+    let opts = moved_opts.as_ref().unwrap_or(opts);
     check_named_addresses(config, state, opts)?;
     // What is imported plans as if the state had it as it runs.
-    let (imports, generated, with_imports) = imports_as_recorded(config, state, opts);
+    let (imports, generated, with_imports) = imports::as_recorded(config, state, opts);
     let state = with_imports.as_ref().unwrap_or(state);
     let selection = Selection::of(graph, state, opts);
     let by_address: HashMap<&str, &Resource> = config
@@ -497,7 +511,9 @@ pub fn plan(
             .collect()
     };
     let foreign = foreign::listed(config, state, opts.observations.as_ref(), &imports);
-    let summary = summarize(&ordered, imports.len());
+    let mut summary = summarize(&ordered, imports.len());
+    summary.moved = moved.len();
+    summary.forget = forgotten.len();
     let levels = changed_levels(graph, &ordered);
     let mut plan = Plan {
         changes: ordered,
@@ -511,6 +527,8 @@ pub fn plan(
         imports,
         generated,
         foreign,
+        moved,
+        forgotten,
     };
     plan.impact = Some(impact::compute(&plan, config, graph, state));
     Ok(plan)
@@ -539,46 +557,6 @@ fn check_named_addresses(
         }
     }
     Ok(())
-}
-
-/// The imports of resources the configuration has (recorded as they run, in a copy of the
-/// state when there are any) and those it lacks (for which `-generate-config-out` writes a
-/// block).
-fn imports_as_recorded(
-    config: &Config,
-    state: &State,
-    opts: &PlanOptions,
-) -> (Vec<Import>, Vec<Import>, Option<State>) {
-    let imports: Vec<Import> = opts
-        .imports
-        .iter()
-        .filter(|i| !state.resources.contains_key(&i.address))
-        .filter_map(|i| {
-            Some(recorded_import(
-                i,
-                config.resource(&i.address)?,
-                opts.key.as_ref(),
-            ))
-        })
-        .collect();
-    let generated: Vec<Import> = opts
-        .imports
-        .iter()
-        .filter(|i| config.resource(&i.address).is_none())
-        .cloned()
-        .collect();
-    let with_imports = (!imports.is_empty()).then(|| {
-        let mut s = state.clone();
-        for i in &imports {
-            let deps = config
-                .resource(&i.address)
-                .map(|r| r.deps.iter().cloned().collect())
-                .unwrap_or_default();
-            record_import(&mut s, i, deps);
-        }
-        s
-    });
-    (imports, generated, with_imports)
 }
 
 /// What `-target` and `-exclude` leave in the plan.

@@ -20,8 +20,9 @@ pub fn render(plan: &Plan) -> String {
         .filter(|c| c.action.is_change())
         .collect();
     render_imports(&mut out, plan);
+    render_moves(&mut out, plan);
     if changes.is_empty() && !plan.outputs.iter().any(|o| o.action.is_change()) {
-        if plan.imports.is_empty() {
+        if plan.imports.is_empty() && plan.moved.is_empty() && plan.forgotten.is_empty() {
             if plan.failing.is_empty() {
                 out.push_str("No changes. The machines match the configuration.\n");
             } else {
@@ -82,11 +83,16 @@ pub fn render(plan: &Plan) -> String {
 
 pub fn summary_line(plan: &Plan) -> String {
     let s = &plan.summary;
-    let imports = if s.import > 0 {
-        format!("{} to import, ", s.import)
-    } else {
-        String::new()
-    };
+    let mut imports = String::new();
+    for (n, what) in [
+        (s.import, "import"),
+        (s.moved, "move"),
+        (s.forget, "forget"),
+    ] {
+        if n > 0 {
+            let _ = write!(imports, "{n} to {what}, ");
+        }
+    }
     format!(
         "Plan: {imports}{} to add, {} to change, {} to replace, {} to destroy; {} probe{} to run.",
         s.create,
@@ -146,6 +152,28 @@ fn render_foreign(out: &mut String, plan: &Plan) {
 }
 
 /// The objects an apply adopts before its steps, and whether what runs already matches.
+/// The records `moved` blocks re-address and `removed` blocks forget: state only.
+fn render_moves(out: &mut String, plan: &Plan) {
+    if plan.moved.is_empty() && plan.forgotten.is_empty() {
+        return;
+    }
+    out.push_str(
+        "sparkform will change these records of the state, touching nothing on the nodes:\n\n",
+    );
+    for m in &plan.moved {
+        let _ = writeln!(out, "  # {} has moved to {}", m.from, m.to);
+    }
+    for f in &plan.forgotten {
+        let _ = writeln!(
+            out,
+            "  # {} will no longer be managed: it stays as it runs{}, no longer in the state (a `removed` block)",
+            f.address,
+            on(&f.node)
+        );
+    }
+    out.push('\n');
+}
+
 fn render_imports(out: &mut String, plan: &Plan) {
     if plan.imports.is_empty() {
         return;

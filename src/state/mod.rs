@@ -16,7 +16,7 @@ pub use hash_key::{
     UNKEYED,
 };
 pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
-pub use transfer::Moved;
+pub use transfer::Transferred;
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -51,6 +51,65 @@ pub struct State {
     /// What `sparkform watch` restarted, the newest last (at most [`RESTARTS_KEPT`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarts: Vec<Restart>,
+    /// What a `removed` block or `state rm` forgot: its objects run on, carrying sparkform's
+    /// labels for an address the state no longer records, and are not taken for what a lost
+    /// record left behind (which a plan would destroy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten: Vec<Forgotten>,
+}
+
+/// A resource the state stopped managing without destroying it: its address and node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forgotten {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+impl State {
+    /// Record `from`'s resources (the address itself and everything under it) at `to`, and
+    /// point what depends on them there too. The moves made, as (from, to) pairs; nothing when
+    /// the state records nothing at `from`. The caller checked that nothing is recorded at the
+    /// new addresses.
+    pub fn move_records(&mut self, from: &str, to: &str) -> Vec<(String, String)> {
+        let renamed = |a: &str| -> Option<String> {
+            let rest = a.strip_prefix(from)?;
+            (rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+                .then(|| format!("{to}{rest}"))
+        };
+        let moves: Vec<(String, String)> = self
+            .resources
+            .keys()
+            .filter_map(|a| Some((a.clone(), renamed(a)?)))
+            .collect();
+        for (old, new) in &moves {
+            if let Some(r) = self.resources.remove(old) {
+                self.resources.insert(new.clone(), r);
+            }
+        }
+        for r in self.resources.values_mut() {
+            for d in r.depends_on.iter_mut() {
+                if let Some(new) = renamed(d) {
+                    *d = new;
+                }
+            }
+        }
+        moves
+    }
+
+    /// Stop managing `address` without touching what runs: its record goes, and it is
+    /// remembered as forgotten (see [`State::forgotten`]).
+    pub fn forget(&mut self, address: &str) -> Option<ResourceState> {
+        let r = self.resources.remove(address)?;
+        let f = Forgotten {
+            address: address.to_string(),
+            node: r.node.clone(),
+        };
+        if !self.forgotten.contains(&f) {
+            self.forgotten.push(f);
+        }
+        Some(r)
+    }
 }
 
 /// How many of `sparkform watch`'s restarts the state keeps.
@@ -112,6 +171,7 @@ impl State {
             resources: BTreeMap::new(),
             outputs: BTreeMap::new(),
             restarts: Vec::new(),
+            forgotten: Vec::new(),
         }
     }
 }

@@ -29,6 +29,7 @@ mod lost_state;
 mod machine_faults;
 mod missing_programs;
 mod model_kind;
+mod moved;
 mod nccl_fact;
 mod observed_facts;
 mod ops;

@@ -30,6 +30,7 @@ mod testbed_llm;
 mod testbed_memory;
 mod testbed_model;
 mod testbed_model_serving;
+mod testbed_moved;
 mod testbed_mp;
 mod testbed_operate;
 mod testbed_parity;

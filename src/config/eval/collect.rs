@@ -94,6 +94,11 @@ impl Loader {
             self.lower_import(file, block, header);
             return;
         }
+        if kind == "moved" || kind == "removed" {
+            self.check_nested(file, &block.body, spec, &header);
+            self.lower_moved(file, block, header);
+            return;
+        }
         let Some(root) = Root::from_block(kind) else {
             return;
         };

@@ -18,33 +18,20 @@ impl Loader {
             );
             return;
         }
-        let (Some(to), Some(id)) = (
-            block.body.get_attribute("to"),
-            block.body.get_attribute("id"),
-        ) else {
+        let Some(id) = block.body.get_attribute("id") else {
             // A missing attribute is reported by `check_nested`.
             return;
         };
-        let to_span = span_of(file, to.value.span());
         let id_span = span_of(file, id.value.span());
-        let to_text: String = to
-            .value
-            .span()
-            .and_then(|r| file.text.get(r))
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        if let Err(why) = check_address(&to_text) {
-            self.diags.push(
-                Diag::error(
-                    "config::import_to",
-                    format!("`to` is not a resource address: {why}"),
-                )
-                .label(&to_span, "here")
-                .help("write the address unquoted, as plans show it: to = module.qwen.container.vllm, or container.worker[\"spark2\"]"),
-            );
+        let Some((to_text, to_span)) = self.address_attr(
+            file,
+            &block.body,
+            "to",
+            "config::import_to",
+            "write the address unquoted, as plans show it: to = module.qwen.container.vllm, or container.worker[\"node2\"]",
+        ) else {
             return;
-        }
+        };
         let Expression::String(s) = &id.value else {
             self.diags.push(
                 Diag::error("config::import_id", "`id` is a string literal")
@@ -74,6 +61,39 @@ impl Loader {
                 .help("a container is \"NODE:NAME\" (or NODE:CONTAINER_ID), a fabric address \"NODE:ADDRESS/PREFIX\"; NODE is a node block's name"),
             ),
         }
+    }
+}
+
+impl Loader {
+    /// The text of an address attribute (`to = module.qwen.container.vllm`), checked for its
+    /// form; `None` after reporting why (`code`, `help`), or when it is missing
+    /// (`check_nested` reports that).
+    pub(super) fn address_attr(
+        &mut self,
+        file: &Arc<SourceFile>,
+        body: &Body,
+        name: &str,
+        code: &'static str,
+        help: &str,
+    ) -> Option<(String, Span)> {
+        let attr = body.get_attribute(name)?;
+        let span = span_of(file, attr.value.span());
+        let text: String = attr
+            .value
+            .span()
+            .and_then(|r| file.text.get(r))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        if let Err(why) = check_address(&text) {
+            self.diags.push(
+                Diag::error(code, format!("`{name}` is not a resource address: {why}"))
+                    .label(&span, "here")
+                    .help(help.to_string()),
+            );
+            return None;
+        }
+        Some((text, span))
     }
 }
 

@@ -31,6 +31,7 @@ mod collect;
 mod lower_hosts;
 mod lower_import;
 mod lower_module;
+mod lower_moved;
 mod lower_outputs;
 mod lower_variable;
 mod order;
@@ -169,6 +170,8 @@ impl Loader {
                 outputs: Vec::new(),
                 warnings: Vec::new(),
                 imports: Vec::new(),
+                moves: Vec::new(),
+                removals: Vec::new(),
                 secrets: Default::default(),
             },
             observed: Default::default(),
@@ -840,6 +843,9 @@ impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
     }
     fn for_each_instances(&self, v: &Value) -> Result<Vec<(String, Value)>, String> {
         for_each_instances(v)
+    }
+    fn address_before_moves(&self, address: &str) -> String {
+        crate::config::model::address_before_moves(&self.loader.config.moves, address)
     }
     fn refuse_sensitive_for_each(&mut self, fe: &Attribute, what: &str) -> Option<()> {
         let file = self.scope.items[self.i].file.clone();

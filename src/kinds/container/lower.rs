@@ -65,6 +65,13 @@ impl dyn Engine<'_> + '_ {
                     if let Some(k) = &key {
                         parts.push(k.clone());
                     }
+                    // Renamed by a `moved` block: the name it had, so the move restarts nothing.
+                    let before = self.address_before_moves(&address);
+                    if before != address {
+                        if let Some(names) = crate::config::lowering::address_names(&before) {
+                            parts = names;
+                        }
+                    }
                     parts.join("-")
                 }
             };

@@ -15,6 +15,7 @@ pub(super) fn judge(
         .iter()
         .filter_map(|(a, r)| Some((a.as_str(), r.attributes.get("container_id")?.as_str()?)))
         .collect();
+    let by_id: HashMap<&str, &str> = recorded_ids.iter().map(|(a, id)| (*id, *a)).collect();
     let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
     let mut claimed: std::collections::BTreeSet<String> = Default::default();
     for c in list {
@@ -22,6 +23,13 @@ pub(super) fn judge(
         if let Some((a, id)) = unlabelled_claim(c, &recorded_ids) {
             found.insert(a.to_string(), c);
             claimed.insert(id.to_string());
+            continue;
+        }
+        // The recorded ID is the record's, whatever address its label names: a `moved` block
+        // re-addressed the record and left the container (and its labels) as they were.
+        if let Some(&a) = c.id.as_deref().and_then(|id| by_id.get(id)) {
+            found.insert(a.to_string(), c);
+            claimed.insert(c.id.clone().unwrap_or_default());
             continue;
         }
         let (Some(a), Some(id)) = (
