@@ -11,13 +11,16 @@ pub struct Testbed {
     /// The pair of nodes this test holds, in their order (rank 0's first).
     pub nodes: [&'static str; 2],
     _turn: Turn,
-    /// The second pair's lock, shared with another process (bench/chaos --second-pair), held
-    /// until the test ends: the file closed releases it.
+    /// The lock of a pair other than the first, shared with another process (bench/chaos
+    /// --pair N), held until the test ends: the file closed releases it.
     _pair_lock: Option<std::fs::File>,
 }
 
-/// The second pair's lock file (bench/chaos takes it too, for each of its tries there).
-const SECOND_PAIR_LOCK: &str = "/tmp/sparkform-testbed-pair2.lock";
+/// The lock file of pair `pair` (0 the first): bench/chaos --pair N takes the Nth's for each of
+/// its tries there.
+fn pair_lock_file(pair: usize) -> String {
+    format!("/tmp/sparkform-testbed-pair{}.lock", pair + 1)
+}
 
 /// Wait for and take an exclusive flock on `path` (created if missing).
 fn flock(path: &str) -> std::fs::File {
@@ -34,8 +37,13 @@ fn flock(path: &str) -> std::fs::File {
 }
 
 /// The testbed's pairs of nodes. The tests of a file hold one pair; a file that holds the
-/// second runs beside the files that take turns on the first (`.ci/test` starts four nodes).
-const PAIRS: [[&str; 2]; 2] = [["sf-node1", "sf-node2"], ["sf-node3", "sf-node4"]];
+/// second or the third runs beside the files that take turns on the first (`.ci/test` starts
+/// six nodes).
+const PAIRS: [[&str; 2]; 3] = [
+    ["sf-node1", "sf-node2"],
+    ["sf-node3", "sf-node4"],
+    ["sf-node5", "sf-node6"],
+];
 
 /// The first pair's lock file, held by a test process while one of its files has its turn there:
 /// the other test binaries' testbed tests (`.ci/test` runs them beside the testbed's own) wait
@@ -44,8 +52,8 @@ const FIRST_PAIR_LOCK: &str = "/tmp/sparkform-testbed-pair1.lock";
 
 /// For each pair: the file whose tests hold it now, how many of them do, and (the first pair)
 /// this process's hold on [`FIRST_PAIR_LOCK`] while they do.
-type Turns = [(Option<&'static str>, usize, Option<std::fs::File>); 2];
-static TURNS: Mutex<Turns> = Mutex::new([(None, 0, None), (None, 0, None)]);
+type Turns = [(Option<&'static str>, usize, Option<std::fs::File>); 3];
+static TURNS: Mutex<Turns> = Mutex::new([(None, 0, None), (None, 0, None), (None, 0, None)]);
 static TURN_ENDED: Condvar = Condvar::new();
 
 /// A test's part in its file's turn on a pair of nodes, given back when it drops (when the test
@@ -109,12 +117,21 @@ pub fn testbed_second_pair() -> Testbed {
     take_pair(std::panic::Location::caller().file(), 1)
 }
 
+/// The testbed's third pair of nodes, sf-node5 and sf-node6 (`testbed up -n 6`), which
+/// bench/chaos --pair 3 shares in `.ci/test`, a try or a test at a time (the pair's lock): for
+/// a file whose tests are long and whose fabric addresses, hub repository and cache folder no
+/// file of the first pair uses at the same time (testbed_model's).
+#[track_caller]
+pub fn testbed_third_pair() -> Testbed {
+    take_pair(std::panic::Location::caller().file(), 2)
+}
+
 fn take_pair(file: &'static str, pair: usize) -> Testbed {
     // The turn before anything else: a test of another file may be taking the testbed down and
     // up again (tests/on_testbed/terminal.rs).
     let waited = std::time::Instant::now();
     let turn = Turn::take(file, pair);
-    let pair_lock = (pair == 1).then(|| flock(SECOND_PAIR_LOCK));
+    let pair_lock = (pair > 0).then(|| flock(&pair_lock_file(pair)));
     suite_log("wait for the testbed", waited.elapsed());
     let dir = std::env::var_os("SPARKFORM_TESTBED_DIR")
         .map(PathBuf::from)
@@ -225,10 +242,11 @@ impl Testbed {
     }
 }
 
-/// The jump host, both nodes and a fabric network whose attachments use `192.168.201.{a1,a2}`.
+/// The jump host, the test's pair of nodes (as node1 and node2) and a fabric network whose
+/// attachments use `192.168.201.{a1,a2}`.
 pub fn cluster_hcl(tb: &Testbed, a1: u8, a2: u8) -> String {
     let mut s = tb.hcl(
-        &[("node1", "sf-node1"), ("node2", "sf-node2")],
+        &[("node1", tb.nodes[0]), ("node2", tb.nodes[1])],
         &tb.known_hosts(),
         2222,
     );

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::testbed::{cluster_hcl, sparkform, testbed, Testbed};
+use common::testbed::{cluster_hcl, sparkform, testbed_third_pair, Testbed};
 
 const CACHE: &str = "/tmp/sf-test-model-cache";
 const REPO: &str = "testbed/standin-qwen3";
@@ -43,7 +43,7 @@ fn hub(args: &[&str]) -> String {
 }
 
 fn helpers_left(tb: &Testbed) -> String {
-    ["sf-node1", "sf-node2"]
+    tb.nodes
         .iter()
         .map(|n| {
             tb.ssh(
@@ -105,7 +105,7 @@ fn snapshot_sums(tb: &Testbed, node: &str) -> String {
 }
 
 fn clean(tb: &Testbed) {
-    for n in ["sf-node1", "sf-node2"] {
+    for n in tb.nodes {
         tb.ssh(n, &format!("rm -rf {CACHE}"));
     }
 }
@@ -114,19 +114,19 @@ fn clean(tb: &Testbed) {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_copy() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_third_pair();
     clean(&tb);
-    let dir = common::write_config(&[("main.hcl", &model_config(&tb, 63, 64, ""))]);
+    let dir = common::write_config(&[("main.hcl", &model_config(&tb, 163, 164, ""))]);
     let d = dir.path().to_str().unwrap();
     let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    let first = snapshots(&tb, "sf-node2");
+    let first = snapshots(&tb, tb.nodes[1]);
     assert_eq!(first.trim().len(), 40, "{first}");
 
     // One byte flipped in the middle of a shard on node2, size and mtime kept.
     let shard = "model-00001-of-00003.safetensors";
     tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!(
             "cd {CACHE}/models--testbed--standin-qwen3/snapshots/* && b=$(readlink -f {shard}) && cp -p \"$b\" /tmp/sf-ref && \
              python3 -c 'import sys; f=open(sys.argv[1],\"r+b\"); f.seek(5000000); c=f.read(1); f.seek(5000000); f.write(bytes([c[0]^1]))' \"$b\" && touch -r /tmp/sf-ref \"$b\" && rm /tmp/sf-ref"
@@ -188,7 +188,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     assert!(out.contains("commit"), "{out}");
     let (code, out, err) = sparkform(&["apply", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    for n in ["sf-node1", "sf-node2"] {
+    for n in tb.nodes {
         let now = snapshots(&tb, n);
         assert_eq!(now.trim().len(), 40, "{n}: {now}");
         assert_ne!(
@@ -207,7 +207,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
 #[ignore = "needs the testbed: bash .ci/test"]
 fn the_architecture_check_refuses_an_image_lacking_it_before_anything_using_the_model_starts() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_third_pair();
     clean(&tb);
     let mut text = model_config(
         &tb,
@@ -239,10 +239,10 @@ container "user" {
         "the refusal does not name the architecture:\n{all}"
     );
     assert!(
-        tb.running_id("sf-node1", "sf-model-user").is_none(),
+        tb.running_id(tb.nodes[0], "sf-model-user").is_none(),
         "the container using the model started"
     );
-    let listed = tb.ssh("sf-node1", "docker ps -a --format '{{.Names}}'");
+    let listed = tb.ssh(tb.nodes[0], "docker ps -a --format '{{.Names}}'");
     assert!(!listed.contains("sf-model-user"), "{listed}");
     no_helper_left(&tb, "helper containers left");
     // The same with the image that has it goes through.
@@ -267,9 +267,9 @@ container "user" {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_copy_over_two_fabric_networks_travels_on_both() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_third_pair();
     clean(&tb);
-    let mut text = cluster_hcl(&tb, 71, 72);
+    let mut text = cluster_hcl(&tb, 171, 172);
     text.push_str(&format!(
         r#"
 network "fabric2" {{
@@ -278,12 +278,12 @@ network "fabric2" {{
   attach "node1" {{
     node      = node.node1
     interface = "enp1s0f0np0"
-    address   = "192.168.200.71"
+    address   = "192.168.200.171"
   }}
   attach "node2" {{
     node      = node.node2
     interface = "enp1s0f0np0"
-    address   = "192.168.200.72"
+    address   = "192.168.200.172"
   }}
 }}
 
@@ -304,21 +304,21 @@ model "standin" {{
     let over = state_attr(dir.path(), "model.standin[\"node2\"]", "served_over");
     let sent = |a: &str| over[a].as_u64().unwrap_or(0);
     assert!(
-        sent("192.168.201.71") > 0 && sent("192.168.200.71") > 0,
+        sent("192.168.201.171") > 0 && sent("192.168.200.171") > 0,
         "the files travel on both networks: {over}\n{out}"
     );
     assert_eq!(
-        snapshot_sums(&tb, "sf-node1"),
-        snapshot_sums(&tb, "sf-node2"),
+        snapshot_sums(&tb, tb.nodes[0]),
+        snapshot_sums(&tb, tb.nodes[1]),
         "the same bytes on both nodes"
     );
     let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     no_helper_left(&tb, "helper containers left");
-    for node in ["sf-node1", "sf-node2"] {
+    for node in tb.nodes {
         let left = tb.fabric_addresses(node);
         assert!(
-            !left.contains("192.168.200.7") && !left.contains("192.168.201.7"),
+            !left.contains("192.168.200.17") && !left.contains("192.168.201.17"),
             "{node} keeps a fabric address of the test: {left}\n{out}\n{err}"
         );
     }
@@ -329,11 +329,11 @@ model "standin" {{
 #[ignore = "needs the testbed: bash .ci/test"]
 fn downloaded_once_copied_over_the_fabric_verified_and_kept() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
-    for n in ["sf-node1", "sf-node2"] {
+    let tb = testbed_third_pair();
+    for n in tb.nodes {
         tb.ssh(n, &format!("rm -rf {CACHE}"));
     }
-    let mut text = cluster_hcl(&tb, 61, 62);
+    let mut text = cluster_hcl(&tb, 161, 162);
     text.push_str(&format!(
         r#"
 model "standin" {{
@@ -364,7 +364,7 @@ output "path" {{
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["method"] == "GET" && v["repo"] == REPO && v["file"].is_string())
-        .filter(from_first_pair)
+        .filter(|v| from_pair(&tb, v))
         .collect();
     assert!(!gets.is_empty(), "the hub served nothing:\n{log}");
     let mut files: Vec<&str> = gets.iter().filter_map(|v| v["file"].as_str()).collect();
@@ -391,19 +391,19 @@ output "path" {{
 
     // Copied over the fabric: the serve side saw node2's fabric address.
     let peers = state_attr(dir.path(), "model.standin[\"node2\"]", "peers_served");
-    assert_eq!(peers, serde_json::json!(["192.168.201.62"]), "{out}");
+    assert_eq!(peers, serde_json::json!(["192.168.201.162"]), "{out}");
     let source = state_attr(dir.path(), "model.standin[\"node2\"]", "source");
     assert!(
         source
             .as_str()
             .unwrap_or_default()
-            .starts_with("192.168.201.61:"),
+            .starts_with("192.168.201.161:"),
         "{source}"
     );
 
     // Both nodes hold the same verified snapshot.
     let snap = |n: &str| snapshot_sums(&tb, n);
-    let (s1, s2) = (snap("sf-node1"), snap("sf-node2"));
+    let (s1, s2) = (snap(tb.nodes[0]), snap(tb.nodes[1]));
     assert!(s1.contains(".safetensors"), "{s1}");
     assert_eq!(s1, s2, "the copies differ");
 
@@ -414,7 +414,7 @@ output "path" {{
     // One file deleted on node2 (pointer and blob): plan names it, apply copies only it.
     let victim = "model-00002-of-00003.safetensors";
     tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!("cd {CACHE}/models--testbed--standin-qwen3/snapshots/* && rm -f \"$(readlink -f {victim})\" {victim}"),
     );
     let (code, out, err) = sparkform(&["plan", d, "-detailed-exitcode"]);
@@ -431,14 +431,14 @@ output "path" {{
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
     let files_fetched = state_attr(dir.path(), "model.standin[\"node2\"]", "files_fetched");
     assert_eq!(files_fetched, serde_json::json!(1), "{out}");
-    assert_eq!(snap("sf-node2"), s1, "the copy is not whole again");
+    assert_eq!(snap(tb.nodes[1]), s1, "the copy is not whole again");
     let (code, out, _) = sparkform(&["plan", d, "-detailed-exitcode"]);
     assert_eq!(code, 0, "still drift after the apply:\n{out}");
 
     // Destroy removes the copies and leaves no helper container.
     let (code, out, err) = sparkform(&["destroy", d, "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
-    for n in ["sf-node1", "sf-node2"] {
+    for n in tb.nodes {
         let left = tb.ssh(
             n,
             &format!("ls {CACHE}/models--testbed--standin-qwen3/snapshots 2>/dev/null"),
@@ -459,7 +459,7 @@ struct Leftovers<'a> {
 impl Drop for Leftovers<'_> {
     fn drop(&mut self) {
         unthrottle(self.tb);
-        for (n, a) in ["sf-node1", "sf-node2"].iter().zip(self.addresses) {
+        for (n, a) in self.tb.nodes.iter().zip(self.addresses) {
             self.tb.ssh(
                 n,
                 &format!(
@@ -475,7 +475,7 @@ impl Drop for Leftovers<'_> {
 /// more than a 9000-byte frame, or the fabric check's pings would not pass).
 fn throttle(tb: &Testbed, rate: &str) {
     let out = tb.ssh(
-        "sf-node1",
+        tb.nodes[0],
         &format!(
             "tc qdisc replace dev enp1s0f0np0 root tbf rate {rate} burst 32kb latency 400ms && \
              tc qdisc show dev enp1s0f0np0"
@@ -486,7 +486,7 @@ fn throttle(tb: &Testbed, rate: &str) {
 
 fn unthrottle(tb: &Testbed) {
     tb.ssh(
-        "sf-node1",
+        tb.nodes[0],
         "tc qdisc del dev enp1s0f0np0 root 2>/dev/null; true",
     );
 }
@@ -494,7 +494,7 @@ fn unthrottle(tb: &Testbed) {
 /// node2's verified record of the model: (paths verified, paths expected).
 fn verified_on_node2(tb: &Testbed) -> (Vec<String>, Vec<String>) {
     let text = tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!("cat {CACHE}/models--testbed--standin-qwen3/sparkform/*.json 2>/dev/null"),
     );
     let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else {
@@ -520,7 +520,7 @@ fn verified_on_node2(tb: &Testbed) -> (Vec<String>, Vec<String>) {
 /// place is not a file of the snapshot.
 fn nothing_unverified_is_trusted_on_node2(tb: &Testbed) {
     let out = tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!(
             r#"python3 - <<'PY'
 import glob, hashlib, json, os
@@ -552,22 +552,27 @@ PY"#
     assert_eq!(out.trim(), "OK", "node2 after the kill: {out}");
 }
 
-/// Whether a request in the hub's log came from this file's nodes, sf-node1 and sf-node2 (the
-/// testbed gives node i the management address 10.199.0.(10+i)): bench/chaos, on the second
-/// pair, fetches the same repository meanwhile.
-fn from_first_pair(v: &serde_json::Value) -> bool {
-    matches!(v["client"].as_str(), Some("10.199.0.11" | "10.199.0.12"))
+/// Whether a request in the hub's log came from the test's nodes (the testbed gives sf-nodeN the
+/// management address 10.199.0.(10+N)): the first pair's files and bench/chaos fetch the same
+/// repository meanwhile.
+fn from_pair(tb: &Testbed, v: &serde_json::Value) -> bool {
+    let client = v["client"].as_str().unwrap_or_default();
+    tb.nodes.iter().any(|n| {
+        n.strip_prefix("sf-node")
+            .and_then(|i| i.parse::<u8>().ok())
+            .is_some_and(|i| client == format!("10.199.0.{}", 10 + i))
+    })
 }
 
 /// The GETs of the hub's own client (the download node's fetches; plan-time resolution reads
 /// `config.json` with transfer.py's agent and is left out), per file.
-fn hub_fetches() -> BTreeMap<String, usize> {
+fn hub_fetches(tb: &Testbed) -> BTreeMap<String, usize> {
     let mut per_file = BTreeMap::new();
     for v in hub(&["log"])
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["method"] == "GET" && v["repo"] == REPO)
-        .filter(from_first_pair)
+        .filter(|v| from_pair(tb, v))
         .filter(|v| {
             !v["agent"]
                 .as_str()
@@ -595,7 +600,7 @@ fn kill_mid_copy_and_reapply(signal: &str, a1: u8, a2: u8) {
 /// `kill_mid_copy_and_reapply`, or with `destroy` a destroy in place of the re-apply.
 fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_third_pair();
     let leftovers = Leftovers {
         tb: &tb,
         addresses: [a1, a2],
@@ -712,7 +717,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
         assert_eq!(code, 0, "destroy failed:\n{out2}\n{err2}");
         no_helper_left(&tb, "helper containers left after destroy");
         std::thread::sleep(Duration::from_secs(3));
-        for n in ["sf-node1", "sf-node2"] {
+        for n in tb.nodes {
             let left = tb.ssh(
                 n,
                 &format!("find {CACHE}/models--testbed--standin-qwen3/blobs {CACHE}/models--testbed--standin-qwen3/snapshots -type f -o -type l 2>/dev/null"),
@@ -727,7 +732,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
         code, 0,
         "the re-apply failed:\n{out2}\n{err2}\n(killed apply:\n{out}\n{err})"
     );
-    let fetched = hub_fetches();
+    let fetched = hub_fetches(&tb);
     assert!(
         fetched.keys().any(|f| f.ends_with(".safetensors")),
         "the hub served nothing: {fetched:?}"
@@ -752,7 +757,7 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
     }
     no_helper_left(&tb, "helper containers left");
     let snap = |n: &str| snapshot_sums(&tb, n);
-    let (s1, s2) = (snap("sf-node1"), snap("sf-node2"));
+    let (s1, s2) = (snap(tb.nodes[0]), snap(tb.nodes[1]));
     assert!(s1.contains(".safetensors"), "{s1}");
     assert_eq!(s1, s2, "the copies differ");
     let (code, out3, err3) = sparkform(&["plan", d, "-detailed-exitcode"]);
@@ -779,19 +784,19 @@ fn kill_mid_copy(signal: &str, a1: u8, a2: u8, destroy: bool) {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn ctrl_c_mid_copy_then_reapply_fetches_only_what_was_not_verified() {
-    kill_mid_copy_and_reapply("INT", 67, 68);
+    kill_mid_copy_and_reapply("INT", 167, 168);
 }
 
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn sigkill_mid_copy_then_reapply_copes_with_the_stale_helpers() {
-    kill_mid_copy_and_reapply("KILL", 69, 70);
+    kill_mid_copy_and_reapply("KILL", 169, 170);
 }
 
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn sigkill_mid_copy_then_destroy_stops_the_stale_helpers_before_removing_the_copies() {
-    kill_mid_copy("KILL", 71, 72, true);
+    kill_mid_copy("KILL", 171, 172, true);
 }
 
 /// A snapshot sparkform verified beside the recorded copy but no longer records (what a
@@ -804,20 +809,20 @@ fn sigkill_mid_copy_then_destroy_stops_the_stale_helpers_before_removing_the_cop
 #[ignore = "needs the testbed: bash .ci/test"]
 fn an_untracked_snapshot_is_listed_removed_and_destroyed_with_its_size() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_third_pair();
     clean(&tb);
-    let dir = common::write_config(&[("main.hcl", &model_config(&tb, 65, 66, ""))]);
+    let dir = common::write_config(&[("main.hcl", &model_config(&tb, 165, 166, ""))]);
     let d = dir.path().to_str().unwrap();
     let (code, out, err) = sparkform(&["apply", d, "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    let commit = snapshots(&tb, "sf-node2").trim().to_string();
+    let commit = snapshots(&tb, tb.nodes[1]).trim().to_string();
     assert_eq!(commit.len(), 40, "{commit}");
     let storage = format!("{CACHE}/models--testbed--standin-qwen3");
     // Another commit's verified snapshot on node2: its record, and a 1 MiB blob it links.
     let other = "0123456789abcdef0123456789abcdef01234567";
     let plant = || {
         tb.ssh(
-            "sf-node2",
+            tb.nodes[1],
             &format!(
                 "set -e; cd {storage}; \
                  sed 's/{commit}/{other}/g' sparkform/{commit}.json > sparkform/{other}.json; \
@@ -835,7 +840,7 @@ fn an_untracked_snapshot_is_listed_removed_and_destroyed_with_its_size() {
         v["lineage"].as_str().unwrap().to_string()
     };
     tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!(
             "docker create --name sparkform-killed-remove --label sparkform.model-helper={lineage} \
              --label sparkform.run=a-killed-run sparkform-testbed/ray:latest true >/dev/null"
@@ -859,12 +864,12 @@ fn an_untracked_snapshot_is_listed_removed_and_destroyed_with_its_size() {
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
     assert!(out.contains("1.0 MiB freed"), "{out}");
     assert_eq!(
-        snapshots(&tb, "sf-node2").trim(),
+        snapshots(&tb, tb.nodes[1]).trim(),
         commit,
         "the untracked snapshot is gone, the recorded one stays"
     );
     let record = tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         &format!("ls {storage}/sparkform/ {storage}/blobs/ | grep -c {other}; ls {storage}/blobs | grep -c eeee; true"),
     );
     assert_eq!(
@@ -884,7 +889,7 @@ fn an_untracked_snapshot_is_listed_removed_and_destroyed_with_its_size() {
         out.contains(&format!("snapshot {} of {REPO}", &other[..12])),
         "{out}"
     );
-    for n in ["sf-node1", "sf-node2"] {
+    for n in tb.nodes {
         let left = tb.ssh(n, &format!("ls -A {storage} 2>/dev/null; true"));
         assert!(left.trim().is_empty(), "{n} keeps {left}");
     }
