@@ -12,6 +12,10 @@ use std::path::Path;
 
 use common::testbed::{sparkform, testbed, Testbed};
 
+/// The tests change node-wide settings of node2 for a while (its fabric's MTU, logind's
+/// RemoveIPC), which the other's plan reads: one at a time, whatever the test threads.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const RANK1: (&str, &str) = ("sf-node1", "sparkform-fabric-node1");
 const RANK2: (&str, &str) = ("sf-node2", "sparkform-fabric-node2");
 
@@ -92,6 +96,7 @@ fn assert_nccl(tb: &Testbed, c: (&str, &str), gid: &str) {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_moved_gid_index_replaces_what_uses_it_and_one_end_at_mtu_1500_is_named_with_the_other() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     tb.clear_leftovers();
     let _off = FakeRdma;
@@ -218,6 +223,7 @@ impl Drop for LogindDropIn<'_> {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn remove_ipc_on_a_node_refuses_a_host_ipc_container_of_a_user_with_the_fix() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed();
     let dir = tempfile::tempdir().unwrap();
     let mut s = common::testbed::cluster_hcl(&tb, 43, 44);
