@@ -213,22 +213,17 @@ pub struct Removal {
     pub from_span: Span,
 }
 
-/// Whether `address` is `prefix` or lies under it: `module.qwen` holds
-/// `module.qwen.container.rank0`; `container.rank` holds `container.rank["node2"]`.
-pub fn address_within(address: &str, prefix: &str) -> bool {
-    address == prefix
-        || address
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-}
-
 /// `address` with the moves undone, the latest first: where it was before the `moved` blocks
 /// renamed it (itself when none did). A loop of moves is refused at validate; the bound keeps
 /// an unvalidated one finite.
 pub fn address_before_moves(moves: &[Move], address: &str) -> String {
     let mut at = address.to_string();
     for _ in 0..=moves.len() {
-        let Some(m) = moves.iter().rev().find(|m| address_within(&at, &m.to)) else {
+        let Some(m) = moves
+            .iter()
+            .rev()
+            .find(|m| crate::kinds::address::within(&at, &m.to))
+        else {
             break;
         };
         at = format!("{}{}", m.from, &at[m.to.len()..]);

@@ -60,6 +60,15 @@ impl Address {
     }
 }
 
+/// Whether `address` is `prefix` or lies under it: `module.qwen` holds
+/// `module.qwen.container.rank0`; `container.rank` holds `container.rank["node2"]`.
+pub fn within(address: &str, prefix: &str) -> bool {
+    address == prefix
+        || address
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
 /// Whether `address` is that of a resource that runs (a probe, in a module or not); false for
 /// anything else, an output's name included.
 pub fn runs(address: &str) -> bool {

@@ -182,7 +182,7 @@ pub struct Plan {
     /// Records the `removed` blocks forget (`destroy = false`): an apply drops them from the
     /// state and leaves what runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub forgotten: Vec<moves::Forget>,
+    pub forgotten: Vec<crate::state::Forgotten>,
 }
 
 /// A run whose last recorded result failed.

@@ -5,9 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{address_within, Config};
+use crate::config::Config;
 use crate::diag::Diag;
-use crate::state::State;
+use crate::kinds::address::within as address_within;
+use crate::state::{Forgotten, State};
 
 use super::{Observations, PlanOptions};
 
@@ -18,18 +19,10 @@ pub struct Moved {
     pub to: String,
 }
 
-/// One record a `removed { lifecycle { destroy = false } }` block forgets.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Forget {
-    pub address: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-}
-
 /// What the `moved` and `removed` blocks do to a state.
 pub struct Readdressed {
     pub moved: Vec<Moved>,
-    pub forgotten: Vec<Forget>,
+    pub forgotten: Vec<Forgotten>,
     /// The state with them made; `None` when there are none.
     pub state: Option<State>,
 }
@@ -81,7 +74,7 @@ pub fn apply_to(config: &Config, state: &State) -> Result<Readdressed, Box<Diag>
             .collect();
         for address in gone {
             if let Some(rec) = s.forget(&address) {
-                forgets.push(Forget {
+                forgets.push(Forgotten {
                     address,
                     node: rec.node,
                 });
@@ -98,7 +91,7 @@ pub fn apply_to(config: &Config, state: &State) -> Result<Readdressed, Box<Diag>
 
 /// Make the plan's moves and forgets in `state` (an apply, before its first step): each only
 /// where the state still has it as planned.
-pub fn record(state: &mut State, moved: &[Moved], forgets: &[Forget]) {
+pub fn record(state: &mut State, moved: &[Moved], forgets: &[Forgotten]) {
     for m in moved {
         if state.resources.contains_key(&m.from) && !state.resources.contains_key(&m.to) {
             state.move_records(&m.from, &m.to);

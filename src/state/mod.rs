@@ -73,9 +73,7 @@ impl State {
     /// new addresses.
     pub fn move_records(&mut self, from: &str, to: &str) -> Vec<(String, String)> {
         let renamed = |a: &str| -> Option<String> {
-            let rest = a.strip_prefix(from)?;
-            (rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
-                .then(|| format!("{to}{rest}"))
+            crate::kinds::address::within(a, from).then(|| format!("{to}{}", &a[from.len()..]))
         };
         let moves: Vec<(String, String)> = self
             .resources

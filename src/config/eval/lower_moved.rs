@@ -3,7 +3,8 @@
 //! state records at them is for the plan (`plan::moves`).
 
 use super::*;
-use crate::config::model::{address_within, Move, Removal};
+use crate::config::model::{Move, Removal};
+use crate::kinds::address::within as address_within;
 
 const ADDRESS_HELP: &str = "write the address unquoted, as plans show it: a resource (module.qwen.container.rank0), an instance (container.rank[\"node2\"]) or a module (module.qwen)";
 

@@ -68,8 +68,8 @@ impl dyn Engine<'_> + '_ {
                     // Renamed by a `moved` block: the name it had, so the move restarts nothing.
                     let before = self.address_before_moves(&address);
                     if before != address {
-                        if let Some(names) = crate::config::lowering::address_names(&before) {
-                            parts = names;
+                        if let Some(a) = crate::kinds::address::Address::parse(&before) {
+                            parts = a.modules.into_iter().chain([a.name]).chain(a.key).collect();
                         }
                     }
                     parts.join("-")
