@@ -10,6 +10,10 @@ pub struct Testbed {
     pub dir: PathBuf,
     /// The pair of nodes this test holds, in their order (rank 0's first).
     pub nodes: [&'static str; 2],
+    /// The pair's own fabric addresses, in the order of `nodes`: what the examples' `nodes` and
+    /// `fabric_addresses` variables get through [`Testbed::placement`]. The first pair's are the
+    /// examples' defaults; another pair's differ, as the pairs share the fabric's subnet.
+    pub fabric: [&'static str; 2],
     _turn: Turn,
     /// The lock of a pair other than the first, shared with another process (bench/chaos
     /// --pair N), held until the test ends: the file closed releases it.
@@ -108,10 +112,12 @@ pub fn testbed() -> Testbed {
 }
 
 /// The testbed's second pair of nodes, sf-node3 and sf-node4 (`testbed up -n 4`): for a file
-/// whose tests are long and touch no other node (the real engine's), so that they run beside the
+/// whose tests touch no other node and place their examples with [`Testbed::placement`] (the
+/// real engine's first, whose image `.ci/test` loads there only), so that they run beside the
 /// files that share the first pair. What a test of the first pair does to the shared parts (the
 /// fabric's 192.168.200.0/24 addresses of sf-node1 and sf-node2, the hub's fetch log of its own
-/// repositories) is not what a test of the second reads.
+/// repositories) is not what a test of the second reads. `.ci/test` runs the files that take
+/// it (`= testbed_second_pair();`) in a process of their own, a test at a time.
 #[track_caller]
 pub fn testbed_second_pair() -> Testbed {
     take_pair(std::panic::Location::caller().file(), 1)
@@ -120,11 +126,21 @@ pub fn testbed_second_pair() -> Testbed {
 /// The testbed's third pair of nodes, sf-node5 and sf-node6 (`testbed up -n 6`), which
 /// bench/chaos --pair 3 shares in `.ci/test`, a try or a test at a time (the pair's lock): for
 /// a file whose tests are long and whose fabric addresses, hub repository and cache folder no
-/// file of the first pair uses at the same time (testbed_model's).
+/// file of the first pair uses at the same time (testbed_model's). `.ci/test` runs the files
+/// that take it (`= testbed_third_pair();`) in a process of their own, a test at a time.
 #[track_caller]
 pub fn testbed_third_pair() -> Testbed {
     take_pair(std::panic::Location::caller().file(), 2)
 }
+
+/// Each pair's fabric addresses ([`Testbed::fabric`]). No file of any pair uses them for
+/// anything else (the first pair's files that build their own networks use .41–.68, the third
+/// pair's testbed_model .161–.172).
+const PAIR_FABRIC: [[&str; 2]; 3] = [
+    ["192.168.200.1", "192.168.200.2"],
+    ["192.168.200.103", "192.168.200.104"],
+    ["192.168.200.105", "192.168.200.106"],
+];
 
 fn take_pair(file: &'static str, pair: usize) -> Testbed {
     // The turn before anything else: a test of another file may be taking the testbed down and
@@ -154,6 +170,7 @@ fn take_pair(file: &'static str, pair: usize) -> Testbed {
     Testbed {
         dir,
         nodes,
+        fabric: PAIR_FABRIC[pair],
         _turn: turn,
         _pair_lock: pair_lock,
     }
@@ -200,6 +217,20 @@ impl Testbed {
                  docker ps -a --filter label=sparkform.model-helper --format '{{{{.Names}}}}'"
             ),
         )
+    }
+
+    /// `-var nodes=[…] -var fabric_addresses=[…]`: the examples that take them (examples/testbed,
+    /// examples/testbed-mp) placed on this test's pair.
+    pub fn placement(&self) -> [String; 4] {
+        [
+            "-var".to_string(),
+            format!("nodes=[\"{}\",\"{}\"]", self.nodes[0], self.nodes[1]),
+            "-var".to_string(),
+            format!(
+                "fabric_addresses=[\"{}\",\"{}\"]",
+                self.fabric[0], self.fabric[1]
+            ),
+        ]
     }
 
     pub fn key(&self) -> PathBuf {

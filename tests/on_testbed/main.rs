@@ -6,9 +6,10 @@
 //! cache), and run on it as when each file was its own test binary, which cargo ran one after
 //! the other: the tests of one file may run beside each other, never beside a test of another
 //! file on the same nodes. `common::testbed::testbed()`, which each of them calls first, gives
-//! the first pair of nodes to one file at a time; `testbed_second_pair()` gives the second pair
-//! (sf-node3, sf-node4) to the real engine's file, which runs beside them (libtest starts tests
-//! in the order of their names: `real_engine` starts among the first).
+//! the first pair of nodes to one file at a time; `testbed_second_pair()` and
+//! `testbed_third_pair()` give the second (sf-node3, sf-node4: the real engine's file, then
+//! others) and the third (sf-node5, sf-node6) the same way, and `.ci/test` runs each pair's
+//! files in a process of their own, beside each other.
 
 #[path = "../common/mod.rs"]
 mod common;

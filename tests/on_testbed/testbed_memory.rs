@@ -4,11 +4,12 @@
 //! for). examples/testbed-mp: the page cache of the weights is dropped before a rank loads them;
 //! a replacement waits for the old engine's memory (released after a delay) and starts after it;
 //! an engine that never releases fails the start naming the process, and the rollback does not
-//! start the previous engine into memory that is not there.
+//! start the previous engine into memory that is not there. On the second pair of nodes, beside
+//! the first pair's files, after the real engine's (its file's turn there).
 
 use crate::common;
 
-use common::testbed::{sparkform, testbed, Testbed};
+use common::testbed::{sparkform, testbed_second_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 
@@ -20,11 +21,11 @@ fn gpu(node: &str, args: &[&str]) -> String {
 }
 
 /// Takes the fake GPUs off both nodes however the test ends.
-struct FakeGpus;
+struct FakeGpus([&'static str; 2]);
 
 impl Drop for FakeGpus {
     fn drop(&mut self) {
-        for node in ["sf-node1", "sf-node2"] {
+        for node in self.0 {
             gpu(node, &["off"]);
         }
     }
@@ -61,20 +62,28 @@ fn drops(tb: &Testbed, node: &str) -> Vec<f64> {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
-    let tb = testbed();
+    let tb = testbed_second_pair();
     tb.clear_leftovers();
-    let _gpus = FakeGpus;
-    for node in ["sf-node1", "sf-node2"] {
+    let _gpus = FakeGpus(tb.nodes);
+    let [node1, _] = tb.nodes;
+    for node in tb.nodes {
         gpu(node, &["off"]);
         gpu(node, &["on", "--release-delay", "4", "--hold", "release"]);
     }
     let tmp = tempfile::tempdir().unwrap();
     let st = tmp.path().join("state.json");
     let st = st.to_str().unwrap().to_string();
+    let placement = tb.placement();
+    let on_the_pair = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(["-state", st.as_str()]);
+        a.extend(placement.iter().map(String::as_str));
+        sparkform(&a)
+    };
     let run = |extra: &[&str]| {
         let mut a: Vec<&str> = extra.to_vec();
-        a.extend(["-state", st.as_str(), "-var", "memory_release_timeout=30"]);
-        sparkform(&a)
+        a.extend(["-var", "memory_release_timeout=30"]);
+        on_the_pair(&a)
     };
 
     // The plan reads the fake: unified memory of 128 GiB, so each rank needs 0.80 of it free.
@@ -86,7 +95,7 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     // start drops it first, so the load finds its memory.
     let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    for node in ["sf-node1", "sf-node2"] {
+    for node in tb.nodes {
         let ev = events(node);
         assert!(
             ev.iter().any(|(_, w)| w.contains("cached 60.")),
@@ -109,7 +118,7 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
         "max_model_len=4096",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let ev = events("sf-node1");
+    let ev = events(node1);
     let released = last(&ev, "released sparkform-vllm-node1").expect("the old engine released");
     let stopped = last(&ev, "stopped sparkform-vllm-node1").unwrap();
     let held = last(&ev, "holds sparkform-vllm-node1").unwrap();
@@ -121,16 +130,11 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
 
     // An engine that never releases its memory: the start fails naming what holds the GPU, and
     // the previous engine is not started into memory that is not there.
-    gpu(
-        "sf-node1",
-        &["on", "--release-delay", "4", "--hold", "never"],
-    );
-    let (code, out, err) = sparkform(&[
+    gpu(node1, &["on", "--release-delay", "4", "--hold", "never"]);
+    let (code, out, err) = on_the_pair(&[
         "apply",
         EXAMPLE,
         "-auto-approve",
-        "-state",
-        &st,
         "-var",
         "memory_release_timeout=6",
         "-var",
@@ -144,15 +148,12 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
         "{all}"
     );
     assert!(
-        tb.running_id("sf-node1", "sparkform-vllm-node1").is_none(),
+        tb.running_id(node1, "sparkform-vllm-node1").is_none(),
         "the previous engine was started without its memory"
     );
 
     // Once the memory comes back, the next apply brings the deployment back.
-    gpu(
-        "sf-node1",
-        &["on", "--release-delay", "4", "--hold", "release"],
-    );
+    gpu(node1, &["on", "--release-delay", "4", "--hold", "release"]);
     let (code, out, err) = run(&[
         "apply",
         EXAMPLE,

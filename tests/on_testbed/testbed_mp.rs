@@ -1,16 +1,23 @@
 //! vLLM across nodes without Ray, end to end on the testbed: examples/testbed-mp with the vLLM
 //! stand-in in its multiprocessing mode (`tests/testbed/testbed ray` loads its image into the
-//! nodes) and the weights from the stand-in hub (`testbed hub`).
+//! nodes) and the weights from the stand-in hub (`testbed hub`). On the second pair of nodes,
+//! beside the first pair's files, after the real engine's (its file's turn there).
 
 use crate::common;
 
-use common::testbed::{sparkform, testbed, Testbed};
+use common::testbed::{sparkform, testbed_second_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
-const RANKS: [(&str, &str); 2] = [
-    ("sf-node1", "sparkform-vllm-node1"),
-    ("sf-node2", "sparkform-vllm-node2"),
-];
+/// An address on the fabric that no pair's files plan (tests/common/testbed.rs).
+const INTRUDER: &str = "192.168.200.112";
+
+/// Each rank's (node, container name) on the test's pair.
+fn ranks(tb: &Testbed) -> [(&'static str, &'static str); 2] {
+    [
+        (tb.nodes[0], "sparkform-vllm-node1"),
+        (tb.nodes[1], "sparkform-vllm-node2"),
+    ]
+}
 
 /// The running container of each (node, name), by ID; every one must run.
 pub(crate) fn rank_ids(tb: &Testbed, ranks: &[(&str, &str)]) -> Vec<String> {
@@ -60,33 +67,34 @@ pub(crate) fn assert_nothing_running(tb: &Testbed) {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn vllm_mp_on_the_testbed() {
-    let tb = testbed();
+    let tb = testbed_second_pair();
     tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let st = state.to_str().unwrap().to_string();
+    let placement = tb.placement();
     let run = |extra: &[&str]| {
         let mut a: Vec<&str> = extra.to_vec();
         a.extend(["-state", st.as_str()]);
+        a.extend(placement.iter().map(String::as_str));
         sparkform(&a)
     };
+    let [a1, a2] = tb.fabric;
+    let ranks_run_on = format!("ranks run on {a1}, {a2}");
 
     // From empty: the gate sees both ranks, the answer names both fabric addresses.
     let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        out.contains("rendezvous-ok 2 nodes: 192.168.200.1 (rank 0), 192.168.200.2"),
+        out.contains(&format!("rendezvous-ok 2 nodes: {a1} (rank 0), {a2}")),
         "{out}"
     );
-    assert!(
-        out.contains("ranks run on 192.168.200.1, 192.168.200.2"),
-        "{out}"
-    );
+    assert!(out.contains(&ranks_run_on), "{out}");
     let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
     assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
 
     // A vLLM flag changes: every rank is replaced (one process group), and it answers again.
-    let before = rank_ids(&tb, &RANKS);
+    let before = rank_ids(&tb, &ranks(&tb));
     let (code, out, _) = run(&[
         "plan",
         EXAMPLE,
@@ -107,14 +115,11 @@ fn vllm_mp_on_the_testbed() {
         "max_model_len=4096",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let after = rank_ids(&tb, &RANKS);
+    let after = rank_ids(&tb, &ranks(&tb));
     for (b, a) in before.iter().zip(&after) {
         assert_ne!(b, a, "a rank kept running through a flag change");
     }
-    assert!(
-        out.contains("ranks run on 192.168.200.1, 192.168.200.2"),
-        "{out}"
-    );
+    assert!(out.contains(&ranks_run_on), "{out}");
     let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
     assert_eq!(code, 0, "{out}");
     let (code, out, err) = run(&[
@@ -129,8 +134,11 @@ fn vllm_mp_on_the_testbed() {
 
     // node2's fabric interface already holds another address when sparkform adds its own: the
     // kernel keeps the first as the source of node2's connections, so its rank joins rank 0
-    // from 192.168.200.12. The gate names that address and the apply rolls back.
-    tb.ssh("sf-node2", "ip addr add 192.168.200.12/24 dev enp1s0f0np0");
+    // from that address. The gate names it and the apply rolls back.
+    tb.ssh(
+        tb.nodes[1],
+        &format!("ip addr add {INTRUDER}/24 dev enp1s0f0np0"),
+    );
     let (code, out, err) = run(&[
         "apply",
         EXAMPLE,
@@ -139,21 +147,21 @@ fn vllm_mp_on_the_testbed() {
         "rendezvous_timeout=10s",
     ]);
     tb.ssh(
-        "sf-node2",
+        tb.nodes[1],
         "ip addr flush dev enp1s0f0np0 to 192.168.200.0/24",
     );
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(
         err.contains("rendezvous")
-            && err.contains(
-                "joined the master port from 192.168.200.12, which is not a planned fabric address"
-            ),
+            && err.contains(&format!(
+                "joined the master port from {INTRUDER}, which is not a planned fabric address"
+            )),
         "{err}"
     );
     assert!(err.contains("Rolled back"), "{err}");
     assert_nothing_running(&tb);
     // The rollback kept the verified weights, outside the state: the next apply reuses them.
-    for node in ["sf-node1", "sf-node2"] {
+    for node in tb.nodes {
         assert!(
             !tb.example_model_left(node).trim().is_empty(),
             "the rollback removed the verified copy on {node}"

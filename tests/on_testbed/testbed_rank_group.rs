@@ -2,7 +2,8 @@
 //! (examples/testbed-mp): an apply killed while rank 1 waits for the rendezvous is recovered by
 //! one apply, also one that changes the revision (which once reported "Apply complete" after
 //! running 2 of its 10 steps); a rollback after rank 1 fails to start brings the old group
-//! back whole, with no name conflict between the containers set aside and the new ones.
+//! back whole, with no name conflict between the containers set aside and the new ones. On the
+//! second pair of nodes, beside the first pair's files, after the real engine's.
 
 use crate::common;
 
@@ -11,28 +12,26 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::testbed::{sparkform, testbed, Testbed};
+use common::testbed::{sparkform, testbed_second_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
-const RANKS: [(&str, &str); 2] = [
-    ("sf-node1", "sparkform-vllm-node1"),
-    ("sf-node2", "sparkform-vllm-node2"),
-];
+const RANK_NAMES: [&str; 2] = ["sparkform-vllm-node1", "sparkform-vllm-node2"];
 const RANK1_CREATE: &str = "module.qwen.container.rank[\"node2\"]: create…";
 
 /// Both tests use the example's container names on the same nodes.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn rank_ids(tb: &Testbed) -> Vec<Option<String>> {
-    RANKS
+    tb.nodes
         .iter()
+        .zip(RANK_NAMES)
         .map(|(node, name)| tb.running_id(node, name))
         .collect()
 }
 
 /// Every container on the nodes whose name is a rank's (set-aside copies included).
 fn rank_containers(tb: &Testbed) -> Vec<String> {
-    ["sf-node1", "sf-node2"]
+    tb.nodes
         .iter()
         .flat_map(|node| {
             tb.ssh(
@@ -49,6 +48,8 @@ fn rank_containers(tb: &Testbed) -> Vec<String> {
 struct Run<'a> {
     state: &'a str,
     dir: &'a str,
+    /// The example's `nodes` and `fabric_addresses` on the test's pair.
+    placement: [String; 4],
 }
 
 impl Run<'_> {
@@ -56,6 +57,7 @@ impl Run<'_> {
         let mut a: Vec<&str> = vec![args[0], self.dir];
         a.extend(&args[1..]);
         a.extend(["-state", self.state]);
+        a.extend(self.placement.iter().map(String::as_str));
         sparkform(&a)
     }
 
@@ -63,6 +65,7 @@ impl Run<'_> {
     /// appears in its output; returns what it printed.
     fn apply_killed(&self, extra: &[&str], when: &str, after: Duration) -> String {
         let mut args = vec!["apply", self.dir, "-auto-approve", "-state", self.state];
+        args.extend(self.placement.iter().map(String::as_str));
         args.extend(extra);
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
             .env("SPARKFORM_NO_USER_SSH_CONFIG", "1")
@@ -133,13 +136,14 @@ impl Run<'_> {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_revision() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_second_pair();
     tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let r = Run {
         state: state.to_str().unwrap(),
         dir: EXAMPLE,
+        placement: tb.placement(),
     };
 
     // 1. Killed about 3 s after rank 1's create starts: rank 0 is up, rank 1 waits for the
@@ -198,7 +202,7 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed();
+    let tb = testbed_second_pair();
     tb.clear_leftovers();
     // The example with rank 1's ready timeout as a variable: 2 s is too short for the
     // stand-in's rank 1 to join (about 6 s), while rank 0 is ready once its port is open.
@@ -228,6 +232,7 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     let r = Run {
         state: state.to_str().unwrap(),
         dir: dir.path().to_str().unwrap(),
+        placement: tb.placement(),
     };
     let (code, out, err) = r.run(&["apply", "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
