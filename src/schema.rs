@@ -60,6 +60,9 @@ pub struct Attr {
     pub name: &'static str,
     pub kind: Kind,
     pub required: bool,
+    /// Whether it may take an ephemeral value (a variable's `ephemeral = true`): the kind uses
+    /// it during an apply and records nothing of it when it is ephemeral (`Resource::ephemeral`).
+    pub takes_ephemeral: bool,
 }
 
 pub const fn req(name: &'static str, kind: Kind) -> Attr {
@@ -67,6 +70,7 @@ pub const fn req(name: &'static str, kind: Kind) -> Attr {
         name,
         kind,
         required: true,
+        takes_ephemeral: false,
     }
 }
 pub const fn opt(name: &'static str, kind: Kind) -> Attr {
@@ -74,6 +78,16 @@ pub const fn opt(name: &'static str, kind: Kind) -> Attr {
         name,
         kind,
         required: false,
+        takes_ephemeral: false,
+    }
+}
+/// An optional attribute that may take an ephemeral value ([`Attr::takes_ephemeral`]).
+pub const fn opt_ephemeral(name: &'static str, kind: Kind) -> Attr {
+    Attr {
+        name,
+        kind,
+        required: false,
+        takes_ephemeral: true,
     }
 }
 

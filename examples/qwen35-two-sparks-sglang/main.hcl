@@ -18,8 +18,8 @@ variable "rev" {
 variable "hf_token" {
   type        = string
   default     = null
-  sensitive   = true
-  description = "A Hugging Face token, if the hub asks for one: set SPARKFORM_VAR_hf_token in the environment, never in a committed file. The state keeps only its keyed hash."
+  ephemeral   = true
+  description = "A Hugging Face token, if the hub asks for one: set SPARKFORM_VAR_hf_token in the environment, never in a committed file. Ephemeral: the download uses it, and neither the state nor a plan file holds it, not even hashed."
 }
 
 variable "api_key" {

@@ -33,6 +33,13 @@ variable "hub" {
   description = "The hub the download node fetches from: `testbed hub` serves one on the management network."
 }
 
+variable "hf_token" {
+  type        = string
+  default     = null
+  ephemeral   = true
+  description = "A token, if the hub asks for one (the stand-in asks with --token-file): set SPARKFORM_VAR_hf_token in the environment. Ephemeral: the download uses it, and neither the state nor a plan file holds it, not even hashed."
+}
+
 variable "max_model_len" {
   type    = number
   default = 8192
@@ -132,6 +139,7 @@ model "qwen" {
   network     = network.roce
   image       = "sparkform-testbed/ray:latest"
   endpoint    = var.hub
+  token       = var.hf_token
   serve_image = "sparkform-testbed/ray:latest"
 }
 

@@ -23,6 +23,7 @@ impl Evaluated {
         Evaluated {
             value,
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(resources),
             all_resources: BTreeSet::new(),
@@ -51,6 +52,9 @@ impl DepTree {
 pub struct Evaluated {
     pub value: Value,
     pub sensitive: bool,
+    /// Derived from an ephemeral variable (which is sensitive too): usable during a plan and an
+    /// apply, never recorded. A module's value is never ephemeral (no output may be).
+    pub ephemeral: bool,
     /// For modules: which outputs are sensitive.
     pub sensitive_keys: HashSet<String>,
     pub deps: DepTree,
@@ -65,6 +69,8 @@ pub struct Ctx {
     pub each: Option<Value>,
     pub deps: BTreeSet<String>,
     pub sensitive: bool,
+    /// Whether a referenced item is ephemeral ([`Evaluated::ephemeral`]).
+    pub ephemeral: bool,
     /// Set when the expressions call no function: most blocks do not, and the function table
     /// is the costliest part of a context. Off by default, so a context has the functions.
     pub skip_functions: bool,
@@ -79,6 +85,9 @@ pub struct Attrs {
     pub raw: Map<String, Value>,
     pub spans: HashMap<String, Span>,
     pub sensitive: Vec<Vec<String>>,
+    /// The attributes whose values are ephemeral: only those whose schema takes one
+    /// (`schema::Attr::takes_ephemeral`; the engine refuses the others).
+    pub ephemeral: Vec<String>,
 }
 
 impl Attrs {
@@ -102,6 +111,9 @@ impl Attrs {
                 .collect(),
             _ => BTreeMap::new(),
         }
+    }
+    pub fn is_ephemeral(&self, k: &str) -> bool {
+        self.ephemeral.iter().any(|e| e == k)
     }
     pub fn is_sensitive(&self, k: &str) -> bool {
         self.sensitive

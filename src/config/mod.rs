@@ -85,9 +85,12 @@ pub fn load_observed(
                 .body
                 .get_attribute("type")
                 .and_then(|a| types::parse_type(&a.value).ok());
-            let sensitive = block.body.get_attribute("sensitive").is_some_and(
-                |a| matches!(&a.value, hcl_edit::expr::Expression::Bool(b) if *b.value()),
-            );
+            // An ephemeral variable is sensitive too.
+            let sensitive = ["sensitive", "ephemeral"].iter().any(|k| {
+                block.body.get_attribute(k).is_some_and(
+                    |a| matches!(&a.value, hcl_edit::expr::Expression::Bool(b) if *b.value()),
+                )
+            });
             if sensitive {
                 secret_names.push(name.clone());
             }
@@ -267,6 +270,7 @@ fn input(value: hcl::Value, span: Option<Span>, origin: String) -> InputValue {
     InputValue {
         value,
         sensitive: false,
+        ephemeral: false,
         deps: Default::default(),
         span,
         origin,

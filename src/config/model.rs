@@ -168,6 +168,9 @@ pub struct Resource {
     pub config: serde_json::Value,
     /// Paths inside `config` that hold sensitive values.
     pub sensitive: Vec<Vec<String>>,
+    /// Paths inside `config` that hold ephemeral values: used by the apply, recorded nowhere
+    /// (not in the state, not in a plan, not even as a hash), and so never a change.
+    pub ephemeral: Vec<Vec<String>>,
     /// Addresses of the resources this one depends on (directly, through expressions or `depends_on`).
     pub deps: BTreeSet<String>,
     /// Resources whose replacement replaces this one.

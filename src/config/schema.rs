@@ -25,6 +25,7 @@ pub static VARIABLE: BlockSpec = spec(
         opt("default", Kind::Any),
         opt("description", Kind::Str),
         opt("sensitive", Kind::Bool),
+        opt("ephemeral", Kind::Bool),
         opt("nullable", Kind::Bool),
     ],
     &[Child {

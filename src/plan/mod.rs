@@ -311,9 +311,17 @@ fn runs_unless_said() -> bool {
     true
 }
 
-/// The configuration as the state records it: sensitive values replaced by their keyed hashes.
+/// The configuration as the state records it: sensitive values replaced by their keyed hashes,
+/// ephemeral ones left out (so they are never a change either).
 pub fn recorded_config(r: &Resource, key: Option<&HashKey>) -> serde_json::Value {
     let mut v = r.config.clone();
+    for path in &r.ephemeral {
+        if let Some((last, parent)) = path.split_last() {
+            if let Some(serde_json::Value::Object(m)) = pointer_mut(&mut v, parent) {
+                m.remove(last);
+            }
+        }
+    }
     for path in &r.sensitive {
         if let Some(slot) = pointer_mut(&mut v, path) {
             *slot = hash_sensitive(key, slot);

@@ -14,6 +14,7 @@ mod attachment_race;
 mod compat;
 mod crash_consistency;
 mod diagnostics;
+mod ephemeral;
 mod executor;
 mod fabric_derived;
 mod fabric_test;

@@ -20,6 +20,7 @@ mod terminal;
 mod testbed_apply;
 mod testbed_apply_more;
 mod testbed_chaos;
+mod testbed_ephemeral;
 mod testbed_fabric;
 mod testbed_fabric_test;
 mod testbed_faults;

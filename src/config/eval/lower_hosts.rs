@@ -34,6 +34,7 @@ impl Loader {
         Some(Evaluated {
             value: Value::Object(value),
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(ctx.deps),
             all_resources: BTreeSet::new(),
@@ -189,6 +190,7 @@ impl Loader {
         Some(Evaluated {
             value: Value::Object(value),
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(ctx.deps),
             all_resources: BTreeSet::new(),

@@ -111,6 +111,7 @@ impl Loader {
                 InputValue {
                     value: v,
                     sensitive: sub.sensitive,
+                    ephemeral: sub.ephemeral,
                     deps: sub.deps,
                     span: Some(span_of(&file, attr.value.span())),
                     origin: format!("module `{name}`"),
@@ -136,6 +137,7 @@ impl Loader {
         Some(Evaluated {
             value: Value::Object(result.outputs),
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: result.sensitive_outputs,
             deps: DepTree::Keyed(tree),
             all_resources: result.all_resources,

@@ -99,6 +99,18 @@ impl Loader {
         let declared = self
             .literal_bool(&file, block.body.get_attribute("sensitive"))
             .unwrap_or(false);
+        if ctx.ephemeral && scope.refs_ephemeral(&refs::collect(&attr.value).refs) {
+            let span = span_of(&file, attr.value.span());
+            self.diags.push(
+                Diag::error(
+                    "config::ephemeral_output",
+                    format!("output `{name}` is derived from an ephemeral value"),
+                )
+                .label(&span, "derived from an ephemeral variable")
+                .help("an output is recorded (the state, `sparkform output`), and an ephemeral value never is: output something that is not ephemeral, or make the variable `sensitive = true` instead of `ephemeral = true`"),
+            );
+            return;
+        }
         if ctx.sensitive && !declared {
             let span = span_of(&file, attr.value.span());
             self.diags.push(

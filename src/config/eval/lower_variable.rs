@@ -8,11 +8,19 @@ impl Loader {
         let block = item.block?;
         let file = item.file.clone();
         let ty = self.variable_type(&file, block, &item.name)?;
-        let declared_sensitive = self
-            .literal_bool(&file, block.body.get_attribute("sensitive"))
+        // An ephemeral value is a secret too: everything said of a sensitive one holds for it.
+        let ephemeral = self
+            .literal_bool(&file, block.body.get_attribute("ephemeral"))
             .unwrap_or(false);
+        let declared_sensitive = ephemeral
+            || self
+                .literal_bool(&file, block.body.get_attribute("sensitive"))
+                .unwrap_or(false);
         let name = item.name.clone();
         let header = item.header.clone();
+        if !ephemeral {
+            self.refuse_ephemeral_input(scope, &name, &header)?;
+        }
         let (value, sensitive, deps) =
             self.variable_value(scope, &file, block, &ty, declared_sensitive, &name, &header)?;
         if sensitive {
@@ -24,10 +32,39 @@ impl Loader {
         Some(Evaluated {
             value,
             sensitive,
+            ephemeral,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(deps),
             all_resources: BTreeSet::new(),
         })
+    }
+
+    /// A module's variable set from an ephemeral value must say so (`ephemeral = true`): what
+    /// the module does with it would otherwise be recorded. `None` when refused.
+    fn refuse_ephemeral_input(
+        &mut self,
+        scope: &Scope<'_>,
+        name: &str,
+        header: &Span,
+    ) -> Option<()> {
+        let Some(input) = scope.inputs.get(name).filter(|i| i.ephemeral) else {
+            return Some(());
+        };
+        self.diags.push(
+            Diag::error(
+                "config::ephemeral_input",
+                format!(
+                    "variable `{name}` is set from an ephemeral value ({}), and is not ephemeral",
+                    input.origin
+                ),
+            )
+            .maybe_label(input.span.as_ref(), "derived from an ephemeral variable")
+            .label(header, "declared without `ephemeral = true`")
+            .help(format!(
+                "add `ephemeral = true` to variable `{name}`, so that nothing the module records holds it; or set it from a value that is not ephemeral"
+            )),
+        );
+        None
     }
 
     /// The variable's `type` (any when it has none).

@@ -41,6 +41,8 @@ mod order;
 pub struct InputValue {
     pub value: Value,
     pub sensitive: bool,
+    /// Derived from an ephemeral value: the variable it sets must be `ephemeral = true`.
+    pub ephemeral: bool,
     pub deps: BTreeSet<String>,
     /// Where it was set: a module block's attribute or a var file.
     pub span: Option<Span>,
@@ -305,6 +307,7 @@ impl Loader {
         let mut roots: BTreeMap<&'static str, Value> = BTreeMap::new();
         let mut deps = BTreeSet::new();
         let mut sensitive = false;
+        let mut ephemeral = false;
         for r in refs {
             if r.root == "each" {
                 continue;
@@ -322,6 +325,7 @@ impl Loader {
                 }
             } else {
                 sensitive |= ev.sensitive;
+                ephemeral |= ev.ephemeral;
             }
             let slot = roots
                 .entry(root.ident())
@@ -336,6 +340,7 @@ impl Loader {
             each: None,
             deps,
             sensitive,
+            ephemeral,
             skip_functions: false,
         })
     }
@@ -351,6 +356,7 @@ impl Loader {
         Some(Evaluated {
             value,
             sensitive: ctx.sensitive,
+            ephemeral: ctx.ephemeral,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(ctx.deps),
             all_resources: BTreeSet::new(),
@@ -413,13 +419,22 @@ impl Loader {
             if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
                 continue;
             }
-            let tainted = ctx.sensitive && scope.refs_sensitive(&refs::collect(&attr.value).refs);
+            let refs = refs::collect(&attr.value).refs;
+            let tainted = ctx.sensitive && scope.refs_sensitive(&refs);
             let Some(v) = self.eval_in(&hctx, tainted, file, &attr.value) else {
                 ok = false;
                 continue;
             };
 
             let span = span_of(file, attr.value.span());
+            if ctx.ephemeral && scope.refs_ephemeral(&refs) {
+                if !a.takes_ephemeral {
+                    self.refuse_ephemeral_attribute(spec, key, &span);
+                    ok = false;
+                    continue;
+                }
+                out.ephemeral.push(key.to_string());
+            }
             match self.convert_kind(&v, a.kind) {
                 Ok(converted) => {
                     if tainted {
@@ -457,6 +472,37 @@ impl Loader {
             }
         }
         ok.then_some(out)
+    }
+
+    /// An ephemeral value set on an attribute the kind records (in the state, the plan): refused,
+    /// with the attributes of the block that take one.
+    fn refuse_ephemeral_attribute(&mut self, spec: &BlockSpec, key: &str, span: &Span) {
+        let takers: Vec<String> = spec
+            .attrs
+            .iter()
+            .filter(|a| a.takes_ephemeral)
+            .map(|a| format!("`{}`", a.name))
+            .collect();
+        let help = if takers.is_empty() {
+            format!("nothing in a `{}` block takes an ephemeral value: use a variable with `sensitive = true` (recorded as a keyed hash) instead", spec.kind)
+        } else {
+            format!(
+                "in a `{}` block only {} takes an ephemeral value; here use a variable with `sensitive = true` (recorded as a keyed hash) instead",
+                spec.kind,
+                takers.join(", ")
+            )
+        };
+        self.diags.push(
+            Diag::error(
+                "config::ephemeral_stored",
+                format!(
+                    "`{key}` of a `{}` block is recorded in the state and in plans, and its value is ephemeral",
+                    spec.kind
+                ),
+            )
+            .label(span, "derived from an ephemeral variable")
+            .help(help),
+        );
     }
 
     fn mark_sensitive(&self, scope: &Scope<'_>, attr: &Attribute, out: &mut Attrs) {
@@ -752,6 +798,19 @@ impl Scope<'_> {
     fn address_of(&self, i: usize) -> String {
         let it = &self.items[i];
         format!("{}{}.{}", self.prefix, it.root.ident(), it.name)
+    }
+
+    /// Whether one of `refs` names an ephemeral value (a module's value never is).
+    fn refs_ephemeral(&self, refs: &[Ref]) -> bool {
+        refs.iter().any(|r| {
+            let (Some(root), Some(name)) = (Root::referable(&r.root), r.first_key()) else {
+                return false;
+            };
+            self.index
+                .get(&(root, name.to_string()))
+                .and_then(|&t| self.values[t].as_ref())
+                .is_some_and(|ev| ev.ephemeral)
+        })
     }
 
     fn refs_sensitive(&self, refs: &[Ref]) -> bool {

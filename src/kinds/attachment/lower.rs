@@ -125,6 +125,7 @@ impl dyn Engine<'_> + '_ {
                 node: Some(node.clone()),
                 config,
                 sensitive: Vec::new(),
+                ephemeral: Vec::new(),
                 deps,
                 replace_triggered_by: BTreeSet::new(),
                 group: None,
@@ -449,6 +450,7 @@ fn network_value(
     Evaluated {
         value: Value::Object(value),
         sensitive: false,
+        ephemeral: false,
         sensitive_keys: HashSet::new(),
         deps: DepTree::Keyed(tree),
         all_resources: BTreeSet::new(),

@@ -112,6 +112,7 @@ impl dyn Engine<'_> + '_ {
                 node: Some(node.clone()),
                 config,
                 sensitive: attrs.sensitive.clone(),
+                ephemeral: Vec::new(),
                 deps,
                 replace_triggered_by: replace_by.clone(),
                 group: attrs
@@ -160,6 +161,7 @@ impl dyn Engine<'_> + '_ {
         Some(Evaluated {
             value,
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: HashSet::new(),
             deps,
             all_resources: BTreeSet::new(),

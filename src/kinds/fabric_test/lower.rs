@@ -170,6 +170,7 @@ impl dyn Engine<'_> + '_ {
             node: nodes.first().map(|n| format!("node.{n}")),
             config: desired.to_config(),
             sensitive: attrs.sensitive.clone(),
+            ephemeral: Vec::new(),
             deps,
             replace_triggered_by: BTreeSet::new(),
             group: None,

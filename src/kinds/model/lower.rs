@@ -115,22 +115,7 @@ impl dyn Engine<'_> + '_ {
             .unwrap_or_else(|| DEFAULT_IMAGE.to_string());
         let endpoint = attrs.string("endpoint");
         let serve_image = attrs.string("serve_image");
-        let token_sensitive = attrs.is_sensitive("token");
-        let token = attrs.string("token");
-        // A token is a secret however it is written: the state and plans hold its keyed hash
-        // only; one written in the definitions is also in version control, which is said.
-        if token.is_some() && !token_sensitive {
-            if let Some(span) = attrs.spans.get("token").cloned() {
-                self.diag(
-                    Diag::warning(
-                        "config::literal_token",
-                        format!("model `{}`: its hub token is written in the definitions", item.name),
-                    )
-                    .label(&span, "this token is in every copy of this file")
-                    .help("pass it through a variable with `sensitive = true` (SPARKFORM_VAR_hf_token, or -var-file); sparkform keeps it hashed in the state either way"),
-                );
-            }
-        }
+        let token = self.hub_token(&attrs, &item.name);
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());
@@ -162,12 +147,40 @@ impl dyn Engine<'_> + '_ {
             endpoint: Some(endpoint),
             token: Some(token),
         };
-        let (resources, all) =
-            self.add_model_resources(&base, &nodes, &download, &addresses, deps, &header);
+        // An ephemeral token is used by the download and recorded nowhere, not even hashed.
+        let token_ephemeral = attrs.is_ephemeral("token");
+        let (resources, all) = self.add_model_resources(
+            &base,
+            &nodes,
+            &download,
+            &addresses,
+            deps,
+            (&header, token_ephemeral),
+        );
         Some(Evaluated::of_resources(
             model_value(&name, &base, &nodes, &download, resources),
             all,
         ))
+    }
+
+    /// The block's hub token. A token is a secret however it is written: the state and plans
+    /// hold its keyed hash only (nothing when it is ephemeral); one written in the definitions
+    /// is also in version control, which is said.
+    fn hub_token(&mut self, attrs: &Attrs, model: &str) -> Option<String> {
+        let token = attrs.string("token");
+        if token.is_some() && !attrs.is_sensitive("token") && !attrs.is_ephemeral("token") {
+            if let Some(span) = attrs.spans.get("token").cloned() {
+                self.diag(
+                    Diag::warning(
+                        "config::literal_token",
+                        format!("model `{model}`: its hub token is written in the definitions"),
+                    )
+                    .label(&span, "this token is in every copy of this file")
+                    .help("pass it through a variable with `ephemeral = true` or `sensitive = true` (SPARKFORM_VAR_hf_token, or -var-file); sparkform keeps it hashed in the state either way"),
+                );
+            }
+        }
+        token
     }
 
     /// The `nodes` of a model block and its download node; errors reported (`ok` false then).
@@ -309,7 +322,7 @@ impl dyn Engine<'_> + '_ {
         download: &str,
         addresses: &BTreeMap<String, Vec<Option<String>>>,
         deps: BTreeSet<String>,
-        header: &Span,
+        (header, token_ephemeral): (&Span, bool),
     ) -> (Map<String, Value>, BTreeSet<String>) {
         let block_address = &base.block;
         let download_address = format!("{block_address}[{download:?}]");
@@ -333,9 +346,14 @@ impl dyn Engine<'_> + '_ {
                 token: own(&base.token),
                 ..base.clone()
             };
-            let mut sensitive = Vec::new();
+            let (mut sensitive, mut ephemeral) = (Vec::new(), Vec::new());
             if c.token().is_some() {
-                sensitive.push(vec!["token".to_string()]);
+                let path = vec!["token".to_string()];
+                if token_ephemeral {
+                    ephemeral.push(path);
+                } else {
+                    sensitive.push(path);
+                }
             }
             let mut rdeps = deps.clone();
             if !is_download {
@@ -347,6 +365,7 @@ impl dyn Engine<'_> + '_ {
                 node: Some(format!("node.{n}")),
                 config: c.to_config(),
                 sensitive,
+                ephemeral,
                 deps: rdeps,
                 replace_triggered_by: BTreeSet::new(),
                 group: None,

@@ -25,7 +25,7 @@ pub static MODEL: BlockSpec = spec(
         opt("network", schema::Kind::Any),
         opt("include", schema::Kind::ListStr),
         opt("exclude", schema::Kind::ListStr),
-        opt("token", schema::Kind::Str),
+        schema::opt_ephemeral("token", schema::Kind::Str),
         opt("image", schema::Kind::Str),
         opt("endpoint", schema::Kind::Str),
         opt("serve_image", schema::Kind::Str),

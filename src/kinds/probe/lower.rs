@@ -93,6 +93,7 @@ impl dyn Engine<'_> + '_ {
             node,
             config: config.to_config(),
             sensitive,
+            ephemeral: Vec::new(),
             deps,
             replace_triggered_by: BTreeSet::new(),
             group: None,
@@ -105,6 +106,7 @@ impl dyn Engine<'_> + '_ {
         Some(Evaluated {
             value: Value::Object(value),
             sensitive: false,
+            ephemeral: false,
             sensitive_keys: HashSet::new(),
             deps: DepTree::Leaf(BTreeSet::from([address])),
             all_resources: BTreeSet::new(),

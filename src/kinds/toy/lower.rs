@@ -30,6 +30,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
             greeting,
         }),
         sensitive: Vec::new(),
+        ephemeral: Vec::new(),
         deps,
         replace_triggered_by: BTreeSet::new(),
         group: None,
