@@ -273,6 +273,31 @@ impl Testbed {
     }
 }
 
+/// A copy of the example folder `example` (its `.hcl` files) in a folder of the test's own, its
+/// modules' sources made absolute: the copy has a lock file of its own. Files on different pairs
+/// that apply one example at the same time would otherwise share its `sparkform.lock.hcl` (a
+/// revision one pins, the other's plan reads).
+pub fn example_copy(example: &str) -> tempfile::TempDir {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("a folder for the example");
+    for entry in std::fs::read_dir(root.join(example)).expect("the example's folder") {
+        let path = entry.expect("an entry of the example's folder").path();
+        if path.extension().is_some_and(|e| e == "hcl")
+            && path.file_name().is_some_and(|n| n != "sparkform.lock.hcl")
+        {
+            let text = std::fs::read_to_string(&path)
+                .expect("an example file")
+                .replace(
+                    "\"../../modules/",
+                    &format!("\"{}/modules/", root.display()),
+                );
+            std::fs::write(dir.path().join(path.file_name().unwrap_or_default()), text)
+                .expect("write the copy");
+        }
+    }
+    dir
+}
+
 /// The jump host, the test's pair of nodes (as node1 and node2) and a fabric network whose
 /// attachments use `192.168.201.{a1,a2}`.
 pub fn cluster_hcl(tb: &Testbed, a1: u8, a2: u8) -> String {

@@ -563,16 +563,14 @@ fn only_the_kinds_read_what_a_resource_is_off_its_address() {
 /// kill hook, by names that exist only in their code.
 const TEST_SUPPORT_ITEMS: &[&str] = &["FakeHost", "FakeWorld", "FakeDocker", "KillTrigger"];
 
-/// The features `cargo build --lib` (with `extra` arguments) compiles the library with, and its
+/// The features `cargo check --lib` (with `extra` arguments) compiles the library with, and its
 /// compiled metadata (every item's name, private ones included). With no `extra` it is the
 /// product's: it takes no dev-dependency and so resolves features as `cargo build --release`.
-/// A build, not a check: it reuses the dependencies the tests' own build compiled (a check
-/// would compile every one of them again, for metadata only).
 fn checked_library(extra: &[&str]) -> (Vec<String>, Vec<u8>) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
     let out = std::process::Command::new(cargo)
         .args([
-            "build",
+            "check",
             "--lib",
             "--locked",
             "--offline",
@@ -584,14 +582,14 @@ fn checked_library(extra: &[&str]) -> (Vec<String>, Vec<u8>) {
         .unwrap();
     assert!(
         out.status.success(),
-        "cargo build --lib {extra:?} failed:\n{}",
+        "cargo check --lib {extra:?} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let lib = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "sparkform")
-        .expect("cargo build reports the sparkform library");
+        .expect("cargo check reports the sparkform library");
     let features = lib["features"]
         .as_array()
         .unwrap()

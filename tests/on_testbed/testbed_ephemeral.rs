@@ -78,6 +78,9 @@ impl Drop for GatedHub {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn an_ephemeral_token_downloads_the_weights_and_is_in_neither_the_state_nor_the_plan_file() {
     let tb = testbed_second_pair();
+    // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
+    let copy = common::testbed::example_copy(EXAMPLE);
+    let example = copy.path().to_str().unwrap();
     tb.clear_leftovers();
     let hub = GatedHub::start();
     let tmp = tempfile::tempdir().unwrap();
@@ -94,7 +97,7 @@ fn an_ephemeral_token_downloads_the_weights_and_is_in_neither_the_state_nor_the_
     };
 
     // Without the token the hub refuses: the plan cannot resolve the revision, and says why.
-    let (code, out, err) = run(None, &["plan", EXAMPLE]);
+    let (code, out, err) = run(None, &["plan", example]);
     assert_ne!(code, 0, "a plan without the token passed:\n{out}\n{err}");
     assert!(
         err.contains("token"),
@@ -102,7 +105,7 @@ fn an_ephemeral_token_downloads_the_weights_and_is_in_neither_the_state_nor_the_
     );
 
     // With it: a saved plan, then its apply (which takes the variable again).
-    let (code, out, err) = run(Some(TOKEN), &["plan", EXAMPLE, "-out", saved_path]);
+    let (code, out, err) = run(Some(TOKEN), &["plan", example, "-out", saved_path]);
     assert_eq!(code, 0, "{out}\n{err}");
     let (code, out, err) = run(Some(TOKEN), &["apply", saved_path]);
     assert_eq!(code, 0, "{out}\n{err}");
@@ -128,12 +131,12 @@ fn an_ephemeral_token_downloads_the_weights_and_is_in_neither_the_state_nor_the_
     }
 
     // A new token is no change.
-    let (code, out, err) = run(Some(OTHER_TOKEN), &["plan", EXAMPLE, "-detailed-exitcode"]);
+    let (code, out, err) = run(Some(OTHER_TOKEN), &["plan", example, "-detailed-exitcode"]);
     assert_eq!(
         code, 0,
         "a new ephemeral token planned a change:\n{out}\n{err}"
     );
-    let (code, out, err) = run(Some(TOKEN), &["destroy", EXAMPLE, "-auto-approve"]);
+    let (code, out, err) = run(Some(TOKEN), &["destroy", example, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     crate::testbed_mp::assert_nothing_left(&tb);
 }

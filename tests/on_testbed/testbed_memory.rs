@@ -63,6 +63,9 @@ fn drops(tb: &Testbed, node: &str) -> Vec<f64> {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     let tb = testbed_second_pair();
+    // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
+    let copy = common::testbed::example_copy(EXAMPLE);
+    let example = copy.path().to_str().unwrap();
     tb.clear_leftovers();
     let _gpus = FakeGpus(tb.nodes);
     let [node1, _] = tb.nodes;
@@ -87,13 +90,13 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     };
 
     // The plan reads the fake: unified memory of 128 GiB, so each rank needs 0.80 of it free.
-    let (code, out, err) = run(&["plan", EXAMPLE]);
+    let (code, out, err) = run(&["plan", example]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("min_free_gib"), "{out}");
 
     // From empty: the weights land in the page cache (60 MiB counted ×1024), and each rank's
     // start drops it first, so the load finds its memory.
-    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
+    let (code, out, err) = run(&["apply", example, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     for node in tb.nodes {
         let ev = events(node);
@@ -112,7 +115,7 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     // its memory (4 s after it stopped).
     let (code, out, err) = run(&[
         "apply",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "max_model_len=4096",
@@ -133,7 +136,7 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     gpu(node1, &["on", "--release-delay", "4", "--hold", "never"]);
     let (code, out, err) = on_the_pair(&[
         "apply",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "memory_release_timeout=6",
@@ -156,12 +159,12 @@ fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
     gpu(node1, &["on", "--release-delay", "4", "--hold", "release"]);
     let (code, out, err) = run(&[
         "apply",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "max_model_len=2048",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
-    let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve"]);
+    let (code, out, err) = run(&["destroy", example, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
 }

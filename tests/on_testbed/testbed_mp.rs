@@ -68,6 +68,9 @@ pub(crate) fn assert_nothing_running(tb: &Testbed) {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn vllm_mp_on_the_testbed() {
     let tb = testbed_second_pair();
+    // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
+    let copy = common::testbed::example_copy(EXAMPLE);
+    let example = copy.path().to_str().unwrap();
     tb.clear_leftovers();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
@@ -83,21 +86,21 @@ fn vllm_mp_on_the_testbed() {
     let ranks_run_on = format!("ranks run on {a1}, {a2}");
 
     // From empty: the gate sees both ranks, the answer names both fabric addresses.
-    let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve"]);
+    let (code, out, err) = run(&["apply", example, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains(&format!("rendezvous-ok 2 nodes: {a1} (rank 0), {a2}")),
         "{out}"
     );
     assert!(out.contains(&ranks_run_on), "{out}");
-    let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
+    let (code, out, _) = run(&["plan", example, "-detailed-exitcode"]);
     assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
 
     // A vLLM flag changes: every rank is replaced (one process group), and it answers again.
     let before = rank_ids(&tb, &ranks(&tb));
     let (code, out, _) = run(&[
         "plan",
-        EXAMPLE,
+        example,
         "-var",
         "max_model_len=4096",
         "-detailed-exitcode",
@@ -109,7 +112,7 @@ fn vllm_mp_on_the_testbed() {
     );
     let (code, out, err) = run(&[
         "apply",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "max_model_len=4096",
@@ -120,11 +123,11 @@ fn vllm_mp_on_the_testbed() {
         assert_ne!(b, a, "a rank kept running through a flag change");
     }
     assert!(out.contains(&ranks_run_on), "{out}");
-    let (code, out, _) = run(&["verify", EXAMPLE, "-var", "max_model_len=4096"]);
+    let (code, out, _) = run(&["verify", example, "-var", "max_model_len=4096"]);
     assert_eq!(code, 0, "{out}");
     let (code, out, err) = run(&[
         "destroy",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "max_model_len=4096",
@@ -141,7 +144,7 @@ fn vllm_mp_on_the_testbed() {
     );
     let (code, out, err) = run(&[
         "apply",
-        EXAMPLE,
+        example,
         "-auto-approve",
         "-var",
         "rendezvous_timeout=10s",

@@ -138,11 +138,14 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed_second_pair();
     tb.clear_leftovers();
+    // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
+    let copy = common::testbed::example_copy(EXAMPLE);
+    let example = copy.path().to_str().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state.json");
     let r = Run {
         state: state.to_str().unwrap(),
-        dir: EXAMPLE,
+        dir: example,
         placement: tb.placement(),
     };
 
