@@ -24,3 +24,19 @@ pub mod state;
 pub mod tasks;
 pub mod ui;
 pub mod workspace;
+
+// The library's own unit tests use the test kit's nodes in memory, compiled into the unit-test
+// build from the kit's source: the kit's crate links the library built without `cfg(test)`,
+// whose `Host` is another type than this build's. `sparkform::` in the kit's source names this
+// crate here. No other build has them (tests/fake/layering.rs).
+#[cfg(test)]
+extern crate self as sparkform;
+// The kit's whole interface, of which the unit tests use a part.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../testkit/src/fake.rs"]
+mod fake;
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../testkit/src/fake_docker.rs"]
+mod fake_docker;

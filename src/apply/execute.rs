@@ -3,7 +3,7 @@
 //! for, and the run is finalized or rolled back.
 
 use super::*;
-use chaos::JournalWrite;
+use journal_hook::JournalWrite;
 
 type Running =
     crate::tasks::KeyedTasks<(usize, Instant), (usize, Step, Result<Applied, StepError>, Duration)>;
@@ -112,7 +112,7 @@ impl<'r, 'a> Run<'r, 'a> {
             };
             let step = self.steps[i].clone();
             let (action, address) = (step.change.action, step.address.as_str());
-            if !chaos::skip_journal_record(JournalWrite::Ahead, action, address)
+            if !journal_hook::skip_journal_record(JournalWrite::Ahead, action, address)
                 && journal_ahead(&mut self.state, &step, &now())
             {
                 if let Err(e) = self.req.store.write(&mut self.state) {
@@ -123,7 +123,7 @@ impl<'r, 'a> Run<'r, 'a> {
                     );
                     break;
                 }
-                chaos::after_journal_write(JournalWrite::Ahead, action, address);
+                journal_hook::after_journal_write(JournalWrite::Ahead, action, address);
             }
             emit(
                 &self.req.events,
@@ -169,7 +169,11 @@ impl<'r, 'a> Run<'r, 'a> {
             if let Err(e) = self.req.store.write(&mut self.state) {
                 self.outcome.state_error = Some(e.to_string());
             } else {
-                chaos::after_journal_write(JournalWrite::Forget, step.change.action, &step.address);
+                journal_hook::after_journal_write(
+                    JournalWrite::Forget,
+                    step.change.action,
+                    &step.address,
+                );
             }
         }
         let cancelled =
@@ -197,14 +201,19 @@ impl<'r, 'a> Run<'r, 'a> {
                 summary: applied.summary.clone(),
             },
         );
-        if !chaos::skip_journal_record(JournalWrite::Done, step.change.action, &step.address) {
+        if !journal_hook::skip_journal_record(JournalWrite::Done, step.change.action, &step.address)
+        {
             journal(&mut self.state, &step, &applied, elapsed);
         }
         if matches!(step.kind, StepKind::Resource(_)) {
             if let Err(e) = self.req.store.write(&mut self.state) {
                 self.stop_unrecorded(&step, "cannot record the step in the state", e);
             } else {
-                chaos::after_journal_write(JournalWrite::Done, step.change.action, &step.address);
+                journal_hook::after_journal_write(
+                    JournalWrite::Done,
+                    step.change.action,
+                    &step.address,
+                );
             }
         }
         self.completed.push((i, step, applied));
@@ -264,7 +273,11 @@ impl<'r, 'a> Run<'r, 'a> {
             if let Err(w) = self.req.store.write(&mut self.state) {
                 self.outcome.state_error = Some(w.to_string());
             } else {
-                chaos::after_journal_write(JournalWrite::Failed, step.change.action, &step.address);
+                journal_hook::after_journal_write(
+                    JournalWrite::Failed,
+                    step.change.action,
+                    &step.address,
+                );
             }
         }
         self.outcome.failures.push((step.address.clone(), e));
@@ -357,7 +370,7 @@ impl<'r, 'a> Run<'r, 'a> {
         if let Err(e) = self.req.store.write(&mut self.state) {
             self.outcome.state_error = Some(e.to_string());
         } else {
-            chaos::after_journal_write(JournalWrite::Finalize, Action::NoOp, "");
+            journal_hook::after_journal_write(JournalWrite::Finalize, Action::NoOp, "");
         }
     }
 
@@ -395,7 +408,7 @@ impl<'r, 'a> Run<'r, 'a> {
                     let step = |a: &String| self.steps.iter().find(|s| &s.address == a);
                     for a in &reverted {
                         let action = step(a).map_or(Action::NoOp, |s| s.change.action);
-                        chaos::after_journal_write(JournalWrite::Revert, action, a);
+                        journal_hook::after_journal_write(JournalWrite::Revert, action, a);
                     }
                 }
             }

@@ -5,8 +5,8 @@
 /// What the work reports (it moved to `crate::events`; kept here for callers of the old path).
 pub use crate::events;
 
-pub mod chaos;
 mod execute;
+pub mod journal_hook;
 mod rollback;
 
 use std::collections::{BTreeSet, HashMap};
@@ -694,7 +694,7 @@ fn write_lineage_first(
         return true;
     }
     let Err(e) = req.store.write(state) else {
-        chaos::after_journal_write(chaos::JournalWrite::Lineage, Action::NoOp, "");
+        journal_hook::after_journal_write(journal_hook::JournalWrite::Lineage, Action::NoOp, "");
         return true;
     };
     outcome.ok = false;

@@ -89,8 +89,8 @@ pub(super) async fn rollback(
                     }
                 }
                 match req.store.write(state) {
-                    Ok(()) => super::chaos::after_journal_write(
-                        super::chaos::JournalWrite::Undo,
+                    Ok(()) => super::journal_hook::after_journal_write(
+                        super::journal_hook::JournalWrite::Undo,
                         undoable[k].1.change.action,
                         address,
                     ),

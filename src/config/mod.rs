@@ -28,7 +28,7 @@ use eval::{InputValue, Loader};
 
 /// How many times the definitions of a folder were evaluated in this process (tests: how many
 /// evaluations an operation makes), keyed by the folder so tests running at once do not mix.
-#[cfg(feature = "test-support")]
+/// One map update per evaluation: too little to keep out of the product.
 pub mod evaluations {
     use std::collections::HashMap;
     use std::path::{Path, PathBuf};
@@ -65,7 +65,6 @@ pub fn load_observed(
     vars: &VarInputs,
     observed: &Observed,
 ) -> Result<Config, Diagnostics> {
-    #[cfg(feature = "test-support")]
     evaluations::count(dir);
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.

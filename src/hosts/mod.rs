@@ -2,11 +2,6 @@
 //! Engine, reach one of its ports. `ssh` reaches nodes through jump hosts with one master
 //! connection each; `local` is this machine.
 
-// Nodes in memory for the tests, never in the product (Cargo.toml, feature `test-support`).
-#[cfg(feature = "test-support")]
-pub mod fake;
-#[cfg(feature = "test-support")]
-pub mod fake_docker;
 pub mod glance;
 pub mod image;
 pub mod ip_addr;

@@ -15,6 +15,13 @@ use super::ssh_config::{self, SshSettings, SshTarget};
 use super::{Host, HostError, RoundTrips};
 use crate::config::Config;
 
+/// Opens a node's host without connecting to it: how the tests hand the engine nodes in memory
+/// (the test kit's `FakeNodes`) through the same pool the product uses.
+pub trait OpenNode: Send + Sync + std::fmt::Debug {
+    /// The node's host, or why there is none.
+    fn open(&self, node: &str) -> Result<Arc<dyn Host>, HostError>;
+}
+
 #[derive(Debug, Clone)]
 pub struct HostOptions {
     /// `-accept-new-host-keys`: trust unknown host keys on first use (changed keys never).
@@ -25,9 +32,8 @@ pub struct HostOptions {
     /// The warm mode's idle bound (`--persist`, `hosts::warm`): masters kept for the next
     /// command. None: every connection ends with its command.
     pub persist: Option<Duration>,
-    /// Tests: "connect" to these fake nodes instead, counting each connection.
-    #[cfg(feature = "test-support")]
-    pub fake: Option<super::fake::FakeNodes>,
+    /// Open every node with this instead of connecting (the test kit's nodes in memory).
+    pub opener: Option<Arc<dyn OpenNode>>,
 }
 
 impl Default for HostOptions {
@@ -37,8 +43,7 @@ impl Default for HostOptions {
             connect_timeout: Duration::from_secs(10),
             use_user_config: true,
             persist: None,
-            #[cfg(feature = "test-support")]
-            fake: None,
+            opener: None,
         }
     }
 }
@@ -93,9 +98,8 @@ impl HostPool {
         opts: &HostOptions,
         ready: Option<Ready>,
     ) -> HostPool {
-        #[cfg(feature = "test-support")]
-        if let Some(fake) = &opts.fake {
-            return Self::connect_fake(fake, config, nodes, &ready);
+        if let Some(opener) = &opts.opener {
+            return Self::open_each(opener.as_ref(), config, nodes, &ready);
         }
         let mut hosts: BTreeMap<String, Arc<Pooled>> = BTreeMap::new();
         let mut errors = undeclared(config, nodes);
@@ -283,10 +287,9 @@ impl HostPool {
         self.dirs.extend(std::mem::take(&mut more.dirs));
     }
 
-    /// [`Self::connect_reporting`] on fake nodes (`HostOptions::fake`), each counted.
-    #[cfg(feature = "test-support")]
-    fn connect_fake(
-        fake: &super::fake::FakeNodes,
+    /// [`Self::connect_reporting`] through an [`OpenNode`] (`HostOptions::opener`).
+    fn open_each(
+        opener: &dyn OpenNode,
         config: &Config,
         nodes: &[String],
         ready: &Option<Ready>,
@@ -294,7 +297,7 @@ impl HostPool {
         let mut pool = HostPool::from_hosts(BTreeMap::new());
         pool.errors = undeclared(config, nodes);
         for node in nodes.iter().filter(|n| config.nodes.contains_key(*n)) {
-            match fake.open(node) {
+            match opener.open(node) {
                 Ok(host) => {
                     let host = Arc::new(Pooled::new(host));
                     report(ready, node, &host);

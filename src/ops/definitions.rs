@@ -218,8 +218,8 @@ mod tests {
 
     use super::*;
     use crate::config::{ModelObserved, NodeObserved};
-    use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
-    use crate::hosts::fake_docker::{FakeDocker, Fault};
+    use crate::fake::{Answer, FakeHost, FakeWorld};
+    use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::{Host, HostOptions};
 
     const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -440,9 +440,7 @@ output "path" {
             Answer::Exit(0, "hello from a\n".into(), String::new()),
         );
         let hosts = HostOptions {
-            fake: Some(crate::hosts::fake::FakeNodes::new(
-                crate::hosts::fake::hosts(vec![a]),
-            )),
+            opener: crate::fake::FakeNodes::new(crate::fake::hosts(vec![a])).opener(),
             ..HostOptions::default()
         };
         let first = load(&ws, &VarInputs::default()).unwrap();

@@ -106,8 +106,8 @@ pub async fn foreign_on(
 mod tests {
     use std::sync::Arc;
 
-    use crate::hosts::fake::{FakeHost, FakeWorld};
-    use crate::hosts::fake_docker::{FakeDocker, Fault};
+    use crate::fake::{FakeHost, FakeWorld};
+    use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::Host;
     use crate::kinds::machine::ReadMode;
     use crate::kinds::KindId;
@@ -154,7 +154,7 @@ mod tests {
         // The one command that lists the node's copies (none here).
         fake.on(
             &["sh", "-c", crate::kinds::model::machine::observe::SCRIPT],
-            crate::hosts::fake::Answer::Exit(0, String::new(), String::new()),
+            crate::fake::Answer::Exit(0, String::new(), String::new()),
         );
         let host: Arc<dyn Host> = Arc::new(fake);
         (docker, vec![("node.a".to_string(), host)])

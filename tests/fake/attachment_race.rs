@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::common;
 
 use sparkform::apply::{apply, ApplyRequest};
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::state::State;
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
 
 const DEFS: &str = r#"
 node "n1" {

@@ -1,5 +1,5 @@
 //! What a kill, a failed probe or a rollback leaves, on fake nodes and fake Docker Engines
-//! (`hosts::fake`, `hosts::fake_docker`): the journal keys untracked objects apart from the
+//! (`sparkform_testkit::fake`, `sparkform_testkit::fake_docker`): the journal keys untracked objects apart from the
 //! tracked resources at their addresses; dependents wait for the resource's own step; a run
 //! killed midway is run again; an address a kill left on a node is adopted and destroyed; a
 //! rollback says what it did not restore; a probe whose last run failed is not hidden behind
@@ -15,11 +15,11 @@ use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
 use sparkform::config::Config;
 use sparkform::events::Event;
 use sparkform::graph::Graph;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::plan::{self, Action, Observations, Plan, PlanOptions};
 use sparkform::state::{HashKey, State, StateStore};
+use sparkform_testkit::fake::{Answer, FakeHost, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 use tokio_util::sync::CancellationToken;
 
 /// A network on two nodes, a head after it, a worker after the head, a probe in the head after

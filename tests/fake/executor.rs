@@ -1,4 +1,4 @@
-//! The executor on fake nodes (`hosts::fake`): dependency order, the parallelism limit, a
+//! The executor on fake nodes (`sparkform_testkit::fake`): dependency order, the parallelism limit, a
 //! failure at every step of a 7-step apply (journal, next plan, rollback), a node that goes
 //! away, cancel during a step, a panicking step. No Docker, no ssh.
 
@@ -11,10 +11,10 @@ use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
 use sparkform::config::Config;
 use sparkform::events::Event;
 use sparkform::graph::Graph;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
 use sparkform::hosts::{HostOptions, HostPool};
 use sparkform::plan::{self, Action, Plan, PlanOptions};
 use sparkform::state::{State, StateStore};
+use sparkform_testkit::fake::{Answer, FakeHost, FakeWorld};
 use tokio_util::sync::CancellationToken;
 
 /// Two networks of two attachments each (4 steps, 2 fabric checks) and a probe after both
@@ -596,9 +596,9 @@ async fn rollback_puts_back_only_what_the_apply_took_off() {
     assert_eq!(eth1.mtu, 9000);
 }
 
-// ----- containers, on a fake Docker Engine (`hosts::fake_docker`) -----
+// ----- containers, on a fake Docker Engine (`sparkform_testkit::fake_docker`) -----
 
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 /// A network on two nodes (2 attachments, its fabric check), the containers' node parity
 /// check, a head container after the network, a worker after the head, and a probe in the
@@ -1015,7 +1015,7 @@ async fn record_from_log_keeps_what_the_log_said_at_ready_and_status_shows_it() 
     assert!(!state.resources["container.worker"]
         .attributes
         .contains_key("from_log"));
-    let fakes = sparkform::hosts::fake::FakeNodes::new(
+    let fakes = sparkform_testkit::fake::FakeNodes::new(
         [n1, n2]
             .into_iter()
             .map(|h| {
@@ -1025,7 +1025,7 @@ async fn record_from_log_keeps_what_the_log_said_at_ready_and_status_shows_it() 
             .collect(),
     );
     let hosts = HostOptions {
-        fake: Some(fakes),
+        opener: fakes.opener(),
         ..HostOptions::default()
     };
     let status = sparkform::ops::status::status(&bed.config, &state, &hosts).await;

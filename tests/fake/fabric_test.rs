@@ -9,11 +9,11 @@ use std::sync::Arc;
 use crate::common;
 
 use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::plan::Action;
 use sparkform::state::State;
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 const DEFS: &str = r#"
 node "a" {

@@ -11,13 +11,13 @@ use serde_json::json;
 use sparkform::apply::{apply, ApplyRequest};
 use sparkform::config::Config;
 use sparkform::graph::Graph;
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
-use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::kinds::machine::machine;
 use sparkform::kinds::KindId;
 use sparkform::plan::{self, render, Action, Import, Plan, PlanOptions};
 use sparkform::state::{HashKey, State, StateStore};
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
+use sparkform_testkit::fake_docker::FakeDocker;
 use tokio_util::sync::CancellationToken;
 
 const HEAD: &str = r#"

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
 use sparkform::events::Event;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::plan::{self, PlanOptions};
 use sparkform::state::StateStore;
+use sparkform_testkit::fake::{Answer, FakeHost, FakeWorld};
 use tokio_util::sync::CancellationToken;
 
 /// Two networks of one attachment each on two nodes (4 attachments, 2 fabric checks), then a

@@ -6,14 +6,14 @@
 use std::sync::Arc;
 
 use sparkform::config::VarInputs;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
 use sparkform::ops::ReadMode;
 use sparkform::plan::{Action, Plan, PlanOptions};
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
+use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 const DEFS: &str = r#"
 node "n1" {
@@ -88,7 +88,7 @@ impl Bed {
 
     fn hosts(&self) -> HostOptions {
         HostOptions {
-            fake: Some(self.fakes.clone()),
+            opener: self.fakes.opener(),
             ..HostOptions::default()
         }
     }

@@ -161,6 +161,10 @@ fn layer_edges() -> BTreeMap<String, BTreeSet<(String, String)>> {
                 .into_iter()
                 .map(|s| if s.starts_with('$') { "_".into() } else { s })
                 .collect();
+            // The test kit's nodes, which the unit tests alone compile in (src/lib.rs): no layer.
+            if matches!(r.first().map(String::as_str), Some("fake" | "fake_docker")) {
+                continue;
+            }
             if let Some(to) = layer_of(&r) {
                 if to != from {
                     let rel = f.strip_prefix(&src).unwrap().display().to_string();
@@ -560,79 +564,101 @@ fn only_the_kinds_read_what_a_resource_is_off_its_address() {
 }
 
 /// What only the tests may have: the fake nodes, their in-memory Docker Engine and the chaos
-/// kill hook, by names that exist only in their code.
+/// kill trigger, by names that exist only in the test kit's code (`testkit/`).
 const TEST_SUPPORT_ITEMS: &[&str] = &["FakeHost", "FakeWorld", "FakeDocker", "KillTrigger"];
 
-/// The features `cargo check --lib` (with `extra` arguments) compiles the library with, and its
-/// compiled metadata (every item's name, private ones included). With no `extra` it is the
-/// product's: it takes no dev-dependency and so resolves features as `cargo build --release`.
-fn checked_library(extra: &[&str]) -> (Vec<String>, Vec<u8>) {
+/// The packages sparkform depends on, transitively, as `cargo tree` resolves them for this
+/// machine: through normal and build edges only (what `cargo build --release` and
+/// `cargo install` compile), or through its dev edges too (what its tests compile).
+fn dependencies(with_dev: bool) -> std::collections::BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string());
+    let edges = if with_dev {
+        "normal,build,dev"
+    } else {
+        "normal,build"
+    };
     let out = std::process::Command::new(cargo)
-        .args([
-            "check",
-            "--lib",
-            "--locked",
-            "--offline",
-            "--message-format=json",
-        ])
-        .args(extra)
+        .args(["tree", "-p", "sparkform", "-e", edges])
+        .args(["--prefix=none", "--format={p}", "--locked", "--offline"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "cargo check --lib {extra:?} failed:\n{}",
+        "cargo tree failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lib = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "sparkform")
-        .expect("cargo check reports the sparkform library");
-    let features = lib["features"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap().to_string())
-        .collect();
-    let rmeta = lib["filenames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .find(|f| f.ends_with(".rmeta"))
-        .expect("a .rmeta file");
-    (features, std::fs::read(rmeta).unwrap())
-}
-
-fn names_in(metadata: &[u8]) -> Vec<&'static str> {
-    TEST_SUPPORT_ITEMS
-        .iter()
-        .copied()
-        .filter(|n| metadata.windows(n.len()).any(|w| w == n.as_bytes()))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
         .collect()
 }
 
-/// The product (`cargo build --release`, `cargo install`) has no fake and no chaos hook: the
-/// feature `test-support` that compiles them is on only where dev-dependencies are, and the
-/// modules compile only under it.
+/// Which of [`TEST_SUPPORT_ITEMS`] occur in `bytes` (a binary's symbols and strings).
+fn names_in(bytes: &[u8]) -> Vec<&'static str> {
+    TEST_SUPPORT_ITEMS
+        .iter()
+        .copied()
+        .filter(|n| {
+            regex::bytes::Regex::new(&regex::escape(n))
+                .unwrap()
+                .is_match(bytes)
+        })
+        .collect()
+}
+
+/// The `#[path]`s of `text` that name the test kit's source and stand in no `#[cfg(test)]`
+/// group of attributes.
+fn kit_sources_outside_tests(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    (0..lines.len())
+        .filter(|&i| lines[i].contains("#[path") && lines[i].contains("testkit/"))
+        .filter(|&i| {
+            !lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| l.trim_start().starts_with("#["))
+                .any(|l| l.trim() == "#[cfg(test)]")
+        })
+        .map(|i| lines[i].trim().to_string())
+        .collect()
+}
+
+/// The product (`cargo build --release`, `cargo install`, and the binary `cargo test` builds)
+/// has no fake and no chaos hook: they live in the test kit, a crate no build of the binary
+/// depends on, so none of their code can be linked in. A look at the dependency graph, and at
+/// the binary the tests run.
 #[test]
 fn the_product_has_no_fake_and_no_chaos_hook() {
-    let (features, metadata) = checked_library(&[]);
+    let product = dependencies(false);
     assert!(
-        !features.iter().any(|f| f == "test-support"),
-        "the product's build turns on test-support: {features:?}"
+        product.contains("tokio") && !product.contains("sparkform-testkit"),
+        "the product's build depends on the test kit: {product:?}"
     );
-    let shipped = names_in(&metadata);
+    let bin = std::fs::read(env!("CARGO_BIN_EXE_sparkform")).unwrap();
+    let shipped = names_in(&bin);
     assert!(
         shipped.is_empty(),
-        "the product's library compiles {shipped:?}; gate them with #[cfg(feature = \"test-support\")]"
+        "the sparkform binary holds {shipped:?}: only the test kit (testkit/) may define them"
     );
-    // The guard itself: it finds every one of them in a build that has them.
-    let (features, metadata) = checked_library(&["--features", "test-support"]);
-    assert_eq!(features, ["test-support"]);
-    assert_eq!(names_in(&metadata), TEST_SUPPORT_ITEMS);
+    // The library's unit tests compile the kit's source in (src/lib.rs): only under cfg(test).
+    let lib =
+        std::fs::read_to_string(format!("{}/src/lib.rs", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let included = kit_sources_outside_tests(&lib);
+    assert!(
+        included.is_empty(),
+        "src/lib.rs compiles the test kit's source outside #[cfg(test)]: {included:?}"
+    );
+    assert_eq!(
+        kit_sources_outside_tests("#[path = \"../testkit/src/fake.rs\"]\nmod fake;\n").len(),
+        1
+    );
+    // The guard itself: it finds the kit where it is, in the tests' graph and in this test's
+    // own binary, which links it.
+    assert!(dependencies(true).contains("sparkform-testkit"));
+    let this = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    assert_eq!(names_in(&this), TEST_SUPPORT_ITEMS);
 }
 
 /// Sizes (issue 21): a file of `src/` over this many lines is split by what its parts do.

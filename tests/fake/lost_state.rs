@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
-use sparkform::hosts::fake::{FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::ReadMode;
 use sparkform::plan::{render, Plan, PlanOptions};
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
+use sparkform_testkit::fake::{FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::FakeDocker;
 
 const DEFS: &str = r#"
 node "n1" {
@@ -70,7 +70,7 @@ impl Bed {
 
     fn hosts(&self) -> HostOptions {
         HostOptions {
-            fake: Some(self.fakes.clone()),
+            opener: self.fakes.opener(),
             ..HostOptions::default()
         }
     }

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
 use sparkform::config::Config;
 use sparkform::graph::Graph;
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{HostOptions, HostPool};
 use sparkform::plan::{self, PlanOptions};
 use sparkform::state::{State, StateStore};
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 use tokio_util::sync::CancellationToken;
 
 /// One container that Docker restarts whenever it exits, with a ready timeout far longer

@@ -2,7 +2,7 @@
 //! binary with the whole library: one per area, not one per file): the pure layers
 //! (configuration, plan, render, diagnostics, the layering and the language reference), the
 //! executor, refresh, import and the operations on fake nodes and fake Docker Engines
-//! (`hosts::fake`, `hosts::fake_docker`), and the testbed's stand-ins and the transfer program on
+//! (`sparkform_testkit::fake`, `sparkform_testkit::fake_docker`), and the testbed's stand-ins and the transfer program on
 //! loopback. A file here is a module; its snapshots are `snapshots/fake__<module>__<name>.snap`.
 //! A few tests here need the testbed too: they are `#[ignore]`d as those of `tests/on_testbed`
 //! and take their file's turn on it in `common::testbed::testbed()`.

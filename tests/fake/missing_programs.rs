@@ -8,8 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sparkform::config::VarInputs;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::ops::nodes::{disagreements, explanations, gather, Facts, NodeFacts};
 use sparkform::ops::prepare::{prepare, PrepareRequest};
@@ -17,6 +15,8 @@ use sparkform::ops::{OpError, ReadMode};
 use sparkform::plan::PlanOptions;
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
+use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::FakeDocker;
 
 use crate::common;
 
@@ -97,7 +97,7 @@ fn options(host: FakeHost) -> HostOptions {
     let hosts: BTreeMap<String, Arc<dyn Host>> =
         [("node.h200".to_string(), Arc::new(host) as Arc<dyn Host>)].into();
     HostOptions {
-        fake: Some(FakeNodes::new(hosts)),
+        opener: FakeNodes::new(hosts).opener(),
         ..HostOptions::default()
     }
 }

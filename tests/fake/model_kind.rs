@@ -523,9 +523,9 @@ fn tar_files(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
 #[tokio::test]
 async fn each_transfer_has_a_random_token_given_as_input_never_as_an_argument() {
     use sparkform::apply::{apply, ApplyRequest};
-    use sparkform::hosts::fake::{FakeHost, FakeWorld};
-    use sparkform::hosts::fake_docker::{FakeDocker, Fault};
     use sparkform::hosts::{Host, HostOptions, HostPool};
+    use sparkform_testkit::fake::{FakeHost, FakeWorld};
+    use sparkform_testkit::fake_docker::{FakeDocker, Fault};
     use std::sync::Arc;
 
     let text = base(&MODEL.replace("[node.a, node.b]", "[node.a, node.b, node.c]"))

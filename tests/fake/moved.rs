@@ -12,11 +12,11 @@ use std::sync::Arc;
 use sparkform::apply::{apply, ApplyRequest};
 use sparkform::config::{Config, VarInputs};
 use sparkform::graph::Graph;
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
-use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::plan::{self, render, Action, Plan, PlanOptions};
 use sparkform::state::{HashKey, State, StateStore};
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
+use sparkform_testkit::fake_docker::FakeDocker;
 use tokio_util::sync::CancellationToken;
 
 /// A module with one container that has no `name`: its Docker name is derived from its

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use sparkform::hosts::fake::{FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::inspect::nccl::{probe_container_name, LABEL_PROBE};
 use sparkform::ops::nodes::{differences, gather, Facts, NodeFacts};
+use sparkform_testkit::fake::{FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 use crate::common;
 
@@ -80,13 +80,14 @@ async fn nodes_with(versions: [&str; 2]) -> (Vec<Arc<FakeDocker>>, Vec<(String, 
     let (a, host_a) = node("node.a", versions[0], &world);
     let (b, host_b) = node("node.b", versions[1], &world);
     let opts = HostOptions {
-        fake: Some(FakeNodes::new(
+        opener: FakeNodes::new(
             [
                 ("node.a".to_string(), host_a),
                 ("node.b".to_string(), host_b),
             ]
             .into(),
-        )),
+        )
+        .opener(),
         ..HostOptions::default()
     };
     let facts = gather(&config, &opts)

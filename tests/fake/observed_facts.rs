@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use sparkform::config::{self, Config, NodeObserved, Observed, VarInputs};
 use sparkform::diag::Diag;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::FakeDocker;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::ops::node_facts::nodes_needing_facts;
 use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::ReadMode;
 use sparkform::plan::PlanOptions;
 use sparkform::state::{HashKey, State};
+use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::FakeDocker;
 
 /// A DGX Spark as the node shows it: 119.6 GiB in `MemTotal`, one GB10 with no memory of its own.
 fn spark() -> NodeObserved {
@@ -388,7 +388,7 @@ async fn plan_after_refresh(
         );
     }
     let hosts = HostOptions {
-        fake: refreshed.clone(),
+        opener: refreshed.as_ref().and_then(FakeNodes::opener),
         ..HostOptions::default()
     };
     let refresh = ReadMode::refresh(refreshed.is_some());
@@ -400,7 +400,7 @@ async fn plan_after_refresh(
 /// for their facts.
 async fn first_plan(config: &Config, _graph: &sparkform::graph::Graph, pool: FakeNodes) -> Planned {
     let hosts = HostOptions {
-        fake: Some(pool),
+        opener: pool.opener(),
         ..HostOptions::default()
     };
     let events = tokio::sync::mpsc::unbounded_channel().0;
@@ -603,7 +603,7 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
     let resolving = Arc::new(FakeDocker::start().unwrap());
     resolving.fault(
         "sparkform-model.qwen-spark1-resolve",
-        sparkform::hosts::fake_docker::Fault::ExitsAfterStart(
+        sparkform_testkit::fake_docker::Fault::ExitsAfterStart(
             0,
             vec![serde_json::json!({
                 "event": "result", "mode": "resolve", "commit": "a".repeat(40),

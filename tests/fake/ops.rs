@@ -211,7 +211,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
 /// command carries `Bearer ${var.api_key}` and whose answer echoes the bare key.
 #[tokio::test]
 async fn verify_reports_a_probe_scrubbed_of_the_sensitive_values_it_carries() {
-    use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+    use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
     use std::sync::Arc;
     const KEY: &str = "sk-verify-0123456789abcdef";
     let dir = common::write_config(&[(
@@ -251,7 +251,7 @@ probe "p" {{
         .collect(),
     );
     let hosts = HostOptions {
-        fake: Some(fakes),
+        opener: fakes.opener(),
         ..HostOptions::default()
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

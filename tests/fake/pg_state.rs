@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sparkform::apply::{apply, ApplyRequest};
-use sparkform::hosts::fake::{FakeHost, FakeWorld};
 use sparkform::hosts::{HostOptions, HostPool};
 use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
 use sparkform::ops::ReadMode;
@@ -21,6 +20,7 @@ use sparkform::plan::PlanOptions;
 use sparkform::state::{
     HashKey, LockStatus, PgTarget, ResourceState, State, StateError, StateKey, StateStore,
 };
+use sparkform_testkit::fake::{FakeHost, FakeWorld};
 use tokio_util::sync::CancellationToken;
 
 fn target(workspace: &str) -> PgTarget {
@@ -468,6 +468,8 @@ fn pg_apply_child() {
     ) else {
         return;
     };
+    // The kill at the journal write SPARKFORM_CHAOS_KILL_AFTER names (the harness's observer).
+    sparkform_testkit::chaos::install();
     let dir = std::path::PathBuf::from(dir);
     let (config, graph) = common::load(&dir);
     let store = pg_store_conn(&conn, &dir, "default");
@@ -609,10 +611,10 @@ container "c" {
 async fn apply_on(
     dir: &Path,
     store: StateStore,
-    fakes: &sparkform::hosts::fake::FakeNodes,
+    fakes: &sparkform_testkit::fake::FakeNodes,
 ) -> sparkform::apply::ApplyOutcome {
     let hosts = HostOptions {
-        fake: Some(fakes.clone()),
+        opener: fakes.opener(),
         ..HostOptions::default()
     };
     let (events, _rx) = tokio::sync::mpsc::unbounded_channel();
@@ -651,7 +653,7 @@ async fn apply_on(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL binaries (apt install postgresql)"]
 async fn pg_stopped_mid_apply_stops_the_apply_loses_nothing_and_the_next_apply_converges() {
-    use sparkform::hosts::fake_docker::{FakeDocker, Fault};
+    use sparkform_testkit::fake_docker::{FakeDocker, Fault};
     let pg = Pg::start();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("main.hcl"), CHAIN).unwrap();
@@ -659,7 +661,7 @@ async fn pg_stopped_mid_apply_stops_the_apply_loses_nothing_and_the_next_apply_c
     // b is not ready until the test says so: PostgreSQL stops while it waits.
     engine.fault("b", Fault::ExecExits("check".into(), 1, "not yet".into()));
     let host = FakeHost::new("node.n1", &FakeWorld::new()).docker_engine(engine.clone());
-    let fakes = sparkform::hosts::fake::FakeNodes::new(
+    let fakes = sparkform_testkit::fake::FakeNodes::new(
         [(
             "node.n1".to_string(),
             Arc::new(host) as Arc<dyn sparkform::hosts::Host>,

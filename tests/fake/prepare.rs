@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
-use sparkform::hosts::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::ReadMode;
 use sparkform::plan::PlanOptions;
 use sparkform::state::{State, StateStore};
 use sparkform::workspace::Workspace;
+use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 const COMMIT: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -235,7 +235,7 @@ impl Bed {
 
     fn hosts(&self) -> HostOptions {
         HostOptions {
-            fake: Some(self.fakes.clone()),
+            opener: self.fakes.opener(),
             ..HostOptions::default()
         }
     }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
-use sparkform::hosts::fake::{Answer, FakeHost, FakeWorld};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::state::State;
+use sparkform_testkit::fake::{Answer, FakeHost, FakeWorld};
 
 const DEFS: &str = r#"
 node "n1" {

@@ -12,11 +12,11 @@ use crate::common;
 
 use sparkform::apply::{apply, ApplyOutcome, ApplyRequest};
 use sparkform::events::Event;
-use sparkform::hosts::fake::{FakeHost, FakeNodes, FakeWorld};
-use sparkform::hosts::fake_docker::{FakeDocker, Fault};
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::kinds::machine::StepError;
 use sparkform::state::{State, StateStore};
+use sparkform_testkit::fake::{FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 /// The probe's own timeout: what an apply waits for a loading engine, and what `verify` retried
 /// for before it had a bound of its own.
@@ -69,7 +69,7 @@ impl Deployment {
 
     fn options(&self) -> HostOptions {
         HostOptions {
-            fake: Some(FakeNodes::new(self.hosts.iter().cloned().collect())),
+            opener: FakeNodes::new(self.hosts.iter().cloned().collect()).opener(),
             ..HostOptions::default()
         }
     }

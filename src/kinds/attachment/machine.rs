@@ -936,7 +936,7 @@ mod tests {
     /// unreachable nor that its user needs root.
     #[tokio::test]
     async fn a_node_without_ip_is_said_so_with_its_package() {
-        use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
+        use crate::fake::{Answer, FakeHost, FakeWorld};
         let host = FakeHost::new("node.h200", &FakeWorld::new());
         host.on(
             &["ip"],
@@ -986,7 +986,7 @@ mod tests {
     /// for a fabric that drops full-size frames.
     #[tokio::test]
     async fn the_fabric_check_names_a_missing_ping() {
-        use crate::hosts::fake::{Answer, FakeHost, FakeWorld};
+        use crate::fake::{Answer, FakeHost, FakeWorld};
         let world = FakeWorld::new();
         let a = FakeHost::new("node.a", &world);
         a.on(

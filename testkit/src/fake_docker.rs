@@ -875,8 +875,8 @@ mod tests {
     #[tokio::test]
     async fn it_serves_while_it_lives_and_leaves_nothing() {
         let d = FakeDocker::start().unwrap();
-        let trips = crate::hosts::Counter::default();
-        let docker = crate::hosts::docker_on_socket("node.a", d.socket(), &trips)
+        let trips = sparkform::hosts::Counter::default();
+        let docker = sparkform::hosts::docker_on_socket("node.a", d.socket(), &trips)
             .await
             .unwrap();
         assert_eq!(docker.ping().await.unwrap(), "OK");

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::fake_docker::FakeDocker;
-use super::ip_addr::Interface;
-use super::{Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
+use sparkform::hosts::ip_addr::Interface;
+use sparkform::hosts::pool::OpenNode;
+use sparkform::hosts::{glance, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
+
+use crate::fake_docker::FakeDocker;
 
 /// What a scripted command answers.
 #[derive(Debug, Clone)]
@@ -191,18 +193,18 @@ impl FakeHost {
         let words: Vec<&str> = std::iter::once(cmd.program.as_str())
             .chain(cmd.args.iter().map(String::as_str))
             .collect();
-        if words == ["sh", "-c", super::glance::script()] {
+        if words == ["sh", "-c", glance::script()] {
             return Ok(glance(&mut st));
         }
         Ok(answer_to(&mut st, &words))
     }
 }
 
-/// The glance ([`super::glance`]): each section answered as its command alone would be; the
+/// The glance ([`glance`]): each section answered as its command alone would be; the
 /// first fault among them is the glance's.
 fn glance(st: &mut NodeState) -> Answer {
     let mut parts = Vec::new();
-    for (name, cmd) in super::glance::sections() {
+    for (name, cmd) in glance::sections() {
         match answer_to(st, &cmd) {
             Answer::Exit(code, stdout, stderr) => parts.push((name, code, stdout, stderr)),
             fault => return fault,
@@ -212,7 +214,7 @@ fn glance(st: &mut NodeState) -> Answer {
         .iter()
         .map(|(n, c, o, e)| (*n, *c, o.as_str(), e.as_str()))
         .collect();
-    Answer::Exit(0, super::glance::render(&parts), String::new())
+    Answer::Exit(0, glance::render(&parts), String::new())
 }
 
 /// What the node answers `words`: the latest rule that matches, else `ip` and `ping` in memory.
@@ -357,7 +359,8 @@ impl Host for FakeHost {
             if let Some(d) = client.as_ref() {
                 return Ok(d.clone());
             }
-            let d = super::docker_on_socket(&self.node, engine.socket(), &self.trips).await?;
+            let d = sparkform::hosts::docker_on_socket(&self.node, engine.socket(), &self.trips)
+                .await?;
             *client = Some(d.clone());
             return Ok(d);
         }
@@ -384,7 +387,7 @@ impl Host for FakeHost {
     }
 }
 
-/// Fake nodes by address, to hand to [`super::HostPool::from_hosts`].
+/// Fake nodes by address, to hand to [`sparkform::hosts::HostPool::from_hosts`].
 pub fn hosts(nodes: Vec<FakeHost>) -> BTreeMap<String, Arc<dyn Host>> {
     nodes
         .into_iter()
@@ -392,7 +395,8 @@ pub fn hosts(nodes: Vec<FakeHost>) -> BTreeMap<String, Arc<dyn Host>> {
         .collect()
 }
 
-/// What [`super::HostPool::connect`] opens when [`super::HostOptions::fake`] is set: the
+/// What [`sparkform::hosts::HostPool::connect`] opens when it is the
+/// [`sparkform::hosts::HostOptions::opener`]: the
 /// node's fake host instead of an ssh master, each opening counted (how many connections an
 /// operation makes: one per node).
 #[derive(Clone, Default)]
@@ -435,6 +439,11 @@ impl FakeNodes {
             })
     }
 
+    /// These nodes as the [`sparkform::hosts::HostOptions::opener`].
+    pub fn opener(&self) -> Option<Arc<dyn OpenNode>> {
+        Some(Arc::new(self.clone()))
+    }
+
     /// The nodes it has, by address.
     pub fn nodes(&self) -> Vec<String> {
         self.hosts.keys().cloned().collect()
@@ -449,10 +458,16 @@ impl FakeNodes {
     }
 }
 
+impl OpenNode for FakeNodes {
+    fn open(&self, node: &str) -> Result<Arc<dyn Host>, HostError> {
+        FakeNodes::open(self, node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::ip_addr::parse_ip_addr;
+    use sparkform::hosts::ip_addr::parse_ip_addr;
 
     #[tokio::test]
     async fn ip_changes_what_ip_shows_and_faults_come_as_asked() {
