@@ -3,6 +3,7 @@
 //! for, and the run is finalized or rolled back.
 
 use super::*;
+use crate::state::generations;
 use journal_hook::JournalWrite;
 
 type Running =
@@ -367,11 +368,52 @@ impl<'r, 'a> Run<'r, 'a> {
             }
         }
         crate::plan::record_outputs(self.req.plan, &mut self.state);
+        self.record_generation();
         if let Err(e) = self.req.store.write(&mut self.state) {
             self.outcome.state_error = Some(e.to_string());
         } else {
             journal_hook::after_journal_write(JournalWrite::Finalize, Action::NoOp, "");
         }
+    }
+
+    /// Every step done and every probe passed: what runs now is a known-good generation, when
+    /// the apply changed or ran anything.
+    fn record_generation(&mut self) {
+        let applied: Vec<String> = self
+            .completed
+            .iter()
+            .filter(|(_, step, _)| {
+                matches!(step.kind, StepKind::Resource(_)) && step.change.action != Action::NoOp
+            })
+            .map(|(_, step, _)| step.address.clone())
+            .collect();
+        if applied.is_empty() {
+            return;
+        }
+        generations::record(
+            &mut self.state,
+            generations::Applied {
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                by: generations::who(),
+                definitions: generations::definitions_digest(&self.req.config.dir),
+                applied,
+                shapes: self
+                    .req
+                    .config
+                    .resources
+                    .iter()
+                    .map(|r| {
+                        let shape = generations::Shape {
+                            sensitive: r.sensitive.clone(),
+                            ephemeral: r.ephemeral.clone(),
+                            replace_triggered_by: r.replace_triggered_by.iter().cloned().collect(),
+                            group: r.group.clone(),
+                        };
+                        (r.address.clone(), shape)
+                    })
+                    .collect(),
+            },
+        );
     }
 
     pub(super) async fn roll_back(&mut self, jobs: &Jobs<'_>) {

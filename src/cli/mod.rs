@@ -24,6 +24,7 @@ mod destroy;
 mod fmt;
 mod force_unlock;
 mod graph;
+mod history;
 mod import;
 mod lock;
 mod logs;
@@ -31,6 +32,7 @@ mod nodes;
 mod out;
 mod output;
 mod plan;
+mod rollback;
 mod show;
 mod state;
 mod status;
@@ -89,6 +91,8 @@ pub enum Command {
     Connections(connections::ConnectionsArgs),
     Show(show::ShowArgs),
     Output(output::OutputArgs),
+    History(history::HistoryArgs),
+    Rollback(rollback::RollbackArgs),
     Fmt(fmt::FmtArgs),
     #[command(subcommand)]
     State(state::StateCommand),
@@ -437,6 +441,8 @@ pub fn main() -> ExitCode {
         Command::Connections(a) => connections::run(a),
         Command::Show(a) => show::run(a),
         Command::Output(a) => output::run(a),
+        Command::History(a) => history::run(a),
+        Command::Rollback(a) => rollback::run(a),
         Command::Fmt(a) => fmt::run(a),
         Command::State(c) => state::run(c),
         Command::ForceUnlock(a) => force_unlock::run(a),

@@ -42,12 +42,17 @@ pub enum Source<'a> {
         /// folders), which a destroy otherwise keeps for a later apply.
         purge_caches: bool,
     },
+    /// A known-good generation the state recorded (`sparkform rollback`): `number`, or the
+    /// newest before the one running now. The definitions say how to reach the nodes and give
+    /// the sensitive and ephemeral values; nothing is read at plan time.
+    Generation { number: Option<u64> },
 }
 
 impl Source<'_> {
     pub fn operation(&self) -> &'static str {
         match self {
             Source::Destroy { .. } => "destroy",
+            Source::Generation { .. } => "rollback",
             _ => "apply",
         }
     }
@@ -75,9 +80,11 @@ pub struct LockedPlan {
     state: State,
     pool: Option<HostPool>,
     _lock: StateLock,
-    /// `sparkform.lock.hcl` before and after (none for destroy): written once the apply
-    /// succeeded.
+    /// `sparkform.lock.hcl` before and after (none for destroy and rollback): written once the
+    /// apply succeeded.
     pub lock_file: Option<LockUpdate>,
+    /// A rollback's: the generation it puts back, and that generation's definitions digest.
+    rollback_to: Option<(u64, String)>,
 }
 
 /// Lock, load the state, plan. A lock left by a process that is gone is taken over and said
@@ -98,7 +105,12 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
     let recorded = req.store.load()?;
     let lock_before = req.evaluated.lock().cloned();
     let upgrade = req.evaluated.upgrade();
-    let is_destroy = matches!(req.source, Source::Destroy { .. });
+    // A destroy and a rollback leave the lock file to the definitions.
+    let keeps_lock_file = matches!(
+        req.source,
+        Source::Destroy { .. } | Source::Generation { .. }
+    );
+    let mut rollback_to = None;
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
@@ -133,6 +145,12 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
                 prepared.pool,
             )
         }
+        Source::Generation { number } => {
+            let planned = super::rollback::plan(req.evaluated, &state, number, key.as_ref())?;
+            rollback_to = Some((planned.number, planned.definitions));
+            let (config, graph) = planned.config;
+            ((config, graph), planned.plan, planned.warnings, None)
+        }
         Source::Destroy {
             targets,
             exclude,
@@ -165,7 +183,7 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
         }
     };
     let (config, graph) = defs;
-    let lock_file = (!is_destroy).then(|| {
+    let lock_file = (!keeps_lock_file).then(|| {
         LockUpdate::new(
             &config,
             lock_before.as_ref(),
@@ -200,6 +218,7 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
         pool,
         _lock: lock,
         lock_file,
+        rollback_to,
     })
 }
 
@@ -332,6 +351,8 @@ impl LockedPlan {
     ) -> ApplyOutcome {
         let lock_file = self.lock_file.clone();
         let config = self.config.clone();
+        let store = self.store.clone();
+        let before = self.state.generations.last().map(|g| g.number);
         let mut outcome = crate::apply::apply(ApplyRequest {
             config: &self.config,
             graph: &self.graph,
@@ -346,6 +367,9 @@ impl LockedPlan {
             cancel,
         })
         .await;
+        if let (Some((number, definitions)), true) = (self.rollback_to, outcome.ok) {
+            mark_rollback(&store, &mut outcome, before, number, definitions);
+        }
         if let (Some(update), true) = (&lock_file, outcome.ok) {
             match write_lock_file(&update.applied(&config, &outcome.state)) {
                 Ok(notes) => outcome.notes.extend(notes),
@@ -354,6 +378,30 @@ impl LockedPlan {
             }
         }
         outcome
+    }
+}
+
+/// The generation a rollback's apply recorded says which one it put back, and carries that
+/// one's definitions digest (what runs is what those definitions made).
+fn mark_rollback(
+    store: &StateStore,
+    outcome: &mut ApplyOutcome,
+    before: Option<u64>,
+    number: u64,
+    definitions: String,
+) {
+    let Some(g) = outcome.state.generations.last_mut() else {
+        return;
+    };
+    if Some(g.number) == before {
+        return; // nothing ran, so nothing was recorded
+    }
+    g.rollback_to = Some(number);
+    g.definitions = definitions;
+    if let Err(e) = store.write(&mut outcome.state) {
+        outcome.warnings.push(format!(
+            "the state could not record the rollback's generation: {e}"
+        ));
     }
 }
 

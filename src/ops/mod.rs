@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod connections;
 pub mod definitions;
+pub mod history;
 pub mod import;
 pub mod lock;
 pub mod lock_file;
@@ -14,6 +15,7 @@ pub mod nodes;
 pub mod plan;
 pub mod prepare;
 pub mod refresh;
+pub mod rollback;
 pub mod state;
 pub mod status;
 pub mod tunnel;

@@ -147,7 +147,7 @@ async fn phases(
     };
     let empty = State::new();
     let state = recorded.unwrap_or(&empty);
-    let plan = super::plan::plan_on(
+    let mut plan = super::plan::plan_on(
         &defs.config,
         &defs.graph,
         state,
@@ -159,6 +159,8 @@ async fn phases(
         hosts,
     )
     .await?;
+    plan.notes
+        .extend(super::rollback::rolled_back_note(state, &defs.config.dir));
     Ok((defs, plan, warnings, facts, images))
 }
 

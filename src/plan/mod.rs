@@ -354,7 +354,7 @@ fn legacy_in(v: &serde_json::Value) -> bool {
     }
 }
 
-fn pointer_mut<'a>(
+pub(crate) fn pointer_mut<'a>(
     v: &'a mut serde_json::Value,
     path: &[String],
 ) -> Option<&'a mut serde_json::Value> {

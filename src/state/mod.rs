@@ -4,6 +4,7 @@
 
 mod backend;
 pub mod crypt;
+pub mod generations;
 mod hash_key;
 mod lock;
 mod pg;
@@ -56,6 +57,10 @@ pub struct State {
     /// record left behind (which a plan would destroy).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forgotten: Vec<Forgotten>,
+    /// The known-good generations, the newest last (at most
+    /// [`generations::GENERATIONS_KEPT`]): what each apply that passed left running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generations: Vec<generations::Generation>,
 }
 
 /// A resource the state stopped managing without destroying it: its address and node.
@@ -170,6 +175,7 @@ impl State {
             outputs: BTreeMap::new(),
             restarts: Vec::new(),
             forgotten: Vec::new(),
+            generations: Vec::new(),
         }
     }
 }

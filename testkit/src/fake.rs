@@ -387,6 +387,22 @@ impl Host for FakeHost {
     }
 }
 
+/// A node by address, as a pool or [`FakeNodes`] takes it.
+pub type Node = (String, Arc<dyn Host>);
+
+/// A node of `world` named `name` with an `eth1` at MTU 1500 and a Docker Engine in memory of
+/// its own: the node as a pool or [`FakeNodes`] takes it, and its engine.
+pub fn node_with_engine(
+    name: &str,
+    world: &Arc<FakeWorld>,
+) -> std::io::Result<(Node, Arc<FakeDocker>)> {
+    let engine = Arc::new(FakeDocker::start()?);
+    let host = FakeHost::new(name, world)
+        .interface("eth1", 1500, &[])
+        .docker_engine(engine.clone());
+    Ok(((name.to_string(), Arc::new(host)), engine))
+}
+
 /// Fake nodes by address, to hand to [`sparkform::hosts::HostPool::from_hosts`].
 pub fn hosts(nodes: Vec<FakeHost>) -> BTreeMap<String, Arc<dyn Host>> {
     nodes

@@ -19,6 +19,7 @@ mod executor;
 mod fabric_derived;
 mod fabric_test;
 mod fuzz;
+mod generations;
 mod import;
 mod interrupt;
 mod jit_cache;

@@ -15,7 +15,7 @@ use sparkform::events::Event;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::kinds::machine::StepError;
 use sparkform::state::{State, StateStore};
-use sparkform_testkit::fake::{FakeHost, FakeNodes, FakeWorld};
+use sparkform_testkit::fake::{node_with_engine, FakeNodes, FakeWorld};
 use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 /// The probe's own timeout: what an apply waits for a loading engine, and what `verify` retried
@@ -40,15 +40,9 @@ impl Deployment {
         let dir = common::write_config(&[("main.hcl", &hcl)]);
         let (config, graph) = common::load(dir.path());
         let world = FakeWorld::new();
-        let head = Arc::new(FakeDocker::start().unwrap());
-        let worker = Arc::new(FakeDocker::start().unwrap());
-        let node = |name: &str, d: &Arc<FakeDocker>| -> (String, Arc<dyn Host>) {
-            let h = FakeHost::new(name, &world)
-                .interface("eth1", 1500, &[])
-                .docker_engine(d.clone());
-            (name.to_string(), Arc::new(h))
-        };
-        let hosts = vec![node("node.n1", &head), node("node.n2", &worker)];
+        let (n1, head) = node_with_engine("node.n1", &world).unwrap();
+        let (n2, worker) = node_with_engine("node.n2", &world).unwrap();
+        let hosts = vec![n1, n2];
         Deployment {
             dir,
             config,
