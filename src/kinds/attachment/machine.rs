@@ -87,11 +87,16 @@ async fn find(host: &dyn Host, name: &str) -> Result<Interface, StepError> {
 
 /// Remove one address and nothing else. Deleting the primary address of a subnet makes the
 /// kernel delete that subnet's secondary addresses too unless `promote_secondaries` is on (it is
-/// off without systemd), and those may belong to someone else: put back any that went with it.
+/// off without systemd), and those may belong to someone else: when others share the subnet it
+/// is turned on for the interface first (another deployment's server bound to one of them keeps
+/// it), and any that still went with it are put back.
 async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), StepError> {
     let before = find(host, iface).await?;
     if !before.addresses.iter().any(|a| a == cidr) {
         return Ok(());
+    }
+    if shares_its_subnet(cidr, &before.addresses) {
+        promote_secondaries(host, iface).await;
     }
     run(host, &["addr", "del", cidr, "dev", iface]).await?;
     let after = find(host, iface).await?;
@@ -103,6 +108,34 @@ async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), 
         run(host, &["addr", "replace", lost, "dev", iface]).await?;
     }
     Ok(())
+}
+
+/// Whether another of `addresses` is in `cidr`'s subnet (its deletion could take them along).
+fn shares_its_subnet(cidr: &str, addresses: &[String]) -> bool {
+    let Ok(net) = cidr.parse::<ipnet::IpNet>() else {
+        return false;
+    };
+    addresses.iter().any(|a| {
+        a != cidr
+            && a.parse::<ipnet::IpNet>()
+                .is_ok_and(|o| o.prefix_len() == net.prefix_len() && o.trunc() == net.trunc())
+    })
+}
+
+/// `promote_secondaries` on for `iface`: deleting a primary address then promotes a secondary
+/// instead of deleting them all. Best effort: where /proc/sys cannot be written, the removal
+/// puts back what the kernel dropped. The interface name reaches the shell as an argument,
+/// never as code; a name holds no `/`.
+async fn promote_secondaries(host: &dyn Host, iface: &str) {
+    let cmd = Cmd::new("sh")
+        .args([
+            "-c",
+            "printf 1 > \"/proc/sys/net/ipv4/conf/$1/promote_secondaries\"",
+            "sh",
+            iface,
+        ])
+        .timeout(Duration::from_secs(10));
+    let _ = host.exec(&cmd).await;
 }
 
 /// Set the address and MTU; returns the interface as it was and the old address this took off,
@@ -901,6 +934,17 @@ async fn import_attachment(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_shares_its_subnet_only_with_one_of_the_same_network_and_prefix() {
+        let on = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let cidr = "192.168.201.47/24";
+        assert!(shares_its_subnet(cidr, &on(&[cidr, "192.168.201.44/24"])));
+        assert!(!shares_its_subnet(cidr, &on(&[cidr])));
+        assert!(!shares_its_subnet(cidr, &on(&[cidr, "192.168.202.44/24"])));
+        assert!(!shares_its_subnet(cidr, &on(&[cidr, "192.168.201.44/25"])));
+        assert!(!shares_its_subnet("not an address", &on(&[cidr])));
+    }
 
     fn iface(addrs: &[&str], mtu: u32, state: &str) -> Vec<Interface> {
         vec![Interface {
