@@ -159,8 +159,8 @@ async fn phases(
         hosts,
     )
     .await?;
-    plan.notes
-        .extend(super::rollback::rolled_back_note(state, &defs.config.dir));
+    let rolled_back = super::rollback::rolled_back_note(state, &plan);
+    plan.notes.extend(rolled_back);
     Ok((defs, plan, warnings, facts, images))
 }
 

@@ -12,7 +12,7 @@ use crate::config::{Config, Output, Resource};
 use crate::diag::{Diag, Diagnostics, SourceFile, Span};
 use crate::graph::Graph;
 use crate::plan::{pointer_mut, recorded_config, Plan, PlanOptions};
-use crate::state::generations::{definitions_digest, Generation, Shape};
+use crate::state::generations::{Generation, Shape};
 use crate::state::{hash_sensitive, HashKey, State};
 
 use super::definitions::{Evaluated, Pins};
@@ -49,7 +49,7 @@ pub fn plan(
     let mut plan = crate::plan::plan(&config, &graph, state, &options)?;
     plan.notes.push(format!(
         "Rolling back to generation {} (applied {} by {}), from what the state recorded: the \
-         definitions on disk give only the nodes and the sensitive values.",
+         definitions on disk give only the nodes and the sensitive values",
         generation.number, generation.at, generation.by
     ));
     Ok(Planned {
@@ -247,16 +247,17 @@ fn outputs(current: &Config, generation: &Generation) -> Vec<Output> {
         .collect()
 }
 
-/// What a plan says when the state runs a rollback's generation and the definitions in `dir`
-/// are not the ones it put back: the plan takes what runs to what they say.
-pub fn rolled_back_note(state: &State, dir: &Path) -> Option<String> {
+/// What a plan says when the state runs a rollback's generation and the definitions plan
+/// changes to it: they are not what the rollback put back, and the plan takes what runs to what
+/// they say.
+pub fn rolled_back_note(state: &State, plan: &Plan) -> Option<String> {
     let g = state.generations.last()?;
     let to = g.rollback_to?;
     let runs_it = entries(state).first().is_some_and(|e| e.current);
-    (runs_it && g.definitions != definitions_digest(dir)).then(|| {
+    (runs_it && plan.has_changes()).then(|| {
         format!(
             "The state runs generation {} ({}), a rollback to generation {to}; these definitions \
-             are not generation {to}'s, and this plan takes what runs to what they say.",
+             are not what it put back, and this plan takes what runs to what they say",
             g.number, g.at
         )
     })

@@ -193,11 +193,17 @@ pub fn definitions_digest(dir: &Path) -> String {
     format!("sha256:{hex}")
 }
 
-/// `user@host` of this process, from `$USER` (or `$LOGNAME`) and the host name.
+/// `user@host` of this process, from `$USER` (or `$LOGNAME`) and the host name; without
+/// either variable (a service, a container), the user's ID (`root` for 0).
 pub fn who() -> String {
+    use std::os::unix::fs::MetadataExt;
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
+        .unwrap_or_else(|_| match std::fs::metadata("/proc/self").map(|m| m.uid()) {
+            Ok(0) => "root".into(),
+            Ok(uid) => format!("uid {uid}"),
+            Err(_) => "unknown".into(),
+        });
     let host = hostname::get()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "unknown".into());

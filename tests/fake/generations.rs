@@ -334,7 +334,14 @@ async fn rollback_puts_the_generation_before_back_from_the_state_alone() {
     assert!(
         notes
             .iter()
-            .any(|n| n.contains("a rollback to generation 1") && n.contains("not generation 1's")),
+            .any(|n| n.contains("a rollback to generation 1") && n.contains("not what it put back")),
+        "{notes:?}"
+    );
+    // Definitions that say what runs (generation 1's image) plan no change, and no note.
+    write(d.dir.path(), "ray:1");
+    let notes = d.plan_notes().await;
+    assert!(
+        !notes.iter().any(|n| n.contains("a rollback to")),
         "{notes:?}"
     );
     // Named: generation 2 again.
