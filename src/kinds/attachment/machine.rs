@@ -87,18 +87,21 @@ async fn find(host: &dyn Host, name: &str) -> Result<Interface, StepError> {
 
 /// Remove one address and nothing else. Deleting the primary address of a subnet makes the
 /// kernel delete that subnet's secondary addresses too unless `promote_secondaries` is on (it is
-/// off without systemd), and those may belong to someone else: when others share the subnet it
-/// is turned on for the interface first (another deployment's server bound to one of them keeps
-/// it), and any that still went with it are put back.
+/// off without systemd), and those may belong to someone else. When others share the subnet it
+/// is turned on for the interface first, and the kernel keeps them. Where it cannot be, any
+/// that went with the deletion are put back; then a concurrent removal by another sparkform on
+/// the node could be undone, which the sysctl rules out.
 async fn remove_address(host: &dyn Host, iface: &str, cidr: &str) -> Result<(), StepError> {
     let before = find(host, iface).await?;
     if !before.addresses.iter().any(|a| a == cidr) {
         return Ok(());
     }
-    if shares_its_subnet(cidr, &before.addresses) {
-        promote_secondaries(host, iface).await;
-    }
+    let shared = shares_its_subnet(cidr, &before.addresses);
+    let kept_by_the_kernel = shared && promote_secondaries(host, iface).await;
     run(host, &["addr", "del", cidr, "dev", iface]).await?;
+    if !shared || kept_by_the_kernel {
+        return Ok(());
+    }
     let after = find(host, iface).await?;
     for lost in before
         .addresses
@@ -123,10 +126,10 @@ fn shares_its_subnet(cidr: &str, addresses: &[String]) -> bool {
 }
 
 /// `promote_secondaries` on for `iface`: deleting a primary address then promotes a secondary
-/// instead of deleting them all. Best effort: where /proc/sys cannot be written, the removal
-/// puts back what the kernel dropped. The interface name reaches the shell as an argument,
-/// never as code; a name holds no `/`.
-async fn promote_secondaries(host: &dyn Host, iface: &str) {
+/// instead of deleting them all. Whether it is on; where /proc/sys cannot be written, the
+/// removal puts back what the kernel dropped. The interface name reaches the shell as an
+/// argument, never as code; a name holds no `/`.
+async fn promote_secondaries(host: &dyn Host, iface: &str) -> bool {
     let cmd = Cmd::new("sh")
         .args([
             "-c",
@@ -135,7 +138,7 @@ async fn promote_secondaries(host: &dyn Host, iface: &str) {
             iface,
         ])
         .timeout(Duration::from_secs(10));
-    let _ = host.exec(&cmd).await;
+    host.exec(&cmd).await.is_ok_and(|out| out.success())
 }
 
 /// Set the address and MTU; returns the interface as it was and the old address this took off,
