@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{DesiredConfig, KindId};
+use super::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind, KindId};
 use crate::config::Observed as Facts;
 use crate::config::{Config, Resource};
 use crate::diag::Diagnostics;
@@ -19,7 +19,7 @@ use crate::state::{ResourceState, State};
 macro_rules! define_machines {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// A kind's machine half.
-        pub fn machine(kind: KindId) -> &'static dyn Machine {
+        pub fn machine(kind: KindId) -> &'static dyn AnyMachine {
             match kind {
                 $($(#[$meta])* KindId::$variant => &super::$module::machine::MACHINE,)*
             }
@@ -204,27 +204,6 @@ impl StepCx<'_> {
             .clone()
             .ok_or_else(|| StepError::new(format!("{}: no node to run on", self.address)))
     }
-
-    /// The desired configuration as the kind's type.
-    pub fn desired_as<D: DesiredConfig>(&self) -> Result<D, StepError> {
-        let config = self
-            .desired
-            .ok_or_else(|| StepError::new(format!("{}: no desired configuration", self.address)))?;
-        // serde's message could quote a sensitive value: not shown.
-        D::from_config(config).map_err(|_| {
-            StepError::new(format!(
-                "{}: the desired configuration is not of this resource's kind",
-                self.address
-            ))
-            .help("this is a bug in sparkform: please report it")
-        })
-    }
-
-    /// What the state recorded before this apply, as the kind's type; `None` when nothing was
-    /// recorded or the record is not of the kind (written by another version).
-    pub fn recorded_as<D: DesiredConfig>(&self) -> Option<D> {
-        self.recorded.and_then(|r| D::from_config(&r.config).ok())
-    }
 }
 
 /// A step that failed: what happened, the evidence (log lines), and what to do.
@@ -304,13 +283,129 @@ impl From<Arc<HostError>> for StepError {
     }
 }
 
-/// What a completed step leaves: facts to record in the state, and what its undo needs.
-#[derive(Debug, Clone, Default)]
+/// What a completed step leaves, as the engine keeps it: the facts to record in the state (the
+/// kind's [`Kind::Recorded`] as attributes), and what its undo needs, a value of the kind's
+/// [`Machine::Undo`] that only its machine half reads.
+#[derive(Clone, Default)]
 pub struct Applied {
-    pub attributes: BTreeMap<String, serde_json::Value>,
-    pub undo: serde_json::Value,
+    pub attributes: Attributes,
+    pub undo: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// One line for the progress output (a probe's latency and answer, a container's id).
     pub summary: String,
+}
+
+impl std::fmt::Debug for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applied")
+            .field("attributes", &self.attributes)
+            .field("undo", &self.undo.is_some())
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
+/// The facts a kind's machine half records.
+pub type FactsOf<M> = <<M as Machine>::Kind as Kind>::Recorded;
+/// The desired configuration a kind's machine half works on.
+pub type DesiredOf<M> = <<M as Machine>::Kind as Kind>::Desired;
+
+/// What a completed step of a kind leaves, on the kind's types.
+pub struct Done<M: Machine + ?Sized> {
+    pub recorded: FactsOf<M>,
+    pub undo: M::Undo,
+    /// One line for the progress output.
+    pub summary: String,
+}
+
+impl<M: Machine + ?Sized> Done<M> {
+    /// A step that records nothing and has nothing to undo.
+    pub fn summary(summary: impl Into<String>) -> Self {
+        Done {
+            recorded: Default::default(),
+            undo: Default::default(),
+            summary: summary.into(),
+        }
+    }
+}
+
+/// A resource as the state recorded it, read as its kind's types.
+pub struct Record<'a, K: Kind> {
+    /// The record as the state keeps it (its node, hash, dependencies).
+    pub state: &'a ResourceState,
+    /// Its configuration; `None` when it does not read as the kind's (written by another
+    /// version).
+    pub config: Option<K::Desired>,
+    /// The facts its steps found.
+    pub facts: K::Recorded,
+}
+
+impl<'a, K: Kind> Record<'a, K> {
+    /// `state` read as `K`'s: facts that do not fit the shape (a state the load could not
+    /// upgrade) read as none.
+    pub fn of(state: &'a ResourceState) -> Self {
+        Record {
+            state,
+            config: K::Desired::from_config(&state.config).ok(),
+            facts: facts_of(&state.attributes).unwrap_or_default(),
+        }
+    }
+}
+
+/// What a step of a kind works with: the executor's [`StepCx`] (through `Deref`), with the
+/// desired configuration and the record read as the kind's types, once, by the adapter.
+pub struct Step<'a, K: Kind> {
+    cx: &'a StepCx<'a>,
+    /// The desired configuration with its real values (sensitive ones included); `None` for a
+    /// delete.
+    pub desired: Option<K::Desired>,
+    /// What the state recorded before this apply.
+    pub recorded: Option<Record<'a, K>>,
+}
+
+impl<'a, K: Kind> std::ops::Deref for Step<'a, K> {
+    type Target = StepCx<'a>;
+    fn deref(&self) -> &StepCx<'a> {
+        self.cx
+    }
+}
+
+impl<'a, K: Kind> Step<'a, K> {
+    /// `cx`'s configuration and record read as `K`'s; a desired configuration that is not the
+    /// kind's is a bug, said as such (serde's message could quote a sensitive value: not shown).
+    pub fn of(cx: &'a StepCx<'a>) -> Result<Self, StepError> {
+        let desired = match cx.desired {
+            Some(config) => Some(K::Desired::from_config(config).map_err(|_| {
+                StepError::new(format!(
+                    "{}: the desired configuration is not of this resource's kind",
+                    cx.address
+                ))
+                .help("this is a bug in sparkform: please report it")
+            })?),
+            None => None,
+        };
+        Ok(Step {
+            cx,
+            desired,
+            recorded: cx.recorded.map(Record::of),
+        })
+    }
+
+    /// The desired configuration; an error for a step that has none (a delete).
+    pub fn desired(&self) -> Result<&K::Desired, StepError> {
+        self.desired
+            .as_ref()
+            .ok_or_else(|| StepError::new(format!("{}: no desired configuration", self.cx.address)))
+    }
+
+    /// The configuration the state recorded, when it reads as the kind's.
+    pub fn recorded_config(&self) -> Option<&K::Desired> {
+        self.recorded.as_ref()?.config.as_ref()
+    }
+
+    /// The facts the state recorded (none when nothing was).
+    pub fn recorded_facts(&self) -> Option<&K::Recorded> {
+        self.recorded.as_ref().map(|r| &r.facts)
+    }
 }
 
 /// What importing an object found (see [`Machine::import`]).
@@ -327,28 +422,38 @@ pub struct Imported {
     pub secret_paths: Vec<Vec<String>>,
 }
 
-/// Everything the executor and refresh do to a resource of one kind on a machine.
+/// Everything the executor and refresh do to a resource of one kind on a machine, on the
+/// kind's types: its [`Kind`]'s `Desired` and `Recorded`, and its own `Undo`. The engine sees
+/// it through [`AnyMachine`], which every implementation has.
 #[async_trait]
-pub trait Machine: Send + Sync {
+pub trait Machine: Send + Sync + 'static {
+    /// The pure half it works for.
+    type Kind: Kind;
+    /// What a completed step keeps for its undo, in this process only.
+    type Undo: Default + Clone + Send + Sync + 'static;
     /// Make the machine match the change: create, update in place, replace, delete (and for
     /// a kind that runs, run it). Waiting until the result is ready is part of it.
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError>;
+    async fn apply(
+        &self,
+        cx: &Step<'_, Self::Kind>,
+        action: Action,
+    ) -> Result<Done<Self>, StepError>;
     /// Reverse a completed `apply` (rollback). Kinds that leave nothing on a machine have
     /// nothing to undo.
     async fn undo(
         &self,
-        _cx: &StepCx<'_>,
+        _cx: &Step<'_, Self::Kind>,
         _action: Action,
-        _applied: &Applied,
+        _done: &Done<Self>,
     ) -> Result<String, StepError> {
         Ok(String::new())
     }
     /// After the whole apply succeeded: drop what was kept for rollback.
     async fn finalize(
         &self,
-        _cx: &StepCx<'_>,
+        _cx: &Step<'_, Self::Kind>,
         _action: Action,
-        _applied: &Applied,
+        _done: &Done<Self>,
     ) -> Result<(), StepError> {
         Ok(())
     }
@@ -356,12 +461,12 @@ pub trait Machine: Send + Sync {
     /// until it is ready: after a rollback the members of a process group restart one after
     /// another in dependency order, because a member that came back alone may have joined a
     /// peer the rollback removed. Kinds that run no process have nothing to restart.
-    async fn restart(&self, _cx: &StepCx<'_>) -> Result<String, StepError> {
+    async fn restart(&self, _cx: &Step<'_, Self::Kind>) -> Result<String, StepError> {
         Ok(String::new())
     }
     /// Stop what the state recorded for it (a process group that could not be restored whole
     /// stops rather than run half of it).
-    async fn stop(&self, _cx: &StepCx<'_>) -> Result<String, StepError> {
+    async fn stop(&self, _cx: &Step<'_, Self::Kind>) -> Result<String, StepError> {
         Ok(String::new())
     }
     /// Look at one node: how the recorded resources of this kind there differ from the state,
@@ -371,7 +476,7 @@ pub trait Machine: Send + Sync {
         &self,
         _host: &dyn Host,
         _lineage: &str,
-        _recorded: &[(String, ResourceState)],
+        _recorded: &[(String, Record<'_, Self::Kind>)],
         _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
@@ -411,7 +516,7 @@ pub trait Machine: Send + Sync {
         _host: &dyn Host,
         address: &str,
         _object: &str,
-        _desired: Option<&serde_json::Value>,
+        _desired: Option<&DesiredOf<Self>>,
     ) -> Result<Imported, StepError> {
         Err(StepError::new(format!(
             "{address}: this kind of resource cannot be imported"
@@ -423,7 +528,7 @@ pub trait Machine: Send + Sync {
     /// definitions. `None` for kinds that are not checks.
     async fn verify(
         &self,
-        _config: &serde_json::Value,
+        _desired: &DesiredOf<Self>,
         _pool: &HostPool,
         _containers: &ContainerIndex,
         _retry_for: std::time::Duration,
@@ -437,21 +542,229 @@ pub trait Machine: Send + Sync {
     /// retrying against it (a container that exited, with its state and exit code). `recorded`
     /// is its record in the state. `None` when it is up, when its kind runs nothing, and when
     /// it cannot be told (the check itself then finds out).
-    async fn down(&self, _recorded: &ResourceState, _pool: &HostPool) -> Option<String> {
+    async fn down(&self, _recorded: &Record<'_, Self::Kind>, _pool: &HostPool) -> Option<String> {
         None
     }
     /// Where an exec probe can run commands inside this resource: (node, Docker name).
-    fn exec_target(&self, _resource: &Resource) -> Option<(String, String)> {
+    fn exec_target(
+        &self,
+        _resource: &Resource,
+        _desired: &DesiredOf<Self>,
+    ) -> Option<(String, String)> {
         None
     }
-    /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere).
-    fn other_nodes(&self, _change: &Change, _containers: &ContainerIndex) -> Vec<String> {
+    /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere),
+    /// from the configuration it applies (`after`).
+    fn other_nodes(
+        &self,
+        _after: Option<&DesiredOf<Self>>,
+        _containers: &ContainerIndex,
+    ) -> Vec<String> {
         Vec::new()
     }
     /// Checks of what the changed resources of this kind do together (every attachment of a
     /// network reaches every other), run after them and before what depends on them.
     fn checks(&self, _config: &Config, _changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
         Vec::new()
+    }
+}
+
+/// A kind's machine half as the engine uses it: configurations and records as the state and
+/// plans hold them. Every [`Machine`] has it through the blanket impl below, which reads them
+/// as the kind's types, so neither the engine nor a kind reads a key.
+#[async_trait]
+pub trait AnyMachine: Send + Sync {
+    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError>;
+    async fn undo(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<String, StepError>;
+    async fn finalize(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<(), StepError>;
+    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError>;
+    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError>;
+    async fn observe(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+        mode: ReadMode,
+    ) -> Result<NodeObservations, HostError>;
+    async fn find_foreign(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        addresses: &[String],
+    ) -> Result<Vec<Foreign>, HostError>;
+    fn read_nodes(&self, config: &Config) -> Vec<String>;
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Facts, ReadError>;
+    async fn import(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        object: &str,
+        desired: Option<&serde_json::Value>,
+    ) -> Result<Imported, StepError>;
+    async fn verify(
+        &self,
+        config: &serde_json::Value,
+        pool: &HostPool,
+        containers: &ContainerIndex,
+        retry_for: std::time::Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+        progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(std::time::Duration, String), StepError>>;
+    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String>;
+    fn exec_target(&self, resource: &Resource) -> Option<(String, String)>;
+    fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check>;
+}
+
+impl<M: Machine> Done<M> {
+    fn erased(self) -> Applied {
+        Applied {
+            attributes: facts_to_attributes(&self.recorded),
+            undo: Some(Arc::new(self.undo)),
+            summary: self.summary,
+        }
+    }
+
+    /// What `applied` kept, back on `M`'s types; `None` when it is not `M`'s (a bug).
+    fn of(applied: &Applied) -> Option<Done<M>> {
+        let undo = match &applied.undo {
+            Some(u) => u.downcast_ref::<M::Undo>()?.clone(),
+            None => M::Undo::default(),
+        };
+        Some(Done {
+            recorded: facts_of(&applied.attributes).unwrap_or_default(),
+            undo,
+            summary: applied.summary.clone(),
+        })
+    }
+}
+
+/// A completed step whose record is not its kind's: a bug.
+fn not_its_kind(address: &str) -> StepError {
+    StepError::new(format!(
+        "{address}: what the step left is not of this resource's kind"
+    ))
+    .help("this is a bug in sparkform: please report it")
+}
+
+#[async_trait]
+impl<M: Machine> AnyMachine for M {
+    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+        let step = Step::of(cx)?;
+        Machine::apply(self, &step, action).await.map(Done::erased)
+    }
+    async fn undo(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<String, StepError> {
+        let step = Step::of(cx)?;
+        let done = Done::<M>::of(applied).ok_or_else(|| not_its_kind(cx.address))?;
+        Machine::undo(self, &step, action, &done).await
+    }
+    async fn finalize(
+        &self,
+        cx: &StepCx<'_>,
+        action: Action,
+        applied: &Applied,
+    ) -> Result<(), StepError> {
+        let step = Step::of(cx)?;
+        let done = Done::<M>::of(applied).ok_or_else(|| not_its_kind(cx.address))?;
+        Machine::finalize(self, &step, action, &done).await
+    }
+    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        Machine::restart(self, &Step::of(cx)?).await
+    }
+    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+        Machine::stop(self, &Step::of(cx)?).await
+    }
+    async fn observe(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+        mode: ReadMode,
+    ) -> Result<NodeObservations, HostError> {
+        let typed: Vec<(String, Record<'_, M::Kind>)> = recorded
+            .iter()
+            .map(|(a, r)| (a.clone(), Record::of(r)))
+            .collect();
+        Machine::observe(self, host, lineage, &typed, mode).await
+    }
+    async fn find_foreign(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        addresses: &[String],
+    ) -> Result<Vec<Foreign>, HostError> {
+        Machine::find_foreign(self, host, lineage, addresses).await
+    }
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        Machine::read_nodes(self, config)
+    }
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Facts, ReadError> {
+        Machine::read(self, cx).await
+    }
+    async fn import(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        object: &str,
+        desired: Option<&serde_json::Value>,
+    ) -> Result<Imported, StepError> {
+        let desired = desired.and_then(|d| DesiredOf::<M>::from_config(d).ok());
+        Machine::import(self, host, address, object, desired.as_ref()).await
+    }
+    async fn verify(
+        &self,
+        config: &serde_json::Value,
+        pool: &HostPool,
+        containers: &ContainerIndex,
+        retry_for: std::time::Duration,
+        cancel: &tokio_util::sync::CancellationToken,
+        progress: &(dyn Fn(String, u64) + Send + Sync),
+    ) -> Option<Result<(std::time::Duration, String), StepError>> {
+        let desired = match DesiredOf::<M>::from_config(config) {
+            Ok(d) => d,
+            Err(_) => {
+                return Some(Err(StepError::new(
+                    "the configuration is not of this resource's kind",
+                )
+                .help("this is a bug in sparkform: please report it")))
+            }
+        };
+        Machine::verify(
+            self, &desired, pool, containers, retry_for, cancel, progress,
+        )
+        .await
+    }
+    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
+        Machine::down(self, &Record::of(recorded), pool).await
+    }
+    fn exec_target(&self, resource: &Resource) -> Option<(String, String)> {
+        let desired = DesiredOf::<M>::from_config(&resource.config).ok()?;
+        Machine::exec_target(self, resource, &desired)
+    }
+    fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String> {
+        let after = change
+            .after
+            .as_ref()
+            .and_then(|a| DesiredOf::<M>::from_config(a).ok());
+        Machine::other_nodes(self, after.as_ref(), containers)
+    }
+    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+        Machine::checks(self, config, changed)
     }
 }
 
@@ -615,5 +928,62 @@ mod tests {
         let e = super::docker_error("node.n2: cannot create container w", refused);
         assert!(!e.message.contains("lost"), "{}", e.message);
         assert!(e.message.contains("already in use"));
+    }
+
+    /// The toy's step records its typed facts and keeps its typed undo; the engine sees only
+    /// the erased `Applied`, and hands it back to the same kind's undo.
+    #[tokio::test]
+    async fn a_kinds_facts_and_undo_pass_the_engine_typed() {
+        let text = crate::state::toy_state(Some(2), serde_json::json!({ "said": "before" }));
+        let state = crate::state::parse_document(std::path::Path::new("s.json"), &text).unwrap();
+        let recorded = &state.resources["toy.t"];
+        let desired = serde_json::json!({ "node": "node.a", "greeting": "after" });
+        let change: crate::plan::Change = serde_json::from_value(serde_json::json!({
+            "address": "toy.t", "kind": "toy", "action": "update", "attributes": [],
+        }))
+        .unwrap();
+        let pool = crate::hosts::HostPool::from_hosts(Default::default());
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let containers = Default::default();
+        let secrets = Default::default();
+        let cx = super::StepCx {
+            address: "toy.t",
+            change: &change,
+            host: None,
+            pool: &pool,
+            lineage: "l",
+            desired: Some(&desired),
+            recorded: Some(recorded),
+            config_dir: std::path::Path::new("."),
+            events: &tx,
+            cancel: &cancel,
+            containers: &containers,
+            secrets: &secrets,
+        };
+        let toy = super::machine(crate::kinds::KindId::Toy);
+        let applied: super::Applied = toy.apply(&cx, crate::plan::Action::Update).await.unwrap();
+        let facts: crate::kinds::toy::Recorded =
+            crate::kinds::facts_of(&applied.attributes).unwrap();
+        assert_eq!(facts.said.as_deref(), Some("after"));
+        let undone = toy
+            .undo(&cx, crate::plan::Action::Update, &applied)
+            .await
+            .unwrap();
+        assert_eq!(undone, "says Some(\"before\") again");
+        // Another kind's record is not the toy's: a bug, said as one, never a panic.
+        let foreign = super::Applied {
+            undo: Some(std::sync::Arc::new(5u8)),
+            ..super::Applied::default()
+        };
+        let e = toy
+            .undo(&cx, crate::plan::Action::Update, &foreign)
+            .await
+            .unwrap_err();
+        assert!(
+            e.message.contains("not of this resource's kind"),
+            "{}",
+            e.message
+        );
     }
 }

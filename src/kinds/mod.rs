@@ -56,20 +56,9 @@ macro_rules! define_kinds {
             }
 
             /// The kind's pure half.
-            pub fn kind(self) -> &'static dyn Kind {
+            pub fn kind(self) -> &'static dyn AnyKind {
                 match self {
                     $($(#[$meta])* KindId::$variant => &$module::KIND,)*
-                }
-            }
-
-            /// `config` read as the kind's typed `Desired` and written again: what a
-            /// lowering produced comes back unchanged (the tests check every example), and a
-            /// configuration that is not the kind's says why.
-            pub fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
-                match self {
-                    $($(#[$meta])* KindId::$variant => {
-                        <$module::Desired as DesiredConfig>::from_config(config).map(|d| d.to_config())
-                    })*
                 }
             }
 
@@ -86,6 +75,12 @@ macro_rules! define_kinds {
 for_each_kind!(define_kinds);
 
 impl KindId {
+    /// `config` read as the kind's typed `Desired` and written again (see
+    /// [`AnyKind::typed_config`]).
+    pub fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
+        self.kind().typed_config(config)
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         KindId::ALL.iter().copied().find(|k| k.as_str() == s)
     }
@@ -127,7 +122,9 @@ impl<'de> Deserialize<'de> for KindId {
 /// A kind's desired configuration, typed (`kinds::<kind>::Desired`): what its lowering
 /// produces, what its machine half works on, and, as serde's JSON, what plans diff, hash and
 /// the state records. Its defaults live on the type, nowhere else.
-pub trait DesiredConfig: Serialize + serde::de::DeserializeOwned + Sized {
+pub trait DesiredConfig:
+    Serialize + serde::de::DeserializeOwned + Sized + Send + Sync + 'static
+{
     /// Read from a desired or recorded configuration of the kind.
     fn from_config(config: &serde_json::Value) -> Result<Self, String> {
         serde_json::from_value(config.clone()).map_err(|e| e.to_string())
@@ -183,8 +180,49 @@ pub enum OnDrift {
     Ignore,
 }
 
-/// The pure half of a resource kind: what plans, graphs and renderings need to know.
-pub trait Kind: Sync {
+/// What the state keeps of a resource of a kind besides its configuration (the facts its
+/// steps found: a container's ID, the MTU an interface had), typed, with the version of its
+/// shape. Like OpenTofu's schema version and `UpgradeResourceState`: a record written under an
+/// older version is upgraded when the state loads, so no kind reads an old shape.
+pub trait RecordedFacts:
+    Serialize + serde::de::DeserializeOwned + Default + Clone + std::fmt::Debug + Send + Sync
+{
+    /// The version of this shape, written beside each record (`schema_version`).
+    const VERSION: u32 = 1;
+    /// Bring the attributes of a record written under version `from` (0: before records had
+    /// versions) to this version's shape; `Err` says why they cannot be.
+    fn upgrade(
+        _from: u32,
+        _attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// An upgrade's step: the fact recorded as `from` is now `to` (nothing when it is absent).
+pub fn rename_fact(
+    attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    from: &str,
+    to: &str,
+) {
+    if let Some(value) = attributes.remove(from) {
+        attributes.insert(to.to_string(), value);
+    }
+}
+
+/// Facts of a kind that records none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NoFacts {}
+
+impl RecordedFacts for NoFacts {}
+
+/// The pure half of a resource kind: what plans, graphs and renderings need to know, on its
+/// own types. The engine sees it through [`AnyKind`], which the registry makes of it.
+pub trait Kind: Sync + 'static {
+    /// Its desired configuration: what the lowering writes and the machine half works on.
+    type Desired: DesiredConfig;
+    /// What the state keeps of it besides the configuration.
+    type Recorded: RecordedFacts;
     /// The block that declares a resource of this kind.
     fn block(&self) -> &'static BlockSpec;
     /// Top-level attributes whose change the resource applies without being replaced.
@@ -222,8 +260,8 @@ pub trait Kind: Sync {
     fn replace_reason(
         &self,
         _attribute: &str,
-        _before: &serde_json::Value,
-        _after: &serde_json::Value,
+        _before: &Self::Desired,
+        _after: &Self::Desired,
     ) -> Option<String> {
         None
     }
@@ -232,22 +270,19 @@ pub trait Kind: Sync {
     /// back through `ReadCx::lock`); `None` when the lock keeps nothing of it.
     fn lock_entry(
         &self,
-        _config: &serde_json::Value,
+        _desired: &Self::Desired,
     ) -> Option<(String, String, crate::lockfile::Entry)> {
         None
     }
     /// For a kind that runs: how long, once it passed, it must keep passing before the apply
     /// goes on (a probe's `soak`), from its configuration; a plan's impact shows it.
-    fn soak_secs(&self, _config: &serde_json::Value) -> Option<u64> {
+    fn soak_secs(&self, _desired: &Self::Desired) -> Option<u64> {
         None
     }
-    /// What deleting a resource leaves on its node by design, from the attributes the state
-    /// records (a container's cache folder), as a plan names it; `destroy -purge-caches`
-    /// removes it too (the change's `purge`, done by the machine half's finalize).
-    fn kept_on_delete(
-        &self,
-        _attributes: &std::collections::BTreeMap<String, serde_json::Value>,
-    ) -> Option<String> {
+    /// What deleting a resource leaves on its node by design, from what the state recorded (a
+    /// container's cache folder), as a plan names it; `destroy -purge-caches` removes it too
+    /// (the change's `purge`, done by the machine half's finalize).
+    fn kept_on_delete(&self, _recorded: &Self::Recorded) -> Option<String> {
         None
     }
     /// How refresh knows an untracked object of the kind is this deployment's, as a plan's
@@ -259,7 +294,7 @@ pub trait Kind: Sync {
     /// node) is what the resource's desired configuration uses, so a plan keeps it instead of
     /// removing it: a verified copy of the wanted weights a rollback kept, which the next apply
     /// takes up without fetching it again.
-    fn uses_untracked(&self, _desired: &serde_json::Value, _orphan_id: &str) -> bool {
+    fn uses_untracked(&self, _desired: &Self::Desired, _orphan_id: &str) -> bool {
         false
     }
     /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
@@ -269,20 +304,184 @@ pub trait Kind: Sync {
     }
     /// The image references a resource of the kind runs, from its configuration (what
     /// `sparkform nodes` looks up on the nodes).
-    fn images(&self, _config: &serde_json::Value) -> Vec<String> {
+    fn images(&self, _desired: &Self::Desired) -> Vec<String> {
         Vec::new()
     }
     /// The images a recorded resource of the kind runs: (reference, what a lock file pins it
-    /// to), from its recorded configuration and attributes in the state.
+    /// to), from its recorded configuration and facts.
     fn images_run(
         &self,
-        _config: &serde_json::Value,
-        _attributes: &std::collections::BTreeMap<String, serde_json::Value>,
+        _config: &Self::Desired,
+        _recorded: &Self::Recorded,
     ) -> Vec<(String, String)> {
         Vec::new()
     }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;
+}
+
+/// A state's attributes: a recorded resource's facts, and the engine's journal marks beside
+/// them.
+pub type Attributes = std::collections::BTreeMap<String, serde_json::Value>;
+
+/// A kind's facts as a state's attributes.
+pub fn facts_to_attributes<R: RecordedFacts>(facts: &R) -> Attributes {
+    match serde_json::to_value(facts) {
+        Ok(serde_json::Value::Object(m)) => m.into_iter().collect(),
+        _ => Attributes::new(),
+    }
+}
+
+/// A state's attributes as a kind's facts (the engine's marks beside them are left out);
+/// `Err` says what does not fit the shape.
+pub fn facts_of<R: RecordedFacts>(attributes: &Attributes) -> Result<R, String> {
+    let object: serde_json::Map<String, serde_json::Value> = attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| e.to_string())
+}
+
+/// A kind as the engine uses it: the [`Kind`] with its configurations and records as the
+/// state and plans hold them (JSON). Every kind has it through the blanket impl below, which
+/// reads the JSON as the kind's types once, here, so no kind and no engine code reads a key.
+pub trait AnyKind: Sync {
+    fn block(&self) -> &'static BlockSpec;
+    fn in_place(&self) -> &'static [&'static str];
+    fn whole_attributes(&self) -> &'static [&'static str];
+    fn lifecycle(&self) -> Lifecycle;
+    fn on_drift(&self) -> OnDrift;
+    fn disrupts_when_replaced(&self) -> bool;
+    fn disruption(&self, replaced: bool) -> Option<&'static str>;
+    fn found_untracked(&self) -> bool;
+    fn replace_reason(
+        &self,
+        attribute: &str,
+        before: &serde_json::Value,
+        after: &serde_json::Value,
+    ) -> Option<String>;
+    fn lock_entry(
+        &self,
+        config: &serde_json::Value,
+    ) -> Option<(String, String, crate::lockfile::Entry)>;
+    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64>;
+    fn kept_on_delete(&self, attributes: &Attributes) -> Option<String>;
+    fn untracked_found_by(&self) -> &'static str;
+    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool;
+    fn verify_by_default(&self) -> bool;
+    fn images(&self, config: &serde_json::Value) -> Vec<String>;
+    fn images_run(
+        &self,
+        config: &serde_json::Value,
+        attributes: &Attributes,
+    ) -> Vec<(String, String)>;
+    fn dot_shape(&self) -> &'static str;
+    /// The version of the shape of its recorded facts.
+    fn recorded_version(&self) -> u32;
+    /// A record's attributes written under version `from`, brought to this version's shape
+    /// and checked against it; the engine's marks beside the facts are kept as they are.
+    fn upgrade_recorded(&self, from: u32, attributes: &mut Attributes) -> Result<(), String>;
+    /// `config` read as the kind's typed `Desired` and written again: what a lowering produced
+    /// comes back unchanged (the tests check every example), and a configuration that is not
+    /// the kind's says why.
+    fn typed_config(&self, config: &serde_json::Value) -> Result<serde_json::Value, String>;
+}
+
+impl<K: Kind> AnyKind for K {
+    fn block(&self) -> &'static BlockSpec {
+        Kind::block(self)
+    }
+    fn in_place(&self) -> &'static [&'static str] {
+        Kind::in_place(self)
+    }
+    fn whole_attributes(&self) -> &'static [&'static str] {
+        Kind::whole_attributes(self)
+    }
+    fn lifecycle(&self) -> Lifecycle {
+        Kind::lifecycle(self)
+    }
+    fn on_drift(&self) -> OnDrift {
+        Kind::on_drift(self)
+    }
+    fn disrupts_when_replaced(&self) -> bool {
+        Kind::disrupts_when_replaced(self)
+    }
+    fn disruption(&self, replaced: bool) -> Option<&'static str> {
+        Kind::disruption(self, replaced)
+    }
+    fn found_untracked(&self) -> bool {
+        Kind::found_untracked(self)
+    }
+    fn replace_reason(
+        &self,
+        attribute: &str,
+        before: &serde_json::Value,
+        after: &serde_json::Value,
+    ) -> Option<String> {
+        let before = K::Desired::from_config(before).ok()?;
+        let after = K::Desired::from_config(after).ok()?;
+        Kind::replace_reason(self, attribute, &before, &after)
+    }
+    fn lock_entry(
+        &self,
+        config: &serde_json::Value,
+    ) -> Option<(String, String, crate::lockfile::Entry)> {
+        Kind::lock_entry(self, &K::Desired::from_config(config).ok()?)
+    }
+    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64> {
+        Kind::soak_secs(self, &K::Desired::from_config(config).ok()?)
+    }
+    fn kept_on_delete(&self, attributes: &Attributes) -> Option<String> {
+        Kind::kept_on_delete(self, &facts_of::<K::Recorded>(attributes).ok()?)
+    }
+    fn untracked_found_by(&self) -> &'static str {
+        Kind::untracked_found_by(self)
+    }
+    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool {
+        K::Desired::from_config(desired).is_ok_and(|d| Kind::uses_untracked(self, &d, orphan_id))
+    }
+    fn verify_by_default(&self) -> bool {
+        Kind::verify_by_default(self)
+    }
+    fn images(&self, config: &serde_json::Value) -> Vec<String> {
+        K::Desired::from_config(config)
+            .map(|d| Kind::images(self, &d))
+            .unwrap_or_default()
+    }
+    fn images_run(
+        &self,
+        config: &serde_json::Value,
+        attributes: &Attributes,
+    ) -> Vec<(String, String)> {
+        match (
+            K::Desired::from_config(config),
+            facts_of::<K::Recorded>(attributes),
+        ) {
+            (Ok(d), Ok(r)) => Kind::images_run(self, &d, &r),
+            _ => Vec::new(),
+        }
+    }
+    fn dot_shape(&self) -> &'static str {
+        Kind::dot_shape(self)
+    }
+    fn recorded_version(&self) -> u32 {
+        <K::Recorded as RecordedFacts>::VERSION
+    }
+    fn upgrade_recorded(&self, from: u32, attributes: &mut Attributes) -> Result<(), String> {
+        let current = <K::Recorded as RecordedFacts>::VERSION;
+        if from > current {
+            return Err(format!(
+                "it was recorded in version {from} of the kind's shape, and this sparkform knows versions up to {current} (was the state written by a newer sparkform?)"
+            ));
+        }
+        if from < current {
+            K::Recorded::upgrade(from, attributes)?;
+        }
+        facts_of::<K::Recorded>(attributes).map(|_| ())
+    }
+    fn typed_config(&self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
+        K::Desired::from_config(config).map(|d| d.to_config())
+    }
 }
 
 /// A problem with one attribute's value, found while building the desired configuration.

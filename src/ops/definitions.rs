@@ -403,6 +403,7 @@ output "path" {
                 attributes: Default::default(),
                 depends_on: Vec::new(),
                 last_apply_secs: None,
+                schema_version: c.kind.kind().recorded_version(),
             };
             state.resources.insert(c.address.clone(), r);
         }

@@ -132,6 +132,7 @@ mod tests {
                 attributes: Default::default(),
                 depends_on: Vec::new(),
                 last_apply_secs: None,
+                schema_version: 1,
             },
         );
         state

@@ -65,6 +65,7 @@ pub fn record_change(
             attributes,
             depends_on: c.depends_on.clone(),
             last_apply_secs,
+            schema_version: c.kind.kind().recorded_version(),
         },
     );
 }

@@ -223,6 +223,7 @@ mod tests {
             attributes: BTreeMap::new(),
             depends_on: Vec::new(),
             last_apply_secs: Some(1.5),
+            schema_version: 1,
         }
     }
 

@@ -9,6 +9,9 @@ mod hash_key;
 mod lock;
 mod pg;
 mod transfer;
+mod upgrade;
+#[cfg(test)]
+pub(crate) use upgrade::tests::toy_state;
 
 pub use backend::{Expect, PgTarget};
 pub use crypt::StateKey;
@@ -141,9 +144,15 @@ pub struct ResourceState {
     /// hashes by the caller, see [`hash_sensitive`]).
     #[serde(default)]
     pub config: serde_json::Value,
-    /// Live facts: container id, addresses added, previous MTU...
+    /// Live facts: container id, addresses added, previous MTU... The kind's
+    /// `RecordedFacts` (typed there), and beside them the journal's marks.
     #[serde(default)]
     pub attributes: BTreeMap<String, serde_json::Value>,
+    /// The version of the shape of `attributes` (the kind's `RecordedFacts::VERSION`); 0 for a
+    /// record written before records had versions. Loading the state upgrades every record to
+    /// the version this sparkform writes.
+    #[serde(default)]
+    pub schema_version: u32,
     /// Addresses this resource depends on, so orphans can be destroyed in
     /// reverse order.
     #[serde(default)]
@@ -228,6 +237,20 @@ pub enum StateError {
         supported: u32,
         /// `sparkform_version` of the writer, when recorded.
         written_by: Option<String>,
+    },
+
+    #[error("state file {}: the record of {address} cannot be read: {why}", path.display())]
+    #[diagnostic(
+        code(sparkform::state::record),
+        help(
+            "a record's shape is upgraded when the state loads; one that is newer than this sparkform, or damaged, is not: upgrade sparkform, or restore {}.backup",
+            path.display()
+        )
+    )]
+    Record {
+        path: PathBuf,
+        address: String,
+        why: String,
     },
 
     #[error("cannot access {}", path.display())]
@@ -743,7 +766,15 @@ pub fn parse_document(place: &Path, text: &str) -> Result<State, StateError> {
         }
     }
     // Parse the text again (not the Value) so errors carry line/column.
-    serde_json::from_str(text).map_err(corrupt)
+    let mut state: State = serde_json::from_str(text).map_err(corrupt)?;
+    state
+        .upgrade_records()
+        .map_err(|(address, why)| StateError::Record {
+            path: place.to_path_buf(),
+            address,
+            why,
+        })?;
+    Ok(state)
 }
 
 /// Writes `doc` to `path` atomically, the previous version kept as `path.backup`.
@@ -853,6 +884,7 @@ mod tests {
                 attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]),
                 depends_on: vec!["attachment.fabric[\"spark2\"]".into()],
                 last_apply_secs: Some(12.5),
+                schema_version: 1,
             },
         );
         s.outputs.insert(

@@ -95,7 +95,7 @@ fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
     (tmp, dst)
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
+pub(crate) fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).expect("mkdir");
     for entry in std::fs::read_dir(src).expect("read fixture") {
         let entry = entry.expect("entry");

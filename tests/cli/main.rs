@@ -14,4 +14,5 @@ mod hostile;
 mod lock_timeout;
 mod pg_state;
 mod sensitive_args;
+mod state_compat;
 mod workspaces;

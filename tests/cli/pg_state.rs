@@ -125,6 +125,7 @@ pub(crate) fn sample() -> State {
             attributes: Default::default(),
             depends_on: vec![],
             last_apply_secs: None,
+            schema_version: 1,
         },
     );
     s

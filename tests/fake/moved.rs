@@ -383,6 +383,7 @@ fn state_mv_and_rm_re_address_and_forget_records_holding_the_lock() {
         attributes: Default::default(),
         depends_on: deps,
         last_apply_secs: None,
+        schema_version: 1,
     };
     state
         .resources

@@ -384,6 +384,7 @@ async fn plan_after_refresh(
                 attributes: Default::default(),
                 depends_on: Vec::new(),
                 last_apply_secs: None,
+                schema_version: 1,
             },
         );
     }

@@ -51,6 +51,7 @@ fn sample() -> State {
             attributes: Default::default(),
             depends_on: vec![],
             last_apply_secs: Some(1.5),
+            schema_version: 1,
         },
     );
     s

@@ -1791,6 +1791,7 @@ fn the_one_command_observe_agrees_with_transfer_py() {
             attributes: Default::default(),
             depends_on: Vec::new(),
             last_apply_secs: None,
+            schema_version: 1,
         },
     )];
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -80,15 +80,22 @@ fn a_configuration_of_another_kind_is_refused_by_the_type() {
     assert!(KindId::Attachment.typed_config(&probe).is_err());
 }
 
-/// What reading a configuration by key looks like; a machine half that did it would pass
-/// whatever the key's spelling.
+/// What reading a configuration, a record's facts or an undo by key looks like; a kind that
+/// did it would pass whatever the key's spelling.
 const BY_KEY: &[&str] = &[
     "config.get(\"",
     "config[\"",
     "desired.get(\"",
     "desired_str(",
+    "attributes.get(\"",
+    "attributes[\"",
+    "attributes.insert(\"",
+    "undo.get(\"",
+    "undo[\"",
 ];
 
+/// Every kind's configuration, recorded facts and undo are its types: the adapter the registry
+/// makes (`AnyKind`, `AnyMachine`) reads the JSON once, and no kind reads a key.
 #[test]
 fn no_kind_reads_its_configuration_by_string_key() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kinds");
@@ -111,7 +118,7 @@ fn no_kind_reads_its_configuration_by_string_key() {
     }
     assert!(
         offenders.is_empty(),
-        "read the kind's typed Desired instead:\n{}",
+        "read the kind's typed Desired, Recorded or Undo instead:\n{}",
         offenders.join("\n")
     );
 }

@@ -6,18 +6,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::Desired;
+use super::{Desired, Recorded};
 use crate::config::{Config, Resource};
 use crate::hosts::glance::Glance;
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
+    Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record, Step,
     StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Observed};
-use crate::state::ResourceState;
 
 pub struct AttachmentMachine;
 pub static MACHINE: AttachmentMachine = AttachmentMachine;
@@ -30,13 +29,31 @@ struct Settings {
     mtu: u32,
 }
 
-fn settings(config: &serde_json::Value) -> Option<Settings> {
-    let d = Desired::from_config(config).ok()?;
-    Some(Settings {
+fn settings(d: &Desired) -> Settings {
+    Settings {
         cidr: d.cidr(),
-        interface: d.interface,
+        interface: d.interface.clone(),
         mtu: d.mtu,
-    })
+    }
+}
+
+/// What an attachment's step undoes.
+#[derive(Debug, Clone, Default)]
+pub enum Undo {
+    /// Nothing was changed.
+    #[default]
+    Nothing,
+    /// A delete took `cidr` off `interface`: it goes back.
+    PutBack { interface: String, cidr: String },
+    /// A create or update added `added` (and took `removed`, the old address, off): the
+    /// interface goes back to its MTU and addresses before.
+    Restore {
+        interface: String,
+        added: String,
+        removed: Option<String>,
+        previous_mtu: u32,
+        previous_addresses: Vec<String>,
+    },
 }
 
 async fn run(host: &dyn Host, args: &[&str]) -> Result<String, StepError> {
@@ -183,29 +200,34 @@ async fn node_lock(node: &str) -> tokio::sync::OwnedMutexGuard<()> {
 
 #[async_trait]
 impl Machine for AttachmentMachine {
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+    type Kind = super::Attachment;
+    type Undo = Undo;
+
+    async fn apply(
+        &self,
+        cx: &Step<'_, super::Attachment>,
+        action: Action,
+    ) -> Result<Done<Self>, StepError> {
         let host = cx.host()?;
         let _one_at_a_time = node_lock(host.node()).await;
-        let recorded = cx.recorded.and_then(|r| settings(&r.config));
+        let recorded = cx.recorded_config().map(settings);
         if action == Action::Delete {
             let Some(old) = recorded else {
-                return Ok(Applied::default());
+                return Ok(Done::summary(""));
             };
             if find(host.as_ref(), &old.interface).await.is_ok() {
                 remove_address(host.as_ref(), &old.interface, &old.cidr).await?;
             }
-            return Ok(Applied {
-                attributes: Default::default(),
-                undo: serde_json::json!({ "deleted": old.cidr, "interface": old.interface }),
+            return Ok(Done {
+                recorded: Recorded::default(),
                 summary: format!("removed {} from {}", old.cidr, old.interface),
+                undo: Undo::PutBack {
+                    interface: old.interface,
+                    cidr: old.cidr,
+                },
             });
         }
-        let desired = cx.desired.and_then(settings).ok_or_else(|| {
-            StepError::new(format!(
-                "{}: incomplete attachment configuration",
-                cx.address
-            ))
-        })?;
+        let desired = settings(cx.desired()?);
         let old_cidr = recorded
             .as_ref()
             .filter(|o| o.interface == desired.interface)
@@ -216,75 +238,67 @@ impl Machine for AttachmentMachine {
             None,
         );
         let (before, removed) = configure(host.as_ref(), &desired, old_cidr.as_deref()).await?;
-        let mut attributes = std::collections::BTreeMap::new();
-        attributes.insert("interface".into(), serde_json::json!(desired.interface));
-        attributes.insert("previous_mtu".into(), serde_json::json!(before.mtu));
-        attributes.insert(
-            "previous_addresses".into(),
-            serde_json::json!(before.addresses),
-        );
-        Ok(Applied {
-            attributes,
-            undo: serde_json::json!({
-                "interface": desired.interface,
-                "added": desired.cidr,
-                "removed": removed,
-                "previous_mtu": before.mtu,
-                "previous_addresses": before.addresses,
-            }),
+        Ok(Done {
+            recorded: Recorded {
+                interface: Some(desired.interface.clone()),
+                previous_mtu: Some(before.mtu),
+                previous_addresses: Some(before.addresses.clone()),
+            },
             summary: format!("{} {} mtu {}", desired.interface, desired.cidr, desired.mtu),
+            undo: Undo::Restore {
+                interface: desired.interface,
+                added: desired.cidr,
+                removed,
+                previous_mtu: before.mtu,
+                previous_addresses: before.addresses,
+            },
         })
     }
 
     async fn undo(
         &self,
-        cx: &StepCx<'_>,
-        action: Action,
-        applied: &Applied,
+        cx: &Step<'_, super::Attachment>,
+        _action: Action,
+        done: &Done<Self>,
     ) -> Result<String, StepError> {
         let host = cx.host()?;
         let _one_at_a_time = node_lock(host.node()).await;
-        let u = &applied.undo;
-        let iface = u
-            .get("interface")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default();
-        if action == Action::Delete {
-            if let Some(cidr) = u.get("deleted").and_then(|v| v.as_str()) {
-                run(host.as_ref(), &["addr", "replace", cidr, "dev", iface]).await?;
-                return Ok(format!("put {cidr} back on {iface}"));
+        let (iface, added, removed, previous_mtu, previous) = match &done.undo {
+            Undo::Nothing => return Ok("nothing to undo".into()),
+            Undo::PutBack { interface, cidr } => {
+                run(host.as_ref(), &["addr", "replace", cidr, "dev", interface]).await?;
+                return Ok(format!("put {cidr} back on {interface}"));
             }
-            return Ok("nothing to undo".into());
-        }
-        let previous: Vec<String> = u
-            .get("previous_addresses")
-            .and_then(|v| v.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(added) = u.get("added").and_then(|v| v.as_str()) {
-            if !previous.iter().any(|p| p == added) {
-                remove_address(host.as_ref(), iface, added).await?;
-            }
+            Undo::Restore {
+                interface,
+                added,
+                removed,
+                previous_mtu,
+                previous_addresses,
+            } => (interface, added, removed, previous_mtu, previous_addresses),
+        };
+        if !previous.iter().any(|p| p == added) {
+            remove_address(host.as_ref(), iface, added).await?;
         }
         // Only what this step took off goes back: an address someone else removed since (another
         // apply on the same interface) stays removed.
-        if let Some(removed) = u.get("removed").and_then(|v| v.as_str()) {
+        if let Some(removed) = removed {
             run(host.as_ref(), &["addr", "replace", removed, "dev", iface]).await?;
         }
-        if let Some(mtu) = u.get("previous_mtu").and_then(|v| v.as_u64()) {
-            run(
-                host.as_ref(),
-                &["link", "set", "dev", iface, "mtu", &mtu.to_string()],
-            )
-            .await?;
-        }
+        run(
+            host.as_ref(),
+            &[
+                "link",
+                "set",
+                "dev",
+                iface,
+                "mtu",
+                &previous_mtu.to_string(),
+            ],
+        )
+        .await?;
         Ok(format!(
-            "restored {iface} (mtu {}, {})",
-            u.get("previous_mtu").cloned().unwrap_or_default(),
+            "restored {iface} (mtu {previous_mtu}, {})",
             if previous.is_empty() {
                 "no address".into()
             } else {
@@ -297,7 +311,7 @@ impl Machine for AttachmentMachine {
         &self,
         host: &dyn Host,
         _lineage: &str,
-        recorded: &[(String, ResourceState)],
+        recorded: &[(String, Record<'_, super::Attachment>)],
         _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let mut out = NodeObservations::default();
@@ -332,8 +346,10 @@ impl Machine for AttachmentMachine {
         let interfaces =
             parse_ip_addr(&stdout).map_err(|message| HostError::Other { node, message })?;
         for (address, r) in recorded {
-            out.0
-                .insert(address.clone(), observe_attachment(&r.config, &interfaces));
+            out.0.insert(
+                address.clone(),
+                observe_attachment(r.config.as_ref(), &interfaces),
+            );
         }
         Ok(out)
     }
@@ -343,7 +359,7 @@ impl Machine for AttachmentMachine {
         host: &dyn Host,
         address: &str,
         object: &str,
-        desired: Option<&serde_json::Value>,
+        desired: Option<&Desired>,
     ) -> Result<crate::kinds::machine::Imported, StepError> {
         import_attachment(host, address, object, desired).await
     }
@@ -714,8 +730,8 @@ pub fn judge_mtu(
     (errors, out)
 }
 
-pub fn observe_attachment(config: &serde_json::Value, interfaces: &[Interface]) -> Observed {
-    let Ok(d) = Desired::from_config(config) else {
+pub fn observe_attachment(config: Option<&Desired>, interfaces: &[Interface]) -> Observed {
+    let Some(d) = config else {
         return Observed::Drifted(vec![
             "the state records an incomplete attachment configuration".into(),
         ]);
@@ -880,7 +896,7 @@ async fn import_attachment(
     host: &dyn Host,
     address: &str,
     object: &str,
-    desired: Option<&serde_json::Value>,
+    desired: Option<&Desired>,
 ) -> Result<crate::kinds::machine::Imported, StepError> {
     let node = host.node().to_string();
     let parsed = object
@@ -909,26 +925,24 @@ async fn import_attachment(
             ),
         );
     };
-    let get = |k: &str| desired.and_then(|d| d.get(k)).cloned();
-    let config = serde_json::json!({
-        "network": get("network").unwrap_or_default(),
-        "node": get("node").unwrap_or_else(|| serde_json::json!(node)),
-        "interface": iface.name,
-        "address": ip.to_string(),
-        "prefix_len": prefix_len,
-        "mtu": iface.mtu,
-    });
-    let mut attributes = std::collections::BTreeMap::new();
-    attributes.insert("interface".into(), serde_json::json!(iface.name));
+    let config = Desired {
+        network: desired.map(|d| d.network.clone()).unwrap_or_default(),
+        node: desired.map_or(node, |d| d.node.clone()),
+        interface: iface.name.clone(),
+        address: ip.to_string(),
+        prefix_len,
+        mtu: iface.mtu,
+        roce: None,
+    };
     // Deleting it later takes only its address off; the MTU stays as it was found.
-    attributes.insert("previous_mtu".into(), serde_json::json!(iface.mtu));
-    attributes.insert(
-        "previous_addresses".into(),
-        serde_json::json!(iface.addresses),
-    );
+    let recorded = Recorded {
+        interface: Some(iface.name.clone()),
+        previous_mtu: Some(iface.mtu),
+        previous_addresses: Some(iface.addresses.clone()),
+    };
     Ok(crate::kinds::machine::Imported {
-        config,
-        attributes,
+        config: config.to_config(),
+        attributes: crate::kinds::facts_to_attributes(&recorded),
         notes: Vec::new(),
         secret_paths: Vec::new(),
     })
@@ -961,21 +975,20 @@ mod tests {
     #[test]
     fn attachment_drift() {
         let cfg = serde_json::json!({"network": "network.roce", "node": "node.spark1", "interface": "enp1s0f0np0", "address": "192.168.200.1", "prefix_len": 24, "mtu": 9000});
+        let cfg = Desired::from_config(&cfg).ok();
+        let cfg = cfg.as_ref();
         assert_eq!(
-            observe_attachment(&cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
+            observe_attachment(cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
             Observed::InSync
         );
-        match observe_attachment(&cfg, &iface(&[], 1500, "UP")) {
+        match observe_attachment(cfg, &iface(&[], 1500, "UP")) {
             Observed::Drifted(n) => {
                 assert_eq!(n.len(), 2, "{n:?}");
                 assert!(n[0].contains("192.168.200.1/24 is not on enp1s0f0np0"));
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(
-            observe_attachment(&cfg, &[]),
-            Observed::Missing(_)
-        ));
+        assert!(matches!(observe_attachment(cfg, &[]), Observed::Missing(_)));
     }
 
     /// On a node without iproute2 the refresh of a recorded attachment and an apply's `ip`
@@ -989,7 +1002,7 @@ mod tests {
             &["ip"],
             Answer::Exit(127, String::new(), "sh: 1: ip: not found".into()),
         );
-        let recorded = ResourceState {
+        let recorded = crate::state::ResourceState {
             kind: crate::kinds::KindId::Attachment,
             node: Some("node.h200".into()),
             config_hash: String::new(),
@@ -997,15 +1010,16 @@ mod tests {
             attributes: Default::default(),
             depends_on: Vec::new(),
             last_apply_secs: None,
+            schema_version: 1,
         };
-        let seen = MACHINE
-            .observe(
-                &host,
-                "lineage",
-                &[("network.fabric.attach.h200".into(), recorded)],
-                ReadMode::Normal,
-            )
-            .await;
+        let seen = crate::kinds::machine::AnyMachine::observe(
+            &MACHINE,
+            &host,
+            "lineage",
+            &[("network.fabric.attach.h200".into(), recorded)],
+            ReadMode::Normal,
+        )
+        .await;
         match seen {
             Err(e @ HostError::ProgramMissing { .. }) => {
                 assert_eq!(

@@ -42,6 +42,8 @@ pub struct Attachment;
 pub static KIND: Attachment = Attachment;
 
 impl Kind for Attachment {
+    type Desired = Desired;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &ATTACH
     }
@@ -62,6 +64,20 @@ impl Kind for Attachment {
         "cds"
     }
 }
+
+/// What the state keeps of an attachment: the interface, and its MTU and addresses before
+/// the apply first changed them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_addresses: Option<Vec<String>>,
+}
+
+impl super::RecordedFacts for Recorded {}
 
 /// An attachment's desired configuration, as lowered from its `attach` block and as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

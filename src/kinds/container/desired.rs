@@ -16,6 +16,44 @@ use crate::kinds::{known, DesiredConfig, Texts};
 /// Docker's own stop timeout, when the block sets none.
 pub const DEFAULT_STOP_SECS: i32 = 10;
 
+/// Seconds of each start phase (`progress` patterns), by phase name.
+pub type PhaseSecs = std::collections::BTreeMap<String, f64>;
+
+/// What the state keeps of a running container: its ID, its image's ID and digest, and what
+/// its start showed (the phases' seconds, the values its ready checks record from the log);
+/// with a JIT cache mounted, the node's folder, whether it was warm, and the phases of the
+/// latest cold and warm starts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_folder: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_warm: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_secs_by_cache: Option<PhasesByCache>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_secs: Option<PhaseSecs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_log: Option<std::collections::BTreeMap<String, Vec<String>>>,
+}
+
+impl crate::kinds::RecordedFacts for Recorded {}
+
+/// The phases of the latest start from a cold cache folder and of the latest from a warm one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhasesByCache {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold: Option<PhaseSecs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<PhaseSecs>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Desired {
     /// The Docker name (the block's `name`, else the address's parts joined by `-`).

@@ -78,12 +78,17 @@ use hcl::{Map, Value};
 
 pub use super::to_json;
 use super::{DesiredConfig, Problem};
-pub use desired::{CacheMount, Desired, Gpus, MemoryNeed, ReadyCheck, ReadyKind};
+pub use desired::{
+    CacheMount, Desired, Gpus, MemoryNeed, PhaseSecs, PhasesByCache, ReadyCheck, ReadyKind,
+    Recorded,
+};
 
 pub struct Container;
 pub static KIND: Container = Container;
 
 impl Kind for Container {
+    type Desired = Desired;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &CONTAINER
     }
@@ -103,36 +108,19 @@ impl Kind for Container {
     fn found_untracked(&self) -> bool {
         true
     }
-    fn kept_on_delete(
-        &self,
-        attributes: &std::collections::BTreeMap<String, serde_json::Value>,
-    ) -> Option<String> {
-        let folder = attributes.get("cache_folder")?.as_str()?;
+    fn kept_on_delete(&self, recorded: &Recorded) -> Option<String> {
+        let folder = recorded.cache_folder.as_ref()?;
         Some(format!("the cache folder {folder}"))
     }
-    fn images(&self, config: &serde_json::Value) -> Vec<String> {
-        Desired::from_config(config)
-            .map(|d| vec![d.image])
-            .unwrap_or_default()
+    fn images(&self, desired: &Desired) -> Vec<String> {
+        vec![desired.image.clone()]
     }
-    fn images_run(
-        &self,
-        config: &serde_json::Value,
-        attributes: &std::collections::BTreeMap<String, serde_json::Value>,
-    ) -> Vec<(String, String)> {
-        let Ok(d) = Desired::from_config(config) else {
-            return Vec::new();
-        };
-        let text = |k: &str| {
-            attributes
-                .get(k)
-                .and_then(|v| v.as_str())
-                .filter(|v| !v.is_empty())
-        };
+    fn images_run(&self, desired: &Desired, recorded: &Recorded) -> Vec<(String, String)> {
+        let text = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
         // A state written before the lock file knew digests recorded the image ID only.
-        text("image_digest")
-            .or(text("image_id"))
-            .map(|digest| vec![(d.image, digest.to_string())])
+        text(&recorded.image_digest)
+            .or(text(&recorded.image_id))
+            .map(|digest| vec![(desired.image.clone(), digest)])
             .unwrap_or_default()
     }
     fn dot_shape(&self) -> &'static str {

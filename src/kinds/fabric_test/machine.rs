@@ -17,10 +17,9 @@ use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::create_body;
 use crate::kinds::machine::{
-    remove_container, tar_of, Applied, ContainerIndex, Machine, StepCx, StepError,
+    remove_container, tar_of, ContainerIndex, Done, Machine, Step, StepError,
 };
-use crate::kinds::DesiredConfig;
-use crate::plan::{Action, Change};
+use crate::plan::Action;
 
 pub struct FabricTestMachine;
 pub static MACHINE: FabricTestMachine = FabricTestMachine;
@@ -362,60 +361,57 @@ fn judge(d: &Desired, ends: &[RankEnd]) -> Result<(f64, String), StepError> {
 
 #[async_trait]
 impl Machine for FabricTestMachine {
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+    type Kind = super::FabricTest;
+    type Undo = ();
+
+    async fn apply(
+        &self,
+        cx: &Step<'_, super::FabricTest>,
+        action: Action,
+    ) -> Result<Done<Self>, StepError> {
         if action == Action::Delete {
-            return Ok(Applied::default());
+            return Ok(Done::summary(""));
         }
-        let d = cx.desired_as::<Desired>()?;
+        let d = cx.desired()?;
         let progress = |m: String, t: u64| cx.progress(m, None, Some(t));
-        let (gbps, summary) = run(&d, cx.pool, cx.address, cx.lineage, cx.cancel, &progress)
+        let (gbps, summary) = run(d, cx.pool, cx.address, cx.lineage, cx.cancel, &progress)
             .await
             .map_err(|e| e.scrubbed(cx.secrets))?;
-        let mut attributes = std::collections::BTreeMap::new();
-        if let Some(n) = serde_json::Number::from_f64((gbps * 100.0).round() / 100.0) {
-            attributes.insert("busbw_gbps".into(), serde_json::Value::Number(n));
-        }
-        Ok(Applied {
-            attributes,
-            undo: serde_json::Value::Null,
+        Ok(Done {
+            recorded: super::Recorded {
+                busbw_gbps: Some((gbps * 100.0).round() / 100.0).filter(|g| g.is_finite()),
+            },
+            undo: (),
             summary,
         })
     }
 
     async fn undo(
         &self,
-        _cx: &StepCx<'_>,
+        _cx: &Step<'_, super::FabricTest>,
         _action: Action,
-        _applied: &Applied,
+        _done: &Done<Self>,
     ) -> Result<String, StepError> {
         Ok("nothing to undo".into())
     }
 
     async fn verify(
         &self,
-        config: &serde_json::Value,
+        d: &Desired,
         pool: &HostPool,
         _containers: &ContainerIndex,
         _retry_for: Duration,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
-        let Ok(d) = Desired::from_config(config) else {
-            return Some(Err(StepError::new(
-                "the configuration is not a fabric test's",
-            )));
-        };
         let t = std::time::Instant::now();
         // `verify` changes nothing and has no lineage of its own to label with.
-        let out = run(&d, pool, "fabric_test-verify", "verify", cancel, progress).await;
+        let out = run(d, pool, "fabric_test-verify", "verify", cancel, progress).await;
         Some(out.map(|(_, s)| (t.elapsed(), s)))
     }
 
-    fn other_nodes(&self, change: &Change, _containers: &ContainerIndex) -> Vec<String> {
-        change
-            .after
-            .as_ref()
-            .and_then(|c| Desired::from_config(c).ok())
+    fn other_nodes(&self, after: Option<&Desired>, _containers: &ContainerIndex) -> Vec<String> {
+        after
             .map(|d| d.ranks.iter().skip(1).map(|r| r.node.clone()).collect())
             .unwrap_or_default()
     }

@@ -53,6 +53,15 @@ pub const DEFAULT_SIZE: u64 = 1 << 30;
 pub const DEFAULT_ITERATIONS: u64 = 20;
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
 
+/// What the state keeps of a run: the bus bandwidth it measured, in GB/s.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busbw_gbps: Option<f64>,
+}
+
+impl super::RecordedFacts for Recorded {}
+
 /// Its desired configuration: the ranks in order (rank 0's address is the rendezvous) and
 /// what each rank's container gets.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -243,6 +252,8 @@ pub struct FabricTest;
 pub static KIND: FabricTest = FabricTest;
 
 impl Kind for FabricTest {
+    type Desired = Desired;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &FABRIC_TEST
     }
@@ -273,11 +284,8 @@ impl Kind for FabricTest {
     fn verify_by_default(&self) -> bool {
         false
     }
-    fn images(&self, config: &serde_json::Value) -> Vec<String> {
-        use super::DesiredConfig;
-        Desired::from_config(config)
-            .map(|d| vec![d.image])
-            .unwrap_or_default()
+    fn images(&self, desired: &Desired) -> Vec<String> {
+        vec![desired.image.clone()]
     }
     fn dot_shape(&self) -> &'static str {
         "diamond"

@@ -72,6 +72,35 @@ pub struct Desired {
 
 impl DesiredConfig for Desired {}
 
+/// What the state keeps of a copy: the commit it verified, its size, what this apply fetched
+/// (or copied) and how long that took; a pull's also where from and who served it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_fetched: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_fetched: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<serde_json::Number>,
+    /// A pull's: bytes by the address that served them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_over: Option<std::collections::BTreeMap<String, u64>>,
+    /// A pull's: `address:port` it copied from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// A pull's: the peers the download node served while it copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers_served: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_bps: Option<serde_json::Number>,
+}
+
+impl crate::kinds::RecordedFacts for Recorded {}
+
 impl Desired {
     pub fn is_download(&self) -> bool {
         self.role == ROLE_DOWNLOAD

@@ -21,23 +21,21 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::{human_bytes, is_commit, Desired};
+use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{remove_container, tar_of};
 use crate::kinds::machine::{
-    Applied, Check, ContainerIndex, Machine, NodeObservations, ReadCx, ReadError, ReadMode, StepCx,
-    StepError,
+    Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
+    Step, StepCx, StepError,
 };
-use crate::kinds::DesiredConfig;
 
 mod arch;
 pub mod observe;
 mod read;
 
-use crate::plan::{Action, Change, Observed};
-use crate::state::ResourceState;
+use crate::plan::{Action, Observed};
 pub use arch::{architecture_checks, lacking};
 
 pub struct ModelMachine;
@@ -453,14 +451,14 @@ fn want(address: &str, c: &Desired) -> Result<Want, StepError> {
     })
 }
 
-/// [`want`] of a recorded configuration.
-fn want_recorded(address: &str, config: &serde_json::Value) -> Result<Want, StepError> {
-    let c = Desired::from_config(config).map_err(|_| {
+/// [`want`] of a recorded configuration (`None`: it does not read as a model's).
+fn want_recorded(address: &str, config: Option<&Desired>) -> Result<Want, StepError> {
+    let c = config.ok_or_else(|| {
         StepError::new(format!(
             "{address}: the recorded configuration is not a model's"
         ))
     })?;
-    want(address, &c)
+    want(address, c)
 }
 
 fn filters(w: &Want) -> Vec<String> {
@@ -518,7 +516,7 @@ impl Reporter<'_, '_> {
     }
 }
 
-async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
+async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Done<ModelMachine>, StepError> {
     let host = cx.host()?;
     let node = host.node().to_string();
     let _alone = cache_lock(&node, w).await;
@@ -570,45 +568,50 @@ async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, Step
     let Some(result) = end.result.as_ref().filter(|_| end.code == 0) else {
         return Err(failed(&node, "downloading the model", &end));
     };
-    Ok(copy_applied(
+    Ok(copy_done(
         w,
         result,
         ("bytes_downloaded", "files_downloaded"),
-        BTreeMap::new(),
+        Recorded::default(),
         |total, got| format!("{total} verified on {node} ({got} fetched from the hub)"),
     ))
 }
 
+/// What a model step undoes: the commit it verified (kept by a rollback), and the commit the
+/// state recorded before when that was another (removed once the apply succeeded).
+#[derive(Debug, Clone, Default)]
+pub struct Undo {
+    commit: String,
+    previous: Option<String>,
+}
+
 /// A download's or pull's result (transfer.py's `result` event) as the step's record: the
-/// commit, sizes and file count under the same names for both roles, plus `extra`.
-fn copy_applied(
+/// commit, sizes and file count under the same names for both roles, plus a pull's own.
+fn copy_done(
     w: &Want,
     r: &serde_json::Value,
     (bytes_key, files_key): (&str, &str),
-    mut attributes: BTreeMap<String, serde_json::Value>,
+    mut recorded: Recorded,
     summary: impl FnOnce(String, String) -> String,
-) -> Applied {
-    let num = |k: &str| r.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
-    let (got, total) = (num(bytes_key), num("bytes_total"));
-    attributes.insert("commit".into(), w.commit.clone().into());
-    attributes.insert("bytes_total".into(), total.into());
-    attributes.insert("bytes_fetched".into(), got.into());
-    attributes.insert(
-        "files_fetched".into(),
-        r.get(files_key).cloned().unwrap_or_default(),
-    );
-    attributes.insert(
-        "seconds".into(),
-        r.get("seconds").cloned().unwrap_or_default(),
-    );
-    Applied {
-        attributes,
-        undo: serde_json::json!({"commit": w.commit}),
+) -> Done<ModelMachine> {
+    let num = |k: &str| r.get(k).and_then(|x| x.as_u64());
+    let (got, total) = (num(bytes_key).unwrap_or(0), num("bytes_total").unwrap_or(0));
+    recorded.commit = Some(w.commit.clone());
+    recorded.bytes_total = Some(total);
+    recorded.bytes_fetched = Some(got);
+    recorded.files_fetched = num(files_key);
+    recorded.seconds = r.get("seconds").and_then(|x| x.as_number()).cloned();
+    Done {
+        recorded,
+        undo: Undo {
+            commit: w.commit.clone(),
+            previous: None,
+        },
         summary: summary(human_bytes(total), human_bytes(got)),
     }
 }
 
-async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepError> {
+async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Done<ModelMachine>, StepError> {
     let host = cx.host()?;
     let node = host.node().to_string();
     let _alone = cache_lock(&node, w).await;
@@ -723,18 +726,14 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Applied, StepErro
     };
     let peers = peers_served(&served);
     let over = served_over(&served);
-    let mut extra = BTreeMap::new();
-    extra.insert("served_over".into(), serde_json::json!(over));
-    extra.insert(
-        "source".into(),
-        format!("{source}:{}", port.unwrap_or(0)).into(),
-    );
-    extra.insert("peers_served".into(), peers.into());
-    extra.insert(
-        "rate_bps".into(),
-        r.get("rate_bps").cloned().unwrap_or_default(),
-    );
-    Ok(copy_applied(
+    let extra = Recorded {
+        served_over: Some(over),
+        source: Some(format!("{source}:{}", port.unwrap_or(0))),
+        peers_served: Some(peers),
+        rate_bps: r.get("rate_bps").and_then(|x| x.as_number()).cloned(),
+        ..Recorded::default()
+    };
+    Ok(copy_done(
         w,
         r,
         ("bytes_copied", "files_copied"),
@@ -951,24 +950,32 @@ pub async fn resolve(
     }
 }
 
-fn recorded_commit(cx: &StepCx<'_>) -> Option<String> {
-    cx.recorded_as::<Desired>()
-        .and_then(|d| d.commit)
+fn recorded_commit(cx: &Step<'_, super::Model>) -> Option<String> {
+    cx.recorded_config()
+        .and_then(|d| d.commit.clone())
         .filter(|c| is_commit(c))
 }
 
 #[async_trait]
 impl Machine for ModelMachine {
+    type Kind = super::Model;
+    type Undo = Undo;
+
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
         architecture_checks(config, changed)
     }
 
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+    async fn apply(
+        &self,
+        cx: &Step<'_, super::Model>,
+        action: Action,
+    ) -> Result<Done<Self>, StepError> {
         if action == Action::Delete {
             let rec = cx
                 .recorded
+                .as_ref()
                 .ok_or_else(|| StepError::new(format!("{}: nothing recorded", cx.address)))?;
-            let w = want_recorded(cx.address, &rec.config)?;
+            let w = want_recorded(cx.address, rec.config.as_ref())?;
             // An untracked snapshot beside the recorded one (refresh found its record).
             let commit = match &cx.change.orphan {
                 Some(o) if is_commit(&o.id) => o.id.clone(),
@@ -983,22 +990,17 @@ impl Machine for ModelMachine {
             let host = cx.host()?;
             let summary =
                 remove_snapshot(host.as_ref(), cx.lineage, &w, &commit, cx.cancel).await?;
-            return Ok(Applied {
-                summary,
-                ..Default::default()
-            });
+            return Ok(Done::summary(summary));
         }
-        let w = want(cx.address, &cx.desired_as::<Desired>()?)?;
+        let w = want(cx.address, cx.desired()?)?;
         // Drift (a file missing or corrupt) rereads every file, not only the unrecorded ones.
         let deep = !cx.change.drift.is_empty();
-        let mut applied = match w.role.as_str() {
+        let mut done = match w.role.as_str() {
             "download" => download(cx, &w, deep).await?,
             _ => pull(cx, &w, deep).await?,
         };
-        if let Some(prev) = recorded_commit(cx).filter(|p| *p != w.commit) {
-            applied.undo["previous"] = prev.into();
-        }
-        Ok(applied)
+        done.undo.previous = recorded_commit(cx).filter(|p| *p != w.commit);
+        Ok(done)
     }
 
     /// A rollback keeps the copy the step verified: the weights cost a download (or a copy)
@@ -1008,9 +1010,9 @@ impl Machine for ModelMachine {
     /// touched before `finalize`, so it is as it was.
     async fn undo(
         &self,
-        cx: &StepCx<'_>,
+        cx: &Step<'_, super::Model>,
         action: Action,
-        applied: &Applied,
+        done: &Done<Self>,
     ) -> Result<String, StepError> {
         if action == Action::Delete {
             return Err(StepError::new(format!(
@@ -1019,14 +1021,11 @@ impl Machine for ModelMachine {
             ))
             .help("apply again to fetch it again"));
         }
-        let commit = applied
-            .undo
-            .get("commit")
-            .and_then(|c| c.as_str())
-            .unwrap_or_default();
+        let commit = done.undo.commit.as_str();
         let (node, cache) = cx
-            .desired_as::<Desired>()
-            .map(|d| (d.node_name, d.cache))
+            .desired
+            .as_ref()
+            .map(|d| (d.node_name.clone(), d.cache.clone()))
             .unwrap_or_default();
         Ok(format!(
             "kept the verified copy at {} on {node} in {cache}: the next apply uses it without fetching it again",
@@ -1038,14 +1037,14 @@ impl Machine for ModelMachine {
     /// shares stay).
     async fn finalize(
         &self,
-        cx: &StepCx<'_>,
+        cx: &Step<'_, super::Model>,
         _action: Action,
-        applied: &Applied,
+        done: &Done<Self>,
     ) -> Result<(), StepError> {
-        let Some(prev) = applied.undo.get("previous").and_then(|c| c.as_str()) else {
+        let Some(prev) = done.undo.previous.as_deref() else {
             return Ok(());
         };
-        let w = want(cx.address, &cx.desired_as::<Desired>()?)?;
+        let w = want(cx.address, cx.desired()?)?;
         let host = cx.host()?;
         remove_snapshot(host.as_ref(), cx.lineage, &w, prev, cx.cancel).await?;
         Ok(())
@@ -1057,14 +1056,14 @@ impl Machine for ModelMachine {
         &self,
         host: &dyn Host,
         lineage: &str,
-        recorded: &[(String, ResourceState)],
+        recorded: &[(String, Record<'_, super::Model>)],
         mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let mut out = BTreeMap::new();
         let mut asked = Vec::new();
         let mut wants = Vec::new();
         for (address, r) in recorded {
-            match want_recorded(address, &r.config) {
+            match want_recorded(address, r.config.as_ref()) {
                 Ok(w) => {
                     asked.push(observe::Asked {
                         address: address.clone(),
@@ -1106,13 +1105,10 @@ impl Machine for ModelMachine {
     }
 
     /// A pull step also runs `serve` on the download node.
-    fn other_nodes(&self, change: &Change, _containers: &ContainerIndex) -> Vec<String> {
-        change
-            .after
-            .as_ref()
-            .filter(|a| s(a, "role") == Some("pull"))
-            .and_then(|a| s(a, "download_node"))
-            .map(|n| vec![n.to_string()])
+    fn other_nodes(&self, after: Option<&Desired>, _containers: &ContainerIndex) -> Vec<String> {
+        after
+            .filter(|a| a.role == super::ROLE_PULL)
+            .map(|a| vec![a.download_node.clone()])
             .unwrap_or_default()
     }
 }

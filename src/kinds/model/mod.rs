@@ -7,7 +7,7 @@ pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
 
-pub use desired::{Desired, ROLE_DOWNLOAD, ROLE_PULL};
+pub use desired::{Desired, Recorded, ROLE_DOWNLOAD, ROLE_PULL};
 
 use super::{Kind, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec};
@@ -63,6 +63,8 @@ pub const IN_PLACE: &[&str] = &[
 ];
 
 impl Kind for Model {
+    type Desired = Desired;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &MODEL
     }
@@ -71,12 +73,8 @@ impl Kind for Model {
     }
     /// A snapshot of the commit the definitions want (verified, then kept by a rollback) is
     /// the copy the next apply uses; any other untracked snapshot goes.
-    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool {
-        use super::DesiredConfig;
-        Desired::from_config(desired)
-            .ok()
-            .and_then(|d| d.commit)
-            .is_some_and(|c| c == orphan_id)
+    fn uses_untracked(&self, desired: &Desired, orphan_id: &str) -> bool {
+        desired.commit.as_deref() == Some(orphan_id)
     }
     fn in_place(&self) -> &'static [&'static str] {
         IN_PLACE
@@ -85,12 +83,8 @@ impl Kind for Model {
     /// The download node's resource, once its revision is resolved: the repository, the
     /// revision as written, its commit, the manifest's size and file count, and the
     /// `config.json` facts (as their JSON text).
-    fn lock_entry(
-        &self,
-        config: &serde_json::Value,
-    ) -> Option<(String, String, crate::lockfile::Entry)> {
-        use super::DesiredConfig;
-        let d = Desired::from_config(config).ok()?;
+    fn lock_entry(&self, d: &Desired) -> Option<(String, String, crate::lockfile::Entry)> {
+        let d = d.clone();
         let commit = d.commit.clone().filter(|_| d.is_download())?;
         let mut e = crate::lockfile::Entry::new();
         e.insert("repo".into(), d.repo.into());
@@ -104,31 +98,21 @@ impl Kind for Model {
         Some(("model".into(), d.block, e))
     }
     /// The image its transfers run in.
-    fn images(&self, config: &serde_json::Value) -> Vec<String> {
-        use super::DesiredConfig;
-        Desired::from_config(config)
-            .map(|d| vec![d.image])
-            .unwrap_or_default()
+    fn images(&self, desired: &Desired) -> Vec<String> {
+        vec![desired.image.clone()]
     }
     fn on_drift(&self) -> OnDrift {
         OnDrift::Update
     }
     /// A new commit says which revision moved: "main now points at 5088b93…" reads as what
     /// happened on the hub, where "`commit` changes" reads as an edit.
-    fn replace_reason(
-        &self,
-        attribute: &str,
-        before: &serde_json::Value,
-        after: &serde_json::Value,
-    ) -> Option<String> {
+    fn replace_reason(&self, attribute: &str, before: &Desired, after: &Desired) -> Option<String> {
         if attribute != "commit" {
             return None;
         }
-        let get =
-            |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
         let short = |c: &str| c.chars().take(12).collect::<String>();
-        let (old, new) = (get(before, "commit")?, get(after, "commit")?);
-        let (old_rev, new_rev) = (get(before, "revision")?, get(after, "revision")?);
+        let (old, new) = (before.commit.clone()?, after.commit.clone()?);
+        let (old_rev, new_rev) = (before.revision.clone(), after.revision.clone());
         Some(if is_commit(&new_rev) {
             format!("the revision changes to commit {}", short(&new))
         } else if old_rev == new_rev {
@@ -318,25 +302,22 @@ mod tests {
         let c = |rev: &str, commit: &str| serde_json::json!({"revision": rev, "commit": commit});
         let (a, b) = ("a".repeat(40), "b".repeat(40));
         assert_eq!(
-            Model
-                .replace_reason("commit", &c("main", &a), &c("main", &b))
+            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("main", &b))
                 .as_deref(),
             Some("revision changed: main now points at bbbbbbbbbbbb (was aaaaaaaaaaaa)")
         );
         assert_eq!(
-            Model
-                .replace_reason("commit", &c("main", &a), &c("v2", &b))
+            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("v2", &b))
                 .as_deref(),
             Some("the revision changes from main to v2, commit bbbbbbbbbbbb")
         );
         assert_eq!(
-            Model
-                .replace_reason("commit", &c("main", &a), &c(&b, &b))
+            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c(&b, &b))
                 .as_deref(),
             Some("the revision changes to commit bbbbbbbbbbbb")
         );
         assert_eq!(
-            Model.replace_reason("cache", &c("main", &a), &c("main", &b)),
+            crate::kinds::AnyKind::replace_reason(&Model, "cache", &c("main", &a), &c("main", &b)),
             None
         );
     }

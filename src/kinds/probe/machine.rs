@@ -9,9 +9,8 @@ use super::desired::{Check, Expect};
 use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
 use crate::kinds::container::machine::{exec_in, tcp_open};
-use crate::kinds::machine::{Applied, Backoff, ContainerIndex, Machine, StepCx, StepError};
-use crate::kinds::DesiredConfig;
-use crate::plan::{Action, Change};
+use crate::kinds::machine::{Backoff, ContainerIndex, Done, Machine, Step, StepError};
+use crate::plan::Action;
 
 pub struct ProbeMachine;
 pub static MACHINE: ProbeMachine = ProbeMachine;
@@ -317,13 +316,20 @@ async fn soak(
 
 #[async_trait]
 impl Machine for ProbeMachine {
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+    type Kind = super::Probe;
+    type Undo = ();
+
+    async fn apply(
+        &self,
+        cx: &Step<'_, super::Probe>,
+        action: Action,
+    ) -> Result<Done<Self>, StepError> {
         if action == Action::Delete {
-            return Ok(Applied::default());
+            return Ok(Done::summary(""));
         }
-        let config = cx.desired_as::<Desired>()?;
+        let config = cx.desired()?;
         let (latency, summary) = run(
-            &config,
+            config,
             cx.pool,
             cx.containers,
             Retry::Timeout,
@@ -331,50 +337,38 @@ impl Machine for ProbeMachine {
             |m, t| cx.progress(m, None, Some(t)),
         )
         .await?;
-        let soaked = soak(&config, cx.pool, cx.containers, cx.cancel, |m, t| {
+        let soaked = soak(config, cx.pool, cx.containers, cx.cancel, |m, t| {
             cx.progress(m, None, Some(t))
         })
         .await?
         .unwrap_or_default();
-        Ok(Applied {
-            attributes: Default::default(),
-            undo: serde_json::Value::Null,
-            summary: format!(
-                "passed in {:.2} s, {summary}{soaked}",
-                latency.as_secs_f64()
-            ),
-        })
+        Ok(Done::summary(format!(
+            "passed in {:.2} s, {summary}{soaked}",
+            latency.as_secs_f64()
+        )))
     }
 
     async fn undo(
         &self,
-        _cx: &StepCx<'_>,
+        _cx: &Step<'_, super::Probe>,
         _action: Action,
-        _applied: &Applied,
+        _done: &Done<Self>,
     ) -> Result<String, StepError> {
         Ok("nothing to undo".into())
     }
 
     async fn verify(
         &self,
-        config: &serde_json::Value,
+        config: &Desired,
         pool: &HostPool,
         containers: &ContainerIndex,
         retry_for: Duration,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
-        let config = match Desired::from_config(config) {
-            Ok(c) => c,
-            Err(_) => {
-                return Some(Err(StepError::new(
-                    "the recorded configuration is not a probe's",
-                )))
-            }
-        };
         Some(
             run(
-                &config,
+                config,
                 pool,
                 containers,
                 Retry::For(retry_for),
@@ -385,7 +379,7 @@ impl Machine for ProbeMachine {
         )
     }
 
-    fn other_nodes(&self, _change: &Change, containers: &ContainerIndex) -> Vec<String> {
+    fn other_nodes(&self, _after: Option<&Desired>, containers: &ContainerIndex) -> Vec<String> {
         containers.values().map(|(n, _)| n.clone()).collect()
     }
 }

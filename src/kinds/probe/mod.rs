@@ -121,6 +121,8 @@ pub struct Probe;
 pub static KIND: Probe = Probe;
 
 impl Kind for Probe {
+    type Desired = Desired;
+    type Recorded = super::NoFacts;
     fn block(&self) -> &'static BlockSpec {
         &PROBE
     }
@@ -133,8 +135,8 @@ impl Kind for Probe {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Ignore
     }
-    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64> {
-        Desired::from_config(config).ok()?.soak_secs()
+    fn soak_secs(&self, desired: &Desired) -> Option<u64> {
+        desired.soak_secs()
     }
     fn dot_shape(&self) -> &'static str {
         "diamond"

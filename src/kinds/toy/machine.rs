@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use crate::config::{Config, Observed, ResourceKind};
 use crate::hosts::{Cmd, HostError};
-use crate::kinds::machine::{Applied, Machine, ReadCx, ReadError, StepCx, StepError};
+use crate::kinds::machine::{Done, Machine, ReadCx, ReadError, Step, StepError};
 use crate::plan::Action;
 
 pub struct ToyMachine;
@@ -24,8 +24,34 @@ fn toys(config: &Config) -> impl Iterator<Item = (&str, &str)> {
 
 #[async_trait]
 impl Machine for ToyMachine {
-    async fn apply(&self, _cx: &StepCx<'_>, _action: Action) -> Result<Applied, StepError> {
-        Ok(Applied::default())
+    type Kind = super::Toy;
+    /// What it said before, said again by a rollback.
+    type Undo = Option<String>;
+
+    async fn apply(
+        &self,
+        cx: &Step<'_, super::Toy>,
+        _action: Action,
+    ) -> Result<Done<Self>, StepError> {
+        let said = cx
+            .desired
+            .as_ref()
+            .and_then(|d| d.greeting.as_str())
+            .map(str::to_string);
+        Ok(Done {
+            summary: format!("said {said:?}"),
+            recorded: super::Recorded { said },
+            undo: cx.recorded_facts().and_then(|r| r.said.clone()),
+        })
+    }
+
+    async fn undo(
+        &self,
+        _cx: &Step<'_, super::Toy>,
+        _action: Action,
+        done: &Done<Self>,
+    ) -> Result<String, StepError> {
+        Ok(format!("says {:?} again", done.undo))
     }
 
     fn read_nodes(&self, config: &Config) -> Vec<String> {

@@ -21,6 +21,27 @@ pub struct Desired {
 
 impl super::DesiredConfig for Desired {}
 
+/// What the state keeps of a toy: the greeting it last said. Version 2 of the shape: version 1
+/// called it `greeting`, and a record of it is upgraded when the state loads.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub said: Option<String>,
+}
+
+impl super::RecordedFacts for Recorded {
+    const VERSION: u32 = 2;
+    fn upgrade(
+        from: u32,
+        attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), String> {
+        if from < 2 {
+            super::rename_fact(attributes, "greeting", "said");
+        }
+        Ok(())
+    }
+}
+
 /// The top-level block that declares it.
 pub static TOP_BLOCK: &BlockSpec = &TOY;
 
@@ -28,6 +49,8 @@ pub struct Toy;
 pub static KIND: Toy = Toy;
 
 impl Kind for Toy {
+    type Desired = Desired;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &TOY
     }

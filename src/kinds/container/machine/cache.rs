@@ -76,19 +76,19 @@ pub(super) async fn holds_anything(host: &dyn crate::hosts::Host, folder: &str) 
 /// a cold start is then what a warm start took, not the cold start less a guess: a CPU build
 /// of vLLM compiles again on a warm cache, only faster.
 pub(super) fn phases_by_cache(
-    recorded: Option<&ResourceState>,
+    recorded: Option<&Recorded>,
     warm: bool,
-    phases: &BTreeMap<String, f64>,
-) -> serde_json::Value {
+    phases: &PhaseSecs,
+) -> PhasesByCache {
     let mut by_cache = recorded
-        .and_then(|r| r.attributes.get("phase_secs_by_cache"))
-        .and_then(|v| v.as_object())
-        .cloned()
+        .and_then(|r| r.phase_secs_by_cache.clone())
         .unwrap_or_default();
-    by_cache.retain(|k, v| matches!(k.as_str(), "cold" | "warm") && v.is_object());
-    let this = if warm { "warm" } else { "cold" };
-    by_cache.insert(this.into(), serde_json::json!(phases));
-    serde_json::Value::Object(by_cache)
+    if warm {
+        by_cache.warm = Some(phases.clone());
+    } else {
+        by_cache.cold = Some(phases.clone());
+    }
+    by_cache
 }
 
 /// Remove a deleted container's cache folder (`destroy -purge-caches`): a one-shot container of
@@ -97,10 +97,9 @@ pub(super) fn phases_by_cache(
 pub(super) async fn purge(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
-    recorded: &ResourceState,
+    recorded: &Recorded,
 ) -> Result<Option<String>, StepError> {
-    let text = |k: &str| recorded.attributes.get(k).and_then(|v| v.as_str());
-    let (Some(folder), Some(image)) = (text("cache_folder"), text("image_id")) else {
+    let (Some(folder), Some(image)) = (&recorded.cache_folder, &recorded.image_id) else {
         return Ok(None);
     };
     let Some((parent, key)) = folder.rsplit_once('/') else {

@@ -6,14 +6,14 @@ use super::*;
 /// The recorded containers of a node against the labelled containers it has. Pure.
 pub(super) fn judge(
     node: &str,
-    recorded: &[(String, ResourceState)],
+    recorded: &[(String, Record<'_, Container>)],
     list: &[bollard::models::ContainerSummary],
     images_now: &std::collections::BTreeMap<String, Option<String>>,
 ) -> NodeObservations {
     let mut out = std::collections::BTreeMap::new();
     let recorded_ids: HashMap<&str, &str> = recorded
         .iter()
-        .filter_map(|(a, r)| Some((a.as_str(), r.attributes.get("container_id")?.as_str()?)))
+        .filter_map(|(a, r)| Some((a.as_str(), r.facts.container_id.as_deref()?)))
         .collect();
     let by_id: HashMap<&str, &str> = recorded_ids.iter().map(|(a, id)| (*id, *a)).collect();
     let mut found: HashMap<String, &bollard::models::ContainerSummary> = HashMap::new();
@@ -52,11 +52,10 @@ pub(super) fn judge(
         let obs = match found.get(addr) {
             None => Observed::Missing(format!(
                 "container {} is gone from {node}",
-                Desired::from_config(&r.config)
-                    .ok()
-                    .map(|d| d.name)
+                r.config
+                    .as_ref()
+                    .map(|d| d.name.as_str())
                     .filter(|n| !n.is_empty())
-                    .as_deref()
                     .unwrap_or(addr)
             )),
             Some(c) => {
@@ -76,7 +75,7 @@ pub(super) fn judge(
                     ));
                 }
                 let hash = c.labels.as_ref().and_then(|l| l.get(LABEL_CONFIG_HASH));
-                if hash.is_some_and(|h| *h != r.config_hash) {
+                if hash.is_some_and(|h| *h != r.state.config_hash) {
                     notes.push(format!("container {} was created from another configuration than the state records", summary_name(c)));
                 }
                 notes.extend(image_moved(node, r, c, images_now));
@@ -156,16 +155,15 @@ pub(super) fn summary_name(c: &bollard::models::ContainerSummary) -> String {
 /// the one the container was created from, so a new container would run something else.
 pub(super) fn image_moved(
     node: &str,
-    r: &ResourceState,
+    r: &Record<'_, Container>,
     c: &bollard::models::ContainerSummary,
     images_now: &std::collections::BTreeMap<String, Option<String>>,
 ) -> Option<String> {
-    let image = Desired::from_config(&r.config).ok()?.image;
-    let image = image.as_str();
+    let image = r.config.as_ref()?.image.as_str();
     let runs = r
-        .attributes
-        .get("image_id")
-        .and_then(|v| v.as_str())
+        .facts
+        .image_id
+        .as_deref()
         .filter(|v| !v.is_empty())
         .or(c.image_id.as_deref())?;
     let now = images_now.get(image)?.as_deref()?;
@@ -319,12 +317,12 @@ pub(super) fn judge_parity(
 /// their recorded IDs. None found when there are none to look for, or the engine refuses.
 pub(super) async fn unlabelled_by_id(
     docker: &bollard::Docker,
-    recorded: &[(String, ResourceState)],
+    recorded: &[(String, Record<'_, Container>)],
     listed: &[bollard::models::ContainerSummary],
 ) -> Vec<bollard::models::ContainerSummary> {
     let ids: Vec<String> = recorded
         .iter()
-        .filter_map(|(_, r)| r.attributes.get("container_id")?.as_str())
+        .filter_map(|(_, r)| r.facts.container_id.as_deref())
         .filter(|id| !listed.iter().any(|c| c.id.as_deref() == Some(*id)))
         .map(str::to_string)
         .collect();
@@ -445,7 +443,7 @@ mod tests {
 
     #[test]
     fn a_retagged_image_is_drift() {
-        let r: ResourceState = serde_json::from_value(serde_json::json!({
+        let r: crate::state::ResourceState = serde_json::from_value(serde_json::json!({
             "kind": "container",
             "node": "node.a",
             "config": { "image": "vllm:x", "name": "rank" },
@@ -453,6 +451,7 @@ mod tests {
             "attributes": { "image_id": "sha256:aaaaaaaaaaaaaaaa" }
         }))
         .unwrap();
+        let r = Record::<Container>::of(&r);
         let c = bollard::models::ContainerSummary::default();
         let same: BTreeMap<String, Option<String>> =
             [("vllm:x".into(), Some("sha256:aaaaaaaaaaaaaaaa".into()))].into();

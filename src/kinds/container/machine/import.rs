@@ -66,8 +66,6 @@ pub async fn import_container(
         .filter(|(k, _)| wanted_env.is_none_or(|w| !w.contains_key(*k)))
         .map(|(k, _)| vec!["env".to_string(), k.clone()])
         .collect();
-    let mut attributes = std::collections::BTreeMap::new();
-    attributes.insert("container_id".into(), serde_json::json!(inspect["Id"]));
     let repo_digests = image
         .get("RepoDigests")
         .and_then(|d| d.as_array())
@@ -82,8 +80,12 @@ pub async fn import_container(
         repo_digests,
     }
     .digest(&image_ref);
-    attributes.insert("image_id".into(), serde_json::json!(image_id));
-    attributes.insert("image_digest".into(), serde_json::json!(image_digest));
+    let recorded = Recorded {
+        container_id: inspect["Id"].as_str().map(str::to_string),
+        image_id: Some(image_id),
+        image_digest: Some(image_digest),
+        ..Recorded::default()
+    };
     let mut notes = Vec::new();
     let labelled = inspect
         .pointer("/Config/Labels")
@@ -97,7 +99,7 @@ pub async fn import_container(
     }
     Ok(crate::kinds::machine::Imported {
         config: config.to_config(),
-        attributes,
+        attributes: crate::kinds::facts_to_attributes(&recorded),
         notes,
         secret_paths,
     })

@@ -15,16 +15,18 @@ use bollard::models::{
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::{Desired, ReadyCheck, ReadyKind, LABEL_ADDRESS, LABEL_CONFIG_HASH, LABEL_LINEAGE};
+use super::{
+    Container, Desired, PhaseSecs, PhasesByCache, ReadyCheck, ReadyKind, Recorded, LABEL_ADDRESS,
+    LABEL_CONFIG_HASH, LABEL_LINEAGE,
+};
 use crate::config::{Config, Resource};
 use crate::hosts::{image, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Applied, Backoff, Check, CheckRun, Machine, NodeObservations, ReadCx, ReadError, ReadMode,
-    StepCx, StepError,
+    Backoff, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
+    Step, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Foreign, Observed, Orphan};
-use crate::state::ResourceState;
 
 mod aside;
 mod cache;
@@ -47,42 +49,69 @@ pub use ready::tcp_open;
 pub struct ContainerMachine;
 pub static MACHINE: ContainerMachine = ContainerMachine;
 
-/// The container as the definitions want it.
-fn desired(cx: &StepCx<'_>) -> Option<Desired> {
-    cx.desired_as::<Desired>().ok()
+/// What a container's step undoes.
+#[derive(Debug, Clone, Default)]
+pub enum Undo {
+    #[default]
+    Nothing,
+    /// A delete set `previous` aside (`aside`: its name while aside); it goes back as `name`.
+    Restore {
+        previous: String,
+        name: String,
+        aside: String,
+    },
+    /// An update changed the restart policy of `container` from `previous_restart`.
+    RestartPolicy {
+        container: String,
+        previous_restart: String,
+    },
+    /// A create or replace started `created`; `previous`, set aside, runs again as `name`.
+    Remove {
+        created: String,
+        previous: Option<String>,
+        name: String,
+    },
 }
 
-/// The container as the state recorded it.
-fn recorded(cx: &StepCx<'_>) -> Option<Desired> {
-    cx.recorded_as::<Desired>()
+impl Undo {
+    /// The container set aside until the apply succeeds, which `finalize` removes.
+    fn set_aside(&self) -> Option<&str> {
+        match self {
+            Undo::Restore { previous, .. } => Some(previous),
+            Undo::Remove { previous, .. } => previous.as_deref(),
+            _ => None,
+        }
+    }
 }
 
-fn name_of(cx: &StepCx<'_>) -> String {
-    let named = |d: Desired| Some(d.name).filter(|n| !n.is_empty());
-    desired(cx)
+type Cx<'a, 'b> = &'a Step<'b, Container>;
+
+fn name_of(cx: Cx<'_, '_>) -> String {
+    let named = |d: &Desired| Some(d.name.clone()).filter(|n| !n.is_empty());
+    cx.desired
+        .as_ref()
         .and_then(named)
-        .or_else(|| recorded(cx).and_then(named))
+        .or_else(|| cx.recorded_config().and_then(named))
         .or_else(|| cx.change.orphan.as_ref().map(|o| o.name.clone()))
         .unwrap_or_else(|| cx.address.replace(['[', ']', '"'], "_"))
 }
 
 /// How long a container may take to stop: the `stop_timeout` it was created with (else the
 /// desired one), else Docker's 10 s.
-fn stop_secs(cx: &StepCx<'_>) -> i32 {
-    recorded(cx)
+fn stop_secs(cx: Cx<'_, '_>) -> i32 {
+    cx.recorded_config()
         .filter(|d| d.stop_timeout.is_some())
-        .or_else(|| desired(cx))
+        .or(cx.desired.as_ref())
         .map_or(super::desired::DEFAULT_STOP_SECS, |d| d.stop_secs())
 }
 
 /// The container the state (or refresh) knows for this resource.
-fn recorded_id(cx: &StepCx<'_>) -> Option<String> {
-    cx.change.orphan.as_ref().map(|o| o.id.clone()).or_else(|| {
-        cx.recorded
-            .and_then(|r| r.attributes.get("container_id"))
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    })
+fn recorded_id(cx: Cx<'_, '_>) -> Option<String> {
+    cx.change
+        .orphan
+        .as_ref()
+        .map(|o| o.id.clone())
+        .or_else(|| cx.recorded_facts()?.container_id.clone())
 }
 
 /// The error of a create whose name another container has: it names the `import` block that
@@ -211,7 +240,10 @@ async fn start_new(
 
 #[async_trait]
 impl Machine for ContainerMachine {
-    async fn apply(&self, cx: &StepCx<'_>, action: Action) -> Result<Applied, StepError> {
+    type Kind = Container;
+    type Undo = Undo;
+
+    async fn apply(&self, cx: Cx<'_, '_>, action: Action) -> Result<Done<Self>, StepError> {
         let host = cx.host()?;
         let docker = host.docker().await?;
         let name = name_of(cx);
@@ -219,17 +251,14 @@ impl Machine for ContainerMachine {
         match action {
             Action::Delete => {
                 let Some(old) = old else {
-                    return Ok(Applied::default());
+                    return Ok(Done::summary(""));
                 };
                 if docker
                     .inspect_container(&old, None::<q::InspectContainerOptions>)
                     .await
                     .is_err()
                 {
-                    return Ok(Applied {
-                        summary: format!("{name} was already gone"),
-                        ..Applied::default()
-                    });
+                    return Ok(Done::summary(format!("{name} was already gone")));
                 }
                 // `docker stop` waits up to the stop timeout for the process to end.
                 cx.progress(
@@ -246,23 +275,30 @@ impl Machine for ContainerMachine {
                     .as_ref()
                     .map_or(name.clone(), |o| o.name.clone());
                 // What it held of a unified-memory node's memory is back (or on its way).
-                let needs = recorded(cx).map(|d| d.memory).unwrap_or_default();
+                let needs = cx
+                    .recorded_config()
+                    .map(|d| d.memory.clone())
+                    .unwrap_or_default();
                 let freed = memory::free_now(cx, &needs).await;
-                Ok(Applied {
-                    attributes: Default::default(),
-                    undo: serde_json::json!({ "previous": old, "name": back, "aside": aside }),
+                Ok(Done {
+                    recorded: Recorded::default(),
+                    undo: Undo::Restore {
+                        previous: old,
+                        name: back,
+                        aside,
+                    },
                     summary: format!(
                         "stopped {name}; removed once every step has succeeded{freed}"
                     ),
                 })
             }
             Action::Update => {
-                let desired = cx.desired_as::<Desired>()?;
+                let desired = cx.desired()?;
                 let old = old.unwrap_or_else(|| name.clone());
-                let previous_restart = recorded(cx)
-                    .unwrap_or_default()
-                    .restart_policy()
-                    .to_string();
+                let previous_restart = cx
+                    .recorded_config()
+                    .map(|d| d.restart_policy().to_string())
+                    .unwrap_or_else(|| Desired::default().restart_policy().to_string());
                 let restart = desired.restart_policy();
                 if restart != previous_restart {
                     docker
@@ -278,17 +314,17 @@ impl Machine for ContainerMachine {
                             docker_err(&format!("cannot update the restart policy of {name}"), e)
                         })?;
                 }
-                Ok(Applied {
-                    attributes: cx
-                        .recorded
-                        .map(|r| r.attributes.clone())
-                        .unwrap_or_default(),
-                    undo: serde_json::json!({ "container": old, "previous_restart": previous_restart }),
+                Ok(Done {
+                    recorded: cx.recorded_facts().cloned().unwrap_or_default(),
+                    undo: Undo::RestartPolicy {
+                        container: old,
+                        previous_restart,
+                    },
                     summary: format!("updated {name} in place"),
                 })
             }
             _ => {
-                let desired = cx.desired_as::<Desired>()?;
+                let desired = cx.desired()?;
                 let mut aside = None;
                 if let Some(old) = &old {
                     if docker
@@ -300,41 +336,35 @@ impl Machine for ContainerMachine {
                         aside = Some(set_aside(&docker, old, &name, stop_secs(cx)).await?);
                     }
                 }
-                match start_new(cx, &docker, &desired, &name).await {
+                match start_new(cx, &docker, desired, &name).await {
                     Ok(started) => {
                         let id = started.id;
-                        let mut attributes = std::collections::BTreeMap::new();
-                        attributes.insert("container_id".into(), serde_json::json!(id));
-                        attributes.insert("image_id".into(), serde_json::json!(started.image_id));
-                        attributes.insert(
-                            "image_digest".into(),
-                            serde_json::json!(started.image_digest),
-                        );
-                        if let Some(folder) = &started.cache_folder {
-                            attributes.insert("cache_folder".into(), serde_json::json!(folder));
-                            attributes
-                                .insert("cache_warm".into(), serde_json::json!(started.cache_warm));
-                            attributes.insert(
-                                "phase_secs_by_cache".into(),
-                                cache::phases_by_cache(
-                                    cx.recorded,
-                                    started.cache_warm,
-                                    &started.phases,
-                                ),
-                            );
-                        }
-                        if !started.phases.is_empty() {
-                            attributes
-                                .insert("phase_secs".into(), serde_json::json!(started.phases));
-                        }
+                        let cached = started.cache_folder.is_some();
                         let from_log =
                             ready::record_from_log(cx, &docker, &id, &desired.ready, 0).await;
-                        if !from_log.is_empty() {
-                            attributes.insert("from_log".into(), serde_json::json!(from_log));
-                        }
-                        Ok(Applied {
-                            attributes,
-                            undo: serde_json::json!({ "created": id, "previous": if aside.is_some() { old.clone() } else { None }, "name": name }),
+                        let recorded = Recorded {
+                            container_id: Some(id.clone()),
+                            image_id: Some(started.image_id),
+                            image_digest: Some(started.image_digest),
+                            cache_warm: cached.then_some(started.cache_warm),
+                            phase_secs_by_cache: cached.then(|| {
+                                cache::phases_by_cache(
+                                    cx.recorded_facts(),
+                                    started.cache_warm,
+                                    &started.phases,
+                                )
+                            }),
+                            cache_folder: started.cache_folder,
+                            phase_secs: Some(started.phases).filter(|p| !p.is_empty()),
+                            from_log: Some(from_log).filter(|f| !f.is_empty()),
+                        };
+                        Ok(Done {
+                            recorded,
+                            undo: Undo::Remove {
+                                created: id.clone(),
+                                previous: if aside.is_some() { old.clone() } else { None },
+                                name: name.clone(),
+                            },
                             summary: format!(
                                 "{name} running ({})",
                                 id.chars().take(12).collect::<String>()
@@ -360,42 +390,43 @@ impl Machine for ContainerMachine {
 
     async fn undo(
         &self,
-        cx: &StepCx<'_>,
-        action: Action,
-        applied: &Applied,
+        cx: Cx<'_, '_>,
+        _action: Action,
+        done: &Done<Self>,
     ) -> Result<String, StepError> {
         let host = cx.host()?;
         let docker = host.docker().await?;
-        let u = &applied.undo;
-        let name = u
-            .get("name")
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-            .unwrap_or_else(|| name_of(cx));
-        match action {
-            Action::Update => {
-                if let (Some(c), Some(r)) = (
-                    u.get("container").and_then(|v| v.as_str()),
-                    u.get("previous_restart").and_then(|v| v.as_str()),
-                ) {
-                    docker
-                        .update_container(
-                            c,
-                            bollard::models::ContainerUpdateBody {
-                                restart_policy: Some(restart_policy(r)),
-                                ..Default::default()
-                            },
-                        )
-                        .await
-                        .map_err(|e| docker_err("cannot restore the restart policy", e))?;
-                }
-                Ok(format!("restored the restart policy of {name}"))
+        let (created, previous, name) = match &done.undo {
+            Undo::Nothing => return Ok(format!("removed {}", name_of(cx))),
+            Undo::RestartPolicy {
+                container,
+                previous_restart,
+            } => {
+                docker
+                    .update_container(
+                        container,
+                        bollard::models::ContainerUpdateBody {
+                            restart_policy: Some(restart_policy(previous_restart)),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .map_err(|e| docker_err("cannot restore the restart policy", e))?;
+                return Ok(format!("restored the restart policy of {}", name_of(cx)));
             }
-            _ => {
-                if let Some(created) = u.get("created").and_then(|v| v.as_str()) {
+            Undo::Restore { previous, name, .. } => (None, Some(previous), name.clone()),
+            Undo::Remove {
+                created,
+                previous,
+                name,
+            } => (Some(created), previous.as_ref(), name.clone()),
+        };
+        {
+            {
+                if let Some(created) = created {
                     remove(&docker, created).await?;
                 }
-                if let Some(prev) = u.get("previous").and_then(|v| v.as_str()) {
+                if let Some(prev) = previous {
                     // An untracked copy gives way to the tracked container at its address:
                     // it stays set aside and stopped, and the next apply removes it.
                     if cx.change.orphan.is_some() {
@@ -409,7 +440,7 @@ impl Machine for ContainerMachine {
                     }
                     // The new one held the node's memory until it was removed: the previous
                     // engine starts only once its memory is back, as a new one would.
-                    if let Some(d) = recorded(cx) {
+                    if let Some(d) = cx.recorded_config() {
                         memory::ensure(cx, &name, &d.memory).await?;
                     }
                     restore(&docker, prev, &name).await?;
@@ -424,17 +455,19 @@ impl Machine for ContainerMachine {
 
     async fn finalize(
         &self,
-        cx: &StepCx<'_>,
+        cx: Cx<'_, '_>,
         action: Action,
-        applied: &Applied,
+        done: &Done<Self>,
     ) -> Result<(), StepError> {
-        if let Some(prev) = applied.undo.get("previous").and_then(|v| v.as_str()) {
+        if let Some(prev) = done.undo.set_aside() {
             let host = cx.host()?;
             let docker = host.docker().await?;
             remove(&docker, prev).await?;
         }
         // `destroy -purge-caches`: the folder goes only once the container is gone.
-        if let (Action::Delete, true, Some(recorded)) = (action, cx.change.purge, cx.recorded) {
+        if let (Action::Delete, true, Some(recorded)) =
+            (action, cx.change.purge, cx.recorded_facts())
+        {
             let host = cx.host()?;
             let docker = host.docker().await?;
             if let Some(done) = cache::purge(cx, &docker, recorded).await? {
@@ -444,7 +477,7 @@ impl Machine for ContainerMachine {
         Ok(())
     }
 
-    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+    async fn restart(&self, cx: Cx<'_, '_>) -> Result<String, StepError> {
         let host = cx.host()?;
         let docker = host.docker().await?;
         let name = name_of(cx);
@@ -462,8 +495,8 @@ impl Machine for ContainerMachine {
             .await;
         already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
         // Its own memory (a unified-memory node) comes back only after the engine released it.
-        let recorded_config = recorded(cx);
-        if let Some(d) = &recorded_config {
+        let recorded_config = cx.recorded_config();
+        if let Some(d) = recorded_config {
             memory::ensure(cx, &name, &d.memory).await?;
         }
         // What the previous run logged (a peer that went away) is no verdict on this one: it
@@ -479,7 +512,7 @@ impl Machine for ContainerMachine {
             .await;
         already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
         // Ready as it was recorded: the checks of the configuration it runs, not the new one.
-        let checks = recorded_config.map(|d| d.ready).unwrap_or_default();
+        let checks = recorded_config.map(|d| d.ready.clone()).unwrap_or_default();
         wait_ready(cx, &docker, &id, &name, &checks, since).await?;
         Ok(format!(
             "restarted {name} ({}): its process group starts again as one",
@@ -487,7 +520,7 @@ impl Machine for ContainerMachine {
         ))
     }
 
-    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
+    async fn stop(&self, cx: Cx<'_, '_>) -> Result<String, StepError> {
         let host = cx.host()?;
         let docker = host.docker().await?;
         let name = name_of(cx);
@@ -518,7 +551,7 @@ impl Machine for ContainerMachine {
         &self,
         host: &dyn Host,
         lineage: &str,
-        recorded: &[(String, ResourceState)],
+        recorded: &[(String, Record<'_, Container>)],
         _mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
         let node = host.node();
@@ -544,7 +577,7 @@ impl Machine for ContainerMachine {
         list.extend(unlabelled_by_id(&docker, recorded, &list).await);
         let images: Vec<String> = recorded
             .iter()
-            .filter_map(|(_, r)| Desired::from_config(&r.config).ok().map(|d| d.image))
+            .filter_map(|(_, r)| r.config.as_ref().map(|d| d.image.clone()))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -613,14 +646,14 @@ impl Machine for ContainerMachine {
     /// Looked up by the ID the state records (else its name) on its node: gone, exited (with
     /// its exit code), restarting, paused. A node the pool could not reach is down too; an
     /// engine that does not answer now tells nothing.
-    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
-        let d = Desired::from_config(&recorded.config).ok()?;
-        let node = recorded.node.clone().unwrap_or_else(|| d.node.clone());
-        let id = recorded
-            .attributes
-            .get("container_id")
-            .and_then(|v| v.as_str())
-            .unwrap_or(&d.name);
+    async fn down(&self, recorded: &Record<'_, Container>, pool: &HostPool) -> Option<String> {
+        let d = recorded.config.as_ref()?;
+        let node = recorded
+            .state
+            .node
+            .clone()
+            .unwrap_or_else(|| d.node.clone());
+        let id = recorded.facts.container_id.as_deref().unwrap_or(&d.name);
         if id.is_empty() {
             return None;
         }
@@ -647,9 +680,8 @@ impl Machine for ContainerMachine {
         }
     }
 
-    fn exec_target(&self, r: &Resource) -> Option<(String, String)> {
-        let name = Desired::from_config(&r.config).ok()?.name;
-        Some((r.node.clone()?, name))
+    fn exec_target(&self, r: &Resource, desired: &Desired) -> Option<(String, String)> {
+        Some((r.node.clone()?, desired.name.clone()))
     }
 
     async fn import(
@@ -657,9 +689,8 @@ impl Machine for ContainerMachine {
         host: &dyn Host,
         address: &str,
         object: &str,
-        desired: Option<&serde_json::Value>,
+        desired: Option<&Desired>,
     ) -> Result<crate::kinds::machine::Imported, StepError> {
-        let desired = desired.and_then(|d| Desired::from_config(d).ok());
-        import_container(host, address, object, desired.as_ref()).await
+        import_container(host, address, object, desired).await
     }
 }
