@@ -466,7 +466,10 @@ fn journal(state: &mut State, step: &Step, applied: &Applied, elapsed: Duration)
     }
     let mut attributes = applied.attributes.clone();
     if step.change.action == Action::Run {
-        attributes.insert("last_run".into(), serde_json::json!(applied.summary));
+        attributes.insert(
+            crate::plan::MARK_LAST_RUN.into(),
+            serde_json::json!(applied.summary),
+        );
     }
     crate::plan::record_change(state, &step.change, attributes, Some(elapsed.as_secs_f64()));
 }

@@ -84,13 +84,11 @@ pub fn run(args: ImportArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return super::report_op_error(e, false),
     };
-    let i = &result.import;
-    let what = i
-        .attributes
-        .get("container_id")
-        .and_then(|v| v.as_str())
+    let what = result
+        .recorded_id()
         .map(|id| format!(" (container {})", id.chars().take(12).collect::<String>()))
         .unwrap_or_default();
+    let i = &result.import;
     println!(
         "Imported {} from {}{what}; nothing was restarted.",
         i.address, i.id

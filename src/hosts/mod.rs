@@ -90,6 +90,36 @@ pub enum Endpoint {
     Tcp(String, u16),
 }
 
+impl Endpoint {
+    /// Whether a TCP port answers through the endpoint. Through an SSH forward the local
+    /// connect always succeeds; a refused remote connect shows as an immediate close.
+    pub async fn answers(&self) -> Result<(), String> {
+        use tokio::io::AsyncReadExt;
+        match self {
+            Endpoint::Tcp(h, p) => tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                tokio::net::TcpStream::connect((h.as_str(), *p)),
+            )
+            .await
+            .map_err(|_| format!("{h}:{p} did not answer"))?
+            .map(|_| ())
+            .map_err(|e| format!("{h}:{p}: {e}")),
+            Endpoint::Unix(path) => {
+                let mut s = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut b = [0u8; 1];
+                match tokio::time::timeout(std::time::Duration::from_millis(500), s.read(&mut b))
+                    .await
+                {
+                    Ok(Ok(0)) | Ok(Err(_)) => Err("connection refused on the node".into()),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, thiserror::Error, miette::Diagnostic)]
 pub enum HostError {
     #[error("{node}: cannot reach {target}: {reason}")]

@@ -114,6 +114,123 @@ pub fn container_index(config: &Config) -> ContainerIndex {
 /// What observing a node found: recorded resources by address, and objects nobody recorded.
 pub type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
 
+/// What a resource looks like on its machine, as `sparkform status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Seen {
+    Running {
+        uptime_secs: Option<u64>,
+        restarts: i64,
+        image_id: Option<String>,
+    },
+    Exited {
+        code: i64,
+        restarts: i64,
+        image_id: Option<String>,
+    },
+    /// Created, paused, restarting…: Docker's word for it.
+    Other {
+        status: String,
+    },
+    InSync,
+    Drifted {
+        notes: Vec<String>,
+    },
+    Missing {
+        reason: String,
+    },
+    /// Its node could not be reached.
+    Unknown,
+}
+
+impl Seen {
+    /// What observing it found, as status shows it (`None`: not seen).
+    pub fn of(observed: Option<&Observed>) -> Seen {
+        match observed {
+            Some(Observed::InSync) => Seen::InSync,
+            Some(Observed::Drifted(notes)) => Seen::Drifted {
+                notes: notes.clone(),
+            },
+            Some(Observed::Missing(reason)) => Seen::Missing {
+                reason: reason.clone(),
+            },
+            None => Seen::Unknown,
+        }
+    }
+}
+
+/// One line of a resource's log (`sparkform logs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// Nanoseconds since the epoch, from its runtime's timestamp.
+    pub time: i64,
+    pub address: String,
+    pub text: String,
+    pub stderr: bool,
+}
+
+/// What comes out of a logs run, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEvent {
+    Line(LogLine),
+    /// Something the reader should know that is no log line (a container replaced, a node down).
+    Note(String),
+}
+
+/// `2026-12-01T10:44:11.123456789Z text` → (nanoseconds, text).
+pub fn split_timestamp(line: &str) -> Option<(i64, &str)> {
+    let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
+    let t = chrono::DateTime::parse_from_rfc3339(ts).ok()?;
+    Some((t.timestamp_nanos_opt()?, text))
+}
+
+/// A log read for `sparkform logs`: which resource, how far back and whether to follow, and
+/// where its lines (to the merge, as `(index, line)`, `None` at its end) and notes go.
+pub struct LogRead {
+    pub index: usize,
+    pub address: String,
+    pub node: String,
+    pub source: super::LogSource,
+    pub lineage: Option<String>,
+    pub follow: bool,
+    /// Only lines newer than this (Unix seconds).
+    pub since: Option<i64>,
+    /// At most this many lines to start with.
+    pub tail: Option<usize>,
+    pub lines: tokio::sync::mpsc::Sender<(usize, Option<LogLine>)>,
+    pub notes: tokio::sync::mpsc::UnboundedSender<LogEvent>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+impl LogRead {
+    /// Say `why` there is no (more) log, and end this source.
+    pub async fn end(&self, why: Option<String>) {
+        if let Some(why) = why {
+            let _ = self.notes.send(LogEvent::Note(why));
+        }
+        let _ = self.lines.send((self.index, None)).await;
+    }
+}
+
+/// What a check of a running resource's health found (`sparkform watch`), and what the next
+/// check starts from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// How many times its runtime restarted it so far (Docker's count).
+    pub restart_count: Option<i64>,
+    /// Until when (Unix seconds) its log was read.
+    pub log_until: Option<i64>,
+    pub failure: Option<HealthFailure>,
+}
+
+/// What is wrong with a running resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthFailure {
+    pub cause: String,
+    /// Whether replacing it can help (an unreachable node is no engine's fault).
+    pub restartable: bool,
+}
+
 /// Serializes the work of this process that shares `scope` (a node's interface, a node's model
 /// cache folder): the guard held is the only one of its scope until it is dropped.
 pub async fn one_at_a_time(scope: &str) -> tokio::sync::OwnedMutexGuard<()> {
@@ -481,6 +598,44 @@ pub trait Machine: Send + Sync + 'static {
     ) -> Result<NodeObservations, HostError> {
         Ok(Default::default())
     }
+    /// How each recorded resource of this kind on one node stands now, by address, as
+    /// `sparkform status` shows it: by default what [`Machine::observe`] says of it. One not in
+    /// the answer is shown as not seen.
+    async fn look(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, Record<'_, Self::Kind>)],
+    ) -> BTreeMap<String, Seen> {
+        let Ok((seen, _)) = self
+            .observe(host, lineage, recorded, ReadMode::Normal)
+            .await
+        else {
+            return BTreeMap::new();
+        };
+        recorded
+            .iter()
+            .map(|(a, _)| (a.clone(), Seen::of(seen.get(a))))
+            .collect()
+    }
+    /// Read its log on `host` as `read` asks, until it ends or `read.cancel` fires, and end the
+    /// source (`LogRead::end`). Kinds without a log end it at once.
+    async fn read_log(&self, _host: Arc<dyn Host>, read: LogRead) {
+        read.end(None).await;
+    }
+    /// Whether what a recorded resource runs is healthy now (`sparkform watch`, every interval):
+    /// `restarts_before` is its runtime's restart count at the last check, `log_since` when
+    /// (Unix seconds) its log is still to be read. `None`: the kind runs nothing to watch.
+    async fn health(
+        &self,
+        _address: &str,
+        _recorded: &Record<'_, Self::Kind>,
+        _pool: &HostPool,
+        _restarts_before: Option<i64>,
+        _log_since: i64,
+    ) -> Option<Health> {
+        None
+    }
     /// Objects of this kind on one node that carry sparkform's labels for one of `addresses`
     /// (resources of the definitions that the state does not record) under another lineage
     /// than `lineage`, or under none: what a lost or replaced state left running. The plan
@@ -596,6 +751,21 @@ pub trait AnyMachine: Send + Sync {
         recorded: &[(String, ResourceState)],
         mode: ReadMode,
     ) -> Result<NodeObservations, HostError>;
+    async fn look(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+    ) -> BTreeMap<String, Seen>;
+    async fn health(
+        &self,
+        address: &str,
+        recorded: &ResourceState,
+        pool: &HostPool,
+        restarts_before: Option<i64>,
+        log_since: i64,
+    ) -> Option<Health>;
+    async fn read_log(&self, host: Arc<dyn Host>, read: LogRead);
     async fn find_foreign(
         &self,
         host: &dyn Host,
@@ -649,6 +819,14 @@ impl<M: Machine> Done<M> {
     }
 }
 
+/// Records by address read as `K`'s.
+fn records<K: Kind>(recorded: &[(String, ResourceState)]) -> Vec<(String, Record<'_, K>)> {
+    recorded
+        .iter()
+        .map(|(a, r)| (a.clone(), Record::of(r)))
+        .collect()
+}
+
 /// A completed step whose record is not its kind's: a bug.
 fn not_its_kind(address: &str) -> StepError {
     StepError::new(format!(
@@ -696,11 +874,31 @@ impl<M: Machine> AnyMachine for M {
         recorded: &[(String, ResourceState)],
         mode: ReadMode,
     ) -> Result<NodeObservations, HostError> {
-        let typed: Vec<(String, Record<'_, M::Kind>)> = recorded
-            .iter()
-            .map(|(a, r)| (a.clone(), Record::of(r)))
-            .collect();
+        let typed = records::<M::Kind>(recorded);
         Machine::observe(self, host, lineage, &typed, mode).await
+    }
+    async fn look(
+        &self,
+        host: &dyn Host,
+        lineage: &str,
+        recorded: &[(String, ResourceState)],
+    ) -> BTreeMap<String, Seen> {
+        let typed = records::<M::Kind>(recorded);
+        Machine::look(self, host, lineage, &typed).await
+    }
+    async fn health(
+        &self,
+        address: &str,
+        recorded: &ResourceState,
+        pool: &HostPool,
+        restarts_before: Option<i64>,
+        log_since: i64,
+    ) -> Option<Health> {
+        let record = Record::of(recorded);
+        Machine::health(self, address, &record, pool, restarts_before, log_since).await
+    }
+    async fn read_log(&self, host: Arc<dyn Host>, read: LogRead) {
+        Machine::read_log(self, host, read).await
     }
     async fn find_foreign(
         &self,

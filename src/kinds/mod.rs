@@ -199,6 +199,63 @@ pub trait RecordedFacts:
     }
 }
 
+/// One phase of a start as the state recorded it from a cold folder and from a warm one (the
+/// latest start of each). No warm start recorded: the phase is taken as skipped (0 s).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseTimes {
+    pub label: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_secs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_secs: Option<f64>,
+}
+
+impl PhaseTimes {
+    /// Seconds a warm folder takes off the phase; `None` without a cold start recorded.
+    pub fn saving(&self) -> Option<f64> {
+        Some((self.cold_secs? - self.warm_secs.unwrap_or(0.0)).max(0.0))
+    }
+}
+
+/// What a new object of a kind reuses on its node, as a plan's impact counts it: a container's
+/// JIT cache folder, warm or not, and the start phases a warm one shortens with what the
+/// recorded starts took of each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reuse {
+    /// The image ID the folder is keyed by; `None` when the node does not have the image yet.
+    pub image_id: Option<String>,
+    pub warm: bool,
+    /// Whether the start whose time the state recorded found its folder warm.
+    pub last_start_warm: bool,
+    pub skips: Vec<PhaseTimes>,
+}
+
+/// What `sparkform status` shows of a resource's record: what the state records it by on its
+/// node (a container's ID), and what its log said once it was ready.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shown {
+    pub id: Option<String>,
+    pub from_log: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// How a resource's log is found and read (`sparkform logs`): its runtime's name for it on
+/// the node, and the patterns of its log that mean it failed, with their fixes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogSource {
+    pub name: String,
+    pub fail_on_log: Vec<(String, String)>,
+}
+
+/// An HTTP endpoint a resource reaches (a probe's URL), as `sparkform tunnel` offers it: the
+/// node it goes through, the URL as that node sees it, and the `Authorization` header it sends
+/// (sensitive).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaches {
+    pub via: String,
+    pub url: String,
+    pub authorization: Option<String>,
+}
+
 /// An upgrade's step: the fact recorded as `from` is now `to` (nothing when it is absent).
 pub fn rename_fact(
     attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
@@ -316,6 +373,34 @@ pub trait Kind: Sync + 'static {
     ) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// The HTTP endpoint it reaches, from its configuration (`sparkform tunnel`).
+    fn reaches(&self, _desired: &Self::Desired) -> Option<Reaches> {
+        None
+    }
+    /// The address it gives its node on a network (an attachment's fabric address), which a
+    /// URL's host may name.
+    fn node_address(&self, _desired: &Self::Desired) -> Option<String> {
+        None
+    }
+    /// Where its log is, from its configuration; `None`: it has none (`sparkform logs`).
+    fn log_source(&self, _desired: &Self::Desired) -> Option<LogSource> {
+        None
+    }
+    /// What `sparkform status` shows of its record.
+    fn shown(&self, _recorded: &Self::Recorded) -> Shown {
+        Shown::default()
+    }
+    /// What a new object (created or replaced) would reuse on its node, from its configuration,
+    /// what the kind's plan-time read found for it (`found`: `Observed::kinds`) and what the
+    /// state recorded: what makes a replacement cheaper than the recorded one. `None`: nothing.
+    fn reuse(
+        &self,
+        _desired: &Self::Desired,
+        _found: Option<&serde_json::Value>,
+        _recorded: Option<&Self::Recorded>,
+    ) -> Option<Reuse> {
+        None
+    }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;
 }
@@ -375,6 +460,16 @@ pub trait AnyKind: Sync {
         config: &serde_json::Value,
         attributes: &Attributes,
     ) -> Vec<(String, String)>;
+    fn reuse(
+        &self,
+        config: &serde_json::Value,
+        found: Option<&serde_json::Value>,
+        attributes: Option<&Attributes>,
+    ) -> Option<Reuse>;
+    fn shown(&self, attributes: &Attributes) -> Shown;
+    fn log_source(&self, config: &serde_json::Value) -> Option<LogSource>;
+    fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
+    fn node_address(&self, config: &serde_json::Value) -> Option<String>;
     fn dot_shape(&self) -> &'static str;
     /// The version of the shape of its recorded facts.
     fn recorded_version(&self) -> u32;
@@ -460,6 +555,30 @@ impl<K: Kind> AnyKind for K {
             (Ok(d), Ok(r)) => Kind::images_run(self, &d, &r),
             _ => Vec::new(),
         }
+    }
+    fn reuse(
+        &self,
+        config: &serde_json::Value,
+        found: Option<&serde_json::Value>,
+        attributes: Option<&Attributes>,
+    ) -> Option<Reuse> {
+        let desired = K::Desired::from_config(config).ok()?;
+        let recorded = attributes.and_then(|a| facts_of::<K::Recorded>(a).ok());
+        Kind::reuse(self, &desired, found, recorded.as_ref())
+    }
+    fn shown(&self, attributes: &Attributes) -> Shown {
+        facts_of::<K::Recorded>(attributes)
+            .map(|r| Kind::shown(self, &r))
+            .unwrap_or_default()
+    }
+    fn log_source(&self, config: &serde_json::Value) -> Option<LogSource> {
+        Kind::log_source(self, &K::Desired::from_config(config).ok()?)
+    }
+    fn reaches(&self, config: &serde_json::Value) -> Option<Reaches> {
+        Kind::reaches(self, &K::Desired::from_config(config).ok()?)
+    }
+    fn node_address(&self, config: &serde_json::Value) -> Option<String> {
+        Kind::node_address(self, &K::Desired::from_config(config).ok()?)
     }
     fn dot_shape(&self) -> &'static str {
         Kind::dot_shape(self)

@@ -263,6 +263,14 @@ pub struct ImportResult {
     pub plan: Plan,
 }
 
+impl ImportResult {
+    /// What the state records the object by on its node (a container's ID), as its kind says.
+    pub fn recorded_id(&self) -> Option<String> {
+        let i = &self.import;
+        i.kind.kind().shown(&i.attributes).id
+    }
+}
+
 /// `sparkform import ADDR ID`: observe one object and record it, under the state lock.
 pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportResult, OpError> {
     let (node, object) = match req.id.split_once(':') {

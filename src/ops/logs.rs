@@ -1,17 +1,15 @@
 //! Logs: the deployment's containers' logs from every node at once, merged in time order.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters as q;
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::container::{self, LABEL_ADDRESS, LABEL_LINEAGE};
-use crate::kinds::{DesiredConfig, KindId};
+use crate::kinds::machine::{machine, LogRead};
+use crate::kinds::{KindId, LogSource};
 
 /// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
 pub use crate::kinds::address::begins_like_an_address;
@@ -20,6 +18,8 @@ pub use crate::kinds::address::begins_like_an_address;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub address: String,
+    /// Its kind, which reads its log.
+    pub kind: KindId,
     pub node: String,
     /// Its Docker name in the definitions, for containers that carry no address label.
     pub name: String,
@@ -27,23 +27,9 @@ pub struct Target {
     pub fail_on_log: Vec<(String, String)>,
 }
 
-/// One line of a container's log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogLine {
-    /// Nanoseconds since the epoch, from Docker's timestamp.
-    pub time: i64,
-    pub address: String,
-    pub text: String,
-    pub stderr: bool,
-}
-
-/// What comes out of a logs run, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LogEvent {
-    Line(LogLine),
-    /// Something the reader should know that is no log line (a container replaced, a node down).
-    Note(String),
-}
+/// One line of a resource's log, and what a logs run says besides (`kinds::machine`, where
+/// each kind reads its own).
+pub use crate::kinds::machine::{split_timestamp, LogEvent, LogLine};
 
 #[derive(Debug, Clone)]
 pub struct LogsRequest {
@@ -55,13 +41,14 @@ pub struct LogsRequest {
     pub tail: Option<usize>,
 }
 
-/// The containers an address list names: each exactly, a `for_each` block by its address
-/// without key, or a module by its prefix; all containers when the list is empty.
+/// The resources with a log (containers) an address list names: each exactly, a `for_each`
+/// block by its address without key, or a module by its prefix; all of them when the list is
+/// empty.
 pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, String> {
-    let containers: Vec<_> = config
+    let logged: Vec<(&crate::config::Resource, LogSource)> = config
         .resources
         .iter()
-        .filter(|r| r.kind == KindId::Container)
+        .filter_map(|r| Some((r, r.kind.kind().log_source(&r.config)?)))
         .collect();
     let named = |want: &str, have: &str| {
         have == want
@@ -70,46 +57,27 @@ pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, Stri
                 .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'))
     };
     for a in addresses {
-        if !containers.iter().any(|r| named(a, &r.address)) {
-            let known: Vec<&str> = containers.iter().map(|r| r.address.as_str()).collect();
+        if !logged.iter().any(|(r, _)| named(a, &r.address)) {
+            let known: Vec<&str> = logged.iter().map(|(r, _)| r.address.as_str()).collect();
             return Err(format!(
                 "{a}: no container of the definitions has this address (they are: {})",
                 known.join(", ")
             ));
         }
     }
-    Ok(containers
+    Ok(logged
         .into_iter()
-        .filter(|r| addresses.is_empty() || addresses.iter().any(|a| named(a, &r.address)))
-        .filter_map(|r| {
-            let desired = container::Desired::from_config(&r.config).ok()?;
+        .filter(|(r, _)| addresses.is_empty() || addresses.iter().any(|a| named(a, &r.address)))
+        .filter_map(|(r, source)| {
             Some(Target {
                 address: r.address.clone(),
+                kind: r.kind,
                 node: r.node.clone()?,
-                fail_on_log: fail_patterns(&desired),
-                name: desired.name,
+                fail_on_log: source.fail_on_log,
+                name: source.name,
             })
         })
         .collect())
-}
-
-fn fail_patterns(desired: &container::Desired) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = desired
-        .ready
-        .iter()
-        .filter_map(|r| r.fail_on_log.as_ref())
-        .flat_map(|m| m.iter().map(|(p, f)| (p.clone(), f.clone())))
-        .collect();
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// `2026-12-01T10:44:11.123456789Z text` → (nanoseconds, text).
-pub fn split_timestamp(line: &str) -> Option<(i64, &str)> {
-    let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
-    let t = chrono::DateTime::parse_from_rfc3339(ts).ok()?;
-    Some((t.timestamp_nanos_opt()?, text))
 }
 
 /// How many lines wait in one container's queue before they are written out of order rather
@@ -207,26 +175,24 @@ pub async fn logs(
             let _ = tx.send((i, None)).await;
             continue;
         };
-        let src = Source {
+        let read = LogRead {
             index: i,
-            target: t.clone(),
+            address: t.address.clone(),
+            node: t.node.clone(),
+            source: LogSource {
+                name: t.name.clone(),
+                fail_on_log: t.fail_on_log.clone(),
+            },
             lineage: lineage.clone(),
             follow: req.follow,
             since,
             tail: req.tail,
-            tx: tx.clone(),
+            lines: tx.clone(),
             notes: events.clone(),
             cancel: cancel.clone(),
         };
-        tasks.spawn(async move {
-            match host.docker().await {
-                Ok(docker) => src.run(&docker).await,
-                Err(e) => {
-                    let _ = src.notes.send(LogEvent::Note(e.to_string()));
-                    let _ = src.tx.send((src.index, None)).await;
-                }
-            }
-        });
+        let kind = t.kind;
+        tasks.spawn(async move { machine(kind).read_log(host, read).await });
     }
     drop(tx);
     let grace = req.follow.then_some(Duration::from_millis(300));
@@ -237,186 +203,6 @@ pub async fn logs(
     .await;
     tasks.shutdown().await;
     pool.close().await;
-}
-
-/// One container's log, found again by its address label when it is replaced (following).
-struct Source {
-    index: usize,
-    target: Target,
-    lineage: Option<String>,
-    follow: bool,
-    since: Option<i64>,
-    tail: Option<usize>,
-    tx: mpsc::Sender<(usize, Option<LogLine>)>,
-    notes: mpsc::UnboundedSender<LogEvent>,
-    cancel: CancellationToken,
-}
-
-impl Source {
-    async fn run(self, docker: &bollard::Docker) {
-        let mut last: Option<i64> = None;
-        let mut current: Option<String> = None;
-        let mut waiting_said = false;
-        loop {
-            let found = tokio::select! {
-                f = find(docker, &self.target, self.lineage.as_deref()) => f,
-                _ = self.cancel.cancelled() => break,
-            };
-            match found {
-                // The container we read has stopped: wait for it or its successor.
-                Some((id, running))
-                    if self.follow && !running && current.as_deref() == Some(&id) =>
-                {
-                    if !waiting_said {
-                        let _ = self.notes.send(LogEvent::Note(format!(
-                            "{}: the container stopped; waiting for it or its replacement",
-                            self.target.address
-                        )));
-                    }
-                    waiting_said = true;
-                }
-                Some((id, _)) => {
-                    if current.is_some() && current.as_deref() != Some(&id) {
-                        let _ = self.notes.send(LogEvent::Note(format!(
-                            "{}: now following the new container {}",
-                            self.target.address,
-                            &id[..id.len().min(12)]
-                        )));
-                    }
-                    waiting_said = false;
-                    current = Some(id.clone());
-                    let first = last.is_none();
-                    if !self.stream(docker, &id, first, &mut last).await || !self.follow {
-                        break;
-                    }
-                }
-                None if !self.follow => {
-                    let _ = self.notes.send(LogEvent::Note(format!(
-                        "{}: no container on {}",
-                        self.target.address, self.target.node
-                    )));
-                    break;
-                }
-                None => {}
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = self.cancel.cancelled() => break,
-            }
-        }
-        let _ = self.tx.send((self.index, None)).await;
-    }
-
-    /// Stream one container's log from after `last`; false when the merge is gone.
-    async fn stream(
-        &self,
-        docker: &bollard::Docker,
-        id: &str,
-        first: bool,
-        last: &mut Option<i64>,
-    ) -> bool {
-        let since = match *last {
-            Some(ns) => i32::try_from(ns / 1_000_000_000).unwrap_or(0),
-            None => self.since.and_then(|s| i32::try_from(s).ok()).unwrap_or(0),
-        };
-        let tail = match (first, self.tail) {
-            (true, Some(n)) => n.to_string(),
-            _ => "all".to_string(),
-        };
-        let mut stream = docker.logs(
-            id,
-            Some(q::LogsOptions {
-                follow: self.follow,
-                stdout: true,
-                stderr: true,
-                since,
-                timestamps: true,
-                tail,
-                ..Default::default()
-            }),
-        );
-        loop {
-            let chunk = tokio::select! {
-                c = stream.next() => c,
-                _ = self.cancel.cancelled() => return false,
-            };
-            let Some(Ok(chunk)) = chunk else {
-                return true;
-            };
-            let stderr = matches!(chunk, bollard::container::LogOutput::StdErr { .. });
-            let text = chunk.to_string();
-            for raw in text.lines() {
-                let Some((time, body)) = split_timestamp(raw) else {
-                    continue;
-                };
-                // Resuming by whole seconds repeats lines already shown.
-                if last.is_some_and(|l| time <= l) {
-                    continue;
-                }
-                *last = Some(time);
-                let line = LogLine {
-                    time,
-                    address: self.target.address.clone(),
-                    text: body.to_string(),
-                    stderr,
-                };
-                if self.tx.send((self.index, Some(line))).await.is_err() {
-                    return false;
-                }
-            }
-        }
-    }
-}
-
-/// The container holding an address now: by its address label (the running one, else the
-/// newest), else by its name; (id, running).
-async fn find(
-    docker: &bollard::Docker,
-    target: &Target,
-    lineage: Option<&str>,
-) -> Option<(String, bool)> {
-    let mut labels = vec![format!("{LABEL_ADDRESS}={}", target.address)];
-    if let Some(l) = lineage {
-        labels.push(format!("{LABEL_LINEAGE}={l}"));
-    }
-    for filter in [("label", labels), ("name", vec![target.name.clone()])] {
-        let mut filters = HashMap::new();
-        filters.insert(filter.0.to_string(), filter.1);
-        let Ok(list) = docker
-            .list_containers(Some(q::ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-        else {
-            return None;
-        };
-        let exact_name = |c: &&bollard::models::ContainerSummary| {
-            filter.0 == "label"
-                || c.names
-                    .iter()
-                    .flatten()
-                    .any(|n| n.trim_start_matches('/') == target.name)
-        };
-        let best = list.iter().filter(exact_name).max_by_key(|c| {
-            (
-                matches!(
-                    c.state,
-                    Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
-                ),
-                c.created.unwrap_or(0),
-            )
-        });
-        if let Some(c) = best {
-            let running = matches!(
-                c.state,
-                Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
-            );
-            return Some((c.id.clone()?, running));
-        }
-    }
-    None
 }
 
 /// The fix for the first `fail_on_log` pattern a line matches.

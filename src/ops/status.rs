@@ -2,14 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use bollard::query_parameters as q;
 use serde::Serialize;
 
 use crate::config::Config;
 use crate::hosts::{Host, HostOptions, HostPool};
-use crate::kinds::machine::{machine, ReadMode};
-use crate::kinds::KindId;
-use crate::plan::Observed;
+use crate::kinds::machine::machine;
+use crate::kinds::{KindId, Lifecycle};
 use crate::state::{ResourceState, State};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -46,34 +44,8 @@ pub struct ResourceStatus {
     pub from_log: BTreeMap<String, Vec<String>>,
 }
 
-/// What a resource looks like on its machine.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum Seen {
-    Running {
-        uptime_secs: Option<u64>,
-        restarts: i64,
-        image_id: Option<String>,
-    },
-    Exited {
-        code: i64,
-        restarts: i64,
-        image_id: Option<String>,
-    },
-    /// Created, paused, restarting…: Docker's word for it.
-    Other {
-        status: String,
-    },
-    InSync,
-    Drifted {
-        notes: Vec<String>,
-    },
-    Missing {
-        reason: String,
-    },
-    /// Its node could not be reached.
-    Unknown,
-}
+/// What a resource looks like on its machine, as its kind says (`Machine::look`).
+pub use crate::kinds::machine::Seen;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeStatus {
@@ -114,7 +86,7 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
             error: pool.get(n).err().map(|e| e.to_string()),
         });
         for (addr, r) in &state.resources {
-            if r.node.as_deref() != Some(n.as_str()) || r.kind == KindId::Probe {
+            if r.node.as_deref() != Some(n.as_str()) || runs(r) {
                 continue;
             }
             let (recorded, observed) = s
@@ -142,31 +114,31 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
     }
 }
 
-/// What the apply recorded from the resource's log (`from_log`).
+/// What the apply recorded from the resource's log (a container's `record_from_log`).
 fn from_log(r: &ResourceState) -> BTreeMap<String, Vec<String>> {
-    r.attributes
-        .get("from_log")
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default()
+    r.kind.kind().shown(&r.attributes).from_log
 }
 
+/// What the state records it by on its node (a container's ID).
 fn recorded_id(r: &ResourceState) -> Option<String> {
-    r.attributes
-        .get("container_id")
-        .and_then(|v| v.as_str())
-        .map(str::to_string)
+    r.kind.kind().shown(&r.attributes).id
+}
+
+/// A check (a probe, a fabric test): it runs rather than stands, and status lists its last run.
+fn runs(r: &ResourceState) -> bool {
+    r.kind.kind().lifecycle() == Lifecycle::Runs
 }
 
 pub fn probes(state: &State) -> Vec<ProbeStatus> {
     state
         .resources
         .iter()
-        .filter(|(_, r)| r.kind == KindId::Probe)
+        .filter(|(_, r)| runs(r))
         .map(|(a, r)| ProbeStatus {
             address: a.clone(),
             last_run: r
                 .attributes
-                .get("last_run")
+                .get(crate::plan::MARK_LAST_RUN)
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
             took_secs: r.last_apply_secs,
@@ -192,16 +164,15 @@ pub fn outputs(state: &State) -> BTreeMap<String, serde_json::Value> {
 /// What one node shows, by address: (recorded ID, what is seen).
 type Looked = BTreeMap<String, (Option<String>, Seen)>;
 
-/// One node: containers by inspecting their recorded IDs, everything else by its kind's observe.
+/// One node: each kind looks at its recorded resources there.
 async fn look(host: &dyn Host, state: &State) -> Looked {
     let mine: Vec<(String, ResourceState)> = state
         .resources
         .iter()
-        .filter(|(_, r)| r.node.as_deref() == Some(host.node()) && r.kind != KindId::Probe)
+        .filter(|(_, r)| r.node.as_deref() == Some(host.node()) && !runs(r))
         .map(|(a, r)| (a.clone(), r.clone()))
         .collect();
     let mut out = BTreeMap::new();
-    let docker = host.docker().await.ok();
     for kind in KindId::ALL.iter().copied() {
         let of_kind: Vec<(String, ResourceState)> = mine
             .iter()
@@ -211,90 +182,11 @@ async fn look(host: &dyn Host, state: &State) -> Looked {
         if of_kind.is_empty() {
             continue;
         }
-        if kind == KindId::Container {
-            for (a, r) in &of_kind {
-                let id = recorded_id(r).or_else(|| {
-                    r.config
-                        .get("name")
-                        .and_then(|n| n.as_str())
-                        .map(str::to_string)
-                });
-                let seen = match (&docker, &id) {
-                    (Some(d), Some(id)) => inspect(d, id).await,
-                    (None, _) => Seen::Unknown,
-                    (_, None) => Seen::Missing {
-                        reason: "the state records no container".into(),
-                    },
-                };
-                out.insert(a.clone(), (recorded_id(r), seen));
-            }
-            continue;
-        }
-        let seen = match machine(kind)
-            .observe(host, &state.lineage, &of_kind, ReadMode::Normal)
-            .await
-        {
-            Ok((m, _)) => m,
-            Err(_) => Default::default(),
-        };
-        for (a, _) in &of_kind {
-            let s = match seen.get(a) {
-                Some(Observed::InSync) => Seen::InSync,
-                Some(Observed::Drifted(notes)) => Seen::Drifted {
-                    notes: notes.clone(),
-                },
-                Some(Observed::Missing(reason)) => Seen::Missing {
-                    reason: reason.clone(),
-                },
-                None => Seen::Unknown,
-            };
-            out.insert(a.clone(), (None, s));
+        let mut seen = machine(kind).look(host, &state.lineage, &of_kind).await;
+        for (a, r) in &of_kind {
+            let s = seen.remove(a).unwrap_or(Seen::Unknown);
+            out.insert(a.clone(), (recorded_id(r), s));
         }
     }
     out
-}
-
-async fn inspect(docker: &bollard::Docker, id: &str) -> Seen {
-    let i = match docker
-        .inspect_container(id, None::<q::InspectContainerOptions>)
-        .await
-    {
-        Ok(i) => i,
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
-        }) => {
-            return Seen::Missing {
-                reason: format!("no container {}", &id[..id.len().min(12)]),
-            }
-        }
-        Err(_) => return Seen::Unknown,
-    };
-    let restarts = i.restart_count.unwrap_or(0);
-    let image_id = i.image.clone();
-    let st = i.state.unwrap_or_default();
-    if st.running == Some(true) {
-        let uptime_secs = st
-            .started_at
-            .as_deref()
-            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
-            .and_then(|t| u64::try_from((chrono::Utc::now() - t.to_utc()).num_seconds()).ok());
-        return Seen::Running {
-            uptime_secs,
-            restarts,
-            image_id,
-        };
-    }
-    match st.status {
-        Some(bollard::models::ContainerStateStatusEnum::EXITED)
-        | Some(bollard::models::ContainerStateStatusEnum::DEAD) => Seen::Exited {
-            code: st.exit_code.unwrap_or(-1),
-            restarts,
-            image_id,
-        },
-        other => Seen::Other {
-            status: other
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "unknown".into()),
-        },
-    }
 }

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{Endpoint, Host, HostOptions, HostPool};
-use crate::kinds::{attachment, probe, DesiredConfig, KindId};
+use crate::kinds::Reaches;
 
 /// What a tunnel reaches: a URL as a node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,13 +39,17 @@ pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
 /// and port.
 fn authorization_for(config: &Config, t: &Target) -> Option<String> {
     let base = format!("http://{}:{}", t.host, t.port);
+    reached(config)
+        .filter(|(_, r)| r.url == base || r.url.starts_with(&format!("{base}/")))
+        .find_map(|(_, r)| r.authorization)
+}
+
+/// The HTTP endpoints the definitions' resources reach (their probes'), by address.
+fn reached(config: &Config) -> impl Iterator<Item = (&str, Reaches)> {
     config
         .resources
         .iter()
-        .filter(|r| r.kind == KindId::Probe)
-        .filter_map(|r| probe::Desired::from_config(&r.config).ok()?.http)
-        .filter(|h| h.url == base || h.url.starts_with(&format!("{base}/")))
-        .find_map(|h| h.headers?.get("Authorization").cloned())
+        .filter_map(|r| Some((r.address.as_str(), r.kind.kind().reaches(&r.config)?)))
 }
 
 fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
@@ -56,15 +60,8 @@ fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
         .filter_map(|o| Some((o.name.as_str(), o.value.as_str()?)))
         .filter(|(_, v)| v.starts_with("http://"))
         .collect();
-    let probes: Vec<(&str, String, String)> = config
-        .resources
-        .iter()
-        .filter(|r| r.kind == KindId::Probe)
-        .filter_map(|r| {
-            let http = probe::Desired::from_config(&r.config).ok()?.http?;
-            Some((r.address.as_str(), http.via, http.url))
-        })
-        .collect();
+    let probes: Vec<(&str, String, String)> =
+        reached(config).map(|(a, r)| (a, r.via, r.url)).collect();
     let candidates = || {
         let mut c: Vec<String> = url_outputs
             .iter()
@@ -134,8 +131,7 @@ fn node_for_url(config: &Config, url: &str, probes: &[(&str, String, String)]) -
     config
         .resources
         .iter()
-        .filter(|r| r.kind == KindId::Attachment)
-        .find(|r| attachment::Desired::from_config(&r.config).is_ok_and(|a| a.address == host))
+        .find(|r| r.kind.kind().node_address(&r.config).as_deref() == Some(host.as_str()))
         .and_then(|r| r.node.clone())
         .or_else(|| {
             config
@@ -264,7 +260,7 @@ impl Tunnel {
                     let ep = self.endpoint.clone();
                     let tx = down_tx.clone();
                     conns.spawn(async move {
-                        let _ = tx.send(crate::kinds::container::machine::tcp_open(&ep).await);
+                        let _ = tx.send(ep.answers().await);
                     });
                 }
                 Some(r) = down_rx.recv() => report(r, &mut down),

@@ -12,20 +12,17 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters as q;
-use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::apply::{PlanRequest, RunOptions, Source};
 use super::definitions::{self, Pins};
 use super::OpError;
-use crate::config::{Config, ResourceKind, VarInputs};
+use crate::config::{Config, VarInputs};
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
-use crate::kinds::container::Desired as ContainerDesired;
-use crate::kinds::machine::{container_index, ReadMode};
-use crate::kinds::{DesiredConfig, Lifecycle};
+use crate::kinds::machine::{container_index, machine, ReadMode};
+use crate::kinds::Lifecycle;
 use crate::plan::PlanOptions;
 use crate::state::{Restart, State, StateStore, RESTARTS_KEPT};
 use crate::workspace::Workspace;
@@ -95,174 +92,48 @@ fn now_unix() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
-/// The patterns that mean a running container no longer serves: its `watch_on_log`, and its
-/// ready checks' `fail_on_log` (fatal at any time), as (regex, cause).
-fn signatures(d: &ContainerDesired) -> Vec<(regex::Regex, String)> {
-    let mut out = Vec::new();
-    let watch = d.watch_on_log.iter().flatten();
-    let ready = d.ready.iter().flat_map(|r| r.fail_on_log.iter().flatten());
-    for (pattern, cause) in watch.chain(ready) {
-        if let Ok(re) = regex::Regex::new(pattern) {
-            out.push((re, cause.clone()));
-        }
-    }
-    out
-}
-
-/// What one container's check found: a failure, and what to remember for the next check.
-struct ContainerSeen {
-    id: String,
-    restart_count: Option<i64>,
-    log_until: Option<i64>,
-    failure: Option<Failure>,
-}
-
-/// One recorded container on its node: running, not restarted by Docker since the last check
-/// (`before`), no signature in its log since `since`.
-async fn check_container(
-    address: &str,
-    r: &crate::state::ResourceState,
-    d: &ContainerDesired,
-    id: &str,
-    pool: &HostPool,
-    before: Option<i64>,
-    since: i64,
-) -> ContainerSeen {
-    let mut seen = ContainerSeen {
-        id: id.to_string(),
-        restart_count: None,
-        log_until: None,
-        failure: None,
-    };
-    let fail = |cause: String, restartable: bool| Failure {
-        cause,
-        containers: if restartable {
-            vec![address.to_string()]
-        } else {
-            Vec::new()
-        },
-        probe: None,
-        restartable,
-    };
-    let node = r.node.clone().unwrap_or_default();
-    let docker = match pool.get(&node) {
-        Ok(h) => h.docker().await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    let docker = match docker {
-        Ok(d) => d,
-        Err(e) => {
-            seen.failure = Some(fail(
-                format!("{address}: {node} cannot be reached: {e}"),
-                false,
-            ));
-            return seen;
-        }
-    };
-    let Ok(info) = docker
-        .inspect_container(id, None::<q::InspectContainerOptions>)
-        .await
-    else {
-        let cause = format!("{address}: container {} is gone from {node}", d.name);
-        seen.failure = Some(fail(cause, true));
-        return seen;
-    };
-    let st = info.state.unwrap_or_default();
-    let restarts = info.restart_count.unwrap_or(0);
-    seen.restart_count = Some(restarts);
-    if st.running != Some(true) {
-        let status = st
-            .status
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "not running".into());
-        let cause = format!(
-            "{address}: container {} on {node} is {status} (exit code {})",
-            d.name,
-            st.exit_code.unwrap_or(-1)
-        );
-        seen.failure = Some(fail(cause, true));
-        return seen;
-    }
-    if before.is_some_and(|b| restarts > b) {
-        let cause = format!(
-            "{address}: Docker restarted {} on {node} ({restarts} restarts in all): it crashed",
-            d.name
-        );
-        seen.failure = Some(fail(cause, true));
-        return seen;
-    }
-    let until = now_unix();
-    let lines = log_lines(&docker, id, since).await;
-    seen.log_until = Some(until);
-    let sigs = signatures(d);
-    let found = lines.iter().find_map(|l| {
-        sigs.iter()
-            .find(|(re, _)| re.is_match(l))
-            .map(|(_, c)| (l.clone(), c.clone()))
-    });
-    if let Some((line, cause)) = found {
-        let line: String = line.chars().take(200).collect();
-        seen.failure = Some(fail(format!("{address}: {cause} (log: {line})"), true));
-    }
-    seen
-}
-
-/// Every recorded container at once (each on its node's connection).
+/// Every recorded resource whose kind watches its health (a container: running, not
+/// restarted by Docker since the last check, no line of its log that means it no longer
+/// serves), at once, each on its node's connection.
 async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check: &mut Check) {
     let now = now_unix();
     let mut checks = Vec::new();
     for (address, r) in &state.resources {
-        if r.kind != ResourceKind::Container {
-            continue;
-        }
-        let Ok(d) = ContainerDesired::from_config(&r.config) else {
+        // The memory of a check is kept by what runs (a replaced container starts afresh).
+        let Some(id) = r.kind.kind().shown(&r.attributes).id else {
             continue;
         };
-        let Some(id) = r.attributes.get("container_id").and_then(|v| v.as_str()) else {
+        let before = seen.restart_counts.get(&id).copied();
+        let since = *seen.log_since.entry(id.clone()).or_insert(now);
+        checks.push(async move {
+            let health = machine(r.kind)
+                .health(address, r, pool, before, since)
+                .await;
+            (id, address, health)
+        });
+    }
+    for (id, address, health) in futures_util::future::join_all(checks).await {
+        let Some(health) = health else {
             continue;
         };
-        let before = seen.restart_counts.get(id).copied();
-        let since = *seen.log_since.entry(id.to_string()).or_insert(now);
-        checks.push(async move { check_container(address, r, &d, id, pool, before, since).await });
+        check.containers += 1;
+        if let Some(n) = health.restart_count {
+            seen.restart_counts.insert(id.clone(), n);
+        }
+        if let Some(t) = health.log_until {
+            seen.log_since.insert(id, t);
+        }
+        check.failures.extend(health.failure.map(|f| Failure {
+            cause: f.cause,
+            containers: if f.restartable {
+                vec![address.to_string()]
+            } else {
+                Vec::new()
+            },
+            probe: None,
+            restartable: f.restartable,
+        }));
     }
-    check.containers += checks.len();
-    for c in futures_util::future::join_all(checks).await {
-        if let Some(n) = c.restart_count {
-            seen.restart_counts.insert(c.id.clone(), n);
-        }
-        if let Some(t) = c.log_until {
-            seen.log_since.insert(c.id.clone(), t);
-        }
-        check.failures.extend(c.failure);
-    }
-}
-
-/// A container's log lines since `since` (Unix seconds), bounded.
-async fn log_lines(docker: &bollard::Docker, id: &str, since: i64) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stream = docker.logs(
-        id,
-        Some(q::LogsOptions {
-            follow: false,
-            stdout: true,
-            stderr: true,
-            since: i32::try_from(since).unwrap_or(0),
-            tail: "5000".into(),
-            ..Default::default()
-        }),
-    );
-    let read = async {
-        while let Some(Ok(chunk)) = stream.next().await {
-            for l in chunk.to_string().lines() {
-                out.push(l.to_string());
-            }
-            if out.len() > 20_000 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(30), read).await;
-    out
 }
 
 /// The probes `verify` runs, as it runs them (`ops::verify::Deployed::check`: a probe whose
@@ -345,10 +216,11 @@ pub fn restart_set(
     graph: &Graph,
     failures: &[Failure],
 ) -> (Vec<String>, Vec<String>) {
+    // What runs as a process (a container) is what a restart replaces.
     let is_container = |a: &str| {
         config
             .resource(a)
-            .is_some_and(|r| r.kind == ResourceKind::Container)
+            .is_some_and(|r| r.kind.kind().disrupts_when_replaced())
     };
     let mut set: BTreeSet<String> = BTreeSet::new();
     for f in failures.iter().filter(|f| f.restartable) {

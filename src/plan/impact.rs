@@ -62,23 +62,7 @@ pub struct CacheUse {
     pub skips: Vec<PhaseTimes>,
 }
 
-/// One phase of a start as the state recorded it from a cold folder and from a warm one (the
-/// latest start of each). No warm start recorded: the phase is taken as skipped (0 s).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PhaseTimes {
-    pub label: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cold_secs: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warm_secs: Option<f64>,
-}
-
-impl PhaseTimes {
-    /// Seconds a warm folder takes off the phase; `None` without a cold start recorded.
-    pub fn saving(&self) -> Option<f64> {
-        Some((self.cold_secs? - self.warm_secs.unwrap_or(0.0)).max(0.0))
-    }
-}
+pub use crate::kinds::PhaseTimes;
 
 impl CacheUse {
     /// Seconds to take off the recorded duration: what a warm folder saves when the recorded
@@ -233,74 +217,29 @@ impl Durations<'_> {
     }
 }
 
-/// The new containers (created or replaced) whose kind's plan-time read found a cache folder
-/// (`config.observed.kinds[address].cache`), with the phases their `cache.skips` names and
-/// what the recorded starts took of each (the container's `phase_secs`, and its
-/// `phase_secs_by_cache` of the latest cold and warm starts).
+/// The new objects (created or replaced) that reuse something on their node (a container's
+/// warm cache folder), as their kind says (`Kind::reuse`).
 fn cache_uses(config: &Config, state: &State, steps: &[&super::Change]) -> Vec<CacheUse> {
     steps
         .iter()
         .filter(|c| matches!(c.action, Action::Create | Action::Replace))
         .filter_map(|c| {
-            let seen = config.observed.kinds.get(&c.address)?.get("cache")?;
             let resource = config.resource(&c.address)?;
-            let skips = resource.config.get("cache")?.get("skips");
-            let recorded = StartTimes::of(state, &c.address);
-            let skips = skips
-                .and_then(|s| s.as_array())
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s.as_str())
-                .map(|label| recorded.phase(label))
-                .collect();
+            let reuse = c.kind.kind().reuse(
+                &resource.config,
+                config.observed.kinds.get(&c.address),
+                state.resources.get(&c.address).map(|r| &r.attributes),
+            )?;
             Some(CacheUse {
                 address: c.address.clone(),
                 node: c.node.clone(),
-                image_id: seen
-                    .get("image_id")
-                    .and_then(|v| v.as_str())
-                    .map(String::from),
-                warm: seen.get("warm").and_then(|v| v.as_bool()) == Some(true),
-                last_start_warm: recorded.last_warm,
-                skips,
+                image_id: reuse.image_id,
+                warm: reuse.warm,
+                last_start_warm: reuse.last_start_warm,
+                skips: reuse.skips,
             })
         })
         .collect()
-}
-
-/// What a container's recorded starts took, phase by phase.
-struct StartTimes<'s> {
-    /// The last start's phases.
-    last: Option<&'s serde_json::Value>,
-    last_warm: bool,
-    /// `{ "cold": {phase: secs}, "warm": {…} }`: the latest start from each kind of folder.
-    by_cache: Option<&'s serde_json::Value>,
-}
-
-impl<'s> StartTimes<'s> {
-    fn of(state: &'s State, address: &str) -> Self {
-        let attributes = state.resources.get(address).map(|r| &r.attributes);
-        let get = |k: &str| attributes.and_then(|a| a.get(k));
-        StartTimes {
-            last: get("phase_secs"),
-            last_warm: get("cache_warm").and_then(|v| v.as_bool()) == Some(true),
-            by_cache: get("phase_secs_by_cache"),
-        }
-    }
-
-    fn phase(&self, label: &str) -> PhaseTimes {
-        let of = |cache: &str| {
-            self.by_cache
-                .and_then(|b| b.get(cache)?.get(label)?.as_f64())
-        };
-        // A state from before `phase_secs_by_cache`: its last start counts as cold.
-        let last = self.last.and_then(|p| p.get(label)?.as_f64());
-        PhaseTimes {
-            label: label.to_string(),
-            cold_secs: of("cold").or(if self.last_warm { None } else { last }),
-            warm_secs: of("warm").or(if self.last_warm { last } else { None }),
-        }
-    }
 }
 
 /// The steps that stop something running (a replace or delete of a kind that disrupts).

@@ -16,7 +16,7 @@ use outputs::output_changes;
 use record::mark;
 pub use record::{
     mark_run_started, record, record_change, record_import, record_intent, record_outputs,
-    record_run_failed, MARK_PENDING, MARK_RUN_FAILED, MARK_RUN_STARTED,
+    record_run_failed, MARK_LAST_RUN, MARK_PENDING, MARK_RUN_FAILED, MARK_RUN_STARTED,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -77,6 +77,8 @@ pub fn record_change(
 /// before it starts, marked pending: an object a kill left on the machine is then this
 /// deployment's (refresh sees it, plan adopts it, destroy removes it), never someone else's.
 pub const MARK_PENDING: &str = "journal_pending";
+/// A run's summary, the last time it passed (a probe's answer): what `status` shows.
+pub const MARK_LAST_RUN: &str = "last_run";
 /// A run (a probe) that started and has not finished: the next apply runs it again.
 pub const MARK_RUN_STARTED: &str = "run_started";
 /// The last run failed: `{"at": time, "error": text}`; plan says so.

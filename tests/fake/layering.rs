@@ -501,6 +501,53 @@ fn the_cli_calls_neither_hosts_nor_kinds() {
     assert!(allowed.is_empty(), "{allowed:?}");
 }
 
+/// What only a kind's own folder says: Docker (its client, a node's engine), a recorded
+/// resource's facts or a configuration by key, a kind by its name. `ops`, `plan` and the cli
+/// ask the kind's typed questions instead (`AnyKind`, `AnyMachine`).
+fn kind_knowledge() -> regex::Regex {
+    let names: Vec<String> = sparkform::kinds::KindId::ALL
+        .iter()
+        .map(|k| format!("{k:?}"))
+        .collect();
+    regex::Regex::new(&format!(
+        r#"\bbollard::|\.docker\(\)|attributes(?:\.get\(|\[)"|config(?:\.get\(|\[)"|\b(?:KindId|ResourceKind)::(?:{})\b"#,
+        names.join("|")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn ops_plan_and_the_cli_leave_docker_and_a_kinds_keys_to_the_kind() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let forbidden = kind_knowledge();
+    let mut bad = Vec::new();
+    for layer in ["ops", "plan", "cli"] {
+        let dir = src.join(layer);
+        let (read, found) = violations_below(&dir, |_| true, &forbidden);
+        assert!(read > 5, "{read} files in {}", dir.display());
+        bad.extend(found.into_iter().map(|v| format!("{layer}/{v}")));
+    }
+    assert!(
+        bad.is_empty(),
+        "Docker or a kind's keys outside its folder; ask the kind (ARCHITECTURE.md, Invariants):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: what ops/status.rs, ops/watch.rs and plan/impact.rs had, and what it
+    // must let through.
+    let caught = violations(
+        &forbidden,
+        "x.rs",
+        "use bollard::query_parameters as q;\nlet docker = host.docker().await.ok();\nlet id = r.attributes.get(\"container_id\");\nif kind == KindId::Container {\n.is_some_and(|r| r.kind == ResourceKind::Probe)\nlet n = r.config.get(\"name\");\n",
+    );
+    assert_eq!(caught.len(), 6, "{caught:?}");
+    let allowed = violations(
+        &forbidden,
+        "x.rs",
+        "for kind in KindId::ALL {\nmachine(kind).look(host, lineage, &of_kind).await\nr.attributes.get(crate::plan::MARK_LAST_RUN)\n#[cfg(test)]\nmod tests { use bollard::Docker; }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
+}
+
 /// A kind's block must be reachable from the top level of the language, or its resources can
 /// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
 #[test]

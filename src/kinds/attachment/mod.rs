@@ -60,6 +60,9 @@ impl Kind for Attachment {
             "is removed: its fabric address goes away"
         })
     }
+    fn node_address(&self, desired: &Desired) -> Option<String> {
+        Some(desired.address.clone())
+    }
     fn dot_shape(&self) -> &'static str {
         "cds"
     }

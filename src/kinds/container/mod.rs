@@ -5,6 +5,8 @@ pub(crate) mod lower;
 pub mod machine;
 pub mod progress;
 
+use serde::{Deserialize, Serialize};
+
 use super::{Kind, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
 
@@ -123,8 +125,95 @@ impl Kind for Container {
             .map(|digest| vec![(desired.image.clone(), digest)])
             .unwrap_or_default()
     }
+    fn log_source(&self, desired: &Desired) -> Option<super::LogSource> {
+        let mut fail_on_log: Vec<(String, String)> = desired
+            .ready
+            .iter()
+            .filter_map(|r| r.fail_on_log.as_ref())
+            .flat_map(|m| m.iter().map(|(p, f)| (p.clone(), f.clone())))
+            .collect();
+        fail_on_log.sort();
+        fail_on_log.dedup();
+        Some(super::LogSource {
+            name: desired.name.clone(),
+            fail_on_log,
+        })
+    }
+    fn shown(&self, recorded: &Recorded) -> super::Shown {
+        super::Shown {
+            id: recorded.container_id.clone(),
+            from_log: recorded.from_log.clone().unwrap_or_default(),
+        }
+    }
+    fn reuse(
+        &self,
+        desired: &Desired,
+        found: Option<&serde_json::Value>,
+        recorded: Option<&Recorded>,
+    ) -> Option<super::Reuse> {
+        let cache = desired.cache.as_ref()?;
+        let found: CacheFound = serde_json::from_value(found?.clone()).ok()?;
+        let found = found.cache?;
+        let times = StartTimes::of(recorded);
+        Some(super::Reuse {
+            image_id: found.image_id,
+            warm: found.warm,
+            last_start_warm: times.last_warm,
+            skips: cache.skips.iter().map(|label| times.phase(label)).collect(),
+        })
+    }
     fn dot_shape(&self) -> &'static str {
         "box"
+    }
+}
+
+/// What the kind's plan-time read found of a container's cache folder (`machine::cache`).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct CacheFound {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<FolderFound>,
+}
+
+/// A cache folder on the node: keyed by the image's ID (none when the node lacks the image).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct FolderFound {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
+    #[serde(default)]
+    pub warm: bool,
+}
+
+/// What a container's recorded starts took, phase by phase.
+struct StartTimes<'r> {
+    /// The last start's phases.
+    last: Option<&'r PhaseSecs>,
+    last_warm: bool,
+    /// The latest start from each kind of folder.
+    by_cache: Option<&'r PhasesByCache>,
+}
+
+impl<'r> StartTimes<'r> {
+    fn of(recorded: Option<&'r Recorded>) -> Self {
+        StartTimes {
+            last: recorded.and_then(|r| r.phase_secs.as_ref()),
+            last_warm: recorded.and_then(|r| r.cache_warm) == Some(true),
+            by_cache: recorded.and_then(|r| r.phase_secs_by_cache.as_ref()),
+        }
+    }
+
+    fn phase(&self, label: &str) -> super::PhaseTimes {
+        let of = |cache: fn(&PhasesByCache) -> Option<&PhaseSecs>| {
+            self.by_cache.and_then(cache)?.get(label).copied()
+        };
+        // A state from before `phase_secs_by_cache`: its last start counts as cold.
+        let last = self.last.and_then(|p| p.get(label).copied());
+        super::PhaseTimes {
+            label: label.to_string(),
+            cold_secs: of(|b| b.cold.as_ref()).or(if self.last_warm { None } else { last }),
+            warm_secs: of(|b| b.warm.as_ref()).or(if self.last_warm { last } else { None }),
+        }
     }
 }
 

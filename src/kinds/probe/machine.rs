@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::desired::{Check, Expect};
 use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
-use crate::kinds::container::machine::{exec_in, tcp_open};
+use crate::kinds::container::machine::exec_in;
 use crate::kinds::machine::{Backoff, ContainerIndex, Done, Machine, Step, StepError};
 use crate::plan::Action;
 
@@ -161,7 +161,7 @@ async fn attempt(
             let port: u16 = p.parse().map_err(|_| "bad port")?;
             let host = pool.get(&tcp.via).map_err(|e| e.to_string())?;
             let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
-            tcp_open(&ep).await?;
+            ep.answers().await?;
             Ok(format!("{addr} accepts connections"))
         }
         None => Err(format!("the probe has no {} block", config.form)),

@@ -135,6 +135,14 @@ impl Kind for Probe {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Ignore
     }
+    fn reaches(&self, desired: &Desired) -> Option<super::Reaches> {
+        let http = desired.http.clone()?;
+        Some(super::Reaches {
+            via: http.via,
+            url: http.url,
+            authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
+        })
+    }
     fn soak_secs(&self, desired: &Desired) -> Option<u64> {
         desired.soak_secs()
     }

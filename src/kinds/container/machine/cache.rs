@@ -3,6 +3,7 @@
 //! expected durations; and its removal when `destroy -purge-caches` deletes the container.
 
 use super::*;
+use crate::kinds::container::{CacheFound, FolderFound};
 
 /// The containers with a cache folder, with their node's address.
 fn cached(
@@ -39,11 +40,19 @@ pub(super) async fn read_caches(
             let id = host.image(&image).await?.id;
             let folder = cache.folder(&id)?;
             let warm = holds_anything(host.as_ref(), &folder).await;
-            Some(serde_json::json!({ "image_id": id, "folder": folder, "warm": warm }))
+            Some(FolderFound {
+                image_id: Some(id),
+                folder: Some(folder),
+                warm,
+            })
         }
         .await
-        .unwrap_or_else(|| serde_json::json!({ "warm": false }));
-        (r.address.clone(), serde_json::json!({ "cache": seen }))
+        .unwrap_or_default();
+        let found = CacheFound { cache: Some(seen) };
+        (
+            r.address.clone(),
+            serde_json::to_value(found).unwrap_or_default(),
+        )
     });
     futures_util::future::join_all(reads)
         .await

@@ -23,7 +23,7 @@ use crate::config::{Config, Resource};
 use crate::hosts::{image, Host, HostError, HostPool};
 use crate::kinds::machine::{
     Backoff, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
-    Step, StepCx, StepError,
+    Seen, Step, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Foreign, Observed, Orphan};
@@ -32,10 +32,13 @@ mod aside;
 mod cache;
 mod docker;
 mod drift;
+mod health;
 mod import;
 mod ipc;
+mod logs;
 mod memory;
 mod ready;
+mod status;
 
 use aside::*;
 use docker::*;
@@ -44,7 +47,6 @@ use ready::*;
 
 pub use docker::{create_body, exec_in, log_tail};
 pub use import::{import_container, imported_config, NOTE_UNLABELLED};
-pub use ready::tcp_open;
 
 pub struct ContainerMachine;
 pub static MACHINE: ContainerMachine = ContainerMachine;
@@ -583,6 +585,53 @@ impl Machine for ContainerMachine {
             .collect();
         let now = image::image_ids(host, &images).await;
         Ok(judge(node, recorded, &list, &now))
+    }
+
+    async fn health(
+        &self,
+        address: &str,
+        recorded: &Record<'_, Container>,
+        pool: &HostPool,
+        restarts_before: Option<i64>,
+        log_since: i64,
+    ) -> Option<crate::kinds::machine::Health> {
+        let id = recorded.facts.container_id.as_deref()?;
+        recorded.config.as_ref()?;
+        Some(health::health(address, recorded, id, pool, restarts_before, log_since).await)
+    }
+
+    async fn read_log(&self, host: std::sync::Arc<dyn Host>, read: crate::kinds::machine::LogRead) {
+        match host.docker().await {
+            Ok(docker) => logs::Source(read).run(&docker).await,
+            Err(e) => read.end(Some(e.to_string())).await,
+        }
+    }
+
+    /// Each recorded container inspected by its recorded ID (else its name).
+    async fn look(
+        &self,
+        host: &dyn Host,
+        _lineage: &str,
+        recorded: &[(String, Record<'_, Container>)],
+    ) -> BTreeMap<String, Seen> {
+        let docker = host.docker().await.ok();
+        let mut out = BTreeMap::new();
+        for (a, r) in recorded {
+            let id = r
+                .facts
+                .container_id
+                .clone()
+                .or_else(|| r.config.as_ref().map(|d| d.name.clone()));
+            let seen = match (&docker, &id) {
+                (Some(d), Some(id)) => status::inspect(d, id).await,
+                (None, _) => Seen::Unknown,
+                (_, None) => Seen::Missing {
+                    reason: "the state records no container".into(),
+                },
+            };
+            out.insert(a.clone(), seen);
+        }
+        out
     }
 
     async fn find_foreign(

@@ -203,35 +203,9 @@ pub(super) async fn check_once(
         let (h, p) = addr.rsplit_once(':').ok_or("bad tcp address")?;
         let port: u16 = p.parse().map_err(|_| "bad port")?;
         let ep = host.forward(h, port).await.map_err(|e| e.to_string())?;
-        return tcp_open(&ep).await;
+        return ep.answers().await;
     }
     Err("the ready check has no exec, http or tcp".into())
-}
-
-/// Whether a TCP port answers through an endpoint. Through an SSH forward the local connect
-/// always succeeds; a refused remote connect shows as an immediate close.
-pub async fn tcp_open(ep: &crate::hosts::Endpoint) -> Result<(), String> {
-    use tokio::io::AsyncReadExt;
-    match ep {
-        crate::hosts::Endpoint::Tcp(h, p) => tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::net::TcpStream::connect((h.as_str(), *p)),
-        )
-        .await
-        .map_err(|_| format!("{h}:{p} did not answer"))?
-        .map(|_| ())
-        .map_err(|e| format!("{h}:{p}: {e}")),
-        crate::hosts::Endpoint::Unix(path) => {
-            let mut s = tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut b = [0u8; 1];
-            match tokio::time::timeout(Duration::from_millis(500), s.read(&mut b)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => Err("connection refused on the node".into()),
-                _ => Ok(()),
-            }
-        }
-    }
 }
 
 /// Fail at once when the container's log shows a known fatal condition (a regex of
