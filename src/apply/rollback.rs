@@ -304,7 +304,7 @@ pub(super) async fn check_restored(
             ),
         }
     }
-    let seen = match crate::refresh::observe_recorded(&expected, hosts).await {
+    let seen = match crate::observe::observe_recorded(&expected, hosts).await {
         Ok(seen) => seen,
         Err(errors) => {
             let why: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
@@ -318,9 +318,9 @@ pub(super) async fn check_restored(
     };
     for (address, observed) in seen.resources {
         let why = match observed {
-            crate::plan::Observed::InSync => continue,
-            crate::plan::Observed::Missing(why) => why,
-            crate::plan::Observed::Drifted(notes) => notes.join("; "),
+            crate::plan::Drift::InSync => continue,
+            crate::plan::Drift::Missing(why) => why,
+            crate::plan::Drift::Drifted(notes) => notes.join("; "),
         };
         not_restored(outcome, vec![address], &why);
     }

@@ -225,7 +225,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
         config,
         plan,
         warnings,
-        observed,
+        readings,
         images,
         round_trips,
         ..
@@ -277,7 +277,7 @@ pub fn run(args: PlanArgs) -> ExitCode {
     }
     if let Some(out) = &args.out {
         let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref())
-            .with_observed(&observed);
+            .with_readings(&readings);
         if let Err(e) = file.write(out) {
             return report_error(e);
         }

@@ -12,7 +12,7 @@ use hcl_edit::expr::Expression;
 use hcl_edit::structure::{Block, Body};
 use hcl_edit::Span as _;
 
-pub use super::model::{Network, Observed, Resource, ResourceKind};
+pub use super::model::{Network, Readings, Resource, ResourceKind};
 use crate::diag::{Diag, SourceFile, Span};
 use crate::schema::BlockSpec;
 
@@ -182,7 +182,7 @@ pub trait Engine<'m> {
     fn node_host(&self, node: &str) -> Option<String>;
     /// What the machines said before this evaluation (empty when nothing was observed).
     #[allow(dead_code)] // the seam for kinds whose values come from the machines (model revisions)
-    fn observed(&self) -> &Observed;
+    fn readings(&self) -> &Readings;
     /// The address `address` had before the root module's `moved` blocks renamed it (itself
     /// when none did): what is derived from an address (a container's default name) stays
     /// what it was, so the move restarts nothing.

@@ -56,23 +56,23 @@ pub mod evaluations {
 
 /// Load and evaluate the configuration in `dir`. On failure, every independent error found.
 pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
-    load_observed(dir, vars, &Observed::default())
+    load_with_readings(dir, vars, &Readings::default())
 }
 
 /// [`load`], with what the machines said about the values a definition leaves to them.
-pub fn load_observed(
+pub fn load_with_readings(
     dir: &Path,
     vars: &VarInputs,
-    observed: &Observed,
+    observed: &Readings,
 ) -> Result<Config, Diagnostics> {
     evaluations::count(dir);
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.
     crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
-    loader.observed = observed.clone();
+    loader.readings = observed.clone();
     loader.config.vars = vars.clone();
-    loader.config.observed = observed.clone();
+    loader.config.readings = observed.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };

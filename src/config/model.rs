@@ -32,11 +32,11 @@ impl VarInputs {
 pub struct Config {
     pub dir: PathBuf,
     /// The variable values it was evaluated with, so an operation can evaluate the same
-    /// definitions again with what the machines said (`config::load_observed`).
+    /// definitions again with what the machines said (`config::load_with_readings`).
     pub vars: VarInputs,
     /// What the machines said that it was evaluated with (model revisions, node facts), so a
     /// second evaluation adds to it instead of losing it.
-    pub observed: Observed,
+    pub readings: Readings,
     pub jumps: BTreeMap<String, Jump>,
     pub nodes: BTreeMap<String, Node>,
     pub networks: BTreeMap<String, Network>,
@@ -130,8 +130,8 @@ pub struct Node {
 impl Node {
     /// The three attributes refresh may fill, as this evaluation has them (declared, or filled
     /// when it was made with observed facts).
-    pub fn declared_facts(&self) -> NodeObserved {
-        NodeObserved {
+    pub fn declared_facts(&self) -> NodeReadings {
+        NodeReadings {
             unified_memory: self.unified_memory,
             memory_gib: self.memory_gib,
             gpus: self.gpus,
@@ -246,14 +246,14 @@ pub struct Output {
 /// What the machines said before an evaluation, for the values a definition leaves to them.
 ///
 /// `config` stays pure: `ops` gathers these (node facts from a refresh, model revisions
-/// resolved on a node) and passes them to `config::load_observed`; a load without them
+/// resolved on a node) and passes them to `config::load_with_readings`; a load without them
 /// (`config::load`) evaluates as if nothing had been observed.
 #[derive(Clone, Debug, Default)]
-pub struct Observed {
+pub struct Readings {
     /// By node name (`spark1` for `node "spark1"`).
-    pub nodes: BTreeMap<String, NodeObserved>,
+    pub nodes: BTreeMap<String, NodeReadings>,
     /// By the model block's address (`model.qwen`, `module.m.model.qwen`).
-    pub models: BTreeMap<String, ModelObserved>,
+    pub models: BTreeMap<String, ModelReadings>,
     /// What a kind's plan-time read found that has no place of its own above, by the address of
     /// the block it is for (the toy kind of the tests).
     pub kinds: BTreeMap<String, serde_json::Value>,
@@ -262,14 +262,14 @@ pub struct Observed {
     pub warnings: Vec<crate::diag::Diag>,
 }
 
-impl Observed {
+impl Readings {
     /// Nothing was observed: an evaluation with it is one without.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty() && self.models.is_empty() && self.kinds.is_empty()
     }
 
     /// `other`'s observations added to these (its own replace these where both have one).
-    pub fn extend(&mut self, other: Observed) {
+    pub fn extend(&mut self, other: Readings) {
         self.nodes.extend(other.nodes);
         self.models.extend(other.models);
         self.kinds.extend(other.kinds);
@@ -279,18 +279,18 @@ impl Observed {
 
 /// Facts read on a node, for the node attributes a definition leaves unset.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeObserved {
+pub struct NodeReadings {
     pub unified_memory: Option<bool>,
     pub memory_gib: Option<f64>,
     pub gpus: Option<u32>,
 }
 
-impl NodeObserved {
+impl NodeReadings {
     /// `declared` (what a node block sets) with what it leaves unset taken from these facts.
     /// GPUs are taken only where devices are expected: `gpu_devices = false` declares logical
     /// GPUs, which no machine shows.
-    pub fn fill(&self, declared: &NodeObserved, gpu_devices: bool) -> NodeObserved {
-        NodeObserved {
+    pub fn fill(&self, declared: &NodeReadings, gpu_devices: bool) -> NodeReadings {
+        NodeReadings {
             unified_memory: declared.unified_memory.or(self.unified_memory),
             memory_gib: declared.memory_gib.or(self.memory_gib),
             gpus: declared.gpus.or(self.gpus.filter(|_| gpu_devices)),
@@ -300,7 +300,7 @@ impl NodeObserved {
     /// Where `declared` sets an attribute these facts contradict.
     pub fn disagreements(
         &self,
-        declared: &NodeObserved,
+        declared: &NodeReadings,
         gpu_devices: bool,
     ) -> Vec<FactDisagreement> {
         let mut out = Vec::new();
@@ -394,7 +394,7 @@ pub fn gib(v: f64) -> String {
 
 /// A model revision resolved against the hub on a node.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelObserved {
+pub struct ModelReadings {
     /// The revision asked for (a branch, tag or commit), as the definition spells it.
     pub revision: String,
     /// The commit it points at.

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::config::{Config, Node, NodeObserved};
+use crate::config::{Config, Node, NodeReadings};
 use crate::hosts::glance::Section;
 use crate::hosts::image::{image_ids, short_id};
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
@@ -264,8 +264,8 @@ pub fn unified_memory(gpus: &[Gpu]) -> Option<bool> {
 }
 
 /// What the facts say about the three node attributes a definition may leave to them.
-pub fn node_observed(facts: &Facts) -> NodeObserved {
-    NodeObserved {
+pub fn node_readings(facts: &Facts) -> NodeReadings {
+    NodeReadings {
         unified_memory: unified_memory(&facts.gpus),
         memory_gib: (facts.memory_gib > 0.0).then(|| round_gib(facts.memory_gib)),
         gpus: Some(facts.gpus.len() as u32),
@@ -280,7 +280,7 @@ fn round_gib(v: f64) -> f64 {
 /// and `nvidia-smi`'s GPU list, from the node's glance (one round trip, shared with the fabric
 /// read and the attachments' observation). Without a working `nvidia-smi` the GPUs and unified
 /// memory stay unknown; one that did not answer in time is an error.
-pub async fn observe_sizes(host: &dyn Host) -> Result<NodeObserved, HostError> {
+pub async fn observe_sizes(host: &dyn Host) -> Result<NodeReadings, HostError> {
     let g = host.glance().await?;
     if g.smi.code == crate::hosts::glance::TIMED_OUT {
         return Err(other(
@@ -297,7 +297,7 @@ pub async fn observe_sizes(host: &dyn Host) -> Result<NodeObserved, HostError> {
         .filter(|m| *m > 0.0)
         .map(round_gib);
     let gpus = (g.smi.code == 0).then(|| parse_nvidia_smi(&g.smi.stdout));
-    Ok(NodeObserved {
+    Ok(NodeReadings {
         unified_memory: gpus.as_deref().and_then(unified_memory),
         memory_gib,
         gpus: gpus.map(|g| g.len() as u32),
@@ -583,14 +583,14 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
 /// Where the definitions disagree with the machine. Pure, for `sparkform nodes`.
 pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String> {
     let mut out = Vec::new();
-    // The same rule as a plan's warnings (`NodeObserved::disagreements`), on what the
+    // The same rule as a plan's warnings (`NodeReadings::disagreements`), on what the
     // definition itself sets.
-    let declared = NodeObserved {
+    let declared = NodeReadings {
         unified_memory: node.unified_memory,
         memory_gib: node.memory_gib,
         gpus: node.gpus,
     };
-    for d in node_observed(facts).disagreements(&declared, node.gpu_devices) {
+    for d in node_readings(facts).disagreements(&declared, node.gpu_devices) {
         out.push(match d.attribute {
             "gpus" => format!(
                 "declares {} GPU{}, the machine shows {}",

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind, KindId};
-use crate::config::Observed as Facts;
+use crate::config::Readings;
 use crate::config::{Config, Resource};
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::plan::{Action, Change, Foreign, Observed, Orphan, Plan};
+use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
 macro_rules! define_machines {
@@ -112,7 +112,7 @@ pub fn container_index(config: &Config) -> ContainerIndex {
 }
 
 /// What observing a node found: recorded resources by address, and objects nobody recorded.
-pub type NodeObservations = (BTreeMap<String, Observed>, Vec<Orphan>);
+pub type NodeObservations = (BTreeMap<String, Drift>, Vec<Orphan>);
 
 /// What a resource looks like on its machine, as `sparkform status` shows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -145,13 +145,13 @@ pub enum Seen {
 
 impl Seen {
     /// What observing it found, as status shows it (`None`: not seen).
-    pub fn of(observed: Option<&Observed>) -> Seen {
+    pub fn of(observed: Option<&Drift>) -> Seen {
         match observed {
-            Some(Observed::InSync) => Seen::InSync,
-            Some(Observed::Drifted(notes)) => Seen::Drifted {
+            Some(Drift::InSync) => Seen::InSync,
+            Some(Drift::Drifted(notes)) => Seen::Drifted {
                 notes: notes.clone(),
             },
-            Some(Observed::Missing(reason)) => Seen::Missing {
+            Some(Drift::Missing(reason)) => Seen::Missing {
                 reason: reason.clone(),
             },
             None => Seen::Unknown,
@@ -530,7 +530,7 @@ impl<'a, K: Kind> Step<'a, K> {
 pub struct Imported {
     /// The object as a desired configuration of its kind, clear values included.
     pub config: serde_json::Value,
-    /// Facts to record (a container's id and image id).
+    /// Readings to record (a container's id and image id).
     pub attributes: BTreeMap<String, serde_json::Value>,
     /// What the plan says about it (a container without sparkform's labels).
     pub notes: Vec<String>,
@@ -656,10 +656,10 @@ pub trait Machine: Send + Sync + 'static {
     }
     /// Plan-time read: what the world says about the values this kind's resources leave to it
     /// (a model's commit), for the evaluation of the definitions with it
-    /// (`config::load_observed`). `cx.mode` says how: looked up on `cx.pool`, or taken from the
+    /// (`config::load_with_readings`). `cx.mode` says how: looked up on `cx.pool`, or taken from the
     /// state or a saved plan; a mode that does not look never waits on anything.
-    async fn read(&self, _cx: &ReadCx<'_>) -> Result<Facts, ReadError> {
-        Ok(Facts::default())
+    async fn read(&self, _cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
+        Ok(Readings::default())
     }
     /// Look at an object that exists on the node (`object`: the part of the import id after
     /// `NODE:`) and say how the state would record it, changing nothing: its configuration in
@@ -773,7 +773,7 @@ pub trait AnyMachine: Send + Sync {
         addresses: &[String],
     ) -> Result<Vec<Foreign>, HostError>;
     fn read_nodes(&self, config: &Config) -> Vec<String>;
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<Facts, ReadError>;
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Readings, ReadError>;
     async fn import(
         &self,
         host: &dyn Host,
@@ -911,7 +911,7 @@ impl<M: Machine> AnyMachine for M {
     fn read_nodes(&self, config: &Config) -> Vec<String> {
         Machine::read_nodes(self, config)
     }
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<Facts, ReadError> {
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
         Machine::read(self, cx).await
     }
     async fn import(

@@ -391,7 +391,7 @@ pub trait Kind: Sync + 'static {
         Shown::default()
     }
     /// What a new object (created or replaced) would reuse on its node, from its configuration,
-    /// what the kind's plan-time read found for it (`found`: `Observed::kinds`) and what the
+    /// what the kind's plan-time read found for it (`found`: `Readings::kinds`) and what the
     /// state recorded: what makes a replacement cheaper than the recorded one. `None`: nothing.
     fn reuse(
         &self,

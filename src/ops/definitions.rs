@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use futures_util::FutureExt;
 
-use crate::config::{Config, Observed, VarInputs};
+use crate::config::{Config, Readings, VarInputs};
 use crate::diag::Diag;
 use crate::graph::Graph;
 use crate::hosts::HostPool;
@@ -83,8 +83,8 @@ pub fn read_nodes(config: &Config) -> Vec<String> {
 
 /// Every kind's plan-time read, merged: a definitions error stops at once, nodes that could
 /// not be reached are reported together.
-pub async fn read(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
-    let mut all = Observed::default();
+pub async fn read(cx: &ReadCx<'_>) -> Result<Readings, OpError> {
+    let mut all = Readings::default();
     let mut unreachable = Vec::new();
     for &kind in KindId::ALL {
         match machine(kind).read(cx).await {
@@ -105,7 +105,7 @@ pub async fn read_on(
     pool: &HostPool,
     mode: ReadMode,
     state: Option<&State>,
-) -> Result<Observed, OpError> {
+) -> Result<Readings, OpError> {
     read(&ReadCx {
         config: &evaluated.config,
         mode,
@@ -120,7 +120,7 @@ pub async fn read_on(
 }
 
 /// A read that does not look: it never waits on anything, so it is polled once, here.
-fn read_without_looking(cx: &ReadCx<'_>) -> Result<Observed, OpError> {
+fn read_without_looking(cx: &ReadCx<'_>) -> Result<Readings, OpError> {
     read(cx).now_or_never().unwrap_or_else(|| {
         Err(OpError::Local(
             "a plan-time read waited on something without looking at the machines".into(),
@@ -164,12 +164,13 @@ impl Evaluated {
     }
 
     /// Evaluated again with `observed` (kept as written when it is empty).
-    pub(super) fn again(self, observed: &Observed) -> Result<Definitions, OpError> {
+    pub(super) fn again(self, observed: &Readings) -> Result<Definitions, OpError> {
         if observed.is_empty() {
             return Ok(self.unchanged());
         }
-        let config = crate::config::load_observed(&self.config.dir, &self.config.vars, observed)
-            .map_err(OpError::Config)?;
+        let config =
+            crate::config::load_with_readings(&self.config.dir, &self.config.vars, observed)
+                .map_err(OpError::Config)?;
         let graph = Graph::build(&config)?;
         let warnings = super::plan::new_warnings(&self.config, &config);
         Ok(Definitions {
@@ -196,7 +197,7 @@ impl Evaluated {
             Pins::Unresolved => return Ok(self.unchanged()),
             Pins::Recorded(state) => read_without_looking(&cx(ReadMode::Recorded, state, None))?,
             Pins::Planned(file) => {
-                let mut observed = file.observed();
+                let mut observed = file.readings();
                 if !super::plan::facts_matter(&self.config, &observed) {
                     observed.nodes.clear();
                 }
@@ -217,7 +218,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::{ModelObserved, NodeObserved};
+    use crate::config::{ModelReadings, NodeReadings};
     use crate::fake::{Answer, FakeHost, FakeWorld};
     use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::{Host, HostOptions};
@@ -289,10 +290,10 @@ output "path" {
 
     /// A plan file made with `main` resolved to COMMIT_A and node `b`'s memory read as 96 GiB.
     fn plan_file(ws: &Workspace) -> PlanFile {
-        let mut observed = Observed::default();
+        let mut observed = Readings::default();
         observed.models.insert(
             "model.m".into(),
-            ModelObserved {
+            ModelReadings {
                 revision: "main".into(),
                 commit: COMMIT_A.into(),
                 manifest: serde_json::json!({"total_bytes": 3000, "files": [{"path": "a"}]}),
@@ -301,13 +302,13 @@ output "path" {
         );
         observed.nodes.insert(
             "b".into(),
-            NodeObserved {
+            NodeReadings {
                 memory_gib: Some(96.0),
-                ..NodeObserved::default()
+                ..NodeReadings::default()
             },
         );
         let config =
-            crate::config::load_observed(&ws.dir, &VarInputs::default(), &observed).unwrap();
+            crate::config::load_with_readings(&ws.dir, &VarInputs::default(), &observed).unwrap();
         let graph = Graph::build(&config).unwrap();
         let plan = crate::plan::plan(
             &config,
@@ -316,7 +317,7 @@ output "path" {
             &crate::plan::PlanOptions::default(),
         )
         .unwrap();
-        PlanFile::new(plan, &ws.dir, &ws.state_path, None).with_observed(&observed)
+        PlanFile::new(plan, &ws.dir, &ws.state_path, None).with_readings(&observed)
     }
 
     #[test]

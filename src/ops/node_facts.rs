@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::config::{Config, Node, NodeObserved, Observed};
+use crate::config::{Config, Node, NodeReadings, Readings};
 use crate::diag::Diag;
 use crate::hosts::{Host, HostPool};
 use crate::inspect::facts;
@@ -14,12 +14,12 @@ use crate::inspect::facts;
 /// The facts of `nodes` (addresses) connected in `pool`, and a warning for each node whose
 /// facts could not be read (what it leaves unset then stays unset): a connected node that
 /// failed to answer, or a node that needs facts and could not be connected.
-pub async fn read(config: &Config, pool: &HostPool, nodes: &[String]) -> (Observed, Vec<Diag>) {
+pub async fn read(config: &Config, pool: &HostPool, nodes: &[String]) -> (Readings, Vec<Diag>) {
     let mut warnings = Vec::new();
     let nodes = node_facts(config, pool, nodes, &mut warnings).await;
-    let observed = Observed {
+    let observed = Readings {
         nodes,
-        ..Observed::default()
+        ..Readings::default()
     };
     (observed, warnings)
 }
@@ -50,14 +50,14 @@ fn name_counts(config: &Config) -> BTreeMap<&str, usize> {
 }
 
 /// `gpus`, `memory_gib` and `unified_memory` as each connected node shows them, by node name
-/// (what `Observed` is keyed by). A name two nodes share (in different modules) is left out:
+/// (what `Readings` is keyed by). A name two nodes share (in different modules) is left out:
 /// their facts could not be told apart.
 async fn node_facts(
     config: &Config,
     pool: &HostPool,
     on: &[String],
     warnings: &mut Vec<Diag>,
-) -> BTreeMap<String, NodeObserved> {
+) -> BTreeMap<String, NodeReadings> {
     let names = name_counts(config);
     let mut tasks = crate::tasks::KeyedTasks::new();
     for (address, host) in pool.connected().filter(|(a, _)| on.contains(*a)) {

@@ -3,7 +3,7 @@
 //! import is nothing without it), then the pure `plan::plan`. Also what decides whether node
 //! facts call for an evaluation again, and which warnings of an evaluation are new.
 
-use crate::config::{Config, Observed};
+use crate::config::{Config, Readings};
 use crate::diag::Diag;
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
@@ -42,7 +42,7 @@ pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
 
 /// Whether the node facts of `observed` fill a value `config` leaves unset or contradict one
 /// it sets.
-pub(super) fn facts_matter(config: &Config, observed: &Observed) -> bool {
+pub(super) fn facts_matter(config: &Config, observed: &Readings) -> bool {
     config.nodes.values().any(|n| {
         observed.nodes.get(&n.name).is_some_and(|seen| {
             let declared = n.declared_facts();

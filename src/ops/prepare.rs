@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Config, Observed};
+use crate::config::{Config, Readings};
 use crate::diag::Diag;
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
@@ -48,7 +48,7 @@ pub struct Prepared {
     pub warnings: Vec<Diag>,
     /// The node facts read (empty without looking): a plan file records them, so that
     /// `apply FILE` evaluates the definitions as this plan did.
-    pub observed: Observed,
+    pub readings: Readings,
     /// What the definitions' image references name on their nodes (empty without looking),
     /// for the lock file.
     pub images: super::lock_file::ImagesSeen,
@@ -81,12 +81,12 @@ pub async fn prepare(req: PrepareRequest<'_>, events: &Sender) -> Result<Prepare
     remember(&mut pool, false);
     let round_trips = pool.as_ref().map(HostPool::round_trips).unwrap_or_default();
     match made {
-        Ok((defs, plan, warnings, observed, images)) => Ok(Prepared {
+        Ok((defs, plan, warnings, readings, images)) => Ok(Prepared {
             config: defs.config,
             graph: defs.graph,
             plan,
             warnings,
-            observed,
+            readings,
             images,
             pool,
             round_trips,
@@ -111,7 +111,7 @@ async fn phases(
         Definitions,
         Plan,
         Vec<Diag>,
-        Observed,
+        Readings,
         super::lock_file::ImagesSeen,
     ),
     OpError,
@@ -169,7 +169,7 @@ async fn phases(
 fn nodes_to_connect(config: &Config, recorded: Option<&State>) -> Vec<String> {
     let mut nodes = super::definitions::read_nodes(config);
     if let Some(state) = recorded {
-        nodes.extend(crate::refresh::nodes_to_refresh(config, state));
+        nodes.extend(crate::observe::nodes_to_observe(config, state));
     }
     nodes.extend(super::node_facts::nodes_needing_facts(config));
     nodes.sort();
@@ -205,18 +205,18 @@ async fn read(
     recorded: Option<&State>,
     refresh: ReadMode,
     pool: &Option<HostPool>,
-) -> Result<(Observed, Observed, super::lock_file::ImagesSeen, Vec<Diag>), OpError> {
+) -> Result<(Readings, Readings, super::lock_file::ImagesSeen, Vec<Diag>), OpError> {
     let config = evaluated.config();
     let empty = HostPool::from_hosts(BTreeMap::new());
     let on = pool.as_ref().unwrap_or(&empty);
     let mut facts_on = super::node_facts::nodes_needing_facts(config);
     if let Some(state) = recorded {
-        facts_on.extend(crate::refresh::nodes_to_refresh(config, state));
+        facts_on.extend(crate::observe::nodes_to_observe(config, state));
     }
     let facts = async {
         match pool {
             Some(p) => super::node_facts::read(config, p, &facts_on).await,
-            None => (Observed::default(), Vec::new()),
+            None => (Readings::default(), Vec::new()),
         }
     };
     let images = async {

@@ -4,8 +4,8 @@ use crate::config::Config;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::ReadMode;
+use crate::observe::{connect_and_observe, nodes_to_observe};
 use crate::plan::Observations;
-use crate::refresh::{connect_and_refresh, nodes_to_refresh};
 use crate::state::State;
 
 use super::OpError;
@@ -20,12 +20,12 @@ pub async fn refresh(
     hosts: &HostOptions,
     events: &Sender,
 ) -> Result<(Observations, Option<HostPool>), OpError> {
-    let nodes = nodes_to_refresh(config, state);
+    let nodes = nodes_to_observe(config, state);
     if nodes.is_empty() {
         return Ok((Observations::default(), None));
     }
     emit(events, Event::Refreshing { nodes: nodes.len() });
-    let (pool, observed) = connect_and_refresh(config, state, &nodes, hosts, mode).await;
+    let (pool, observed) = connect_and_observe(config, state, &nodes, hosts, mode).await;
     match observed {
         Ok(o) => Ok((o, Some(pool))),
         Err(errors) => {
@@ -45,7 +45,7 @@ pub async fn refresh_on(
     pool: &mut Option<HostPool>,
     hosts: &HostOptions,
 ) -> Result<Observations, OpError> {
-    let nodes = nodes_to_refresh(config, state);
+    let nodes = nodes_to_observe(config, state);
     if nodes.is_empty() {
         return Ok(Observations::default());
     }
@@ -64,7 +64,7 @@ pub async fn refresh_on(
             Err(e) => unreachable.push(e),
         }
     }
-    match crate::refresh::refresh_hosts_for(config, state, connected, mode).await {
+    match crate::observe::observe_hosts_for(config, state, connected, mode).await {
         Ok(o) if unreachable.is_empty() => Ok(o),
         Ok(_) => Err(OpError::Refresh(unreachable)),
         Err(mut errors) => {
@@ -81,7 +81,7 @@ pub async fn foreign_on(
     pool: &mut Option<HostPool>,
     hosts: &HostOptions,
 ) -> Observations {
-    let nodes = nodes_to_refresh(config, &State::new());
+    let nodes = nodes_to_observe(config, &State::new());
     if nodes.is_empty() {
         return Observations::default();
     }
@@ -97,7 +97,7 @@ pub async fn foreign_on(
         .filter_map(|n| Some((n.clone(), pool.get(n).ok()?)))
         .collect();
     Observations {
-        foreign: crate::refresh::find_foreign_hosts(config, connected).await,
+        foreign: crate::observe::find_foreign_hosts(config, connected).await,
         ..Observations::default()
     }
 }
@@ -184,8 +184,8 @@ mod tests {
         let (plain_docker, plain_hosts) = node();
         // Both in one process at once: the mode is each operation's, nothing global.
         let (deep, plain) = tokio::join!(
-            crate::refresh::refresh_hosts_as(&state, deep_hosts, ReadMode::Deep),
-            crate::refresh::refresh_hosts_as(&state, plain_hosts, ReadMode::Normal),
+            crate::observe::observe_hosts_as(&state, deep_hosts, ReadMode::Deep),
+            crate::observe::observe_hosts_as(&state, plain_hosts, ReadMode::Normal),
         );
         assert!(deep.is_ok() && plain.is_ok(), "{deep:?} {plain:?}");
         // Deep rehashes in transfer.py's container; normal reads the listing alone.

@@ -227,7 +227,7 @@ fn cache_uses(config: &Config, state: &State, steps: &[&super::Change]) -> Vec<C
             let resource = config.resource(&c.address)?;
             let reuse = c.kind.kind().reuse(
                 &resource.config,
-                config.observed.kinds.get(&c.address),
+                config.readings.kinds.get(&c.address),
                 state.resources.get(&c.address).map(|r| &r.attributes),
             )?;
             Some(CacheUse {

@@ -274,14 +274,14 @@ pub const NOTE_LEGACY: &str = "the state holds sensitive values as unkeyed hashe
 /// What refresh found for the recorded resources, and containers nobody recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observations {
-    pub resources: BTreeMap<String, Observed>,
+    pub resources: BTreeMap<String, Drift>,
     pub orphans: Vec<Orphan>,
     /// Objects of the definitions' addresses the state lacks, under another lineage or none.
     pub foreign: Vec<Foreign>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Observed {
+pub enum Drift {
     /// As recorded.
     InSync,
     /// Gone from the machine.
@@ -626,11 +626,11 @@ fn resource_change(
         .and_then(|o| o.resources.get(address));
     let mut drift = Vec::new();
     let recorded = match (state.resources.get(address), observed) {
-        (Some(_), Some(Observed::Missing(why))) => {
+        (Some(_), Some(Drift::Missing(why))) => {
             drift.push(why.clone());
             None
         }
-        (rec, Some(Observed::Drifted(notes))) => {
+        (rec, Some(Drift::Drifted(notes))) => {
             drift.extend(notes.iter().cloned());
             rec
         }
@@ -726,7 +726,7 @@ fn after_drift_and_interruptions(
     change: &mut Change,
     r: &Resource,
     state: &State,
-    observed: Option<&Observed>,
+    observed: Option<&Drift>,
 ) {
     // The machine no longer matches the state: bring it back even if the config did not change.
     if !change.drift.is_empty() && change.action == Action::NoOp {
@@ -870,10 +870,10 @@ fn deletions(
             .as_ref()
             .and_then(|o| o.resources.get(address))
         {
-            Some(Observed::Missing(why)) => {
+            Some(Drift::Missing(why)) => {
                 vec![format!("{why}; it is only removed from the state")]
             }
-            Some(Observed::Drifted(notes)) => notes.clone(),
+            Some(Drift::Drifted(notes)) => notes.clone(),
             _ => Vec::new(),
         };
         deletes.push(Change {

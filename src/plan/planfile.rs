@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::Plan;
-use crate::config::{NodeObserved, Observed};
+use crate::config::{NodeReadings, Readings};
 use crate::state::State;
 
 pub const FORMAT: &str = "sparkform-plan";
@@ -27,7 +27,7 @@ pub struct PlanFile {
     pub state_lineage: Option<String>,
     pub state_serial: u64,
     pub plan: Plan,
-    /// The node facts the plan's evaluation used, by node name (`Observed::nodes`); empty when it
+    /// The node facts the plan's evaluation used, by node name (`Readings::nodes`); empty when it
     /// read none (`-refresh=false`, or every node sets its values).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_facts: BTreeMap<String, NodeFacts>,
@@ -42,8 +42,8 @@ pub struct NodeFacts {
     pub unified_memory: Option<bool>,
 }
 
-impl From<&NodeObserved> for NodeFacts {
-    fn from(o: &NodeObserved) -> Self {
+impl From<&NodeReadings> for NodeFacts {
+    fn from(o: &NodeReadings) -> Self {
         NodeFacts {
             gpus: o.gpus,
             memory_gib: o.memory_gib,
@@ -52,9 +52,9 @@ impl From<&NodeObserved> for NodeFacts {
     }
 }
 
-impl From<&NodeFacts> for NodeObserved {
+impl From<&NodeFacts> for NodeReadings {
     fn from(f: &NodeFacts) -> Self {
-        NodeObserved {
+        NodeReadings {
             gpus: f.gpus,
             memory_gib: f.memory_gib,
             unified_memory: f.unified_memory,
@@ -111,7 +111,7 @@ impl PlanFile {
     }
 
     /// Record the node facts the plan was made with (`ops::prepare::Prepared::observed`).
-    pub fn with_observed(mut self, observed: &Observed) -> Self {
+    pub fn with_readings(mut self, observed: &Readings) -> Self {
         self.node_facts = observed
             .nodes
             .iter()
@@ -121,14 +121,14 @@ impl PlanFile {
     }
 
     /// What the plan observed, for evaluating the definitions again as it did.
-    pub fn observed(&self) -> Observed {
-        Observed {
+    pub fn readings(&self) -> Readings {
+        Readings {
             nodes: self
                 .node_facts
                 .iter()
-                .map(|(name, f)| (name.clone(), NodeObserved::from(f)))
+                .map(|(name, f)| (name.clone(), NodeReadings::from(f)))
                 .collect(),
-            ..Observed::default()
+            ..Readings::default()
         }
     }
 

@@ -54,7 +54,7 @@ pub const RESOLVED_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 /// manifest of two files, 111 GiB, a Qwen3.5 MoE `config.json`), as a plan with refresh loads it.
 pub fn load_resolved(dir: &Path) -> (Config, Graph) {
     let (unresolved, _) = load(dir);
-    let mut observed = config::Observed::default();
+    let mut observed = config::Readings::default();
     for r in &unresolved.resources {
         if r.config.get("role").and_then(|v| v.as_str()) != Some("download") {
             continue;
@@ -67,7 +67,7 @@ pub fn load_resolved(dir: &Path) -> (Config, Graph) {
         };
         observed.models.insert(
             block.to_string(),
-            config::ModelObserved {
+            config::ModelReadings {
                 revision: revision.to_string(),
                 commit: RESOLVED_COMMIT.to_string(),
                 manifest: serde_json::json!({
@@ -81,7 +81,7 @@ pub fn load_resolved(dir: &Path) -> (Config, Graph) {
             },
         );
     }
-    match config::load_observed(dir, &VarInputs::default(), &observed) {
+    match config::load_with_readings(dir, &VarInputs::default(), &observed) {
         Ok(c) => {
             let g = Graph::build(&c).expect("graph");
             (c, g)

@@ -95,7 +95,7 @@ impl Bed {
     }
 
     async fn observe(&self) -> Observations {
-        sparkform::refresh::refresh_hosts(&self.state(), self.hosts())
+        sparkform::observe::observe_hosts(&self.state(), self.hosts())
             .await
             .unwrap_or_else(|e| panic!("{e:?}"))
     }

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use sparkform::config::{self, ModelObserved, Observed, VarInputs};
+use sparkform::config::{self, ModelReadings, Readings, VarInputs};
 use sparkform::diag::render_plain;
 use sparkform::graph::Graph;
 use sparkform::plan::{self, PlanOptions};
@@ -67,11 +67,11 @@ fn token_from_env(token: &str) -> VarInputs {
     }
 }
 
-fn observed() -> Observed {
-    let mut o = Observed::default();
+fn observed() -> Readings {
+    let mut o = Readings::default();
     o.models.insert(
         "model.m".into(),
-        ModelObserved {
+        ModelReadings {
             revision: "main".into(),
             commit: COMMIT.into(),
             manifest: serde_json::json!({"total_bytes": 3000, "files": [{"path": "a"}]}),
@@ -83,7 +83,7 @@ fn observed() -> Observed {
 
 fn load(text: &str, token: &str) -> (config::Config, Graph) {
     let dir = common::write_config(&[("main.hcl", text)]);
-    match config::load_observed(dir.path(), &token_from_env(token), &observed()) {
+    match config::load_with_readings(dir.path(), &token_from_env(token), &observed()) {
         Ok(c) => {
             let g = Graph::build(&c).expect("graph");
             (c, g)

@@ -1266,14 +1266,12 @@ async fn refresh_on_fake_nodes_finds_an_untracked_container_and_a_drifted_one() 
             ),
         ]
     };
-    let seen = sparkform::refresh::refresh_hosts(&state, hosts())
+    let seen = sparkform::observe::observe_hosts(&state, hosts())
         .await
         .unwrap();
     assert!(seen.orphans.is_empty(), "{:?}", seen.orphans);
     assert!(
-        seen.resources
-            .values()
-            .all(|o| *o == plan::Observed::InSync),
+        seen.resources.values().all(|o| *o == plan::Drift::InSync),
         "{:?}",
         seen.resources
     );
@@ -1289,7 +1287,7 @@ async fn refresh_on_fake_nodes_finds_an_untracked_container_and_a_drifted_one() 
         false,
     );
     d2.stop("worker");
-    let seen = sparkform::refresh::refresh_hosts(&state, hosts())
+    let seen = sparkform::observe::observe_hosts(&state, hosts())
         .await
         .unwrap();
     assert_eq!(seen.orphans.len(), 1, "{:?}", seen.orphans);
@@ -1303,14 +1301,14 @@ async fn refresh_on_fake_nodes_finds_an_untracked_container_and_a_drifted_one() 
     assert!(
         matches!(
             seen.resources.get("container.worker"),
-            Some(plan::Observed::Drifted(_))
+            Some(plan::Drift::Drifted(_))
         ),
         "{:?}",
         seen.resources
     );
     assert_eq!(
         seen.resources.get("container.head"),
-        Some(&plan::Observed::InSync)
+        Some(&plan::Drift::InSync)
     );
     // The plan with what refresh saw replaces the worker and explains the untracked one.
     let p = plan::plan(

@@ -1,13 +1,13 @@
 //! The fabric's facts, derived and not pinned (pure): the RDMA ports on the fabric and the RoCE
 //! v2 GID index of each node's fabric address, as the attachment kind's plan-time read hands
-//! them to the evaluation (`Observed.kinds`), reach NCCL through the modules (`NCCL_IB_HCA`,
+//! them to the evaluation (`Readings.kinds`), reach NCCL through the modules (`NCCL_IB_HCA`,
 //! `NCCL_IB_GID_INDEX`) per node; a moved index replaces what runs on that node only, showing
 //! the old and the new index; a declared value that differs from the facts is a warning naming
 //! both.
 
 use std::path::Path;
 
-use sparkform::config::{self, Config, Observed, ResourceKind};
+use sparkform::config::{self, Config, Readings, ResourceKind};
 use sparkform::graph::Graph;
 use sparkform::plan::{self, Action};
 use sparkform::state::State;
@@ -16,8 +16,8 @@ const SEED: &str = "examples/qwen35-two-sparks";
 const LAUNCHERS: &str = "tests/fixtures/launchers/both";
 
 /// What the attachment kind's read gives: by node, (GID index, ports).
-fn fabric(nodes: &[(&str, Option<u32>, &[&str])]) -> Observed {
-    let mut o = Observed::default();
+fn fabric(nodes: &[(&str, Option<u32>, &[&str])]) -> Readings {
+    let mut o = Readings::default();
     for (node, gid, ports) in nodes {
         let mut v = serde_json::json!({ "ports": ports });
         if let Some(g) = gid {
@@ -28,8 +28,8 @@ fn fabric(nodes: &[(&str, Option<u32>, &[&str])]) -> Observed {
     o
 }
 
-fn load(dir: &str, vars: &[(&str, &str)], seen: &Observed) -> Config {
-    match config::load_observed(Path::new(dir), &crate::common::var_inputs(vars), seen) {
+fn load(dir: &str, vars: &[(&str, &str)], seen: &Readings) -> Config {
+    match config::load_with_readings(Path::new(dir), &crate::common::var_inputs(vars), seen) {
         Ok(c) => c,
         Err(d) => panic!("{}", sparkform::diag::render_plain(&d.0)),
     }
@@ -80,7 +80,7 @@ fn each_node_tells_nccl_its_own_gid_index_and_every_port_on_the_fabric() {
     }
     // Not read (no RDMA device on the fabric, or -refresh=false without a record): NCCL finds
     // them itself, as before.
-    for (address, _, env) in envs(&load(SEED, &[], &Observed::default())) {
+    for (address, _, env) in envs(&load(SEED, &[], &Readings::default())) {
         assert!(env.get("NCCL_IB_GID_INDEX").is_none(), "{address}: {env}");
         assert!(env.get("NCCL_IB_HCA").is_none(), "{address}: {env}");
     }

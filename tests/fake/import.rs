@@ -240,7 +240,7 @@ impl Bed {
     }
 
     async fn refreshed(&self) -> plan::Observations {
-        sparkform::refresh::refresh_hosts(
+        sparkform::observe::observe_hosts(
             &self.state(),
             vec![("node.n1".to_string(), self.host.clone() as Arc<dyn Host>)],
         )
@@ -308,7 +308,7 @@ async fn a_container_run_with_the_definitions_flags_imports_as_that_definition()
     let obs = bed.refreshed().await;
     assert_eq!(
         obs.resources.get("container.head"),
-        Some(&plan::Observed::InSync)
+        Some(&plan::Drift::InSync)
     );
     assert!(obs.orphans.is_empty());
     let next = bed.plan(Vec::new(), Some(obs));

@@ -27,7 +27,7 @@ const MACHINE: &[&str] = &[
     "apply",
     "ops",
     "kinds::machine",
-    "refresh",
+    "observe",
     "http",
     "cli",
     "ui",
@@ -397,7 +397,7 @@ fn the_checks_catch_a_cycle_and_a_forbidden_edge() {
 }
 
 /// What a command in `src/cli/` must not do itself: evaluate the definitions
-/// (`config::load`, `load_observed`, `Workspace::load` as `ws.load(&…)`), resolve models or
+/// (`config::load`, `load_with_readings`, `Workspace::load` as `ws.load(&…)`), resolve models or
 /// read node facts (`ops::resolve_models`, `ops::node_facts`, the plan's second evaluation). It
 /// gets its definitions from `ops::definitions`, the one place for that.
 fn cli_forbidden() -> regex::Regex {

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use sparkform::config::{self, ModelObserved, Observed, VarInputs};
+use sparkform::config::{self, ModelReadings, Readings, VarInputs};
 use sparkform::diag::render_plain;
 use sparkform::graph::Graph;
 use sparkform::plan::{self, Action};
@@ -64,11 +64,11 @@ model "m" {
 }
 "#;
 
-fn observed(commit: &str, revision: &str) -> Observed {
-    let mut o = Observed::default();
+fn observed(commit: &str, revision: &str) -> Readings {
+    let mut o = Readings::default();
     o.models.insert(
         "model.m".into(),
-        ModelObserved {
+        ModelReadings {
             revision: revision.into(),
             commit: commit.into(),
             manifest: serde_json::json!({"total_bytes": 3000, "files": [{"path": "a"}, {"path": "b"}]}),
@@ -78,9 +78,9 @@ fn observed(commit: &str, revision: &str) -> Observed {
     o
 }
 
-fn load(text: &str, obs: &Observed) -> (config::Config, Graph) {
+fn load(text: &str, obs: &Readings) -> (config::Config, Graph) {
     let dir = common::write_config(&[("main.hcl", text)]);
-    match config::load_observed(dir.path(), &VarInputs::default(), obs) {
+    match config::load_with_readings(dir.path(), &VarInputs::default(), obs) {
         Ok(c) => {
             let g = Graph::build(&c).expect("graph");
             (c, g)
@@ -156,7 +156,7 @@ fn download_node_chooses_who_downloads() {
 
 #[test]
 fn unresolved_the_commit_is_null_and_the_path_says_so() {
-    let (c, _) = load(&base(MODEL), &Observed::default());
+    let (c, _) = load(&base(MODEL), &Readings::default());
     assert!(c.resource("model.m[\"a\"]").unwrap().config["commit"].is_null());
     assert_eq!(output(&c, "arch"), &serde_json::json!(""));
     assert!(output(&c, "size").is_null());
@@ -170,7 +170,7 @@ fn unresolved_the_commit_is_null_and_the_path_says_so() {
         "repo     = \"org/name\"",
         &format!("repo = \"org/name\"\n  revision = \"{COMMIT_B}\""),
     );
-    let (c, _) = load(&base(&m), &Observed::default());
+    let (c, _) = load(&base(&m), &Readings::default());
     assert_eq!(
         c.resource("model.m[\"a\"]").unwrap().config["commit"],
         COMMIT_B
@@ -282,7 +282,7 @@ model "m" {
 "#
 }
 
-fn observed_main(commit: &str) -> Observed {
+fn observed_main(commit: &str) -> Readings {
     observed(commit, "main")
 }
 

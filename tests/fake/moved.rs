@@ -82,7 +82,7 @@ impl Bed {
     }
 
     async fn refreshed(&self) -> plan::Observations {
-        sparkform::refresh::refresh_hosts(
+        sparkform::observe::observe_hosts(
             &self.state(),
             vec![("node.n1".to_string(), self.host.clone() as Arc<dyn Host>)],
         )

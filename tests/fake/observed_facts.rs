@@ -1,5 +1,5 @@
 //! Node facts fill what a definition leaves unset: `gpus`, `memory_gib` and `unified_memory`
-//! taken from what the plan reads on the node (pure, with a hand-made `Observed`, and as the
+//! taken from what the plan reads on the node (pure, with a hand-made `Readings`, and as the
 //! plan operation does it on fake nodes, on this machine and on an unreachable one), and a
 //! warning where the definition sets a value the node contradicts. The first plan (no state)
 //! reads them too; a plan file records them and `apply FILE` evaluates with them. Also: a
@@ -10,7 +10,7 @@ use crate::common;
 use std::path::Path;
 use std::sync::Arc;
 
-use sparkform::config::{self, Config, NodeObserved, Observed, VarInputs};
+use sparkform::config::{self, Config, NodeReadings, Readings, VarInputs};
 use sparkform::diag::Diag;
 use sparkform::hosts::{Host, HostOptions, HostPool};
 use sparkform::ops::node_facts::nodes_needing_facts;
@@ -22,26 +22,26 @@ use sparkform_testkit::fake::{Answer, FakeHost, FakeNodes, FakeWorld};
 use sparkform_testkit::fake_docker::FakeDocker;
 
 /// A DGX Spark as the node shows it: 119.6 GiB in `MemTotal`, one GB10 with no memory of its own.
-fn spark() -> NodeObserved {
-    NodeObserved {
+fn spark() -> NodeReadings {
+    NodeReadings {
         unified_memory: Some(true),
         memory_gib: Some(119.6),
         gpus: Some(1),
     }
 }
 
-fn observed(nodes: &[(&str, NodeObserved)]) -> Observed {
-    Observed {
+fn readings(nodes: &[(&str, NodeReadings)]) -> Readings {
+    Readings {
         nodes: nodes
             .iter()
             .map(|(n, o)| (n.to_string(), o.clone()))
             .collect(),
-        ..Observed::default()
+        ..Readings::default()
     }
 }
 
-fn load_observed(dir: &Path, seen: &Observed) -> Config {
-    match config::load_observed(dir, &VarInputs::default(), seen) {
+fn load_with_readings(dir: &Path, seen: &Readings) -> Config {
+    match config::load_with_readings(dir, &VarInputs::default(), seen) {
         Ok(c) => c,
         Err(d) => panic!("{}", sparkform::diag::render_plain(&d.0)),
     }
@@ -91,7 +91,7 @@ check "n1_unified" {
 #[test]
 fn unset_attributes_take_the_node_facts_and_the_definitions_see_them() {
     let dir = common::write_config(&[("main.hcl", TWO_NODES)]);
-    let before = load_observed(dir.path(), &Observed::default());
+    let before = load_with_readings(dir.path(), &Readings::default());
     assert_eq!(output(&before, "n1"), serde_json::json!([null, null, null]));
     assert_eq!(before.nodes["node.n1"].unified_memory, None);
     assert!(
@@ -100,7 +100,7 @@ fn unset_attributes_take_the_node_facts_and_the_definitions_see_them() {
         messages(&before.warnings)
     );
 
-    let after = load_observed(dir.path(), &observed(&[("n1", spark())]));
+    let after = load_with_readings(dir.path(), &readings(&[("n1", spark())]));
     assert_eq!(output(&after, "n1"), serde_json::json!([1, 119.6, true]));
     let n1 = &after.nodes["node.n1"];
     assert_eq!(
@@ -119,7 +119,7 @@ fn unset_attributes_take_the_node_facts_and_the_definitions_see_them() {
 #[test]
 fn a_set_value_the_node_contradicts_is_a_warning_with_both_values_and_the_fix() {
     let dir = common::write_config(&[("main.hcl", TWO_NODES)]);
-    let c = load_observed(dir.path(), &observed(&[("n2", spark())]));
+    let c = load_with_readings(dir.path(), &readings(&[("n2", spark())]));
     // The definition wins: the plan uses what it says.
     assert_eq!(output(&c, "n2"), serde_json::json!([2, 128, false]));
     let facts: Vec<&Diag> = c
@@ -175,7 +175,7 @@ fn memory_close_to_what_the_kernel_reports_or_below_it_is_no_disagreement() {
         let text =
             format!("node \"n\" {{\n  address    = \"10.0.0.1\"\n  memory_gib = {declared}\n}}\n");
         let dir = common::write_config(&[("main.hcl", &text)]);
-        let c = load_observed(dir.path(), &observed(&[("n", spark())]));
+        let c = load_with_readings(dir.path(), &readings(&[("n", spark())]));
         assert!(
             c.warnings.is_empty(),
             "{declared}: {:?}",
@@ -202,14 +202,14 @@ node "tb2" {
 }
 "#;
     let dir = common::write_config(&[("main.hcl", text)]);
-    let none = NodeObserved {
+    let none = NodeReadings {
         gpus: Some(0),
         unified_memory: None,
         memory_gib: Some(23.4),
     };
-    let c = load_observed(
+    let c = load_with_readings(
         dir.path(),
-        &observed(&[("tb", none.clone()), ("tb2", none)]),
+        &readings(&[("tb", none.clone()), ("tb2", none)]),
     );
     assert_eq!(c.nodes["node.tb"].gpus, None);
     assert_eq!(c.nodes["node.tb"].memory_gib, Some(23.4));
@@ -237,9 +237,9 @@ fn the_seed_example_states_that_the_sparks_are_unified_memory_nodes() {
         assert_eq!(c.nodes[n].unified_memory, Some(true), "{n}");
     }
     // What a Spark shows agrees with what the example says.
-    let c = load_observed(
+    let c = load_with_readings(
         Path::new("examples/qwen35-two-sparks"),
-        &observed(&[("spark1", spark()), ("spark2", spark())]),
+        &readings(&[("spark1", spark()), ("spark2", spark())]),
     );
     let facts: Vec<String> = messages(&c.warnings)
         .into_iter()
@@ -259,7 +259,7 @@ fn high_utilization_on_sparks_left_unset_but_observed_as_unified_fails_the_check
     assert!(!text.contains("unified_memory"), "{text}");
     let dir = common::write_config(&[("main.hcl", &text)]);
     // Without facts (plan -refresh=false) nothing says the nodes are unified: silence.
-    let blind = load_observed(dir.path(), &Observed::default());
+    let blind = load_with_readings(dir.path(), &Readings::default());
     assert!(
         !messages(&blind.warnings)
             .iter()
@@ -267,9 +267,9 @@ fn high_utilization_on_sparks_left_unset_but_observed_as_unified_fails_the_check
         "{:?}",
         messages(&blind.warnings)
     );
-    let seen = load_observed(
+    let seen = load_with_readings(
         dir.path(),
-        &observed(&[("spark1", spark()), ("spark2", spark())]),
+        &readings(&[("spark1", spark()), ("spark2", spark())]),
     );
     let w = messages(&seen.warnings);
     assert!(
@@ -323,7 +323,7 @@ struct Planned {
     pool: Option<HostPool>,
     reloaded: Option<Box<(Config, sparkform::graph::Graph)>>,
     warnings: Vec<Diag>,
-    observed: Observed,
+    readings: Readings,
 }
 
 /// `ops::prepare` on the definitions of `config`'s folder, as written.
@@ -355,7 +355,7 @@ async fn prepare_on(
         pool: p.pool,
         reloaded: again.then(|| Box::new((p.config, p.graph))),
         warnings: p.warnings,
-        observed: p.observed,
+        readings: p.readings,
     }
 }
 
@@ -632,8 +632,8 @@ async fn the_first_plan_reads_the_facts_and_the_unified_memory_check_sees_them()
     let (again, _) = *planned.reloaded.expect("evaluated again with the facts");
     assert_eq!(again.nodes["node.spark1"].unified_memory, Some(true));
     assert_eq!(
-        planned.observed.nodes,
-        observed(&[("spark1", spark()), ("spark2", spark())]).nodes
+        planned.readings.nodes,
+        readings(&[("spark1", spark()), ("spark2", spark())]).nodes
     );
     // Nothing was recorded, so everything is created.
     assert!(planned.plan.has_changes());
@@ -749,7 +749,7 @@ async fn with_refresh_off_the_first_plan_connects_nothing_and_reads_nothing() {
         "{:?}",
         messages(&planned.warnings)
     );
-    assert!(planned.observed.nodes.is_empty());
+    assert!(planned.readings.nodes.is_empty());
     assert_eq!(
         output_after(&planned.plan, "memory"),
         serde_json::json!([null, null, null])
@@ -794,7 +794,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
     let store = || StateStore::new(dir.path().join("state/sparkform.json"));
     let path = dir.path().join("first.plan");
     PlanFile::new(planned.plan.clone(), dir.path(), store().path(), None)
-        .with_observed(&planned.observed)
+        .with_readings(&planned.readings)
         .write(&path)
         .expect("write");
     let raw: serde_json::Value =
@@ -813,7 +813,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
             unified_memory: Some(true),
         }
     );
-    assert_eq!(file.observed().nodes, planned.observed.nodes);
+    assert_eq!(file.readings().nodes, planned.readings.nodes);
 
     // `apply FILE` loads the definitions without facts, as the command does, and the plan is
     // accepted: prepare evaluates them again with the recorded facts.
@@ -873,7 +873,7 @@ fn a_version_1_plan_file_reads_as_one_without_facts() {
     let file = PlanFile::read(&path).expect("a version 1 file is read");
     assert_eq!(file.format_version, 1);
     assert!(file.node_facts.is_empty());
-    assert!(file.observed().nodes.is_empty());
+    assert!(file.readings().nodes.is_empty());
 }
 
 // ----- as the commands do it, on this machine -----

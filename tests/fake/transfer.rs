@@ -1759,7 +1759,7 @@ fn the_one_command_observe_agrees_with_transfer_py() {
     use sparkform::kinds::machine::{machine, ReadMode};
     use sparkform::kinds::model::Desired;
     use sparkform::kinds::KindId;
-    use sparkform::plan::Observed;
+    use sparkform::plan::Drift;
     use sparkform::state::ResourceState;
 
     let py = python();
@@ -1809,10 +1809,10 @@ fn the_one_command_observe_agrees_with_transfer_py() {
             Some(_) => "drifted",
         }
     };
-    let ours = |o: &Observed| match o {
-        Observed::InSync => "in sync",
-        Observed::Drifted(_) => "drifted",
-        Observed::Missing(_) => "missing",
+    let ours = |o: &Drift| match o {
+        Drift::InSync => "in sync",
+        Drift::Drifted(_) => "drifted",
+        Drift::Missing(_) => "missing",
     };
     let (seen, untracked) = look();
     assert_eq!(ours(&seen[&address]), "in sync", "{seen:?}");
@@ -1836,7 +1836,7 @@ fn the_one_command_observe_agrees_with_transfer_py() {
     // Gone.
     std::fs::remove_file(snapshot_file(&cache, first)).unwrap();
     let (seen, _) = look();
-    let Observed::Drifted(why) = &seen[&address] else {
+    let Drift::Drifted(why) = &seen[&address] else {
         panic!("{seen:?}")
     };
     assert!(why.join(" ").contains(first), "{why:?}");

@@ -1,7 +1,7 @@
 //! Lowering `jump` and `node` blocks: where and how to reach a machine.
 
 use super::*;
-use crate::config::NodeObserved;
+use crate::config::NodeReadings;
 
 impl Loader {
     pub(super) fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
@@ -135,7 +135,7 @@ impl Loader {
             return None;
         }
         let gpu_devices = attrs.values.get("gpu_devices") != Some(&Value::Bool(false));
-        let declared = NodeObserved {
+        let declared = NodeReadings {
             unified_memory: attrs.values.get("unified_memory").and_then(Value::as_bool),
             memory_gib: memory,
             gpus,
@@ -198,16 +198,16 @@ impl Loader {
     }
 
     /// What a node block declares, with what it leaves unset taken from the facts refresh read
-    /// on the node (`Observed`); where it sets a value the node contradicts, a warning at the
+    /// on the node (`Readings`); where it sets a value the node contradicts, a warning at the
     /// attribute naming both values and the fix.
     fn node_facts(
         &mut self,
         attrs: &Attrs,
         name: &str,
-        declared: &NodeObserved,
+        declared: &NodeReadings,
         gpu_devices: bool,
-    ) -> NodeObserved {
-        let Some(seen) = self.observed.nodes.get(name).cloned() else {
+    ) -> NodeReadings {
+        let Some(seen) = self.readings.nodes.get(name).cloned() else {
             return declared.clone();
         };
         for d in seen.disagreements(declared, gpu_devices) {

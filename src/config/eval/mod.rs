@@ -148,7 +148,7 @@ pub struct Loader {
     cache: HashMap<PathBuf, Rc<ModuleFiles>>,
     stack: Vec<PathBuf>,
     pub config: Config,
-    pub observed: crate::config::Observed,
+    pub readings: crate::config::Readings,
     /// Where the root module's `state` block is, once one was read.
     state_block: Option<String>,
 }
@@ -164,7 +164,7 @@ impl Loader {
             config: Config {
                 dir: dir.to_path_buf(),
                 vars: Default::default(),
-                observed: Default::default(),
+                readings: Default::default(),
                 jumps: BTreeMap::new(),
                 nodes: BTreeMap::new(),
                 networks: BTreeMap::new(),
@@ -176,7 +176,7 @@ impl Loader {
                 removals: Vec::new(),
                 secrets: Default::default(),
             },
-            observed: Default::default(),
+            readings: Default::default(),
             state_block: None,
         }
     }
@@ -917,8 +917,8 @@ impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
     fn node_host(&self, node: &str) -> Option<String> {
         self.loader.config.nodes.get(node).map(|n| n.host.clone())
     }
-    fn observed(&self) -> &crate::config::Observed {
-        &self.loader.observed
+    fn readings(&self) -> &crate::config::Readings {
+        &self.loader.readings
     }
     fn add_resource(&mut self, r: Resource) {
         self.scope.all_resources.insert(r.address.clone());

@@ -170,7 +170,7 @@ impl dyn Engine<'_> + '_ {
     /// What the plan-time read found of an attachment's RDMA ports on its node
     /// (`kinds::attachment::machine::read`).
     fn observed_roce(&self, address: &str) -> Option<attachment::Roce> {
-        let v = self.observed().kinds.get(address)?;
+        let v = self.readings().kinds.get(address)?;
         serde_json::from_value(v.clone()).ok()
     }
 

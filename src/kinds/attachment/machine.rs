@@ -16,7 +16,7 @@ use crate::kinds::machine::{
     StepError,
 };
 use crate::kinds::DesiredConfig;
-use crate::plan::{Action, Observed};
+use crate::plan::{Action, Drift};
 
 pub struct AttachmentMachine;
 pub static MACHINE: AttachmentMachine = AttachmentMachine;
@@ -373,8 +373,8 @@ impl Machine for AttachmentMachine {
 
     /// The fabric as each node's sysfs shows it, judged against the attachments
     /// ([`judge_fabric`]): a port down refuses the plan, a narrow PCIe link is a warning.
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
-        let mut out = crate::config::Observed::default();
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Readings, ReadError> {
+        let mut out = crate::config::Readings::default();
         if !cx.mode.looks() {
             return Ok(not_looking(cx));
         }
@@ -450,8 +450,8 @@ impl Machine for AttachmentMachine {
 /// What stands in for the fabric when the machines are not looked at: what the state
 /// recorded of each attachment (`-refresh=false`, said in a warning so the plan shows it), or
 /// what a saved plan was made with.
-fn not_looking(cx: &ReadCx<'_>) -> crate::config::Observed {
-    let mut out = crate::config::Observed::default();
+fn not_looking(cx: &ReadCx<'_>) -> crate::config::Readings {
+    let mut out = crate::config::Readings::default();
     let recorded = |address: &str| -> Option<super::Roce> {
         let config = match cx.mode {
             ReadMode::Recorded => &cx.state?.resources.get(address)?.config,
@@ -730,15 +730,15 @@ pub fn judge_mtu(
     (errors, out)
 }
 
-pub fn observe_attachment(config: Option<&Desired>, interfaces: &[Interface]) -> Observed {
+pub fn observe_attachment(config: Option<&Desired>, interfaces: &[Interface]) -> Drift {
     let Some(d) = config else {
-        return Observed::Drifted(vec![
+        return Drift::Drifted(vec![
             "the state records an incomplete attachment configuration".into(),
         ]);
     };
     let iface = d.interface.as_str();
     let Some(i) = interfaces.iter().find(|i| i.name == iface) else {
-        return Observed::Missing(format!("interface {iface} does not exist any more"));
+        return Drift::Missing(format!("interface {iface} does not exist any more"));
     };
     let want = d.cidr();
     let mtu = d.mtu;
@@ -763,9 +763,9 @@ pub fn observe_attachment(config: Option<&Desired>, interfaces: &[Interface]) ->
         notes.push(format!("{iface} is down"));
     }
     if notes.is_empty() {
-        Observed::InSync
+        Drift::InSync
     } else {
-        Observed::Drifted(notes)
+        Drift::Drifted(notes)
     }
 }
 
@@ -979,16 +979,16 @@ mod tests {
         let cfg = cfg.as_ref();
         assert_eq!(
             observe_attachment(cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
-            Observed::InSync
+            Drift::InSync
         );
         match observe_attachment(cfg, &iface(&[], 1500, "UP")) {
-            Observed::Drifted(n) => {
+            Drift::Drifted(n) => {
                 assert_eq!(n.len(), 2, "{n:?}");
                 assert!(n[0].contains("192.168.200.1/24 is not on enp1s0f0np0"));
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(observe_attachment(cfg, &[]), Observed::Missing(_)));
+        assert!(matches!(observe_attachment(cfg, &[]), Drift::Missing(_)));
     }
 
     /// On a node without iproute2 the refresh of a recorded attachment and an apply's `ip`

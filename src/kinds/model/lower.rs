@@ -88,7 +88,7 @@ impl dyn Engine<'_> + '_ {
             return None;
         }
         let observed = self
-            .observed()
+            .readings()
             .models
             .get(&block_address)
             .filter(|o| o.revision == revision)

@@ -35,7 +35,7 @@ mod arch;
 pub mod observe;
 mod read;
 
-use crate::plan::{Action, Observed};
+use crate::plan::{Action, Drift};
 pub use arch::{architecture_checks, lacking};
 
 pub struct ModelMachine;
@@ -1075,10 +1075,7 @@ impl Machine for ModelMachine {
                     wants.push((address, w));
                 }
                 Err(_) => {
-                    out.insert(
-                        address.clone(),
-                        Observed::Missing("no commit recorded".into()),
-                    );
+                    out.insert(address.clone(), Drift::Missing("no commit recorded".into()));
                 }
             }
         }
@@ -1100,7 +1097,7 @@ impl Machine for ModelMachine {
         read::nodes(config)
     }
 
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Readings, ReadError> {
         read::read(cx).await
     }
 

@@ -14,7 +14,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     let address = format!("{}toy.{}", cx.prefix(), item.name);
     let node = attrs.string("node").unwrap_or_default();
     let greeting = cx
-        .observed()
+        .readings()
         .kinds
         .get(&address)
         .cloned()

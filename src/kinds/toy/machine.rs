@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::{Config, Observed, ResourceKind};
+use crate::config::{Config, Readings, ResourceKind};
 use crate::hosts::{Cmd, HostError};
 use crate::kinds::machine::{Done, Machine, ReadCx, ReadError, Step, StepError};
 use crate::plan::Action;
@@ -58,8 +58,8 @@ impl Machine for ToyMachine {
         toys(config).map(|(_, node)| node.to_string()).collect()
     }
 
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
-        let mut out = Observed::default();
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
+        let mut out = Readings::default();
         if !cx.mode.looks() {
             return Ok(out);
         }

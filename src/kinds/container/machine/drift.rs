@@ -50,7 +50,7 @@ pub(super) fn judge(
     }
     for (addr, r) in recorded {
         let obs = match found.get(addr) {
-            None => Observed::Missing(format!(
+            None => Drift::Missing(format!(
                 "container {} is gone from {node}",
                 r.config
                     .as_ref()
@@ -80,9 +80,9 @@ pub(super) fn judge(
                 }
                 notes.extend(image_moved(node, r, c, images_now));
                 if notes.is_empty() {
-                    Observed::InSync
+                    Drift::InSync
                 } else {
-                    Observed::Drifted(notes)
+                    Drift::Drifted(notes)
                 }
             }
         };

@@ -26,7 +26,7 @@ use crate::kinds::machine::{
     Seen, Step, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
-use crate::plan::{Action, Foreign, Observed, Orphan};
+use crate::plan::{Action, Drift, Foreign, Orphan};
 
 mod aside;
 mod cache;
@@ -669,8 +669,8 @@ impl Machine for ContainerMachine {
 
     /// systemd-logind's settings on the nodes of containers it can break
     /// ([`ipc::judge_remove_ipc`]): one command a node, and none without such a container.
-    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Observed, ReadError> {
-        let mut out = crate::config::Observed::default();
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Readings, ReadError> {
+        let mut out = crate::config::Readings::default();
         if !cx.mode.looks() {
             return Ok(out);
         }

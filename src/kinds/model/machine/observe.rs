@@ -18,7 +18,7 @@ use serde::Deserialize;
 use super::super::{human_bytes, is_commit, judge_observed};
 use crate::hosts::{Cmd, Host, HostError};
 use crate::kinds::KindId;
-use crate::plan::{Observed, Orphan};
+use crate::plan::{Drift, Orphan};
 
 /// Its arguments are the repositories' folders in the caches (`CACHE/models--ORG--NAME`),
 /// named in its output by their position (from 1) so a path is never parsed back.
@@ -186,11 +186,11 @@ fn record_of(storage: &Storage, commit: &str) -> Option<Result<Record, String>> 
 
 /// transfer.py's `observe` of `commit` (without `--deep`) on what the command listed: the
 /// verdict for the resource on node `name`.
-pub fn judge(storage: &Storage, repo: &str, commit: &str, name: &str) -> Observed {
+pub fn judge(storage: &Storage, repo: &str, commit: &str, name: &str) -> Drift {
     let record = match record_of(storage, commit) {
-        None => return Observed::Missing(format!("no verified copy of {repo} on {name}")),
+        None => return Drift::Missing(format!("no verified copy of {repo} on {name}")),
         Some(Err(why)) => {
-            return Observed::Drifted(vec![format!(
+            return Drift::Drifted(vec![format!(
                 "the copy of {repo} at {} on {name}: {why}",
                 &commit[..12]
             )])
@@ -222,8 +222,8 @@ pub fn judge(storage: &Storage, repo: &str, commit: &str, name: &str) -> Observe
     }
     let result = serde_json::json!({"present": present, "missing": missing, "differ": differ});
     match judge_observed(name, &result) {
-        None => Observed::InSync,
-        Some(d) => Observed::Drifted(d),
+        None => Drift::InSync,
+        Some(d) => Drift::Drifted(d),
     }
 }
 
@@ -241,7 +241,7 @@ pub struct Asked {
 pub async fn observe_listed(
     host: &dyn Host,
     asked: &[Asked],
-) -> Result<(BTreeMap<String, Observed>, Vec<Orphan>), HostError> {
+) -> Result<(BTreeMap<String, Drift>, Vec<Orphan>), HostError> {
     let folders: Vec<String> = asked
         .iter()
         .map(|a| storage_folder(&a.cache, &a.repo))
@@ -307,7 +307,7 @@ pub(super) async fn deep(
     lineage: &str,
     address: &str,
     w: &super::Want,
-) -> Result<Observed, HostError> {
+) -> Result<Drift, HostError> {
     let node = host.node().to_string();
     let docker = host.docker().await?;
     let mut args = vec!["observe".to_string()];
@@ -346,11 +346,11 @@ pub(super) async fn deep(
     let name = &w.node_name;
     Ok(
         if result.get("recorded").and_then(|x| x.as_bool()) == Some(false) {
-            Observed::Missing(format!("no verified copy of {} on {name}", w.repo))
+            Drift::Missing(format!("no verified copy of {} on {name}", w.repo))
         } else {
             match judge_observed(name, &result) {
-                None => Observed::InSync,
-                Some(d) => Observed::Drifted(d),
+                None => Drift::InSync,
+                Some(d) => Drift::Drifted(d),
             }
         },
     )
@@ -399,31 +399,31 @@ mod tests {
             "1000 5.0000000000 a.safetensors\n2000 6.0 dir/b.json\n",
         );
         let s = parse_listing(&whole, 1);
-        assert_eq!(judge(&s[0], "o/m", A, "n1"), Observed::InSync);
+        assert_eq!(judge(&s[0], "o/m", A, "n1"), Drift::InSync);
         assert_eq!(s[0].records.len(), 2, "both records listed");
         // A file touched since it was verified, one missing, one of another size.
         let touched = listing(&rec, "1000 7.0 a.safetensors\n2000 6.0 dir/b.json\n");
-        let Observed::Drifted(d) = judge(&parse_listing(&touched, 1)[0], "o/m", A, "n1") else {
+        let Drift::Drifted(d) = judge(&parse_listing(&touched, 1)[0], "o/m", A, "n1") else {
             panic!("a touched file is drift")
         };
         assert!(d.join(" ").contains("a.safetensors"), "{d:?}");
         let gone = listing(&rec, "1000 5.0 a.safetensors\n");
-        let Observed::Drifted(d) = judge(&parse_listing(&gone, 1)[0], "o/m", A, "n1") else {
+        let Drift::Drifted(d) = judge(&parse_listing(&gone, 1)[0], "o/m", A, "n1") else {
             panic!("a missing file is drift")
         };
         assert!(d.join(" ").contains("missing"), "{d:?}");
         let resized = listing(&rec, "999 5.0 a.safetensors\n2000 6.0 dir/b.json\n");
         assert!(matches!(
             judge(&parse_listing(&resized, 1)[0], "o/m", A, "n1"),
-            Observed::Drifted(_)
+            Drift::Drifted(_)
         ));
         // No record of the commit: no verified copy.
         assert!(matches!(
             judge(&parse_listing("", 1)[0], "o/m", A, "n1"),
-            Observed::Missing(_)
+            Drift::Missing(_)
         ));
         // A record that is not one: drift, said.
-        let Observed::Drifted(d) = judge(&parse_listing(&whole, 1)[0], "o/m", B, "n1") else {
+        let Drift::Drifted(d) = judge(&parse_listing(&whole, 1)[0], "o/m", B, "n1") else {
             panic!("a broken record is drift")
         };
         assert!(d[0].contains("record"), "{d:?}");

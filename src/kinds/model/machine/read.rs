@@ -1,13 +1,13 @@
 //! The model kind's plan-time read (`Machine::read`): each model block's revision resolved to
 //! a commit on its download node (as the hub answers that node), or pinned by the state or by
-//! a saved plan, as the [`ReadMode`] says. What it reads goes into `config::Observed.models`;
+//! a saved plan, as the [`ReadMode`] says. What it reads goes into `config::Readings.models`;
 //! the second evaluation hands it to the lowering (`kinds::model::lower`), so plans show the
 //! commit and the modules see the real size and `config.json` facts.
 
 use std::collections::BTreeMap;
 
 use super::{resolve, Desired, ResolveRequest};
-use crate::config::{Config, ModelObserved, Observed, ResourceKind};
+use crate::config::{Config, ModelReadings, Readings, ResourceKind};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
 use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
@@ -54,37 +54,37 @@ pub(super) fn nodes(config: &Config) -> Vec<String> {
 }
 
 /// What the world says about the models of `cx.config`, as `cx.mode` reads it.
-pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Observed, ReadError> {
+pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
     let blocks = blocks(cx.config);
     if blocks.is_empty() {
-        return Ok(Observed::default());
+        return Ok(Readings::default());
     }
     // What the lock pins stands, unless `-upgrade`: the rest is read as the mode says.
     let locked = match (cx.lock, cx.mode) {
-        (_, ReadMode::Planned | ReadMode::None) => Observed::default(),
-        (_, _) if cx.upgrade => Observed::default(),
+        (_, ReadMode::Planned | ReadMode::None) => Readings::default(),
+        (_, _) if cx.upgrade => Readings::default(),
         (Some(lock), _) => locked_in(&blocks, lock),
-        (None, _) => Observed::default(),
+        (None, _) => Readings::default(),
     };
     let rest: BTreeMap<String, Block> = blocks
         .into_iter()
         .filter(|(address, _)| !locked.models.contains_key(address))
         .collect();
     let mut observed = match cx.mode {
-        _ if rest.is_empty() => Observed::default(),
+        _ if rest.is_empty() => Readings::default(),
         ReadMode::Normal | ReadMode::Deep => resolve_on(&rest, cx.pool).await?,
         ReadMode::Recorded if cx.complete => pinned_by_state(&rest, cx.state)?,
         ReadMode::Recorded => recorded(&rest, cx.state),
         ReadMode::Planned => cx.plan.map(planned).unwrap_or_default(),
-        ReadMode::None => Observed::default(),
+        ReadMode::None => Readings::default(),
     };
     observed.models.extend(locked.models);
     Ok(observed)
 }
 
 /// The blocks the lock pins at their revision as written, with what it recorded of them.
-fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> Observed {
-    let mut observed = Observed::default();
+fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> Readings {
+    let mut observed = Readings::default();
     for (address, b) in blocks {
         let Some(e) = lock.entry("model", address) else {
             continue;
@@ -101,7 +101,7 @@ fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> 
             .unwrap_or_default();
         observed.models.insert(
             address.clone(),
-            ModelObserved {
+            ModelReadings {
                 revision: revision.to_string(),
                 commit: commit.to_string(),
                 manifest: serde_json::json!({
@@ -116,7 +116,7 @@ fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> 
 }
 
 /// The commit a state pins for a block at a revision, with what was recorded about it.
-fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelObserved> {
+fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelReadings> {
     pinned_in(
         state?
             .resources
@@ -132,11 +132,11 @@ fn pinned_in<'a>(
     mut configs: impl Iterator<Item = &'a serde_json::Value>,
     block: &str,
     revision: &str,
-) -> Option<ModelObserved> {
+) -> Option<ModelReadings> {
     configs.find_map(|c| {
         let c = Desired::from_config(c).ok()?;
         (c.block == block && c.revision == revision).then_some(())?;
-        Some(ModelObserved {
+        Some(ModelReadings {
             revision: revision.to_string(),
             commit: c.commit?,
             manifest: serde_json::json!({
@@ -153,8 +153,8 @@ fn pinned_in<'a>(
 fn pinned_by_state(
     blocks: &BTreeMap<String, Block>,
     state: Option<&State>,
-) -> Result<Observed, ReadError> {
-    let mut observed = Observed::default();
+) -> Result<Readings, ReadError> {
+    let mut observed = Readings::default();
     let mut diags = Vec::new();
     for (address, b) in blocks {
         let revision = b.config.revision.clone();
@@ -181,8 +181,8 @@ fn pinned_by_state(
 
 /// The commits the state pins for the models whose revision is unchanged; the others are left
 /// out (unresolved), never an error: for commands that look at or remove what is deployed.
-fn recorded(blocks: &BTreeMap<String, Block>, state: Option<&State>) -> Observed {
-    let mut observed = Observed::default();
+fn recorded(blocks: &BTreeMap<String, Block>, state: Option<&State>) -> Readings {
+    let mut observed = Readings::default();
     for (address, b) in blocks {
         if let Some(o) = pinned(state, address, &b.config.revision) {
             observed.models.insert(address.clone(), o);
@@ -197,8 +197,8 @@ fn recorded(blocks: &BTreeMap<String, Block>, state: Option<&State>) -> Observed
 async fn resolve_on(
     blocks: &BTreeMap<String, Block>,
     pool: &HostPool,
-) -> Result<Observed, ReadError> {
-    let mut observed = Observed::default();
+) -> Result<Readings, ReadError> {
+    let mut observed = Readings::default();
     let mut errors = Vec::new();
     for (address, b) in blocks {
         let host = match pool.get(&b.node) {
@@ -231,7 +231,7 @@ async fn resolve_on(
                 let facts = manifest.get("config").cloned().unwrap_or_default();
                 observed.models.insert(
                     address.clone(),
-                    ModelObserved {
+                    ModelReadings {
                         revision,
                         commit,
                         manifest,
@@ -256,8 +256,8 @@ async fn resolve_on(
 }
 
 /// The commits a plan's model changes carry.
-fn planned(plan: &crate::plan::Plan) -> Observed {
-    let mut observed = Observed::default();
+fn planned(plan: &crate::plan::Plan) -> Readings {
+    let mut observed = Readings::default();
     for c in &plan.changes {
         let Some(after) = c.after.as_ref() else {
             continue;

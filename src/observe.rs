@@ -1,5 +1,7 @@
-//! Refresh: look at the machines and say how they differ from the state. The result is data
-//! that `plan` takes; all the looking goes through `Host`.
+//! Observe: every kind looks at its recorded objects on every node (`Machine::observe`) and
+//! says how they differ from the state, and finds its labelled objects the state lost. What a
+//! `-refresh` asks for (`ops::refresh`, `ops::prepare`); the result is data that `plan`
+//! takes, and all the looking goes through `Host`.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -12,7 +14,7 @@ use crate::state::{ResourceState, State};
 
 /// The nodes refresh must look at: those holding recorded resources, and those where the
 /// configuration puts containers (untracked ones may be there).
-pub fn nodes_to_refresh(config: &Config, state: &State) -> Vec<String> {
+pub fn nodes_to_observe(config: &Config, state: &State) -> Vec<String> {
     let mut set: BTreeSet<String> = state
         .resources
         .values()
@@ -34,7 +36,7 @@ pub fn nodes_to_refresh(config: &Config, state: &State) -> Vec<String> {
 /// `nodes` and observe each one as soon as it is connected. Nodes that cannot be reached are
 /// returned as errors. The pool is handed back for reuse (an apply after the refresh). `mode`
 /// says how far the kinds look (`-refresh=deep`).
-pub async fn connect_and_refresh(
+pub async fn connect_and_observe(
     config: &Config,
     state: &State,
     nodes: &[String],
@@ -55,21 +57,21 @@ pub async fn connect_and_refresh(
 }
 
 /// Observe the recorded resources on hosts already connected (tests on fake nodes; an apply that
-/// has its pool): the same observation as [`connect_and_refresh`].
-pub async fn refresh_hosts(
+/// has its pool): the same observation as [`connect_and_observe`].
+pub async fn observe_hosts(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    refresh_hosts_as(state, hosts, ReadMode::Normal).await
+    observe_hosts_as(state, hosts, ReadMode::Normal).await
 }
 
-/// [`refresh_hosts`], looking as far as `mode` says.
-pub async fn refresh_hosts_as(
+/// [`observe_hosts`], looking as far as `mode` says.
+pub async fn observe_hosts_as(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
     mode: ReadMode,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    observe_hosts(state, hosts, true, mode).await
+    observe_each_host(state, hosts, true, mode).await
 }
 
 /// Observe only what `state` records on hosts already connected, looking for nothing untracked
@@ -78,10 +80,10 @@ pub async fn observe_recorded(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
 ) -> Result<Observations, Vec<std::sync::Arc<HostError>>> {
-    observe_hosts(state, hosts, false, ReadMode::Normal).await
+    observe_each_host(state, hosts, false, ReadMode::Normal).await
 }
 
-async fn observe_hosts(
+async fn observe_each_host(
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
     untracked: bool,
@@ -118,9 +120,9 @@ fn unrecorded_by_node(config: &Config, state: &State) -> Unrecorded {
     out
 }
 
-/// [`refresh_hosts_as`] that also looks for what the definitions declare and the state
-/// lacks, under another lineage (as [`connect_and_refresh`] does).
-pub async fn refresh_hosts_for(
+/// [`observe_hosts_as`] that also looks for what the definitions declare and the state
+/// lacks, under another lineage (as [`connect_and_observe`] does).
+pub async fn observe_hosts_for(
     config: &Config,
     state: &State,
     hosts: Vec<(String, std::sync::Arc<dyn Host>)>,
