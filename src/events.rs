@@ -15,6 +15,11 @@ pub enum Event {
         operation: String,
         started: String,
     },
+    /// The state is locked by a run beside this one (an apply changes what a plan looks at), or
+    /// a killed run left its lock (and work): what the lock says.
+    StateLockHeld {
+        note: String,
+    },
     /// Refresh looks at this many nodes.
     Refreshing {
         nodes: usize,
@@ -293,6 +298,7 @@ impl Event {
                 summary: s(summary),
             },
             e @ (Event::Refreshing { .. }
+            | Event::StateLockHeld { .. }
             | Event::Started { .. }
             | Event::RollbackStarted { .. }) => e,
         }

@@ -115,6 +115,7 @@ pub fn note(e: &Event) -> Option<String> {
             operation,
             started,
         } => Some(format!("note: took over a lock left by PID {pid} on {host} ({operation} since {started}), which is no longer running.")),
+        Event::StateLockHeld { note } => Some(note.clone()),
         Event::Refreshing { nodes } => Some(format!(
             "Refreshing: looking at {nodes} node{}…",
             if *nodes == 1 { "" } else { "s" }
@@ -135,7 +136,8 @@ pub fn spawn_notes(
         let mut spinner: Option<(indicatif::ProgressBar, String)> = None;
         while let Some(e) = rx.recv().await {
             // A taken-over lock is worth knowing even when stdout is JSON.
-            if json && matches!(e, Event::Refreshing { .. }) {
+            // A plan's JSON document carries the state lock's note itself.
+            if json && matches!(e, Event::Refreshing { .. } | Event::StateLockHeld { .. }) {
                 continue;
             }
             let Some(line) = note(&e) else { continue };
@@ -261,7 +263,9 @@ fn lines(
     let t = stamp(start);
     match e {
         // Before the apply starts; drawn on stderr by `spawn_notes`.
-        Event::LockTakenOver { .. } | Event::Refreshing { .. } => Vec::new(),
+        Event::LockTakenOver { .. } | Event::Refreshing { .. } | Event::StateLockHeld { .. } => {
+            Vec::new()
+        }
         Event::Started { steps, parallelism } => vec![format!(
             "{t} {steps} step{} to run, up to {parallelism} at once",
             if *steps == 1 { "" } else { "s" }

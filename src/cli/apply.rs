@@ -95,9 +95,9 @@ impl ExecArgs {
     }
 }
 
-pub fn run(args: ApplyArgs) -> ExitCode {
+pub fn run(args: ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     if args.path.is_file() {
-        return run_planfile(&args);
+        return run_planfile(&args, rt);
     }
     let json = args.common.json;
     let ca = args.common.config_args(args.path.clone());
@@ -125,6 +125,7 @@ pub fn run(args: ApplyArgs) -> ExitCode {
             refresh: args.refresh.read_mode(),
             options: opts,
         },
+        rt,
     )
 }
 
@@ -149,7 +150,7 @@ fn show_warnings(warnings: &[Diag], json: bool) {
     }
 }
 
-fn run_planfile(args: &ApplyArgs) -> ExitCode {
+fn run_planfile(args: &ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let pf = match PlanFile::read(&args.path) {
         Ok(p) => p,
         Err(e) => return report_error(e),
@@ -173,6 +174,7 @@ fn run_planfile(args: &ApplyArgs) -> ExitCode {
             file: &pf,
             path: &args.path,
         },
+        rt,
     )
 }
 
@@ -182,13 +184,10 @@ pub fn execute(
     ws: &Workspace,
     evaluated: Evaluated,
     source: Source<'_>,
+    rt: &tokio::runtime::Runtime,
 ) -> ExitCode {
     let operation = source.operation();
     let from_planfile = matches!(source, Source::PlanFile { .. });
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
     let request = PlanRequest {
         evaluated,
         lockfile_readonly: args.lockfile == Some(LockfileMode::Readonly),

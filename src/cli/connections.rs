@@ -25,11 +25,7 @@ pub struct ConnectionsArgs {
     pub json: bool,
 }
 
-pub fn run(args: ConnectionsArgs) -> ExitCode {
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
+pub fn run(args: ConnectionsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let found = match rt.block_on(crate::ops::connections::connections(args.close)) {
         Ok(f) => f,
         Err(e) => {

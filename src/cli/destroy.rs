@@ -41,7 +41,7 @@ pub struct DestroyArgs {
     pub purge_caches: bool,
 }
 
-pub fn run(args: DestroyArgs) -> ExitCode {
+pub fn run(args: DestroyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let ca = args.common.config_args(args.dir.clone());
     // Destroy removes what the state records (and what carries the deployment's labels): the
     // definitions only say how to reach the nodes, so nothing is read at plan time.
@@ -60,5 +60,6 @@ pub fn run(args: DestroyArgs) -> ExitCode {
             refresh: ops::ReadMode::refresh(args.refresh),
             purge_caches: args.purge_caches,
         },
+        rt,
     )
 }

@@ -36,7 +36,7 @@ pub struct ImportArgs {
     pub connect: ConnectArgs,
 }
 
-pub fn run(args: ImportArgs) -> ExitCode {
+pub fn run(args: ImportArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let (dir, address, id) = match args.args.as_slice() {
         [a, i] => (PathBuf::from("."), a.clone(), i.clone()),
         [d, a, i] => (PathBuf::from(d), a.clone(), i.clone()),
@@ -64,10 +64,6 @@ pub fn run(args: ImportArgs) -> ExitCode {
     let (config, graph) = match evaluated.pin(Pins::Recorded(recorded.as_ref())) {
         Ok(d) => (d.config, d.graph),
         Err(e) => return super::report_op_error(e, false),
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
     };
     let request = ops::import::ImportRequest {
         config: &config,

@@ -25,16 +25,12 @@ pub struct LockArgs {
     pub connect: ConnectArgs,
 }
 
-pub fn run(args: LockArgs) -> ExitCode {
+pub fn run(args: LockArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let evaluated = match args.config.evaluate(false) {
         Ok(e) => e,
         Err(code) => return code,
     };
     report_warnings(evaluated.warnings());
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
     let hosts = args.connect.options();
     let done = rt.block_on(super::with_notes(false, |events| async move {
         ops::lock::lock(evaluated, &hosts, &events).await

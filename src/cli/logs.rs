@@ -53,7 +53,7 @@ pub fn render(line: &LogLine, width: usize, colour: Option<&str>, fatal: bool) -
     }
 }
 
-pub fn run(args: LogsArgs) -> ExitCode {
+pub fn run(args: LogsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     // The folder is optional: a first positional that is an address is one.
     let mut args = args;
     if begins_like_an_address(&args.config.dir.to_string_lossy()) && !args.config.dir.is_dir() {
@@ -87,10 +87,6 @@ pub fn run(args: LogsArgs) -> ExitCode {
             );
             return ExitCode::from(1);
         }
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
     };
     let terminal = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let width = targets.iter().map(|t| t.address.len()).max().unwrap_or(0);

@@ -318,8 +318,8 @@ pub fn workspace_header(ws: &Workspace) -> Option<String> {
     })
 }
 
-/// The async runtime for commands that talk to machines.
-pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+/// The async runtime for commands that talk to machines, made once, in `main`.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -424,25 +424,31 @@ pub fn main() -> ExitCode {
             };
         }
     };
+    // The one runtime of the process: the commands that talk to machines run on it.
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let rt = &rt;
     match cli.command {
         Command::Validate(a) => validate::run(a),
-        Command::Lock(a) => lock::run(a),
-        Command::Plan(a) => plan::run(a),
-        Command::Apply(a) => apply::run(a),
-        Command::Destroy(a) => destroy::run(a),
-        Command::Verify(a) => verify::run(a),
-        Command::Watch(a) => watch::run(a),
-        Command::Logs(a) => logs::run(a),
-        Command::Tunnel(a) => tunnel::run(a),
-        Command::Status(a) => status::run(a),
-        Command::Import(a) => import::run(a),
+        Command::Lock(a) => lock::run(a, rt),
+        Command::Plan(a) => plan::run(a, rt),
+        Command::Apply(a) => apply::run(a, rt),
+        Command::Destroy(a) => destroy::run(a, rt),
+        Command::Verify(a) => verify::run(a, rt),
+        Command::Watch(a) => watch::run(a, rt),
+        Command::Logs(a) => logs::run(a, rt),
+        Command::Tunnel(a) => tunnel::run(a, rt),
+        Command::Status(a) => status::run(a, rt),
+        Command::Import(a) => import::run(a, rt),
         Command::Graph(a) => graph::run(a),
-        Command::Nodes(a) => nodes::run(a),
-        Command::Connections(a) => connections::run(a),
+        Command::Nodes(a) => nodes::run(a, rt),
+        Command::Connections(a) => connections::run(a, rt),
         Command::Show(a) => show::run(a),
         Command::Output(a) => output::run(a),
         Command::History(a) => history::run(a),
-        Command::Rollback(a) => rollback::run(a),
+        Command::Rollback(a) => rollback::run(a, rt),
         Command::Fmt(a) => fmt::run(a),
         Command::State(c) => state::run(c),
         Command::ForceUnlock(a) => force_unlock::run(a),

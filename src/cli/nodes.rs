@@ -42,17 +42,13 @@ pub struct NodesArgs {
     pub json: bool,
 }
 
-pub fn run(args: NodesArgs) -> ExitCode {
+pub fn run(args: NodesArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     // The nodes and ports are the same whatever the kinds read at plan time.
     let config = match args.config.definitions(args.json, Pins::Unresolved) {
         Ok(d) => d.config,
         Err(code) => return code,
     };
     let opts = args.connect.options();
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
     rt.block_on(async {
         let results: Results = crate::ops::nodes::gather(&config, &opts)
             .await

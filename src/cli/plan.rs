@@ -5,10 +5,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, report_error, report_warnings, ConfigArgs, ConnectArgs};
+use super::{report_diagnostics, report_warnings, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
 use crate::ops;
-use crate::plan::planfile::PlanFile;
 use crate::plan::{render, PlanOptions};
 
 const LONG_ABOUT: &str =
@@ -109,65 +108,7 @@ fn refuse_out_file(args: &PlanArgs) -> Option<crate::diag::Diag> {
     })
 }
 
-/// Write `text` to `out`, a new file.
-fn write_new(out: &std::path::Path, text: &str) -> Result<(), crate::state::StateError> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(out)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
-        .map_err(|e| crate::state::StateError::Io {
-            path: out.to_path_buf(),
-            source: e,
-        })
-}
-
-/// The `-generate-config-out` and `-generate-import-out` files, when asked for.
-fn write_generated(args: &PlanArgs, plan: &crate::plan::Plan) -> Result<(), ExitCode> {
-    if let Some(out) = &args.generate_config_out {
-        let (text, skipped) = ops::import::generated_hcl(&plan.generated);
-        for s in &skipped {
-            eprintln!("Warning: {s}");
-        }
-        if !text.is_empty() {
-            if let Err(e) = write_new(out, &text) {
-                return Err(report_error(e));
-            }
-            if !args.json {
-                println!(
-                    "\nWrote {} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
-                    plan.generated.len() - skipped.len(),
-                    if plan.generated.len() - skipped.len() == 1 { "" } else { "s" },
-                    out.display()
-                );
-            }
-        }
-    }
-    if let Some(out) = &args.generate_import_out {
-        let text = crate::plan::import_blocks(&plan.foreign);
-        if text.is_empty() {
-            eprintln!(
-                "Nothing runs under another state's lineage for these definitions: {} not written.",
-                out.display()
-            );
-        } else {
-            if let Err(e) = write_new(out, &text) {
-                return Err(report_error(e));
-            }
-            if !args.json {
-                let n = text.matches("\nimport {").count();
-                println!(
-                    "\nWrote {n} import block{} to {}: with it in the definitions' folder, `sparkform apply` adopts what runs, restarting nothing.",
-                    if n == 1 { "" } else { "s" },
-                    out.display()
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-pub fn run(args: PlanArgs) -> ExitCode {
+pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     if let Some(d) = refuse_out_file(&args) {
         report_diagnostics(&Diagnostics(vec![d]), args.json);
         return ExitCode::from(1);
@@ -179,119 +120,106 @@ pub fn run(args: PlanArgs) -> ExitCode {
         Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
     };
-    let lock_before = evaluated.lock().cloned();
     if !args.json {
         report_warnings(evaluated.warnings());
     }
-    let recorded = match ws.state() {
-        Ok(s) => s,
-        Err(e) => return report_error(e),
-    };
-    // An apply running beside this plan changes what it looks at; a killed one left work.
-    let lock_note = ws.store().lock_status().ok().and_then(|s| s.note());
-    if let (Some(note), false) = (&lock_note, args.json) {
-        eprintln!("{note}");
-    }
-    // A plan file records hashes under the key, so writing one creates it.
-    let key = match ws.key(args.out.is_some()) {
-        Ok(k) => k,
-        Err(e) => return report_error(e),
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    let request = ops::prepare::PrepareRequest {
+    let command = ops::plan::PlanCommand {
+        workspace: &ws,
         evaluated,
-        recorded: recorded.as_ref(),
         refresh: args.refresh.read_mode(),
         options: PlanOptions {
             replace: args.replace.clone(),
             targets: args.target.clone(),
             exclude: args.exclude.clone(),
             observations: None,
-            key,
             generate_config: args.generate_config_out.is_some(),
             ..PlanOptions::default()
         },
         hosts: args.connect.options(),
+        out: args.out.as_deref(),
+        generate_config_out: args.generate_config_out.as_deref(),
+        generate_import_out: args.generate_import_out.as_deref(),
     };
-    let prepared = rt.block_on(super::with_notes(args.json, |events| async move {
-        let mut prepared = ops::prepare::prepare(request, &events).await?;
-        prepared.close().await;
-        Ok::<_, ops::OpError>(prepared)
+    let planned = rt.block_on(super::with_notes(args.json, |events| async move {
+        ops::plan::plan(command, &events).await
     }));
-    let ops::prepare::Prepared {
-        config,
-        plan,
-        warnings,
-        readings,
-        images,
-        round_trips,
-        ..
-    } = match prepared {
+    let planned = match planned {
         Ok(p) => p,
         Err(e) => return super::report_op_error(e, args.json),
     };
-    let lock_changes = ops::lock_file::LockUpdate::new(
-        &config,
-        lock_before.as_ref(),
-        args.upgrade,
-        &images,
-        recorded.as_ref(),
-    )
-    .changes();
     if args.json {
-        // Every warning of the evaluation the plan was made from, and those of the reading.
-        let mut all = config.warnings.clone();
-        for w in &warnings {
-            if !all.iter().any(|a| a.message == w.message) {
-                all.push(w.clone());
-            }
-        }
-        let doc = serde_json::json!({
-            "format_version": 1,
-            "workspace": ws.workspace_name(),
-            "diagnostics": super::diagnostics_values(&all),
-            "lock": lock_note,
-            "state": { "lineage": recorded.as_ref().map(|s| &s.lineage), "serial": recorded.as_ref().map_or(0, |s| s.serial) },
-            "plan": plan,
-            "lock_file_changes": lock_changes,
-            // Per node the plan connected: commands and Docker API requests it made there.
-            "round_trips": round_trips,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        print_json(&ws, &planned);
     } else {
-        report_warnings(&warnings);
-        if let Some(header) = super::workspace_header(&ws) {
-            println!("{header}");
-        }
-        print!("{}", render::render(&plan));
-        if !lock_changes.is_empty() {
-            println!("\n{} changes (an apply writes them):", ops::lock_file::FILE);
-            lock_changes.iter().for_each(|c| println!("  {c}"));
-        }
+        print_text(&ws, &planned);
     }
-    if let Err(code) = write_generated(&args, &plan) {
-        return code;
-    }
-    if let Some(out) = &args.out {
-        let file = PlanFile::new(plan.clone(), &ws.dir, &ws.state_path, recorded.as_ref())
-            .with_readings(&readings);
-        if let Err(e) = file.write(out) {
-            return report_error(e);
-        }
-        if !args.json {
-            println!(
-                "\nSaved the plan to {}. Apply exactly this plan with `sparkform apply {}`.",
-                out.display(),
-                out.display()
-            );
-        }
-    }
-    if args.detailed_exitcode && plan.has_changes() {
+    if args.detailed_exitcode && planned.plan.has_changes() {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+fn print_json(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
+    let doc = serde_json::json!({
+        "format_version": 1,
+        "workspace": ws.workspace_name(),
+        "diagnostics": super::diagnostics_values(&p.warnings),
+        "lock": p.state_lock_note,
+        "state": { "lineage": p.state.as_ref().map(|s| &s.0), "serial": p.state.as_ref().map_or(0, |s| s.1) },
+        "plan": p.plan,
+        "lock_file_changes": p.lock_file_changes,
+        // Per node the plan connected: commands and Docker API requests it made there.
+        "round_trips": p.round_trips,
+    });
+    println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    for s in &p.not_generated {
+        eprintln!("Warning: {s}");
+    }
+    if let Some((out, 0)) = &p.generated_imports {
+        eprintln!(
+            "Nothing runs under another state's lineage for these definitions: {} not written.",
+            out.display()
+        );
+    }
+}
+
+fn print_text(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
+    report_warnings(&p.new_warnings);
+    if let Some(header) = super::workspace_header(ws) {
+        println!("{header}");
+    }
+    print!("{}", render::render(&p.plan));
+    if !p.lock_file_changes.is_empty() {
+        println!("\n{} changes (an apply writes them):", ops::lock_file::FILE);
+        p.lock_file_changes.iter().for_each(|c| println!("  {c}"));
+    }
+    for s in &p.not_generated {
+        eprintln!("Warning: {s}");
+    }
+    if let Some((out, n)) = &p.generated_config {
+        println!(
+            "\nWrote {n} block{} for imports without a resource block to {}: review it, keep it with the definitions, and plan again.",
+            if *n == 1 { "" } else { "s" },
+            out.display()
+        );
+    }
+    match &p.generated_imports {
+        Some((out, 0)) => eprintln!(
+            "Nothing runs under another state's lineage for these definitions: {} not written.",
+            out.display()
+        ),
+        Some((out, n)) => println!(
+            "\nWrote {n} import block{} to {}: with it in the definitions' folder, `sparkform apply` adopts what runs, restarting nothing.",
+            if *n == 1 { "" } else { "s" },
+            out.display()
+        ),
+        None => {}
+    }
+    if let Some(out) = &p.plan_file {
+        println!(
+            "\nSaved the plan to {}. Apply exactly this plan with `sparkform apply {}`.",
+            out.display(),
+            out.display()
+        );
     }
 }

@@ -33,7 +33,7 @@ pub struct RollbackArgs {
     pub common: ExecArgs,
 }
 
-pub fn run(mut args: RollbackArgs) -> ExitCode {
+pub fn run(mut args: RollbackArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     // `sparkform rollback 3` in the definitions' folder: a number that names no folder is N.
     if args.generation.is_none() && !args.dir.exists() {
         if let Some(n) = args.dir.to_str().and_then(|d| d.parse::<u64>().ok()) {
@@ -60,5 +60,6 @@ pub fn run(mut args: RollbackArgs) -> ExitCode {
         Source::Generation {
             number: args.generation,
         },
+        rt,
     )
 }

@@ -215,7 +215,7 @@ fn restarts(s: &Status) -> String {
     out
 }
 
-pub fn run(args: StatusArgs) -> ExitCode {
+pub fn run(args: StatusArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let ws = args.config.workspace();
     // Only the nodes are used, which no commit changes.
     let config = match args.config.definitions(args.json, Pins::Unresolved) {
@@ -235,10 +235,6 @@ pub fn run(args: StatusArgs) -> ExitCode {
             eprintln!("Error: {e}");
             return ExitCode::from(1);
         }
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
     };
     let status = rt.block_on(crate::ops::status::status(
         &config,

@@ -44,7 +44,7 @@ pub fn exec_script(cmd: &str, url: &str) -> String {
     cmd.replace("{url}", url)
 }
 
-pub fn run(args: TunnelArgs) -> ExitCode {
+pub fn run(args: TunnelArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let mut args = args;
     // `tunnel endpoint` with no folder: the one positional is the endpoint.
     if args.endpoint.is_none() && !args.config.dir.is_dir() {
@@ -73,10 +73,6 @@ pub fn run(args: TunnelArgs) -> ExitCode {
             eprintln!("Error: {e}");
             return ExitCode::from(1);
         }
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
     };
     let opts = args.connect.options();
     rt.block_on(async {

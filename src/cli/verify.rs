@@ -37,7 +37,7 @@ pub struct VerifyArgs {
     pub json: bool,
 }
 
-pub fn run(args: VerifyArgs) -> ExitCode {
+pub fn run(args: VerifyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let Some(retry_for) = crate::config::parse_duration(&args.retry_for) else {
         eprintln!(
             "Error: --retry-for {:?} is not a duration\n  help: such as \"10s\", \"2m\", or \"0s\" for one attempt",
@@ -101,10 +101,6 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
         return ExitCode::from(1);
     }
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
     let results = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let secrets = config.secrets.clone();

@@ -8,7 +8,6 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
-use crate::ops::definitions::Pins;
 use crate::ops::watch::{WatchEnd, WatchRequest};
 
 /// Watch the live deployment; with --restart, restart a failed engine as a whole
@@ -77,7 +76,7 @@ fn duration(flag: &str, text: &str, least: u64) -> Result<Duration, ExitCode> {
     }
 }
 
-pub fn run(args: WatchArgs) -> ExitCode {
+pub fn run(args: WatchArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let parsed = (|| {
         Ok::<_, ExitCode>((
             duration("interval", &args.interval, 1)?,
@@ -110,13 +109,6 @@ pub fn run(args: WatchArgs) -> ExitCode {
         }
     };
     let ws = args.config.workspace();
-    let vars = match args.config.var_inputs() {
-        Ok(v) => v,
-        Err(d) => {
-            super::report_diagnostics(&crate::diag::Diagnostics(vec![*d]), args.json);
-            return ExitCode::from(1);
-        }
-    };
     // The definitions must load, and something must be deployed, before the watch starts.
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e,
@@ -134,14 +126,8 @@ pub fn run(args: WatchArgs) -> ExitCode {
         }
         Err(e) => return super::report_error(e),
     };
-    let secrets = match evaluated.pin(Pins::Recorded(Some(&state))) {
-        Ok(d) => d.config.secrets.clone(),
-        Err(e) => return super::report_op_error(e, args.json),
-    };
-    let rt = match super::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
+    drop(state);
+    let secrets = evaluated.config().secrets.clone();
     let end = rt.block_on(async {
         let cancel = tokio_util::sync::CancellationToken::new();
         let signals = stop_on_signals(cancel.clone());
@@ -164,7 +150,7 @@ pub fn run(args: WatchArgs) -> ExitCode {
         let end = crate::ops::watch::watch(
             WatchRequest {
                 workspace: ws,
-                vars,
+                evaluated,
                 interval,
                 probe_timeout,
                 retry_for,

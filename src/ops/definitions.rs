@@ -25,7 +25,9 @@ use crate::diag::Diagnostics;
 use crate::lockfile::Lock;
 
 /// The definitions evaluated as written: a model's commit only where its revision is one, the
-/// node facts as declared.
+/// node facts as declared. A command evaluates them once; what runs long (`watch`) pins a
+/// copy again when the state changes.
+#[derive(Clone)]
 pub struct Evaluated {
     config: Config,
     graph: Graph,
@@ -172,7 +174,7 @@ impl Evaluated {
             crate::config::load_with_readings(&self.config.dir, &self.config.vars, observed)
                 .map_err(OpError::Config)?;
         let graph = Graph::build(&config)?;
-        let warnings = super::plan::new_warnings(&self.config, &config);
+        let warnings = new_warnings(&self.config, &config);
         Ok(Definitions {
             config,
             graph,
@@ -198,7 +200,7 @@ impl Evaluated {
             Pins::Recorded(state) => read_without_looking(&cx(ReadMode::Recorded, state, None))?,
             Pins::Planned(file) => {
                 let mut observed = file.readings();
-                if !super::plan::facts_matter(&self.config, &observed) {
+                if !facts_matter(&self.config, &observed) {
                     observed.nodes.clear();
                 }
                 observed.extend(read_without_looking(&cx(
@@ -211,6 +213,30 @@ impl Evaluated {
         };
         self.again(&observed)
     }
+}
+
+/// The warnings of the evaluation `again` that the first, `first`, did not have (the caller
+/// showed those).
+pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
+    let shown = &first.warnings;
+    again
+        .warnings
+        .iter()
+        .filter(|w| !shown.iter().any(|s| s.message == w.message))
+        .cloned()
+        .collect()
+}
+
+/// Whether the node facts of `observed` fill a value `config` leaves unset or contradict one
+/// it sets.
+pub(super) fn facts_matter(config: &Config, observed: &Readings) -> bool {
+    config.nodes.values().any(|n| {
+        observed.nodes.get(&n.name).is_some_and(|seen| {
+            let declared = n.declared_facts();
+            seen.fill(&declared, n.gpu_devices) != declared
+                || !seen.disagreements(&declared, n.gpu_devices).is_empty()
+        })
+    })
 }
 
 #[cfg(test)]

@@ -1,53 +1,156 @@
-//! The plan step of `ops::prepare`, once the definitions are evaluated with what was read and
-//! the refresh looked: the `import` blocks' objects observed (even with `-refresh=false`: an
-//! import is nothing without it), then the pure `plan::plan`. Also what decides whether node
-//! facts call for an evaluation again, and which warnings of an evaluation are new.
+//! `sparkform plan` as one operation ([`plan`]): the state and its lock's note, the key, the
+//! read and refresh (`ops::prepare`), the lock file's changes, the plan file and the generated
+//! files.
 
-use crate::config::{Config, Readings};
+use std::path::{Path, PathBuf};
+
 use crate::diag::Diag;
-use crate::graph::Graph;
-use crate::hosts::{HostOptions, HostPool};
+use crate::events::{emit, Event, Sender};
+use crate::hosts::{HostOptions, RoundTrips};
+use crate::kinds::machine::ReadMode;
+use crate::plan::planfile::PlanFile;
 use crate::plan::{Plan, PlanOptions};
-use crate::state::State;
+use crate::state::StateError;
+use crate::workspace::Workspace;
 
+use super::definitions::Evaluated;
 use super::OpError;
 
-/// Observe the `import` blocks' objects on `pool` (connecting the nodes it lacks), then plan
-/// `config` against `state` with `options` (the refresh's observations in it).
-pub(super) async fn plan_on(
-    config: &Config,
-    graph: &Graph,
-    state: &State,
-    mut options: PlanOptions,
-    pool: &mut Option<HostPool>,
-    hosts: &HostOptions,
-) -> Result<Plan, OpError> {
-    let imports =
-        super::import::observe_blocks(config, state, options.generate_config, pool, hosts).await?;
-    options.imports.extend(imports);
-    Ok(crate::plan::plan(config, graph, state, &options)?)
+/// `sparkform plan`: what to plan and what to write.
+pub struct PlanCommand<'a> {
+    pub workspace: &'a Workspace,
+    pub evaluated: Evaluated,
+    pub refresh: ReadMode,
+    /// Targets, replacements, `-generate-config-out`; the key is the workspace's.
+    pub options: PlanOptions,
+    pub hosts: HostOptions,
+    /// `-out`: the plan file to write.
+    pub out: Option<&'a Path>,
+    /// `-generate-config-out`: a new file for the blocks of imports without one.
+    pub generate_config_out: Option<&'a Path>,
+    /// `-generate-import-out`: a new file for the `import` blocks that adopt what runs under
+    /// another state's lineage.
+    pub generate_import_out: Option<&'a Path>,
 }
 
-/// The warnings of the evaluation `again` that the first, `first`, did not have (the caller
-/// showed those).
-pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
-    let shown = &first.warnings;
-    again
-        .warnings
-        .iter()
-        .filter(|w| !shown.iter().any(|s| s.message == w.message))
-        .cloned()
-        .collect()
+/// What `sparkform plan` made.
+pub struct Planned {
+    pub plan: Plan,
+    /// Every warning of the evaluation the plan was made from; `new_warnings`: those the first
+    /// evaluation (shown already) did not have.
+    pub warnings: Vec<Diag>,
+    pub new_warnings: Vec<Diag>,
+    /// What the state lock says, when a run holds it or left it.
+    pub state_lock_note: Option<String>,
+    /// The state planned against: (lineage, serial).
+    pub state: Option<(String, u64)>,
+    /// How `sparkform.lock.hcl` changes when an apply writes it.
+    pub lock_file_changes: Vec<String>,
+    /// Per node the plan connected: commands and Docker API requests it made there.
+    pub round_trips: std::collections::BTreeMap<String, RoundTrips>,
+    /// The files written: the plan file, the generated blocks (with how many) and the import
+    /// blocks (with how many; `Some((path, 0))` when there was nothing to write).
+    pub plan_file: Option<PathBuf>,
+    pub generated_config: Option<(PathBuf, usize)>,
+    pub generated_imports: Option<(PathBuf, usize)>,
+    /// Imports whose blocks could not be generated, with why.
+    pub not_generated: Vec<String>,
 }
 
-/// Whether the node facts of `observed` fill a value `config` leaves unset or contradict one
-/// it sets.
-pub(super) fn facts_matter(config: &Config, observed: &Readings) -> bool {
-    config.nodes.values().any(|n| {
-        observed.nodes.get(&n.name).is_some_and(|seen| {
-            let declared = n.declared_facts();
-            seen.fill(&declared, n.gpu_devices) != declared
-                || !seen.disagreements(&declared, n.gpu_devices).is_empty()
+/// `sparkform plan`: read the state, plan (reading and refreshing the machines as `refresh`
+/// says), and write what was asked for.
+pub async fn plan(req: PlanCommand<'_>, events: &Sender) -> Result<Planned, OpError> {
+    let ws = req.workspace;
+    let lock_before = req.evaluated.lock().cloned();
+    let upgrade = req.evaluated.upgrade();
+    let recorded = ws.state()?;
+    // An apply running beside this plan changes what it looks at; a killed one left work.
+    let state_lock_note = ws.store().lock_status().ok().and_then(|s| s.note());
+    if let Some(note) = &state_lock_note {
+        emit(events, Event::StateLockHeld { note: note.clone() });
+    }
+    // A plan file records hashes under the key, so writing one creates it.
+    let key = ws.key(req.out.is_some())?;
+    let mut prepared = super::prepare::prepare(
+        super::prepare::PrepareRequest {
+            evaluated: req.evaluated,
+            recorded: recorded.as_ref(),
+            refresh: req.refresh,
+            options: PlanOptions { key, ..req.options },
+            hosts: req.hosts,
+        },
+        events,
+    )
+    .await?;
+    prepared.close().await;
+    let lock_file_changes = super::lock_file::LockUpdate::new(
+        &prepared.config,
+        lock_before.as_ref(),
+        upgrade,
+        &prepared.images,
+        recorded.as_ref(),
+    )
+    .changes();
+    let mut warnings = prepared.config.warnings.clone();
+    for w in &prepared.warnings {
+        if !warnings.iter().any(|a| a.message == w.message) {
+            warnings.push(w.clone());
+        }
+    }
+    let plan = prepared.plan;
+    let mut planned = Planned {
+        warnings,
+        new_warnings: prepared.warnings,
+        state_lock_note,
+        state: recorded.as_ref().map(|s| (s.lineage.clone(), s.serial)),
+        lock_file_changes,
+        round_trips: prepared.round_trips,
+        plan_file: None,
+        generated_config: None,
+        generated_imports: None,
+        not_generated: Vec::new(),
+        plan,
+    };
+    if let Some(out) = req.generate_config_out {
+        let (text, skipped) = super::import::generated_hcl(&planned.plan.generated);
+        if !text.is_empty() {
+            write_new(out, &text)?;
+            let n = planned.plan.generated.len() - skipped.len();
+            planned.generated_config = Some((out.to_path_buf(), n));
+        }
+        planned.not_generated = skipped;
+    }
+    if let Some(out) = req.generate_import_out {
+        let text = crate::plan::import_blocks(&planned.plan.foreign);
+        if !text.is_empty() {
+            write_new(out, &text)?;
+        }
+        let n = text.matches("\nimport {").count();
+        planned.generated_imports = Some((out.to_path_buf(), n));
+    }
+    if let Some(out) = req.out {
+        PlanFile::new(
+            planned.plan.clone(),
+            &ws.dir,
+            &ws.state_path,
+            recorded.as_ref(),
+        )
+        .with_readings(&prepared.readings)
+        .write(out)?;
+        planned.plan_file = Some(out.to_path_buf());
+    }
+    Ok(planned)
+}
+
+/// Write `text` to `out`, a new file.
+fn write_new(out: &Path, text: &str) -> Result<(), StateError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(|e| StateError::Io {
+            path: out.to_path_buf(),
+            source: e,
         })
-    })
 }

@@ -121,7 +121,7 @@ async fn phases(
     // something.
     let mut all = read;
     warnings.append(&mut all.warnings);
-    if super::plan::facts_matter(evaluated.config(), &facts) {
+    if super::definitions::facts_matter(evaluated.config(), &facts) {
         all.nodes.clone_from(&facts.nodes);
     }
     let lock = evaluated.lock().cloned();
@@ -147,7 +147,7 @@ async fn phases(
     };
     let empty = State::new();
     let state = recorded.unwrap_or(&empty);
-    let mut plan = super::plan::plan_on(
+    let mut plan = plan_on(
         &defs.config,
         &defs.graph,
         state,
@@ -243,4 +243,20 @@ async fn close(pool: Option<HostPool>) {
     if let Some(p) = pool {
         p.close().await;
     }
+}
+
+/// Observe the `import` blocks' objects on `pool` (connecting the nodes it lacks), then plan
+/// `config` against `state` with `options` (the refresh's observations in it).
+async fn plan_on(
+    config: &Config,
+    graph: &Graph,
+    state: &State,
+    mut options: PlanOptions,
+    pool: &mut Option<HostPool>,
+    hosts: &HostOptions,
+) -> Result<Plan, OpError> {
+    let imports =
+        super::import::observe_blocks(config, state, options.generate_config, pool, hosts).await?;
+    options.imports.extend(imports);
+    Ok(crate::plan::plan(config, graph, state, &options)?)
 }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::apply::{PlanRequest, RunOptions, Source};
 use super::definitions::{self, Pins};
 use super::OpError;
-use crate::config::{Config, VarInputs};
+use crate::config::Config;
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
@@ -29,7 +29,9 @@ use crate::workspace::Workspace;
 
 pub struct WatchRequest {
     pub workspace: Workspace,
-    pub vars: VarInputs,
+    /// The definitions as the command evaluated them, once: each check pins them to the state
+    /// it reads, and a restart plans from them.
+    pub evaluated: definitions::Evaluated,
     pub interval: Duration,
     /// The bound on each probe's run (the canary's completion included).
     pub probe_timeout: Duration,
@@ -289,10 +291,9 @@ async fn restart(
     events: &Sender,
     cancel: &CancellationToken,
 ) -> Result<String, String> {
-    let evaluated = definitions::load(&req.workspace, &req.vars).map_err(describe)?;
     let prepared = super::apply::lock_and_plan(
         PlanRequest {
-            evaluated,
+            evaluated: req.evaluated.clone(),
             lockfile_readonly: false,
             store: req.workspace.store(),
             source: Source::Definitions {
@@ -556,8 +557,7 @@ pub async fn watch(
         // an apply beside the watch), not at every check.
         let key = (state.serial, state.lineage.clone());
         if cached.as_ref().map(|(k, _)| k) != Some(&key) {
-            let d =
-                definitions::load(&req.workspace, &req.vars)?.pin(Pins::Recorded(Some(&state)))?;
+            let d = req.evaluated.clone().pin(Pins::Recorded(Some(&state)))?;
             cached = Some((key, d));
         }
         let Some((_, defs)) = cached.as_ref() else {

@@ -246,10 +246,12 @@ async fn watch_fails_a_probe_whose_container_stopped_at_once() {
     d.head.exit("head", 137);
     let before = execs(&d.head);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let workspace = sparkform::workspace::Workspace::new(d.dir.path(), None);
+    let evaluated = sparkform::ops::definitions::load(&workspace, &Default::default()).unwrap();
     let end = sparkform::ops::watch::watch(
         sparkform::ops::watch::WatchRequest {
-            workspace: sparkform::workspace::Workspace::new(d.dir.path(), None),
-            vars: Default::default(),
+            workspace,
+            evaluated,
             interval: Duration::from_secs(1),
             probe_timeout: Duration::from_secs(60),
             retry_for: Duration::from_secs(10),
