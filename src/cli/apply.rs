@@ -12,7 +12,6 @@ use crate::diag::Diag;
 use crate::ops;
 use crate::ops::apply::{Interrupt, PlanRequest, RunOptions, Source};
 use crate::ops::definitions::Evaluated;
-use crate::plan::planfile::PlanFile;
 use crate::plan::{render, PlanOptions};
 use crate::workspace::Workspace;
 
@@ -151,7 +150,7 @@ fn show_warnings(warnings: &[Diag], json: bool) {
 }
 
 fn run_planfile(args: &ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
-    let pf = match PlanFile::read(&args.path) {
+    let pf = match ops::plan::saved(&args.path) {
         Ok(p) => p,
         Err(e) => return report_error(e),
     };

@@ -1,11 +1,11 @@
 //! `sparkform fmt`: rewrite .hcl files in the canonical layout, keeping comments.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::fmt::{format_source, unified_diff};
+use crate::fmt::unified_diff;
 
 /// Rewrite .hcl files in the canonical layout (comments kept)
 #[derive(Args, Debug)]
@@ -30,38 +30,35 @@ pub struct FmtArgs {
 }
 
 pub fn run(args: FmtArgs) -> ExitCode {
-    let roots = if args.paths.is_empty() {
-        vec![PathBuf::from(".")]
-    } else {
-        args.paths.clone()
-    };
-    let mut files = Vec::new();
-    for root in &roots {
-        if root.is_dir() {
-            collect(root, args.recursive, &mut files);
-        } else if root.is_file() {
-            files.push(root.clone());
+    let req = crate::ops::fmt::FmtRequest {
+        paths: if args.paths.is_empty() {
+            vec![PathBuf::from(".")]
         } else {
-            eprintln!("Error: {} does not exist", root.display());
+            args.paths.clone()
+        },
+        recursive: args.recursive,
+        write: !args.check,
+    };
+    let files = match crate::ops::fmt::fmt(&req) {
+        Ok(f) => f,
+        Err(missing) => {
+            eprintln!("Error: {} does not exist", missing.display());
             return ExitCode::from(1);
         }
-    }
-    files.sort();
+    };
     let mut failed = false;
     let mut unformatted = 0usize;
-    for file in &files {
-        let shown = crate::diag::display_path(file);
-        let original = match std::fs::read_to_string(file) {
-            Ok(t) => t,
-            Err(e) => {
+    for f in files {
+        let shown = crate::diag::display_path(&f.path);
+        let changed = f.changed();
+        let (original, formatted) = match f.outcome {
+            Ok(o) => o,
+            Err(crate::ops::fmt::FmtFailure::Read(e)) => {
                 eprintln!("Error: cannot read {shown}: {e}");
                 failed = true;
                 continue;
             }
-        };
-        let formatted = match format_source(&original) {
-            Ok(f) => f,
-            Err(e) => {
+            Err(crate::ops::fmt::FmtFailure::Parse(e)) => {
                 eprintln!(
                     "{:?}",
                     miette::Report::new(e).wrap_err(format!("cannot format {shown}"))
@@ -70,7 +67,7 @@ pub fn run(args: FmtArgs) -> ExitCode {
                 continue;
             }
         };
-        if formatted == original {
+        if !changed {
             continue;
         }
         unformatted += 1;
@@ -80,7 +77,7 @@ pub fn run(args: FmtArgs) -> ExitCode {
         if args.check {
             continue;
         }
-        if let Err(e) = write_atomic(file, &formatted) {
+        if let Some(e) = &f.write_error {
             eprintln!("Error: cannot write {shown}: {e}");
             failed = true;
             continue;
@@ -98,39 +95,4 @@ pub fn run(args: FmtArgs) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
-}
-
-fn collect(dir: &Path, recursive: bool, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = e.file_name();
-        let hidden = name.to_string_lossy().starts_with('.');
-        if p.is_dir() && recursive && !hidden && name != "target" {
-            collect(&p, recursive, out);
-        } else if p.is_file() && p.extension().is_some_and(|x| x == "hcl") {
-            out.push(p);
-        }
-    }
-}
-
-fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.fmt-{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let _ = std::fs::set_permissions(&tmp, meta.permissions());
-    }
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }

@@ -35,7 +35,7 @@ pub fn run(args: ForceUnlockArgs) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    match ws.store().force_unlock(&args.id, args.force) {
+    match crate::ops::state::force_unlock(&ws, &args.id, args.force) {
         Ok(info) => {
             println!(
                 "Removed the lock {} (held by PID {} on {} since {} for {}).",

@@ -56,7 +56,7 @@ pub fn run(args: ImportArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Err(code) => return code,
     };
     let ws = config_args.workspace();
-    let recorded = match ws.state() {
+    let recorded = match crate::ops::state::recorded(&ws) {
         Ok(s) => s,
         Err(e) => return report_error(e),
     };

@@ -78,7 +78,10 @@ pub fn run(args: LogsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(d) => d.config,
         Err(code) => return code,
     };
-    let lineage = ws.state().ok().flatten().map(|s| s.lineage);
+    let lineage = crate::ops::state::recorded(&ws)
+        .ok()
+        .flatten()
+        .map(|s| s.lineage);
     let targets = match crate::ops::logs::select(&config, &args.addresses) {
         Ok(t) => t,
         Err(e) => {

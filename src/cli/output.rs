@@ -51,7 +51,7 @@ pub fn run(mut args: OutputArgs) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    let state = match ws.state() {
+    let state = match crate::ops::state::recorded(&ws) {
         Ok(Some(s)) => s,
         Ok(None) => {
             eprintln!("{}, so there are no outputs.", ws.nothing_applied());

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::report_error;
-use crate::plan::planfile::PlanFile;
 use crate::plan::render;
 
 /// Show the recorded state of a deployment, or a plan file made by `plan -out`
@@ -40,7 +39,7 @@ pub fn run(args: ShowArgs) -> ExitCode {
         }
     }
     if let Some(file) = args.path.as_ref().filter(|p| p.is_file()) {
-        let pf = match PlanFile::read(file) {
+        let pf = match crate::ops::plan::saved(file) {
             Ok(p) => p,
             Err(e) => return report_error(e),
         };
@@ -65,7 +64,7 @@ pub fn run(args: ShowArgs) -> ExitCode {
         Ok(ws) => ws,
         Err(code) => return code,
     };
-    match ws.state() {
+    match crate::ops::state::recorded(&ws) {
         Err(e) => report_error(e),
         Ok(None) => {
             if args.json {

@@ -222,7 +222,7 @@ pub fn run(args: StatusArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(d) => d.config,
         Err(code) => return code,
     };
-    let state = match ws.state() {
+    let state = match crate::ops::state::recorded(&ws) {
         Ok(Some(s)) => s,
         Ok(None) => {
             eprintln!(

@@ -59,7 +59,7 @@ pub fn run(args: VerifyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         "  help: deploy it first with `sparkform apply {}`",
         ws.dir.display()
     );
-    let state = match ws.state() {
+    let state = match crate::ops::state::recorded(&ws) {
         Ok(Some(s)) => s,
         Ok(None) => {
             eprintln!(

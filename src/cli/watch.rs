@@ -114,7 +114,7 @@ pub fn run(args: WatchArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(e) => e,
         Err(code) => return code,
     };
-    let state = match ws.state() {
+    let state = match crate::ops::state::recorded(&ws) {
         Ok(Some(s)) if !s.resources.is_empty() => s,
         Ok(_) => {
             eprintln!(

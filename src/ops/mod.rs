@@ -5,6 +5,7 @@
 pub mod apply;
 pub mod connections;
 pub mod definitions;
+pub mod fmt;
 pub mod history;
 pub mod import;
 pub mod lock;

@@ -142,6 +142,11 @@ pub async fn plan(req: PlanCommand<'_>, events: &Sender) -> Result<Planned, OpEr
     Ok(planned)
 }
 
+/// A plan saved by `sparkform plan -out FILE` (`show`, `apply FILE`).
+pub fn saved(path: &Path) -> Result<PlanFile, crate::plan::planfile::PlanFileError> {
+    PlanFile::read(path)
+}
+
 /// Write `text` to `out`, a new file.
 fn write_new(out: &Path, text: &str) -> Result<(), StateError> {
     std::fs::OpenOptions::new()

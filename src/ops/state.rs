@@ -15,6 +15,16 @@ pub fn recorded(ws: &Workspace) -> Result<Option<State>, StateError> {
     ws.state()
 }
 
+/// `sparkform force-unlock`: remove the state lock `id`, left by a process that is gone (one
+/// whose holder still holds it only with `force`); what it said of its holder.
+pub fn force_unlock(
+    ws: &Workspace,
+    id: &str,
+    force: bool,
+) -> Result<crate::state::LockInfo, StateError> {
+    ws.store().force_unlock(id, force)
+}
+
 /// One recorded resource, or what to say when there is none at `address`.
 pub enum Lookup {
     Found(Box<ResourceState>),
