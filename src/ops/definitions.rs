@@ -520,6 +520,122 @@ output "path" {
         );
     }
 
+    /// The toy kind end to end on a fake node, through the same operations the commands call:
+    /// its read phase, an apply that records its typed facts, status from its `look`, logs
+    /// from its `read_log`; and nothing outside its folder names it.
+    #[tokio::test]
+    async fn a_kind_is_applied_looked_at_and_its_log_read_through_the_seam_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("main.hcl"),
+            "node \"a\" {\n  address = \"10.0.0.1\"\n}\ntoy \"t\" {\n  node = node.a\n}\n",
+        )
+        .unwrap();
+        let ws = Workspace::new(dir.path(), None);
+        let world = FakeWorld::new();
+        let a = Arc::new(FakeHost::new("node.a", &world));
+        let says = |text: &str| {
+            a.on(
+                &["cat", "/etc/toy-greeting"],
+                Answer::Exit(0, format!("{text}\n"), String::new()),
+            )
+        };
+        says("hello");
+        a.on(
+            &["cat", "/var/log/toy.log"],
+            Answer::Exit(0, "line one\nline two\n".into(), String::new()),
+        );
+        let hosts = || HostOptions {
+            opener: crate::fake::FakeNodes::new(
+                [("node.a".to_string(), a.clone() as Arc<dyn Host>)].into(),
+            )
+            .opener(),
+            ..HostOptions::default()
+        };
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let locked = crate::ops::apply::lock_and_plan(
+            crate::ops::apply::PlanRequest {
+                evaluated: load(&ws, &VarInputs::default()).unwrap(),
+                lockfile_readonly: false,
+                store: ws.store(),
+                source: crate::ops::apply::Source::Definitions {
+                    refresh: ReadMode::Normal,
+                    options: crate::plan::PlanOptions::default(),
+                },
+                hosts: hosts(),
+            },
+            &tx,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let outcome = locked
+            .apply(
+                crate::ops::apply::RunOptions {
+                    parallelism: 2,
+                    rollback: true,
+                    hosts: hosts(),
+                },
+                tx.clone(),
+                tokio_util::sync::CancellationToken::new(),
+            )
+            .await;
+        assert!(outcome.ok, "{:?}", outcome.failures);
+        let state = ws.state().unwrap().unwrap();
+        let record = &state.resources["toy.t"];
+        assert_eq!(record.schema_version, 2);
+        let facts: crate::kinds::toy::Recorded =
+            crate::kinds::facts_of(&record.attributes).unwrap();
+        assert_eq!(facts.said.as_deref(), Some("hello"));
+
+        let config = load(&ws, &VarInputs::default())
+            .unwrap()
+            .pin(Pins::Recorded(Some(&state)))
+            .unwrap()
+            .config;
+        let seen = |status: &crate::ops::status::Status| {
+            status
+                .resources
+                .iter()
+                .find(|r| r.address == "toy.t")
+                .map(|r| r.observed.clone())
+        };
+        let status = crate::ops::status::status(&config, &state, &hosts()).await;
+        assert_eq!(seen(&status), Some(crate::ops::status::Seen::InSync));
+        says("bonjour");
+        let status = crate::ops::status::status(&config, &state, &hosts()).await;
+        assert!(
+            matches!(seen(&status), Some(crate::ops::status::Seen::Drifted { notes }) if notes[0].contains("bonjour")),
+            "{status:?}"
+        );
+
+        let targets = crate::ops::logs::select(&config, &[]).unwrap();
+        assert_eq!(targets.len(), 1, "{targets:?}");
+        let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = crate::ops::logs::LogsRequest {
+            addresses: Vec::new(),
+            follow: false,
+            since_secs: None,
+            tail: None,
+        };
+        crate::ops::logs::logs(
+            &config,
+            Some(state.lineage.clone()),
+            targets,
+            &req,
+            &hosts(),
+            events,
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .await;
+        let mut lines = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            if let crate::ops::logs::LogEvent::Line(l) = e {
+                lines.push(format!("{} {}", l.address, l.text));
+            }
+        }
+        assert_eq!(lines, ["toy.t line one", "toy.t line two"]);
+    }
+
     #[tokio::test]
     async fn an_unreachable_hub_names_the_model_block_and_says_what_to_check() {
         let (_dir, ws) = workspace();

@@ -1,5 +1,6 @@
-//! The toy kind on a machine: nothing to apply; at plan time it reads `/etc/toy-greeting` on
-//! each toy's node when the mode looks.
+//! The toy kind on a machine: it "says" its greeting (records it, and says the one before on
+//! undo); at plan time it reads `/etc/toy-greeting` on each toy's node when the mode looks;
+//! status compares that file with what it said; its log is the node's `/var/log/toy.log`.
 
 use std::sync::Arc;
 
@@ -7,7 +8,9 @@ use async_trait::async_trait;
 
 use crate::config::{Config, Readings, ResourceKind};
 use crate::hosts::{Cmd, HostError};
-use crate::kinds::machine::{Done, Machine, ReadCx, ReadError, Step, StepError};
+use crate::kinds::machine::{
+    Done, LogLine, LogRead, Machine, ReadCx, ReadError, Record, Seen, Step, StepError,
+};
 use crate::plan::Action;
 
 pub struct ToyMachine;
@@ -52,6 +55,52 @@ impl Machine for ToyMachine {
         done: &Done<Self>,
     ) -> Result<String, StepError> {
         Ok(format!("says {:?} again", done.undo))
+    }
+
+    /// In sync while the node's greeting is what it said.
+    async fn look(
+        &self,
+        host: &dyn crate::hosts::Host,
+        _lineage: &str,
+        recorded: &[(String, Record<'_, super::Toy>)],
+    ) -> std::collections::BTreeMap<String, Seen> {
+        let now = match host.exec(&Cmd::new("cat").arg("/etc/toy-greeting")).await {
+            Ok(o) if o.success() => o.stdout.trim().to_string(),
+            _ => return Default::default(),
+        };
+        recorded
+            .iter()
+            .map(|(a, r)| {
+                let seen = if r.facts.said.as_deref() == Some(now.as_str()) {
+                    Seen::InSync
+                } else {
+                    Seen::Drifted {
+                        notes: vec![format!("the node says {now:?} now")],
+                    }
+                };
+                (a.clone(), seen)
+            })
+            .collect()
+    }
+
+    async fn read_log(&self, host: Arc<dyn crate::hosts::Host>, read: LogRead) {
+        let out = match host.exec(&Cmd::new("cat").arg("/var/log/toy.log")).await {
+            Ok(o) if o.success() => o.stdout,
+            Ok(o) => return read.end(Some(o.stderr)).await,
+            Err(e) => return read.end(Some(e.to_string())).await,
+        };
+        for (time, text) in out.lines().enumerate() {
+            let line = LogLine {
+                time: time as i64,
+                address: read.address.clone(),
+                text: text.to_string(),
+                stderr: false,
+            };
+            if read.lines.send((read.index, Some(line))).await.is_err() {
+                return;
+            }
+        }
+        read.end(None).await;
     }
 
     fn read_nodes(&self, config: &Config) -> Vec<String> {

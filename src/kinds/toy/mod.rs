@@ -60,6 +60,13 @@ impl Kind for Toy {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Ignore
     }
+    /// Its log is the node's `/var/log/toy.log`.
+    fn log_source(&self, _desired: &Desired) -> Option<super::LogSource> {
+        Some(super::LogSource {
+            name: "toy".into(),
+            fail_on_log: Vec::new(),
+        })
+    }
     fn dot_shape(&self) -> &'static str {
         "box"
     }
