@@ -432,7 +432,8 @@ pub fn images_of(config: &Config) -> Vec<String> {
     let set: BTreeSet<String> = config
         .resources
         .iter()
-        .flat_map(|r| r.kind.kind().images(&r.config))
+        .flat_map(|r| r.kind.kind().images(&r.config, None))
+        .map(|(image, _)| image)
         .collect();
     set.into_iter().collect()
 }

@@ -230,12 +230,15 @@ pub struct Reuse {
     pub skips: Vec<PhaseTimes>,
 }
 
-/// What `sparkform status` shows of a resource's record: what the state records it by on its
-/// node (a container's ID), and what its log said once it was ready.
+/// What a recorded resource holds on its node, from its record: what the state records it by
+/// there (a container's ID; `status`, `watch`, `import`), what its log said once it was ready
+/// (`status`), and what deleting it leaves there by design (a container's cache folder, as a
+/// plan names it; `destroy -purge-caches` removes it too, by the machine half's finalize).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Shown {
+pub struct Holds {
     pub id: Option<String>,
     pub from_log: std::collections::BTreeMap<String, Vec<String>>,
+    pub kept_on_delete: Option<String>,
 }
 
 /// How a resource's log is found and read (`sparkform logs`): its runtime's name for it on
@@ -336,12 +339,6 @@ pub trait Kind: Sync + 'static {
     fn soak_secs(&self, _desired: &Self::Desired) -> Option<u64> {
         None
     }
-    /// What deleting a resource leaves on its node by design, from what the state recorded (a
-    /// container's cache folder), as a plan names it; `destroy -purge-caches` removes it too
-    /// (the change's `purge`, done by the machine half's finalize).
-    fn kept_on_delete(&self, _recorded: &Self::Recorded) -> Option<String> {
-        None
-    }
     /// How refresh knows an untracked object of the kind is this deployment's, as a plan's
     /// drift line says it.
     fn untracked_found_by(&self) -> &'static str {
@@ -360,17 +357,13 @@ pub trait Kind: Sync + 'static {
         true
     }
     /// The image references a resource of the kind runs, from its configuration (what
-    /// `sparkform nodes` looks up on the nodes).
-    fn images(&self, _desired: &Self::Desired) -> Vec<String> {
-        Vec::new()
-    }
-    /// The images a recorded resource of the kind runs: (reference, what a lock file pins it
-    /// to), from its recorded configuration and facts.
-    fn images_run(
+    /// `sparkform nodes` looks up on the nodes and the lock file pins), each with what a lock
+    /// file pins it to when `recorded` says what ran (its digest, else its ID).
+    fn images(
         &self,
-        _config: &Self::Desired,
-        _recorded: &Self::Recorded,
-    ) -> Vec<(String, String)> {
+        _desired: &Self::Desired,
+        _recorded: Option<&Self::Recorded>,
+    ) -> Vec<(String, Option<String>)> {
         Vec::new()
     }
     /// The HTTP endpoint it reaches, from its configuration (`sparkform tunnel`).
@@ -386,9 +379,9 @@ pub trait Kind: Sync + 'static {
     fn log_source(&self, _desired: &Self::Desired) -> Option<LogSource> {
         None
     }
-    /// What `sparkform status` shows of its record.
-    fn shown(&self, _recorded: &Self::Recorded) -> Shown {
-        Shown::default()
+    /// What it holds on its node, from its record.
+    fn holds(&self, _recorded: &Self::Recorded) -> Holds {
+        Holds::default()
     }
     /// What a new object (created or replaced) would reuse on its node, from its configuration,
     /// what the kind's plan-time read found for it (`found`: `Readings::kinds`) and what the
@@ -450,23 +443,21 @@ pub trait AnyKind: Sync {
         config: &serde_json::Value,
     ) -> Option<(String, String, crate::lockfile::Entry)>;
     fn soak_secs(&self, config: &serde_json::Value) -> Option<u64>;
-    fn kept_on_delete(&self, attributes: &Attributes) -> Option<String>;
     fn untracked_found_by(&self) -> &'static str;
     fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool;
     fn verify_by_default(&self) -> bool;
-    fn images(&self, config: &serde_json::Value) -> Vec<String>;
-    fn images_run(
+    fn images(
         &self,
         config: &serde_json::Value,
-        attributes: &Attributes,
-    ) -> Vec<(String, String)>;
+        attributes: Option<&Attributes>,
+    ) -> Vec<(String, Option<String>)>;
     fn reuse(
         &self,
         config: &serde_json::Value,
         found: Option<&serde_json::Value>,
         attributes: Option<&Attributes>,
     ) -> Option<Reuse>;
-    fn shown(&self, attributes: &Attributes) -> Shown;
+    fn holds(&self, attributes: &Attributes) -> Holds;
     fn log_source(&self, config: &serde_json::Value) -> Option<LogSource>;
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
     fn node_address(&self, config: &serde_json::Value) -> Option<String>;
@@ -526,9 +517,6 @@ impl<K: Kind> AnyKind for K {
     fn soak_secs(&self, config: &serde_json::Value) -> Option<u64> {
         Kind::soak_secs(self, &K::Desired::from_config(config).ok()?)
     }
-    fn kept_on_delete(&self, attributes: &Attributes) -> Option<String> {
-        Kind::kept_on_delete(self, &facts_of::<K::Recorded>(attributes).ok()?)
-    }
     fn untracked_found_by(&self) -> &'static str {
         Kind::untracked_found_by(self)
     }
@@ -538,23 +526,16 @@ impl<K: Kind> AnyKind for K {
     fn verify_by_default(&self) -> bool {
         Kind::verify_by_default(self)
     }
-    fn images(&self, config: &serde_json::Value) -> Vec<String> {
-        K::Desired::from_config(config)
-            .map(|d| Kind::images(self, &d))
-            .unwrap_or_default()
-    }
-    fn images_run(
+    fn images(
         &self,
         config: &serde_json::Value,
-        attributes: &Attributes,
-    ) -> Vec<(String, String)> {
-        match (
-            K::Desired::from_config(config),
-            facts_of::<K::Recorded>(attributes),
-        ) {
-            (Ok(d), Ok(r)) => Kind::images_run(self, &d, &r),
-            _ => Vec::new(),
-        }
+        attributes: Option<&Attributes>,
+    ) -> Vec<(String, Option<String>)> {
+        let Ok(desired) = K::Desired::from_config(config) else {
+            return Vec::new();
+        };
+        let recorded = attributes.and_then(|a| facts_of::<K::Recorded>(a).ok());
+        Kind::images(self, &desired, recorded.as_ref())
     }
     fn reuse(
         &self,
@@ -566,9 +547,9 @@ impl<K: Kind> AnyKind for K {
         let recorded = attributes.and_then(|a| facts_of::<K::Recorded>(a).ok());
         Kind::reuse(self, &desired, found, recorded.as_ref())
     }
-    fn shown(&self, attributes: &Attributes) -> Shown {
+    fn holds(&self, attributes: &Attributes) -> Holds {
         facts_of::<K::Recorded>(attributes)
-            .map(|r| Kind::shown(self, &r))
+            .map(|r| Kind::holds(self, &r))
             .unwrap_or_default()
     }
     fn log_source(&self, config: &serde_json::Value) -> Option<LogSource> {

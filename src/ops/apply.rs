@@ -261,7 +261,7 @@ fn with_kept(mut plan: Plan, state: &State, purge: bool) -> Plan {
         let Some(what) = state
             .resources
             .get(&c.address)
-            .and_then(|r| c.kind.kind().kept_on_delete(&r.attributes))
+            .and_then(|r| c.kind.kind().holds(&r.attributes).kept_on_delete)
         else {
             continue;
         };

@@ -267,7 +267,7 @@ impl ImportResult {
     /// What the state records the object by on its node (a container's ID), as its kind says.
     pub fn recorded_id(&self) -> Option<String> {
         let i = &self.import;
-        i.kind.kind().shown(&i.attributes).id
+        i.kind.kind().holds(&i.attributes).id
     }
 }
 

@@ -57,7 +57,7 @@ fn image_uses(config: &Config) -> Vec<ImageUse<'_>> {
         if names.get(node.name.as_str()) != Some(&1) {
             continue;
         }
-        for image in r.kind.kind().images(&r.config) {
+        for (image, _) in r.kind.kind().images(&r.config, None) {
             out.push(ImageUse {
                 address: &r.address,
                 node_address: &node.address,
@@ -133,10 +133,10 @@ fn running(state: Option<&State>, address: &str, image: &str) -> Option<String> 
     let r = state?.resources.get(address)?;
     r.kind
         .kind()
-        .images_run(&r.config, &r.attributes)
+        .images(&r.config, Some(&r.attributes))
         .into_iter()
         .find(|(i, _)| i == image)
-        .map(|(_, d)| d)
+        .and_then(|(_, d)| d)
 }
 
 fn pin(lock: &mut Lock, image: &str, node: &str, digest: String) {

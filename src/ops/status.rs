@@ -116,12 +116,12 @@ pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Stat
 
 /// What the apply recorded from the resource's log (a container's `record_from_log`).
 fn from_log(r: &ResourceState) -> BTreeMap<String, Vec<String>> {
-    r.kind.kind().shown(&r.attributes).from_log
+    r.kind.kind().holds(&r.attributes).from_log
 }
 
 /// What the state records it by on its node (a container's ID).
 fn recorded_id(r: &ResourceState) -> Option<String> {
-    r.kind.kind().shown(&r.attributes).id
+    r.kind.kind().holds(&r.attributes).id
 }
 
 /// A check (a probe, a fabric test): it runs rather than stands, and status lists its last run.

@@ -102,7 +102,7 @@ async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check
     let mut checks = Vec::new();
     for (address, r) in &state.resources {
         // The memory of a check is kept by what runs (a replaced container starts afresh).
-        let Some(id) = r.kind.kind().shown(&r.attributes).id else {
+        let Some(id) = r.kind.kind().holds(&r.attributes).id else {
             continue;
         };
         let before = seen.restart_counts.get(&id).copied();

@@ -110,20 +110,15 @@ impl Kind for Container {
     fn found_untracked(&self) -> bool {
         true
     }
-    fn kept_on_delete(&self, recorded: &Recorded) -> Option<String> {
-        let folder = recorded.cache_folder.as_ref()?;
-        Some(format!("the cache folder {folder}"))
-    }
-    fn images(&self, desired: &Desired) -> Vec<String> {
-        vec![desired.image.clone()]
-    }
-    fn images_run(&self, desired: &Desired, recorded: &Recorded) -> Vec<(String, String)> {
+    fn images(
+        &self,
+        desired: &Desired,
+        recorded: Option<&Recorded>,
+    ) -> Vec<(String, Option<String>)> {
         let text = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
         // A state written before the lock file knew digests recorded the image ID only.
-        text(&recorded.image_digest)
-            .or(text(&recorded.image_id))
-            .map(|digest| vec![(desired.image.clone(), digest)])
-            .unwrap_or_default()
+        let pinned = recorded.and_then(|r| text(&r.image_digest).or(text(&r.image_id)));
+        vec![(desired.image.clone(), pinned)]
     }
     fn log_source(&self, desired: &Desired) -> Option<super::LogSource> {
         let mut fail_on_log: Vec<(String, String)> = desired
@@ -139,10 +134,14 @@ impl Kind for Container {
             fail_on_log,
         })
     }
-    fn shown(&self, recorded: &Recorded) -> super::Shown {
-        super::Shown {
+    fn holds(&self, recorded: &Recorded) -> super::Holds {
+        super::Holds {
             id: recorded.container_id.clone(),
             from_log: recorded.from_log.clone().unwrap_or_default(),
+            kept_on_delete: recorded
+                .cache_folder
+                .as_ref()
+                .map(|folder| format!("the cache folder {folder}")),
         }
     }
     fn reuse(

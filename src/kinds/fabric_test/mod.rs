@@ -284,8 +284,8 @@ impl Kind for FabricTest {
     fn verify_by_default(&self) -> bool {
         false
     }
-    fn images(&self, desired: &Desired) -> Vec<String> {
-        vec![desired.image.clone()]
+    fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {
+        vec![(desired.image.clone(), None)]
     }
     fn dot_shape(&self) -> &'static str {
         "diamond"

@@ -98,8 +98,8 @@ impl Kind for Model {
         Some(("model".into(), d.block, e))
     }
     /// The image its transfers run in.
-    fn images(&self, desired: &Desired) -> Vec<String> {
-        vec![desired.image.clone()]
+    fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {
+        vec![(desired.image.clone(), None)]
     }
     fn on_drift(&self) -> OnDrift {
         OnDrift::Update
