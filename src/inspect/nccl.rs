@@ -15,12 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters as q;
-use futures_util::StreamExt;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::hosts::{remove_container, Host};
+use crate::hosts::{one_shot, remove_container, Host};
 
 /// How long one image's probe may take, from create to exit: `import torch` of a large image
 /// takes seconds, a `find` over its files a few more.
@@ -265,7 +263,6 @@ struct ProbeEnd {
 
 /// Create (removing one a killed run left), start, follow to the end, read the exit code.
 async fn run_probe(docker: &bollard::Docker, name: &str, image: &str) -> Result<ProbeEnd, String> {
-    remove_container(docker, name).await;
     let body = ContainerCreateBody {
         image: Some(image.to_string()),
         entrypoint: Some(
@@ -282,59 +279,31 @@ async fn run_probe(docker: &bollard::Docker, name: &str, image: &str) -> Result<
         }),
         ..Default::default()
     };
-    let created = docker
-        .create_container(
-            Some(q::CreateContainerOptions {
-                name: Some(name.to_string()),
-                ..Default::default()
-            }),
-            body,
-        )
+    let id = one_shot::start(docker, name, body, None)
         .await
-        .map_err(|e| format!("cannot create the probe's container: {e}"))?;
-    docker
-        .start_container(&created.id, None::<q::StartContainerOptions>)
-        .await
-        .map_err(|e| format!("cannot start the probe's container: {e}"))?;
+        .map_err(|e| {
+            let what = match e.stage {
+                one_shot::Stage::Create => "create",
+                one_shot::Stage::Upload | one_shot::Stage::Start => "start",
+            };
+            format!("cannot {what} the probe's container: {}", e.error)
+        })?;
     let mut stdout = String::new();
     let mut kept = 0;
     let mut stderr = Vec::new();
-    let mut logs = docker.logs(
-        &created.id,
-        Some(q::LogsOptions {
-            follow: true,
-            stdout: true,
-            stderr: true,
-            ..Default::default()
-        }),
-    );
-    while let Some(chunk) = logs.next().await {
-        let Ok(chunk) = chunk else { break };
-        match chunk {
-            bollard::container::LogOutput::StdErr { message } => {
-                stderr.extend(
-                    String::from_utf8_lossy(&message)
-                        .lines()
-                        .map(str::to_string),
-                );
-                let over = stderr.len().saturating_sub(5);
-                stderr.drain(..over);
-            }
-            other if kept < KEEP_LINES => {
-                let text = other.to_string();
-                kept += text.matches('\n').count();
-                stdout.push_str(&text);
-            }
-            _ => {}
+    one_shot::follow(docker, &id, &mut |is_stderr, text| {
+        if is_stderr {
+            stderr.extend(text.lines().map(str::to_string));
+            let over = stderr.len().saturating_sub(5);
+            stderr.drain(..over);
+        } else if kept < KEEP_LINES {
+            kept += text.matches('\n').count();
+            stdout.push_str(text);
         }
-    }
-    let code = docker
-        .inspect_container(&created.id, None::<q::InspectContainerOptions>)
-        .await
-        .ok()
-        .and_then(|i| i.state)
-        .and_then(|s| s.exit_code)
-        .unwrap_or(-1);
+        true
+    })
+    .await;
+    let code = one_shot::exit_code(docker, &id).await.unwrap_or(-1);
     Ok(ProbeEnd {
         code,
         stdout,

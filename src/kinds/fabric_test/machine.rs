@@ -9,10 +9,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bollard::query_parameters as q;
-use futures_util::StreamExt;
 
 use super::{parse_busbw, Desired};
+use crate::hosts::one_shot::{self, Stage};
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::create_body;
@@ -142,53 +141,27 @@ async fn spawn(
 ) -> Result<String, StepError> {
     let err =
         |what: &str, e: bollard::errors::Error| StepError::new(format!("{node}: {what}: {e}"));
-    remove_container(docker, name).await;
-    let created = docker
-        .create_container(
-            Some(q::CreateContainerOptions {
-                name: Some(name.to_string()),
-                ..Default::default()
-            }),
-            body,
-        )
-        .await
-        .map_err(|e| {
-            if crate::kinds::machine::docker_connection_lost(&e) {
-                return crate::kinds::machine::docker_error(
-                    &format!("{node}: cannot create the fabric test's container"),
-                    e,
-                );
-            }
-            let missing = e.to_string().contains("No such image");
-            err("cannot create the fabric test's container", e).help(if missing {
-                "the test runs in the deployment's image: it must be on every node of the test"
-            } else {
-                "check the node's Docker Engine"
-            })
-        })?;
     let tar = tar_of(&[("fabric_test.py", FABRIC_TEST_PY.as_bytes(), 0o755)]);
-    let put = docker
-        .upload_to_container(
-            &created.id,
-            Some(q::UploadToContainerOptions {
-                path: "/".into(),
-                ..Default::default()
-            }),
-            bollard::body_full(tar.into()),
-        )
-        .await;
-    if let Err(e) = put {
-        remove_container(docker, &created.id).await;
-        return Err(err("cannot put the fabric test into its container", e));
-    }
-    if let Err(e) = docker
-        .start_container(&created.id, None::<q::StartContainerOptions>)
+    one_shot::start(docker, name, body, Some(tar))
         .await
-    {
-        remove_container(docker, &created.id).await;
-        return Err(err("cannot start the fabric test's container", e));
-    }
-    Ok(created.id)
+        .map_err(|e| match e.stage {
+            Stage::Create => {
+                if crate::kinds::machine::docker_connection_lost(&e.error) {
+                    return crate::kinds::machine::docker_error(
+                        &format!("{node}: cannot create the fabric test's container"),
+                        e.error,
+                    );
+                }
+                let missing = e.error.to_string().contains("No such image");
+                err("cannot create the fabric test's container", e.error).help(if missing {
+                    "the test runs in the deployment's image: it must be on every node of the test"
+                } else {
+                    "check the node's Docker Engine"
+                })
+            }
+            Stage::Upload => err("cannot put the fabric test into its container", e.error),
+            Stage::Start => err("cannot start the fabric test's container", e.error),
+        })
 }
 
 /// Follow a rank's output to its end; its exit code.
@@ -197,40 +170,28 @@ async fn follow(docker: &bollard::Docker, id: &str, node: &str) -> RankEnd {
         node: node.to_string(),
         ..Default::default()
     };
-    let mut stream = docker.logs(
-        id,
-        Some(q::LogsOptions {
-            follow: true,
-            stdout: true,
-            stderr: true,
-            ..Default::default()
-        }),
-    );
     let mut buf = String::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        buf.push_str(&chunk.to_string());
+    let lines = &mut end.lines;
+    one_shot::follow(docker, id, &mut |_, text| {
+        buf.push_str(text);
         while let Some(i) = buf.find('\n') {
             let line: String = buf.drain(..=i).collect();
-            end.lines.push(line.trim_end().to_string());
-            if end.lines.len() > KEEP_LINES {
+            lines.push(line.trim_end().to_string());
+            if lines.len() > KEEP_LINES {
                 // The table comes last: keep the newest lines.
-                end.lines.remove(0);
+                lines.remove(0);
             }
         }
         if buf.len() > 64 * 1024 {
             buf.clear();
         }
-    }
+        true
+    })
+    .await;
     if !buf.trim().is_empty() {
         end.lines.push(buf.trim_end().to_string());
     }
-    end.code = docker
-        .inspect_container(id, None::<q::InspectContainerOptions>)
-        .await
-        .ok()
-        .and_then(|i| i.state)
-        .and_then(|s| s.exit_code)
-        .unwrap_or(-1);
+    end.code = one_shot::exit_code(docker, id).await.unwrap_or(-1);
     end
 }
 

@@ -19,12 +19,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
-use futures_util::StreamExt;
 
 use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
-use crate::hosts::{Host, HostError};
+use crate::hosts::{one_shot, Host, HostError};
 use crate::kinds::machine::{remove_container, tar_of};
 use crate::kinds::machine::{
     Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
@@ -186,7 +185,6 @@ async fn spawn(job: &Job<'_>) -> Result<String, StepError> {
 }
 
 async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError> {
-    remove_container(job.docker, &job.who.name).await;
     if job.lineage != RESOLVE_LINEAGE {
         remove_exited_of_other_runs(job.docker, job.lineage).await;
     }
@@ -210,65 +208,35 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
         }),
         ..Default::default()
     };
-    let created = job
-        .docker
-        .create_container(
-            Some(q::CreateContainerOptions {
-                name: Some(job.who.name.clone()),
-                ..Default::default()
-            }),
-            body,
-        )
-        .await
-        .map_err(|e| {
-            let what = format!("cannot create the transfer container {}", job.who.name);
-            if crate::kinds::machine::docker_connection_lost(&e) {
-                // The lost node's own message and help.
-                return docker_err(job.node, &what, e);
-            }
-            let hint = if e.to_string().contains("No such image") {
-                format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node)
-            } else {
-                "check the node's Docker Engine".into()
-            };
-            docker_err(job.node, &what, e).help(hint)
-        })?;
     let tar = tar_of(&[
         ("transfer.py", TRANSFER_PY.as_bytes(), 0o755),
         ("input", job.input.as_bytes(), 0o600),
     ]);
-    let uploaded = job
-        .docker
-        .upload_to_container(
-            &created.id,
-            Some(q::UploadToContainerOptions {
-                path: "/".into(),
-                ..Default::default()
-            }),
-            bollard::body_full(tar.into()),
-        )
-        .await;
-    if let Err(e) = uploaded {
-        remove_container(job.docker, &created.id).await;
-        return Err(docker_err(
-            job.node,
-            "cannot put the transfer program into its container",
-            e,
-        ));
-    }
-    if let Err(e) = job
-        .docker
-        .start_container(&created.id, None::<q::StartContainerOptions>)
+    one_shot::start(job.docker, &job.who.name, body, Some(tar))
         .await
-    {
-        remove_container(job.docker, &created.id).await;
-        return Err(docker_err(
-            job.node,
-            "cannot start the transfer container",
-            e,
-        ));
-    }
-    Ok(created.id)
+        .map_err(|e| match e.stage {
+            one_shot::Stage::Create => {
+                let what = format!("cannot create the transfer container {}", job.who.name);
+                if crate::kinds::machine::docker_connection_lost(&e.error) {
+                    // The lost node's own message and help.
+                    return docker_err(job.node, &what, e.error);
+                }
+                let hint = if e.error.to_string().contains("No such image") {
+                    format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node)
+                } else {
+                    "check the node's Docker Engine".into()
+                };
+                docker_err(job.node, &what, e.error).help(hint)
+            }
+            one_shot::Stage::Upload => docker_err(
+                job.node,
+                "cannot put the transfer program into its container",
+                e.error,
+            ),
+            one_shot::Stage::Start => {
+                docker_err(job.node, "cannot start the transfer container", e.error)
+            }
+        })
 }
 
 /// Follow a helper's output to its end: every JSON line goes to `on_event`; `stop_when` ends
@@ -280,61 +248,50 @@ async fn follow(
     stop_when: Option<&str>,
 ) -> JobEnd {
     let mut end = JobEnd::default();
-    let mut stream = docker.logs(
-        id,
-        Some(q::LogsOptions {
-            follow: true,
-            stdout: true,
-            stderr: true,
-            ..Default::default()
-        }),
-    );
     let mut buf = String::new();
-    while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else { break };
-        match chunk {
-            bollard::container::LogOutput::StdErr { message } => {
-                for l in String::from_utf8_lossy(&message).lines() {
-                    end.stderr.push(l.to_string());
-                    if end.stderr.len() > 20 {
-                        end.stderr.remove(0);
-                    }
+    let mut stopped = false;
+    let seen = &mut end;
+    one_shot::follow(docker, id, &mut |is_stderr, text| {
+        if is_stderr {
+            for l in text.lines() {
+                seen.stderr.push(l.to_string());
+                if seen.stderr.len() > 20 {
+                    seen.stderr.remove(0);
                 }
             }
-            other => {
-                buf.push_str(&other.to_string());
-                while let Some(i) = buf.find('\n') {
-                    let line: String = buf.drain(..=i).collect();
-                    let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
-                        continue;
-                    };
-                    let ev = v.get("event").and_then(|e| e.as_str()).unwrap_or_default();
-                    match ev {
-                        "result" => end.result = Some(v.clone()),
-                        "error" => {
-                            end.error = v
-                                .get("message")
-                                .and_then(|m| m.as_str())
-                                .map(str::to_string)
-                        }
-                        "progress" => {}
-                        _ => end.events.push(v.clone()),
-                    }
-                    on_event(&v);
-                    if stop_when == Some(ev) {
-                        return end;
-                    }
+            return true;
+        }
+        buf.push_str(text);
+        while let Some(i) = buf.find('\n') {
+            let line: String = buf.drain(..=i).collect();
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line.trim()) else {
+                continue;
+            };
+            let ev = v.get("event").and_then(|e| e.as_str()).unwrap_or_default();
+            match ev {
+                "result" => seen.result = Some(v.clone()),
+                "error" => {
+                    seen.error = v
+                        .get("message")
+                        .and_then(|m| m.as_str())
+                        .map(str::to_string)
                 }
+                "progress" => {}
+                _ => seen.events.push(v.clone()),
+            }
+            on_event(&v);
+            if stop_when == Some(ev) {
+                stopped = true;
+                return false;
             }
         }
+        true
+    })
+    .await;
+    if stopped {
+        return end;
     }
-    end.code = docker
-        .inspect_container(id, None::<q::InspectContainerOptions>)
-        .await
-        .ok()
-        .and_then(|i| i.state)
-        .and_then(|s| s.exit_code)
-        .unwrap_or(-1);
+    end.code = one_shot::exit_code(docker, id).await.unwrap_or(-1);
     end
 }
 

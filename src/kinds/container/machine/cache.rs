@@ -135,67 +135,29 @@ pub(super) async fn purge(
         }),
         ..Default::default()
     };
-    let _ = remove(docker, &name).await;
-    let created = docker
-        .create_container(
-            Some(q::CreateContainerOptions {
-                name: Some(name.clone()),
-                ..Default::default()
-            }),
-            body,
-        )
+    let failed = || format!("{node}: cannot remove the cache folder {folder}");
+    let id = crate::hosts::one_shot::start(docker, &name, body, None)
         .await
-        .map_err(|e| {
-            docker_err(
-                &format!("{node}: cannot remove the cache folder {folder}"),
-                e,
-            )
-        })?;
-    let ran = async {
-        docker
-            .start_container(&created.id, None::<q::StartContainerOptions>)
-            .await
-            .map_err(|e| {
-                docker_err(
-                    &format!("{node}: cannot remove the cache folder {folder}"),
-                    e,
-                )
-            })?;
-        // Its log ends when it does; then its exit code says whether the folder went.
-        let mut log = docker.logs(
-            &created.id,
-            Some(q::LogsOptions {
-                follow: true,
-                stdout: true,
-                stderr: true,
-                ..Default::default()
-            }),
-        );
-        let mut said = String::new();
-        let drained = tokio::time::timeout(Duration::from_secs(300), async {
-            while let Some(Ok(chunk)) = log.next().await {
-                if said.len() < 4096 {
-                    said.push_str(&chunk.to_string());
-                }
+        .map_err(|e| docker_err(&failed(), e.error))?;
+    // Its log ends when it does; then its exit code says whether the folder went.
+    let mut said = String::new();
+    let drained = tokio::time::timeout(
+        Duration::from_secs(300),
+        crate::hosts::one_shot::follow(docker, &id, &mut |_, text| {
+            if said.len() < 4096 {
+                said.push_str(text);
             }
-        })
-        .await;
-        let code = docker
-            .inspect_container(&created.id, None::<q::InspectContainerOptions>)
-            .await
-            .ok()
-            .and_then(|c| c.state)
-            .filter(|s| s.running != Some(true))
-            .and_then(|s| s.exit_code);
-        match (drained, code) {
-            (Ok(()), Some(0)) => Ok(()),
-            _ => Err(StepError::new(format!(
-                "{node}: removing the cache folder {folder} did not finish (exit code {code:?}): {}",
-                said.trim()
-            ))),
-        }
-    }
+            true
+        }),
+    )
     .await;
-    let _ = remove(docker, &created.id).await;
-    ran.map(|()| Some(format!("removed the cache folder {folder}")))
+    let code = crate::hosts::one_shot::exit_code(docker, &id).await;
+    let _ = remove(docker, &id).await;
+    match (drained, code) {
+        (Ok(()), Some(0)) => Ok(Some(format!("removed the cache folder {folder}"))),
+        _ => Err(StepError::new(format!(
+            "{node}: removing the cache folder {folder} did not finish (exit code {code:?}): {}",
+            said.trim()
+        ))),
+    }
 }
