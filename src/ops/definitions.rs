@@ -449,11 +449,8 @@ output "path" {
         assert_eq!(commits(&defs.config), vec![None, None]);
     }
 
-    /// The toy kind (`kinds/toy/`, registered for these tests only): its folder and its line in
-    /// `for_each_kind!` are all it takes for its plan-time read to run and its value to reach
-    /// the plan; nothing here or in `ops` names it.
-    #[tokio::test]
-    async fn a_kind_with_a_read_phase_is_read_and_planned_through_the_seam_alone() {
+    /// A folder declaring one toy on node `a`, and the fake world its node lives in.
+    fn toy_workspace() -> (tempfile::TempDir, Workspace, Arc<FakeWorld>) {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("main.hcl"),
@@ -461,7 +458,15 @@ output "path" {
         )
         .unwrap();
         let ws = Workspace::new(dir.path(), None);
-        let world = FakeWorld::new();
+        (dir, ws, FakeWorld::new())
+    }
+
+    /// The toy kind (`kinds/toy/`, registered for these tests only): its folder and its line in
+    /// `for_each_kind!` are all it takes for its plan-time read to run and its value to reach
+    /// the plan; nothing here or in `ops` names it.
+    #[tokio::test]
+    async fn a_kind_with_a_read_phase_is_read_and_planned_through_the_seam_alone() {
+        let (_dir, ws, world) = toy_workspace();
         let a = FakeHost::new("node.a", &world);
         a.on(
             &["cat", "/etc/toy-greeting"],
@@ -525,14 +530,7 @@ output "path" {
     /// from its `read_log`; and nothing outside its folder names it.
     #[tokio::test]
     async fn a_kind_is_applied_looked_at_and_its_log_read_through_the_seam_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("main.hcl"),
-            "node \"a\" {\n  address = \"10.0.0.1\"\n}\ntoy \"t\" {\n  node = node.a\n}\n",
-        )
-        .unwrap();
-        let ws = Workspace::new(dir.path(), None);
-        let world = FakeWorld::new();
+        let (_dir, ws, world) = toy_workspace();
         let a = Arc::new(FakeHost::new("node.a", &world));
         let says = |text: &str| {
             a.on(
