@@ -8,7 +8,6 @@ use clap::Args;
 use super::{report_diagnostics, report_error, ConfigArgs, ConnectArgs, InputArgs};
 use crate::diag::{Diag, Diagnostics};
 use crate::ops;
-use crate::ops::definitions::Pins;
 use crate::plan::render;
 
 const LONG_ABOUT: &str = "Adopt an object that already runs (a container started by hand or by \
@@ -56,18 +55,8 @@ pub fn run(args: ImportArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Err(code) => return code,
     };
     let ws = config_args.workspace();
-    let recorded = match crate::ops::state::recorded(&ws) {
-        Ok(s) => s,
-        Err(e) => return report_error(e),
-    };
-    // The plan it shows compares with what is deployed: the values the state records.
-    let (config, graph) = match evaluated.pin(Pins::Recorded(recorded.as_ref())) {
-        Ok(d) => (d.config, d.graph),
-        Err(e) => return super::report_op_error(e, false),
-    };
     let request = ops::import::ImportRequest {
-        config: &config,
-        graph: &graph,
+        evaluated,
         store: ws.store(),
         address,
         id,

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{table, ConfigArgs, ConnectArgs};
 use crate::ops::definitions::Pins;
-use crate::ops::status::{Seen, Status};
+use crate::ops::status::{NoStatus, Seen, Status};
 
 /// Show the deployment on one screen: nodes, what runs, the probes' last results, the outputs
 #[derive(Args, Debug)]
@@ -222,25 +222,24 @@ pub fn run(args: StatusArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(d) => d.config,
         Err(code) => return code,
     };
-    let state = match crate::ops::state::recorded(&ws) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
+    let status = match rt.block_on(crate::ops::status::deployed(
+        &ws,
+        &config,
+        &args.connect.options(),
+    )) {
+        Ok(s) => s,
+        Err(NoStatus::NothingDeployed(path)) => {
             eprintln!(
                 "Error: no state at {}: nothing is deployed from these definitions\n  help: run `sparkform apply` first, or pass -state PATH",
-                ws.store().path().display()
+                path.display()
             );
             return ExitCode::from(1);
         }
-        Err(e) => {
+        Err(NoStatus::State(e)) => {
             eprintln!("Error: {e}");
             return ExitCode::from(1);
         }
     };
-    let status = rt.block_on(crate::ops::status::status(
-        &config,
-        &state,
-        &args.connect.options(),
-    ));
     if args.json {
         match serde_json::to_string_pretty(&status) {
             Ok(j) => println!("{j}"),

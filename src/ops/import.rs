@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use crate::config::{Config, Import as ImportBlock};
 use crate::diag::{did_you_mean, Diag, Diagnostics, Span};
 use crate::events::Sender;
-use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::machine;
 use crate::kinds::KindId;
@@ -245,9 +244,10 @@ pub async fn observe_blocks(
     observe(config, wanted, pool, hosts).await
 }
 
-pub struct ImportRequest<'a> {
-    pub config: &'a Config,
-    pub graph: &'a Graph,
+pub struct ImportRequest {
+    /// The definitions as written; the import pins them to what the state records (the plan
+    /// it shows compares with what is deployed).
+    pub evaluated: super::definitions::Evaluated,
     pub store: StateStore,
     /// `module.qwen.container.vllm`.
     pub address: String,
@@ -272,7 +272,12 @@ impl ImportResult {
 }
 
 /// `sparkform import ADDR ID`: observe one object and record it, under the state lock.
-pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportResult, OpError> {
+pub async fn import(req: ImportRequest, _events: &Sender) -> Result<ImportResult, OpError> {
+    let recorded = req.store.load()?;
+    let defs = req
+        .evaluated
+        .pin(super::definitions::Pins::Recorded(recorded.as_ref()))?;
+    let (config, graph) = (&defs.config, &defs.graph);
     let (node, object) = match req.id.split_once(':') {
         Some((n, o)) if crate::config::valid_name(n) && !o.is_empty() => (n, o),
         _ => {
@@ -283,7 +288,7 @@ pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportRe
             .help("a container is NODE:NAME (or NODE:CONTAINER_ID), a fabric address NODE:ADDRESS/PREFIX; NODE is a node block's name")])))
         }
     };
-    let wanted = resolve(req.config, &req.address, node, object, None, None, false)
+    let wanted = resolve(config, &req.address, node, object, None, None, false)
         .map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
     let lock = req.store.lock("import")?;
     let mut state = req.store.load()?.unwrap_or_default();
@@ -298,7 +303,7 @@ pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportRe
     }
     let key = req.store.key_or_create()?;
     let mut pool = None;
-    let observed = observe(req.config, vec![wanted], &mut pool, &req.hosts).await;
+    let observed = observe(config, vec![wanted], &mut pool, &req.hosts).await;
     if let Some(p) = pool {
         p.close().await;
     }
@@ -308,22 +313,21 @@ pub async fn import(req: ImportRequest<'_>, _events: &Sender) -> Result<ImportRe
         imports: observed,
         ..PlanOptions::default()
     };
-    let with_import = crate::plan::plan(req.config, req.graph, &state, &opts)?;
+    let with_import = crate::plan::plan(config, graph, &state, &opts)?;
     let Some(import) = with_import.import(&req.address).cloned() else {
         return Err(OpError::Local(format!(
             "{}: the plan did not take the import",
             req.address
         )));
     };
-    let deps = req
-        .config
+    let deps = config
         .resource(&req.address)
         .map(|r| r.deps.iter().cloned().collect())
         .unwrap_or_default();
     crate::plan::record_import(&mut state, &import, deps);
     req.store.write(&mut state)?;
     drop(lock);
-    let plan = crate::plan::plan(req.config, req.graph, &state, &PlanOptions::with_key(key))?;
+    let plan = crate::plan::plan(config, graph, &state, &PlanOptions::with_key(key))?;
     Ok(ImportResult { import, plan })
 }
 

@@ -55,6 +55,27 @@ pub struct ProbeStatus {
     pub took_secs: Option<f64>,
 }
 
+/// Why there is no status to show.
+#[derive(Debug)]
+pub enum NoStatus {
+    /// No state at this place: nothing is deployed from these definitions.
+    NothingDeployed(std::path::PathBuf),
+    State(crate::state::StateError),
+}
+
+/// `sparkform status`: the workspace's recorded deployment against what runs.
+pub async fn deployed(
+    ws: &crate::workspace::Workspace,
+    config: &Config,
+    hosts: &HostOptions,
+) -> Result<Status, NoStatus> {
+    let state = ws
+        .state()
+        .map_err(NoStatus::State)?
+        .ok_or_else(|| NoStatus::NothingDeployed(ws.store().path().to_path_buf()))?;
+    Ok(status(config, &state, hosts).await)
+}
+
 /// Look at every node the state records something on.
 pub async fn status(config: &Config, state: &State, hosts: &HostOptions) -> Status {
     let mut nodes: Vec<String> = state
