@@ -10,7 +10,9 @@ use super::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
 use crate::apply;
 use crate::diag::Diag;
 use crate::ops;
-use crate::ops::apply::{Interrupt, PlanRequest, RunOptions, Source};
+use crate::ops::apply::{
+    Applied, ApplyCommand, ApplyUi, Interrupt, PlanRequest, RunOptions, Source,
+};
 use crate::ops::definitions::Evaluated;
 use crate::plan::{render, PlanOptions};
 use crate::workspace::Workspace;
@@ -177,7 +179,7 @@ fn run_planfile(args: &ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     )
 }
 
-/// Lock, plan (or check the plan file), confirm, apply, report.
+/// Lock, plan (or check the plan file), confirm, apply: `ops::apply::apply`, rendered.
 pub fn execute(
     args: &ExecArgs,
     ws: &Workspace,
@@ -186,86 +188,98 @@ pub fn execute(
     rt: &tokio::runtime::Runtime,
 ) -> ExitCode {
     let operation = source.operation();
-    let from_planfile = matches!(source, Source::PlanFile { .. });
-    let request = PlanRequest {
-        evaluated,
-        lockfile_readonly: args.lockfile == Some(LockfileMode::Readonly),
-        store: ws.store(),
-        source,
-        hosts: args.connect.options(),
+    // A saved plan was looked at when it was made.
+    let ask = !args.auto_approve && !matches!(source, Source::PlanFile { .. });
+    let cmd = ApplyCommand {
+        plan: PlanRequest {
+            evaluated,
+            lockfile_readonly: args.lockfile == Some(LockfileMode::Readonly),
+            store: ws.store(),
+            source,
+            hosts: args.connect.options(),
+        },
+        run: RunOptions {
+            parallelism: args.parallelism,
+            rollback: !args.no_rollback,
+            hosts: args.connect.options(),
+        },
+        ask,
     };
-    let prepared = rt.block_on(super::with_notes(args.json, |events| async move {
-        ops::apply::lock_and_plan(request, &events).await
-    }));
-    let mut prepared = match prepared {
-        Ok(p) => p,
-        Err(e) => return super::report_op_error(e, args.json),
+    let mut terminal = Terminal {
+        json: args.json,
+        header: super::workspace_header(ws),
     };
-    show_warnings(&prepared.warnings, args.json);
-    if !args.json {
-        if let Some(header) = super::workspace_header(ws) {
-            println!("{header}");
+    match ops::apply::apply(cmd, &mut terminal, rt) {
+        Err(e) => super::report_op_error(e, args.json),
+        Ok(Applied::NothingToDo { lock_notes }) => {
+            if !args.json {
+                lock_notes.iter().for_each(|n| println!("{n}"));
+            }
+            ExitCode::SUCCESS
         }
-        print!("{}", render::render(&prepared.plan));
-    }
-    let prompt = !args.auto_approve && !from_planfile;
-    let has_changes = prepared.plan.has_changes();
-    // The refresh's connections are reused only when no prompt waits on a human in between.
-    if !has_changes || prompt {
-        rt.block_on(prepared.drop_connections());
-    }
-    if !has_changes {
-        // Nothing to apply, but the lock may still be new or out of date.
-        return match prepared.write_lock() {
-            Ok(notes) => {
-                if !args.json {
-                    notes.iter().for_each(|n| println!("{n}"));
+        Ok(Applied::Declined) => {
+            eprintln!(
+                "{} cancelled.",
+                if operation == "destroy" {
+                    "Destroy"
+                } else {
+                    "Apply"
                 }
-                ExitCode::SUCCESS
-            }
-            Err(e) => super::report_op_error(e, args.json),
-        };
+            );
+            ExitCode::from(1)
+        }
+        Ok(Applied::Ran(outcome)) => report(&outcome, operation, args.json),
     }
-    if prompt && !confirm(operation) {
-        eprintln!(
-            "{} cancelled.",
-            if operation == "destroy" {
-                "Destroy"
-            } else {
-                "Apply"
-            }
-        );
-        return ExitCode::from(1);
-    }
-    let outcome = rt.block_on(async {
+}
+
+/// The apply drawn on this process's terminal (or as JSON lines), asking on stdin.
+struct Terminal {
+    json: bool,
+    /// The workspace's line above the plan, when it is not the default one.
+    header: Option<String>,
+}
+
+impl ApplyUi for Terminal {
+    fn notes(&mut self) -> (crate::events::Sender, tokio::task::JoinHandle<()>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let secrets = prepared.config().secrets.clone();
-        let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
-        let cancel = tokio_util::sync::CancellationToken::new();
-        let watcher = ops::apply::cancel_on_ctrl_c(cancel.clone(), |i| match i {
+        (tx, crate::ui::spawn_notes(self.json, rx))
+    }
+
+    fn show_plan(&mut self, warnings: &[Diag], plan: &crate::plan::Plan) {
+        show_warnings(warnings, self.json);
+        if !self.json {
+            if let Some(header) = &self.header {
+                println!("{header}");
+            }
+            print!("{}", render::render(plan));
+        }
+    }
+
+    fn approve(&mut self, operation: &str) -> bool {
+        confirm(operation)
+    }
+
+    fn progress(
+        &mut self,
+        secrets: &crate::events::Secrets,
+    ) -> (crate::events::Sender, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let ui = crate::ui::spawn(crate::ui::mode(self.json), rx, secrets.clone());
+        (tx, ui)
+    }
+
+    fn interrupted(&self) -> Box<dyn Fn(Interrupt) + Send> {
+        Box::new(|i| {
+            match i {
             Interrupt::Stopping => eprintln!("\nInterrupted: finishing or stopping running steps, then rolling back. Press Ctrl-C again to exit at once (the state file says what exists)."),
             Interrupt::Exiting => {
                 eprintln!("Exiting now.");
                 // The process exits next: no master connection may outlive it.
                 ops::apply::shutdown_connections();
             }
-        });
-        let outcome = prepared
-            .apply(
-                RunOptions {
-                    parallelism: args.parallelism,
-                    rollback: !args.no_rollback,
-                    hosts: args.connect.options(),
-                },
-                tx,
-                cancel,
-            )
-            .await;
-        watcher.abort();
-        let _ = ui.await;
-        outcome
-    });
-    report(&outcome, operation, args.json)
+        }
+        })
+    }
 }
 
 fn confirm(operation: &str) -> bool {

@@ -6,8 +6,12 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
-use crate::ops::definitions::Pins;
-use crate::ops::logs::{begins_like_an_address, fatal_match, LogEvent, LogLine, LogsRequest};
+use std::collections::{HashMap, HashSet};
+
+use crate::ops::logs::{
+    begins_like_an_address, fatal_match, LogEvent, LogLine, LogsCommand, LogsRequest, NoLogs,
+    Target,
+};
 
 /// Show the logs of the deployment's containers, from every node, merged in time order
 #[derive(Args, Debug)]
@@ -72,52 +76,22 @@ pub fn run(args: LogsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let ws = args.config.workspace();
-    // Only the containers and their log patterns are used, which no commit changes.
-    let config = match args.config.definitions(false, Pins::Unresolved) {
-        Ok(d) => d.config,
+    let evaluated = match args.config.evaluate(false) {
+        Ok(e) => e,
         Err(code) => return code,
     };
-    let lineage = crate::ops::state::recorded(&ws)
-        .ok()
-        .flatten()
-        .map(|s| s.lineage);
-    let targets = match crate::ops::logs::select(&config, &args.addresses) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!(
-                "Error: {e}\n  help: `sparkform state list` shows the deployment's addresses"
-            );
-            return ExitCode::from(1);
-        }
+    let cmd = LogsCommand {
+        workspace: args.config.workspace(),
+        evaluated,
+        request: LogsRequest {
+            addresses: args.addresses.clone(),
+            follow: args.follow,
+            since_secs,
+            tail: args.tail,
+        },
+        hosts: args.connect.options(),
     };
-    let terminal = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let width = targets.iter().map(|t| t.address.len()).max().unwrap_or(0);
-    let colours: std::collections::HashMap<String, &str> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.address.clone(), COLOURS[i % COLOURS.len()]))
-        .collect();
-    let patterns: std::collections::HashMap<String, Vec<(regex::Regex, String)>> = targets
-        .iter()
-        .map(|t| {
-            let compiled = t
-                .fail_on_log
-                .iter()
-                .filter_map(|(p, f)| Some((regex::Regex::new(p).ok()?, f.clone())))
-                .collect();
-            (t.address.clone(), compiled)
-        })
-        .collect();
-    let req = LogsRequest {
-        addresses: args.addresses.clone(),
-        follow: args.follow,
-        since_secs,
-        tail: args.tail,
-    };
-    let connect = args.connect.options();
-    rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let outcome = rt.block_on(async {
         let cancel = tokio_util::sync::CancellationToken::new();
         let stop = cancel.clone();
         tokio::spawn(async move {
@@ -125,42 +99,99 @@ pub fn run(args: LogsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
                 stop.cancel();
             }
         });
-        let work = crate::ops::logs::logs(&config, lineage, targets, &req, &connect, tx, cancel);
-        let print = async {
-            let mut out = std::io::stdout().lock();
-            let mut hinted = std::collections::HashSet::new();
-            while let Some(ev) = rx.recv().await {
-                match ev {
-                    LogEvent::Line(l) => {
-                        let fix = patterns
-                            .get(&l.address)
-                            .and_then(|p| fatal_match(p, &l.text));
-                        let colour =
-                            terminal.then(|| colours.get(&l.address).copied().unwrap_or("0"));
-                        if writeln!(out, "{}", render(&l, width, colour, fix.is_some())).is_err() {
-                            break;
-                        }
-                        if let Some(fix) = fix {
-                            if hinted.insert(fix.to_string()) {
-                                let _ = out.flush();
-                                eprintln!(
-                                    "  ↳ {}: a fail_on_log pattern matched: {fix}",
-                                    l.address
-                                );
-                            }
-                        }
-                    }
-                    LogEvent::Note(n) => {
+        let mut printer = None;
+        let outcome = crate::ops::logs::run(
+            cmd,
+            |targets| {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                printer = Some(tokio::spawn(print(Printer::new(targets), rx)));
+                tx
+            },
+            cancel,
+        )
+        .await;
+        if let Some(printer) = printer {
+            let _ = printer.await;
+        }
+        outcome
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(NoLogs::NoSuchAddress(e)) => {
+            eprintln!(
+                "Error: {e}\n  help: `sparkform state list` shows the deployment's addresses"
+            );
+            ExitCode::from(1)
+        }
+        Err(NoLogs::Op(e)) => super::report_op_error(e, false),
+    }
+}
+
+/// How the containers' lines are drawn: the addresses' column width, a colour each on a
+/// terminal, and their `fail_on_log` patterns, compiled.
+struct Printer {
+    terminal: bool,
+    width: usize,
+    colours: HashMap<String, &'static str>,
+    patterns: HashMap<String, Vec<(regex::Regex, String)>>,
+}
+
+impl Printer {
+    fn new(targets: &[Target]) -> Printer {
+        Printer {
+            terminal: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+            width: targets.iter().map(|t| t.address.len()).max().unwrap_or(0),
+            colours: targets
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.address.clone(), COLOURS[i % COLOURS.len()]))
+                .collect(),
+            patterns: targets
+                .iter()
+                .map(|t| {
+                    let compiled = t
+                        .fail_on_log
+                        .iter()
+                        .filter_map(|(p, f)| Some((regex::Regex::new(p).ok()?, f.clone())))
+                        .collect();
+                    (t.address.clone(), compiled)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Lines on stdout, notes and each fix (once) on stderr, until the logs end.
+async fn print(p: Printer, mut rx: tokio::sync::mpsc::UnboundedReceiver<LogEvent>) {
+    let mut hinted = HashSet::new();
+    while let Some(ev) = rx.recv().await {
+        let mut out = std::io::stdout().lock();
+        match ev {
+            LogEvent::Line(l) => {
+                let fix = p
+                    .patterns
+                    .get(&l.address)
+                    .and_then(|pats| fatal_match(pats, &l.text));
+                let colour = p
+                    .terminal
+                    .then(|| p.colours.get(&l.address).copied().unwrap_or("0"));
+                if writeln!(out, "{}", render(&l, p.width, colour, fix.is_some())).is_err() {
+                    break;
+                }
+                if let Some(fix) = fix {
+                    if hinted.insert(fix.to_string()) {
                         let _ = out.flush();
-                        eprintln!("-- {n}");
+                        eprintln!("  ↳ {}: a fail_on_log pattern matched: {fix}", l.address);
                     }
                 }
             }
-            let _ = out.flush();
-        };
-        tokio::join!(work, print);
-    });
-    ExitCode::SUCCESS
+            LogEvent::Note(n) => {
+                let _ = out.flush();
+                eprintln!("-- {n}");
+            }
+        }
+    }
+    let _ = std::io::stdout().flush();
 }
 
 #[cfg(test)]

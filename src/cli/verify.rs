@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
-use crate::ops::definitions::Pins;
+use crate::ops::verify::{NotVerified, VerifyCommand};
 
 /// Run every probe against the live deployment (for cron and monitoring)
 #[derive(Args, Debug)]
@@ -45,94 +45,89 @@ pub fn run(args: VerifyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    let retry_for = std::time::Duration::from_secs(retry_for);
-    let ws = args.config.workspace();
+    let workspace = args.config.workspace();
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e,
         Err(code) => return code,
     };
-    if let Some(t) = crate::ops::verify::unknown_targets(evaluated.config(), &args.target).first() {
-        eprintln!("Error: -target {t}: no such probe");
-        return ExitCode::from(1);
-    }
     let deploy_hint = format!(
         "  help: deploy it first with `sparkform apply {}`",
-        ws.dir.display()
+        workspace.dir.display()
     );
-    let state = match crate::ops::state::recorded(&ws) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            eprintln!(
-                "Error: {}, so there is nothing to verify.\n{deploy_hint}",
-                ws.nothing_applied()
-            );
+    let state_path = workspace.state_path.clone();
+    let cmd = VerifyCommand {
+        workspace,
+        evaluated,
+        targets: args.target.clone(),
+        retry_for: std::time::Duration::from_secs(retry_for),
+        hosts: args.connect.options(),
+    };
+    let verified = rt.block_on(async {
+        let mut ui = None;
+        let verified = crate::ops::verify::run(cmd, |secrets| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            ui = Some(crate::ui::spawn(
+                crate::ui::mode(args.json),
+                rx,
+                secrets.clone(),
+            ));
+            tx
+        })
+        .await;
+        if let Some(ui) = ui {
+            let _ = ui.await;
+        }
+        verified
+    });
+    let verified = match verified {
+        Ok(v) => v,
+        Err(NotVerified::UnknownTarget(t)) => {
+            eprintln!("Error: -target {t}: no such probe");
             return ExitCode::from(1);
         }
-        Err(e) => return super::report_error(e),
-    };
-    if state.resources.is_empty() {
-        eprintln!(
-            "Error: the state at {} records nothing: nothing is deployed, so there is nothing to verify.\n{deploy_hint}",
-            ws.state_path.display()
-        );
-        return ExitCode::from(1);
-    }
-    // What is deployed: the values the state records, never what the machines say now.
-    let (config, graph) = match evaluated.pin(Pins::Recorded(Some(&state))) {
-        Ok(d) => (d.config, d.graph),
-        Err(e) => return super::report_op_error(e, args.json),
-    };
-    let undeployed = crate::ops::verify::undeployed(&config, &graph, &state, &args.target);
-    if !undeployed.is_empty() {
-        for (probe, missing) in &undeployed {
-            // The first few name the problem; a whole module's worth would bury it.
-            let named: Vec<&str> = missing.iter().take(3).map(String::as_str).collect();
-            let more = match missing.len().saturating_sub(named.len()) {
-                0 => String::new(),
-                n => format!(" and {n} more"),
-            };
-            eprintln!(
-                "Error: {probe} cannot run: {}{more} {} not deployed (not in {}).",
-                named.join(", "),
-                if missing.len() == 1 { "is" } else { "are" },
-                ws.state_path.display()
-            );
+        Err(NotVerified::NothingDeployed(why)) => {
+            eprintln!("Error: {why}, so there is nothing to verify.\n{deploy_hint}");
+            return ExitCode::from(1);
         }
-        eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
-        return ExitCode::from(1);
-    }
-    let results = rt.block_on(async {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let secrets = config.secrets.clone();
-        let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
-        let r = crate::ops::verify::verify(
-            &config,
-            &graph,
-            &state,
-            &args.target,
-            retry_for,
-            &args.connect.options(),
-            &tx,
-        )
-        .await;
-        drop(tx);
-        let _ = ui.await;
-        r
-    });
-    let failed = results.iter().filter(|(_, r)| r.is_err()).count();
+        Err(NotVerified::Undeployed(probes)) => {
+            report_undeployed(&probes, &state_path);
+            eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
+            return ExitCode::from(1);
+        }
+        Err(NotVerified::Op(e)) => return super::report_op_error(e, args.json),
+    };
+    let failed = verified.results.iter().filter(|(_, r)| r.is_err()).count();
+    let passed = verified.results.len() - failed;
     if !args.json {
-        for skipped in crate::ops::verify::not_run_by_default(&config, &args.target) {
+        for skipped in &verified.not_run {
             println!("{skipped} was not run: it loads the fabric and the GPUs, so it runs only when named (-target {skipped})");
         }
         println!(
-            "\n{} probe{} passed, {failed} failed.",
-            results.len() - failed,
-            if results.len() - failed == 1 { "" } else { "s" }
+            "\n{passed} probe{} passed, {failed} failed.",
+            if passed == 1 { "" } else { "s" }
         );
     }
     if failed > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Each probe that cannot run, with the first few of what it lacks: a whole module's worth
+/// would bury the problem.
+fn report_undeployed(probes: &[(String, Vec<String>)], state_path: &std::path::Path) {
+    for (probe, missing) in probes {
+        let named: Vec<&str> = missing.iter().take(3).map(String::as_str).collect();
+        let more = match missing.len().saturating_sub(named.len()) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        eprintln!(
+            "Error: {probe} cannot run: {}{more} {} not deployed (not in {}).",
+            named.join(", "),
+            if missing.len() == 1 { "is" } else { "are" },
+            state_path.display()
+        );
     }
 }

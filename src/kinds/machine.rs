@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind, KindId};
+use crate::config::Config;
 use crate::config::Readings;
-use crate::config::{Config, Resource};
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
@@ -102,12 +102,15 @@ pub enum ReadError {
 /// Where an exec probe can run a command, by container address: (node, Docker name).
 pub type ContainerIndex = BTreeMap<String, (String, String)>;
 
-/// The exec targets of a configuration, from every kind that has them.
+/// The exec targets of a configuration: what every resource runs in on its node.
 pub fn container_index(config: &Config) -> ContainerIndex {
     config
         .resources
         .iter()
-        .filter_map(|r| Some((r.address.clone(), machine(r.kind).exec_target(r)?)))
+        .filter_map(|r| {
+            let runs_in = r.kind.kind().runs_in(&r.config)?;
+            Some((r.address.clone(), (r.node.clone()?, runs_in.name)))
+        })
         .collect()
 }
 
@@ -190,7 +193,7 @@ pub struct LogRead {
     pub index: usize,
     pub address: String,
     pub node: String,
-    pub source: super::LogSource,
+    pub source: super::RunsIn,
     pub lineage: Option<String>,
     pub follow: bool,
     /// Only lines newer than this (Unix seconds).
@@ -700,14 +703,6 @@ pub trait Machine: Send + Sync + 'static {
     async fn down(&self, _recorded: &Record<'_, Self::Kind>, _pool: &HostPool) -> Option<String> {
         None
     }
-    /// Where an exec probe can run commands inside this resource: (node, Docker name).
-    fn exec_target(
-        &self,
-        _resource: &Resource,
-        _desired: &DesiredOf<Self>,
-    ) -> Option<(String, String)> {
-        None
-    }
     /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere),
     /// from the configuration it applies (`after`).
     fn other_nodes(
@@ -791,7 +786,6 @@ pub trait AnyMachine: Send + Sync {
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(std::time::Duration, String), StepError>>;
     async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String>;
-    fn exec_target(&self, resource: &Resource) -> Option<(String, String)>;
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
     fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check>;
 }
@@ -949,10 +943,6 @@ impl<M: Machine> AnyMachine for M {
     }
     async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
         Machine::down(self, &Record::of(recorded), pool).await
-    }
-    fn exec_target(&self, resource: &Resource) -> Option<(String, String)> {
-        let desired = DesiredOf::<M>::from_config(&resource.config).ok()?;
-        Machine::exec_target(self, resource, &desired)
     }
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String> {
         let after = change

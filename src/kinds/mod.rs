@@ -241,12 +241,33 @@ pub struct Holds {
     pub kept_on_delete: Option<String>,
 }
 
-/// How a resource's log is found and read (`sparkform logs`): its runtime's name for it on
-/// the node, and the patterns of its log that mean it failed, with their fixes.
+/// The object a node's runtime keeps for a resource (a container): its name there, which
+/// `sparkform logs` reads and an exec probe runs commands in, and the patterns of its log
+/// that mean it failed, with their fixes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogSource {
+pub struct RunsIn {
     pub name: String,
     pub fail_on_log: Vec<(String, String)>,
+}
+
+/// How a kind that runs checks a deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checking {
+    /// Whether `verify` and `watch` run it when no `-target` names it (a bandwidth test that
+    /// loads a serving deployment's fabric and GPUs runs only when named).
+    pub unnamed: bool,
+    /// How long, once it passed, it must keep passing before the apply goes on (a probe's
+    /// `soak`); a plan's impact shows it.
+    pub soak_secs: Option<u64>,
+}
+
+impl Default for Checking {
+    fn default() -> Self {
+        Checking {
+            unnamed: true,
+            soak_secs: None,
+        }
+    }
 }
 
 /// An HTTP endpoint a resource reaches (a probe's URL), as `sparkform tunnel` offers it: the
@@ -334,10 +355,10 @@ pub trait Kind: Sync + 'static {
     ) -> Option<(String, String, crate::lockfile::Entry)> {
         None
     }
-    /// For a kind that runs: how long, once it passed, it must keep passing before the apply
-    /// goes on (a probe's `soak`), from its configuration; a plan's impact shows it.
-    fn soak_secs(&self, _desired: &Self::Desired) -> Option<u64> {
-        None
+    /// For a kind that runs (`Lifecycle::Runs`): when it runs and how long it must keep
+    /// passing, from its configuration.
+    fn checking(&self, _desired: &Self::Desired) -> Checking {
+        Checking::default()
     }
     /// How refresh knows an untracked object of the kind is this deployment's, as a plan's
     /// drift line says it.
@@ -350,11 +371,6 @@ pub trait Kind: Sync + 'static {
     /// takes up without fetching it again.
     fn uses_untracked(&self, _desired: &Self::Desired, _orphan_id: &str) -> bool {
         false
-    }
-    /// Whether `sparkform verify` runs it when no `-target` names it (a kind that runs; a
-    /// bandwidth test that loads a serving deployment's fabric and GPUs runs only when named).
-    fn verify_by_default(&self) -> bool {
-        true
     }
     /// The image references a resource of the kind runs, from its configuration (what
     /// `sparkform nodes` looks up on the nodes and the lock file pins), each with what a lock
@@ -375,8 +391,9 @@ pub trait Kind: Sync + 'static {
     fn node_address(&self, _desired: &Self::Desired) -> Option<String> {
         None
     }
-    /// Where its log is, from its configuration; `None`: it has none (`sparkform logs`).
-    fn log_source(&self, _desired: &Self::Desired) -> Option<LogSource> {
+    /// The object its node's runtime keeps for it, from its configuration (what `sparkform
+    /// logs` reads and an exec probe runs commands in); `None`: it runs in none.
+    fn runs_in(&self, _desired: &Self::Desired) -> Option<RunsIn> {
         None
     }
     /// What it holds on its node, from its record.
@@ -442,10 +459,9 @@ pub trait AnyKind: Sync {
         &self,
         config: &serde_json::Value,
     ) -> Option<(String, String, crate::lockfile::Entry)>;
-    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64>;
+    fn checking(&self, config: &serde_json::Value) -> Checking;
     fn untracked_found_by(&self) -> &'static str;
     fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool;
-    fn verify_by_default(&self) -> bool;
     fn images(
         &self,
         config: &serde_json::Value,
@@ -458,7 +474,7 @@ pub trait AnyKind: Sync {
         attributes: Option<&Attributes>,
     ) -> Option<Reuse>;
     fn holds(&self, attributes: &Attributes) -> Holds;
-    fn log_source(&self, config: &serde_json::Value) -> Option<LogSource>;
+    fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn>;
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
     fn node_address(&self, config: &serde_json::Value) -> Option<String>;
     fn dot_shape(&self) -> &'static str;
@@ -514,17 +530,16 @@ impl<K: Kind> AnyKind for K {
     ) -> Option<(String, String, crate::lockfile::Entry)> {
         Kind::lock_entry(self, &K::Desired::from_config(config).ok()?)
     }
-    fn soak_secs(&self, config: &serde_json::Value) -> Option<u64> {
-        Kind::soak_secs(self, &K::Desired::from_config(config).ok()?)
+    fn checking(&self, config: &serde_json::Value) -> Checking {
+        K::Desired::from_config(config)
+            .map(|d| Kind::checking(self, &d))
+            .unwrap_or_default()
     }
     fn untracked_found_by(&self) -> &'static str {
         Kind::untracked_found_by(self)
     }
     fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool {
         K::Desired::from_config(desired).is_ok_and(|d| Kind::uses_untracked(self, &d, orphan_id))
-    }
-    fn verify_by_default(&self) -> bool {
-        Kind::verify_by_default(self)
     }
     fn images(
         &self,
@@ -552,8 +567,8 @@ impl<K: Kind> AnyKind for K {
             .map(|r| Kind::holds(self, &r))
             .unwrap_or_default()
     }
-    fn log_source(&self, config: &serde_json::Value) -> Option<LogSource> {
-        Kind::log_source(self, &K::Desired::from_config(config).ok()?)
+    fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn> {
+        Kind::runs_in(self, &K::Desired::from_config(config).ok()?)
     }
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches> {
         Kind::reaches(self, &K::Desired::from_config(config).ok()?)

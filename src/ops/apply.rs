@@ -418,6 +418,88 @@ fn write_lock_file(update: &LockUpdate) -> Result<Vec<String>, OpError> {
     Ok(notes)
 }
 
+/// What `sparkform apply`, `destroy` and `rollback` ask: a plan (`plan`), run as `run` says
+/// once it is approved: by whoever runs the command when `ask`, else at once.
+pub struct ApplyCommand<'a> {
+    pub plan: PlanRequest<'a>,
+    pub run: RunOptions,
+    pub ask: bool,
+}
+
+/// How an apply talks to whoever runs it, between and during its phases.
+pub trait ApplyUi {
+    /// Where the plan's notes go (a state lock taken over, a refresh), and the task that draws
+    /// them, done once the sender is dropped. Called inside the runtime.
+    fn notes(&mut self) -> (Sender, tokio::task::JoinHandle<()>);
+    /// The plan made, with the planning's warnings, before anything runs.
+    fn show_plan(&mut self, warnings: &[crate::diag::Diag], plan: &Plan);
+    /// Whether to run it (a human's answer).
+    fn approve(&mut self, operation: &str) -> bool;
+    /// Where the run's progress goes, with `secrets` kept out of what it shows, and the task
+    /// that draws it. Called inside the runtime.
+    fn progress(
+        &mut self,
+        secrets: &crate::events::Secrets,
+    ) -> (Sender, tokio::task::JoinHandle<()>);
+    /// What to say when Ctrl-C stops the run (`Interrupt::Exiting`: the process exits next).
+    fn interrupted(&self) -> Box<dyn Fn(Interrupt) + Send>;
+}
+
+/// How an apply ended.
+pub enum Applied {
+    /// The plan changes nothing; the lines say what was written to `sparkform.lock.hcl`.
+    NothingToDo {
+        lock_notes: Vec<String>,
+    },
+    /// The human said no.
+    Declined,
+    Ran(Box<ApplyOutcome>),
+}
+
+/// `sparkform apply` (destroy, rollback): lock, plan, show it, ask, run, and Ctrl-C stops the
+/// run and rolls back. It waits on a human between its phases, so it drives the runtime
+/// itself rather than being awaited.
+pub fn apply(
+    cmd: ApplyCommand<'_>,
+    ui: &mut dyn ApplyUi,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Applied, OpError> {
+    let operation = cmd.plan.source.operation();
+    let locked = rt.block_on(async {
+        let (events, drawn) = ui.notes();
+        let locked = lock_and_plan(cmd.plan, &events).await;
+        drop(events);
+        let _ = drawn.await;
+        locked
+    });
+    let mut locked = locked?;
+    ui.show_plan(&locked.warnings, &locked.plan);
+    let has_changes = locked.plan.has_changes();
+    // The refresh's connections are reused only when no prompt waits on a human in between.
+    if !has_changes || cmd.ask {
+        rt.block_on(locked.drop_connections());
+    }
+    if !has_changes {
+        // Nothing to apply, but the lock may still be new or out of date.
+        return Ok(Applied::NothingToDo {
+            lock_notes: locked.write_lock()?,
+        });
+    }
+    if cmd.ask && !ui.approve(operation) {
+        return Ok(Applied::Declined);
+    }
+    let outcome = rt.block_on(async {
+        let (events, drawn) = ui.progress(&locked.config().secrets);
+        let cancel = CancellationToken::new();
+        let watcher = cancel_on_ctrl_c(cancel.clone(), ui.interrupted());
+        let outcome = locked.apply(cmd.run, events, cancel).await;
+        watcher.abort();
+        let _ = drawn.await;
+        outcome
+    });
+    Ok(Applied::Ran(Box::new(outcome)))
+}
+
 /// End every master connection at once: the process exits next, and none may outlive it.
 pub fn shutdown_connections() {
     crate::hosts::lifetime::shutdown();

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{machine, LogRead};
-use crate::kinds::{KindId, LogSource};
+use crate::kinds::{KindId, RunsIn};
 
 /// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
 pub use crate::kinds::address::begins_like_an_address;
@@ -45,10 +45,10 @@ pub struct LogsRequest {
 /// block by its address without key, or a module by its prefix; all of them when the list is
 /// empty.
 pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, String> {
-    let logged: Vec<(&crate::config::Resource, LogSource)> = config
+    let logged: Vec<(&crate::config::Resource, RunsIn)> = config
         .resources
         .iter()
-        .filter_map(|r| Some((r, r.kind.kind().log_source(&r.config)?)))
+        .filter_map(|r| Some((r, r.kind.kind().runs_in(&r.config)?)))
         .collect();
     let named = |want: &str, have: &str| {
         have == want
@@ -78,6 +78,56 @@ pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, Stri
             })
         })
         .collect())
+}
+
+/// What `sparkform logs` asks: the logs of `request.addresses` (all containers when empty)
+/// of the evaluated definitions, from the nodes the workspace's deployment runs on.
+pub struct LogsCommand {
+    pub workspace: crate::workspace::Workspace,
+    pub evaluated: super::definitions::Evaluated,
+    pub request: LogsRequest,
+    pub hosts: HostOptions,
+}
+
+/// Why no log was read.
+pub enum NoLogs {
+    /// An address that names no container of the definitions (the message says which exist).
+    NoSuchAddress(String),
+    Op(super::OpError),
+}
+
+/// `sparkform logs`: the containers the addresses name, each one's log read by its kind,
+/// merged in time order until they end (or `cancel`, when following). `show` is handed the
+/// containers first and returns where their lines go.
+pub async fn run(
+    cmd: LogsCommand,
+    show: impl FnOnce(&[Target]) -> mpsc::UnboundedSender<LogEvent>,
+    cancel: CancellationToken,
+) -> Result<(), NoLogs> {
+    // Only the containers and their log patterns are used, which no commit changes.
+    let config = cmd
+        .evaluated
+        .pin(super::definitions::Pins::Unresolved)
+        .map_err(NoLogs::Op)?
+        .config;
+    // The lineage tells this deployment's containers apart; without a state, names do.
+    let lineage = super::state::recorded(&cmd.workspace)
+        .ok()
+        .flatten()
+        .map(|s| s.lineage);
+    let targets = select(&config, &cmd.request.addresses).map_err(NoLogs::NoSuchAddress)?;
+    let events = show(&targets);
+    logs(
+        &config,
+        lineage,
+        targets,
+        &cmd.request,
+        &cmd.hosts,
+        events,
+        cancel,
+    )
+    .await;
+    Ok(())
 }
 
 /// How many lines wait in one container's queue before they are written out of order rather
@@ -179,7 +229,7 @@ pub async fn logs(
             index: i,
             address: t.address.clone(),
             node: t.node.clone(),
-            source: LogSource {
+            source: RunsIn {
                 name: t.name.clone(),
                 fail_on_log: t.fail_on_log.clone(),
             },

@@ -6,12 +6,99 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Resource};
-use crate::events::{emit, Event, Sender};
+use crate::events::{emit, Event, Secrets, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{container_index, machine, ContainerIndex, StepError};
 use crate::kinds::Lifecycle;
 use crate::state::State;
+use crate::workspace::Workspace;
+
+use super::definitions::{Evaluated, Pins};
+use super::OpError;
+
+/// What `sparkform verify` asks: the probes (all, or `targets`) of the evaluated definitions,
+/// run against what the workspace's state records.
+pub struct VerifyCommand {
+    pub workspace: Workspace,
+    pub evaluated: Evaluated,
+    pub targets: Vec<String>,
+    pub retry_for: Duration,
+    pub hosts: HostOptions,
+}
+
+/// A probe run: its address, and its latency and answer, or why it failed.
+pub type ProbeResult = (String, Result<(Duration, String), StepError>);
+
+/// What the probes said.
+pub struct Verified {
+    /// Each probe run, in dependency order.
+    pub results: Vec<ProbeResult>,
+    /// The checks left out because no `-target` named them.
+    pub not_run: Vec<String>,
+}
+
+/// Why no probe ran.
+pub enum NotVerified {
+    /// A `-target` that is no probe of the definitions.
+    UnknownTarget(String),
+    /// Nothing is deployed: why, in words.
+    NothingDeployed(String),
+    /// Probes whose resources the state does not record, each with what it lacks.
+    Undeployed(Vec<(String, Vec<String>)>),
+    Op(OpError),
+}
+
+impl From<OpError> for NotVerified {
+    fn from(e: OpError) -> Self {
+        NotVerified::Op(e)
+    }
+}
+
+/// `sparkform verify`: the definitions pinned to what the state records (never what the
+/// machines say now), then every selected probe run against the deployment. `progress` is
+/// handed the texts to keep out of what it shows, once they are known, and returns where the
+/// probes' events go.
+pub async fn run(
+    cmd: VerifyCommand,
+    progress: impl FnOnce(&Secrets) -> Sender,
+) -> Result<Verified, NotVerified> {
+    let ws = &cmd.workspace;
+    if let Some(t) = unknown_targets(cmd.evaluated.config(), &cmd.targets).first() {
+        return Err(NotVerified::UnknownTarget(t.clone()));
+    }
+    let state = match super::state::recorded(ws).map_err(OpError::from)? {
+        Some(s) => s,
+        None => return Err(NotVerified::NothingDeployed(ws.nothing_applied())),
+    };
+    if state.resources.is_empty() {
+        return Err(NotVerified::NothingDeployed(format!(
+            "the state at {} records nothing: nothing is deployed",
+            ws.state_path.display()
+        )));
+    }
+    let pinned = cmd.evaluated.pin(Pins::Recorded(Some(&state)))?;
+    let (config, graph) = (pinned.config, pinned.graph);
+    let undeployed = undeployed(&config, &graph, &state, &cmd.targets);
+    if !undeployed.is_empty() {
+        return Err(NotVerified::Undeployed(undeployed));
+    }
+    let events = progress(&config.secrets);
+    let results = verify(
+        &config,
+        &graph,
+        &state,
+        &cmd.targets,
+        cmd.retry_for,
+        &cmd.hosts,
+        &events,
+    )
+    .await;
+    Ok(Verified {
+        results,
+        not_run: not_run_by_default(&config, &cmd.targets),
+    })
+}
 
 /// The `-target`s that are not a probe of the configuration.
 pub fn unknown_targets(config: &Config, targets: &[String]) -> Vec<String> {
@@ -66,7 +153,7 @@ pub fn undeployed(
 /// Whether `verify` runs it: named by a `-target`, or, without targets, run by default.
 fn selected(r: &Resource, targets: &[String]) -> bool {
     if targets.is_empty() {
-        r.kind.kind().verify_by_default()
+        r.kind.kind().checking(&r.config).unnamed
     } else {
         targets.contains(&r.address)
     }
@@ -79,7 +166,7 @@ pub fn not_run_by_default(config: &Config, targets: &[String]) -> Vec<String> {
         .resources
         .iter()
         .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
-        .filter(|r| targets.is_empty() && !r.kind.kind().verify_by_default())
+        .filter(|r| targets.is_empty() && !r.kind.kind().checking(&r.config).unnamed)
         .map(|r| r.address.clone())
         .collect()
 }
@@ -167,7 +254,7 @@ pub async fn verify(
     retry_for: Duration,
     hosts: &HostOptions,
     events: &Sender,
-) -> Vec<(String, Result<(Duration, String), StepError>)> {
+) -> Vec<ProbeResult> {
     let containers = container_index(config);
     let by_address: HashMap<&str, &Resource> = config
         .resources

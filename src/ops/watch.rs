@@ -164,7 +164,7 @@ async fn check_probes(
             continue;
         };
         let kind = p.kind.kind();
-        if kind.lifecycle() != Lifecycle::Runs || !kind.verify_by_default() {
+        if kind.lifecycle() != Lifecycle::Runs || !kind.checking(&p.config).unnamed {
             continue;
         }
         // A probe whose resources are not all deployed would only retry against nothing.

@@ -181,7 +181,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         .filter(|c| c.action == Action::Run)
         .filter_map(|c| {
             let config = &config.resource(&c.address)?.config;
-            Some((c.address.clone(), c.kind.kind().soak_secs(config)?))
+            Some((c.address.clone(), c.kind.kind().checking(config).soak_secs?))
         })
         .collect();
     Impact {

@@ -944,3 +944,44 @@ fn every_invariant_names_a_test_that_exists() {
         wrong.join("\n  ")
     );
 }
+
+/// What a command leaves to its operation: making a runtime (`cli::main` makes the process's
+/// one), locking and planning (`lock_and_plan`), pinning the definitions to a state, and the
+/// phases of an apply around a prompt (`LockedPlan`'s `apply`, `write_lock`,
+/// `drop_connections`).
+fn cli_does_an_operations_work() -> regex::Regex {
+    regex::Regex::new(
+        r"\bruntime::Builder\b|\bRuntime::new\b|\block_and_plan\b|Pins::Recorded|Pins::Planned|\.write_lock\(|\.drop_connections\(",
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_command_is_parse_one_operation_render() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+    // `cli/mod.rs` makes the one runtime; the other files take it.
+    let (read, bad) = violations_below(
+        &cli,
+        |f| f.file_name().is_none_or(|n| n != "mod.rs"),
+        &cli_does_an_operations_work(),
+    );
+    assert!(read > 10, "{read} files in {}", cli.display());
+    assert!(
+        bad.is_empty(),
+        "cli files do an operation's work; move it into ops (ARCHITECTURE.md, Layers):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: what cli/apply.rs and cli/verify.rs had, and what it must let through.
+    let caught = violations(
+        &cli_does_an_operations_work(),
+        "x.rs",
+        "ops::apply::lock_and_plan(request, &events).await\nlet (c, g) = evaluated.pin(Pins::Recorded(Some(&state)))?;\nrt.block_on(prepared.drop_connections());\nreturn match prepared.write_lock() {\nlet rt = tokio::runtime::Builder::new_current_thread()\n",
+    );
+    assert_eq!(caught.len(), 5, "{caught:?}");
+    let allowed = violations(
+        &cli_does_an_operations_work(),
+        "x.rs",
+        "match ops::apply::apply(cmd, &mut terminal, rt) {\nargs.config.definitions(false, Pins::Unresolved)\n#[cfg(test)]\nmod tests { let rt = tokio::runtime::Runtime::new(); }\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
+}

@@ -120,7 +120,7 @@ impl Kind for Container {
         let pinned = recorded.and_then(|r| text(&r.image_digest).or(text(&r.image_id)));
         vec![(desired.image.clone(), pinned)]
     }
-    fn log_source(&self, desired: &Desired) -> Option<super::LogSource> {
+    fn runs_in(&self, desired: &Desired) -> Option<super::RunsIn> {
         let mut fail_on_log: Vec<(String, String)> = desired
             .ready
             .iter()
@@ -129,7 +129,7 @@ impl Kind for Container {
             .collect();
         fail_on_log.sort();
         fail_on_log.dedup();
-        Some(super::LogSource {
+        Some(super::RunsIn {
             name: desired.name.clone(),
             fail_on_log,
         })

@@ -281,8 +281,13 @@ impl Kind for FabricTest {
     fn on_drift(&self) -> OnDrift {
         OnDrift::Ignore
     }
-    fn verify_by_default(&self) -> bool {
-        false
+    /// It loads a serving deployment's fabric and GPUs: `verify` and `watch` run it only when
+    /// named.
+    fn checking(&self, _desired: &Desired) -> super::Checking {
+        super::Checking {
+            unnamed: false,
+            soak_secs: None,
+        }
     }
     fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {
         vec![(desired.image.clone(), None)]

@@ -143,8 +143,11 @@ impl Kind for Probe {
             authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
         })
     }
-    fn soak_secs(&self, desired: &Desired) -> Option<u64> {
-        desired.soak_secs()
+    fn checking(&self, desired: &Desired) -> super::Checking {
+        super::Checking {
+            unnamed: true,
+            soak_secs: desired.soak_secs(),
+        }
     }
     fn dot_shape(&self) -> &'static str {
         "diamond"

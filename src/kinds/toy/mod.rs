@@ -61,8 +61,8 @@ impl Kind for Toy {
         OnDrift::Ignore
     }
     /// Its log is the node's `/var/log/toy.log`.
-    fn log_source(&self, _desired: &Desired) -> Option<super::LogSource> {
-        Some(super::LogSource {
+    fn runs_in(&self, _desired: &Desired) -> Option<super::RunsIn> {
+        Some(super::RunsIn {
             name: "toy".into(),
             fail_on_log: Vec::new(),
         })

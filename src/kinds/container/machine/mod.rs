@@ -729,10 +729,6 @@ impl Machine for ContainerMachine {
         }
     }
 
-    fn exec_target(&self, r: &Resource, desired: &Desired) -> Option<(String, String)> {
-        Some((r.node.clone()?, desired.name.clone()))
-    }
-
     async fn import(
         &self,
         host: &dyn Host,
