@@ -250,6 +250,26 @@ pub struct RunsIn {
     pub fail_on_log: Vec<(String, String)>,
 }
 
+/// What an untracked object refresh found is to the deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Untracked {
+    /// How refresh knows it is this deployment's, as a plan's drift line says it.
+    pub found_by: &'static str,
+    /// Whether it is what the resource's desired configuration uses, so a plan keeps it
+    /// instead of removing it (a verified copy of the wanted weights that a rollback kept,
+    /// which the next apply takes up without fetching it again).
+    pub wanted: bool,
+}
+
+impl Default for Untracked {
+    fn default() -> Self {
+        Untracked {
+            found_by: "carries this deployment's labels",
+            wanted: false,
+        }
+    }
+}
+
 /// How a kind that runs checks a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checking {
@@ -360,17 +380,11 @@ pub trait Kind: Sync + 'static {
     fn checking(&self, _desired: &Self::Desired) -> Checking {
         Checking::default()
     }
-    /// How refresh knows an untracked object of the kind is this deployment's, as a plan's
-    /// drift line says it.
-    fn untracked_found_by(&self) -> &'static str {
-        "carries this deployment's labels"
-    }
-    /// Whether an untracked object refresh found beside a resource (`orphan_id`: its id on the
-    /// node) is what the resource's desired configuration uses, so a plan keeps it instead of
-    /// removing it: a verified copy of the wanted weights a rollback kept, which the next apply
-    /// takes up without fetching it again.
-    fn uses_untracked(&self, _desired: &Self::Desired, _orphan_id: &str) -> bool {
-        false
+    /// What an untracked object of the kind that refresh found (`orphan_id`: its id on its
+    /// node) is to the resource at its address, whose desired configuration is `desired` when
+    /// the definitions still have it.
+    fn untracked(&self, _orphan_id: &str, _desired: Option<&Self::Desired>) -> Untracked {
+        Untracked::default()
     }
     /// The image references a resource of the kind runs, from its configuration (what
     /// `sparkform nodes` looks up on the nodes and the lock file pins), each with what a lock
@@ -460,8 +474,7 @@ pub trait AnyKind: Sync {
         config: &serde_json::Value,
     ) -> Option<(String, String, crate::lockfile::Entry)>;
     fn checking(&self, config: &serde_json::Value) -> Checking;
-    fn untracked_found_by(&self) -> &'static str;
-    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool;
+    fn untracked(&self, orphan_id: &str, config: Option<&serde_json::Value>) -> Untracked;
     fn images(
         &self,
         config: &serde_json::Value,
@@ -535,11 +548,9 @@ impl<K: Kind> AnyKind for K {
             .map(|d| Kind::checking(self, &d))
             .unwrap_or_default()
     }
-    fn untracked_found_by(&self) -> &'static str {
-        Kind::untracked_found_by(self)
-    }
-    fn uses_untracked(&self, desired: &serde_json::Value, orphan_id: &str) -> bool {
-        K::Desired::from_config(desired).is_ok_and(|d| Kind::uses_untracked(self, &d, orphan_id))
+    fn untracked(&self, orphan_id: &str, config: Option<&serde_json::Value>) -> Untracked {
+        let desired = config.and_then(|c| K::Desired::from_config(c).ok());
+        Kind::untracked(self, orphan_id, desired.as_ref())
     }
     fn images(
         &self,

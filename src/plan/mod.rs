@@ -897,10 +897,9 @@ fn deletions(
             if selection.leaves_out(&o.address) {
                 continue;
             }
-            let in_use = by_address
-                .get(o.address.as_str())
-                .is_some_and(|r| r.kind.kind().uses_untracked(&r.config, &o.id));
-            if in_use {
+            let desired = by_address.get(o.address.as_str()).map(|r| &r.config);
+            let untracked = o.kind.kind().untracked(&o.id, desired);
+            if untracked.wanted {
                 continue;
             }
             deletes.push(Change {
@@ -919,7 +918,7 @@ fn deletions(
                     o.kind,
                     o.name,
                     o.id.chars().take(12).collect::<String>(),
-                    o.kind.kind().untracked_found_by()
+                    untracked.found_by
                 )],
                 orphan: Some(o.clone()),
                 purge: false,

@@ -68,13 +68,13 @@ impl Kind for Model {
     fn block(&self) -> &'static BlockSpec {
         &MODEL
     }
-    fn untracked_found_by(&self) -> &'static str {
-        "was copied and verified by sparkform into the block's cache folder"
-    }
     /// A snapshot of the commit the definitions want (verified, then kept by a rollback) is
     /// the copy the next apply uses; any other untracked snapshot goes.
-    fn uses_untracked(&self, desired: &Desired, orphan_id: &str) -> bool {
-        desired.commit.as_deref() == Some(orphan_id)
+    fn untracked(&self, orphan_id: &str, desired: Option<&Desired>) -> super::Untracked {
+        super::Untracked {
+            found_by: "was copied and verified by sparkform into the block's cache folder",
+            wanted: desired.is_some_and(|d| d.commit.as_deref() == Some(orphan_id)),
+        }
     }
     fn in_place(&self) -> &'static [&'static str] {
         IN_PLACE
