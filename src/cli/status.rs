@@ -325,6 +325,7 @@ mod tests {
                 address: "probe.hello".into(),
                 last_run: Some("200 in 41 ms: I am Qwen".into()),
                 took_secs: Some(2.5),
+                measured: BTreeMap::new(),
             }],
             outputs: [
                 (

@@ -239,6 +239,9 @@ pub struct Holds {
     pub id: Option<String>,
     pub from_log: std::collections::BTreeMap<String, Vec<String>>,
     pub kept_on_delete: Option<String>,
+    /// What its last run measured, by figure (a bench probe's throughput and latencies), as
+    /// `status` shows it.
+    pub measured: std::collections::BTreeMap<String, f64>,
 }
 
 /// The object a node's runtime keeps for a resource (a container): its name there, which

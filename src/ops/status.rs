@@ -53,6 +53,9 @@ pub struct ProbeStatus {
     pub last_run: Option<String>,
     /// How long its last run in an apply took.
     pub took_secs: Option<f64>,
+    /// What its last run measured (a bench probe's figures), by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub measured: BTreeMap<String, f64>,
 }
 
 /// Why there is no status to show.
@@ -163,6 +166,7 @@ pub fn probes(state: &State) -> Vec<ProbeStatus> {
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
             took_secs: r.last_apply_secs,
+            measured: r.kind.kind().holds(&r.attributes).measured,
         })
         .collect()
 }

@@ -826,6 +826,25 @@ fn run_probes_after_what_changed(
             }
         }
     }
+    // What a check that runs again measured last time, so a reader knows what it is held to.
+    for c in changes.values_mut().filter(|c| c.action == Action::Run) {
+        let Some(recorded) = state.resources.get(&c.address) else {
+            continue;
+        };
+        let measured = c.kind.kind().holds(&recorded.attributes).measured;
+        if measured.is_empty() {
+            continue;
+        }
+        let figures: Vec<String> = measured
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect();
+        let reason = c.run_reason.take().unwrap_or_default();
+        c.run_reason = Some(format!(
+            "{reason}; its last run measured {}",
+            figures.join(", ")
+        ));
+    }
 }
 
 /// The runs that failed last time and do not run now: plan says so instead of "No changes."

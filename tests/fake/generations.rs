@@ -21,7 +21,7 @@ use sparkform_testkit::fake::{node_with_engine, FakeNodes, FakeWorld};
 use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 /// The serving fixture with the worker's image `image`, in `dir`.
-fn write(dir: &Path, image: &str) {
+pub(crate) fn write(dir: &Path, image: &str) {
     let hcl = include_str!("../fixtures/serving/main.hcl")
         .replace("PROBE_TIMEOUT", "3s")
         .replace(
@@ -32,15 +32,15 @@ fn write(dir: &Path, image: &str) {
     std::fs::write(dir.join("main.hcl"), hcl).unwrap();
 }
 
-struct Deployment {
-    dir: tempfile::TempDir,
+pub(crate) struct Deployment {
+    pub(crate) dir: tempfile::TempDir,
     hosts: Vec<(String, Arc<dyn Host>)>,
-    head: Arc<FakeDocker>,
-    worker: Arc<FakeDocker>,
+    pub(crate) head: Arc<FakeDocker>,
+    pub(crate) worker: Arc<FakeDocker>,
 }
 
 impl Deployment {
-    fn new() -> Deployment {
+    pub(crate) fn new() -> Deployment {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "ray:1");
         let world = FakeWorld::new();
@@ -55,15 +55,15 @@ impl Deployment {
         }
     }
 
-    fn store(&self) -> StateStore {
+    pub(crate) fn store(&self) -> StateStore {
         StateStore::new(self.dir.path().join("state/sparkform.json"))
     }
 
-    fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         self.store().load().unwrap().unwrap_or_default()
     }
 
-    fn hosts(&self) -> HostOptions {
+    pub(crate) fn hosts(&self) -> HostOptions {
         HostOptions {
             opener: FakeNodes::new(self.hosts.iter().cloned().collect()).opener(),
             ..HostOptions::default()
@@ -71,7 +71,10 @@ impl Deployment {
     }
 
     /// `sparkform rollback DIR [N] -auto-approve`: the plan, and the apply's outcome.
-    async fn rollback(&self, number: Option<u64>) -> Result<(Plan, ApplyOutcome), OpError> {
+    pub(crate) async fn rollback(
+        &self,
+        number: Option<u64>,
+    ) -> Result<(Plan, ApplyOutcome), OpError> {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
@@ -80,7 +83,7 @@ impl Deployment {
     }
 
     /// `sparkform plan DIR -refresh=false`'s notes.
-    async fn plan_notes(&self) -> Vec<String> {
+    pub(crate) async fn plan_notes(&self) -> Vec<String> {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
@@ -104,7 +107,7 @@ impl Deployment {
     }
 
     /// `sparkform apply DIR -auto-approve`, on the fake nodes.
-    async fn apply(&self) -> ApplyOutcome {
+    pub(crate) async fn apply(&self) -> ApplyOutcome {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
@@ -123,7 +126,7 @@ impl Deployment {
     }
 
     /// Plan from `source` as `apply` does, and apply the plan.
-    async fn run(
+    pub(crate) async fn run(
         &self,
         source: Source<'_>,
         evaluated: sparkform::ops::definitions::Evaluated,

@@ -11,6 +11,7 @@
 mod common;
 
 mod attachment_race;
+mod bench;
 mod compat;
 mod crash_consistency;
 mod diagnostics;

@@ -34,7 +34,23 @@ pub struct Desired {
     /// After it passed: how long it must keep passing, checked how often.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soak: Option<Soak>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<super::bench::Bench>,
+    /// A bench probe's figures may move this far from the last good generation's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regression: Option<super::bench::Regression>,
 }
+
+/// What a probe's run found that the state keeps: a bench probe's figures and the workload
+/// they measured (the last good generation's, for the next run's regression rules).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<super::bench::Measured>,
+}
+
+/// A record from before the figures (none) reads as one without them: no upgrade to make.
+impl crate::kinds::RecordedFacts for Recorded {}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Soak {

@@ -265,6 +265,58 @@ pub async fn run(
     }
 }
 
+/// What a benchmark's progress line says while it runs.
+fn bench_running(b: &super::bench::Bench) -> String {
+    format!(
+        "{} bench: {} requests, {} at once, {} tokens in, {} out",
+        b.client, b.requests, b.concurrency, b.input_tokens, b.output_tokens
+    )
+}
+
+/// A bench probe's step: the client run once; its figures recorded, and judged against the
+/// last good generation's when the probe has a `regression` block and that generation ran the
+/// same workload.
+async fn bench_step(
+    cx: &Step<'_, super::Probe>,
+    config: &Desired,
+    b: &super::bench::Bench,
+) -> Result<Done<ProbeMachine>, StepError> {
+    cx.progress(bench_running(b), None, Some(config.timeout_secs()));
+    let limit = Duration::from_secs(config.timeout_secs());
+    let figures =
+        super::bench_machine::run(b, cx.pool, cx.address, cx.lineage, limit, cx.cancel).await?;
+    let workload = b.workload();
+    let before = cx
+        .recorded_facts()
+        .and_then(|r| r.bench.clone())
+        .filter(|m| m.workload == workload);
+    let mut summary = figures.summary();
+    if let (Some(rules), Some(before)) = (&config.regression, &before) {
+        let worse = super::bench::regressions(rules, &before.figures, &figures);
+        if !worse.is_empty() {
+            return Err(StepError::new(format!(
+                "the model is slower than in the last good generation: {}",
+                worse.join("; ")
+            ))
+            .details(vec![
+                format!("now:    {summary}"),
+                format!("before: {}", before.figures.summary()),
+            ])
+            .help("the apply rolls back to what ran; `sparkform rollback` puts the last good generation back, or loosen the regression block if this is expected"));
+        }
+        summary.push_str("; within its regression rules");
+    } else if config.regression.is_some() {
+        summary.push_str("; no earlier run of this workload to compare with");
+    }
+    Ok(Done {
+        recorded: super::Recorded {
+            bench: Some(super::bench::Measured { workload, figures }),
+        },
+        undo: (),
+        summary,
+    })
+}
+
 /// Once it passed: keep checking it every soak interval until its soak has lasted; the first
 /// failure fails it (and the apply rolls back). `None` when it has no soak.
 async fn soak(
@@ -328,6 +380,9 @@ impl Machine for ProbeMachine {
             return Ok(Done::summary(""));
         }
         let config = cx.desired()?;
+        if let Some(b) = &config.bench {
+            return bench_step(cx, config, b).await;
+        }
         let (latency, summary) = run(
             config,
             cx.pool,
@@ -366,6 +421,14 @@ impl Machine for ProbeMachine {
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
+        if let Some(b) = &config.bench {
+            progress(bench_running(b), config.timeout_secs());
+            let t = Instant::now();
+            let limit = Duration::from_secs(config.timeout_secs());
+            // `verify` records nothing and has no lineage of its own to label with.
+            let run = super::bench_machine::run(b, pool, "verify", "verify", limit, cancel).await;
+            return Some(run.map(|f| (t.elapsed(), f.summary())));
+        }
         Some(
             run(
                 config,

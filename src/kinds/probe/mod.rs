@@ -1,10 +1,12 @@
 //! A probe: an HTTP request, a command or a TCP connection whose answer gates the apply.
 
+pub mod bench;
+mod bench_machine;
 pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
 
-pub use desired::Desired;
+pub use desired::{Desired, Recorded};
 
 use super::{Kind, Lifecycle, OnDrift};
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
@@ -40,6 +42,41 @@ pub static PROBE_TCP: BlockSpec = spec(
     &[
         req("via", schema::Kind::Node),
         req("address", schema::Kind::Str),
+    ],
+    &[],
+);
+
+pub static PROBE_BENCH: BlockSpec = spec(
+    "bench",
+    &[],
+    &[
+        opt("client", schema::Kind::Str),
+        req("node", schema::Kind::Node),
+        req("image", schema::Kind::Str),
+        req("url", schema::Kind::Str),
+        req("model", schema::Kind::Str),
+        opt("tokenizer", schema::Kind::Str),
+        opt("api_key", schema::Kind::Str),
+        req("requests", schema::Kind::Num),
+        req("concurrency", schema::Kind::Num),
+        req("input_tokens", schema::Kind::Num),
+        req("output_tokens", schema::Kind::Num),
+        opt("prompts", schema::Kind::ListStr),
+        opt("max_num_seqs", schema::Kind::Num),
+        opt("max_model_len", schema::Kind::Num),
+    ],
+    &[],
+);
+
+pub static REGRESSION: BlockSpec = spec(
+    "regression",
+    &[],
+    &[
+        opt("throughput", schema::Kind::Str),
+        opt("ttft_p50", schema::Kind::Str),
+        opt("ttft_p99", schema::Kind::Str),
+        opt("itl_p50", schema::Kind::Str),
+        opt("itl_p99", schema::Kind::Str),
     ],
     &[],
 );
@@ -95,6 +132,16 @@ pub static PROBE: BlockSpec = spec(
             multiple: false,
         },
         Child {
+            name: "bench",
+            spec: &PROBE_BENCH,
+            multiple: false,
+        },
+        Child {
+            name: "regression",
+            spec: &REGRESSION,
+            multiple: false,
+        },
+        Child {
             name: "expect",
             spec: &EXPECT,
             multiple: false,
@@ -122,7 +169,7 @@ pub static KIND: Probe = Probe;
 
 impl Kind for Probe {
     type Desired = Desired;
-    type Recorded = super::NoFacts;
+    type Recorded = Recorded;
     fn block(&self) -> &'static BlockSpec {
         &PROBE
     }
@@ -143,10 +190,21 @@ impl Kind for Probe {
             authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
         })
     }
+    /// A benchmark loads the serving engine: `verify` and `watch` run it only when named.
     fn checking(&self, desired: &Desired) -> super::Checking {
         super::Checking {
-            unnamed: true,
+            unnamed: desired.bench.is_none(),
             soak_secs: desired.soak_secs(),
+        }
+    }
+    fn holds(&self, recorded: &Recorded) -> super::Holds {
+        super::Holds {
+            measured: recorded
+                .bench
+                .as_ref()
+                .map(|m| m.figures.named())
+                .unwrap_or_default(),
+            ..Default::default()
         }
     }
     fn dot_shape(&self) -> &'static str {
@@ -156,7 +214,15 @@ impl Kind for Probe {
 
 /// A probe changes nothing on a machine: any change to it is recorded in place (and it runs).
 pub const IN_PLACE: &[&str] = &[
-    "http", "exec", "tcp", "expect", "timeout", "interval", "soak",
+    "http",
+    "exec",
+    "tcp",
+    "bench",
+    "regression",
+    "expect",
+    "timeout",
+    "interval",
+    "soak",
 ];
 
 const METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
@@ -168,6 +234,73 @@ fn problem(block: &'static str, attribute: &'static str, message: String, help: 
         message,
         help: help.to_string(),
     }
+}
+
+/// A regression rule's name as the schema spells it, for the diagnostic's span.
+fn static_rule(name: &str) -> &'static str {
+    bench::RULES
+        .iter()
+        .map(|(n, _)| *n)
+        .find(|n| *n == name)
+        .unwrap_or("")
+}
+
+/// A `bench` block, checked: its client, its URL, a workload of at least one request, within
+/// the engine's limits when the block gives them; the node it runs on.
+fn bench_node(body: &Map<String, Value>) -> Result<Option<String>, Problem> {
+    let client = body.get("client").and_then(Value::as_str).unwrap_or("vllm");
+    if !bench::CLIENTS.contains(&client) {
+        return Err(problem(
+            "bench",
+            "client",
+            format!("{client:?} is no benchmark client sparkform runs"),
+            "client = \"vllm\" (vllm bench serve) or \"sglang\" (sglang.bench_serving)",
+        ));
+    }
+    let url = body.get("url").and_then(Value::as_str).unwrap_or_default();
+    if !url.starts_with("http://") || schema::parse_url(url).is_err() {
+        return Err(problem(
+            "bench",
+            "url",
+            format!("{url:?} is not an http:// URL"),
+            "the endpoint's base URL as the node reaches it, e.g. \"http://192.168.200.1:30000\"",
+        ));
+    }
+    let num = |k: &str| {
+        body.get(k)
+            .and_then(Value::as_number)
+            .and_then(|n| n.as_u64())
+    };
+    for k in ["requests", "concurrency", "output_tokens"] {
+        if num(k).is_none_or(|n| n == 0) {
+            return Err(problem(
+                "bench",
+                match k {
+                    "requests" => "requests",
+                    "concurrency" => "concurrency",
+                    _ => "output_tokens",
+                },
+                format!("{k} must be a whole number of at least 1"),
+                "e.g. requests = 8, concurrency = 2, input_tokens = 32, output_tokens = 16",
+            ));
+        }
+    }
+    let mut typed = clean(body);
+    if let Some(o) = typed.as_object_mut() {
+        o.entry("client").or_insert_with(|| client.into());
+    }
+    let b: bench::Bench = serde_json::from_value(typed).map_err(|e| {
+        problem(
+            "bench",
+            "",
+            format!("the bench block does not read: {e}"),
+            "requests, concurrency, input_tokens and output_tokens are whole numbers",
+        )
+    })?;
+    if let Some((attribute, message, help)) = b.beyond_limits() {
+        return Err(problem("bench", attribute, message, &help));
+    }
+    Ok(Some(b.node))
 }
 
 /// The `expect` block's regular expression and JSON path, checked.
@@ -225,7 +358,7 @@ pub fn desired(
     attrs: &Map<String, Value>,
     parts: &BTreeMap<&str, &Map<String, Value>>,
 ) -> Result<(Desired, Option<String>), Problem> {
-    let forms: Vec<&str> = ["http", "exec", "tcp"]
+    let forms: Vec<&str> = ["http", "exec", "tcp", "bench"]
         .into_iter()
         .filter(|k| parts.contains_key(k))
         .collect();
@@ -234,7 +367,7 @@ pub fn desired(
             "",
             "",
             if forms.is_empty() {
-                "no check: add one http { … }, exec { … } or tcp { … } block".into()
+                "no check: add one http { … }, exec { … }, tcp { … } or bench { … } block".into()
             } else {
                 format!(
                     "{} blocks together; a probe has exactly one",
@@ -310,6 +443,7 @@ pub fn desired(
             }
             node.map(str::to_string)
         }
+        "bench" => bench_node(&body)?,
         _ => {
             let addr = body
                 .get("address")
@@ -337,6 +471,28 @@ pub fn desired(
     out.insert("expect".into(), clean(&expect));
     if let Some(soak) = soak_config(parts)? {
         out.insert("soak".into(), soak);
+    }
+    if let Some(regression) = parts.get("regression") {
+        if form != "bench" {
+            return Err(problem(
+                "regression",
+                "",
+                "a regression block without a bench block: there are no figures to compare".into(),
+                "move it into the probe with the bench { … } block",
+            ));
+        }
+        for (name, v) in regression.iter().filter(|(_, v)| !v.is_null()) {
+            let text = v.as_str().unwrap_or_default();
+            if let Err(e) = bench::allowance(name, text) {
+                return Err(problem(
+                    "regression",
+                    static_rule(name),
+                    e,
+                    "regression { throughput = \"-10%\", ttft_p99 = \"+25%\" }: how far a figure may move from the last good generation's",
+                ));
+            }
+        }
+        out.insert("regression".into(), clean(regression));
     }
     for k in ["timeout", "interval"] {
         if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {

@@ -1,0 +1,147 @@
+//! A `bench` probe on its node: the engine's benchmark client in a one-shot container of the
+//! deployment's image, on the host network (it reaches the endpoint as the node does), the
+//! tokenizer's folder mounted read-only, the API key and the fixed prompts put in as files
+//! before it starts. Its report is parsed into figures; the container is removed however the
+//! run ends, and one a killed run left carries the same name and goes before the next starts.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::bench::{self, Bench, Figures};
+use crate::hosts::one_shot::{self, Stage};
+use crate::hosts::HostPool;
+use crate::kinds::container::desired::Desired as ContainerDesired;
+use crate::kinds::container::machine::create_body;
+use crate::kinds::machine::{docker_name, remove_container, tar_of, StepError};
+use crate::kinds::Texts;
+
+/// The label of the client's container, valued with the deployment's lineage (not the label
+/// refresh observes containers by: it is no resource).
+pub const LABEL_HELPER: &str = "sparkform.bench";
+
+/// The report is the last few dozen lines; what comes before (warnings) is kept short.
+const KEEP_BYTES: usize = 256 * 1024;
+
+fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBody {
+    let mut command = vec![
+        Some("sh".to_string()),
+        Some("-c".into()),
+        Some(bench::RUNNER.into()),
+        Some("bench".into()),
+    ];
+    command.extend(b.command().into_iter().map(Some));
+    let volumes: Option<Texts> = b
+        .tokenizer
+        .as_ref()
+        .map(|t| vec![Some(format!("{t}:{t}:ro"))]);
+    let container = ContainerDesired {
+        image: b.image.clone(),
+        entrypoint: Some(command),
+        env: Some(
+            [("PYTHONUNBUFFERED".to_string(), "1".to_string())]
+                .into_iter()
+                .collect(),
+        ),
+        network_mode: Some("host".into()),
+        volumes,
+        ..Default::default()
+    };
+    let mut body = create_body(&container, lineage, "", "");
+    // A helper, not a resource: refresh must never take it for a container of the deployment.
+    body.labels = Some(HashMap::from([(
+        LABEL_HELPER.to_string(),
+        lineage.to_string(),
+    )]));
+    body
+}
+
+/// The files the client gets: the key (read by the runner, then removed) and the prompts.
+fn files(b: &Bench) -> Option<Vec<u8>> {
+    let prompts = b.prompts_file();
+    let mut files: Vec<(&str, &[u8], u32)> = Vec::new();
+    if let Some(key) = &b.api_key {
+        files.push((&bench::KEY_FILE[1..], key.as_bytes(), 0o600));
+    }
+    if let Some(p) = &prompts {
+        files.push((&bench::PROMPTS_FILE[1..], p.as_bytes(), 0o644));
+    }
+    (!files.is_empty()).then(|| tar_of(&files))
+}
+
+/// Run the client on its node to its end, within `limit`; its figures and the report's text.
+pub async fn run(
+    b: &Bench,
+    pool: &HostPool,
+    address: &str,
+    lineage: &str,
+    limit: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<Figures, StepError> {
+    let node = b.node.as_str();
+    let docker = pool
+        .get(node)
+        .map_err(StepError::from)?
+        .docker()
+        .await
+        .map_err(StepError::from)?;
+    let name = docker_name(&format!("sparkform-{address}-bench"));
+    let err =
+        |what: &str, e: bollard::errors::Error| StepError::new(format!("{node}: {what}: {e}"));
+    let id = one_shot::start(&docker, &name, container_for(b, lineage), files(b))
+        .await
+        .map_err(|e| match e.stage {
+            Stage::Create => {
+                let missing = e.error.to_string().contains("No such image");
+                err("cannot create the benchmark's container", e.error).help(if missing {
+                    "the benchmark runs in the deployment's image (it has the engine's client): it must be on the node"
+                } else {
+                    "check the node's Docker Engine"
+                })
+            }
+            Stage::Upload => err("cannot put the benchmark's files into its container", e.error),
+            Stage::Start => err("cannot start the benchmark's container", e.error),
+        })?;
+    let mut output = String::new();
+    let followed = async {
+        one_shot::follow(&docker, &id, &mut |_, text| {
+            output.push_str(text);
+            if output.len() > KEEP_BYTES {
+                let cut = output.len() - KEEP_BYTES / 2;
+                let cut = (cut..output.len())
+                    .find(|i| output.is_char_boundary(*i))
+                    .unwrap_or(output.len());
+                output.drain(..cut);
+            }
+            true
+        })
+        .await;
+        one_shot::exit_code(&docker, &id).await
+    };
+    let ended = tokio::select! {
+        code = followed => Ok(code),
+        _ = tokio::time::sleep(limit) => Err(StepError::new(format!(
+            "the benchmark did not end within {} s", limit.as_secs()
+        )).help("give the probe a longer timeout, or ask for fewer requests")),
+        _ = cancel.cancelled() => Err(StepError::new("interrupted")),
+    };
+    remove_container(&docker, &id).await;
+    let code = ended?;
+    let tail = || -> Vec<String> {
+        let lines: Vec<&str> = output.lines().collect();
+        lines[lines.len().saturating_sub(12)..]
+            .iter()
+            .map(|l| l.to_string())
+            .collect()
+    };
+    if code != Some(0) {
+        return Err(StepError::new(format!(
+            "the benchmark's client exited {}",
+            code.map_or("without an exit code".into(), |c| c.to_string())
+        ))
+        .details(tail())
+        .help("its last lines say why; `sparkform verify -target` runs it again"));
+    }
+    bench::parse(&output).map_err(|why| {
+        StepError::new(format!("the benchmark's report is not usable: {why}")).details(tail())
+    })
+}
