@@ -103,11 +103,15 @@ async fn the_figures_are_recorded_shown_and_a_slower_run_is_rolled_back() {
         "the key is in the container's body: {cmd}"
     );
     let uploads = d.head.uploads();
+    let tar = uploads
+        .iter()
+        .map(|(_, tar)| String::from_utf8_lossy(tar).into_owned())
+        .find(|t| t.contains(KEY))
+        .expect("the key was not put in as a file");
+    // Where the runner reads it: /sparkform/api_key.
     assert!(
-        uploads
-            .iter()
-            .any(|(_, tar)| String::from_utf8_lossy(tar).contains(KEY)),
-        "the key was not put in as a file"
+        tar.contains("sparkform/api_key\0") && !tar.contains("sparkform/sparkform"),
+        "{tar:?}"
     );
     assert!(
         d.head.container(&body["name"].to_string()).is_none()

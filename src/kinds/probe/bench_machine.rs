@@ -30,10 +30,10 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         Some("bench".into()),
     ];
     command.extend(b.command().into_iter().map(Some));
-    let volumes: Option<Texts> = b
-        .tokenizer
-        .as_ref()
-        .map(|t| vec![Some(format!("{t}:{t}:ro"))]);
+    let volumes: Option<Texts> = b.tokenizer.as_deref().map(|t| {
+        let folder = mounted_for(t);
+        vec![Some(format!("{folder}:{folder}:ro"))]
+    });
     let container = ContainerDesired {
         image: b.image.clone(),
         entrypoint: Some(command),
@@ -55,15 +55,33 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
     body
 }
 
+/// The folder mounted for a tokenizer at `path`: a snapshot of a Hugging Face cache
+/// (`…/models--ORG--NAME/snapshots/COMMIT`) holds links into the repository's `blobs`, so the
+/// repository's folder goes in whole; any other folder alone.
+pub fn mounted_for(path: &str) -> &str {
+    let trimmed = path.trim_end_matches('/');
+    match trimmed.rsplit_once('/') {
+        Some((parent, _)) if parent.ends_with("/snapshots") => {
+            parent.trim_end_matches("/snapshots")
+        }
+        _ => trimmed,
+    }
+}
+
+/// A file's name in the archive, which `tar_of` puts under `/sparkform/` itself.
+fn file_name(path: &str) -> &str {
+    path.trim_start_matches("/sparkform/")
+}
+
 /// The files the client gets: the key (read by the runner, then removed) and the prompts.
 fn files(b: &Bench) -> Option<Vec<u8>> {
     let prompts = b.prompts_file();
     let mut files: Vec<(&str, &[u8], u32)> = Vec::new();
     if let Some(key) = &b.api_key {
-        files.push((&bench::KEY_FILE[1..], key.as_bytes(), 0o600));
+        files.push((file_name(bench::KEY_FILE), key.as_bytes(), 0o600));
     }
     if let Some(p) = &prompts {
-        files.push((&bench::PROMPTS_FILE[1..], p.as_bytes(), 0o644));
+        files.push((file_name(bench::PROMPTS_FILE), p.as_bytes(), 0o644));
     }
     (!files.is_empty()).then(|| tar_of(&files))
 }
@@ -144,4 +162,16 @@ pub async fn run(
     bench::parse(&output).map_err(|why| {
         StepError::new(format!("the benchmark's report is not usable: {why}")).details(tail())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_snapshots_links_into_its_blobs_are_mounted_with_it() {
+        assert_eq!(
+            super::mounted_for("/m/models--a--b/snapshots/05f3a283/"),
+            "/m/models--a--b"
+        );
+        assert_eq!(super::mounted_for("/models/tiny"), "/models/tiny");
+    }
 }
