@@ -198,6 +198,38 @@ probe "hello" {
   interval = "2s"
 }
 
+variable "regression" {
+  type        = map(string)
+  default     = {}
+  description = "How far the benchmark's figures may move from the last good generation's, such as { throughput = \"-10%\" }: none by default, since the testbed's two cores are shared with whatever else runs."
+}
+
+# The model's speed: vLLM's own benchmark client (`vllm bench serve`) run from the deployment's
+# image on the head node against the endpoint, after every change of what serves it. Its figures
+# (output tokens per second, time to first token, inter-token latency) are recorded with the
+# generation and shown by `sparkform status`; `verify -target probe.speed` runs it on demand.
+probe "speed" {
+  timeout    = "5m"
+  depends_on = [probe.hello]
+  bench {
+    node          = node.node1
+    image         = var.image
+    url           = module.qwen.endpoint
+    model         = module.qwen.served_model_name
+    tokenizer     = model.qwen.path
+    api_key       = var.api_key
+    requests      = 8
+    concurrency   = 4
+    input_tokens  = 32
+    output_tokens = 16
+    max_model_len = var.max_model_len
+  }
+  regression {
+    throughput = lookup(var.regression, "throughput", null)
+    ttft_p99   = lookup(var.regression, "ttft_p99", null)
+  }
+}
+
 output "endpoint" {
   value = module.qwen.endpoint
 }

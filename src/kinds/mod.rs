@@ -242,6 +242,9 @@ pub struct Holds {
     /// What its last run measured, by figure (a bench probe's throughput and latencies), as
     /// `status` shows it.
     pub measured: std::collections::BTreeMap<String, f64>,
+    /// What it keeps on its node for a rollback (a model's earlier revisions), as a plan says
+    /// it.
+    pub kept_for_rollback: Option<String>,
 }
 
 /// The object a node's runtime keeps for a resource (a container): its name there, which

@@ -24,6 +24,7 @@ mod generations;
 mod import;
 mod interrupt;
 mod jit_cache;
+mod keep_revisions;
 mod keyed_hashes;
 mod launchers;
 mod layering;

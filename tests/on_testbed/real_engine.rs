@@ -3,11 +3,14 @@
 //! (`testbed hub`), tensor parallel 2 with one rank per node (modules/vllm-mp).
 //!
 //! One deployment serves the first test, its steps in order (each real start costs a minute or
-//! more on two cores): the first apply's real completion and its phases from the real log, a
-//! no-op plan, a vLLM flag that replaces the ranks and keeps the weights, a revision that replaces
-//! the weights and the ranks (and the new weights answer), `verify` on a stopped rank and on a
-//! stopped engine core, the watch finding the real wedge (SIGSTOP of the engine core) and
-//! restarting every rank, and a destroy that leaves nothing on either node. The second applies a
+//! more on two cores): the first apply's real completion and its phases from the real log, the
+//! model's speed from vLLM's own benchmark client in `status --json`, a no-op plan, a vLLM flag
+//! that replaces the ranks and keeps the weights, a flag that makes the engine slower failing
+//! the benchmark's regression rule and rolling back, a revision that replaces the weights and
+//! the ranks (and the new weights answer, the old ones kept), `verify` on a stopped engine core,
+//! the watch finding the real wedge (SIGSTOP of the engine core) and restarting every rank,
+//! `rollback` to the first revision with nothing fetched from the hub, `verify` on a stopped
+//! rank, and a destroy that leaves nothing on either node. The second applies a
 //! model the CPU build cannot run (heads of dimension 16) and sees it fail with vLLM's own line
 //! and roll back.
 //!
@@ -16,6 +19,8 @@
 //! costs the suite no time of its own (`.ci/test` loads the engine's image into those two only).
 
 use crate::common;
+
+use std::time::Duration;
 
 use common::testbed::{sparkform, testbed_second_pair, Testbed};
 
@@ -176,6 +181,9 @@ fn the_real_vllm_across_both_nodes() {
     assert!(served_root(&tb).contains(main_commit.trim()));
     let (code, out, _) = run(&["plan", EXAMPLE, "-detailed-exitcode"]);
     assert_eq!(code, 0, "a re-plan is not a no-op:\n{out}");
+    // The model's speed, measured by vLLM's own client against the real engine, in status.
+    let throughput = speed(&run);
+    assert!(throughput > 0.0, "{throughput}");
 
     // One vLLM flag: both ranks are replaced (one process group), the weights are not.
     let flag = r#"extra_args=["--max-num-seqs","8"]"#;
@@ -197,6 +205,29 @@ fn the_real_vllm_across_both_nodes() {
         "the weights moved"
     );
 
+    // A change that makes it slower: one sequence at a time against the benchmark's four at
+    // once, under a rule that allows 40 % less throughput than the last good run. The apply
+    // fails naming the figures and rolls back: the ranks that ran serve again.
+    let slow = r#"extra_args=["--max-num-seqs","1"]"#;
+    let rule = r#"regression={throughput="-40%"}"#;
+    let (code, out, err) = run(&[
+        "apply",
+        EXAMPLE,
+        "-auto-approve",
+        "-var",
+        slow,
+        "-var",
+        rule,
+    ]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 1, "the slower engine passed the gate:\n{all}");
+    assert!(
+        all.contains("slower than in the last good generation") && all.contains("throughput "),
+        "{all}"
+    );
+    assert_eq!(rank_ids(&tb), flagged, "the ranks that ran are not back");
+    answers_within(&tb, Duration::from_secs(300));
+
     // The v2 revision: the weights on both nodes and every rank are replaced, and vLLM serves
     // the new commit.
     let (code, out, err) = run(&["apply", EXAMPLE, "-auto-approve", "-var", "rev=v2"]);
@@ -205,12 +236,18 @@ fn the_real_vllm_across_both_nodes() {
     for (b, a) in flagged.iter().zip(&v2) {
         assert_ne!(b, a, "a rank kept serving the old weights");
     }
-    let v2_commit = snapshots(&tb, tb.nodes[0]);
-    assert_eq!(v2_commit.trim().len(), 40, "{v2_commit}");
-    assert_ne!(v2_commit, main_commit);
-    assert_eq!(snapshots(&tb, tb.nodes[1]), v2_commit);
+    // The main revision's snapshot stays beside v2's for a rollback (keep_revisions).
+    let listed = snapshots(&tb, tb.nodes[0]);
+    let v2_commit = listed
+        .split_whitespace()
+        .find(|c| *c != main_commit.trim())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(v2_commit.len(), 40, "{listed}");
+    assert!(listed.contains(main_commit.trim()), "{listed}");
+    assert_eq!(snapshots(&tb, tb.nodes[1]), listed);
     let root = served_root(&tb);
-    assert!(root.contains(v2_commit.trim()), "{root}");
+    assert!(root.contains(&v2_commit), "{root}");
     let answer = complete(&tb, 30);
     assert!(answer.contains("\"completion_tokens\""), "{answer}");
 
@@ -293,12 +330,28 @@ fn the_real_vllm_across_both_nodes() {
         assert_ne!(b, a, "a rank was not restarted");
     }
 
+    // Back to generation 2 (the main revision with the flag) in one command: the main weights
+    // were kept on both nodes (keep_revisions), so nothing is fetched from the hub, and the
+    // engine serves them again.
+    let fetched = crate::testbed_model::hub_fetches_of(&tb, "testbed/tiny-qwen3");
+    let (code, out, err) = run(&["rollback", EXAMPLE, "2", "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        crate::testbed_model::hub_fetches_of(&tb, "testbed/tiny-qwen3"),
+        fetched,
+        "the rollback fetched from the hub:\n{out}"
+    );
+    let root = served_root(&tb);
+    assert!(root.contains(main_commit.trim()), "{root}");
+    let answer = complete(&tb, 30);
+    assert!(answer.contains("\"completion_tokens\""), "{answer}");
+
     // A stopped rank: verify fails at once, naming the container, its state and exit code.
     tb.ssh(
         tb.nodes[1],
         "docker stop -t 5 sparkform-vllm-node2 >/dev/null",
     );
-    let (code, out, err) = run(&["verify", EXAMPLE, "-var", "rev=v2"]);
+    let (code, out, err) = run(&["verify", EXAMPLE]);
     assert_eq!(code, 1, "{out}\n{err}");
     let all = format!("{out}\n{err}");
     assert!(
@@ -306,9 +359,45 @@ fn the_real_vllm_across_both_nodes() {
         "{all}"
     );
 
-    let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve", "-var", "rev=v2"]);
+    let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_nothing_left(&tb);
+}
+
+/// A completion answers within `limit` (ranks a rollback started again load the model first).
+fn answers_within(tb: &Testbed, limit: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let answer = complete(tb, 20);
+        if answer.contains("\"completion_tokens\"") {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "no answer within {} s: {answer}",
+            limit.as_secs()
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
+/// A sparkform command's exit code, standard output and standard error.
+type Ran = (i32, String, String);
+
+/// The benchmark probe's throughput as `status --json` shows it.
+fn speed(run: &dyn Fn(&[&str]) -> Ran) -> f64 {
+    let (code, out, err) = run(&["status", EXAMPLE, "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let status: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let probes = status["probes"].as_array().cloned().unwrap_or_default();
+    let speed = probes
+        .iter()
+        .find(|p| p["address"] == "probe.speed")
+        .unwrap_or_else(|| panic!("no probe.speed in {out}"));
+    speed["measured"]["throughput"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no throughput measured: {speed}"))
 }
 
 /// A model the CPU build cannot run (heads of dimension 16): the architecture check passes (a

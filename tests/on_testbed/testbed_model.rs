@@ -177,7 +177,8 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
         );
     }
 
-    // A new revision: a new commit on both nodes, the old one removed once the apply is done.
+    // A new revision: a new commit on both nodes, the old one kept beside it for a rollback
+    // (keep_revisions, two by default), and the plan says what it holds.
     let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(
@@ -188,15 +189,23 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     assert!(out.contains("commit"), "{out}");
     let (code, out, err) = sparkform(&["apply", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
+    assert!(out.contains("Kept on the nodes for a rollback"), "{out}");
     for n in tb.nodes {
         let now = snapshots(&tb, n);
-        assert_eq!(now.trim().len(), 40, "{n}: {now}");
-        assert_ne!(
-            now.trim(),
-            first.trim(),
-            "{n} still has the old commit only"
+        let listed: Vec<&str> = now.split_whitespace().collect();
+        assert_eq!(
+            listed.len(),
+            2,
+            "{n}: the new commit and the kept one: {now}"
+        );
+        assert!(
+            listed.contains(&first.trim()),
+            "{n} lost the kept commit: {now}"
         );
     }
+    // A re-plan takes the kept one for no untracked copy: nothing to do.
+    let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2", "-detailed-exitcode"]);
+    assert_eq!(code, 0, "the kept snapshot is planned away:\n{out}\n{err}");
     no_helper_left(&tb, "helper containers left");
     let (code, out, err) = sparkform(&["destroy", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
@@ -567,11 +576,16 @@ fn from_pair(tb: &Testbed, v: &serde_json::Value) -> bool {
 /// The GETs of the hub's own client (the download node's fetches; plan-time resolution reads
 /// `config.json` with transfer.py's agent and is left out), per file.
 fn hub_fetches(tb: &Testbed) -> BTreeMap<String, usize> {
+    hub_fetches_of(tb, REPO)
+}
+
+/// [`hub_fetches`] of the repository `repo`.
+pub(crate) fn hub_fetches_of(tb: &Testbed, repo: &str) -> BTreeMap<String, usize> {
     let mut per_file = BTreeMap::new();
     for v in hub(&["log"])
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["method"] == "GET" && v["repo"] == REPO)
+        .filter(|v| v["method"] == "GET" && v["repo"] == repo)
         .filter(|v| from_pair(tb, v))
         .filter(|v| {
             !v["agent"]

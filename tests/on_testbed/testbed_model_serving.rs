@@ -169,9 +169,16 @@ fn the_example_serves_its_snapshot_and_a_new_revision_replaces_vllm_not_ray() {
     let second = recorded_commit(&state, "node1");
     assert_ne!(second, first);
     assert_eq!(recorded_commit(&state, "node2"), second);
-    // The old commit's snapshot is gone once the apply succeeded.
+    // The old commit's snapshot stays beside the new one for a rollback (keep_revisions).
     for n in ["sf-node1", "sf-node2"] {
-        assert_eq!(snapshots(&tb, n), second, "{n}");
+        let mut listed: Vec<String> = snapshots(&tb, n)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        listed.sort();
+        let mut both = vec![first.clone(), second.clone()];
+        both.sort();
+        assert_eq!(listed, both, "{n}");
     }
     assert_serves(&tb, &second);
     let (code, out, _) = run(&["plan", EXAMPLE, "-var", "rev=v2", "-detailed-exitcode"]);

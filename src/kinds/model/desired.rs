@@ -68,7 +68,15 @@ pub struct Desired {
     /// The hub token (sensitive: hashed in plans and the state).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "present")]
     pub token: Option<Option<String>>,
+    /// How many revisions' verified snapshots stay on the node, the one in use included
+    /// ([`DEFAULT_KEEP_REVISIONS`] when unset): what a rollback takes up without fetching.
+    /// Written only when the block sets it, so a state from before it plans no change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_revisions: Option<u64>,
 }
+
+/// Revisions kept on a node when the block says nothing: the one in use and the one before.
+pub const DEFAULT_KEEP_REVISIONS: u64 = 2;
 
 impl DesiredConfig for Desired {}
 
@@ -97,11 +105,26 @@ pub struct Recorded {
     pub peers_served: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_bps: Option<serde_json::Number>,
+    /// Earlier revisions' verified snapshots kept on the node for a rollback, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Kept>,
+}
+
+/// An earlier revision's snapshot kept on a node: its commit and its size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    pub commit: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 impl crate::kinds::RecordedFacts for Recorded {}
 
 impl Desired {
+    pub fn keep_revisions(&self) -> u64 {
+        self.keep_revisions.unwrap_or(DEFAULT_KEEP_REVISIONS).max(1)
+    }
+
     pub fn is_download(&self) -> bool {
         self.role == ROLE_DOWNLOAD
     }

@@ -116,6 +116,25 @@ impl dyn Engine<'_> + '_ {
         let endpoint = attrs.string("endpoint");
         let serve_image = attrs.string("serve_image");
         let token = self.hub_token(&attrs, &item.name);
+        let keep_revisions = attrs
+            .values
+            .get("keep_revisions")
+            .and_then(Value::as_number)
+            .and_then(|n| n.as_u64());
+        if attrs
+            .values
+            .get("keep_revisions")
+            .is_some_and(|v| !v.is_null())
+            && keep_revisions.is_none_or(|k| k == 0)
+        {
+            self.value_error(
+                &attrs,
+                "keep_revisions",
+                "keep_revisions must be a whole number of at least 1 (the revision in use)".into(),
+                "keep_revisions = 2 keeps the revision in use and the one before it for a rollback; 1 keeps none",
+            );
+            return None;
+        }
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());
@@ -146,6 +165,7 @@ impl dyn Engine<'_> + '_ {
             serve_image: Some(serve_image),
             endpoint: Some(endpoint),
             token: Some(token),
+            keep_revisions,
         };
         // An ephemeral token is used by the download and recorded nowhere, not even hashed.
         let token_ephemeral = attrs.is_ephemeral("token");

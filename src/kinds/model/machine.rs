@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
 
+use super::desired::Kept;
 use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
@@ -534,12 +535,14 @@ async fn download(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Done<ModelMac
     ))
 }
 
-/// What a model step undoes: the commit it verified (kept by a rollback), and the commit the
-/// state recorded before when that was another (removed once the apply succeeded).
+/// What a model step undoes: the commit it verified (kept by a rollback), and the earlier
+/// revisions that no longer fit `keep_revisions` (removed once the apply succeeded).
 #[derive(Debug, Clone, Default)]
 pub struct Undo {
     commit: String,
-    previous: Option<String>,
+    /// The earlier revisions' snapshots beyond `keep_revisions`, removed once the apply
+    /// succeeded.
+    evict: Vec<String>,
 }
 
 /// A download's or pull's result (transfer.py's `result` event) as the step's record: the
@@ -562,7 +565,7 @@ fn copy_done(
         recorded,
         undo: Undo {
             commit: w.commit.clone(),
-            previous: None,
+            evict: Vec::new(),
         },
         summary: summary(human_bytes(total), human_bytes(got)),
     }
@@ -913,6 +916,36 @@ fn recorded_commit(cx: &Step<'_, super::Model>) -> Option<String> {
         .filter(|c| is_commit(c))
 }
 
+/// The earlier revisions' snapshots a node keeps once `commit` is in use, newest first, at
+/// most `keep - 1`: the one the state recorded in use until now, then those it kept (the one
+/// now in use leaves the list); and the commits that fall off it, to remove.
+fn kept_after(cx: &Step<'_, super::Model>, commit: &str, keep: u64) -> (Vec<Kept>, Vec<String>) {
+    let facts = cx.recorded_facts();
+    let previous = recorded_commit(cx).map(|c| Kept {
+        commit: c,
+        bytes: facts.as_ref().and_then(|f| f.bytes_total),
+    });
+    let earlier = facts.map(|f| f.kept.clone()).unwrap_or_default();
+    keep_newest(previous.into_iter().chain(earlier), commit, keep)
+}
+
+/// [`kept_after`]'s rule on a list, newest first.
+fn keep_newest(
+    candidates: impl Iterator<Item = Kept>,
+    commit: &str,
+    keep: u64,
+) -> (Vec<Kept>, Vec<String>) {
+    let mut kept: Vec<Kept> = Vec::new();
+    for k in candidates {
+        if k.commit != commit && !kept.iter().any(|x| x.commit == k.commit) {
+            kept.push(k);
+        }
+    }
+    let room = usize::try_from(keep.saturating_sub(1)).unwrap_or(usize::MAX);
+    let evict = kept.split_off(room.min(kept.len()));
+    (kept, evict.into_iter().map(|k| k.commit).collect())
+}
+
 #[async_trait]
 impl Machine for ModelMachine {
     type Kind = super::Model;
@@ -945,8 +978,16 @@ impl Machine for ModelMachine {
                 None => w.commit.clone(),
             };
             let host = cx.host()?;
-            let summary =
+            let mut summary =
                 remove_snapshot(host.as_ref(), cx.lineage, &w, &commit, cx.cancel).await?;
+            // The earlier revisions kept for a rollback go with the copy they were kept beside.
+            if cx.change.orphan.is_none() {
+                for k in rec.facts.kept.clone() {
+                    let also = remove_snapshot(host.as_ref(), cx.lineage, &w, &k.commit, cx.cancel)
+                        .await?;
+                    summary.push_str(&format!("; {also}"));
+                }
+            }
             return Ok(Done::summary(summary));
         }
         let w = want(cx.address, cx.desired()?)?;
@@ -956,7 +997,9 @@ impl Machine for ModelMachine {
             "download" => download(cx, &w, deep).await?,
             _ => pull(cx, &w, deep).await?,
         };
-        done.undo.previous = recorded_commit(cx).filter(|p| *p != w.commit);
+        let (kept, evict) = kept_after(cx, &w.commit, cx.desired()?.keep_revisions());
+        done.recorded.kept = kept;
+        done.undo.evict = evict;
         Ok(done)
     }
 
@@ -990,20 +1033,22 @@ impl Machine for ModelMachine {
         ))
     }
 
-    /// After a replacement succeeded, the previous commit's snapshot goes (blobs the new one
-    /// shares stay).
+    /// After a replacement succeeded, the snapshots of the revisions beyond `keep_revisions`
+    /// go (blobs a kept one shares stay).
     async fn finalize(
         &self,
         cx: &Step<'_, super::Model>,
         _action: Action,
         done: &Done<Self>,
     ) -> Result<(), StepError> {
-        let Some(prev) = done.undo.previous.as_deref() else {
+        if done.undo.evict.is_empty() {
             return Ok(());
-        };
+        }
         let w = want(cx.address, cx.desired()?)?;
         let host = cx.host()?;
-        remove_snapshot(host.as_ref(), cx.lineage, &w, prev, cx.cancel).await?;
+        for commit in &done.undo.evict {
+            remove_snapshot(host.as_ref(), cx.lineage, &w, commit, cx.cancel).await?;
+        }
         Ok(())
     }
 
@@ -1028,6 +1073,7 @@ impl Machine for ModelMachine {
                         commit: w.commit.clone(),
                         cache: w.cache.clone(),
                         node_name: w.node_name.clone(),
+                        kept: r.facts.kept.iter().map(|k| k.commit.clone()).collect(),
                     });
                     wants.push((address, w));
                 }
@@ -1069,6 +1115,28 @@ impl Machine for ModelMachine {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn two_revisions_are_kept_and_the_third_goes() {
+        use super::{keep_newest, Kept};
+        let k = |c: &str| Kept {
+            commit: c.into(),
+            bytes: Some(1),
+        };
+        // c in use, b recorded before it, a kept earlier: keep 2 keeps b, and a goes.
+        let (kept, evict) = keep_newest([k("b"), k("a")].into_iter(), "c", 2);
+        assert_eq!(kept, [k("b")]);
+        assert_eq!(evict, ["a"]);
+        // Back to a kept one (a rollback): it leaves the list, the one in use joins it.
+        let (kept, evict) = keep_newest([k("c"), k("b")].into_iter(), "b", 2);
+        assert_eq!((kept, evict), (vec![k("c")], Vec::<String>::new()));
+        // keep 1 keeps none; keep 3 keeps both.
+        assert_eq!(
+            keep_newest([k("b"), k("a")].into_iter(), "c", 1).1,
+            ["b", "a"]
+        );
+        assert_eq!(keep_newest([k("b"), k("a")].into_iter(), "c", 3).0.len(), 2);
+    }
+
     use super::*;
 
     #[test]

@@ -29,6 +29,7 @@ pub static MODEL: BlockSpec = spec(
         opt("image", schema::Kind::Str),
         opt("endpoint", schema::Kind::Str),
         opt("serve_image", schema::Kind::Str),
+        opt("keep_revisions", schema::Kind::Num),
         opt("depends_on", schema::Kind::RefList),
     ],
     &[],
@@ -47,9 +48,29 @@ pub const DEFAULT_REVISION: &str = "main";
 pub struct Model;
 pub static KIND: Model = Model;
 
+/// The earlier revisions a node keeps, as a plan says it: how many, their size, their commits.
+fn kept_text(kept: &[desired::Kept]) -> Option<String> {
+    if kept.is_empty() {
+        return None;
+    }
+    let bytes: u64 = kept.iter().filter_map(|k| k.bytes).sum();
+    let commits: Vec<&str> = kept
+        .iter()
+        .map(|k| &k.commit[..k.commit.len().min(12)])
+        .collect();
+    Some(format!(
+        "{} earlier revision{} ({}, {})",
+        kept.len(),
+        if kept.len() == 1 { "" } else { "s" },
+        human_bytes(bytes),
+        commits.join(", ")
+    ))
+}
+
 /// What changes without replacing the weights: how they are fetched, not which they are. A
 /// changed revision that points at the same commit keeps them too.
 pub const IN_PLACE: &[&str] = &[
+    "keep_revisions",
     "revision",
     "image",
     "endpoint",
@@ -65,6 +86,12 @@ pub const IN_PLACE: &[&str] = &[
 impl Kind for Model {
     type Desired = Desired;
     type Recorded = Recorded;
+    fn holds(&self, recorded: &Recorded) -> super::Holds {
+        super::Holds {
+            kept_for_rollback: kept_text(&recorded.kept),
+            ..Default::default()
+        }
+    }
     fn block(&self) -> &'static BlockSpec {
         &MODEL
     }

@@ -492,7 +492,11 @@ pub fn desired(
                 ));
             }
         }
-        out.insert("regression".into(), clean(regression));
+        // Rules all left unset (a variable's empty map) compare nothing.
+        let rules = clean(regression);
+        if rules.as_object().is_some_and(|r| !r.is_empty()) {
+            out.insert("regression".into(), rules);
+        }
     }
     for k in ["timeout", "interval"] {
         if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {

@@ -234,6 +234,8 @@ pub struct Asked {
     pub commit: String,
     pub cache: String,
     pub node_name: String,
+    /// The earlier revisions the record keeps for a rollback: tracked, not untracked.
+    pub kept: Vec<String>,
 }
 
 /// Read the node once for every copy asked about: the verdict of each, and the snapshots with
@@ -279,7 +281,10 @@ pub async fn observe_listed(
         let here: Vec<&Asked> = asked.iter().filter(|a| position(a) == i).collect();
         let Some(owner) = here.first() else { continue };
         for commit in storage.records.keys() {
-            if here.iter().any(|a| a.commit == *commit) {
+            if here
+                .iter()
+                .any(|a| a.commit == *commit || a.kept.contains(commit))
+            {
                 continue;
             }
             let size = record_of(storage, commit)
