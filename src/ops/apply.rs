@@ -147,9 +147,22 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
         }
         Source::Generation { number } => {
             let planned = super::rollback::plan(req.evaluated, &state, number, key.as_ref())?;
-            rollback_to = Some((planned.number, planned.definitions));
             let (config, graph) = planned.config;
-            ((config, graph), planned.plan, planned.warnings, None)
+            let mut plan = planned.plan;
+            // The one look at the machines: is what the generation ran still there?
+            let nodes: Vec<String> = plan
+                .changes
+                .iter()
+                .filter_map(|c| c.node.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let pool = HostPool::connect(&config, &nodes, &req.hosts).await;
+            let generation = super::rollback::chosen(&state, Some(planned.number))?;
+            let gone = super::rollback::images_gone(&config, &plan, generation, &pool).await;
+            plan.notes.extend(gone);
+            rollback_to = Some((planned.number, planned.definitions));
+            ((config, graph), plan, planned.warnings, Some(pool))
         }
         Source::Destroy {
             targets,

@@ -61,6 +61,63 @@ pub fn plan(
     })
 }
 
+/// The images that the resources the rollback starts again ran in the generation and that
+/// their nodes no longer have under the same reference (removed, or the tag moved on), each
+/// named with the fix, for the plan's notes: found before the apply, not halfway through it.
+/// A node that does not answer is left out (the apply finds out).
+pub async fn images_gone(
+    config: &Config,
+    plan: &Plan,
+    generation: &Generation,
+    pool: &crate::hosts::HostPool,
+) -> Vec<String> {
+    use crate::plan::Action;
+    let mut asks = Vec::new();
+    for c in &plan.changes {
+        if !matches!(c.action, Action::Create | Action::Replace | Action::Update) {
+            continue;
+        }
+        let (Some(r), Some(record)) = (
+            config.resources.iter().find(|r| r.address == c.address),
+            generation.resources.get(&c.address),
+        ) else {
+            continue;
+        };
+        let Some(node) = r.node.as_deref().and_then(|a| config.nodes.get(a)) else {
+            continue;
+        };
+        let Ok(host) = pool.get(&node.address) else {
+            continue;
+        };
+        for (reference, pinned) in r.kind.kind().images(&r.config, Some(&record.attributes)) {
+            let Some(pinned) = pinned else { continue };
+            let host = host.clone();
+            let (address, node) = (c.address.clone(), node.name.clone());
+            asks.push(async move {
+                let seen = host.image(&reference).await;
+                let short = crate::hosts::image::short_id(&pinned);
+                let why = match seen {
+                    None => format!("{node} no longer has {reference}"),
+                    Some(s) if !s.is(&pinned) => format!(
+                        "{reference} on {node} now names {}",
+                        crate::hosts::image::short_id(&s.id)
+                    ),
+                    Some(_) => return None,
+                };
+                Some(format!(
+                    "{address} ran {reference} ({short}) in generation {}, but {why}: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back",
+                    generation.number
+                ))
+            });
+        }
+    }
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// The generation a rollback takes: `number`, or without one the newest before the generation
 /// running now (the newest kept when none runs now).
 pub fn chosen(state: &State, number: Option<u64>) -> Result<&Generation, OpError> {

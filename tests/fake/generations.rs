@@ -449,3 +449,40 @@ async fn a_rollback_takes_sensitive_values_from_the_definitions_only_when_they_h
         app.created["Env"]
     );
 }
+
+/// The image a generation ran, gone from its node (removed, or its tag moved on), is named in
+/// the rollback's plan with the fix, before anything runs.
+#[tokio::test]
+async fn a_rollback_plan_names_an_image_the_node_no_longer_has() {
+    let d = Deployment::new();
+    assert!(d.apply().await.ok);
+    write(d.dir.path(), "ray:2");
+    assert!(d.apply().await.ok);
+    // ray:1 removed from the worker's node since generation 1 ran it.
+    d.worker.image_error("ray:1", 404, "No such image: ray:1");
+    let (plan, _) = d
+        .rollback(Some(1))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let named: Vec<&String> = plan
+        .notes
+        .iter()
+        .filter(|n| n.contains("no longer has ray:1"))
+        .collect();
+    assert_eq!(named.len(), 1, "{:?}", plan.notes);
+    assert!(
+        named[0].starts_with("container.worker ran ray:1 (sha256:ray:1) in generation 1")
+            && named[0].contains("`image_archive`")
+            && named[0].contains("`pull = true`"),
+        "{named:?}"
+    );
+    // The head's image is still there: nothing said of it.
+    assert!(
+        !plan
+            .notes
+            .iter()
+            .any(|n| n.starts_with("container.head ran")),
+        "{:?}",
+        plan.notes
+    );
+}
