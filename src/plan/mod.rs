@@ -5,6 +5,7 @@ pub mod diff;
 mod foreign;
 pub mod impact;
 mod imports;
+mod kept;
 pub mod moves;
 mod outputs;
 pub mod planfile;
@@ -518,7 +519,7 @@ pub fn plan(
             })
             .collect()
     };
-    kept_for_rollback(&ordered, state, &mut notes);
+    kept::kept_for_rollback(&ordered, state, &mut notes);
     let foreign = foreign::listed(config, state, opts.observations.as_ref(), &imports);
     let mut summary = summarize(&ordered, imports.len());
     summary.moved = moved.len();
@@ -1149,34 +1150,7 @@ fn reverse_dependency_order(deletes: Vec<Change>) -> Vec<Change> {
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
-/// What the changed resources keep on their nodes for a rollback (a model's earlier
-/// revisions), with the disk it holds: a plan that moves a revision says what stays behind.
-fn kept_for_rollback(ordered: &[Change], state: &State, notes: &mut Vec<String>) {
-    let kept: Vec<String> = ordered
-        .iter()
-        .filter(|c| matches!(c.action, Action::Update | Action::Replace))
-        .filter_map(|c| {
-            let recorded = state.resources.get(&c.address)?;
-            let what = c
-                .kind
-                .kind()
-                .holds(&recorded.attributes)
-                .kept_for_rollback?;
-            Some(format!("{}: {what}", c.address))
-        })
-        .collect();
-    if !kept.is_empty() {
-        note(
-            notes,
-            &format!(
-                "Kept on the nodes for a rollback (keep_revisions; destroy removes them): {}",
-                kept.join("; ")
-            ),
-        );
-    }
-}
-
-fn note(notes: &mut Vec<String>, text: &str) {
+pub(crate) fn note(notes: &mut Vec<String>, text: &str) {
     if !notes.iter().any(|n| n == text) {
         notes.push(text.to_string());
     }

@@ -20,6 +20,25 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
 }
 
 impl dyn Engine<'_> + '_ {
+    /// The block's `keep_revisions`, checked: unset, or a whole number of at least 1.
+    fn keep_revisions(&mut self, attrs: &Attrs) -> Option<Option<u64>> {
+        let Some(v) = attrs.values.get("keep_revisions").filter(|v| !v.is_null()) else {
+            return Some(None);
+        };
+        match v.as_number().and_then(|n| n.as_u64()).filter(|k| *k > 0) {
+            Some(k) => Some(Some(k)),
+            None => {
+                self.value_error(
+                    attrs,
+                    "keep_revisions",
+                    "keep_revisions must be a whole number of at least 1 (the revision in use)".into(),
+                    "keep_revisions = 2 keeps the revision in use and the one before it for a rollback; 1 keeps none",
+                );
+                None
+            }
+        }
+    }
+
     fn eval_model(&mut self) -> Option<Evaluated> {
         let item = self.item();
         let name = item.name.clone();
@@ -116,25 +135,7 @@ impl dyn Engine<'_> + '_ {
         let endpoint = attrs.string("endpoint");
         let serve_image = attrs.string("serve_image");
         let token = self.hub_token(&attrs, &item.name);
-        let keep_revisions = attrs
-            .values
-            .get("keep_revisions")
-            .and_then(Value::as_number)
-            .and_then(|n| n.as_u64());
-        if attrs
-            .values
-            .get("keep_revisions")
-            .is_some_and(|v| !v.is_null())
-            && keep_revisions.is_none_or(|k| k == 0)
-        {
-            self.value_error(
-                &attrs,
-                "keep_revisions",
-                "keep_revisions must be a whole number of at least 1 (the revision in use)".into(),
-                "keep_revisions = 2 keeps the revision in use and the one before it for a rollback; 1 keeps none",
-            );
-            return None;
-        }
+        let keep_revisions = self.keep_revisions(&attrs)?;
         let mut deps = ctx.deps.clone();
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());

@@ -1,7 +1,6 @@
 //! A probe: an HTTP request, a command or a TCP connection whose answer gates the apply.
 
 pub mod bench;
-mod bench_machine;
 pub mod desired;
 pub(crate) mod lower;
 pub mod machine;
@@ -234,6 +233,42 @@ fn problem(block: &'static str, attribute: &'static str, message: String, help: 
         message,
         help: help.to_string(),
     }
+}
+
+/// A `regression` block, checked: only beside a `bench` block, each rule a figure of the
+/// benchmark with an allowance in the direction that makes it worse; `None` without rules.
+fn regression_config(
+    parts: &BTreeMap<&str, &Map<String, Value>>,
+    form: &str,
+) -> Result<Option<serde_json::Value>, Problem> {
+    let Some(regression) = parts.get("regression") else {
+        return Ok(None);
+    };
+    if form != "bench" {
+        return Err(problem(
+            "regression",
+            "",
+            "a regression block without a bench block: there are no figures to compare".into(),
+            "move it into the probe with the bench { … } block",
+        ));
+    }
+    for (name, v) in regression.iter().filter(|(_, v)| !v.is_null()) {
+        let text = v.as_str().unwrap_or_default();
+        if let Err(e) = bench::allowance(name, text) {
+            return Err(problem(
+                "regression",
+                static_rule(name),
+                e,
+                "regression { throughput = \"-10%\", ttft_p99 = \"+25%\" }: how far a figure may move from the last good generation's",
+            ));
+        }
+    }
+    // Rules all left unset (a variable's empty map) compare nothing.
+    let rules = clean(regression);
+    Ok(rules
+        .as_object()
+        .is_some_and(|r| !r.is_empty())
+        .then_some(rules))
 }
 
 /// A regression rule's name as the schema spells it, for the diagnostic's span.
@@ -472,31 +507,8 @@ pub fn desired(
     if let Some(soak) = soak_config(parts)? {
         out.insert("soak".into(), soak);
     }
-    if let Some(regression) = parts.get("regression") {
-        if form != "bench" {
-            return Err(problem(
-                "regression",
-                "",
-                "a regression block without a bench block: there are no figures to compare".into(),
-                "move it into the probe with the bench { … } block",
-            ));
-        }
-        for (name, v) in regression.iter().filter(|(_, v)| !v.is_null()) {
-            let text = v.as_str().unwrap_or_default();
-            if let Err(e) = bench::allowance(name, text) {
-                return Err(problem(
-                    "regression",
-                    static_rule(name),
-                    e,
-                    "regression { throughput = \"-10%\", ttft_p99 = \"+25%\" }: how far a figure may move from the last good generation's",
-                ));
-            }
-        }
-        // Rules all left unset (a variable's empty map) compare nothing.
-        let rules = clean(regression);
-        if rules.as_object().is_some_and(|r| !r.is_empty()) {
-            out.insert("regression".into(), rules);
-        }
+    if let Some(rules) = regression_config(parts, form)? {
+        out.insert("regression".into(), rules);
     }
     for k in ["timeout", "interval"] {
         if let Some(v) = attrs.get(k).filter(|v| !v.is_null()) {

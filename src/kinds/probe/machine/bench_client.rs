@@ -7,12 +7,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::bench::{self, Bench, Figures};
 use crate::hosts::one_shot::{self, Stage};
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::create_body;
 use crate::kinds::machine::{docker_name, remove_container, tar_of, StepError};
+use crate::kinds::probe::bench::{self, Bench, Figures};
 use crate::kinds::Texts;
 
 /// The label of the client's container, valued with the deployment's lineage (not the label

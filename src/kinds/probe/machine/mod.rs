@@ -1,6 +1,8 @@
 //! A probe on the machine: an HTTP request or TCP connection through a node's tunnel, or a
 //! command on a node or in a container, retried until it passes or times out.
 
+mod bench_client;
+
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -283,8 +285,7 @@ async fn bench_step(
 ) -> Result<Done<ProbeMachine>, StepError> {
     cx.progress(bench_running(b), None, Some(config.timeout_secs()));
     let limit = Duration::from_secs(config.timeout_secs());
-    let figures =
-        super::bench_machine::run(b, cx.pool, cx.address, cx.lineage, limit, cx.cancel).await?;
+    let figures = bench_client::run(b, cx.pool, cx.address, cx.lineage, limit, cx.cancel).await?;
     let workload = b.workload();
     let before = cx
         .recorded_facts()
@@ -426,7 +427,7 @@ impl Machine for ProbeMachine {
             let t = Instant::now();
             let limit = Duration::from_secs(config.timeout_secs());
             // `verify` records nothing and has no lineage of its own to label with.
-            let run = super::bench_machine::run(b, pool, "verify", "verify", limit, cancel).await;
+            let run = bench_client::run(b, pool, "verify", "verify", limit, cancel).await;
             return Some(run.map(|f| (t.elapsed(), f.summary())));
         }
         Some(
