@@ -178,7 +178,7 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     }
 
     // A new revision: a new commit on both nodes, the old one kept beside it for a rollback
-    // (keep_revisions, two by default), and the plan says what it holds.
+    // (keep_revisions, two by default).
     let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(
@@ -189,7 +189,6 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     assert!(out.contains("commit"), "{out}");
     let (code, out, err) = sparkform(&["apply", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
-    assert!(out.contains("Kept on the nodes for a rollback"), "{out}");
     for n in tb.nodes {
         let now = snapshots(&tb, n);
         let listed: Vec<&str> = now.split_whitespace().collect();
@@ -206,6 +205,15 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     // A re-plan takes the kept one for no untracked copy: nothing to do.
     let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2", "-detailed-exitcode"]);
     assert_eq!(code, 0, "the kept snapshot is planned away:\n{out}\n{err}");
+    // A plan that changes the weights again says what each node keeps, and its size.
+    let (code, out, err) = sparkform(&["plan", d]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("Kept on the nodes for a rollback")
+            && out.contains("1 earlier revision (")
+            && out.contains(&first.trim()[..12]),
+        "{out}"
+    );
     no_helper_left(&tb, "helper containers left");
     let (code, out, err) = sparkform(&["destroy", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "destroy failed:\n{out}\n{err}");
