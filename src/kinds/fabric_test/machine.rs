@@ -5,7 +5,6 @@
 //! transport NCCL chose and the fixes. Every container is removed however the step ends; one
 //! a killed run left carries the same name and is removed by the next run before it starts.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,7 +13,7 @@ use super::{parse_busbw, Desired};
 use crate::hosts::one_shot::{self, Stage};
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
-use crate::kinds::container::machine::create_body;
+use crate::kinds::container::machine::helper_body;
 use crate::kinds::machine::{
     remove_container, tar_of, ContainerIndex, Done, Machine, Step, StepError,
 };
@@ -123,13 +122,7 @@ fn create_for(d: &Desired, rank: usize, lineage: &str) -> bollard::models::Conta
         ulimits: d.ulimits.clone(),
         ..Default::default()
     };
-    let mut body = create_body(&container, lineage, "", "");
-    // A helper, not a resource: refresh must never take it for a container of the deployment.
-    body.labels = Some(HashMap::from([(
-        LABEL_HELPER.to_string(),
-        lineage.to_string(),
-    )]));
-    body
+    helper_body(&container, LABEL_HELPER, lineage)
 }
 
 /// Create, fill and start one rank's container (removing one a killed run left).

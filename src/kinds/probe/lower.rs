@@ -27,15 +27,7 @@ impl dyn Engine<'_> + '_ {
         let attrs = self.eval_body(&ctx, &file, &block.body, &PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
         let mut ok = true;
-        for kind in [
-            "http",
-            "exec",
-            "tcp",
-            "bench",
-            "regression",
-            "expect",
-            "soak",
-        ] {
+        for kind in PROBE.blocks.iter().map(|c| c.name) {
             if let Some(b) = block.body.get_blocks(kind).next() {
                 let spec = PROBE.child(kind).map(|c| c.spec)?;
                 match self.eval_body(&ctx, &file, &b.body, spec) {

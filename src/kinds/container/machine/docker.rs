@@ -52,6 +52,18 @@ pub(super) fn ulimit_value(s: &str) -> i64 {
     }
 }
 
+/// The Docker API body of a one-shot helper (a fabric test's rank, a benchmark's client):
+/// labelled `label` = `lineage` only, so refresh never takes it for a container of the
+/// deployment.
+pub fn helper_body(desired: &Desired, label: &str, lineage: &str) -> ContainerCreateBody {
+    let mut body = create_body(desired, lineage, "", "");
+    body.labels = Some(std::collections::HashMap::from([(
+        label.to_string(),
+        lineage.to_string(),
+    )]));
+    body
+}
+
 /// The Docker API body for a desired configuration, with sparkform's labels.
 pub fn create_body(
     desired: &Desired,

@@ -4,13 +4,12 @@
 //! before it starts. Its report is parsed into figures; the container is removed however the
 //! run ends, and one a killed run left carries the same name and goes before the next starts.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::hosts::one_shot::{self, Stage};
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
-use crate::kinds::container::machine::create_body;
+use crate::kinds::container::machine::helper_body;
 use crate::kinds::machine::{docker_name, remove_container, tar_of, StepError};
 use crate::kinds::probe::bench::{self, Bench, Figures};
 use crate::kinds::Texts;
@@ -46,13 +45,7 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         volumes,
         ..Default::default()
     };
-    let mut body = create_body(&container, lineage, "", "");
-    // A helper, not a resource: refresh must never take it for a container of the deployment.
-    body.labels = Some(HashMap::from([(
-        LABEL_HELPER.to_string(),
-        lineage.to_string(),
-    )]));
-    body
+    helper_body(&container, LABEL_HELPER, lineage)
 }
 
 /// The folder mounted for a tokenizer at `path`: a snapshot of a Hugging Face cache
