@@ -110,11 +110,7 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
         });
     }
     // Checks the kinds add after groups of changed resources (a network's fabric check).
-    let changed = |a: &str| {
-        index
-            .get(a)
-            .is_some_and(|&i| steps[i].change.action != Action::Delete)
-    };
+    let changed = crate::kinds::machine::Changed::new(index.values().map(|&i| &steps[i].change));
     let checks: Vec<_> = KindId::ALL
         .iter()
         .flat_map(|k| {
@@ -149,6 +145,7 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
                 drift: Vec::new(),
                 orphan: None,
                 purge: false,
+                restores: None,
             },
             deps: check
                 .after

@@ -448,6 +448,36 @@ impl<M: Machine + ?Sized> Done<M> {
     }
 }
 
+/// What the apply that checks are made for changes: the resources it creates, replaces or
+/// updates (a delete is no change here), each with its change (what a rollback restores of
+/// it: `Change::restores`).
+pub struct Changed<'a> {
+    changes: BTreeMap<&'a str, &'a Change>,
+}
+
+impl<'a> Changed<'a> {
+    /// Of `changes`, those that are no delete.
+    pub fn new(changes: impl IntoIterator<Item = &'a Change>) -> Self {
+        Changed {
+            changes: changes
+                .into_iter()
+                .filter(|c| c.action != Action::Delete)
+                .map(|c| (c.address.as_str(), c))
+                .collect(),
+        }
+    }
+
+    /// Whether the apply creates, replaces or updates `address`.
+    pub fn is(&self, address: &str) -> bool {
+        self.changes.contains_key(address)
+    }
+
+    /// The change the apply makes to `address`, when it makes one.
+    pub fn change(&self, address: &str) -> Option<&'a Change> {
+        self.changes.get(address).copied()
+    }
+}
+
 /// A resource as the state recorded it, read as its kind's types.
 pub struct Record<'a, K: Kind> {
     /// The record as the state keeps it (its node, hash, dependencies).
@@ -525,6 +555,12 @@ impl<'a, K: Kind> Step<'a, K> {
     /// The facts the state recorded (none when nothing was).
     pub fn recorded_facts(&self) -> Option<&K::Recorded> {
         self.recorded.as_ref().map(|r| &r.facts)
+    }
+
+    /// In a rollback, what the generation it puts back recorded of this resource
+    /// (`Change::restores`); `None` otherwise, or when that record does not read as the kind's.
+    pub fn restored_facts(&self) -> Option<K::Recorded> {
+        facts_of(self.cx.change.restores.as_ref()?).ok()
     }
 }
 
@@ -714,7 +750,7 @@ pub trait Machine: Send + Sync + 'static {
     }
     /// Checks of what the changed resources of this kind do together (every attachment of a
     /// network reaches every other), run after them and before what depends on them.
-    fn checks(&self, _config: &Config, _changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    fn checks(&self, _config: &Config, _changed: &Changed<'_>) -> Vec<Check> {
         Vec::new()
     }
 }
@@ -787,7 +823,7 @@ pub trait AnyMachine: Send + Sync {
     ) -> Option<Result<(std::time::Duration, String), StepError>>;
     async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String>;
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
-    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check>;
+    fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check>;
 }
 
 impl<M: Machine> Done<M> {
@@ -951,7 +987,7 @@ impl<M: Machine> AnyMachine for M {
             .and_then(|a| DesiredOf::<M>::from_config(a).ok());
         Machine::other_nodes(self, after.as_ref(), containers)
     }
-    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         Machine::checks(self, config, changed)
     }
 }

@@ -242,9 +242,6 @@ pub struct Holds {
     /// What its last run measured, by figure (a bench probe's throughput and latencies), as
     /// `status` shows it.
     pub measured: std::collections::BTreeMap<String, f64>,
-    /// What it keeps on its node for a rollback (a model's earlier revisions), as a plan says
-    /// it.
-    pub kept_for_rollback: Option<String>,
 }
 
 /// The object a node's runtime keeps for a resource (a container): its name there, which
@@ -420,6 +417,17 @@ pub trait Kind: Sync + 'static {
     fn holds(&self, _recorded: &Self::Recorded) -> Holds {
         Holds::default()
     }
+    /// What it keeps on its node for a rollback once `desired` is applied over what the state
+    /// recorded (`before`, `recorded`), and what that apply removes, as a plan says it (a
+    /// model's earlier revisions and the disk they hold). `None`: nothing.
+    fn kept_for_rollback(
+        &self,
+        _desired: &Self::Desired,
+        _before: Option<&Self::Desired>,
+        _recorded: &Self::Recorded,
+    ) -> Option<String> {
+        None
+    }
     /// What a new object (created or replaced) would reuse on its node, from its configuration,
     /// what the kind's plan-time read found for it (`found`: `Readings::kinds`) and what the
     /// state recorded: what makes a replacement cheaper than the recorded one. `None`: nothing.
@@ -493,6 +501,11 @@ pub trait AnyKind: Sync {
         attributes: Option<&Attributes>,
     ) -> Option<Reuse>;
     fn holds(&self, attributes: &Attributes) -> Holds;
+    fn kept_for_rollback(
+        &self,
+        config: &serde_json::Value,
+        recorded: &crate::state::ResourceState,
+    ) -> Option<String>;
     fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn>;
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
     fn node_address(&self, config: &serde_json::Value) -> Option<String>;
@@ -583,6 +596,16 @@ impl<K: Kind> AnyKind for K {
         facts_of::<K::Recorded>(attributes)
             .map(|r| Kind::holds(self, &r))
             .unwrap_or_default()
+    }
+    fn kept_for_rollback(
+        &self,
+        config: &serde_json::Value,
+        recorded: &crate::state::ResourceState,
+    ) -> Option<String> {
+        let desired = K::Desired::from_config(config).ok()?;
+        let before = K::Desired::from_config(&recorded.config).ok();
+        let facts = facts_of::<K::Recorded>(&recorded.attributes).ok()?;
+        Kind::kept_for_rollback(self, &desired, before.as_ref(), &facts)
     }
     fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn> {
         Kind::runs_in(self, &K::Desired::from_config(config).ok()?)

@@ -47,6 +47,17 @@ pub fn plan(
         ..PlanOptions::default()
     };
     let mut plan = crate::plan::plan(&config, &graph, state, &options)?;
+    // What each resource it starts again ran then: its kind starts exactly that where the node
+    // still has it (a container, the image by its recorded ID).
+    use crate::plan::Action;
+    for c in plan.changes.iter_mut() {
+        if matches!(c.action, Action::Create | Action::Replace | Action::Update) {
+            c.restores = generation
+                .resources
+                .get(&c.address)
+                .map(|r| r.attributes.clone());
+        }
+    }
     plan.notes.push(format!(
         "Rolling back to generation {} (applied {} by {}), from what the state recorded: the \
          definitions on disk give only the nodes and the sensitive values",
@@ -61,11 +72,11 @@ pub fn plan(
     })
 }
 
-/// The images that the resources the rollback starts again ran in the generation and that
-/// their nodes no longer have under the same reference (removed, or the tag moved on), each
-/// named with the fix, for the plan's notes: found before the apply, not halfway through it.
-/// A node that does not answer is left out (the apply finds out).
-pub async fn images_gone(
+/// What the plan's notes say of the images the resources the rollback starts again ran in the
+/// generation, where their references on the nodes no longer name them: still on the node by
+/// its ID, the rollback runs it so; gone, the note names the fix. Found before the apply, not
+/// halfway through it. A node that does not answer is left out (the apply finds out).
+pub async fn restored_images(
     config: &Config,
     plan: &Plan,
     generation: &Generation,
@@ -93,10 +104,11 @@ pub async fn images_gone(
             let Some(pinned) = pinned else { continue };
             let host = host.clone();
             let (address, node) = (c.address.clone(), node.name.clone());
+            let number = generation.number;
             asks.push(async move {
                 let seen = host.image(&reference).await;
                 let short = crate::hosts::image::short_id(&pinned);
-                let why = match seen {
+                let now = match seen {
                     None => format!("{node} no longer has {reference}"),
                     Some(s) if !s.is(&pinned) => format!(
                         "{reference} on {node} now names {}",
@@ -104,10 +116,14 @@ pub async fn images_gone(
                     ),
                     Some(_) => return None,
                 };
-                Some(format!(
-                    "{address} ran {reference} ({short}) in generation {}, but {why}: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back",
-                    generation.number
-                ))
+                Some(match host.image(&pinned).await {
+                    Some(_) => format!(
+                        "{address} ran {reference} ({short}) in generation {number}; {now}, and the rollback runs {short} by its ID, which {node} still has"
+                    ),
+                    None => format!(
+                        "{address} ran {reference} ({short}) in generation {number}, but {now} and not {short} either: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back"
+                    ),
+                })
             });
         }
     }

@@ -3,8 +3,9 @@
 use super::{note, Action, Change};
 use crate::state::State;
 
-/// What the changed resources keep on their nodes for a rollback (a model's earlier
-/// revisions), with the disk it holds: a plan that moves a revision says what stays behind.
+/// What the changed resources keep on their nodes for a rollback once the apply succeeds (a
+/// model's earlier revisions), with the disk it holds, and what it removes: a plan that moves
+/// a revision says what stays behind.
 pub(super) fn kept_for_rollback(ordered: &[Change], state: &State, notes: &mut Vec<String>) {
     let kept: Vec<String> = ordered
         .iter()
@@ -14,8 +15,7 @@ pub(super) fn kept_for_rollback(ordered: &[Change], state: &State, notes: &mut V
             let what = c
                 .kind
                 .kind()
-                .holds(&recorded.attributes)
-                .kept_for_rollback?;
+                .kept_for_rollback(c.after.as_ref()?, recorded)?;
             Some(format!("{}: {what}", c.address))
         })
         .collect();
@@ -23,7 +23,7 @@ pub(super) fn kept_for_rollback(ordered: &[Change], state: &State, notes: &mut V
         note(
             notes,
             &format!(
-                "Kept on the nodes for a rollback (keep_revisions; destroy removes them): {}",
+                "Kept on the nodes for a rollback once this apply succeeds (keep_revisions; destroy removes them): {}",
                 kept.join("; ")
             ),
         );

@@ -105,6 +105,12 @@ pub struct Change {
     /// container's cache folder), as `destroy -purge-caches` asks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub purge: bool,
+    /// A rollback's create, replace or update: what the generation it puts back recorded of
+    /// the resource (its facts), so that its kind starts again exactly what ran then where the
+    /// node still has it (a container: the image by its recorded ID, wherever the reference
+    /// points now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restores: Option<std::collections::BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -652,6 +658,7 @@ fn resource_change(
         drift: drift.clone(),
         orphan: None,
         purge: false,
+        restores: None,
     };
     against_recorded(&mut change, recorded, r, &after, &hash);
     if recorded.is_some() {
@@ -911,6 +918,7 @@ fn deletions(
             drift,
             orphan: None,
             purge: false,
+            restores: None,
         });
     }
     if let Some(obs) = &opts.observations {
@@ -943,6 +951,7 @@ fn deletions(
                 )],
                 orphan: Some(o.clone()),
                 purge: false,
+                restores: None,
             });
         }
     }

@@ -19,6 +19,7 @@ pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {
         drift: Vec::new(),
         orphan: None,
         purge: false,
+        restores: None,
     };
     record_change(state, &change, i.attributes.clone(), None);
 }

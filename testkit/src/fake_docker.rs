@@ -417,7 +417,7 @@ fn inspect(c: &Container) -> Value {
     json!({
         "Id": c.id,
         "Name": format!("/{}", c.name),
-        "Image": format!("sha256:{}", c.image),
+        "Image": default_id(&c.image),
         "State": {
             "Status": if c.running { "running" } else { "exited" },
             "Running": c.running,
@@ -430,12 +430,22 @@ fn inspect(c: &Container) -> Value {
     })
 }
 
+/// The ID an image the container was created from has by default: `sha256:NAME`, or the ID
+/// itself when it was created from one.
+fn default_id(image: &str) -> String {
+    if image.starts_with("sha256:") {
+        image.to_string()
+    } else {
+        format!("sha256:{image}")
+    }
+}
+
 fn summary(c: &Container) -> Value {
     json!({
         "Id": c.id,
         "Names": [format!("/{}", c.name)],
         "Image": c.image,
-        "ImageID": format!("sha256:{}", c.image),
+        "ImageID": default_id(&c.image),
         "Labels": c.labels,
         "State": if c.running { "running" } else { "exited" },
         "Status": if c.running { "Up 1 second" } else { "Exited" },
@@ -765,7 +775,8 @@ fn container_request(
 }
 
 /// `GET /images/NAME/json`: every image is there (by name or by ID), unless an image error
-/// is injected for it.
+/// is injected for it (for an ID, on the ID itself: a retagged name leaves its old image there
+/// under its ID, as a Docker Engine does).
 fn inspect_image(e: &Engine, name: &str) -> Response<Body> {
     let name = name.to_string();
     if let Some((status, message)) = e.image_errors.get(&name) {
@@ -778,13 +789,31 @@ fn inspect_image(e: &Engine, name: &str) -> Response<Body> {
             .cloned()
             .unwrap_or_else(|| format!("sha256:{n}"))
     };
-    // By ID too: the name whose image it is.
-    let by_id = e.image_configs.keys().find(|n| id_of(n) == name).cloned();
-    let tag = by_id.unwrap_or_else(|| name.clone());
-    let config = e.image_configs.get(&tag).cloned().unwrap_or(json!({}));
+    if let Some(tag) = name.strip_prefix("sha256:") {
+        // An ID: the name it is the ID of, where one still names it.
+        let tags: Vec<&String> = e
+            .images
+            .keys()
+            .chain(e.image_configs.keys())
+            .filter(|n| id_of(n) == name)
+            .collect();
+        let tagged = tags.first().map(|t| t.to_string()).or_else(|| {
+            (!e.images.contains_key(tag) && !e.image_errors.contains_key(tag))
+                .then(|| tag.to_string())
+        });
+        let config = tagged
+            .as_ref()
+            .and_then(|t| e.image_configs.get(t).cloned())
+            .unwrap_or(json!({}));
+        return reply(
+            StatusCode::OK,
+            json!({ "Id": name, "RepoTags": tagged.into_iter().collect::<Vec<_>>(), "Config": config }),
+        );
+    }
+    let config = e.image_configs.get(&name).cloned().unwrap_or(json!({}));
     reply(
         StatusCode::OK,
-        json!({ "Id": id_of(&tag), "RepoTags": [tag], "Config": config }),
+        json!({ "Id": id_of(&name), "RepoTags": [name], "Config": config }),
     )
 }
 

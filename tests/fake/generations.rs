@@ -458,8 +458,10 @@ async fn a_rollback_plan_names_an_image_the_node_no_longer_has() {
     assert!(d.apply().await.ok);
     write(d.dir.path(), "ray:2");
     assert!(d.apply().await.ok);
-    // ray:1 removed from the worker's node since generation 1 ran it.
+    // ray:1 removed from the worker's node since generation 1 ran it: its name and its ID.
     d.worker.image_error("ray:1", 404, "No such image: ray:1");
+    d.worker
+        .image_error("sha256:ray:1", 404, "No such image: sha256:ray:1");
     let (plan, _) = d
         .rollback(Some(1))
         .await
@@ -472,6 +474,7 @@ async fn a_rollback_plan_names_an_image_the_node_no_longer_has() {
     assert_eq!(named.len(), 1, "{:?}", plan.notes);
     assert!(
         named[0].starts_with("container.worker ran ray:1 (sha256:ray:1) in generation 1")
+            && named[0].contains("and not sha256:ray:1 either")
             && named[0].contains("`image_archive`")
             && named[0].contains("`pull = true`"),
         "{named:?}"
@@ -484,5 +487,46 @@ async fn a_rollback_plan_names_an_image_the_node_no_longer_has() {
             .any(|n| n.starts_with("container.head ran")),
         "{:?}",
         plan.notes
+    );
+}
+
+/// The tag generation 1 ran moved on (a pull, a `docker tag`) while the image it named is
+/// still on the node: the plan says the rollback runs that image by its ID, and it does.
+#[tokio::test]
+async fn a_rollback_runs_the_image_by_its_recorded_id_where_the_tag_moved_on() {
+    let d = Deployment::new();
+    assert!(d.apply().await.ok);
+    write(d.dir.path(), "ray:2");
+    assert!(d.apply().await.ok);
+    d.worker.image("ray:1", "sha256:rebuilt");
+    let (plan, outcome) = d
+        .rollback(Some(1))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let said: Vec<&String> = plan
+        .notes
+        .iter()
+        .filter(|n| n.starts_with("container.worker ran ray:1 (sha256:ray:1) in generation 1"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", plan.notes);
+    assert!(
+        said[0].contains("ray:1 on n2 now names sha256:rebuilt")
+            && said[0].contains("the rollback runs sha256:ray:1 by its ID")
+            && !said[0].contains("`pull = true`"),
+        "{said:?}"
+    );
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let from: Vec<String> = d
+        .worker
+        .created()
+        .iter()
+        .filter(|(_, body)| body.to_string().contains("container.worker"))
+        .filter_map(|(_, body)| body["Image"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(from, ["ray:1", "ray:2", "sha256:ray:1"]);
+    let state = d.state();
+    assert_eq!(
+        state.resources["container.worker"].attributes["image_id"],
+        "sha256:ray:1"
     );
 }

@@ -169,22 +169,33 @@ async fn two_revisions_are_kept_the_third_removed_and_destroy_removes_them_all()
     );
 
     // B in use: A is kept (keep_revisions = 2 by default), nothing removed.
-    let (_, second) = node.apply(B).await;
+    let (p, second) = node.apply(B).await;
     assert!(second.ok, "{:?}", second.failures);
+    assert!(
+        p.notes.iter().any(|n| n
+            .contains("model.m[\"a\"]: 1 earlier revision (2.9 KiB, aaaaaaaaaaaa)")
+            && !n.contains(", and removes")),
+        "{:?}",
+        p.notes
+    );
     assert_eq!(
         node.kept(),
         serde_json::json!([{"commit": A, "bytes": 3000}])
     );
     assert!(node.removed().is_empty(), "{:?}", node.removed());
 
-    // C in use: B is kept, A goes; the plan says what stays behind and what it holds.
+    // C in use: B is kept, A goes; the plan says what stays behind once it ran, what that
+    // holds, and what goes.
     let (p, third) = node.apply(C).await;
     assert!(third.ok, "{:?}", third.failures);
     assert!(
-        p.notes
-            .iter()
-            .any(|n| n.contains("Kept on the nodes for a rollback")
-                && n.contains("1 earlier revision (2.9 KiB, aaaaaaaaaaaa)")),
+        p.notes.iter().any(|n| {
+            n.contains(
+            "Kept on the nodes for a rollback once this apply succeeds"
+        ) && n.contains(
+            "model.m[\"a\"]: 1 earlier revision (2.9 KiB, bbbbbbbbbbbb), and removes aaaaaaaaaaaa"
+        )
+        }),
         "{:?}",
         p.notes
     );

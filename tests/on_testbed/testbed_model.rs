@@ -187,6 +187,13 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
         "{out}"
     );
     assert!(out.contains("commit"), "{out}");
+    // The plan says what each node keeps once it ran (the first commit), and its size.
+    assert_eq!(out.matches("1 earlier revision (").count(), 2, "{out}");
+    assert!(
+        out.contains("Kept on the nodes for a rollback once this apply succeeds")
+            && out.contains(&first.trim()[..12]),
+        "{out}"
+    );
     let (code, out, err) = sparkform(&["apply", d, "-var", "rev=v2", "-auto-approve"]);
     assert_eq!(code, 0, "apply failed:\n{out}\n{err}");
     for n in tb.nodes {
@@ -205,13 +212,21 @@ fn a_corrupt_byte_is_found_by_a_deep_refresh_and_a_new_revision_replaces_every_c
     // A re-plan takes the kept one for no untracked copy: nothing to do.
     let (code, out, err) = sparkform(&["plan", d, "-var", "rev=v2", "-detailed-exitcode"]);
     assert_eq!(code, 0, "the kept snapshot is planned away:\n{out}\n{err}");
-    // A plan that changes the weights again says what each node keeps, and its size.
+    // A plan back to the first commit: each node keeps v2's instead (the first leaves the
+    // kept ones to be in use again), and nothing goes.
+    let now = snapshots(&tb, tb.nodes[0]);
+    let v2 = now
+        .split_whitespace()
+        .find(|c| *c != first.trim())
+        .unwrap_or_default()
+        .to_string();
     let (code, out, err) = sparkform(&["plan", d]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        out.contains("Kept on the nodes for a rollback")
+        out.contains("Kept on the nodes for a rollback once this apply succeeds")
             && out.contains("1 earlier revision (")
-            && out.contains(&first.trim()[..12]),
+            && out.contains(&v2[..12.min(v2.len())])
+            && !out.contains(", and removes"),
         "{out}"
     );
     no_helper_left(&tb, "helper containers left");

@@ -12,8 +12,8 @@ use crate::hosts::glance::Glance;
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record, Step,
-    StepError,
+    Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
+    Step, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Drift};
@@ -404,7 +404,9 @@ impl Machine for AttachmentMachine {
         Ok(out)
     }
 
-    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
+        let changed = |a: &str| changed.is(a);
+        let changed: &dyn Fn(&str) -> bool = &changed;
         let by_address: std::collections::HashMap<&str, &Resource> = config
             .resources
             .iter()

@@ -120,6 +120,28 @@ pub struct Kept {
 
 impl crate::kinds::RecordedFacts for Recorded {}
 
+impl Kept {
+    /// The earlier revisions' snapshots a node keeps once `commit` is in use, from
+    /// `candidates` (newest first: the one in use until now, then those kept), at most
+    /// `keep - 1` (the one now in use leaves the list); and the commits that fall off it, to
+    /// remove.
+    pub fn after(
+        candidates: impl Iterator<Item = Kept>,
+        commit: &str,
+        keep: u64,
+    ) -> (Vec<Kept>, Vec<String>) {
+        let mut kept: Vec<Kept> = Vec::new();
+        for k in candidates {
+            if k.commit != commit && !kept.iter().any(|x| x.commit == k.commit) {
+                kept.push(k);
+            }
+        }
+        let room = usize::try_from(keep.saturating_sub(1)).unwrap_or(usize::MAX);
+        let evict = kept.split_off(room.min(kept.len()));
+        (kept, evict.into_iter().map(|k| k.commit).collect())
+    }
+}
+
 impl Desired {
     pub fn keep_revisions(&self) -> u64 {
         self.keep_revisions.unwrap_or(DEFAULT_KEEP_REVISIONS).max(1)
@@ -169,6 +191,27 @@ mod present {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn two_revisions_are_kept_and_the_third_goes() {
+        let k = |c: &str| Kept {
+            commit: c.into(),
+            bytes: Some(1),
+        };
+        // c in use, b recorded before it, a kept earlier: keep 2 keeps b, and a goes.
+        let (kept, evict) = Kept::after([k("b"), k("a")].into_iter(), "c", 2);
+        assert_eq!(kept, [k("b")]);
+        assert_eq!(evict, ["a"]);
+        // Back to a kept one (a rollback): it leaves the list, the one in use joins it.
+        let (kept, evict) = Kept::after([k("c"), k("b")].into_iter(), "b", 2);
+        assert_eq!((kept, evict), (vec![k("c")], Vec::<String>::new()));
+        // keep 1 keeps none; keep 3 keeps both.
+        assert_eq!(
+            Kept::after([k("b"), k("a")].into_iter(), "c", 1).1,
+            ["b", "a"]
+        );
+        assert_eq!(Kept::after([k("b"), k("a")].into_iter(), "c", 3).0.len(), 2);
+    }
 
     #[test]
     fn nulls_stay_nulls_and_absent_stays_absent() {

@@ -25,7 +25,7 @@ use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
 use crate::hosts::{one_shot, Host, HostError};
-use crate::kinds::machine::{remove_container, tar_of};
+use crate::kinds::machine::{remove_container, tar_of, Changed};
 use crate::kinds::machine::{
     Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
     Step, StepCx, StepError,
@@ -926,24 +926,7 @@ fn kept_after(cx: &Step<'_, super::Model>, commit: &str, keep: u64) -> (Vec<Kept
         bytes: facts.as_ref().and_then(|f| f.bytes_total),
     });
     let earlier = facts.map(|f| f.kept.clone()).unwrap_or_default();
-    keep_newest(previous.into_iter().chain(earlier), commit, keep)
-}
-
-/// [`kept_after`]'s rule on a list, newest first.
-fn keep_newest(
-    candidates: impl Iterator<Item = Kept>,
-    commit: &str,
-    keep: u64,
-) -> (Vec<Kept>, Vec<String>) {
-    let mut kept: Vec<Kept> = Vec::new();
-    for k in candidates {
-        if k.commit != commit && !kept.iter().any(|x| x.commit == k.commit) {
-            kept.push(k);
-        }
-    }
-    let room = usize::try_from(keep.saturating_sub(1)).unwrap_or(usize::MAX);
-    let evict = kept.split_off(room.min(kept.len()));
-    (kept, evict.into_iter().map(|k| k.commit).collect())
+    Kept::after(previous.into_iter().chain(earlier), commit, keep)
 }
 
 #[async_trait]
@@ -951,8 +934,8 @@ impl Machine for ModelMachine {
     type Kind = super::Model;
     type Undo = Undo;
 
-    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
-        architecture_checks(config, changed)
+    fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
+        architecture_checks(config, &|a| changed.is(a))
     }
 
     async fn apply(
@@ -1115,28 +1098,6 @@ impl Machine for ModelMachine {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn two_revisions_are_kept_and_the_third_goes() {
-        use super::{keep_newest, Kept};
-        let k = |c: &str| Kept {
-            commit: c.into(),
-            bytes: Some(1),
-        };
-        // c in use, b recorded before it, a kept earlier: keep 2 keeps b, and a goes.
-        let (kept, evict) = keep_newest([k("b"), k("a")].into_iter(), "c", 2);
-        assert_eq!(kept, [k("b")]);
-        assert_eq!(evict, ["a"]);
-        // Back to a kept one (a rollback): it leaves the list, the one in use joins it.
-        let (kept, evict) = keep_newest([k("c"), k("b")].into_iter(), "b", 2);
-        assert_eq!((kept, evict), (vec![k("c")], Vec::<String>::new()));
-        // keep 1 keeps none; keep 3 keeps both.
-        assert_eq!(
-            keep_newest([k("b"), k("a")].into_iter(), "c", 1).1,
-            ["b", "a"]
-        );
-        assert_eq!(keep_newest([k("b"), k("a")].into_iter(), "c", 3).0.len(), 2);
-    }
-
     use super::*;
 
     #[test]

@@ -48,23 +48,27 @@ pub const DEFAULT_REVISION: &str = "main";
 pub struct Model;
 pub static KIND: Model = Model;
 
-/// The earlier revisions a node keeps, as a plan says it: how many, their size, their commits.
-fn kept_text(kept: &[desired::Kept]) -> Option<String> {
-    if kept.is_empty() {
-        return None;
+/// The earlier revisions a node keeps, as a plan says it: how many, their size, their commits;
+/// and those it removes.
+fn kept_text(kept: &[desired::Kept], removed: &[String]) -> Option<String> {
+    let short = |c: &str| c[..c.len().min(12)].to_string();
+    let mut parts = Vec::new();
+    if !kept.is_empty() {
+        let bytes: u64 = kept.iter().filter_map(|k| k.bytes).sum();
+        let commits: Vec<String> = kept.iter().map(|k| short(&k.commit)).collect();
+        parts.push(format!(
+            "{} earlier revision{} ({}, {})",
+            kept.len(),
+            if kept.len() == 1 { "" } else { "s" },
+            human_bytes(bytes),
+            commits.join(", ")
+        ));
     }
-    let bytes: u64 = kept.iter().filter_map(|k| k.bytes).sum();
-    let commits: Vec<&str> = kept
-        .iter()
-        .map(|k| &k.commit[..k.commit.len().min(12)])
-        .collect();
-    Some(format!(
-        "{} earlier revision{} ({}, {})",
-        kept.len(),
-        if kept.len() == 1 { "" } else { "s" },
-        human_bytes(bytes),
-        commits.join(", ")
-    ))
+    if !removed.is_empty() {
+        let commits: Vec<String> = removed.iter().map(|c| short(c)).collect();
+        parts.push(format!("removes {}", commits.join(", ")));
+    }
+    (!parts.is_empty()).then(|| parts.join(", and "))
 }
 
 /// What changes without replacing the weights: how they are fetched, not which they are. A
@@ -86,11 +90,28 @@ pub const IN_PLACE: &[&str] = &[
 impl Kind for Model {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn holds(&self, recorded: &Recorded) -> super::Holds {
-        super::Holds {
-            kept_for_rollback: kept_text(&recorded.kept),
-            ..Default::default()
-        }
+    /// The revision in use until now joins the kept ones, the one the change puts in use leaves
+    /// them, and those past `keep_revisions` go (as the apply's step does it).
+    fn kept_for_rollback(
+        &self,
+        desired: &Desired,
+        before: Option<&Desired>,
+        recorded: &Recorded,
+    ) -> Option<String> {
+        let commit = desired.commit.as_deref()?;
+        let in_use = before
+            .and_then(|b| b.commit.clone())
+            .filter(|c| is_commit(c))
+            .map(|commit| desired::Kept {
+                commit,
+                bytes: recorded.bytes_total,
+            });
+        let (kept, removed) = desired::Kept::after(
+            in_use.into_iter().chain(recorded.kept.iter().cloned()),
+            commit,
+            desired.keep_revisions(),
+        );
+        kept_text(&kept, &removed)
     }
     fn block(&self) -> &'static BlockSpec {
         &MODEL

@@ -1,7 +1,7 @@
 //! A probe's `bench` block: the engine's own benchmark client (`vllm bench serve`,
 //! `sglang.bench_serving`) run against the endpoint, its figures parsed, recorded with the
 //! generation and judged against the last good ones (`regression`). Pure: the command line,
-//! the parse and the judgement; `bench_machine.rs` runs it.
+//! the parse and the judgement; `machine/bench_client.rs` runs it.
 
 use std::collections::BTreeMap;
 
@@ -50,7 +50,11 @@ fn default_client() -> String {
 
 /// Where the files the client gets are put in its container.
 pub const KEY_FILE: &str = "/sparkform/api_key";
+/// vLLM's custom dataset: JSON lines of `{"prompt": …}`.
 pub const PROMPTS_FILE: &str = "/sparkform/prompts.jsonl";
+/// SGLang's client has no custom dataset: fixed prompts go as a ShareGPT file (a JSON list of
+/// conversations whose first turn is the prompt), their output length set on its command line.
+pub const SHAREGPT_FILE: &str = "/sparkform/prompts.json";
 
 /// How the container starts the client: the key read from its file into the environment
 /// (the file then removed), the client's arguments passed as `"$@"`, never pasted into a shell
@@ -127,9 +131,11 @@ impl Bench {
         match (&self.prompts, self.client.as_str()) {
             (Some(_), "sglang") => c.extend([
                 "--dataset-name".into(),
-                "custom".into(),
+                "sharegpt".into(),
                 "--dataset-path".into(),
-                PROMPTS_FILE.into(),
+                SHAREGPT_FILE.into(),
+                "--sharegpt-output-len".into(),
+                n(self.output_tokens),
             ]),
             (Some(_), _) => c.extend([
                 "--dataset-name".into(),
@@ -141,15 +147,19 @@ impl Bench {
                 "--skip-chat-template".into(),
             ]),
             (None, client) => {
+                // SGLang's `random` samples ShareGPT's text, downloaded from the internet when
+                // no file is given; `random-ids` needs only the tokenizer. Its lengths are
+                // drawn from 1 to N unless the range ratio is 1.
+                let sglang = client == "sglang";
                 c.extend([
                     "--dataset-name".into(),
-                    "random".into(),
+                    if sglang { "random-ids" } else { "random" }.into(),
                     "--random-input-len".into(),
                     n(self.input_tokens),
                     "--random-output-len".into(),
                     n(self.output_tokens),
                 ]);
-                if client == "sglang" {
+                if sglang {
                     c.extend(["--random-range-ratio".into(), "1".into()]);
                 }
             }
@@ -157,15 +167,36 @@ impl Bench {
         c
     }
 
-    /// The fixed prompts as the custom dataset's JSON lines.
-    pub fn prompts_file(&self) -> Option<String> {
+    /// The fixed prompts as the file the client reads them from: its path in the container
+    /// and its content (vLLM's custom JSON lines, SGLang's ShareGPT list).
+    pub fn prompts_file(&self) -> Option<(&'static str, String)> {
         let prompts = self.prompts.as_ref()?;
-        Some(
-            prompts
-                .iter()
-                .map(|p| format!("{}\n", serde_json::json!({ "prompt": p })))
-                .collect(),
-        )
+        Some(match self.client.as_str() {
+            "sglang" => {
+                // The second turn only has to exist (and be two tokens or more): the output
+                // length is set on the command line.
+                let conversations: Vec<serde_json::Value> = prompts
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({ "conversations": [
+                            { "from": "human", "value": p },
+                            { "from": "gpt", "value": "a placeholder answer" },
+                        ] })
+                    })
+                    .collect();
+                (
+                    SHAREGPT_FILE,
+                    serde_json::Value::from(conversations).to_string(),
+                )
+            }
+            _ => (
+                PROMPTS_FILE,
+                prompts
+                    .iter()
+                    .map(|p| format!("{}\n", serde_json::json!({ "prompt": p })))
+                    .collect(),
+            ),
+        })
     }
 
     /// Why the workload cannot run on the engine its limits describe, if it cannot.
@@ -243,8 +274,10 @@ pub struct Measured {
 }
 
 /// The figures in the client's report (`vllm bench serve`'s and `sglang.bench_serving`'s
-/// "Serving Benchmark Result" table): `Err` says what is missing, or that requests failed.
-pub fn parse(output: &str) -> Result<Figures, String> {
+/// "Serving Benchmark Result" table) of a run of `requested` requests: `Err` says what is
+/// missing, or that requests failed (SGLang's table has no line for them: fewer successful
+/// requests than asked says it).
+pub fn parse(output: &str, requested: u64) -> Result<Figures, String> {
     let mut values: BTreeMap<&str, f64> = BTreeMap::new();
     for line in output.lines() {
         let Some((label, value)) = line.rsplit_once(':') else {
@@ -261,8 +294,12 @@ pub fn parse(output: &str) -> Result<Figures, String> {
             .copied()
             .ok_or_else(|| format!("its report has no {label:?} line"))
     };
-    let failed = values.get("Failed requests").copied().unwrap_or(0.0);
     let ok = get("Successful requests")?;
+    let failed = values
+        .get("Failed requests")
+        .copied()
+        .unwrap_or(0.0)
+        .max(requested as f64 - ok);
     if failed > 0.0 || ok < 1.0 {
         return Err(format!(
             "{failed:.0} of its requests failed and {ok:.0} succeeded"
@@ -397,13 +434,89 @@ mod tests {
         let c = fixed.command().join(" ");
         assert!(c.contains("--dataset-name custom --dataset-path /sparkform/prompts.jsonl"));
         assert_eq!(
-            fixed.prompts_file().as_deref(),
-            Some("{\"prompt\":\"say \\\"hi\\\"\"}\n")
+            fixed.prompts_file(),
+            Some((
+                PROMPTS_FILE,
+                "{\"prompt\":\"say \\\"hi\\\"\"}\n".to_string()
+            ))
         );
+    }
+
+    /// SGLang's client as its source has it: no custom dataset (fixed prompts go as a
+    /// ShareGPT file), and a `random` dataset that downloads ShareGPT (`random-ids` does not).
+    #[test]
+    fn sglangs_command_downloads_nothing_and_takes_fixed_prompts_as_sharegpt() {
         let mut sglang = bench();
         sglang.client = "sglang".into();
         let c = sglang.command().join(" ");
-        assert!(c.starts_with("python3 -m sglang.bench_serving"), "{c}");
+        assert!(
+            c.starts_with("python3 -m sglang.bench_serving --backend sglang-oai"),
+            "{c}"
+        );
+        assert!(
+            c.contains("--dataset-name random-ids --random-input-len 32 --random-output-len 16 --random-range-ratio 1"),
+            "{c}"
+        );
+        assert!(
+            !c.contains("sk-secret") && !c.contains("--ignore-eos"),
+            "{c}"
+        );
+        sglang.prompts = Some(vec!["say \"hi\"".into()]);
+        let c = sglang.command().join(" ");
+        assert!(
+            c.contains("--dataset-name sharegpt --dataset-path /sparkform/prompts.json --sharegpt-output-len 16"),
+            "{c}"
+        );
+        let (path, content) = sglang.prompts_file().unwrap();
+        assert_eq!(path, SHAREGPT_FILE);
+        let file: serde_json::Value = serde_json::from_str(&content).unwrap();
+        assert_eq!(file[0]["conversations"][0]["value"], "say \"hi\"");
+        assert!(file[0]["conversations"][1]["value"].is_string());
+    }
+
+    /// SGLang's table (its labels as `sglang.bench_serving` prints them): no failed-requests
+    /// line, a max ITL line; a run with fewer successful requests than asked failed some.
+    const SGLANG_REPORT: &str = "
+============ Serving Benchmark Result ============
+Backend:                                 sglang-oai
+Traffic request rate:                    inf
+Max request concurrency:                 2
+Successful requests:                     8
+Benchmark duration (s):                  3.30
+Total input tokens:                      256
+Total generated tokens:                  128
+Total generated tokens (retokenized):    128
+Request throughput (req/s):              2.42
+Input token throughput (tok/s):          77.58
+Output token throughput (tok/s):         38.79
+Total token throughput (tok/s):          116.36
+Concurrency:                             1.98
+----------------End-to-End Latency----------------
+Mean E2E Latency (ms):                   810.10
+Median E2E Latency (ms):                 800.00
+---------------Time to First Token----------------
+Mean TTFT (ms):                          130.00
+Median TTFT (ms):                        120.50
+P99 TTFT (ms):                           250.25
+---------------Inter-Token Latency----------------
+Mean ITL (ms):                           44.00
+Median ITL (ms):                         42.75
+P95 ITL (ms):                            70.00
+P99 ITL (ms):                            81.50
+Max ITL (ms):                            95.00
+==================================================
+";
+
+    #[test]
+    fn sglangs_report_gives_the_same_figures_and_a_short_count_fails() {
+        let f = parse(SGLANG_REPORT, 8).unwrap();
+        assert_eq!(f.requests_ok, 8);
+        assert_eq!(f.throughput_tok_s, 38.79);
+        assert_eq!((f.ttft_p50_ms, f.ttft_p99_ms), (120.5, 250.25));
+        assert_eq!((f.itl_p50_ms, f.itl_p99_ms), (42.75, 81.5));
+        assert!(parse(SGLANG_REPORT, 10)
+            .unwrap_err()
+            .contains("2 of its requests failed and 8 succeeded"));
     }
 
     #[test]
@@ -449,7 +562,7 @@ P99 ITL (ms):                            80.25
 
     #[test]
     fn the_report_gives_throughput_and_the_latencies() {
-        let f = parse(REPORT).unwrap();
+        let f = parse(REPORT, 8).unwrap();
         assert_eq!(f.requests_ok, 8);
         assert_eq!(f.throughput_tok_s, 39.88);
         assert_eq!((f.ttft_p50_ms, f.ttft_p99_ms), (110.25, 240.75));
@@ -458,16 +571,16 @@ P99 ITL (ms):                            80.25
             "Failed requests:                         0",
             "Failed requests: 3",
         );
-        assert!(parse(&failed)
+        assert!(parse(&failed, 8)
             .unwrap_err()
             .contains("3 of its requests failed"));
         let cut = REPORT.replace("P99 ITL (ms):", "");
-        assert!(parse(&cut).unwrap_err().contains("P99 ITL"));
+        assert!(parse(&cut, 8).unwrap_err().contains("P99 ITL"));
     }
 
     #[test]
     fn a_rule_fails_a_figure_beyond_it_and_only_then() {
-        let before = parse(REPORT).unwrap();
+        let before = parse(REPORT, 8).unwrap();
         let rules = Regression::from([
             ("throughput".into(), "-10%".into()),
             ("ttft_p99".into(), "+25%".into()),

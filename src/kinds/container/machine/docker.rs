@@ -1,6 +1,7 @@
 //! Docker plumbing: the create body, images (inspect, load, pull), exec, logs, removal.
 
 use super::*;
+use crate::hosts::image::short_id;
 use crate::kinds::known;
 
 /// Docker answers 304 when a container is already in the asked state: that is success.
@@ -151,15 +152,106 @@ pub fn create_body(
     }
 }
 
+/// The image a new container runs: its ID, what a lock file pins its reference to, and what
+/// the container is created from (the reference, or the ID itself when a rollback runs an
+/// image the reference no longer names).
+pub(super) struct ImageToRun {
+    pub id: String,
+    pub digest: String,
+    pub create_from: String,
+}
+
+impl ImageToRun {
+    fn by_reference(reference: &str, image: bollard::models::ImageInspect) -> Self {
+        let (id, digest) = id_and_digest(reference, image);
+        ImageToRun {
+            id,
+            digest,
+            create_from: reference.to_string(),
+        }
+    }
+}
+
+/// The image `desired` runs, on the node: with `restoring` (a rollback's recorded image ID),
+/// that image wherever its reference points now, while the node has it; else the reference,
+/// loaded from its archive or pulled when the node lacks it.
 pub(super) async fn ensure_image(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     desired: &Desired,
-) -> Result<(String, String), StepError> {
+    restoring: Option<&str>,
+) -> Result<ImageToRun, StepError> {
+    if let Some(id) = restoring {
+        if let Some(run) = restored_image(cx, docker, desired, id).await? {
+            return Ok(run);
+        }
+    }
+    let run = reference_image(cx, docker, desired).await?;
+    if let Some(id) = restoring.filter(|id| *id != run.id) {
+        cx.progress(
+            format!(
+                "{} is no longer on {}: running what {} names there now ({})",
+                short_id(id),
+                cx.change.node.as_deref().unwrap_or_default(),
+                desired.image,
+                short_id(&run.id)
+            ),
+            None,
+            None,
+        );
+    }
+    Ok(run)
+}
+
+/// A rollback's image, by the ID the generation recorded: `None` when the node no longer has
+/// it (the plan said so, with the fix).
+async fn restored_image(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    desired: &Desired,
+    id: &str,
+) -> Result<Option<ImageToRun>, StepError> {
+    let node = cx.change.node.clone().unwrap_or_default();
+    let reference = desired.image.as_str();
+    match docker.inspect_image(reference).await {
+        Ok(i) if i.id.as_deref() == Some(id) => {
+            return Ok(Some(ImageToRun::by_reference(reference, i)))
+        }
+        Ok(i) => cx.progress(
+            format!(
+                "{reference} on {node} now names {}: running {} by its ID, as the generation did",
+                short_id(i.id.as_deref().unwrap_or_default()),
+                short_id(id)
+            ),
+            None,
+            None,
+        ),
+        Err(e) => image_missing(&node, reference, e)?,
+    }
+    match docker.inspect_image(id).await {
+        Ok(i) => {
+            let (id, digest) = id_and_digest(reference, i);
+            Ok(Some(ImageToRun {
+                create_from: id.clone(),
+                id,
+                digest,
+            }))
+        }
+        Err(e) => image_missing(&node, id, e).map(|()| None),
+    }
+}
+
+/// The image the reference names on the node, loaded from `image_archive` or pulled when the
+/// node lacks it and the block says so.
+async fn reference_image(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    desired: &Desired,
+) -> Result<ImageToRun, StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
     let image = desired.image.as_str();
     match docker.inspect_image(image).await {
-        Ok(i) => return Ok(id_and_digest(image, i)),
+        Ok(i) => return Ok(ImageToRun::by_reference(image, i)),
         Err(e) => image_missing(&node, image, e)?,
     }
     if let Some(archive) = desired.image_archive.as_deref() {
@@ -228,7 +320,7 @@ pub(super) async fn ensure_image(
     docker
         .inspect_image(image)
         .await
-        .map(|i| id_and_digest(image, i))
+        .map(|i| ImageToRun::by_reference(image, i))
         .map_err(|e| {
             StepError::new(format!(
                 "{node}: image {image} is still missing after loading it: {e}"

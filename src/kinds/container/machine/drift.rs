@@ -179,8 +179,9 @@ pub(super) fn image_moved(
 /// One preflight before the first changed container of an apply starts: every image reference
 /// is the same image ID on every node that runs it, and the nodes run one NVIDIA driver
 /// version. A rank on another build or driver fails late and obscurely (NCCL, a version
-/// mismatch); here it fails before anything changed.
-pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> Option<Check> {
+/// mismatch); here it fails before anything changed. A rollback's container counts as the
+/// image it restores by its recorded ID, where its node has that.
+pub(super) fn parity_check(config: &Config, changed: &Changed<'_>) -> Option<Check> {
     let containers: Vec<&Resource> = config
         .resources
         .iter()
@@ -188,7 +189,7 @@ pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> O
         .collect();
     let before: Vec<String> = containers
         .iter()
-        .filter(|r| changed(&r.address))
+        .filter(|r| changed.is(&r.address))
         .map(|r| r.address.clone())
         .collect();
     if before.is_empty() {
@@ -197,8 +198,17 @@ pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> O
     // Every container counts, changed or not: a new rank must match the ranks already running.
     let mut images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
         Default::default();
+    let mut restoring: Restoring = Default::default();
     for r in &containers {
         if let (Some(node), Ok(d)) = (&r.node, Desired::from_config(&r.config)) {
+            let restored = changed
+                .change(&r.address)
+                .and_then(|c| c.restores.as_ref())
+                .and_then(|a| crate::kinds::facts_of::<Recorded>(a).ok())
+                .and_then(|f| f.image_id);
+            if let Some(id) = restored {
+                restoring.insert((node.clone(), d.image.clone()), id);
+            }
             images.entry(node.clone()).or_default().insert(d.image);
         }
     }
@@ -208,13 +218,17 @@ pub(super) fn parity_check(config: &Config, changed: &dyn Fn(&str) -> bool) -> O
         covers: Vec::new(),
         before,
         nodes: images.keys().cloned().collect(),
-        run: std::sync::Arc::new(Parity { images }),
+        run: std::sync::Arc::new(Parity { images, restoring }),
     })
 }
+
+/// (node, image reference) → the image ID a rollback starts there by (`Change::restores`).
+type Restoring = std::collections::BTreeMap<(String, String), String>;
 
 pub(super) struct Parity {
     /// Node → the image references its containers use.
     images: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    restoring: Restoring,
 }
 
 /// What one node said for the parity check.
@@ -230,11 +244,25 @@ impl CheckRun for Parity {
         for (node, images) in &self.images {
             let host = pool.get(node)?;
             let images: Vec<String> = images.iter().cloned().collect();
+            let restoring: Vec<(String, String)> = images
+                .iter()
+                .filter_map(|i| {
+                    let id = self.restoring.get(&(node.clone(), i.clone()))?;
+                    Some((i.clone(), id.clone()))
+                })
+                .collect();
             tasks.spawn(node.clone(), async move {
-                let (ids, nvidia) = tokio::join!(
+                let (mut ids, nvidia) = tokio::join!(
                     crate::hosts::image::image_ids(host.as_ref(), &images),
                     crate::inspect::facts::nvidia(host.as_ref())
                 );
+                // What the node runs for the reference is the restored image, while it has it.
+                for (image, id) in restoring {
+                    if ids.get(&image) != Some(&Some(id.clone())) && host.image(&id).await.is_some()
+                    {
+                        ids.insert(image, Some(id));
+                    }
+                }
                 Ok::<NodeParity, HostError>((ids, nvidia?.map(|n| n.driver)))
             });
         }

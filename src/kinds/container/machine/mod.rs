@@ -22,8 +22,8 @@ use super::{
 use crate::config::{Config, Resource};
 use crate::hosts::{image, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Backoff, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
-    Seen, Step, StepCx, StepError,
+    Backoff, Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError,
+    ReadMode, Record, Seen, Step, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Drift, Foreign, Orphan};
@@ -141,7 +141,6 @@ fn name_taken(
     ))
 }
 
-/// Create, start and wait for a new container. On failure nothing of it is left.
 /// What a new container's start found: its ID, its image's ID and digest, the node's cache
 /// folder it mounts (`cache`), and the seconds each `progress` phase took.
 struct Started {
@@ -154,14 +153,17 @@ struct Started {
     phases: std::collections::BTreeMap<String, f64>,
 }
 
+/// Create, start and wait for a new container (with `restoring`, a rollback's recorded image
+/// ID: that image). On failure nothing of it is left.
 async fn start_new(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     desired: &Desired,
     name: &str,
+    restoring: Option<&str>,
 ) -> Result<Started, StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
-    let image = ensure_image(cx, docker, desired).await?;
+    let image = ensure_image(cx, docker, desired, restoring).await?;
     // A container with this name from an earlier, interrupted run of this deployment is ours
     // to replace; anyone else's is not.
     if let Ok(existing) = docker
@@ -180,14 +182,15 @@ async fn start_new(
     memory::ensure(cx, name, &desired.memory).await?;
     let hash = cx.change.after_hash.clone().unwrap_or_default();
     let mut body = create_body(desired, cx.lineage, cx.address, &hash);
+    body.image = Some(image.create_from.clone());
     // The cache folder of this image on the node (Docker creates it when missing): a new image
     // ID is a new folder, so nothing another build compiled is ever loaded.
     let cache_folder = match &desired.cache {
         Some(c) => {
-            let folder = c.folder(&image.0).ok_or_else(|| {
+            let folder = c.folder(&image.id).ok_or_else(|| {
                 StepError::new(format!(
                     "{node}: image {} has no ID to key its cache folder by ({:?})",
-                    desired.image, image.0
+                    desired.image, image.id
                 ))
             })?;
             if let Some(hc) = body.host_config.as_mut() {
@@ -232,8 +235,8 @@ async fn start_new(
     };
     Ok(Started {
         id,
-        image_id: image.0,
-        image_digest: image.1,
+        image_id: image.id,
+        image_digest: image.digest,
         cache_folder,
         cache_warm,
         phases,
@@ -338,7 +341,9 @@ impl Machine for ContainerMachine {
                         aside = Some(set_aside(&docker, old, &name, stop_secs(cx)).await?);
                     }
                 }
-                match start_new(cx, &docker, desired, &name).await {
+                // A rollback starts the image the generation ran, by its recorded ID.
+                let restoring = cx.restored_facts().and_then(|r| r.image_id);
+                match start_new(cx, &docker, desired, &name, restoring.as_deref()).await {
                     Ok(started) => {
                         let id = started.id;
                         let cached = started.cache_folder.is_some();
@@ -688,7 +693,7 @@ impl Machine for ContainerMachine {
         Ok(out)
     }
 
-    fn checks(&self, config: &Config, changed: &dyn Fn(&str) -> bool) -> Vec<Check> {
+    fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         parity_check(config, changed).into_iter().collect()
     }
 

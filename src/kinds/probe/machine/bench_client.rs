@@ -73,8 +73,8 @@ fn files(b: &Bench) -> Option<Vec<u8>> {
     if let Some(key) = &b.api_key {
         files.push((file_name(bench::KEY_FILE), key.as_bytes(), 0o600));
     }
-    if let Some(p) = &prompts {
-        files.push((file_name(bench::PROMPTS_FILE), p.as_bytes(), 0o644));
+    if let Some((path, content)) = &prompts {
+        files.push((file_name(path), content.as_bytes(), 0o644));
     }
     (!files.is_empty()).then(|| tar_of(&files))
 }
@@ -152,7 +152,7 @@ pub async fn run(
         .details(tail())
         .help("its last lines say why; `sparkform verify -target` runs it again"));
     }
-    bench::parse(&output).map_err(|why| {
+    bench::parse(&output, b.requests).map_err(|why| {
         StepError::new(format!("the benchmark's report is not usable: {why}")).details(tail())
     })
 }
