@@ -125,8 +125,10 @@ pub fn testbed_second_pair() -> Testbed {
 
 /// The testbed's third pair of nodes, sf-node5 and sf-node6 (`testbed up -n 6`), which
 /// bench/chaos --pair 3 shares in `.ci/test`, a try or a test at a time (the pair's lock): for
-/// a file whose tests are long and whose fabric addresses, hub repository and cache folder no
-/// file of the first pair uses at the same time (testbed_model's). `.ci/test` runs the files
+/// a file whose fabric addresses, hub repository and cache folder no file of the first pair
+/// uses at the same time (testbed_model's), or whose tests place their examples with
+/// [`Testbed::placement`] and touch no other node (the multiprocessing launcher's files), so
+/// that the second pair runs the real engine alone. `.ci/test` runs the files
 /// that take it (`= testbed_third_pair();`) in a process of their own, a test at a time.
 #[track_caller]
 pub fn testbed_third_pair() -> Testbed {

@@ -1,12 +1,12 @@
 //! An ephemeral hub token on the testbed (examples/testbed-mp's `hf_token`): against a stand-in
 //! hub that answers only with the token, the plan resolves the revision and the apply downloads
 //! the weights with it, while neither the state nor the saved plan holds it, in clear or hashed;
-//! without it the plan fails at the hub; a new token plans no change. On the second pair of
-//! nodes, beside the first pair's files, after the real engine's.
+//! without it the plan fails at the hub; a new token plans no change. On the third pair of
+//! nodes, beside the first pair's files and the real engine's, in turns with testbed_model's.
 
 use crate::common;
 
-use common::testbed::{sparkform_env, testbed_second_pair};
+use common::testbed::{sparkform_env, testbed_third_pair};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 const TOKEN: &str = "hf_testbed_ephemeral_token_one";
@@ -77,7 +77,7 @@ impl Drop for GatedHub {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn an_ephemeral_token_downloads_the_weights_and_is_in_neither_the_state_nor_the_plan_file() {
-    let tb = testbed_second_pair();
+    let tb = testbed_third_pair();
     // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
     let copy = common::testbed::example_copy(EXAMPLE);
     let example = copy.path().to_str().unwrap();

@@ -4,12 +4,12 @@
 //! for). examples/testbed-mp: the page cache of the weights is dropped before a rank loads them;
 //! a replacement waits for the old engine's memory (released after a delay) and starts after it;
 //! an engine that never releases fails the start naming the process, and the rollback does not
-//! start the previous engine into memory that is not there. On the second pair of nodes, beside
-//! the first pair's files, after the real engine's (its file's turn there).
+//! start the previous engine into memory that is not there. On the third pair of nodes, beside
+//! the first pair's files and the real engine's, in turns with testbed_model's.
 
 use crate::common;
 
-use common::testbed::{sparkform, testbed_second_pair, Testbed};
+use common::testbed::{sparkform, testbed_third_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 
@@ -62,7 +62,7 @@ fn drops(tb: &Testbed, node: &str) -> Vec<f64> {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn unified_memory_is_waited_for_and_the_page_cache_dropped_before_a_load() {
-    let tb = testbed_second_pair();
+    let tb = testbed_third_pair();
     // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
     let copy = common::testbed::example_copy(EXAMPLE);
     let example = copy.path().to_str().unwrap();

@@ -1,11 +1,11 @@
 //! vLLM across nodes without Ray, end to end on the testbed: examples/testbed-mp with the vLLM
 //! stand-in in its multiprocessing mode (`tests/testbed/testbed ray` loads its image into the
-//! nodes) and the weights from the stand-in hub (`testbed hub`). On the second pair of nodes,
-//! beside the first pair's files, after the real engine's (its file's turn there).
+//! nodes) and the weights from the stand-in hub (`testbed hub`). On the third pair of nodes,
+//! beside the first pair's files and the real engine's, in turns with testbed_model's.
 
 use crate::common;
 
-use common::testbed::{sparkform, testbed_second_pair, Testbed};
+use common::testbed::{sparkform, testbed_third_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 /// An address on the fabric that no pair's files plan (tests/common/testbed.rs).
@@ -67,7 +67,7 @@ pub(crate) fn assert_nothing_running(tb: &Testbed) {
 #[test]
 #[ignore = "needs the testbed: bash .ci/test"]
 fn vllm_mp_on_the_testbed() {
-    let tb = testbed_second_pair();
+    let tb = testbed_third_pair();
     // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
     let copy = common::testbed::example_copy(EXAMPLE);
     let example = copy.path().to_str().unwrap();

@@ -3,7 +3,8 @@
 //! one apply, also one that changes the revision (which once reported "Apply complete" after
 //! running 2 of its 10 steps); a rollback after rank 1 fails to start brings the old group
 //! back whole, with no name conflict between the containers set aside and the new ones. On the
-//! second pair of nodes, beside the first pair's files, after the real engine's.
+//! third pair of nodes, beside the first pair's files and the real engine's, in turns with
+//! testbed_model's.
 
 use crate::common;
 
@@ -12,7 +13,7 @@ use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::testbed::{sparkform, testbed_second_pair, Testbed};
+use common::testbed::{sparkform, testbed_third_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-mp";
 const RANK_NAMES: [&str; 2] = ["sparkform-vllm-node1", "sparkform-vllm-node2"];
@@ -136,7 +137,7 @@ impl Run<'_> {
 #[ignore = "needs the testbed: bash .ci/test"]
 fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_revision() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed_second_pair();
+    let tb = testbed_third_pair();
     tb.clear_leftovers();
     // A copy of the example, whose lock file is this test's (tests/common/testbed.rs).
     let copy = common::testbed::example_copy(EXAMPLE);
@@ -205,7 +206,7 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
 #[ignore = "needs the testbed: bash .ci/test"]
 fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tb = testbed_second_pair();
+    let tb = testbed_third_pair();
     tb.clear_leftovers();
     // The example with rank 1's ready timeout as a variable: 2 s is too short for the
     // stand-in's rank 1 to join (about 6 s), while rank 0 is ready once its port is open.
