@@ -98,6 +98,14 @@ async fn the_figures_are_recorded_shown_and_a_slower_run_is_rolled_back() {
     assert_eq!(body["Image"], "vllm:1");
     let cmd = body.to_string();
     assert!(cmd.contains("--max-concurrency") && cmd.contains("/models/tiny:/models/tiny:ro"));
+    // With the tokenizer on the node, nothing is looked up on the hub.
+    assert!(
+        body["Env"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|v| v == "HF_HUB_OFFLINE=1")),
+        "{}",
+        body["Env"]
+    );
     assert!(
         !cmd.contains(KEY),
         "the key is in the container's body: {cmd}"

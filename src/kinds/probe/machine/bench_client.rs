@@ -33,14 +33,18 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         let folder = mounted_for(t);
         vec![Some(format!("{folder}:{folder}:ro"))]
     });
+    let mut env: std::collections::BTreeMap<String, String> =
+        [("PYTHONUNBUFFERED".to_string(), "1".to_string())].into();
+    if b.tokenizer.is_some() {
+        // The tokenizer is on the node: a client that also looks the model's name up on the hub
+        // (SGLang's checks its chat template so) would wait minutes for a hub a fabric's
+        // nodes often cannot reach, retrying.
+        env.insert("HF_HUB_OFFLINE".into(), "1".into());
+    }
     let container = ContainerDesired {
         image: b.image.clone(),
         entrypoint: Some(command),
-        env: Some(
-            [("PYTHONUNBUFFERED".to_string(), "1".to_string())]
-                .into_iter()
-                .collect(),
-        ),
+        env: Some(env),
         network_mode: Some("host".into()),
         volumes,
         ..Default::default()
