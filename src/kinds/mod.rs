@@ -501,10 +501,12 @@ pub trait AnyKind: Sync {
         attributes: Option<&Attributes>,
     ) -> Option<Reuse>;
     fn holds(&self, attributes: &Attributes) -> Holds;
+    /// `config` applied over the record of `recorded_config` and `attributes`.
     fn kept_for_rollback(
         &self,
         config: &serde_json::Value,
-        recorded: &crate::state::ResourceState,
+        recorded_config: &serde_json::Value,
+        attributes: &Attributes,
     ) -> Option<String>;
     fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn>;
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
@@ -600,11 +602,12 @@ impl<K: Kind> AnyKind for K {
     fn kept_for_rollback(
         &self,
         config: &serde_json::Value,
-        recorded: &crate::state::ResourceState,
+        recorded_config: &serde_json::Value,
+        attributes: &Attributes,
     ) -> Option<String> {
         let desired = K::Desired::from_config(config).ok()?;
-        let before = K::Desired::from_config(&recorded.config).ok();
-        let facts = facts_of::<K::Recorded>(&recorded.attributes).ok()?;
+        let before = K::Desired::from_config(recorded_config).ok();
+        let facts = facts_of::<K::Recorded>(attributes).ok()?;
         Kind::kept_for_rollback(self, &desired, before.as_ref(), &facts)
     }
     fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn> {

@@ -12,10 +12,11 @@ pub(super) fn kept_for_rollback(ordered: &[Change], state: &State, notes: &mut V
         .filter(|c| matches!(c.action, Action::Update | Action::Replace))
         .filter_map(|c| {
             let recorded = state.resources.get(&c.address)?;
-            let what = c
-                .kind
-                .kind()
-                .kept_for_rollback(c.after.as_ref()?, recorded)?;
+            let what = c.kind.kind().kept_for_rollback(
+                c.after.as_ref()?,
+                &recorded.config,
+                &recorded.attributes,
+            )?;
             Some(format!("{}: {what}", c.address))
         })
         .collect();

@@ -54,13 +54,17 @@ fn kept_text(kept: &[desired::Kept], removed: &[String]) -> Option<String> {
     let short = |c: &str| c[..c.len().min(12)].to_string();
     let mut parts = Vec::new();
     if !kept.is_empty() {
-        let bytes: u64 = kept.iter().filter_map(|k| k.bytes).sum();
+        // A copy recorded before sizes were is left out of the sum, and an unknown sum unsaid.
+        let sizes: Vec<u64> = kept.iter().filter_map(|k| k.bytes).collect();
+        let size = match sizes.is_empty() {
+            true => String::new(),
+            false => format!("{}, ", human_bytes(sizes.iter().sum())),
+        };
         let commits: Vec<String> = kept.iter().map(|k| short(&k.commit)).collect();
         parts.push(format!(
-            "{} earlier revision{} ({}, {})",
+            "{} earlier revision{} ({size}{})",
             kept.len(),
             if kept.len() == 1 { "" } else { "s" },
-            human_bytes(bytes),
             commits.join(", ")
         ));
     }

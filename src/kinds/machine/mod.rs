@@ -16,6 +16,9 @@ use crate::hosts::{Host, HostError, HostPool};
 use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
+mod check;
+pub use check::{Changed, Check, CheckRun};
+
 macro_rules! define_machines {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
         /// A kind's machine half.
@@ -445,36 +448,6 @@ impl<M: Machine + ?Sized> Done<M> {
             undo: Default::default(),
             summary: summary.into(),
         }
-    }
-}
-
-/// What the apply that checks are made for changes: the resources it creates, replaces or
-/// updates (a delete is no change here), each with its change (what a rollback restores of
-/// it: `Change::restores`).
-pub struct Changed<'a> {
-    changes: BTreeMap<&'a str, &'a Change>,
-}
-
-impl<'a> Changed<'a> {
-    /// Of `changes`, those that are no delete.
-    pub fn new(changes: impl IntoIterator<Item = &'a Change>) -> Self {
-        Changed {
-            changes: changes
-                .into_iter()
-                .filter(|c| c.action != Action::Delete)
-                .map(|c| (c.address.as_str(), c))
-                .collect(),
-        }
-    }
-
-    /// Whether the apply creates, replaces or updates `address`.
-    pub fn is(&self, address: &str) -> bool {
-        self.changes.contains_key(address)
-    }
-
-    /// The change the apply makes to `address`, when it makes one.
-    pub fn change(&self, address: &str) -> Option<&'a Change> {
-        self.changes.get(address).copied()
     }
 }
 
@@ -990,35 +963,6 @@ impl<M: Machine> AnyMachine for M {
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         Machine::checks(self, config, changed)
     }
-}
-
-/// A step the executor adds that is no resource and records nothing.
-pub struct Check {
-    /// How it reads in progress lines (`network.roce (fabric check)`).
-    pub address: String,
-    /// The changed resources it runs after.
-    pub after: Vec<String>,
-    /// The resources whose dependents wait for it.
-    pub covers: Vec<String>,
-    /// The changed resources that themselves wait for it (a preflight before they start).
-    pub before: Vec<String>,
-    /// The nodes it uses.
-    pub nodes: Vec<String>,
-    pub run: Arc<dyn CheckRun>,
-}
-
-impl std::fmt::Debug for Check {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Check")
-            .field("address", &self.address)
-            .field("after", &self.after)
-            .finish()
-    }
-}
-
-#[async_trait]
-pub trait CheckRun: Send + Sync {
-    async fn run(&self, pool: &HostPool) -> Result<String, StepError>;
 }
 
 /// The waits between the attempts of a ready check or a probe: 100 ms, doubling, up to the
