@@ -17,8 +17,10 @@ generation did not have destroyed. Without N, the newest generation before the o
 Neither the definitions of that time nor the hub is needed: the definitions on disk only say how \
 to reach the nodes and give the values the state keeps as keyed hashes (each must hash to what \
 the generation recorded, or the rollback is refused naming it) and the ephemeral ones it never \
-keeps. The plan reads like any other and asks for confirmation unless -auto-approve; a rollback \
-that fails is rolled back like any apply. Afterwards the definitions on disk differ from what \
+keeps. Each container starts again from the image ID it ran then, also where its tag has moved \
+on since (the plan says so, and names an image a node no longer has, with the fix); each model \
+node takes the weights from the snapshots it keeps (keep_revisions). The plan reads like any \
+other and asks for confirmation unless -auto-approve; a rollback that fails is rolled back like any apply. Afterwards the definitions on disk differ from what \
 runs, and the next `plan` says so.",
     after_help = "Examples:\n  sparkform history examples/testbed\n  sparkform rollback examples/testbed          # the generation before the current one\n  sparkform rollback examples/testbed 3 -auto-approve"
 )]
