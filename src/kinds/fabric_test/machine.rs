@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{parse_busbw, Desired};
-use crate::hosts::one_shot::{self, Stage};
+use crate::hosts::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;
@@ -132,28 +132,16 @@ async fn spawn(
     node: &str,
     body: bollard::models::ContainerCreateBody,
 ) -> Result<String, StepError> {
-    let err =
-        |what: &str, e: bollard::errors::Error| StepError::new(format!("{node}: {what}: {e}"));
     let tar = tar_of(&[("fabric_test.py", FABRIC_TEST_PY.as_bytes(), 0o755)]);
     one_shot::start(docker, name, body, Some(tar))
         .await
-        .map_err(|e| match e.stage {
-            Stage::Create => {
-                if crate::kinds::machine::docker_connection_lost(&e.error) {
-                    return crate::kinds::machine::docker_error(
-                        &format!("{node}: cannot create the fabric test's container"),
-                        e.error,
-                    );
-                }
-                let missing = e.error.to_string().contains("No such image");
-                err("cannot create the fabric test's container", e.error).help(if missing {
-                    "the test runs in the deployment's image: it must be on every node of the test"
-                } else {
-                    "check the node's Docker Engine"
-                })
-            }
-            Stage::Upload => err("cannot put the fabric test into its container", e.error),
-            Stage::Start => err("cannot start the fabric test's container", e.error),
+        .map_err(|e| {
+            crate::kinds::machine::helper_not_started(
+                node,
+                "the fabric test's container",
+                "the test runs in the deployment's image: it must be on every node of the test",
+                e,
+            )
         })
 }
 

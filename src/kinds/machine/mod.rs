@@ -17,7 +17,9 @@ use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
 mod check;
+mod docker_errors;
 pub use check::{Changed, Check, CheckRun};
+pub use docker_errors::{docker_connection_lost, docker_error, helper_not_started};
 
 macro_rules! define_machines {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
@@ -250,32 +252,6 @@ pub async fn one_at_a_time(scope: &str) -> tokio::sync::OwnedMutexGuard<()> {
         map.entry(scope.to_string()).or_default().clone()
     };
     lock.lock_owned().await
-}
-
-/// Whether a Docker client error means the connection to the node is gone (the forwarded
-/// socket broke: the node, or the way to it, went down), not a refusal by its engine.
-pub fn docker_connection_lost(e: &bollard::errors::Error) -> bool {
-    use bollard::errors::Error as E;
-    matches!(
-        e,
-        E::HyperLegacyError { .. }
-            | E::IOError { .. }
-            | E::RequestTimeoutError
-            | E::HyperResponseError { .. }
-    )
-}
-
-/// A Docker API error of a step (`what` names the node and what it did): a broken connection
-/// names the lost node, as the ssh path does, not its engine, which was never asked.
-pub fn docker_error(what: &str, e: bollard::errors::Error) -> StepError {
-    if docker_connection_lost(&e) {
-        StepError::new(format!(
-            "{what}: the node was lost: the connection to it broke ({e})"
-        ))
-        .help("the node or its network went down during the step (its Docker Engine was not reached); check that the node is up and reachable, then run apply again (the state records what was done)")
-    } else {
-        StepError::new(format!("{what}: {e}"))
-    }
 }
 
 /// What a step works with. The executor fills it; handlers never look elsewhere.

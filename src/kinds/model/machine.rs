@@ -149,10 +149,6 @@ struct JobEnd {
     events: Vec<serde_json::Value>,
 }
 
-fn docker_err(node: &str, what: &str, e: bollard::errors::Error) -> StepError {
-    crate::kinds::machine::docker_error(&format!("{node}: {what}"), e)
-}
-
 /// A helper container's name and what it does, for whoever finds it later.
 struct Helper {
     name: String,
@@ -215,28 +211,14 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
     ]);
     one_shot::start(job.docker, &job.who.name, body, Some(tar))
         .await
-        .map_err(|e| match e.stage {
-            one_shot::Stage::Create => {
-                let what = format!("cannot create the transfer container {}", job.who.name);
-                if crate::kinds::machine::docker_connection_lost(&e.error) {
-                    // The lost node's own message and help.
-                    return docker_err(job.node, &what, e.error);
-                }
-                let hint = if e.error.to_string().contains("No such image") {
-                    format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node)
-                } else {
-                    "check the node's Docker Engine".into()
-                };
-                docker_err(job.node, &what, e.error).help(hint)
-            }
-            one_shot::Stage::Upload => docker_err(
+        .map_err(|e| {
+            let hint = format!("the image {} is not on {}: pull it there (or set the model block's `image` to one the node has)", job.image, job.node);
+            crate::kinds::machine::helper_not_started(
                 job.node,
-                "cannot put the transfer program into its container",
-                e.error,
-            ),
-            one_shot::Stage::Start => {
-                docker_err(job.node, "cannot start the transfer container", e.error)
-            }
+                &format!("the transfer container {}", job.who.name),
+                &hint,
+                e,
+            )
         })
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::hosts::one_shot::{self, Stage};
+use crate::hosts::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;
@@ -100,21 +100,15 @@ pub async fn run(
         .await
         .map_err(StepError::from)?;
     let name = docker_name(&format!("sparkform-{address}-bench"));
-    let err =
-        |what: &str, e: bollard::errors::Error| StepError::new(format!("{node}: {what}: {e}"));
     let id = one_shot::start(&docker, &name, container_for(b, lineage), files(b))
         .await
-        .map_err(|e| match e.stage {
-            Stage::Create => {
-                let missing = e.error.to_string().contains("No such image");
-                err("cannot create the benchmark's container", e.error).help(if missing {
-                    "the benchmark runs in the deployment's image (it has the engine's client): it must be on the node"
-                } else {
-                    "check the node's Docker Engine"
-                })
-            }
-            Stage::Upload => err("cannot put the benchmark's files into its container", e.error),
-            Stage::Start => err("cannot start the benchmark's container", e.error),
+        .map_err(|e| {
+            crate::kinds::machine::helper_not_started(
+                node,
+                "the benchmark's container",
+                "the benchmark runs in the deployment's image (it has the engine's client): it must be on the node",
+                e,
+            )
         })?;
     let mut output = String::new();
     let followed = async {
