@@ -158,7 +158,6 @@ module "qwen" {
   shm_size               = "1g"
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   health_timeout         = "3m"
-  start_timeout          = "2m"
   rendezvous_timeout     = var.rendezvous_timeout
   memory_release_timeout = var.memory_release_timeout
   extra_env = merge(

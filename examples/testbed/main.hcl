@@ -163,7 +163,6 @@ module "qwen" {
   shm_size               = "1g"
   rdma                   = false # the testbed's nodes have no /dev/infiniband
   health_timeout         = var.health_timeout
-  start_timeout          = "3m"
   rendezvous_timeout     = "2m"
   extra_args             = var.extra_args
   extra_env = {

@@ -53,13 +53,13 @@ check "workers_present" {
   error_message = "vllm-mp spreads vLLM over several nodes and needs at least one worker; on one node run vLLM in a plain container"
 }
 
-# Order, so that no rank ever waits on a dead peer. Rank 0 goes first: its container counts as
-# ready once the master port is open, long before /health (which answers only once every rank
-# has joined and the weights are loaded), so the headless ranks start right after it instead of
-# waiting for its readiness. Each headless rank is ready when rank 0 answers /health, and its
-# own log is watched meanwhile. A changed flag is in every rank's command, and a new rank 0
-# replaces the others anyway: the old rank 0 is stopped before the new one opens the port, and
-# each old headless rank before its successor starts, so a new rank can only join the new rank 0.
+# The ranks start together: a headless rank waits for rank 0's master port itself (vLLM's
+# launcher retries the connection), so nothing here waits for it. They are one process group:
+# the apply starts them through one gate (every rank's image ready on its node before any old
+# rank stops; every old rank stopped before any new one starts), so a new rank can only join
+# the new rank 0, and the group's outage is its slowest rank's own start. Every rank is ready
+# when rank 0 answers /health (once every rank has joined and the weights are loaded), and each
+# rank's own log is watched meanwhile.
 container "rank0" {
   node         = var.head
   name         = "${var.container_prefix}-vllm-${var.head.name}"
@@ -87,8 +87,9 @@ container "rank0" {
   watch_on_log = module.fabric.wedge
 
   ready {
-    tcp             = "${local.master}:${var.master_port}"
-    timeout         = var.start_timeout
+    http            = "http://${local.master}:${var.port}/health"
+    status          = 200
+    timeout         = var.health_timeout
     interval        = "2s"
     fail_on_log     = local.fail_on_log
     warn_on_log     = module.fabric.warnings.gpu
@@ -134,7 +135,6 @@ container "rank" {
     record_from_log = module.fabric.record_from_log
   }
 
-  depends_on           = [container.rank0]
   replace_triggered_by = [container.rank0]
 }
 

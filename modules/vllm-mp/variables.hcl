@@ -143,12 +143,6 @@ variable "master_port" {
   }
 }
 
-variable "start_timeout" {
-  type        = string
-  default     = "10m"
-  description = "How long rank 0 may take to open the master port (the image starts, Python imports torch)."
-}
-
 variable "rendezvous_timeout" {
   type        = string
   default     = "2m"

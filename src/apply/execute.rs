@@ -107,8 +107,28 @@ impl<'r, 'a> Run<'r, 'a> {
 
     fn start_ready(&mut self, jobs: &Jobs<'_>, running: &mut Running) {
         let parallelism = self.req.parallelism.max(1);
-        while !self.stopping && running.len() < parallelism {
-            let Some(i) = self.ready.pop_front() else {
+        if self.stopping {
+            // What has not started never will: the members waiting at a gate for it give up.
+            jobs.gates.abandon_all(
+                "not started: the run stopped before its whole process group could start",
+            );
+        }
+        while !self.stopping {
+            // A member of a process group starts whatever the parallelism: its peers wait at the
+            // gate for it, and holding them there would wait forever.
+            let next = if running.len() < parallelism {
+                0
+            } else {
+                match self
+                    .ready
+                    .iter()
+                    .position(|&i| jobs.gates.of(&self.steps[i].address).is_some())
+                {
+                    Some(p) => p,
+                    None => break,
+                }
+            };
+            let Some(i) = self.ready.remove(next) else {
                 break;
             };
             let step = self.steps[i].clone();

@@ -9,7 +9,7 @@ mod execute;
 pub mod journal_hook;
 mod rollback;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{
-    container_index, machine, Applied, CheckRun, ContainerIndex, StepCx, StepError,
+    container_index, machine, Applied, CheckRun, ContainerIndex, StartGates, StepCx, StepError,
 };
 use crate::kinds::KindId;
 use crate::plan::{Action, Change, Plan};
@@ -228,6 +228,39 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
     steps
 }
 
+/// The start gates of the process groups whose members the apply creates or replaces: each
+/// group's members start together ([`StartGate`]). A group one of whose members waits for
+/// another (`depends_on`) starts in that order instead: a gate would wait on itself.
+fn start_gates(config: &Config, steps: &[Step]) -> StartGates {
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, s) in steps.iter().enumerate() {
+        if !matches!(s.kind, StepKind::Resource(_))
+            || !matches!(s.change.action, Action::Create | Action::Replace)
+            || s.change.orphan.is_some()
+        {
+            continue;
+        }
+        if let Some(g) = config.resource(&s.address).and_then(|r| r.group.as_deref()) {
+            groups.entry(g).or_default().push(i);
+        }
+    }
+    StartGates::new(
+        groups
+            .into_iter()
+            .filter(|(_, members)| {
+                !members
+                    .iter()
+                    .any(|&m| members.iter().any(|o| steps[m].deps.contains(o)))
+            })
+            .map(|(g, members)| {
+                (
+                    g.to_string(),
+                    members.iter().map(|&m| steps[m].address.clone()).collect(),
+                )
+            }),
+    )
+}
+
 /// The steps an apply of `plan` runs (the kinds' checks included), each with the addresses
 /// of the steps it waits for, in plan order; or, when some of them wait on each other, that
 /// loop (what `apply` refuses before it starts). Pure: for tests and diagnostics.
@@ -365,6 +398,8 @@ struct Job {
     cancel: CancellationToken,
     containers: Arc<ContainerIndex>,
     secrets: crate::events::Secrets,
+    /// Its process group's start gate, when the apply starts several members of it.
+    gate: Option<Arc<crate::kinds::machine::StartGate>>,
     /// For a check (a probe): what it depends on, as this apply recorded it, which
     /// [`Job::run`] watches while the check retries (see [`watch_upstream`]).
     upstream: Vec<(String, ResourceState)>,
@@ -409,6 +444,7 @@ impl Job {
             cancel: &self.cancel,
             containers: &self.containers,
             secrets: &self.secrets,
+            gate: self.gate.as_deref(),
         }
     }
 
@@ -440,6 +476,14 @@ impl Job {
                 }
             }
         };
+        // A member of a process group that failed never reaches its gate: the others waiting
+        // there give up instead of waiting for it.
+        if let (Err(e), Some(gate)) = (&result, &self.gate) {
+            gate.abandon(format!(
+                "not started: {} failed before its process group could start: {}",
+                self.step.address, e.message
+            ));
+        }
         // What a step says (a probe's URL, its answer, what it expected) reaches events, the
         // journal and errors only scrubbed of the configuration's sensitive values.
         let result = match result {
@@ -573,6 +617,7 @@ pub async fn apply(mut req: ApplyRequest<'_>) -> ApplyOutcome {
         cancel: req.cancel.clone(),
         containers: containers.clone(),
         secrets: req.config.secrets.clone(),
+        gates: start_gates(req.config, &steps),
     };
     let mut run = Run::new(&req, &steps, &before, state, outcome);
     run.execute(&jobs).await;
@@ -742,6 +787,7 @@ struct Jobs<'a> {
     cancel: CancellationToken,
     containers: Arc<ContainerIndex>,
     secrets: crate::events::Secrets,
+    gates: StartGates,
 }
 
 impl Jobs<'_> {
@@ -761,6 +807,7 @@ impl Jobs<'_> {
             cancel: self.cancel.clone(),
             containers: self.containers.clone(),
             secrets: self.secrets.clone(),
+            gate: self.gates.of(&step.address).cloned(),
             upstream: Vec::new(),
         }
     }

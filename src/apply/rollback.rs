@@ -121,21 +121,41 @@ pub(super) async fn rollback(
     check_restored(&jobs.pool, before, &restored, outcome).await;
 }
 
-/// A process group (the ranks of one engine) comes back whole or not at all. After the undos,
-/// every member the state recorded before the apply restarts, one after another in dependency
-/// order, each waiting for its recorded ready check: a member that came back on its own (its
-/// step failed and put its previous container back) may have joined a peer the rollback then
-/// removed. When one does not come back, the others stop: half a group serves nothing and
-/// holds the GPUs, and the next apply replaces the group.
-pub(super) async fn restart_process_groups(
+/// The members of a group in the waves they restart in: each wave waits for no member of a
+/// later one (`depends_on` between members, as the steps' dependencies say).
+fn restart_waves<'s>(steps: &[Step], members: &[&'s Step]) -> Vec<Vec<&'s Step>> {
+    let index_of = |a: &str| steps.iter().position(|s| s.address == a);
+    let mut left: Vec<&Step> = members.to_vec();
+    let mut waves = Vec::new();
+    while !left.is_empty() {
+        let waits = |m: &Step| {
+            left.iter().any(|o| {
+                o.address != m.address && index_of(&o.address).is_some_and(|i| m.deps.contains(&i))
+            })
+        };
+        let (now, later): (Vec<&Step>, Vec<&Step>) = left.iter().partition(|m| !waits(m));
+        if now.is_empty() {
+            // Members that wait on each other (refused before an apply starts): one at a time.
+            waves.extend(later.into_iter().map(|m| vec![m]));
+            break;
+        }
+        waves.push(now);
+        left = later;
+    }
+    waves
+}
+
+/// The process groups a rollback restarts, each with its members the state recorded before the
+/// apply, in dependency order: those a step of this apply touched (done or failed), except a
+/// group whose start gate never let a member stop its previous container.
+fn groups_to_restart<'s>(
     req: &ApplyRequest<'_>,
     jobs: &Jobs<'_>,
-    steps: &[Step],
+    steps: &'s [Step],
     completed: &[(usize, Step, Applied)],
     before: &State,
-    restored: &mut Vec<String>,
-    outcome: &mut ApplyOutcome,
-) {
+    outcome: &ApplyOutcome,
+) -> Vec<(String, Vec<&'s Step>)> {
     let touched: BTreeSet<&str> = completed
         .iter()
         .map(|(_, s, _)| s.address.as_str())
@@ -162,10 +182,37 @@ pub(super) async fn restart_process_groups(
             groups.entry(group).or_default().push(step);
         }
     }
-    for (group, members) in groups {
-        if !touched_groups.contains(&group) || members.len() < 2 {
-            continue;
-        }
+    groups
+        .into_iter()
+        .filter(|(group, members)| touched_groups.contains(group) && members.len() >= 2)
+        .filter(|(_, members)| {
+            !members.iter().all(|m| {
+                jobs.gates
+                    .of(&m.address)
+                    .is_some_and(|g| !g.passed(crate::kinds::machine::GatePhase::Prepared))
+            })
+        })
+        .collect()
+}
+
+/// A process group (the ranks of one engine) comes back whole or not at all. After the undos,
+/// every member the state recorded before the apply restarts, those that wait for no other
+/// member together, then those that wait for them, each waiting for its recorded ready check
+/// (which may need its peers: vLLM's ranks are all ready at rank 0's /health): a member that
+/// came back on its own (its step failed and put its previous container back) may have joined
+/// a peer the rollback then removed. When one does not come back, the others stop: half a group
+/// serves nothing and holds the GPUs, and the next apply replaces the group. A group whose
+/// start gate never let a member stop its previous container is left running as it is.
+pub(super) async fn restart_process_groups(
+    req: &ApplyRequest<'_>,
+    jobs: &Jobs<'_>,
+    steps: &[Step],
+    completed: &[(usize, Step, Applied)],
+    before: &State,
+    restored: &mut Vec<String>,
+    outcome: &mut ApplyOutcome,
+) {
+    for (_group, members) in groups_to_restart(req, jobs, steps, completed, before, outcome) {
         let mut came_back = Vec::new();
         let mut failed: Option<(String, String)> = None;
         // Every member stops first, the last in dependency order first: none of them may
@@ -180,36 +227,48 @@ pub(super) async fn restart_process_groups(
                 break;
             }
         }
-        for step in members.iter().filter(|_| failed.is_none()) {
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
-            };
-            let mut job = jobs.job(step);
-            job.cancel = CancellationToken::new();
-            let started = Instant::now();
-            match machine(kind).restart(&job.cx()).await {
-                Ok(summary) => {
-                    emit(
-                        &req.events,
-                        Event::UndoDone {
-                            address: step.address.clone(),
-                            elapsed: started.elapsed(),
-                            summary,
-                        },
-                    );
-                    came_back.push(step.address.clone());
-                }
-                Err(e) => {
-                    emit(
-                        &req.events,
-                        Event::UndoFailed {
-                            address: step.address.clone(),
-                            elapsed: started.elapsed(),
-                            error: e.render(),
-                        },
-                    );
-                    failed = Some((step.address.clone(), e.message));
-                    break;
+        for wave in restart_waves(steps, &members) {
+            if failed.is_some() {
+                break;
+            }
+            let restarts = wave.iter().filter_map(|step| {
+                let StepKind::Resource(kind) = step.kind else {
+                    return None;
+                };
+                let mut job = jobs.job(step);
+                job.cancel = CancellationToken::new();
+                Some(async move {
+                    let started = Instant::now();
+                    let result = machine(kind).restart(&job.cx()).await;
+                    (step, started.elapsed(), result)
+                })
+            });
+            for (step, elapsed, result) in futures_util::future::join_all(restarts).await {
+                match result {
+                    Ok(summary) => {
+                        emit(
+                            &req.events,
+                            Event::UndoDone {
+                                address: step.address.clone(),
+                                elapsed,
+                                summary,
+                            },
+                        );
+                        came_back.push(step.address.clone());
+                    }
+                    Err(e) => {
+                        emit(
+                            &req.events,
+                            Event::UndoFailed {
+                                address: step.address.clone(),
+                                elapsed,
+                                error: e.render(),
+                            },
+                        );
+                        if failed.is_none() {
+                            failed = Some((step.address.clone(), e.message));
+                        }
+                    }
                 }
             }
         }

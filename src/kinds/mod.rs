@@ -242,6 +242,9 @@ pub struct Holds {
     /// What its last run measured, by figure (a bench probe's throughput and latencies), as
     /// `status` shows it.
     pub measured: std::collections::BTreeMap<String, f64>,
+    /// How long its last start took from its process's start to its readiness (an engine's own
+    /// start): the share of a plan's expected outage that only a faster engine shortens.
+    pub start_secs: Option<f64>,
 }
 
 /// The object a node's runtime keeps for a resource (a container): its name there, which
@@ -282,6 +285,10 @@ pub struct Checking {
     /// How long, once it passed, it must keep passing before the apply goes on (a probe's
     /// `soak`); a plan's impact shows it.
     pub soak_secs: Option<u64>,
+    /// Whether its pass says that an endpoint answers again, so a plan's expected outage ends
+    /// there; a benchmark measures an endpoint that already answers, and a fabric test loads
+    /// links, not an endpoint.
+    pub readiness: bool,
 }
 
 impl Default for Checking {
@@ -289,6 +296,7 @@ impl Default for Checking {
         Checking {
             unnamed: true,
             soak_secs: None,
+            readiness: true,
         }
     }
 }

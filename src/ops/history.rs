@@ -18,9 +18,13 @@ pub struct Entry {
     pub applied: Vec<String>,
     /// What differs from the generation before it (everything added, for the oldest kept).
     pub changes: Vec<Difference>,
-    /// Whether the state records what this generation left running, resource by resource
-    /// (the configuration of each, by its hash).
+    /// Whether this is the generation running now: the newest whose resources the state
+    /// records at the same configuration (each by its hash). One at most: a restart records a
+    /// generation identical to the one before it, and only the newer is current.
     pub current: bool,
+    /// Whether the state records what this generation left running, resource by resource: the
+    /// current one, and any older one identical to it (what a rollback skips, as no change).
+    pub runs_now: bool,
 }
 
 /// The generations of the state, newest first; `None` when nothing was applied.
@@ -46,11 +50,15 @@ pub fn entries(state: &State) -> Vec<Entry> {
                 definitions: g.definitions.clone(),
                 applied: g.applied.clone(),
                 changes: differences(before, &g.resources),
-                current: runs_now(state, g),
+                current: false,
+                runs_now: runs_now(state, g),
             }
         })
         .collect();
     out.reverse();
+    if let Some(newest) = out.iter_mut().find(|e| e.runs_now) {
+        newest.current = true;
+    }
     out
 }
 

@@ -170,16 +170,18 @@ pub fn chosen(state: &State, number: Option<u64>) -> Result<&Generation, OpError
                 )
             });
     }
-    // Newest first: the first one after the one running now.
+    // Newest first: the first one after the one running now whose configuration differs from
+    // what runs. A restart (`watch --restart`, a probe's run) records a generation identical to
+    // the one before it; going back to that would put back what runs, not what ran before.
     let listed = entries(state);
     let target = match listed.iter().position(|e| e.current) {
-        Some(i) => listed.get(i + 1),
+        Some(i) => listed.iter().skip(i + 1).find(|e| !e.runs_now),
         None => listed.first(),
     };
     let target = target.ok_or_else(|| {
         refuse(
             format!(
-                "the state runs its oldest kept generation ({}): there is none before it",
+                "the state runs the oldest configuration it keeps (generations {}): there is none before it that differs from what runs",
                 kept()
             ),
             "name one with `sparkform rollback DIR N`; `sparkform history` lists them",

@@ -31,6 +31,11 @@ pub struct Impact {
     /// `None` when a step on the way has no recorded duration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outage_secs: Option<f64>,
+    /// Of the outage, the engine's own start: the slowest start (from its process's start to its
+    /// readiness, as last measured, less what a warm cache saves) of what the plan replaces and
+    /// an endpoint waits for. The rest is sparkform's and the checks'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_start_secs: Option<f64>,
     /// Steps on the way to an endpoint's return with no recorded duration (why an expected
     /// time is unknown).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -160,9 +165,16 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     };
     let stopped = stopped_steps(&steps, &durations);
     let windows = step_windows(graph, &steps, &actions, &durations);
+    // The checks whose pass says an endpoint answers again: a benchmark after them measures an
+    // endpoint that already answers, and is no part of the outage.
     let names: Vec<&str> = steps
         .iter()
         .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
+        .filter(|c| {
+            config
+                .resource(&c.address)
+                .is_none_or(|r| c.kind.kind().checking(&r.config).readiness)
+        })
         .map(|c| c.address.as_str())
         .collect();
     let probes = Probes {
@@ -175,6 +187,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     let unmeasured = unmeasured_steps(graph, &steps, &unavailable, &probes, state);
     unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
     let outage_secs = whole_outage(&unavailable, &windows);
+    let engine_start_secs = outage_secs.and(engine_start(&stopped, &caches, state));
     let keeps_running = keeps_running(config, state, &actions, &stopped);
     let soaks = steps
         .iter()
@@ -191,8 +204,27 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         unavailable,
         keeps_running,
         outage_secs,
+        engine_start_secs,
         unmeasured: unmeasured.into_iter().map(String::from).collect(),
     }
+}
+
+/// The slowest own start (its kind's `Holds::start_secs`) of what the plan replaces, less what
+/// a warm cache saves; `None` when none of them measured one.
+fn engine_start(stopped: &[Stop], caches: &[CacheUse], state: &State) -> Option<f64> {
+    stopped
+        .iter()
+        .filter(|s| s.action == Action::Replace)
+        .filter_map(|s| {
+            let r = state.resources.get(&s.address)?;
+            let start = s.kind.kind().holds(&r.attributes).start_secs?;
+            let saves = caches
+                .iter()
+                .find(|c| c.address == s.address)
+                .map_or(0.0, CacheUse::saves);
+            Some((start - saves).max(0.0))
+        })
+        .reduce(f64::max)
 }
 
 /// How long the last apply took for a resource's step.

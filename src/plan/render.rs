@@ -399,8 +399,15 @@ fn render_impact(out: &mut String, impact: &Impact) {
         Some(s) => {
             let _ = writeln!(
                 out,
-                "  Expected outage: {} (durations recorded by the last apply that ran these steps).",
-                duration(s)
+                "  Expected outage: {} (durations recorded by the last apply that ran these steps{}).",
+                duration(s),
+                match impact.engine_start_secs {
+                    Some(e) => format!(
+                        "), of which {} is the engine's own start (the slowest replaced container's, from its start to ready",
+                        duration(e.min(s))
+                    ),
+                    None => String::new(),
+                }
             );
         }
         None if impact.unmeasured.is_empty() => out.push_str("  Expected outage: unknown.\n"),

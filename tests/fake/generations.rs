@@ -356,6 +356,62 @@ async fn rollback_puts_the_generation_before_back_from_the_state_alone() {
     assert_eq!(worker_image(&d), "ray:2");
 }
 
+/// A restart (what `watch --restart` runs: `-replace` of what runs) records a generation
+/// identical to the one before it. `history` marks only the newest of the two current, and a
+/// rollback without N skips the identical one: it puts back what ran before, not what runs.
+#[tokio::test]
+async fn a_restart_is_not_a_change_history_marks_one_current_and_rollback_goes_past_it() {
+    let d = Deployment::new();
+    assert!(d.apply().await.ok);
+    write(d.dir.path(), "ray:2");
+    assert!(d.apply().await.ok);
+    let evaluated = sparkform::ops::definitions::load(
+        &Workspace::new(d.dir.path(), None),
+        &VarInputs::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let (plan, outcome) = d
+        .run(
+            Source::Definitions {
+                refresh: ReadMode::Normal,
+                options: PlanOptions {
+                    replace: vec!["container.worker".into()],
+                    ..PlanOptions::default()
+                },
+            },
+            evaluated,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        plan.change("container.worker").map(|c| c.action),
+        Some(Action::Replace)
+    );
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let state = d.state();
+    assert_eq!(state.generations.len(), 3);
+    let listed = entries(&state);
+    assert_eq!(
+        listed
+            .iter()
+            .map(|e| (e.number, e.current))
+            .collect::<Vec<_>>(),
+        [(3, true), (2, false), (1, false)],
+        "one generation is current, the newest of those that run now"
+    );
+    assert!(listed[1].runs_now, "generation 2 is what runs too");
+    let (plan, outcome) = d.rollback(None).await.unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.starts_with("Rolling back to generation 1 ")),
+        "{:?}",
+        plan.notes
+    );
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    assert_eq!(worker_image(&d), "ray:1");
+}
+
 #[tokio::test]
 async fn rollback_refuses_a_generation_it_does_not_keep_and_a_state_without_any() {
     let d = Deployment::new();

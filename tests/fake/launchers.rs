@@ -293,18 +293,24 @@ fn each_rank_runs_on_its_node_with_its_fabric_address_and_rdma() {
 }
 
 #[test]
-fn headless_ranks_start_after_rank_0_listens_and_wait_for_its_health() {
+fn the_ranks_start_together_and_each_is_ready_at_rank_0s_health() {
     let c = load();
     let rank0 = resource(&c, MP_RANKS[0]);
     let rank1 = resource(&c, MP_RANKS[1]);
-    // Rank 0 is ready when the master port is open, not at /health (that needs every rank).
-    assert_eq!(rank0.config["ready"][0]["tcp"], "192.168.200.1:29501");
-    assert!(rank0.config["ready"][0].get("http").is_none());
+    // A headless rank waits for rank 0's master port itself: no rank waits for another, and
+    // every rank is ready when rank 0 answers /health (once all have joined).
+    for r in [rank0, rank1] {
+        assert_eq!(
+            r.config["ready"][0]["http"],
+            "http://192.168.200.1:30001/health"
+        );
+        assert!(r.config["ready"][0].get("tcp").is_none());
+    }
+    assert!(!rank1.deps.contains(MP_RANKS[0]), "{:?}", rank1.deps);
     assert_eq!(
-        rank1.config["ready"][0]["http"],
-        "http://192.168.200.1:30001/health"
+        rank0.group, rank1.group,
+        "one process group: one start gate"
     );
-    assert!(rank1.deps.contains(MP_RANKS[0]), "{:?}", rank1.deps);
     assert!(rank1.replace_triggered_by.contains(MP_RANKS[0]));
     assert!(!rank0.deps.contains(MP_RANKS[1]), "{:?}", rank0.deps);
     let gate = resource(&c, "module.mp.probe.rendezvous");

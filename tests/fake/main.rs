@@ -46,6 +46,7 @@ mod real_engine_log;
 mod reference;
 mod soak;
 mod standins;
+mod start_gate;
 mod taint;
 mod topology;
 mod transfer;

@@ -1131,6 +1131,72 @@ fn download_with_huggingface_hub_fetches_each_file_once_and_verifies() {
         .filter(|e| e["method"] == "GET" && e["file"] == shard)
         .count();
     assert_eq!(again, 2, "the corrupted shard is fetched once more");
+
+    // The hub goes away. What the node keeps is verified against the manifest recorded when it
+    // was downloaded, and a revision it keeps resolves from its refs, with a warning.
+    let url = hub.url.clone();
+    drop(hub);
+    let env = [("HF_ENDPOINT", url.as_str())];
+    let o = run_with(
+        &hf_py,
+        &["download", HUB_REPO, &commit, "--cache", &c],
+        "",
+        &env,
+    );
+    assert_eq!(o.code, 0, "a kept commit needs no hub: {}", o.stderr);
+    assert_eq!(o.result()["files_downloaded"], 0);
+    assert_eq!(o.result()["hub_asked"], false);
+    let o = run_with(
+        &sys_py,
+        &["resolve", HUB_REPO, "main", "--cache", &c],
+        "",
+        &env,
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.result()["commit"], commit.as_str());
+    assert!(o.result()["offline"].is_string(), "{:?}", o.result());
+    assert_eq!(
+        o.result()["files"].as_array().map(Vec::len),
+        manifest["files"].as_array().map(Vec::len)
+    );
+    assert_eq!(o.result()["config"]["architectures"][0], "Qwen3ForCausalLM");
+    // Without the cache, or for a revision the node does not keep, the hub is still needed.
+    let o = run_with(&sys_py, &["resolve", HUB_REPO, "main"], "", &env);
+    assert_eq!(o.code, 4, "{}", o.stderr);
+    let o = run_with(
+        &sys_py,
+        &["resolve", HUB_REPO, "v2", "--cache", &c],
+        "",
+        &env,
+    );
+    assert_eq!(o.code, 4, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("cannot be reached")
+            && o.stderr
+                .contains("keeps no complete snapshot of testbed/standin-qwen3 at v2"),
+        "{}",
+        o.stderr
+    );
+    // A byte flipped in a kept file: found, the file removed, and with no hub to fetch it from,
+    // refused naming the file and the manifest it was checked against.
+    let blob = std::fs::canonicalize(&snap).unwrap();
+    let mut data = std::fs::read(&blob).unwrap();
+    data[100] ^= 0x10;
+    std::fs::write(&blob, &data).unwrap();
+    let o = run_with(
+        &hf_py,
+        &["download", HUB_REPO, &commit, "--cache", &c],
+        "",
+        &env,
+    );
+    assert_eq!(o.code, 3, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(shard)
+            && o.stderr.contains("recorded when it was downloaded")
+            && o.stderr.contains("cannot be reached"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

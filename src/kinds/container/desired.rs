@@ -41,6 +41,10 @@ pub struct Recorded {
     pub phase_secs: Option<PhaseSecs>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_log: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    /// Seconds from the container's start to its ready checks' pass: its own start, which no
+    /// ordering of sparkform's can shorten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_secs: Option<f64>,
 }
 
 impl crate::kinds::RecordedFacts for Recorded {}

@@ -142,6 +142,7 @@ impl Kind for Container {
                 .cache_folder
                 .as_ref()
                 .map(|folder| format!("the cache folder {folder}")),
+            start_secs: recorded.start_secs,
             ..Default::default()
         }
     }

@@ -287,6 +287,7 @@ impl Kind for FabricTest {
         super::Checking {
             unnamed: false,
             soak_secs: None,
+            readiness: false,
         }
     }
     fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {

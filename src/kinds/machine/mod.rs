@@ -18,8 +18,10 @@ use crate::state::{ResourceState, State};
 
 mod check;
 mod docker_errors;
+mod gate;
 pub use check::{Changed, Check, CheckRun};
 pub use docker_errors::{docker_connection_lost, docker_error, helper_not_started};
+pub use gate::{GatePhase, StartGate, StartGates};
 
 macro_rules! define_machines {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
@@ -275,6 +277,9 @@ pub struct StepCx<'a> {
     pub containers: &'a ContainerIndex,
     /// The configuration's sensitive values: what a step reports passes through them.
     pub secrets: &'a crate::events::Secrets,
+    /// The start gate of its process group, when the apply starts several of its members: they
+    /// stop their previous containers and start their new ones together ([`StartGate`]).
+    pub gate: Option<&'a StartGate>,
 }
 
 impl StepCx<'_> {
@@ -1104,6 +1109,7 @@ mod tests {
             cancel: &cancel,
             containers: &containers,
             secrets: &secrets,
+            gate: None,
         };
         let toy = super::machine(crate::kinds::KindId::Toy);
         let applied: super::Applied = toy.apply(&cx, crate::plan::Action::Update).await.unwrap();

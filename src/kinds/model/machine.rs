@@ -845,10 +845,13 @@ pub async fn resolve(
 ) -> Result<serde_json::Value, StepError> {
     let node = host.node().to_string();
     let docker = host.docker().await?;
+    // With the cache, a revision the node keeps resolves without the hub when it is down.
     let mut args = vec![
         "resolve".to_string(),
         req.repo.to_string(),
         req.revision.to_string(),
+        "--cache".to_string(),
+        req.cache.to_string(),
     ];
     if let Some(ep) = req.endpoint {
         args.extend(["--endpoint".to_string(), ep.to_string()]);

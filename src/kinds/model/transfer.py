@@ -143,10 +143,13 @@ _out_lock = threading.Lock()
 
 
 class Fail(Exception):
-    def __init__(self, code, message):
+    def __init__(self, code, message, unreachable=False):
         super().__init__(message)
         self.code = code
         self.message = message
+        # the hub did not answer at all (as opposed to answering no): what a node keeps may
+        # stand in for it
+        self.unreachable = unreachable
 
 
 def emit(event, **fields):
@@ -505,7 +508,8 @@ def hub_get(url, token, what, timeout=30):
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
         raise Fail(EXIT_REMOTE, "%s: the hub at %s cannot be reached: %s (the model block's "
-                   "`endpoint` sets where it is; without it, the image's HF_ENDPOINT or the public hub)" % (what, urllib.parse.urlsplit(url).netloc, reason))
+                   "`endpoint` sets where it is; without it, the image's HF_ENDPOINT or the public hub)" % (what, urllib.parse.urlsplit(url).netloc, reason),
+                   unreachable=True)
 
 
 def resolve_manifest(endpoint, repo, revision, token, include=None, exclude=None):
@@ -639,10 +643,74 @@ def cache_of(args):
 def cmd_resolve(args):
     token, _ = read_inputs(args)
     ep = endpoint_of(args)
-    m = resolve_manifest(ep, args.repo, args.revision, token, args.include, args.exclude)
-    if not args.no_config:
-        m["config"] = fetch_config_facts(ep, m, token)
+    try:
+        m = resolve_manifest(ep, args.repo, args.revision, token, args.include, args.exclude)
+        if not args.no_config:
+            m["config"] = fetch_config_facts(ep, m, token)
+    except Fail as e:
+        # With the hub unreachable, a revision this node keeps is resolved as it was when it
+        # was downloaded: its commit (refs/REVISION, or the commit itself) and the manifest
+        # recorded then. A revision it does not keep still needs the hub.
+        if not e.unreachable or not args.cache:
+            raise
+        m = kept_revision(os.path.abspath(args.cache), args.repo, args.revision)
+        if m is None:
+            raise Fail(EXIT_REMOTE, "%s; and this node keeps no complete snapshot of %s at %s, so "
+                       "it cannot be resolved without the hub (a node keeps its last "
+                       "`keep_revisions` revisions)" % (e.message, args.repo, args.revision))
+        m["files"] = select(m["files"], args.include, args.exclude)
+        m["total_bytes"] = sum(f["size"] for f in m["files"])
+        snap = os.path.join(storage_folder(os.path.abspath(args.cache), args.repo), "snapshots", m["commit"])
+        if not args.no_config:
+            m["config"] = config_facts(os.path.join(snap, "config.json"))
+        m["offline"] = e.message
+        emit("warning", message="the hub cannot be reached: %s at %s is the commit %s this node "
+             "keeps, with the manifest recorded when it was downloaded" % (args.repo, args.revision, m["commit"]))
     emit("result", mode="resolve", **m)
+
+
+def kept_manifest(cache, repo, commit):
+    """The manifest recorded when COMMIT was verified on this node (every file's name, size and
+    hashes, as the hub listed them then), when the node verified every file of it; else None."""
+    try:
+        doc = read_json_file(verified_path(cache, repo, commit), "verified manifest")
+    except Fail:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != VERIFIED_FORMAT \
+            or doc.get("commit") != commit or not isinstance(doc.get("expected"), list) \
+            or not doc["expected"] or not isinstance(doc.get("files"), list):
+        return None
+    have = {f.get("path") for f in doc["files"] if isinstance(f, dict)}
+    m = dict(format=FORMAT, repo=repo, revision=doc.get("revision") or commit, commit=commit,
+             files=[dict(f) for f in doc["expected"] if isinstance(f, dict)])
+    try:
+        check_manifest(m, repo, commit, where="the manifest recorded on this node")
+    except Fail:
+        return None
+    if any(f["path"] not in have for f in m["files"]):
+        return None
+    m["total_bytes"] = sum(f["size"] for f in m["files"])
+    return m
+
+
+def kept_revision(cache, repo, revision):
+    """kept_manifest of the commit REVISION names on this node: itself, or what refs/REVISION
+    (written when it was downloaded) holds."""
+    commit = revision
+    if not COMMIT_RE.match(revision):
+        if revision.startswith("/") or any(p in ("", ".", "..") for p in revision.split("/")):
+            return None
+        try:
+            with open(os.path.join(storage_folder(cache, repo), "refs", *revision.split("/"))) as fh:
+                commit = fh.read().strip()
+        except OSError:
+            return None
+        if not COMMIT_RE.match(commit):
+            return None
+    m = kept_manifest(cache, repo, commit)
+    if m is not None:
+        m["revision"] = revision
+    return m
 
 
 # ------------------------------------------------------------------ verification (download, observe)
@@ -743,6 +811,12 @@ def cmd_download(args):
     except ImportError:
         raise Fail(EXIT_NODEP, "download needs huggingface_hub, which this Python (%s) lacks: run it in "
                    "the deployment's vLLM image, or pip install huggingface_hub" % sys.executable)
+    # A commit this node keeps is checked against the manifest recorded when it was downloaded:
+    # the hub is asked only for bytes the node does not have.
+    kept = False
+    if manifest is None:
+        manifest = kept_manifest(cache, args.repo, args.commit)
+        kept = manifest is not None
     if manifest is None:
         manifest = resolve_manifest(ep, args.repo, args.commit, token, args.include, args.exclude)
     else:
@@ -813,16 +887,36 @@ def cmd_download(args):
     t.start()
     t0 = time.monotonic()
     refetched = []
+
+    def refetch(problems):
+        # what failed its check was removed (blob and pointer): fetched once more, checked again
+        bad = {p["path"] for p in problems}
+        files = [f for f in manifest["files"] if f["path"] in bad]
+        emit("warning", message="%d file(s) failed verification and are fetched again: %s"
+             % (len(problems), problem_text(problems)))
+        try:
+            fetch(files)
+        except Fail as e:
+            if e.code not in (EXIT_REMOTE, EXIT_NOTFOUND):
+                raise
+            raise Fail(EXIT_VERIFY, "%d file(s) of %s at %s do not match the manifest %s (%s) and "
+                       "were removed; fetching them again from the hub failed: %s"
+                       % (len(problems), args.repo, args.commit,
+                          "recorded when it was downloaded" if kept else "of the hub",
+                          problem_text(problems), e.message))
+        return files
+
     try:
-        fetch(todo)
-        rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
+        if kept:
+            # The node's own snapshot first: a file whose record no longer trusts it (a touched
+            # or changed file) is hashed again, and only what fails is fetched from the hub.
+            todo = []
+            rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
+        else:
+            fetch(todo)
+            rec, problems = verify_snapshot(cache, manifest, args.deep, remove_bad=True)
         if problems:
-            # what failed its check was removed (blob and pointer): fetched once more, checked again
-            bad = {p["path"] for p in problems}
-            refetched = [f for f in manifest["files"] if f["path"] in bad]
-            emit("warning", message="%d file(s) failed verification and are fetched again: %s"
-                 % (len(problems), problem_text(problems)))
-            fetch(refetched)
+            refetched = refetch(problems)
             rec, problems = verify_snapshot(cache, manifest, False, remove_bad=True)
     finally:
         stop.set()
@@ -833,7 +927,7 @@ def cmd_download(args):
     write_ref(cache, args.repo, args.ref, args.commit)
     wall = time.monotonic() - t0
     got = sum(f["size"] for f in todo) + sum(f["size"] for f in refetched)
-    emit("result", mode="download", repo=args.repo, commit=args.commit, snapshot=snap,
+    emit("result", mode="download", repo=args.repo, commit=args.commit, snapshot=snap, hub_asked=bool(got) or not kept,
          manifest_path=rec.path, bytes_total=total, bytes_downloaded=got,
          files_downloaded=len(todo), files_refetched=[f["path"] for f in refetched], seconds=round(wall, 3), rate_bps=int(got / max(wall, 1e-6)),
          config=config_facts(os.path.join(snap, "config.json")), manifest=rec.manifest())
@@ -2004,6 +2098,8 @@ def parser():
     r.add_argument("repo")
     r.add_argument("revision")
     r.add_argument("--no-config", action="store_true", help="do not fetch config.json for its facts")
+    r.add_argument("--cache", help="the hub cache folder: with the hub unreachable, a revision it keeps "
+                   "is resolved from the manifest recorded when it was downloaded")
     common(r, token=True, where=False)
 
     d = sub.add_parser("download", help="fetch the snapshot with huggingface_hub, then verify it")

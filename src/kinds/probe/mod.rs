@@ -194,6 +194,7 @@ impl Kind for Probe {
         super::Checking {
             unnamed: desired.bench.is_none(),
             soak_secs: desired.soak_secs(),
+            readiness: desired.bench.is_none(),
         }
     }
     fn holds(&self, recorded: &Recorded) -> super::Holds {

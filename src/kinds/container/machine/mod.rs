@@ -22,8 +22,8 @@ use super::{
 use crate::config::{Config, Resource};
 use crate::hosts::{image, Host, HostError, HostPool};
 use crate::kinds::machine::{
-    Backoff, Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError,
-    ReadMode, Record, Seen, Step, StepCx, StepError,
+    Backoff, Changed, Check, CheckRun, Done, GatePhase, Machine, NodeObservations, ReadCx,
+    ReadError, ReadMode, Record, Seen, Step, StepCx, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Drift, Foreign, Orphan};
@@ -151,19 +151,66 @@ struct Started {
     /// Whether the cache folder held anything when the container started.
     cache_warm: bool,
     phases: std::collections::BTreeMap<String, f64>,
+    /// From `docker start` to the ready checks' pass.
+    start_secs: f64,
 }
 
-/// Create, start and wait for a new container (with `restoring`, a rollback's recorded image
-/// ID: that image). On failure nothing of it is left.
+/// What a new container needs on its node that does not need the previous one stopped: its
+/// image (loaded or pulled), its cache folder keyed by the image's ID and whether that holds
+/// anything. Made while the previous container still serves, so a replacement's outage is the
+/// new container's own start.
+struct Prepared {
+    image: ImageToRun,
+    cache_folder: Option<String>,
+    cache_warm: bool,
+}
+
+/// [`Prepared`] for `desired` (with `restoring`, a rollback's recorded image ID: that image).
+async fn prepare_new(
+    cx: &StepCx<'_>,
+    docker: &bollard::Docker,
+    desired: &Desired,
+    restoring: Option<&str>,
+) -> Result<Prepared, StepError> {
+    let node = cx.change.node.clone().unwrap_or_default();
+    let image = ensure_image(cx, docker, desired, restoring).await?;
+    // The cache folder of this image on the node (Docker creates it when missing): a new image
+    // ID is a new folder, so nothing another build compiled is ever loaded.
+    let cache_folder = match &desired.cache {
+        Some(c) => Some(c.folder(&image.id).ok_or_else(|| {
+            StepError::new(format!(
+                "{node}: image {} has no ID to key its cache folder by ({:?})",
+                desired.image, image.id
+            ))
+        })?),
+        None => None,
+    };
+    let cache_warm = match &cache_folder {
+        Some(folder) => cache::holds_anything(cx.host()?.as_ref(), folder).await,
+        None => false,
+    };
+    Ok(Prepared {
+        image,
+        cache_folder,
+        cache_warm,
+    })
+}
+
+/// Create, start and wait for a new container from what [`prepare_new`] made ready. On failure
+/// nothing of it is left.
 async fn start_new(
     cx: &StepCx<'_>,
     docker: &bollard::Docker,
     desired: &Desired,
     name: &str,
-    restoring: Option<&str>,
+    prepared: Prepared,
 ) -> Result<Started, StepError> {
     let node = cx.change.node.clone().unwrap_or_default();
-    let image = ensure_image(cx, docker, desired, restoring).await?;
+    let Prepared {
+        image,
+        cache_folder,
+        cache_warm,
+    } = prepared;
     // A container with this name from an earlier, interrupted run of this deployment is ours
     // to replace; anyone else's is not.
     if let Ok(existing) = docker
@@ -183,29 +230,13 @@ async fn start_new(
     let hash = cx.change.after_hash.clone().unwrap_or_default();
     let mut body = create_body(desired, cx.lineage, cx.address, &hash);
     body.image = Some(image.create_from.clone());
-    // The cache folder of this image on the node (Docker creates it when missing): a new image
-    // ID is a new folder, so nothing another build compiled is ever loaded.
-    let cache_folder = match &desired.cache {
-        Some(c) => {
-            let folder = c.folder(&image.id).ok_or_else(|| {
-                StepError::new(format!(
-                    "{node}: image {} has no ID to key its cache folder by ({:?})",
-                    desired.image, image.id
-                ))
-            })?;
-            if let Some(hc) = body.host_config.as_mut() {
-                hc.binds
-                    .get_or_insert_with(Vec::new)
-                    .push(format!("{folder}:{}", c.path));
-            }
-            Some(folder)
+    if let (Some(folder), Some(c)) = (&cache_folder, &desired.cache) {
+        if let Some(hc) = body.host_config.as_mut() {
+            hc.binds
+                .get_or_insert_with(Vec::new)
+                .push(format!("{folder}:{}", c.path));
         }
-        None => None,
-    };
-    let cache_warm = match &cache_folder {
-        Some(folder) => cache::holds_anything(cx.host()?.as_ref(), folder).await,
-        None => false,
-    };
+    }
     cx.progress(format!("creating {name} on {node}"), None, None);
     let created = docker
         .create_container(
@@ -218,6 +249,7 @@ async fn start_new(
         .await
         .map_err(|e| docker_err(&format!("{node}: cannot create container {name}"), e))?;
     let id = created.id;
+    let starting = Instant::now();
     if let Err(e) = docker
         .start_container(&id, None::<q::StartContainerOptions>)
         .await
@@ -240,7 +272,104 @@ async fn start_new(
         cache_folder,
         cache_warm,
         phases,
+        start_secs: (starting.elapsed().as_secs_f64() * 10.0).round() / 10.0,
     })
+}
+
+/// Wait at the process group's start gate, when the apply starts several members of it.
+async fn pass_gate(cx: Cx<'_, '_>, phase: GatePhase) -> Result<(), StepError> {
+    let Some(gate) = cx.gate else {
+        return Ok(());
+    };
+    if phase == GatePhase::Stopped {
+        cx.progress(
+            format!(
+                "waiting for the {} members of {} to stop their previous containers",
+                gate.members(),
+                gate.group()
+            ),
+            None,
+            None,
+        );
+    }
+    gate.arrive(phase, cx.cancel).await.map_err(StepError::new)
+}
+
+/// A create or replace: what the new container needs made ready while the previous one still
+/// runs, the previous one set aside, then the new one started (each phase passing the process
+/// group's gate, when there is one); on failure the previous one runs again.
+async fn create_or_replace(
+    cx: Cx<'_, '_>,
+    docker: &bollard::Docker,
+    name: String,
+    old: Option<String>,
+) -> Result<Done<ContainerMachine>, StepError> {
+    let desired = cx.desired()?;
+    // A rollback starts the image the generation ran, by its recorded ID.
+    let restoring = cx.restored_facts().and_then(|r| r.image_id);
+    let prepared = prepare_new(cx, docker, desired, restoring.as_deref()).await?;
+    pass_gate(cx, GatePhase::Prepared).await?;
+    let mut aside = None;
+    if let Some(old) = &old {
+        if docker
+            .inspect_container(old, None::<q::InspectContainerOptions>)
+            .await
+            .is_ok()
+        {
+            cx.progress(format!("stopping the previous {name}"), None, None);
+            aside = Some(set_aside(docker, old, &name, stop_secs(cx)).await?);
+        }
+    }
+    // Every member of its process group has stopped its previous container before
+    // any starts a new one: a new rank never joins an old one.
+    let started = match pass_gate(cx, GatePhase::Stopped).await {
+        Ok(()) => start_new(cx, docker, desired, &name, prepared).await,
+        Err(e) => Err(e),
+    };
+    match started {
+        Ok(started) => {
+            let id = started.id;
+            let cached = started.cache_folder.is_some();
+            let from_log = ready::record_from_log(cx, docker, &id, &desired.ready, 0).await;
+            let recorded = Recorded {
+                container_id: Some(id.clone()),
+                image_id: Some(started.image_id),
+                image_digest: Some(started.image_digest),
+                cache_warm: cached.then_some(started.cache_warm),
+                phase_secs_by_cache: cached.then(|| {
+                    cache::phases_by_cache(cx.recorded_facts(), started.cache_warm, &started.phases)
+                }),
+                cache_folder: started.cache_folder,
+                phase_secs: Some(started.phases).filter(|p| !p.is_empty()),
+                from_log: Some(from_log).filter(|f| !f.is_empty()),
+                start_secs: Some(started.start_secs),
+            };
+            Ok(Done {
+                recorded,
+                undo: Undo::Remove {
+                    created: id.clone(),
+                    previous: if aside.is_some() { old.clone() } else { None },
+                    name: name.clone(),
+                },
+                summary: format!(
+                    "{name} running ({})",
+                    id.chars().take(12).collect::<String>()
+                ),
+            })
+        }
+        Err(e) => {
+            if let (Some(old), Some(_)) = (&old, &aside) {
+                if let Err(r) = restore(docker, old, &name).await {
+                    return Err(StepError::new(format!(
+                        "{}; and bringing the previous container back failed: {}",
+                        e.message, r.message
+                    ))
+                    .details(e.details));
+                }
+            }
+            Err(e)
+        }
+    }
 }
 
 #[async_trait]
@@ -328,70 +457,7 @@ impl Machine for ContainerMachine {
                     summary: format!("updated {name} in place"),
                 })
             }
-            _ => {
-                let desired = cx.desired()?;
-                let mut aside = None;
-                if let Some(old) = &old {
-                    if docker
-                        .inspect_container(old, None::<q::InspectContainerOptions>)
-                        .await
-                        .is_ok()
-                    {
-                        cx.progress(format!("stopping the previous {name}"), None, None);
-                        aside = Some(set_aside(&docker, old, &name, stop_secs(cx)).await?);
-                    }
-                }
-                // A rollback starts the image the generation ran, by its recorded ID.
-                let restoring = cx.restored_facts().and_then(|r| r.image_id);
-                match start_new(cx, &docker, desired, &name, restoring.as_deref()).await {
-                    Ok(started) => {
-                        let id = started.id;
-                        let cached = started.cache_folder.is_some();
-                        let from_log =
-                            ready::record_from_log(cx, &docker, &id, &desired.ready, 0).await;
-                        let recorded = Recorded {
-                            container_id: Some(id.clone()),
-                            image_id: Some(started.image_id),
-                            image_digest: Some(started.image_digest),
-                            cache_warm: cached.then_some(started.cache_warm),
-                            phase_secs_by_cache: cached.then(|| {
-                                cache::phases_by_cache(
-                                    cx.recorded_facts(),
-                                    started.cache_warm,
-                                    &started.phases,
-                                )
-                            }),
-                            cache_folder: started.cache_folder,
-                            phase_secs: Some(started.phases).filter(|p| !p.is_empty()),
-                            from_log: Some(from_log).filter(|f| !f.is_empty()),
-                        };
-                        Ok(Done {
-                            recorded,
-                            undo: Undo::Remove {
-                                created: id.clone(),
-                                previous: if aside.is_some() { old.clone() } else { None },
-                                name: name.clone(),
-                            },
-                            summary: format!(
-                                "{name} running ({})",
-                                id.chars().take(12).collect::<String>()
-                            ),
-                        })
-                    }
-                    Err(e) => {
-                        if let (Some(old), Some(_)) = (&old, &aside) {
-                            if let Err(r) = restore(&docker, old, &name).await {
-                                return Err(StepError::new(format!(
-                                    "{}; and bringing the previous container back failed: {}",
-                                    e.message, r.message
-                                ))
-                                .details(e.details));
-                            }
-                        }
-                        Err(e)
-                    }
-                }
-            }
+            _ => create_or_replace(cx, &docker, name, old).await,
         }
     }
 

@@ -229,6 +229,19 @@ async fn resolve_on(
                     .unwrap_or_default()
                     .to_string();
                 let facts = manifest.get("config").cloned().unwrap_or_default();
+                if let Some(why) = manifest.get("offline").and_then(|w| w.as_str()) {
+                    observed.warnings.push(
+                        Diag::warning(
+                            "plan::model_offline",
+                            format!(
+                                "{address}: the hub cannot be reached, so revision {revision:?} stays at commit {commit}, which {} keeps ({why})",
+                                b.node
+                            ),
+                        )
+                        .label(&b.span, "resolved from what its download node keeps")
+                        .help("a newer commit of this revision on the hub is seen once the hub answers again; a revision no node keeps needs it"),
+                    );
+                }
                 observed.models.insert(
                     address.clone(),
                     ModelReadings {
