@@ -40,8 +40,12 @@ locals {
       TORCHINDUCTOR_CACHE_DIR   = "${local.jit_path}/inductor"
       FLASHINFER_WORKSPACE_BASE = "${local.jit_path}/flashinfer"
     },
-    # The weights are on every node, verified: nothing is to be fetched from the hub.
-    var.model_cache == null ? {} : { HF_HUB_OFFLINE = "1" },
+    # No start reaches the internet: vLLM's usage report and the libraries' telemetry stay off
+    # (nodes behind a jump host often cannot reach it, and a start must not wait on it).
+    { VLLM_NO_USAGE_STATS = "1", DO_NOT_TRACK = "1", HF_HUB_DISABLE_TELEMETRY = "1" },
+    # The weights are on every node, verified: nothing is to be fetched from the hub, by the
+    # hub's library or by transformers (the tokenizer, the config).
+    var.model_cache == null ? {} : { HF_HUB_OFFLINE = "1", TRANSFORMERS_OFFLINE = "1" },
     # NCCL names the transport it chose only at INFO level; the fallback signature needs it.
     local.detect_socket_fallback ? { NCCL_DEBUG = "INFO" } : {},
     var.launcher_env,

@@ -47,6 +47,15 @@ check "a_model" {
   error_message = "no model: set `model` (a Hugging Face id ${var.engine.name} fetches) or `weights` (a model block, served from its verified local copy)"
 }
 
+# A start must not need the internet: the nodes behind a jump host often cannot reach it, and a
+# restart in an incident should not depend on the hub. With `weights` every node holds a
+# verified copy and the engine runs offline; with a hub id alone each start fetches it.
+check "starts_offline" {
+  condition     = var.weights != null
+  error_message = "`model = \"${coalesce(var.model, "?")}\"` without `weights`: every start of ${var.engine.name} fetches the model from the hub, so a restart, a rollback or a watch restart fails when the hub cannot be reached; declare a model block and pass it as `weights` (the nodes keep verified copies and ${var.engine.name} starts offline)"
+  severity      = "warning"
+}
+
 check "parallelism_matches_gpus" {
   condition     = local.gpus_needed == local.gpus_total
   error_message = "tensor_parallel_size × pipeline_parallel_size = ${local.gpus_needed}, but the head and workers declare ${local.gpus_total} GPUs; ${var.engine.name} would wait forever for the missing ones"

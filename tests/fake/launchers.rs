@@ -311,7 +311,9 @@ fn the_ranks_start_together_and_each_is_ready_at_rank_0s_health() {
         rank0.group, rank1.group,
         "one process group: one start gate"
     );
-    assert!(rank1.replace_triggered_by.contains(MP_RANKS[0]));
+    // Not even through replace_triggered_by (an edge too): the process group replaces them
+    // as one.
+    assert!(rank1.replace_triggered_by.is_empty());
     assert!(!rank0.deps.contains(MP_RANKS[1]), "{:?}", rank0.deps);
     let gate = resource(&c, "module.mp.probe.rendezvous");
     assert!(gate.deps.contains(MP_RANKS[1]), "{:?}", gate.deps);
@@ -754,4 +756,41 @@ fn sglang_ranks_join_the_heads_dist_init_address_and_the_key_stays_off_the_comma
     // The same process group: a new rank 0 replaces the other ranks.
     assert_eq!(rank0.group.as_deref(), Some("module.qwen.sglang"));
     assert_eq!(rank0.group, rank1.group);
+}
+
+/// A start must not need the internet: a launcher given a hub id without `weights` is a
+/// warning (every start fetches the model), and one given a model block's weights runs every
+/// container offline (the hub's library, transformers) with vLLM's usage report off.
+#[test]
+fn a_model_fetched_at_start_is_a_warning_and_local_weights_run_offline() {
+    let c = load();
+    let w: Vec<String> = warnings(&c)
+        .into_iter()
+        .filter(|m| m.contains("without `weights`: every start of vLLM fetches the model"))
+        .collect();
+    assert_eq!(w.len(), 2, "one for each launcher: {:?}", warnings(&c));
+    assert!(w[0].contains("Qwen/Qwen3.5-122B-A10B-FP8"), "{w:?}");
+    for rank in MP_RANKS {
+        let env = &resource(&c, rank).config["env"];
+        assert_eq!(env["VLLM_NO_USAGE_STATS"], "1", "{rank}: {env}");
+        assert_eq!(env["DO_NOT_TRACK"], "1", "{rank}: {env}");
+        assert!(
+            env.get("HF_HUB_OFFLINE").is_none(),
+            "no local weights: {env}"
+        );
+    }
+    let (c, _) = common::load(Path::new("examples/testbed"));
+    assert!(
+        !warnings(&c).iter().any(|m| m.contains("without `weights`")),
+        "{:?}",
+        warnings(&c)
+    );
+    let env = &resource(&c, "module.qwen.container.rank0").config["env"];
+    for key in [
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "VLLM_NO_USAGE_STATS",
+    ] {
+        assert_eq!(env[key], "1", "{key}: {env}");
+    }
 }

@@ -153,8 +153,8 @@ fn the_real_vllm_across_both_nodes() {
         out.contains("sparkform-testbed/vllm-cpu:latest serves Qwen3ForCausalLM"),
         "{out}"
     );
-    // The phases of the start, read from the real log of the rank whose ready check waits for
-    // the engine (rank 1: rank 0's is its master port), are recorded with their durations.
+    // The phases of the start, read from the real log of a rank (both ranks start together and
+    // wait for rank 0's /health), are recorded with their durations, and the start's own time.
     let recorded: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     let phases =
@@ -170,6 +170,10 @@ fn the_real_vllm_across_both_nodes() {
             "no duration of the phase {phase:?} recorded: {phases}"
         );
     }
+    let start = recorded["resources"]["module.qwen.container.rank0"]["attributes"]["start_secs"]
+        .as_f64()
+        .unwrap_or_default();
+    assert!(start > 0.0, "no start_secs recorded for rank 0");
     assert!(out.contains("probe.hello"), "{out}");
     let first = rank_ids(&tb);
     let main_commit = snapshots(&tb, tb.nodes[0]);
@@ -254,6 +258,37 @@ fn the_real_vllm_across_both_nodes() {
     let answer = complete(&tb, 30);
     assert!(answer.contains("\"completion_tokens\""), "{answer}");
 
+    // Day two with the hub down (unreachable from this pair's nodes alone: the other pairs
+    // share it) until the end: the watch's restart, a flag change's plan, the rollback to the
+    // kept revision, status, verify and destroy need nothing from it; a revision no node
+    // keeps is refused at plan, naming it.
+    let _hub_back = HubUnreachable::on(&tb);
+    let (code, out, err) = run(&["plan", EXAMPLE, "-var", "rev=v3"]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 1, "{all}");
+    assert!(
+        all.contains("cannot be reached")
+            && all.contains("keeps no complete snapshot of testbed/tiny-qwen3 at v3")
+            && all.contains("keep_revisions"),
+        "{all}"
+    );
+    let (code, out, err) = run(&[
+        "plan",
+        EXAMPLE,
+        "-var",
+        "rev=v2",
+        "-var",
+        slow,
+        "-detailed-exitcode",
+    ]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 2, "{all}");
+    assert!(
+        all.contains("Plan: 0 to add, 0 to change, 2 to replace, 0 to destroy")
+            && all.contains(&format!("stays at commit {v2_commit}")),
+        "{all}"
+    );
+
     // A real wedge: rank 0's engine core stopped. /health still says 200, a completion gets
     // no answer; verify says so within its own short bound, and the watch restarts every rank.
     let core = engine_core_pid(&tb);
@@ -328,6 +363,8 @@ fn the_real_vllm_across_both_nodes() {
         "{out}"
     );
     assert!(out.contains("✓ check 2"), "the canary passes again: {out}");
+    // The image's vLLM was asked for its architectures before: not started again for it.
+    assert!(out.contains("its vLLM was asked before"), "{out}");
     let restarted = rank_ids(&tb);
     for (b, a) in v2.iter().zip(&restarted) {
         assert_ne!(b, a, "a rank was not restarted");
@@ -390,9 +427,48 @@ fn the_real_vllm_across_both_nodes() {
         "{all}"
     );
 
+    let (code, out, err) = run(&["status", EXAMPLE]);
+    assert_eq!(code, 0, "status with the hub down: {out}\n{err}");
     let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_nothing_left(&tb);
+}
+
+/// The stand-in hub unreachable from the pair's nodes (a route that says so at once, on each
+/// node: what their containers send goes through it), reachable again however the test ends.
+struct HubUnreachable<'a> {
+    tb: &'a Testbed,
+}
+
+/// The stand-in hub's address on the management network (`testbed hub`).
+const HUB_ADDRESS: &str = "10.199.0.3";
+
+impl<'a> HubUnreachable<'a> {
+    fn on(tb: &'a Testbed) -> HubUnreachable<'a> {
+        for node in tb.nodes.iter().take(2) {
+            tb.ssh(
+                node,
+                &format!("ip route replace unreachable {HUB_ADDRESS}/32"),
+            );
+            let seen = tb.ssh(
+                node,
+                &format!("curl -s -o /dev/null --max-time 5 http://{HUB_ADDRESS}:8080/ || echo unreachable"),
+            );
+            assert!(seen.contains("unreachable"), "{node} still reaches the hub");
+        }
+        HubUnreachable { tb }
+    }
+}
+
+impl Drop for HubUnreachable<'_> {
+    fn drop(&mut self) {
+        for node in self.tb.nodes.iter().take(2) {
+            self.tb.ssh(
+                node,
+                &format!("ip route del unreachable {HUB_ADDRESS}/32 2>/dev/null"),
+            );
+        }
+    }
 }
 
 /// The engine's image as the testbed loads it into the nodes.

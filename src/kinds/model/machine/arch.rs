@@ -13,11 +13,44 @@ use crate::hosts::HostPool;
 use crate::kinds::machine::{Check, CheckRun, StepError};
 use crate::kinds::DesiredConfig;
 
-/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON.
-const ARCHS_PY: &str = "import json, sys\n\
+/// What the architecture check asks the image's vLLM: its registry's architectures, as JSON,
+/// printed and kept in the file its first argument names (the answer for that image ID).
+const ARCHS_PY: &str = "import json, os, sys\n\
 try:\n    from vllm import ModelRegistry\n\
 except Exception as e:\n    print(json.dumps({'error': '%s: %s' % (type(e).__name__, e)})); sys.exit(3)\n\
-print(json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())}))\n";
+answer = json.dumps({'architectures': sorted(ModelRegistry.get_supported_archs())})\n\
+try:\n    os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)\n    tmp = sys.argv[1] + '.tmp'\n    open(tmp, 'w').write(answer)\n    os.replace(tmp, sys.argv[1])\n\
+except (IndexError, OSError):\n    pass\n\
+print(answer)\n";
+
+/// Where a node keeps the registry an image's vLLM listed, by the image's ID: an image already
+/// asked is not started again (an image ID is its content, so the answer cannot change).
+fn answer_path(cache: &str, image_id: &str) -> Option<String> {
+    let hex = image_id.strip_prefix("sha256:").unwrap_or(image_id);
+    (hex.len() >= 12 && hex.chars().all(|c| c.is_ascii_hexdigit())).then(|| {
+        format!(
+            "{}/.sparkform-archcheck/{hex}.json",
+            cache.trim_end_matches('/')
+        )
+    })
+}
+
+/// The answer a node kept for `image_id`, if it kept one that reads as a registry.
+async fn kept_answer(host: &dyn crate::hosts::Host, path: &str) -> Option<serde_json::Value> {
+    let out = host
+        .exec(
+            &crate::hosts::Cmd::new("cat")
+                .arg(path)
+                .timeout(Duration::from_secs(20)),
+        )
+        .await
+        .ok()?;
+    if !out.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).ok()?;
+    (!list(&v, "architectures").is_empty()).then_some(v)
+}
 
 /// How long the image may take to answer: importing a real vLLM imports torch, which took 40 to
 /// 77 s on the testbed's two shared cores (its CPU build, from a cold page cache).
@@ -56,6 +89,24 @@ impl CheckRun for ArchitectureCheck {
     async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
         let host = pool.get(&self.node)?;
         let node = host.node().to_string();
+        let image_id = host.image(&self.image).await.map(|s| s.id);
+        let kept = image_id
+            .as_deref()
+            .and_then(|id| answer_path(&self.cache, id));
+        if let Some(path) = &kept {
+            if let Some(answer) = kept_answer(host.as_ref(), path).await {
+                if let Ok(missing) = lacking(&self.architectures, &answer) {
+                    if missing.is_empty() {
+                        return Ok(format!(
+                            "{} serves {} (its vLLM was asked before, for image {})",
+                            self.image,
+                            self.architectures.join(", "),
+                            crate::hosts::image::short_id(image_id.as_deref().unwrap_or_default())
+                        ));
+                    }
+                }
+            }
+        }
         let docker = host.docker().await?;
         let job = Job {
             node: &node,
@@ -67,7 +118,8 @@ impl CheckRun for ArchitectureCheck {
             input: String::new(),
             lineage: "check",
         };
-        let cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
+        let mut cmd = vec!["python3".to_string(), "-c".into(), ARCHS_PY.into()];
+        cmd.extend(kept);
         let id = spawn_with(&job, cmd).await?;
         let mut ignore = |_: &serde_json::Value| {};
         let run = follow(&docker, &id, &mut ignore, None);

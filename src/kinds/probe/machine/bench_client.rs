@@ -33,13 +33,21 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         let folder = mounted_for(t);
         vec![Some(format!("{folder}:{folder}:ro"))]
     });
-    let mut env: std::collections::BTreeMap<String, String> =
-        [("PYTHONUNBUFFERED".to_string(), "1".to_string())].into();
+    // No telemetry or usage report: the client's run must not reach the internet.
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PYTHONUNBUFFERED", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+        ("HF_HUB_DISABLE_TELEMETRY", "1"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .into();
     if b.tokenizer.is_some() {
         // The tokenizer is on the node: a client that also looks the model's name up on the hub
         // (SGLang's checks its chat template so) would wait minutes for a hub a fabric's
         // nodes often cannot reach, retrying.
         env.insert("HF_HUB_OFFLINE".into(), "1".into());
+        env.insert("TRANSFORMERS_OFFLINE".into(), "1".into());
     }
     let container = ContainerDesired {
         image: b.image.clone(),
