@@ -13,16 +13,18 @@ use crate::ops::apply::Source;
 #[command(
     long_about = "Plan and apply a known-good generation (`sparkform history` lists them) from what \
 the state recorded when it ran: every resource at the configuration it had then, and what that \
-generation did not have destroyed. Without N, the newest generation before the one running now. \
-Neither the definitions of that time nor the hub is needed: the definitions on disk only say how \
+generation did not have destroyed. Without N, the newest generation before the one running now \
+whose configuration differs from what runs (a restart by `watch --restart` records a generation \
+that changes nothing, and is skipped). Neither the definitions of that time nor the hub is needed: the definitions on disk only say how \
 to reach the nodes and give the values the state keeps as keyed hashes (each must hash to what \
 the generation recorded, or the rollback is refused naming it) and the ephemeral ones it never \
 keeps. Each container starts again from the image ID it ran then, also where its tag has moved \
 on since (the plan says so, and names an image a node no longer has, with the fix); each model \
-node takes the weights from the snapshots it keeps (keep_revisions). The plan reads like any \
+node takes the weights from the snapshots it keeps (keep_revisions), checked against the \
+manifest recorded when they were downloaded; only a revision no node keeps needs the hub. The plan reads like any \
 other and asks for confirmation unless -auto-approve; a rollback that fails is rolled back like any apply. Afterwards the definitions on disk differ from what \
 runs, and the next `plan` says so.",
-    after_help = "Examples:\n  sparkform history examples/testbed\n  sparkform rollback examples/testbed          # the generation before the current one\n  sparkform rollback examples/testbed 3 -auto-approve"
+    after_help = "Examples:\n  sparkform history examples/testbed\n  sparkform rollback examples/testbed          # the last generation that differs from what runs\n  sparkform rollback examples/testbed 3 -auto-approve"
 )]
 pub struct RollbackArgs {
     /// Folder holding the .hcl definitions

@@ -72,9 +72,10 @@ pub fn plan(
     })
 }
 
-/// What the plan's notes say of the images the resources the rollback starts again ran in the
-/// generation, where their references on the nodes no longer name them: still on the node by
-/// its ID, the rollback runs it so; gone, the note names the fix. Found before the apply, not
+/// What the plan's notes say of what the resources the rollback starts again ran in the
+/// generation and their nodes no longer hold as recorded, as each kind sees it
+/// (`Machine::restorable`): an image whose reference moved on (run by its ID, or named with the
+/// fix), a kept snapshot that no longer matches its manifest. Found before the apply, not
 /// halfway through it. A node that does not answer is left out (the apply finds out).
 pub async fn restored_images(
     config: &Config,
@@ -100,32 +101,13 @@ pub async fn restored_images(
         let Ok(host) = pool.get(&node.address) else {
             continue;
         };
-        for (reference, pinned) in r.kind.kind().images(&r.config, Some(&record.attributes)) {
-            let Some(pinned) = pinned else { continue };
-            let host = host.clone();
-            let (address, node) = (c.address.clone(), node.name.clone());
-            let number = generation.number;
-            asks.push(async move {
-                let seen = host.image(&reference).await;
-                let short = crate::hosts::image::short_id(&pinned);
-                let now = match seen {
-                    None => format!("{node} no longer has {reference}"),
-                    Some(s) if !s.is(&pinned) => format!(
-                        "{reference} on {node} now names {}",
-                        crate::hosts::image::short_id(&s.id)
-                    ),
-                    Some(_) => return None,
-                };
-                Some(match host.image(&pinned).await {
-                    Some(_) => format!(
-                        "{address} ran {reference} ({short}) in generation {number}; {now}, and the rollback runs {short} by its ID, which {node} still has"
-                    ),
-                    None => format!(
-                        "{address} ran {reference} ({short}) in generation {number}, but {now} and not {short} either: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back"
-                    ),
-                })
-            });
-        }
+        let (address, number) = (c.address.clone(), generation.number);
+        let kind = r.kind;
+        asks.push(async move {
+            crate::kinds::machine::machine(kind)
+                .restorable(host.as_ref(), &address, record, number)
+                .await
+        });
     }
     futures_util::future::join_all(asks)
         .await

@@ -693,6 +693,20 @@ pub trait Machine: Send + Sync + 'static {
     async fn down(&self, _recorded: &Record<'_, Self::Kind>, _pool: &HostPool) -> Option<String> {
         None
     }
+    /// What a rollback that starts `record` (the resource as generation `number` recorded it)
+    /// again would miss on its node, as the plan's notes, found before anything runs: by
+    /// default the images it ran (`Kind::images`) that the node's references no longer name.
+    async fn restorable(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        record: &Record<'_, Self::Kind>,
+        number: u64,
+    ) -> Vec<String> {
+        let r = record.state;
+        let images = r.kind.kind().images(&r.config, Some(&r.attributes));
+        restorable_images(host, address, images, number).await
+    }
     /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere),
     /// from the configuration it applies (`after`).
     fn other_nodes(
@@ -776,6 +790,13 @@ pub trait AnyMachine: Send + Sync {
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(std::time::Duration, String), StepError>>;
     async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String>;
+    async fn restorable(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        record: &ResourceState,
+        number: u64,
+    ) -> Vec<String>;
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check>;
 }
@@ -934,6 +955,15 @@ impl<M: Machine> AnyMachine for M {
     async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
         Machine::down(self, &Record::of(recorded), pool).await
     }
+    async fn restorable(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        record: &ResourceState,
+        number: u64,
+    ) -> Vec<String> {
+        Machine::restorable(self, host, address, &Record::of(record), number).await
+    }
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String> {
         let after = change
             .after
@@ -1030,6 +1060,40 @@ pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
 /// Remove a one-shot container however it is (running, exited, gone), with its volumes; in
 /// `hosts` since `nodes`' NCCL probe runs one too.
 pub use crate::hosts::remove_container;
+
+/// [`Machine::restorable`]'s default: each image (reference, what it pinned) a rollback runs
+/// again, where the node's reference no longer names it: run by its ID where the node still has
+/// it, else named with the fix.
+pub async fn restorable_images(
+    host: &dyn Host,
+    address: &str,
+    images: Vec<(String, Option<String>)>,
+    number: u64,
+) -> Vec<String> {
+    use crate::hosts::image::short_id;
+    let node = host.node().trim_start_matches("node.").to_string();
+    let mut notes = Vec::new();
+    for (reference, pinned) in images {
+        let Some(pinned) = pinned else { continue };
+        let short = short_id(&pinned);
+        let now = match host.image(&reference).await {
+            None => format!("{node} no longer has {reference}"),
+            Some(s) if !s.is(&pinned) => {
+                format!("{reference} on {node} now names {}", short_id(&s.id))
+            }
+            Some(_) => continue,
+        };
+        notes.push(match host.image(&pinned).await {
+            Some(_) => format!(
+                "{address} ran {reference} ({short}) in generation {number}; {now}, and the rollback runs {short} by its ID, which {node} still has"
+            ),
+            None => format!(
+                "{address} ran {reference} ({short}) in generation {number}, but {now} and not {short} either: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back"
+            ),
+        });
+    }
+    notes
+}
 
 #[cfg(test)]
 mod tests {

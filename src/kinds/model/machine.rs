@@ -919,6 +919,41 @@ impl Machine for ModelMachine {
     type Kind = super::Model;
     type Undo = Undo;
 
+    /// Besides its image: whether the node still keeps the revision the generation ran as the
+    /// manifest recorded at its download says, so a damaged or missing copy is named at plan
+    /// (the rollback fetches it again, from the hub or the download node, and fails naming the
+    /// files when it cannot).
+    async fn restorable(
+        &self,
+        host: &dyn Host,
+        address: &str,
+        record: &Record<'_, super::Model>,
+        number: u64,
+    ) -> Vec<String> {
+        let r = record.state;
+        let images = r.kind.kind().images(&r.config, Some(&r.attributes));
+        let mut notes =
+            crate::kinds::machine::restorable_images(host, address, images, number).await;
+        let Ok(w) = want_recorded(address, record.config.as_ref()) else {
+            return notes;
+        };
+        let from = if w.role == super::desired::ROLE_PULL {
+            format!("copied again from {}", w.download_node)
+        } else {
+            "fetched again from the hub, which must answer".to_string()
+        };
+        if let Ok(Some(why)) =
+            observe::kept_copy(host, &w.repo, &w.cache, &w.commit, &w.node_name).await
+        {
+            notes.push(format!(
+                "{address} ran {} at {} in generation {number}, and the copy its node keeps no longer matches the manifest recorded at its download: {why}; the rollback has it {from}, and fails naming the files if it cannot",
+                w.repo,
+                &w.commit[..12.min(w.commit.len())]
+            ));
+        }
+        notes
+    }
+
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         architecture_checks(config, &|a| changed.is(a))
     }

@@ -361,6 +361,32 @@ pub(super) async fn deep(
     )
 }
 
+/// What a rollback to `commit` would find of it on the node: `None` when the copy there is
+/// still the one verified (every file of the manifest recorded at its download, unchanged
+/// since), else why not, naming each file.
+pub async fn kept_copy(
+    host: &dyn Host,
+    repo: &str,
+    cache: &str,
+    commit: &str,
+    name: &str,
+) -> Result<Option<String>, HostError> {
+    let folder = storage_folder(cache, repo);
+    let cmd = Cmd::new("sh")
+        .args(["-c", SCRIPT, "sparkform-observe"])
+        .arg(folder);
+    let out = host.exec(&cmd).await?;
+    if !out.success() {
+        return Ok(None);
+    }
+    let listing = parse_listing(&out.stdout, 1);
+    Ok(match judge(&listing[0], repo, commit, name) {
+        Drift::InSync => None,
+        Drift::Missing(why) => Some(why),
+        Drift::Drifted(why) => Some(why.join("; ")),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,6 +460,37 @@ mod tests {
         assert!(d[0].contains("record"), "{d:?}");
     }
 
+    /// What a rollback plan asks of a kept revision on a node: nothing when it is as verified,
+    /// else the files that changed, by name.
+    #[tokio::test]
+    async fn a_kept_copy_is_judged_by_its_recorded_manifest_and_names_the_changed_file() {
+        use crate::fake::{Answer, FakeHost, FakeWorld};
+        let f1 = r#"{"path": "a.safetensors", "size": 1000, "blob": "11", "sha256": "11", "mtime_ns": 5000000000}"#;
+        let e1 = r#"{"path": "a.safetensors", "size": 1000, "blob": "11", "sha256": "11"}"#;
+        let rec = record(f1, e1);
+        let world = FakeWorld::new();
+        let as_verified = FakeHost::new("node.n1", &world);
+        as_verified.on(
+            &["sh", "-c", SCRIPT],
+            Answer::Exit(0, listing(&rec, "1000 5.0 a.safetensors\n"), String::new()),
+        );
+        assert_eq!(
+            kept_copy(&as_verified, "o/m", "/c", A, "n1").await.unwrap(),
+            None
+        );
+        let flipped = FakeHost::new("node.n1", &world);
+        flipped.on(
+            &["sh", "-c", SCRIPT],
+            Answer::Exit(0, listing(&rec, "1000 9.0 a.safetensors\n"), String::new()),
+        );
+        let why = kept_copy(&flipped, "o/m", "/c", A, "n1").await.unwrap();
+        assert!(why.as_deref().is_some_and(|w| w.contains("a.safetensors")), "{why:?}");
+        let none = FakeHost::new("node.n1", &world);
+        none.on(&["sh", "-c", SCRIPT], Answer::Exit(0, String::new(), String::new()));
+        let why = kept_copy(&none, "o/m", "/c", B, "n1").await.unwrap();
+        assert!(why.as_deref().is_some_and(|w| w.contains("no verified copy")), "{why:?}");
+    }
+
     #[test]
     fn headers_out_of_range_or_not_commits_are_ignored() {
         let s = parse_listing(
@@ -443,3 +500,4 @@ mod tests {
         assert_eq!(s, vec![Storage::default()]);
     }
 }
+
