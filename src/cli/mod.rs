@@ -71,6 +71,10 @@ Options written Terraform-style with one dash (-var, -out, -refresh=false) work 
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// No color in the output, as Terraform's `-no-color` (the `NO_COLOR` variable does the
+    /// same). Only `logs` colors, and only in a terminal.
+    #[arg(long = "no-color", global = true)]
+    pub no_color: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -424,6 +428,10 @@ pub fn main() -> ExitCode {
             };
         }
     };
+    if cli.no_color {
+        // Before any thread starts: every command reads colors from NO_COLOR alone.
+        std::env::set_var("NO_COLOR", "1");
+    }
     // The one runtime of the process: the commands that talk to machines run on it.
     let rt = match runtime() {
         Ok(rt) => rt,

@@ -357,3 +357,25 @@ fn warnings_are_in_the_json_and_on_stderr_in_text() {
         "{stderr}"
     );
 }
+
+/// Terraform's `-no-color` (one dash, as the single-dash list names it) is taken by every
+/// command, before or after the folder, and changes nothing else.
+#[test]
+fn no_color_is_taken_as_terraform_spells_it() {
+    let d = Bed::new();
+    let dir = d.deploy();
+    let dir = dir.to_str().unwrap();
+    for args in [
+        vec!["validate", "-no-color", dir],
+        vec!["validate", dir, "--no-color"],
+        vec!["plan", dir, "-no-color", "-refresh=false"],
+    ] {
+        let (code, out, err) = d.run(&args);
+        assert_eq!(code, 0, "{args:?}: {out}\n{err}");
+        assert!(!err.contains("unexpected argument"), "{err}");
+        assert!(
+            !out.contains('\u{1b}') && !err.contains('\u{1b}'),
+            "{args:?}"
+        );
+    }
+}

@@ -132,7 +132,7 @@ async fn spawn(
     node: &str,
     body: bollard::models::ContainerCreateBody,
 ) -> Result<String, StepError> {
-    let tar = tar_of(&[("fabric_test.py", FABRIC_TEST_PY.as_bytes(), 0o755)]);
+    let tar = tar_of(&[("fabric_test.py", FABRIC_TEST_PY.as_bytes(), 0o755)])?;
     one_shot::start(docker, name, body, Some(tar))
         .await
         .map_err(|e| {

@@ -1021,40 +1021,28 @@ pub fn docker_name(raw: &str) -> String {
         .collect()
 }
 
-/// A tar archive of regular files (ustar) under `sparkform/`, for Docker's archive upload
-/// into a one-shot container (the program it runs and its input).
-pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
-    fn octal(field: &mut [u8], v: u64) {
-        let s = format!("{:0w$o}", v, w = field.len() - 1);
-        field[..s.len()].copy_from_slice(s.as_bytes());
-    }
-    let mut out = Vec::new();
-    let mut entry = |name: &str, data: &[u8], mode: u32, dir: bool| {
-        let mut h = [0u8; 512];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        octal(&mut h[100..108], mode as u64);
-        octal(&mut h[108..116], 0);
-        octal(&mut h[116..124], 0);
-        octal(&mut h[124..136], data.len() as u64);
-        octal(&mut h[136..148], 0);
-        h[156] = if dir { b'5' } else { b'0' };
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u64 = h.iter().map(|b| *b as u64).sum();
-        let s = format!("{sum:06o}\0 ");
-        h[148..156].copy_from_slice(s.as_bytes());
-        out.extend_from_slice(&h);
-        out.extend_from_slice(data);
-        let pad = (512 - data.len() % 512) % 512;
-        out.extend(std::iter::repeat_n(0u8, pad));
-    };
-    entry("sparkform/", &[], 0o755, true);
+/// A tar archive of regular files under `sparkform/`, for Docker's archive upload into a
+/// one-shot container (the program it runs and its input), written by the `tar` crate: a name
+/// longer than a header holds gets GNU's long-name entry, never a corrupt header.
+pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>, StepError> {
+    let fail =
+        |e: std::io::Error| StepError::new(format!("cannot pack the files for a container: {e}"));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o755);
+    dir.set_size(0);
+    b.append_data(&mut dir, "sparkform/", std::io::empty())
+        .map_err(fail)?;
     for (name, data, mode) in files {
-        entry(&format!("sparkform/{name}"), data, *mode, false);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(*mode);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, format!("sparkform/{name}"), *data)
+            .map_err(fail)?;
     }
-    out.extend(std::iter::repeat_n(0u8, 1024));
-    out
+    b.into_inner().map_err(fail)
 }
 
 /// Remove a one-shot container however it is (running, exited, gone), with its volumes; in

@@ -208,7 +208,7 @@ async fn spawn_with(job: &Job<'_>, cmd: Vec<String>) -> Result<String, StepError
     let tar = tar_of(&[
         ("transfer.py", TRANSFER_PY.as_bytes(), 0o755),
         ("input", job.input.as_bytes(), 0o600),
-    ]);
+    ])?;
     one_shot::start(job.docker, &job.who.name, body, Some(tar))
         .await
         .map_err(|e| {
@@ -1121,8 +1121,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_archive_is_a_tar_with_its_checksums() {
-        let t = tar_of(&[("input", b"secret\n", 0o600)]);
+    fn the_archive_is_a_tar_with_its_checksums_and_long_names_whole() {
+        let t = tar_of(&[("input", b"secret\n", 0o600)]).unwrap();
         assert_eq!(t.len() % 512, 0);
         assert_eq!(&t[257..262], b"ustar");
         assert_eq!(&t[512..527], b"sparkform/input");
@@ -1131,9 +1131,25 @@ mod tests {
         let mut copy = h.to_vec();
         copy[148..156].copy_from_slice(b"        ");
         let sum: u64 = copy.iter().map(|b| *b as u64).sum();
-        let written = std::str::from_utf8(&h[148..154]).unwrap();
+        let written = std::str::from_utf8(&h[148..156]).unwrap();
+        let written = written.trim_matches(|c: char| c == '\0' || c == ' ');
         assert_eq!(u64::from_str_radix(written, 8).unwrap(), sum);
         assert_eq!(&t[1024..1031], b"secret\n");
+        // Names over a header's 100 bytes, and over its 512: read back whole by a tar reader.
+        for len in [150, 700] {
+            let name = "n".repeat(len);
+            let t = tar_of(&[(name.as_str(), b"x", 0o644)]).unwrap();
+            let mut archive = tar::Archive::new(t.as_slice());
+            let paths: Vec<String> = archive
+                .entries()
+                .unwrap()
+                .map(|e| e.unwrap().path().unwrap().display().to_string())
+                .collect();
+            assert_eq!(
+                paths,
+                ["sparkform/".to_string(), format!("sparkform/{name}")]
+            );
+        }
     }
 
     #[test]

@@ -484,11 +484,21 @@ mod tests {
             Answer::Exit(0, listing(&rec, "1000 9.0 a.safetensors\n"), String::new()),
         );
         let why = kept_copy(&flipped, "o/m", "/c", A, "n1").await.unwrap();
-        assert!(why.as_deref().is_some_and(|w| w.contains("a.safetensors")), "{why:?}");
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("a.safetensors")),
+            "{why:?}"
+        );
         let none = FakeHost::new("node.n1", &world);
-        none.on(&["sh", "-c", SCRIPT], Answer::Exit(0, String::new(), String::new()));
+        none.on(
+            &["sh", "-c", SCRIPT],
+            Answer::Exit(0, String::new(), String::new()),
+        );
         let why = kept_copy(&none, "o/m", "/c", B, "n1").await.unwrap();
-        assert!(why.as_deref().is_some_and(|w| w.contains("no verified copy")), "{why:?}");
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("no verified copy")),
+            "{why:?}"
+        );
     }
 
     #[test]
@@ -500,4 +510,3 @@ mod tests {
         assert_eq!(s, vec![Storage::default()]);
     }
 }
-

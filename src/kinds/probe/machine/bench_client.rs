@@ -79,7 +79,7 @@ fn file_name(path: &str) -> &str {
 }
 
 /// The files the client gets: the key (read by the runner, then removed) and the prompts.
-fn files(b: &Bench) -> Option<Vec<u8>> {
+fn files(b: &Bench) -> Result<Option<Vec<u8>>, StepError> {
     let prompts = b.prompts_file();
     let mut files: Vec<(&str, &[u8], u32)> = Vec::new();
     if let Some(key) = &b.api_key {
@@ -88,7 +88,10 @@ fn files(b: &Bench) -> Option<Vec<u8>> {
     if let Some((path, content)) = &prompts {
         files.push((file_name(path), content.as_bytes(), 0o644));
     }
-    (!files.is_empty()).then(|| tar_of(&files))
+    if files.is_empty() {
+        return Ok(None);
+    }
+    tar_of(&files).map(Some)
 }
 
 /// Run the client on its node to its end, within `limit`; its figures and the report's text.
@@ -108,7 +111,7 @@ pub async fn run(
         .await
         .map_err(StepError::from)?;
     let name = docker_name(&format!("sparkform-{address}-bench"));
-    let id = one_shot::start(&docker, &name, container_for(b, lineage), files(b))
+    let id = one_shot::start(&docker, &name, container_for(b, lineage), files(b)?)
         .await
         .map_err(|e| {
             crate::kinds::machine::helper_not_started(
