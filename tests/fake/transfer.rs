@@ -1193,7 +1193,7 @@ fn download_with_huggingface_hub_fetches_each_file_once_and_verifies() {
     assert!(
         o.stderr.contains(shard)
             && o.stderr.contains("recorded when it was downloaded")
-            && o.stderr.contains("cannot be reached"),
+            && o.stderr.contains("fetching them again from the hub failed"),
         "{}",
         o.stderr
     );

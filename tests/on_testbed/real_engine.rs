@@ -284,8 +284,16 @@ fn the_real_vllm_across_both_nodes() {
     let all = format!("{out}\n{err}");
     assert_eq!(code, 2, "{all}");
     assert!(
-        all.contains("Plan: 0 to add, 0 to change, 2 to replace, 0 to destroy")
-            && all.contains(&format!("stays at commit {v2_commit}")),
+        all.contains("Plan: 0 to add, 0 to change, 2 to replace, 0 to destroy"),
+        "{all}"
+    );
+    // The lock file pins v2; without its pin (-upgrade) the revision resolves from what the
+    // download node keeps, with a warning.
+    let (code, out, err) = run(&["plan", EXAMPLE, "-var", "rev=v2", "-upgrade"]);
+    let all = format!("{out}\n{err}");
+    assert_eq!(code, 0, "{all}");
+    assert!(
+        all.contains(&format!("stays at commit {v2_commit}")),
         "{all}"
     );
 

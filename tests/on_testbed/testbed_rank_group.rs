@@ -150,16 +150,24 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
         placement: tb.placement(),
     };
 
-    // 1. Killed about 3 s after rank 1's create starts: rank 0 is up, rank 1 waits for the
-    // rendezvous (it joins after about 6 s on the stand-in).
+    // 1. Killed about 3 s after the ranks' creates start (together): both run, neither is
+    // ready, rank 1 waits for the rendezvous (it joins after about 6 s on the stand-in).
     r.apply_killed(&[], RANK1_CREATE, Duration::from_secs(3));
 
-    // 2. The plan restarts rank 0 with the new rank 1 (one process group), and one apply
-    // converges.
+    // 2. The plan removes both untracked ranks the kill left and creates the group again, and
+    // one apply converges.
     let (code, out, _) = r.run(&["plan", "-detailed-exitcode"]);
     assert_eq!(code, 2, "{out}");
+    for name in RANK_NAMES {
+        assert!(
+            out.contains(&format!(
+                "has an untracked, running copy ({name}) that will be stopped and removed"
+            )),
+            "{out}"
+        );
+    }
     assert!(
-        out.contains("module.qwen.container.rank0 (container on node.node1) must be replaced (module.qwen.container.rank[\"node2\"] is created, so this restarts with it: one process group)"),
+        out.contains("module.qwen.container.rank0 (container on node.node1) will be created"),
         "{out}"
     );
     let (code, out, err) = r.run(&["apply", "-auto-approve"]);
@@ -187,7 +195,7 @@ fn an_apply_killed_while_rank1_waits_is_recovered_by_one_apply_even_with_a_new_r
     );
     assert!(
         out.contains(
-            "Apply complete: 1 added, 0 changed, 3 replaced, 1 destroyed; 2 probes passed."
+            "Apply complete: 2 added, 0 changed, 2 replaced, 2 destroyed; 2 probes passed."
         ),
         "{out}"
     );
@@ -208,8 +216,9 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tb = testbed_third_pair();
     tb.clear_leftovers();
-    // The example with rank 1's ready timeout as a variable: 2 s is too short for the
-    // stand-in's rank 1 to join (about 6 s), while rank 0 is ready once its port is open.
+    // The example with the ranks' ready timeout as a variable: 2 s is too short for the
+    // stand-in's group to answer /health (rank 1 joins after about 6 s), so both ranks, which
+    // start together, fail their ready check.
     let example = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/testbed-mp/main.hcl"
@@ -259,7 +268,7 @@ fn a_rollback_after_rank1_fails_to_start_brings_the_old_group_back_whole() {
     );
     assert!(
         err.contains(
-            "Rolled back 1 step: the machines and the state are as they were before this apply."
+            "Rolled back 0 steps: the machines and the state are as they were before this apply."
         ),
         "{out}\n{err}"
     );
