@@ -159,7 +159,8 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
                 .collect();
             let pool = HostPool::connect(&config, &nodes, &req.hosts).await;
             let generation = super::rollback::chosen(&state, Some(planned.number))?;
-            let images = super::rollback::restored_images(&config, &plan, generation, &pool).await;
+            let images =
+                super::rollback::restored_images(&config, &plan, generation, &pool).await?;
             plan.notes.extend(images);
             rollback_to = Some((planned.number, planned.definitions));
             ((config, graph), plan, planned.warnings, Some(pool))

@@ -76,13 +76,15 @@ pub fn plan(
 /// generation and their nodes no longer hold as recorded, as each kind sees it
 /// (`Machine::restorable`): an image whose reference moved on (run by its ID, or named with the
 /// fix), a kept snapshot that no longer matches its manifest. Found before the apply, not
-/// halfway through it. A node that does not answer is left out (the apply finds out).
+/// halfway through it; what a node lacks and cannot get (weights no node keeps, with the hub
+/// unreachable) refuses the rollback. A node that does not answer is left out (the apply finds
+/// out).
 pub async fn restored_images(
     config: &Config,
     plan: &Plan,
     generation: &Generation,
     pool: &crate::hosts::HostPool,
-) -> Vec<String> {
+) -> Result<Vec<String>, OpError> {
     use crate::plan::Action;
     let mut asks = Vec::new();
     for c in &plan.changes {
@@ -109,11 +111,24 @@ pub async fn restored_images(
                 .await
         });
     }
-    futures_util::future::join_all(asks)
+    let mut notes = Vec::new();
+    let mut refused = Vec::new();
+    for r in futures_util::future::join_all(asks)
         .await
         .into_iter()
         .flatten()
-        .collect()
+    {
+        match r {
+            crate::kinds::machine::Restorable::Note(n) => notes.push(n),
+            crate::kinds::machine::Restorable::Refused { message, help } => {
+                refused.push(Diag::error("rollback::unrestorable", message).help(help))
+            }
+        }
+    }
+    if !refused.is_empty() {
+        return Err(OpError::Config(Diagnostics(refused)));
+    }
+    Ok(notes)
 }
 
 /// The generation a rollback takes: `number`, or without one the newest before the generation

@@ -214,3 +214,51 @@ async fn two_revisions_are_kept_the_third_removed_and_destroy_removes_them_all()
     assert!(gone.ok, "{:?}", gone.failures);
     assert_eq!(node.removed(), [A, C, B]);
 }
+
+/// A rollback to weights its node no longer keeps: with the hub unreachable from the download
+/// node, the model kind refuses it at plan (`Machine::restorable`), naming the revision, the
+/// node and `keep_revisions`; with the hub answering, the plan says the weights come from it.
+#[tokio::test]
+async fn a_rollback_to_weights_no_node_keeps_is_refused_at_plan_while_the_hub_is_down() {
+    use sparkform::kinds::machine::{machine, Restorable};
+    use sparkform::kinds::KindId;
+    use sparkform_testkit::fake::Answer;
+    let node = Node::new();
+    let (_, first) = node.apply(A).await;
+    assert!(first.ok, "{:?}", first.failures);
+    let record = node.state().resources["model.m[\"a\"]"].clone();
+    let world = FakeWorld::new();
+    let host = FakeHost::new("node.a", &world).docker_engine(node.docker.clone());
+    // The node's caches list nothing: no verified copy of A is kept there.
+    host.on(&["sh", "-c"], Answer::Exit(0, String::new(), String::new()));
+    let unreachable = serde_json::json!({"event": "error", "code": 4, "message":
+        "repository org/name revision aaaa: the hub at 10.9.9.9:8080 cannot be reached: [Errno 113] No route to host"});
+    node.docker.fault(
+        "sparkform-model.m-a-resolve",
+        Fault::ExitsAfterStart(4, vec![unreachable.to_string()]),
+    );
+    let model = machine(KindId::Model);
+    let got = model.restorable(&host, "model.m[\"a\"]", &record, 1).await;
+    let [Restorable::Refused { message, help }] = got.as_slice() else {
+        panic!("not refused: {got:?}")
+    };
+    assert!(
+        message.contains("generation 1 ran org/name at aaaaaaaaaaaa")
+            && message.contains("which a does not keep")
+            && message.contains("cannot be reached"),
+        "{message}"
+    );
+    assert!(help.contains("keep_revisions"), "{help}");
+    // The hub answers: the rollback fetches the weights again, said in the plan.
+    let resolved = serde_json::json!({"event": "result", "mode": "resolve", "repo": "org/name",
+        "commit": A, "files": [], "total_bytes": 0});
+    node.docker.fault(
+        "sparkform-model.m-a-resolve",
+        Fault::ExitsAfterStart(0, vec![resolved.to_string()]),
+    );
+    let got = model.restorable(&host, "model.m[\"a\"]", &record, 1).await;
+    assert!(
+        matches!(got.as_slice(), [Restorable::Note(n)] if n.contains("fetches it again from the hub")),
+        "{got:?}"
+    );
+}

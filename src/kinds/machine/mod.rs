@@ -702,7 +702,7 @@ pub trait Machine: Send + Sync + 'static {
         address: &str,
         record: &Record<'_, Self::Kind>,
         number: u64,
-    ) -> Vec<String> {
+    ) -> Vec<Restorable> {
         let r = record.state;
         let images = r.kind.kind().images(&r.config, Some(&r.attributes));
         restorable_images(host, address, images, number).await
@@ -796,7 +796,7 @@ pub trait AnyMachine: Send + Sync {
         address: &str,
         record: &ResourceState,
         number: u64,
-    ) -> Vec<String>;
+    ) -> Vec<Restorable>;
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check>;
 }
@@ -961,7 +961,7 @@ impl<M: Machine> AnyMachine for M {
         address: &str,
         record: &ResourceState,
         number: u64,
-    ) -> Vec<String> {
+    ) -> Vec<Restorable> {
         Machine::restorable(self, host, address, &Record::of(record), number).await
     }
     fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String> {
@@ -1049,6 +1049,16 @@ pub fn tar_of(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>, StepError> {
 /// `hosts` since `nodes`' NCCL probe runs one too.
 pub use crate::hosts::remove_container;
 
+/// What a rollback's plan learns of one resource it starts again (`Machine::restorable`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restorable {
+    /// Said in the plan: what the node no longer holds as recorded, and how the rollback does
+    /// without it.
+    Note(String),
+    /// The rollback cannot start it again: refused before anything runs, with the fix.
+    Refused { message: String, help: String },
+}
+
 /// [`Machine::restorable`]'s default: each image (reference, what it pinned) a rollback runs
 /// again, where the node's reference no longer names it: run by its ID where the node still has
 /// it, else named with the fix.
@@ -1057,7 +1067,7 @@ pub async fn restorable_images(
     address: &str,
     images: Vec<(String, Option<String>)>,
     number: u64,
-) -> Vec<String> {
+) -> Vec<Restorable> {
     use crate::hosts::image::short_id;
     let node = host.node().trim_start_matches("node.").to_string();
     let mut notes = Vec::new();
@@ -1071,14 +1081,14 @@ pub async fn restorable_images(
             }
             Some(_) => continue,
         };
-        notes.push(match host.image(&pinned).await {
+        notes.push(Restorable::Note(match host.image(&pinned).await {
             Some(_) => format!(
                 "{address} ran {reference} ({short}) in generation {number}; {now}, and the rollback runs {short} by its ID, which {node} still has"
             ),
             None => format!(
                 "{address} ran {reference} ({short}) in generation {number}, but {now} and not {short} either: load that image on the node (the container's `image_archive`), or set `pull = true` to pull the reference again, before rolling back"
             ),
-        });
+        }));
     }
     notes
 }

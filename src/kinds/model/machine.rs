@@ -28,7 +28,7 @@ use crate::hosts::{one_shot, Host, HostError};
 use crate::kinds::machine::{remove_container, tar_of, Changed};
 use crate::kinds::machine::{
     Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
-    Step, StepCx, StepError,
+    Restorable, Step, StepCx, StepError,
 };
 
 mod arch;
@@ -835,6 +835,8 @@ pub struct ResolveRequest<'a> {
     pub token: Option<&'a str>,
     pub include: &'a [String],
     pub exclude: &'a [String],
+    /// With the hub unreachable, resolve a revision the node keeps from what it recorded.
+    pub offline: bool,
 }
 
 /// Resolve a revision to its commit and manifest (with the `config.json` facts) on a node, as
@@ -845,14 +847,15 @@ pub async fn resolve(
 ) -> Result<serde_json::Value, StepError> {
     let node = host.node().to_string();
     let docker = host.docker().await?;
-    // With the cache, a revision the node keeps resolves without the hub when it is down.
     let mut args = vec![
         "resolve".to_string(),
         req.repo.to_string(),
         req.revision.to_string(),
-        "--cache".to_string(),
-        req.cache.to_string(),
     ];
+    if req.offline {
+        // With the cache, a revision the node keeps resolves without the hub when it is down.
+        args.extend(["--cache".to_string(), req.cache.to_string()]);
+    }
     if let Some(ep) = req.endpoint {
         args.extend(["--endpoint".to_string(), ep.to_string()]);
     }
@@ -929,7 +932,7 @@ impl Machine for ModelMachine {
         address: &str,
         record: &Record<'_, super::Model>,
         number: u64,
-    ) -> Vec<String> {
+    ) -> Vec<Restorable> {
         let r = record.state;
         let images = r.kind.kind().images(&r.config, Some(&r.attributes));
         let mut notes =
@@ -937,19 +940,44 @@ impl Machine for ModelMachine {
         let Ok(w) = want_recorded(address, record.config.as_ref()) else {
             return notes;
         };
-        let from = if w.role == super::desired::ROLE_PULL {
-            format!("copied again from {}", w.download_node)
-        } else {
-            "fetched again from the hub, which must answer".to_string()
-        };
-        if let Ok(Some(why)) =
+        let Ok(Some(why)) =
             observe::kept_copy(host, &w.repo, &w.cache, &w.commit, &w.node_name).await
-        {
-            notes.push(format!(
-                "{address} ran {} at {} in generation {number}, and the copy its node keeps no longer matches the manifest recorded at its download: {why}; the rollback has it {from}, and fails naming the files if it cannot",
-                w.repo,
-                &w.commit[..12.min(w.commit.len())]
-            ));
+        else {
+            return notes;
+        };
+        let short = &w.commit[..12.min(w.commit.len())];
+        if w.role == super::desired::ROLE_PULL {
+            notes.push(Restorable::Note(format!(
+                "{address} ran {} at {short} in generation {number}, and its node does not keep it as recorded ({why}; a node keeps its last `keep_revisions` revisions): the rollback copies it again from {}",
+                w.repo, w.download_node
+            )));
+            return notes;
+        }
+        // The download node fetches what it lacks from the hub: does the hub answer there?
+        let asked = ResolveRequest {
+            block: &w.block,
+            repo: &w.repo,
+            revision: &w.commit,
+            image: &w.image,
+            cache: &w.cache,
+            endpoint: w.endpoint.as_deref(),
+            token: w.token.as_deref(),
+            include: &w.include,
+            exclude: &w.exclude,
+            offline: false,
+        };
+        match resolve(host, &asked).await {
+            Ok(_) => notes.push(Restorable::Note(format!(
+                "{address} ran {} at {short} in generation {number}, and its node does not keep it as recorded ({why}; a node keeps its last `keep_revisions` revisions): the rollback fetches it again from the hub",
+                w.repo
+            ))),
+            Err(e) => notes.push(Restorable::Refused {
+                message: format!(
+                    "{address}: generation {number} ran {} at {short}, which {} does not keep as recorded ({why}), and the hub cannot give it again: {}",
+                    w.repo, w.node_name, e.message
+                ),
+                help: "a node keeps its last `keep_revisions` revisions: bring the hub back (or set the model block's `endpoint` to one that answers) and roll back again, or roll back to a generation whose weights the nodes keep (`sparkform history`)".into(),
+            }),
         }
         notes
     }

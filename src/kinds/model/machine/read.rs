@@ -220,6 +220,7 @@ async fn resolve_on(
             token: c.token(),
             include: &c.include,
             exclude: &c.exclude,
+            offline: true,
         };
         match resolve(host.as_ref(), &req).await {
             Ok(manifest) => {
