@@ -217,3 +217,69 @@ fn a_workload_beyond_the_engines_limits_is_refused_at_plan_with_the_limit() {
         "the diagnostic names the file: {err}"
     );
 }
+
+/// The plan's expected outage ends when the serving probe passes, not after the benchmark that
+/// follows it (which measures an endpoint that already answers), and says how much of it is
+/// the replaced container's own start, as its last start recorded it.
+#[tokio::test]
+async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start() {
+    use sparkform::kinds::machine::ReadMode;
+    use sparkform::plan::PlanOptions;
+    let d = Deployment::new();
+    write_bench(d.dir.path(), 2);
+    the_client_reports(&d, 39.88, 240.75);
+    let first = d.apply().await;
+    assert!(first.ok, "{:?}", first.failures);
+    let mut state = d.state();
+    // What the last apply measured: the worker's step, its own start, and each probe.
+    for (address, secs) in [
+        ("container.worker", 30.0),
+        ("probe.serving", 2.0),
+        ("probe.speed", 12.0),
+    ] {
+        state.resources.get_mut(address).unwrap().last_apply_secs = Some(secs);
+    }
+    state
+        .resources
+        .get_mut("container.worker")
+        .unwrap()
+        .attributes
+        .insert("start_secs".into(), serde_json::json!(25.0));
+    d.store().write(&mut state).unwrap();
+    write(d.dir.path(), "ray:2");
+    let evaluated = sparkform::ops::definitions::load(
+        &Workspace::new(d.dir.path(), None),
+        &VarInputs::default(),
+    )
+    .unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let prepared = sparkform::ops::prepare::prepare(
+        sparkform::ops::prepare::PrepareRequest {
+            evaluated,
+            recorded: Some(&state),
+            refresh: ReadMode::Recorded,
+            options: PlanOptions::default(),
+            hosts: d.hosts(),
+        },
+        &tx,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let impact = prepared.plan.impact.clone().expect("an impact");
+    assert!(
+        impact
+            .unavailable
+            .iter()
+            .all(|o| o.until.as_deref() != Some("probe.speed")),
+        "{:?}",
+        impact.unavailable
+    );
+    assert_eq!(impact.outage_secs, Some(32.0), "{impact:?}");
+    assert_eq!(impact.engine_start_secs, Some(25.0));
+    let text = sparkform::plan::render::render(&prepared.plan);
+    assert!(
+        text.contains("Expected outage: 32.0 s")
+            && text.contains("of which 25.0 s is the engine's own start"),
+        "{text}"
+    );
+}
