@@ -425,6 +425,9 @@ fn the_real_vllm_across_both_nodes() {
     let answer = complete(&tb, 30);
     assert!(answer.contains("\"completion_tokens\""), "{answer}");
 
+    let (code, out, err) = run(&["status", EXAMPLE]);
+    assert_eq!(code, 0, "status with the hub down: {out}\n{err}");
+
     // A stopped rank: verify fails at once, naming the container, its state and exit code.
     tb.ssh(
         tb.nodes[1],
@@ -438,8 +441,6 @@ fn the_real_vllm_across_both_nodes() {
         "{all}"
     );
 
-    let (code, out, err) = run(&["status", EXAMPLE]);
-    assert_eq!(code, 0, "status with the hub down: {out}\n{err}");
     let (code, out, err) = run(&["destroy", EXAMPLE, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_nothing_left(&tb);
