@@ -223,8 +223,6 @@ fn a_workload_beyond_the_engines_limits_is_refused_at_plan_with_the_limit() {
 /// the replaced container's own start, as its last start recorded it.
 #[tokio::test]
 async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start() {
-    use sparkform::kinds::machine::ReadMode;
-    use sparkform::plan::PlanOptions;
     let d = Deployment::new();
     write_bench(d.dir.path(), 2);
     the_client_reports(&d, 39.88, 240.75);
@@ -247,25 +245,8 @@ async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start()
         .insert("start_secs".into(), serde_json::json!(25.0));
     d.store().write(&mut state).unwrap();
     write(d.dir.path(), "ray:2");
-    let evaluated = sparkform::ops::definitions::load(
-        &Workspace::new(d.dir.path(), None),
-        &VarInputs::default(),
-    )
-    .unwrap();
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let prepared = sparkform::ops::prepare::prepare(
-        sparkform::ops::prepare::PrepareRequest {
-            evaluated,
-            recorded: Some(&state),
-            refresh: ReadMode::Recorded,
-            options: PlanOptions::default(),
-            hosts: d.hosts(),
-        },
-        &tx,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:?}"));
-    let impact = prepared.plan.impact.clone().expect("an impact");
+    let plan = d.plan_recorded().await;
+    let impact = plan.impact.clone().expect("an impact");
     assert!(
         impact
             .unavailable
@@ -276,7 +257,7 @@ async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start()
     );
     assert_eq!(impact.outage_secs, Some(32.0), "{impact:?}");
     assert_eq!(impact.engine_start_secs, Some(25.0));
-    let text = sparkform::plan::render::render(&prepared.plan);
+    let text = sparkform::plan::render::render(&plan);
     assert!(
         text.contains("Expected outage: 32.0 s")
             && text.contains("of which 25.0 s is the engine's own start"),

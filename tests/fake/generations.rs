@@ -84,6 +84,11 @@ impl Deployment {
 
     /// `sparkform plan DIR -refresh=false`'s notes.
     pub(crate) async fn plan_notes(&self) -> Vec<String> {
+        self.plan_recorded().await.notes
+    }
+
+    /// `sparkform plan DIR -refresh=false`: the plan against the state on disk.
+    pub(crate) async fn plan_recorded(&self) -> Plan {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
@@ -103,7 +108,7 @@ impl Deployment {
         )
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
-        prepared.plan.notes
+        prepared.plan
     }
 
     /// `sparkform apply DIR -auto-approve`, on the fake nodes.
