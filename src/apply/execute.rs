@@ -438,18 +438,26 @@ impl<'r, 'a> Run<'r, 'a> {
 
     pub(super) async fn roll_back(&mut self, jobs: &Jobs<'_>) {
         self.outcome.rolled_back = true;
+        let (kept, to_undo) = self.kept_by_passed_checks();
+        if !kept.is_empty() {
+            self.outcome.notes.push(format!(
+                "kept as they are, having passed their checks before the failure: {}",
+                kept.join(", ")
+            ));
+        }
         rollback(
             self.req,
             jobs,
             self.steps,
             &self.dependents,
-            &self.completed,
+            &to_undo,
             self.before,
             &mut self.state,
             &mut self.outcome,
         )
         .await;
-        // A complete rollback puts the machines back as they were before this apply, which
+        // A complete rollback puts the machines back as they were before this apply (but for
+        // what a passed check kept), which
         // is what the runs' earlier results describe: the failure of what it undid is not
         // theirs. After an incomplete one the failure stays for the next plan to show.
         let outcome = &self.outcome;
@@ -475,5 +483,26 @@ impl<'r, 'a> Run<'r, 'a> {
                 }
             }
         }
+    }
+
+    /// The completed steps a passed check keeps ([`Step::keeps`]: a replica back behind its
+    /// router stays on its new version when a later one fails), and the rest, which a rollback
+    /// undoes.
+    fn kept_by_passed_checks(&self) -> (Vec<String>, Vec<(usize, Step, Applied)>) {
+        let keeps: BTreeSet<&str> = self
+            .completed
+            .iter()
+            .flat_map(|(_, s, _)| s.keeps.iter().map(String::as_str))
+            .collect();
+        let mut kept = Vec::new();
+        let mut to_undo = Vec::new();
+        for c in &self.completed {
+            if keeps.contains(c.1.address.as_str()) {
+                kept.push(c.1.address.clone());
+            } else {
+                to_undo.push(c.clone());
+            }
+        }
+        (kept, to_undo)
     }
 }

@@ -89,6 +89,9 @@ struct Step {
     kind: StepKind,
     change: Change,
     deps: BTreeSet<usize>,
+    /// A check's [`Check::keeps`](crate::kinds::machine::Check): steps a later failure
+    /// leaves done once it passed.
+    keeps: Vec<String>,
 }
 
 /// The steps of a plan with their dependencies, plus the checks the kinds add after groups of
@@ -107,6 +110,7 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
             kind: StepKind::Resource(c.kind),
             change: c.clone(),
             deps: BTreeSet::new(),
+            keeps: Vec::new(),
         });
     }
     // Checks the kinds add after groups of changed resources (a network's fabric check).
@@ -122,8 +126,12 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
         .collect();
     let mut check_of: HashMap<String, usize> = HashMap::new();
     let mut preflight_of: HashMap<String, Vec<usize>> = HashMap::new();
+    // A check may run after another check a kind added before it (a replica's drain after
+    // the previous replica's admit).
+    let mut check_at: HashMap<String, usize> = HashMap::new();
     for (owner, check) in checks {
         let at = steps.len();
+        check_at.insert(check.address.clone(), at);
         steps.push(Step {
             address: check.address.clone(),
             kind: StepKind::Check {
@@ -150,8 +158,10 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
             deps: check
                 .after
                 .iter()
-                .filter_map(|a| index.get(a).copied())
+                .filter_map(|a| index.get(a).or_else(|| check_at.get(a)).copied())
+                .filter(|&d| d != at)
                 .collect(),
+            keeps: check.keeps,
         });
         for a in check.covers {
             check_of.insert(a, at);

@@ -19,7 +19,10 @@ pub(super) async fn rollback(
 ) {
     let undoable: Vec<&(usize, Step, Applied)> = completed
         .iter()
-        .filter(|(_, s, _)| matches!(s.kind, StepKind::Resource(_)))
+        .filter(|(_, s, _)| match &s.kind {
+            StepKind::Resource(_) => true,
+            StepKind::Check { run, .. } => run.undoes(),
+        })
         .collect();
     outcome.to_undo = undoable.len();
     emit(
@@ -41,8 +44,13 @@ pub(super) async fn rollback(
         while running.len() < parallelism {
             let Some(k) = ready.pop() else { break };
             let (_, step, applied) = undoable[k];
-            let StepKind::Resource(kind) = step.kind else {
-                continue;
+            let kind = match &step.kind {
+                StepKind::Resource(kind) => *kind,
+                StepKind::Check { run, .. } => {
+                    let (run, pool) = (run.clone(), jobs.pool.clone());
+                    running.spawn((k, Instant::now()), async move { run.undo(&pool).await });
+                    continue;
+                }
             };
             let mut job = jobs.job(step);
             job.cancel = undo_cancel.clone();
@@ -65,7 +73,8 @@ pub(super) async fn rollback(
         match result {
             Ok(summary) => {
                 outcome.undone += 1;
-                if undoable[k].1.change.orphan.is_none() {
+                let is_resource = matches!(undoable[k].1.kind, StepKind::Resource(_));
+                if undoable[k].1.change.orphan.is_none() && is_resource {
                     restored.push(address.clone());
                 }
                 emit(
@@ -77,8 +86,8 @@ pub(super) async fn rollback(
                     },
                 );
                 // Back to what the state said before this apply; an untracked object's undo
-                // leaves the tracked resource's entry alone.
-                if undoable[k].1.change.orphan.is_none() {
+                // leaves the tracked resource's entry alone, and a check records nothing.
+                if undoable[k].1.change.orphan.is_none() && is_resource {
                     match before.resources.get(address) {
                         Some(r) => {
                             state.resources.insert(address.clone(), r.clone());

@@ -150,6 +150,9 @@ pub trait Engine<'m> {
     /// The item's context: the parts of other items its references name. `None` when one of
     /// them failed (its error is already reported).
     fn item_context(&self) -> Option<Ctx>;
+    /// The resources the item depends on in its `for_each` instance `key` (what
+    /// `item_context`'s `deps` hold for all instances together).
+    fn instance_deps(&self, key: &str) -> BTreeSet<String>;
     /// The context of a nested block: only what its own attributes reference.
     fn body_context(&self, body: &Body) -> Option<Ctx>;
     /// The item's context and its evaluated attributes.

@@ -24,6 +24,9 @@ pub struct Ref {
     pub path: Vec<Step>,
     /// Whether the path continues past `path` with dynamic steps (an index expression, a splat).
     pub dynamic_tail: bool,
+    /// Whether that dynamic step is `[each.key]`: within one instance of a `for_each` block
+    /// the reference names that key's instance alone (its dependencies are that instance's).
+    pub each_key_next: bool,
     /// Byte range of the whole traversal.
     pub span: Range<usize>,
     /// Byte ranges of the root and of each static step, for precise labels.
@@ -53,6 +56,16 @@ impl Ref {
             _ => None,
         }
     }
+}
+
+/// Whether `e` is `each.key`.
+fn is_each_key(e: &Expression) -> bool {
+    let Expression::Traversal(t) = e else {
+        return false;
+    };
+    matches!(&t.expr, Expression::Variable(v) if v.as_str() == "each")
+        && t.operators.len() == 1
+        && matches!(t.operators[0].value(), TraversalOperator::GetAttr(id) if id.as_str() == "key")
 }
 
 pub fn is_ident(s: &str) -> bool {
@@ -101,6 +114,7 @@ impl Visit for Collector {
                     root: v.as_str().to_string(),
                     path: Vec::new(),
                     dynamic_tail: false,
+                    each_key_next: false,
                     span: span.clone(),
                     step_spans: vec![span],
                 });
@@ -128,6 +142,7 @@ impl Visit for Collector {
             root: root.as_str().to_string(),
             path: Vec::new(),
             dynamic_tail: false,
+            each_key_next: false,
             span: t.span().unwrap_or(root_span.clone()),
             step_spans: vec![root_span],
         };
@@ -151,6 +166,7 @@ impl Visit for Collector {
                 }
                 None => {
                     r.dynamic_tail = true;
+                    r.each_key_next = matches!(op.value(), TraversalOperator::Index(e) if is_each_key(e));
                     break;
                 }
             }

@@ -2,10 +2,15 @@
 //! top-level block into resources with the evaluation engine (`config::lowering::Engine`). The
 //! engine asks [`lower`] for a kind's and names no kind.
 
+use std::sync::Arc;
+
 use hcl::Value;
+use hcl_edit::structure::Block;
+use hcl_edit::Span as _;
 
 use super::KindId;
-use crate::config::lowering::Lower;
+use crate::config::lowering::{span_of, Ctx, Engine, Lower};
+use crate::diag::{Diag, SourceFile};
 
 macro_rules! define_lowerings {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
@@ -38,4 +43,43 @@ pub(crate) fn fabric_address(network: &Value, node: &str) -> Option<String> {
         .find(|a| a.get("node_name").and_then(Value::as_str) == Some(node))
         .and_then(|a| a.get("address").and_then(Value::as_str))
         .map(str::to_string)
+}
+
+impl dyn Engine<'_> + '_ {
+    /// The instances of a block with `for_each` (a container, a probe): one, or one per key.
+    /// `what` names the block in errors (``container `rank` ``).
+    pub(crate) fn block_instances(
+        &mut self,
+        ctx: &Ctx,
+        file: &Arc<SourceFile>,
+        block: &Block,
+        what: &str,
+    ) -> Option<Vec<(Option<String>, Value)>> {
+        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
+            None => vec![(None, Value::Null)],
+            Some(fe) => {
+                self.refuse_sensitive_for_each(fe, what)?;
+                let v = self.eval_expr(ctx, file, &fe.value)?;
+                let span = span_of(file, fe.value.span());
+                match self.for_each_instances(&v) {
+                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
+                    Err(msg) => {
+                        self.diag(
+                            Diag::error(
+                                "config::for_each",
+                                format!("invalid for_each in {what}"),
+                            )
+                            .label(&span, msg)
+                            .help(
+                                "for_each takes a map (each.key, each.value) or a set of strings",
+                            ),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(instances)
+    }
+
 }

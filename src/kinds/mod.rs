@@ -14,6 +14,7 @@ pub(crate) mod lower;
 pub mod machine;
 pub mod model;
 pub mod probe;
+pub mod router;
 #[cfg(test)]
 pub mod toy;
 
@@ -32,6 +33,7 @@ macro_rules! for_each_kind {
             FabricTest => fabric_test,
             Model => model,
             Probe => probe,
+            Router => router,
             #[cfg(test)] Toy => toy,
         }
     };
@@ -447,8 +449,21 @@ pub trait Kind: Sync + 'static {
     ) -> Option<Reuse> {
         None
     }
+    /// Whether it puts replicas behind one endpoint, and which resources each is made of:
+    /// a plan says how many serve at each step of a roll instead of an outage. A deliberate
+    /// seam with one implementer (the router): the plan's impact asks it of every resource.
+    fn rolling(&self, _desired: &Self::Desired) -> Option<Rolling> {
+        None
+    }
     /// Graphviz shape in `sparkform graph`.
     fn dot_shape(&self) -> &'static str;
+}
+
+/// Replicas behind one endpoint: each replica's key with the addresses of the resources it is
+/// made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rolling {
+    pub replicas: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// A state's attributes: a recorded resource's facts, and the engine's journal marks beside
@@ -519,6 +534,7 @@ pub trait AnyKind: Sync {
     fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn>;
     fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
     fn node_address(&self, config: &serde_json::Value) -> Option<String>;
+    fn rolling(&self, config: &serde_json::Value) -> Option<Rolling>;
     fn dot_shape(&self) -> &'static str;
     /// The version of the shape of its recorded facts.
     fn recorded_version(&self) -> u32;
@@ -626,6 +642,9 @@ impl<K: Kind> AnyKind for K {
     }
     fn node_address(&self, config: &serde_json::Value) -> Option<String> {
         Kind::node_address(self, &K::Desired::from_config(config).ok()?)
+    }
+    fn rolling(&self, config: &serde_json::Value) -> Option<Rolling> {
+        Kind::rolling(self, &K::Desired::from_config(config).ok()?)
     }
     fn dot_shape(&self) -> &'static str {
         Kind::dot_shape(self)

@@ -303,6 +303,36 @@ impl Loader {
         Some(ctx)
     }
 
+    /// The resources item `i` depends on in its instance `key` of a `for_each`: a reference
+    /// indexed by `[each.key]` names that key's instance only.
+    fn instance_deps(&self, scope: &Scope<'_>, i: usize, key: &str) -> BTreeSet<String> {
+        let mut deps = BTreeSet::new();
+        for r in &scope.items[i].refs {
+            if r.root == "each" {
+                continue;
+            }
+            let Some(root) = Root::referable(&r.root) else {
+                continue;
+            };
+            let Some(name) = r.first_key() else {
+                continue;
+            };
+            let Some(ev) = scope
+                .index
+                .get(&(root, name.to_string()))
+                .and_then(|&t| scope.values[t].as_ref())
+            else {
+                continue;
+            };
+            let mut rest = r.path[1..].to_vec();
+            if r.each_key_next {
+                rest.push(crate::config::refs::Step::Key(key.to_string()));
+            }
+            ev.deps.resolve(&rest, &mut deps);
+        }
+        deps
+    }
+
     fn context_for(&self, scope: &Scope<'_>, refs: &[Ref]) -> Option<Ctx> {
         let mut roots: BTreeMap<&'static str, Value> = BTreeMap::new();
         let mut deps = BTreeSet::new();
@@ -864,6 +894,9 @@ impl<'m> Engine<'m> for Lowering<'_, '_, 'm> {
     }
     fn item_context(&self) -> Option<Ctx> {
         self.loader.item_context(self.scope, self.i)
+    }
+    fn instance_deps(&self, key: &str) -> BTreeSet<String> {
+        self.loader.instance_deps(self.scope, self.i, key)
     }
     fn body_context(&self, body: &Body) -> Option<Ctx> {
         // Each nested block is evaluated with the parts of other blocks it refers to, not the

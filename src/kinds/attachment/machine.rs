@@ -439,6 +439,7 @@ impl Machine for AttachmentMachine {
                 covers: net.attachments.clone(),
                 before: Vec::new(),
                 nodes: members.iter().map(|m| m.node.clone()).collect(),
+                keeps: Vec::new(),
                 run: Arc::new(Mesh {
                     members,
                     mtu: net.mtu,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use hcl::{Map, Value};
 use hcl_edit::structure::Block;
-use hcl_edit::Span as _;
 
 use super::{CONTAINER, READY};
 use crate::config::lowering::*;
@@ -29,7 +28,7 @@ impl dyn Engine<'_> + '_ {
         let edge_deps = self.edge_deps("depends_on")?;
         let replace_by = self.edge_deps("replace_triggered_by")?;
         let base = format!("{}container.{}", self.prefix(), name);
-        let instances = self.container_instances(&ctx, &file, block, &name)?;
+        let instances = self.block_instances(&ctx, &file, block, &format!("container `{name}`"))?;
         let mut values = Map::new();
         let mut inst_deps = BTreeMap::new();
         let mut single: Option<Value> = None;
@@ -102,7 +101,11 @@ impl dyn Engine<'_> + '_ {
                     continue;
                 }
             };
-            let mut deps = ctx.deps.clone();
+            // An instance depends on what it names: `container.x[each.key]` is its own key's.
+            let mut deps = match &key {
+                Some(k) => self.instance_deps(k),
+                None => ctx.deps.clone(),
+            };
             deps.extend(edge_deps.iter().cloned());
             deps.extend(self.extra_deps().iter().cloned());
             deps.remove(&address);
@@ -166,41 +169,6 @@ impl dyn Engine<'_> + '_ {
             deps,
             all_resources: BTreeSet::new(),
         })
-    }
-
-    /// The instances of a `container` block: one, or one per `for_each` key.
-    fn container_instances(
-        &mut self,
-        ctx: &Ctx,
-        file: &Arc<SourceFile>,
-        block: &Block,
-        name: &str,
-    ) -> Option<Vec<(Option<String>, Value)>> {
-        let instances: Vec<(Option<String>, Value)> = match block.body.get_attribute("for_each") {
-            None => vec![(None, Value::Null)],
-            Some(fe) => {
-                self.refuse_sensitive_for_each(fe, &format!("container `{name}`"))?;
-                let v = self.eval_expr(ctx, file, &fe.value)?;
-                let span = span_of(file, fe.value.span());
-                match self.for_each_instances(&v) {
-                    Ok(list) => list.into_iter().map(|(k, v)| (Some(k), v)).collect(),
-                    Err(msg) => {
-                        self.diag(
-                            Diag::error(
-                                "config::for_each",
-                                format!("invalid for_each in container `{name}`"),
-                            )
-                            .label(&span, msg)
-                            .help(
-                                "for_each takes a map (each.key, each.value) or a set of strings",
-                            ),
-                        );
-                        return None;
-                    }
-                }
-            }
-        };
-        Some(instances)
     }
 
     /// The `ready` blocks of a container instance, checked; `None` when one is invalid (its

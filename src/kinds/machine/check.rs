@@ -23,6 +23,9 @@ pub struct Check {
     pub before: Vec<String>,
     /// The nodes it uses.
     pub nodes: Vec<String>,
+    /// Changed resources whose completed steps a later failure leaves as they are once this
+    /// check passed (a replica put back behind its router: the roll stops at the next one).
+    pub keeps: Vec<String>,
     pub run: Arc<dyn CheckRun>,
 }
 
@@ -38,6 +41,14 @@ impl std::fmt::Debug for Check {
 #[async_trait]
 pub trait CheckRun: Send + Sync {
     async fn run(&self, pool: &HostPool) -> Result<String, StepError>;
+    /// Whether a rollback undoes it once it passed ([`CheckRun::undo`]).
+    fn undoes(&self) -> bool {
+        false
+    }
+    /// What a rollback does once everything after it is undone (a drained replica put back).
+    async fn undo(&self, _pool: &HostPool) -> Result<String, StepError> {
+        Ok(String::new())
+    }
 }
 
 /// What the apply that checks are made for changes: the resources it creates, replaces or

@@ -16,13 +16,56 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
 }
 
 impl dyn Engine<'_> + '_ {
+    /// A probe, or one per `for_each` key (`probe.NAME["key"]`, `each.key` and `each.value`
+    /// inside): its value is the probe's object, or a map of them by key.
     fn eval_probe(&mut self) -> Option<Evaluated> {
         let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
         let name = item.name.clone();
+        let mut ctx = self.item_context()?;
+        let instances = self.block_instances(&ctx, &file, block, &format!("probe `{name}`"))?;
+        let mut values = Map::new();
+        let mut inst_deps = BTreeMap::new();
+        let mut single = None;
+        for (key, each_value) in instances {
+            ctx.each = key.as_ref().map(|k| {
+                let mut m = Map::new();
+                m.insert("key".into(), Value::from(k.clone()));
+                m.insert("value".into(), each_value.clone());
+                Value::Object(m)
+            });
+            let (address, value) = self.eval_probe_instance(&ctx, key.as_deref())?;
+            let deps = DepTree::Leaf(BTreeSet::from([address]));
+            match key {
+                Some(k) => {
+                    values.insert(k.clone(), value);
+                    inst_deps.insert(k, deps);
+                }
+                None => single = Some((value, deps)),
+            }
+        }
+        let (value, deps) = match single {
+            Some(one) => one,
+            None => (Value::Object(values), DepTree::Keyed(inst_deps)),
+        };
+        Some(Evaluated {
+            value,
+            sensitive: false,
+            ephemeral: false,
+            sensitive_keys: HashSet::new(),
+            deps,
+            all_resources: BTreeSet::new(),
+        })
+    }
+
+    /// One probe: its address and its value.
+    fn eval_probe_instance(&mut self, ctx: &Ctx, key: Option<&str>) -> Option<(String, Value)> {
+        let item = self.item();
+        let block = item.block?;
+        let file = item.file.clone();
+        let name = item.name.clone();
         let header = item.header.clone();
-        let ctx = self.item_context()?;
         let edge_deps = self.edge_deps("depends_on")?;
         let attrs = self.eval_body(&ctx, &file, &block.body, &PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
@@ -41,7 +84,10 @@ impl dyn Engine<'_> + '_ {
         if !ok {
             return None;
         }
-        let address = format!("{}probe.{}", self.prefix(), name);
+        let address = match key {
+            Some(k) => format!("{}probe.{}[{k:?}]", self.prefix(), name),
+            None => format!("{}probe.{}", self.prefix(), name),
+        };
         let mut sensitive = Vec::new();
         for (k, a) in &parts {
             for p in &a.sensitive {
@@ -84,7 +130,11 @@ impl dyn Engine<'_> + '_ {
                 return None;
             }
         };
-        let mut deps = ctx.deps.clone();
+        // An instance depends on what it names: `container.x[each.key]` is its own key's.
+        let mut deps = match key {
+            Some(k) => self.instance_deps(k),
+            None => ctx.deps.clone(),
+        };
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());
         self.add_resource(Resource {
@@ -103,13 +153,6 @@ impl dyn Engine<'_> + '_ {
         value.insert("kind".into(), "probe".into());
         value.insert("id".into(), address.clone().into());
         value.insert("name".into(), name.into());
-        Some(Evaluated {
-            value: Value::Object(value),
-            sensitive: false,
-            ephemeral: false,
-            sensitive_keys: HashSet::new(),
-            deps: DepTree::Leaf(BTreeSet::from([address])),
-            all_resources: BTreeSet::new(),
-        })
+        Some((address, Value::Object(value)))
     }
 }

@@ -113,6 +113,7 @@ pub static PROBE: BlockSpec = spec(
         opt("timeout", schema::Kind::Duration),
         opt("interval", schema::Kind::Duration),
         opt("depends_on", schema::Kind::RefList),
+        opt("for_each", schema::Kind::ForEach),
     ],
     &[
         Child {

@@ -218,6 +218,7 @@ pub(super) fn parity_check(config: &Config, changed: &Changed<'_>) -> Option<Che
         covers: Vec::new(),
         before,
         nodes: images.keys().cloned().collect(),
+        keeps: Vec::new(),
         run: std::sync::Arc::new(Parity { images, restoring }),
     })
 }

@@ -201,6 +201,7 @@ pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> V
             covers: Vec::new(),
             before: users,
             nodes: r.node.clone().into_iter().collect(),
+            keeps: Vec::new(),
             run: Arc::new(ArchitectureCheck {
                 block: block.to_string(),
                 node: r.node.clone().unwrap_or_default(),

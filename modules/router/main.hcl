@@ -1,0 +1,73 @@
+locals {
+  keys = keys(var.replicas)
+  servers = join("", [
+    for k in local.keys : "  server ${k} ${var.replicas[k].address}\n"
+  ])
+  # `$${…}` is HAProxy's own environment expansion, read when it starts (the key is never in
+  # the file). A request that fails to connect, or whose replica died before answering, is
+  # sent again to another replica (`retry-on`, `redispatch`): HAProxy keeps a request's body
+  # for that (`http-buffer-request`). A streamed answer already under way cannot be retried.
+  auth = var.api_key == null ? "" : "  http-request return status 401 content-type application/json string '{\"error\":\"Unauthorized\"}' if { path_beg /v1 } !{ req.hdr(authorization) -m str \"Bearer $${SPARKFORM_API_KEY}\" }\n"
+  config = join("", [
+    "global\n",
+    "  stats socket /run/haproxy/admin.sock mode 600 level admin\n",
+    "  log stdout format raw local0 info\n",
+    "defaults\n",
+    "  mode http\n",
+    "  log global\n",
+    "  option httplog\n",
+    "  option http-buffer-request\n",
+    "  timeout connect 2s\n",
+    "  timeout client ${var.request_timeout}\n",
+    "  timeout server ${var.request_timeout}\n",
+    "  retries 3\n",
+    "  option redispatch 1\n",
+    "  retry-on conn-failure empty-response\n",
+    "frontend api\n",
+    "  bind ${var.listen}:${var.port}\n",
+    local.auth,
+    "  default_backend engines\n",
+    "backend engines\n",
+    "  balance leastconn\n",
+    "  option httpchk GET ${var.health_path}\n",
+    "  http-check expect status 200\n",
+    "  default-server inter 1s fall 2 rise 1 check\n",
+    local.servers,
+  ])
+}
+
+check "replicas_present" {
+  condition     = length(local.keys) > 0
+  error_message = "a router needs at least one replica in `replicas`"
+}
+
+container "haproxy" {
+  node         = var.node
+  name         = var.name
+  image        = var.image
+  network_mode = "host"
+  env = merge(
+    { HAPROXY_CONFIG = local.config },
+    var.api_key == null ? {} : { SPARKFORM_API_KEY = var.api_key },
+  )
+  # The configuration arrives in the environment and is written where the admin socket lives;
+  # HAProxy runs in the foreground as the container's process.
+  entrypoint = ["/bin/sh", "-c"]
+  command    = ["mkdir -p /run/haproxy && printf '%s' \"$HAPROXY_CONFIG\" > /run/haproxy/haproxy.cfg && exec haproxy -db -f /run/haproxy/haproxy.cfg"]
+  restart    = "no"
+  ready {
+    tcp      = "${var.listen == "0.0.0.0" ? "127.0.0.1" : var.listen}:${var.port}"
+    timeout  = "30s"
+    interval = "1s"
+    fail_on_log = {
+      "Starting frontend .*: cannot bind socket" = "the router's port is taken on its node: choose another `port`, or stop what holds it"
+      "\\[ALERT\\]"                              = "HAProxy refused its configuration: the line above says which"
+    }
+  }
+}
+
+router "endpoint" {
+  container     = container.haproxy
+  drain_timeout = var.drain_timeout
+  replicas      = { for k in local.keys : k => var.replicas[k].members }
+}

@@ -1,0 +1,153 @@
+//! Lowering a `router` block: one resource on its container's node, with each replica's
+//! members as addresses (the references in `replicas`, which are also its dependencies: the
+//! router admits a replica only once what it is made of is there).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hcl::{Map, Value};
+
+use super::ROUTER;
+use crate::config::lowering::*;
+use crate::diag::Diag;
+
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+    let item = cx.item();
+    let header = item.header.clone();
+    let name = item.name.clone();
+    let (attrs, ctx) = cx.simple_block(&ROUTER)?;
+    let address = format!("{}router.{}", cx.prefix(), name);
+    let span = |k: &str| attrs.spans.get(k).cloned().unwrap_or(header.clone());
+    let container = attrs.raw.get("container").and_then(Value::as_object);
+    let node = container
+        .and_then(|c| c.get("node"))
+        .and_then(Value::as_object)
+        .and_then(|n| n.get("id"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let docker_name = container
+        .and_then(|c| c.get("name"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let (Some(node), Some(docker_name), Some(container_address)) =
+        (node, docker_name, attrs.string("container"))
+    else {
+        cx.diag(
+            Diag::error(
+                "config::invalid_value",
+                format!("router `{name}`: `container` names no container on a node"),
+            )
+            .label(&span("container"), "here")
+            .help("set `container = container.NAME`: the HAProxy container the router drives"),
+        );
+        return None;
+    };
+    let replicas = match replicas(attrs.values.get("replicas")) {
+        Ok(r) => r,
+        Err(message) => {
+            cx.diag(
+                Diag::error(
+                    "config::invalid_value",
+                    format!("router `{name}`: {message}"),
+                )
+                .label(&span("replicas"), message.clone())
+                .help("write `replicas = { a = [container.engine[\"a\"], probe.direct[\"a\"]], … }`: each replica's key (HAProxy's server name) with the resources it is made of"),
+            );
+            return None;
+        }
+    };
+    let desired = super::Desired {
+        node: node.clone(),
+        container: docker_name,
+        container_address: container_address.clone(),
+        backend: attrs
+            .string("backend")
+            .unwrap_or_else(super::default_backend),
+        drain_timeout: attrs
+            .number("drain_timeout")
+            .map(|n| n as u64)
+            .unwrap_or_else(super::default_drain_timeout),
+        replicas: replicas.clone(),
+    };
+    let mut deps = ctx.deps.clone();
+    deps.insert(container_address);
+    deps.extend(replicas.values().flatten().cloned());
+    deps.extend(cx.extra_deps().iter().cloned());
+    deps.remove(&address);
+    cx.add_resource(Resource {
+        address: address.clone(),
+        kind: ResourceKind::Router,
+        node: Some(node),
+        config: crate::kinds::DesiredConfig::to_config(&desired),
+        sensitive: Vec::new(),
+        ephemeral: Vec::new(),
+        deps,
+        replace_triggered_by: BTreeSet::new(),
+        group: None,
+        span: header,
+    });
+    let mut value = Map::new();
+    value.insert("kind".into(), "router".into());
+    value.insert("id".into(), address.clone().into());
+    value.insert("name".into(), name.into());
+    Some(Evaluated::of_resources(
+        Value::Object(value),
+        BTreeSet::from([address]),
+    ))
+}
+
+/// `replicas` as each key with its members' addresses; `Err` says what is not a map of lists
+/// of resource references.
+fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let Some(Value::Object(map)) = value else {
+        return Err("`replicas` must be a map of lists of resources".into());
+    };
+    if map.is_empty() {
+        return Err("`replicas` names no replica: a router needs at least one".into());
+    }
+    let mut out = BTreeMap::new();
+    for (key, members) in map {
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "replica key {key:?} must be letters, digits, `_` or `-` (it is HAProxy's server name)"
+            ));
+        }
+        let Value::Array(list) = members else {
+            return Err(format!("replica `{key}` must be a list of resources"));
+        };
+        let mut addresses = Vec::new();
+        for m in list {
+            let id = m
+                .as_object()
+                .filter(|o| o.get("kind").and_then(Value::as_str).is_some())
+                .and_then(|o| o.get("id"))
+                .and_then(Value::as_str);
+            match id {
+                Some(a) => addresses.push(a.to_string()),
+                None => {
+                    return Err(format!(
+                        "replica `{key}` lists something that is not a resource (a container or a probe)"
+                    ))
+                }
+            }
+        }
+        if addresses.is_empty() {
+            return Err(format!("replica `{key}` lists no resource"));
+        }
+        out.insert(key.clone(), addresses);
+    }
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (key, members) in &out {
+        for m in members {
+            if let Some(other) = seen.insert(m, key) {
+                return Err(format!(
+                    "{m} is in two replicas, `{other}` and `{key}`: a replica's resources are its own"
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
