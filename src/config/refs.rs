@@ -166,7 +166,8 @@ impl Visit for Collector {
                 }
                 None => {
                     r.dynamic_tail = true;
-                    r.each_key_next = matches!(op.value(), TraversalOperator::Index(e) if is_each_key(e));
+                    r.each_key_next =
+                        matches!(op.value(), TraversalOperator::Index(e) if is_each_key(e));
                     break;
                 }
             }

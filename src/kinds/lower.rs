@@ -81,5 +81,4 @@ impl dyn Engine<'_> + '_ {
         };
         Some(instances)
     }
-
 }

@@ -47,6 +47,88 @@ pub struct Impact {
     /// New containers that mount a cache folder (`cache`), and what the plan read of it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caches: Vec<CacheUse>,
+    /// Replicas behind a router that the plan replaces one at a time while the others serve:
+    /// what their replacement stops is no outage of what the router serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolls: Vec<Roll>,
+}
+
+/// A roll through the replicas behind one router.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Roll {
+    pub router: String,
+    /// How many replicas it has.
+    pub replicas: usize,
+    /// The replicas replaced, in the order they go, each with the step that replaces it first.
+    pub replaced: Vec<(String, usize)>,
+}
+
+impl Roll {
+    /// "2 of 2 → 1 of 2 (a, step 3) → 2 of 2 → …": how many serve at each step of the roll.
+    pub fn serving(&self) -> String {
+        let n = self.replicas;
+        let mut parts = vec![format!("{n} of {n}")];
+        for (key, step) in &self.replaced {
+            parts.push(format!("{} of {n} ({key} replaced, step {step})", n - 1));
+            parts.push(format!("{n} of {n}"));
+        }
+        parts.join(" → ")
+    }
+}
+
+/// The rolls of `config`'s routers: every router (not itself new) with at least two replicas
+/// whose resources the plan replaces some of, with those replicas in their order.
+fn rolls(
+    config: &Config,
+    actions: &HashMap<&str, Action>,
+    step_of: &HashMap<&str, usize>,
+) -> Vec<Roll> {
+    let mut out = Vec::new();
+    for r in &config.resources {
+        let Some(rolling) = r.kind.kind().rolling(&r.config) else {
+            continue;
+        };
+        if matches!(actions.get(r.address.as_str()), Some(Action::Create)) {
+            continue;
+        }
+        let replaced: Vec<(String, usize)> = rolling
+            .replicas
+            .iter()
+            .filter_map(|(key, members)| {
+                let step = members
+                    .iter()
+                    .filter(|m| actions.get(m.as_str()) == Some(&Action::Replace))
+                    .filter_map(|m| step_of.get(m.as_str()).copied())
+                    .min()?;
+                Some((key.clone(), step))
+            })
+            .collect();
+        if rolling.replicas.len() >= 2 && !replaced.is_empty() {
+            out.push(Roll {
+                router: r.address.clone(),
+                replicas: rolling.replicas.len(),
+                replaced,
+            });
+        }
+    }
+    out
+}
+
+/// The resources of the replicas a roll replaces: while one of them is out, the others serve.
+fn rolled_members(config: &Config, rolls: &[Roll]) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for roll in rolls {
+        let Some(r) = config.resource(&roll.router) else {
+            continue;
+        };
+        let Some(rolling) = r.kind.kind().rolling(&r.config) else {
+            continue;
+        };
+        for (key, _) in &roll.replaced {
+            out.extend(rolling.replicas.get(key).into_iter().flatten().cloned());
+        }
+    }
+    out
 }
 
 /// A new container's cache folder as the plan read it: warm (it holds what an earlier
@@ -181,9 +263,15 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         ancestors: names.iter().map(|p| (*p, graph.ancestors(p))).collect(),
         names,
     };
-    let mut unavailable = outages(
-        config, graph, &stopped, &probes, &step_of, &actions, &windows,
-    );
+    let rolls = rolls(config, &actions, &step_of);
+    let rolled = rolled_members(config, &rolls);
+    // A replica out of its router is no outage: the others answer meanwhile.
+    let down: Vec<Stop> = stopped
+        .iter()
+        .filter(|s| !rolled.contains(&s.address))
+        .cloned()
+        .collect();
+    let mut unavailable = outages(config, graph, &down, &probes, &step_of, &actions, &windows);
     let unmeasured = unmeasured_steps(graph, &steps, &unavailable, &probes, state);
     unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
     let outage_secs = whole_outage(&unavailable, &windows);
@@ -198,6 +286,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         })
         .collect();
     Impact {
+        rolls,
         caches,
         soaks,
         stopped,

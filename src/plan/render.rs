@@ -389,8 +389,18 @@ fn render_impact(out: &mut String, impact: &Impact) {
             let _ = writeln!(out, "    {}{}", r.address, on(&r.node));
         }
     }
+    for roll in &impact.rolls {
+        let _ = writeln!(
+            out,
+            "  Rolling behind {}, one replica at a time: the endpoint stays up.\n    Replicas serving: {}",
+            roll.router,
+            roll.serving()
+        );
+    }
     if impact.unavailable.is_empty() {
-        out.push_str("  No output or probe depends on what stops.\n");
+        if impact.rolls.is_empty() {
+            out.push_str("  No output or probe depends on what stops.\n");
+        }
         render_caches(out, impact);
         render_soaks(out, impact);
         return;

@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 type Body = Full<Cursor<Vec<u8>>>;
 
+/// The order of every fake engine's requests in this process ([`FakeDocker::timeline`]).
+static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// What goes wrong with one container (by its Docker name).
 #[derive(Debug, Clone)]
 pub enum Fault {
@@ -82,6 +85,9 @@ struct Engine {
     /// Images whose inspect answers this status and message instead.
     image_errors: BTreeMap<String, (u16, String)>,
     requests: Vec<String>,
+    /// Every request and every command run in a container, each with its place in the order of
+    /// all the fake engines' requests (one counter for every engine of the test's process).
+    timeline: Vec<(u64, String)>,
     /// Every container created so far (name, create body), removed ones included.
     created: Vec<(String, Value)>,
     /// Every archive put into a container (its name, the tar), removed ones included.
@@ -327,6 +333,14 @@ impl FakeDocker {
     pub fn requests(&self) -> Vec<String> {
         lock(&self.engine).requests.clone()
     }
+
+    /// Every request (`METHOD /path`), every container created (`create NAME`), stopped
+    /// (`stop NAME`, `kill NAME`: the name it had then) and every command run in one (`exec
+    /// NAME: CMD…`) so far, each with its place among all the fake engines' (merge two engines' timelines
+    /// by it to see which came first).
+    pub fn timeline(&self) -> Vec<(u64, String)> {
+        lock(&self.engine).timeline.clone()
+    }
 }
 
 fn reply(status: StatusCode, body: Value) -> Response<Body> {
@@ -528,6 +542,8 @@ async fn handle(
     {
         let mut e = lock(engine);
         e.requests.push(format!("{method} {path}"));
+        let at = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        e.timeline.push((at, format!("{method} {path}")));
         let n = e.requests.len();
         if e.gone_at.is_some_and(|k| n >= k) {
             e.gone = true;
@@ -679,6 +695,9 @@ fn container_request(
             }
             c.running = false;
             c.exit_code = if rest == ["kill"] { 137 } else { 0 };
+            let what = format!("{} {}", rest[0], c.name);
+            let at = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            e.timeline.push((at, what));
             empty(StatusCode::NO_CONTENT)
         }
         (&Method::POST, ["rename"]) => {
@@ -743,7 +762,8 @@ fn container_request(
                 );
             }
             let container = c.id.clone();
-            let cmd = body
+            let name = c.name.clone();
+            let cmd: Vec<String> = body
                 .get("Cmd")
                 .and_then(Value::as_array)
                 .map(|a| {
@@ -754,6 +774,9 @@ fn container_request(
                 })
                 .unwrap_or_default();
             let id = e.new_id();
+            let at = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            e.timeline
+                .push((at, format!("exec {name}: {}", cmd.join(" "))));
             e.execs.insert(
                 id.clone(),
                 Exec {
@@ -831,6 +854,8 @@ fn create_container(e: &mut Engine, q: &BTreeMap<String, String>, body: &Value) 
     } else {
         let id = e.new_id();
         e.created.push((name.clone(), body.clone()));
+        let at = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        e.timeline.push((at, format!("create {name}")));
         let labels = body
             .get("Labels")
             .and_then(Value::as_object)

@@ -44,6 +44,7 @@ mod prepare;
 mod properties;
 mod real_engine_log;
 mod reference;
+mod rolling;
 mod soak;
 mod standins;
 mod start_gate;

@@ -81,10 +81,7 @@ impl OnServer {
     async fn run(&self, pool: &HostPool, body: &str) -> Result<String, StepError> {
         let host = pool.get(&self.node)?;
         let docker = host.docker().await?;
-        let script = format!(
-            "{}{body}",
-            HAPROXY_SH.replace("__SOCKET__", ADMIN_SOCKET)
-        );
+        let script = format!("{}{body}", HAPROXY_SH.replace("__SOCKET__", ADMIN_SOCKET));
         let cmd: Vec<String> = vec![
             "sh".into(),
             "-c".into(),
@@ -114,7 +111,10 @@ impl OnServer {
 
     async fn admit(&self, pool: &HostPool) -> Result<String, StepError> {
         let said = self.run(pool, ADMIT_SH).await?;
-        Ok(format!("replica {} back in the router: {said}", self.server))
+        Ok(format!(
+            "replica {} back in the router: {said}",
+            self.server
+        ))
     }
 }
 
@@ -129,7 +129,10 @@ struct Drain(OnServer);
 impl CheckRun for Drain {
     async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
         let said = self.0.run(pool, DRAIN_SH).await?;
-        Ok(format!("replica {} out of the router: {said}", self.0.server))
+        Ok(format!(
+            "replica {} out of the router: {said}",
+            self.0.server
+        ))
     }
     fn undoes(&self) -> bool {
         true
@@ -178,9 +181,11 @@ pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         let mut rolled = Vec::new();
         for (key, members) in &d.replicas {
             let now: Vec<String> = members.iter().filter(|m| changed.is(m)).cloned().collect();
-            let stops = now
-                .iter()
-                .any(|m| changed.change(m).is_some_and(|c| c.action == Action::Replace));
+            let stops = now.iter().any(|m| {
+                changed
+                    .change(m)
+                    .is_some_and(|c| c.action == Action::Replace)
+            });
             if !stops {
                 continue;
             }
@@ -229,7 +234,9 @@ impl Machine for RouterMachine {
         action: Action,
     ) -> Result<Done<Self>, StepError> {
         let Some(d) = cx.desired.as_ref().filter(|_| action != Action::Delete) else {
-            return Ok(Done::summary("the router's container goes with its own resource"));
+            return Ok(Done::summary(
+                "the router's container goes with its own resource",
+            ));
         };
         let mut said = Vec::new();
         for key in d.replicas.keys() {

@@ -1,0 +1,288 @@
+//! Replicas behind a router (`kinds::router`): an apply that replaces them takes one out of the
+//! router, replaces it, passes its probe, puts it back, then the next; a replica whose
+//! replacement fails is rolled back and put back while the ones done before keep their new
+//! version. On fake nodes with fake Docker Engines: the router's HAProxy commands are `docker
+//! exec`s in its container, which the fake engine answers and records in order.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sparkform::apply::ApplyOutcome;
+use sparkform::config::VarInputs;
+use sparkform::hosts::{Host, HostOptions};
+use sparkform::kinds::machine::ReadMode;
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
+use sparkform::plan::{Action, PlanOptions};
+use sparkform::state::StateStore;
+use sparkform::workspace::Workspace;
+use sparkform_testkit::fake::{node_with_engine, FakeNodes, FakeWorld};
+use sparkform_testkit::fake_docker::{FakeDocker, Fault};
+
+/// Two replicas (`a` on n1, `b` on n2), each an engine and its own probe, behind a router on
+/// n1; the engines run `serve FLAG`.
+fn write(dir: &Path, flag: &str) {
+    let hcl = format!(
+        r#"
+node "n1" {{ address = "10.0.0.1" }}
+node "n2" {{ address = "10.0.0.2" }}
+
+locals {{
+  replicas = {{ a = node.n1, b = node.n2 }}
+}}
+
+container "engine" {{
+  for_each = local.replicas
+  node     = each.value
+  image    = "eng:1"
+  command  = ["serve", "{flag}"]
+  ready {{
+    exec     = ["true"]
+    timeout  = "2s"
+    interval = "1s"
+  }}
+}}
+
+probe "direct" {{
+  for_each = local.replicas
+  exec {{
+    container = container.engine[each.key]
+    command   = ["answer"]
+  }}
+  timeout  = "2s"
+  interval = "1s"
+}}
+
+container "haproxy" {{
+  node  = node.n1
+  image = "haproxy:1"
+}}
+
+router "api" {{
+  container     = container.haproxy
+  drain_timeout = "5s"
+  replicas = {{
+    for k in keys(local.replicas) : k => [container.engine[k], probe.direct[k]]
+  }}
+}}
+
+probe "endpoint" {{
+  exec {{
+    container = container.haproxy
+    command   = ["answer", router.api.name]
+  }}
+  timeout = "2s"
+}}
+"#
+    );
+    std::fs::write(dir.join("main.hcl"), hcl).unwrap();
+}
+
+struct Bed {
+    dir: tempfile::TempDir,
+    hosts: Vec<(String, Arc<dyn Host>)>,
+    n1: Arc<FakeDocker>,
+    n2: Arc<FakeDocker>,
+}
+
+impl Bed {
+    fn new() -> Bed {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "1");
+        let world = FakeWorld::new();
+        let (h1, n1) = node_with_engine("node.n1", &world).unwrap();
+        let (h2, n2) = node_with_engine("node.n2", &world).unwrap();
+        Bed {
+            dir,
+            hosts: vec![h1, h2],
+            n1,
+            n2,
+        }
+    }
+
+    async fn apply(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
+        let hosts = || HostOptions {
+            opener: FakeNodes::new(self.hosts.iter().cloned().collect()).opener(),
+            ..HostOptions::default()
+        };
+        let evaluated = sparkform::ops::definitions::load(
+            &Workspace::new(self.dir.path(), None),
+            &VarInputs::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let prepared = lock_and_plan(
+            PlanRequest {
+                evaluated,
+                lockfile_readonly: false,
+                store: StateStore::new(self.dir.path().join("state/sparkform.json")),
+                source: Source::Definitions {
+                    refresh: ReadMode::Normal,
+                    options: PlanOptions::default(),
+                },
+                hosts: hosts(),
+            },
+            &tx,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let plan = prepared.plan.clone();
+        let text = sparkform::plan::render::render(&plan);
+        let outcome = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            prepared.apply(
+                RunOptions {
+                    parallelism: 4,
+                    rollback: true,
+                    hosts: hosts(),
+                },
+                tx,
+                tokio_util::sync::CancellationToken::new(),
+            ),
+        )
+        .await
+        .expect("the roll waited forever");
+        (plan, text, outcome)
+    }
+
+    /// Both engines' requests and commands since `from`, in the order they came, as short
+    /// words: `drain a`, `admit b`, `stop engine-a`, `create engine-b`.
+    fn events(&self, from: u64) -> Vec<String> {
+        let mut all: Vec<(u64, String)> = self
+            .n1
+            .timeline()
+            .into_iter()
+            .chain(self.n2.timeline())
+            .filter(|(at, _)| *at >= from)
+            .collect();
+        all.sort();
+        all.into_iter()
+            .filter_map(|(_, e)| {
+                if let Some(cmd) = e.strip_prefix("exec haproxy: ") {
+                    let server = cmd.split_whitespace().nth_back(1)?.to_string();
+                    let what = if cmd.contains("state drain") {
+                        "drain"
+                    } else if cmd.contains("state ready") {
+                        "admit"
+                    } else {
+                        return None;
+                    };
+                    return Some(format!("{what} {server}"));
+                }
+                if let Some(name) = e.strip_prefix("create engine-") {
+                    return Some(format!("create engine-{name}"));
+                }
+                let name = e.strip_prefix("stop ")?;
+                // A replaced container is stopped under the name it was renamed to.
+                let engine = ["engine-a", "engine-b"]
+                    .into_iter()
+                    .find(|n| name.starts_with(n))?;
+                Some(format!("stop {engine}"))
+            })
+            .collect()
+    }
+
+    fn now(&self) -> u64 {
+        let last = |d: &FakeDocker| d.timeline().last().map_or(0, |(at, _)| *at);
+        last(&self.n1).max(last(&self.n2)) + 1
+    }
+}
+
+#[tokio::test]
+async fn a_change_rolls_through_the_replicas_one_at_a_time_behind_the_router() {
+    let bed = Bed::new();
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let from = bed.now();
+    write(bed.dir.path(), "2");
+    let (plan, text, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    for a in [r#"container.engine["a"]"#, r#"container.engine["b"]"#] {
+        assert_eq!(plan.change(a).map(|c| c.action), Some(Action::Replace));
+    }
+    // One replica out at a time, even with four steps allowed at once: each taken out before
+    // its engine stops, put back after its new engine (and its probe) before the next goes.
+    assert_eq!(
+        bed.events(from),
+        [
+            "drain a",
+            "stop engine-a",
+            "create engine-a",
+            "admit a",
+            "drain b",
+            "stop engine-b",
+            "create engine-b",
+            "admit b",
+        ]
+    );
+    // The plan said so, and no outage.
+    assert!(
+        text.contains("Rolling behind router.api, one replica at a time: the endpoint stays up.")
+            && text.contains(
+                "2 of 2 → 1 of 2 (a replaced, step 1) → 2 of 2 → 1 of 2 (b replaced, step 2) → 2 of 2"
+            )
+            && !text.contains("Expected outage"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_whose_replacement_fails_is_put_back_and_the_one_before_keeps_its_new_version() {
+    let bed = Bed::new();
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let from = bed.now();
+    bed.n2.fault(
+        "engine-b",
+        Fault::CreateFails("no room for engine b".into()),
+    );
+    write(bed.dir.path(), "2");
+    let (_, _, outcome) = bed.apply().await;
+    assert!(!outcome.ok, "engine b could not be created");
+    let failed: Vec<&str> = outcome.failures.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        failed,
+        [r#"container.engine["b"]"#],
+        "the error names the replica"
+    );
+    // a was rolled and put back; b was taken out, failed, and put back with its old engine.
+    assert_eq!(
+        bed.events(from),
+        [
+            "drain a",
+            "stop engine-a",
+            "create engine-a",
+            "admit a",
+            "drain b",
+            "stop engine-b",
+            "admit b",
+        ]
+    );
+    let cmd = |d: &FakeDocker, name: &str| {
+        let c = d
+            .container(name)
+            .unwrap_or_else(|| panic!("{name} is gone"));
+        assert!(c.running, "{name} does not run");
+        c.created["Cmd"].clone()
+    };
+    assert_eq!(cmd(&bed.n1, "engine-a"), serde_json::json!(["serve", "2"]));
+    assert_eq!(cmd(&bed.n2, "engine-b"), serde_json::json!(["serve", "1"]));
+    assert!(
+        outcome
+            .notes
+            .iter()
+            .any(|n| n.contains(r#"container.engine["a"]"#)),
+        "{:?}",
+        outcome.notes
+    );
+    // The next plan replaces b alone.
+    bed.n2.heal();
+    let (plan, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let replaced: Vec<&str> = plan
+        .changes
+        .iter()
+        .filter(|c| c.action == Action::Replace)
+        .map(|c| c.address.as_str())
+        .collect();
+    assert_eq!(replaced, [r#"container.engine["b"]"#]);
+}
