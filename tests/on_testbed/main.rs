@@ -39,6 +39,7 @@ mod testbed_parity;
 mod testbed_progress;
 mod testbed_rank_group;
 mod testbed_refresh;
+mod testbed_replicas;
 mod testbed_sglang;
 mod testbed_ssh_alias;
 mod testbed_warm;

@@ -44,13 +44,18 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     let replicas = match replicas(attrs.values.get("replicas")) {
         Ok(r) => r,
         Err(message) => {
+            let help = if message.contains("share a node") {
+                "give each replica its own node (a replica over several nodes owns all of them)"
+            } else {
+                "write `replicas = { a = [container.engine[\"a\"], probe.direct[\"a\"]], … }`: each replica's key (HAProxy's server name) with the resources it is made of"
+            };
             cx.diag(
                 Diag::error(
                     "config::invalid_value",
                     format!("router `{name}`: {message}"),
                 )
                 .label(&span("replicas"), message.clone())
-                .help("write `replicas = { a = [container.engine[\"a\"], probe.direct[\"a\"]], … }`: each replica's key (HAProxy's server name) with the resources it is made of"),
+                .help(help),
             );
             return None;
         }
@@ -138,6 +143,27 @@ fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, Stri
             return Err(format!("replica `{key}` lists no resource"));
         }
         out.insert(key.clone(), addresses);
+    }
+    // Two replicas on one node would share its GPUs and its memory budget.
+    let mut on_node: BTreeMap<String, String> = BTreeMap::new();
+    for (key, members) in map {
+        let nodes = members.as_array().into_iter().flatten().filter_map(|m| {
+            m.as_object()?
+                .get("node")?
+                .as_object()?
+                .get("id")?
+                .as_str()
+                .map(str::to_string)
+        });
+        for node in nodes.collect::<BTreeSet<_>>() {
+            if let Some(other) = on_node.insert(node.clone(), key.clone()) {
+                if &other != key {
+                    return Err(format!(
+                        "replicas `{other}` and `{key}` both run on {node}: two replicas never share a node's GPUs and memory"
+                    ));
+                }
+            }
+        }
     }
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for (key, members) in &out {

@@ -1,0 +1,137 @@
+//! Replicas behind a router, end to end on the testbed: examples/testbed-replicas with the vLLM
+//! stand-in, one engine on each node of the third pair and HAProxy (the testbed's router image,
+//! Debian's package) in front of them on the first. A flag change rolls through the replicas
+//! while a steady load goes through the router: every request is answered, and the endpoint
+//! stays the same. On the third pair, a test at a time with its other files.
+
+use crate::common;
+
+use common::testbed::{example_copy, sparkform, testbed_third_pair, Testbed};
+
+const EXAMPLE: &str = "examples/testbed-replicas";
+
+/// Requests through the router from the router's node, two at a time, until `stop` exists (at
+/// most `max_secs`): prints `ok N failed M` and the first few failures.
+const LOAD: &str = r#"
+import json, sys, threading, time, urllib.request, os
+url, key, stop, max_secs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+body = json.dumps({"model": "testbed/standin-qwen3", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "hi"}]}).encode()
+ok, bad, lock = [0], [], threading.Lock()
+def worker():
+    end = time.time() + max_secs
+    while time.time() < end and not os.path.exists(stop):
+        try:
+            req = urllib.request.Request(url, data=body, headers={
+                "Authorization": "Bearer " + key, "Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
+            with lock: ok[0] += 1
+        except Exception as e:
+            with lock: bad.append(str(e)[:100])
+        time.sleep(0.05)
+ts = [threading.Thread(target=worker) for _ in range(2)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("ok %d failed %d %s" % (ok[0], len(bad), bad[:3]))
+"#;
+
+/// (answered, failed) from the load's last line.
+fn counts(out: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("ok "))
+        .unwrap_or("");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let n = |i: usize| {
+        words
+            .get(i)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    (n(1), n(3))
+}
+
+fn engines(tb: &Testbed) -> Vec<String> {
+    [
+        (tb.nodes[0], "sparkform-vllm-node1"),
+        (tb.nodes[1], "sparkform-vllm-node2"),
+    ]
+    .iter()
+    .map(|(node, name)| {
+        tb.running_id(node, name)
+            .unwrap_or_else(|| panic!("{name} is not running"))
+    })
+    .collect()
+}
+
+#[test]
+#[ignore = "needs the testbed: bash .ci/test"]
+fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() {
+    let tb = testbed_third_pair();
+    tb.clear_leftovers();
+    let copy = example_copy(EXAMPLE);
+    let example = copy.path().to_str().unwrap().to_string();
+    let state = copy.path().join("state.json");
+    let st = state.to_str().unwrap().to_string();
+    let placement = tb.placement();
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(["-state", st.as_str()]);
+        a.extend(placement.iter().map(String::as_str));
+        sparkform(&a)
+    };
+
+    let (code, out, err) = run(&["apply", &example, "-auto-approve"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("2 of 2 replicas in: node1, node2"), "{out}");
+    let endpoint = format!("http://{}:8000", tb.fabric[0]);
+    assert!(out.contains(&format!("endpoint = \"{endpoint}\"")), "{out}");
+    let before = engines(&tb);
+
+    // The plan says the endpoint stays up, and how many replicas serve at each step.
+    let flag = ["-var", "extra_args=[\"--enable-auto-tool-choice\"]"];
+    let (code, out, _) = run(&[&["plan", &example][..], &flag].concat());
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("one replica at a time: the endpoint stays up")
+            && out.contains("2 of 2 → 1 of 2 (node1 replaced")
+            && !out.contains("Expected outage"),
+        "{out}"
+    );
+
+    // A steady load through the router during the roll.
+    let stop = "/tmp/sparkform-replicas-load.stop";
+    tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
+    let command = format!(
+        "python3 -c '{}' {endpoint}/v1/chat/completions sparkform-testbed-key {stop} 240",
+        LOAD.replace('\'', "\"")
+    );
+    let ((code, out, err), said) = std::thread::scope(|s| {
+        let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let applied = run(&[&["apply", &example, "-auto-approve"][..], &flag].concat());
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        tb.ssh(tb.nodes[0], &format!("touch {stop}"));
+        (applied, load.join().expect("the load's thread"))
+    });
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("(drain node1): check done") && out.contains("(admit node2): check done"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("endpoint = \"{endpoint}\"")), "{out}");
+    let (answered, failed) = counts(&said);
+    assert_eq!(failed, 0, "requests failed during the roll: {said}");
+    assert!(
+        answered >= 20,
+        "the load did not run through the roll: {said}"
+    );
+    for (b, a) in before.iter().zip(&engines(&tb)) {
+        assert_ne!(b, a, "a replica kept running through a flag change");
+    }
+
+    let (code, out, err) = run(&[&["destroy", &example, "-auto-approve"][..], &flag].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    super::testbed_mp::assert_nothing_running(&tb);
+    tb.clear_leftovers();
+}
