@@ -77,3 +77,26 @@ fn an_unreachable_node_restarts_nothing() {
     let (replace, targets) = restart_set(&c, &g, &[f]);
     assert!(replace.is_empty() && targets.is_empty());
 }
+
+#[test]
+fn behind_a_router_a_wedged_replica_restarts_alone() {
+    let (c, g) = example("testbed-replicas");
+    // Its own probe failed: that replica's engine, nothing of the other one or the router.
+    let (replace, targets) = restart_set(
+        &c,
+        &g,
+        &[failure(&[], Some("module.qwen.probe.direct[\"node1\"]"))],
+    );
+    assert_eq!(replace, ["module.qwen.container.engine[\"node1\"]"]);
+    assert!(
+        !targets.iter().any(|t| t.contains("\"node2\"")),
+        "{targets:?}"
+    );
+    // A wedge in its log: the same.
+    let (replace, _) = restart_set(
+        &c,
+        &g,
+        &[failure(&["module.qwen.container.engine[\"node2\"]"], None)],
+    );
+    assert_eq!(replace, ["module.qwen.container.engine[\"node2\"]"]);
+}
