@@ -75,6 +75,18 @@ variable "health_timeout" {
   description = "How long an engine may take to answer /health: the real engine compiles its model on two shared cores."
 }
 
+variable "executor" {
+  type        = string
+  default     = "mp"
+  description = "vLLM's executor in each engine: the stand-in serves without Ray with `mp`; the real CPU build runs one process with `uni`."
+}
+
+variable "replica_env" {
+  type        = map(map(string))
+  default     = { node1 = { VLLM_CPU_OMP_THREADS_BIND = "0" }, node2 = { VLLM_CPU_OMP_THREADS_BIND = "1" } }
+  description = "The testbed's nodes share the machine's cores: each CPU engine gets its own (the stand-in ignores it)."
+}
+
 variable "api_key" {
   type        = string
   default     = "sparkform-testbed-key"

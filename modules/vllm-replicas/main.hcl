@@ -56,13 +56,13 @@ container "engine" {
   ulimits      = module.fabric.ulimits
   volumes      = module.fabric.volumes
   cache        = module.fabric.cache
-  env          = merge(module.fabric.node_env[each.key], { VLLM_API_KEY = var.api_key })
+  env          = merge(module.fabric.node_env[each.key], lookup(var.replica_env, each.key, {}), { VLLM_API_KEY = var.api_key })
   # The engine listens on its node's fabric address only: the router and the probes reach it
   # there (vLLM takes the last --host it is given).
-  # One node's engine: vLLM's multiprocessing executor (no Ray), its GPUs its own.
+  # One node's engine: never Ray (vLLM's own executors), its GPUs its own.
   command = concat(
     module.serve.serve_args,
-    ["--distributed-executor-backend", "mp"],
+    var.executor == null ? [] : ["--distributed-executor-backend", var.executor],
     module.serve.server_args,
     ["--host", local.address[each.key]],
   )

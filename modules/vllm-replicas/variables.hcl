@@ -59,6 +59,18 @@ variable "extra_env" {
   default = {}
 }
 
+variable "executor" {
+  type        = string
+  default     = null
+  description = "vLLM's `--distributed-executor-backend` for each engine: `uni` (one process: one GPU), `mp` (a worker process per GPU); unset, vLLM chooses."
+}
+
+variable "replica_env" {
+  type        = map(map(string))
+  default     = {}
+  description = "More environment for one replica, by its node's name: `{ node1 = { VLLM_CPU_OMP_THREADS_BIND = \"0\" } }` (CPU builds on nodes that share cores bind each engine to its own)."
+}
+
 variable "shm_size" {
   type    = string
   default = "16g"

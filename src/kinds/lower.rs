@@ -81,4 +81,17 @@ impl dyn Engine<'_> + '_ {
         };
         Some(instances)
     }
+
+    /// What an instance of a block depends on: what it names, `container.x[each.key]` its own
+    /// key's only (a block without `for_each`: everything its context names).
+    pub(crate) fn deps_of_instance(
+        &self,
+        ctx: &Ctx,
+        key: Option<&str>,
+    ) -> std::collections::BTreeSet<String> {
+        match key {
+            Some(k) => self.instance_deps(k),
+            None => ctx.deps.clone(),
+        }
+    }
 }

@@ -11,31 +11,48 @@ use common::testbed::{example_copy, sparkform, testbed_third_pair, Testbed};
 const EXAMPLE: &str = "examples/testbed-replicas";
 
 /// Requests through the router from the router's node, two at a time, until `stop` exists (at
-/// most `max_secs`): prints `ok N failed M` and the first few failures.
+/// most `max_secs`): prints `ok N failed M`, the first few failures and the latencies' p50 and
+/// p99 in ms, before the first replica went out (`before`: the first `settle` seconds) and after.
 const LOAD: &str = r#"
 import json, sys, threading, time, urllib.request, os
-url, key, stop, max_secs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-body = json.dumps({"model": "testbed/standin-qwen3", "max_tokens": 8,
+url, key, stop, max_secs, model, settle = sys.argv[1:7]
+max_secs, settle = float(max_secs), float(settle)
+body = json.dumps({"model": model, "max_tokens": 8,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
-ok, bad, lock = [0], [], threading.Lock()
+ok, bad, lock, lat = [0], [], threading.Lock(), {"before": [], "during": []}
+start = time.time()
 def worker():
-    end = time.time() + max_secs
+    end = start + max_secs
     while time.time() < end and not os.path.exists(stop):
+        t = time.time()
         try:
             req = urllib.request.Request(url, data=body, headers={
                 "Authorization": "Bearer " + key, "Content-Type": "application/json"})
-            urllib.request.urlopen(req, timeout=30).read()
-            with lock: ok[0] += 1
+            urllib.request.urlopen(req, timeout=60).read()
+            with lock:
+                ok[0] += 1
+                lat["before" if t - start < settle else "during"].append((time.time() - t) * 1000)
         except Exception as e:
             with lock: bad.append(str(e)[:100])
         time.sleep(0.05)
 ts = [threading.Thread(target=worker) for _ in range(2)]
 [t.start() for t in ts]; [t.join() for t in ts]
+q = lambda l, p: sorted(l)[min(len(l) - 1, int(len(l) * p))] if l else -1
 print("ok %d failed %d %s" % (ok[0], len(bad), bad[:3]))
+for k in ("before", "during"):
+    print("%s: n %d p50 %.0f ms p99 %.0f ms" % (k, len(lat[k]), q(lat[k], 0.5), q(lat[k], 0.99)))
 "#;
 
+/// The load's command line on the router's node.
+pub(crate) fn load_command(endpoint: &str, stop: &str, model: &str, settle_secs: u32) -> String {
+    format!(
+        "python3 -c '{}' {endpoint}/v1/chat/completions sparkform-testbed-key {stop} 900 {model} {settle_secs}",
+        LOAD.replace('\'', "\"")
+    )
+}
+
 /// (answered, failed) from the load's last line.
-fn counts(out: &str) -> (u64, u64) {
+pub(crate) fn counts(out: &str) -> (u64, u64) {
     let line = out
         .lines()
         .rev()
@@ -102,10 +119,7 @@ fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() 
     // A steady load through the router during the roll.
     let stop = "/tmp/sparkform-replicas-load.stop";
     tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
-    let command = format!(
-        "python3 -c '{}' {endpoint}/v1/chat/completions sparkform-testbed-key {stop} 240",
-        LOAD.replace('\'', "\"")
-    );
+    let command = load_command(&endpoint, stop, "testbed/standin-qwen3", 2);
     let ((code, out, err), said) = std::thread::scope(|s| {
         let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
         std::thread::sleep(std::time::Duration::from_secs(2));

@@ -101,11 +101,7 @@ impl dyn Engine<'_> + '_ {
                     continue;
                 }
             };
-            // An instance depends on what it names: `container.x[each.key]` is its own key's.
-            let mut deps = match &key {
-                Some(k) => self.instance_deps(k),
-                None => ctx.deps.clone(),
-            };
+            let mut deps = self.deps_of_instance(&ctx, key.as_deref());
             deps.extend(edge_deps.iter().cloned());
             deps.extend(self.extra_deps().iter().cloned());
             deps.remove(&address);

@@ -67,13 +67,13 @@ impl dyn Engine<'_> + '_ {
         let name = item.name.clone();
         let header = item.header.clone();
         let edge_deps = self.edge_deps("depends_on")?;
-        let attrs = self.eval_body(&ctx, &file, &block.body, &PROBE)?;
+        let attrs = self.eval_body(ctx, &file, &block.body, &PROBE)?;
         let mut parts: BTreeMap<&str, Attrs> = BTreeMap::new();
         let mut ok = true;
         for kind in PROBE.blocks.iter().map(|c| c.name) {
             if let Some(b) = block.body.get_blocks(kind).next() {
                 let spec = PROBE.child(kind).map(|c| c.spec)?;
-                match self.eval_body(&ctx, &file, &b.body, spec) {
+                match self.eval_body(ctx, &file, &b.body, spec) {
                     Some(a) => {
                         parts.insert(kind, a);
                     }
@@ -130,11 +130,7 @@ impl dyn Engine<'_> + '_ {
                 return None;
             }
         };
-        // An instance depends on what it names: `container.x[each.key]` is its own key's.
-        let mut deps = match key {
-            Some(k) => self.instance_deps(k),
-            None => ctx.deps.clone(),
-        };
+        let mut deps = self.deps_of_instance(ctx, key);
         deps.extend(edge_deps);
         deps.extend(self.extra_deps().iter().cloned());
         self.add_resource(Resource {

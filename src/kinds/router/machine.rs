@@ -51,11 +51,14 @@ const ADMIT_SH: &str = r#"cmd "set server $B/$K state ready" >/dev/null
 while :; do
   st=$(field 18)
   case $st in UP|"no check") break ;; esac
-  if [ $(( $(date +%s) - start )) -ge "$T" ]; then echo "HAProxy says $K is $st after $T s" >&2; exit 4; fi
+  if [ $(( $(date +%s) - start )) -ge "$T" ]; then echo "HAProxy says $K is $st after $T s (not up)" >&2; exit 4; fi
   sleep 0.2
 done
 echo "up in $(( $(date +%s) - start )) s"
 "#;
+
+/// What the admit script says of a replica whose health check still fails at its bound.
+const NOT_UP: &str = "(not up)";
 
 /// One command on one replica's server in the router.
 #[derive(Debug, Clone)]
@@ -95,7 +98,7 @@ impl OnServer {
         match exec_in(&docker, &self.container, &cmd, timeout).await {
             Ok((0, out, _)) => Ok(out.trim().to_string()),
             Ok((code, out, err)) => Err(StepError::new(format!(
-                "the router {} on node.{} refused replica {}: {} (exit {code})",
+                "the router {} on {} refused replica {}: {} (exit {code})",
                 self.container,
                 self.node,
                 self.server,
@@ -103,7 +106,7 @@ impl OnServer {
             ))
             .help("the router's image must be HAProxy with its admin socket at /run/haproxy/admin.sock, socat, and a server per replica named by its key in the backend (modules/router writes that configuration)")),
             Err(e) => Err(StepError::new(format!(
-                "cannot reach the router {} on node.{}: {e}",
+                "cannot reach the router {} on {}: {e}",
                 self.container, self.node
             ))),
         }
@@ -137,10 +140,20 @@ impl CheckRun for Drain {
     fn undoes(&self) -> bool {
         true
     }
+    /// Back in the router. A replica that does not answer yet (its engine could not be
+    /// brought back) is in all the same: HAProxy sends it nothing until its health check
+    /// passes, and the step that failed says why it does not answer.
     async fn undo(&self, pool: &HostPool) -> Result<String, StepError> {
         let mut admit = self.0.clone();
         admit.bound_secs = UP_WITHIN_SECS;
-        admit.admit(pool).await
+        match admit.run(pool, ADMIT_SH).await {
+            Ok(said) => Ok(format!("replica {} back in the router: {said}", admit.server)),
+            Err(e) if e.message.contains(NOT_UP) => Ok(format!(
+                "replica {} back in the router; HAProxy sends it requests once its health check passes (it does not yet)",
+                admit.server
+            )),
+            Err(e) => Err(e),
+        }
     }
 }
 
