@@ -164,6 +164,8 @@ module "qwen" {
   health_timeout = "8m"
   extra_args     = var.extra_args
   extra_env      = var.extra_env
+  replica_env    = var.replica_env
+  executor       = var.executor
   api_key        = var.api_key
   router_node    = node.node1
   router_image   = var.router_image
