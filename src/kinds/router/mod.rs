@@ -61,16 +61,6 @@ fn default_drain_timeout() -> u64 {
 
 impl super::DesiredConfig for Desired {}
 
-impl Desired {
-    /// The replica `address` belongs to, when it belongs to one.
-    pub fn replica_of(&self, address: &str) -> Option<&str> {
-        self.replicas
-            .iter()
-            .find(|(_, members)| members.iter().any(|m| m == address))
-            .map(|(k, _)| k.as_str())
-    }
-}
-
 /// The top-level block that declares it.
 pub static TOP_BLOCK: &BlockSpec = &ROUTER;
 
