@@ -18,6 +18,16 @@ variable "nodes" {
   description = "The two testbed nodes, one replica on each; the router runs on the first."
 }
 
+variable "replicas" {
+  type        = number
+  default     = 2
+  description = "How many replicas serve, one per node in the order of `nodes`: changing it adds or removes replicas behind the router, which keeps serving."
+  validation {
+    condition     = var.replicas >= 1 && var.replicas <= 2 && floor(var.replicas) == var.replicas
+    error_message = "replicas must be 1 or 2: the testbed pair has two nodes, one replica each"
+  }
+}
+
 variable "fabric_addresses" {
   type        = list(string)
   default     = ["192.168.200.1", "192.168.200.2"]
@@ -153,7 +163,7 @@ module "qwen" {
   source         = "../../modules/vllm-replicas"
   image          = var.image
   network        = network.roce
-  replicas       = [node.node1, node.node2]
+  replicas       = slice([node.node1, node.node2], 0, var.replicas)
   weights        = model.qwen
   max_model_len  = var.max_model_len
   port           = 30000

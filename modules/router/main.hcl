@@ -1,8 +1,5 @@
 locals {
   keys = keys(var.replicas)
-  servers = join("", [
-    for k in local.keys : "  server ${k} ${var.replicas[k].address}\n"
-  ])
   # `$${…}` is HAProxy's own environment expansion, read when it starts (the key is never in
   # the file). A request that fails to connect, or whose replica died before answering, is
   # sent again to another replica (`retry-on`, `redispatch`): HAProxy keeps a request's body
@@ -31,8 +28,9 @@ locals {
     "  balance leastconn\n",
     "  option httpchk GET ${var.health_path}\n",
     "  http-check expect status 200\n",
-    "  default-server inter 1s fall 2 rise 1 check\n",
-    local.servers,
+    # No server here: the router resource puts each replica in through the admin socket
+    # (and writes them to servers.cfg, appended below when HAProxy starts again in this
+    # container), so that a replica added or removed restarts nothing.
   ])
 }
 
@@ -50,10 +48,11 @@ container "haproxy" {
     { HAPROXY_CONFIG = local.config },
     var.api_key == null ? {} : { SPARKFORM_API_KEY = var.api_key },
   )
-  # The configuration arrives in the environment and is written where the admin socket lives;
+  # The configuration arrives in the environment and is written where the admin socket lives,
+  # the servers the router resource last put in after it (the backend is its last section);
   # HAProxy runs in the foreground as the container's process.
   entrypoint = ["/bin/sh", "-c"]
-  command    = ["mkdir -p /run/haproxy && printf '%s' \"$HAPROXY_CONFIG\" > /run/haproxy/haproxy.cfg && exec haproxy -db -f /run/haproxy/haproxy.cfg"]
+  command    = ["mkdir -p /run/haproxy && cd /run/haproxy && printf '%s' \"$HAPROXY_CONFIG\" > haproxy.cfg && { [ ! -f servers.cfg ] || cat servers.cfg >> haproxy.cfg; } && exec haproxy -db -f haproxy.cfg"]
   restart    = "no"
   ready {
     tcp      = "${var.listen == "0.0.0.0" ? "127.0.0.1" : var.listen}:${var.port}"
@@ -67,7 +66,8 @@ container "haproxy" {
 }
 
 router "endpoint" {
-  container     = container.haproxy
-  drain_timeout = var.drain_timeout
-  replicas      = { for k in local.keys : k => var.replicas[k].members }
+  container      = container.haproxy
+  drain_timeout  = var.drain_timeout
+  server_options = var.server_options
+  replicas       = { for k in local.keys : k => { address = var.replicas[k].address, members = var.replicas[k].members } }
 }

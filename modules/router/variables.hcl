@@ -71,3 +71,9 @@ variable "health_path" {
   default     = "/health"
   description = "What HAProxy asks each replica, every second: a replica that fails it twice gets no new requests until it passes again."
 }
+
+variable "server_options" {
+  type        = string
+  default     = "check inter 1s fall 2 rise 1"
+  description = "What each replica's HAProxy `server` line says after its address: by default a health check (the backend's `health_path`) each second, out after 2 failures, in after 1 success."
+}

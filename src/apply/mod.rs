@@ -198,11 +198,15 @@ fn build_steps(config: &Config, graph: &Graph, plan: &Plan) -> Vec<Step> {
                 }
             }
         }
-        // A preflight guards what starts; a delete (an untracked copy's too, which shares the
-        // address of what the check guards) starts nothing, and waiting would close a loop:
-        // the check runs after changes that themselves wait for every delete.
-        if steps[i].change.action != Action::Delete {
-            if let Some(pre) = preflight_of.get(&steps[i].address) {
+        // A preflight guards what starts. A delete (an untracked copy's too, which shares the
+        // address of what the check guards) waits only for one that waits for nothing (a
+        // replica drained before its engine goes): a check that runs after changes, which
+        // themselves wait for every delete, would close a loop.
+        if let Some(pre) = preflight_of.get(&steps[i].address) {
+            let guards_delete = |&&c: &&usize| steps[c].deps.is_empty();
+            if steps[i].change.action == Action::Delete {
+                deps.extend(pre.iter().filter(guards_delete).copied());
+            } else {
                 deps.extend(pre.iter().copied());
             }
         }

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -40,6 +41,12 @@ pub enum Fault {
     ExitsAfterStart(i64, Vec<String>),
     /// A command run in it whose program is this one exits with this code and message.
     ExecExits(String, i64, String),
+    /// A command run in it whose last argument contains this text prints this and exits 0
+    /// (HAProxy's `show stat`, asked through its admin socket).
+    ExecAnswers(String, String),
+    /// A command run in it that contains this text answers after this many milliseconds; its
+    /// end is in the timeline (`exec done NAME: CMD`), so a test sees what waited for it.
+    ExecTakes(String, u64),
     /// It starts, keeps running and logs these lines.
     Logs(Vec<String>),
     /// It crashes at once and Docker restarts it, again and again: every inspect finds it
@@ -114,7 +121,13 @@ impl Engine {
         self.faults
             .iter()
             .rev()
-            .find(|(n, f)| n == name && !matches!(f, Fault::ExecExits(..)))
+            .find(|(n, f)| {
+                n == name
+                    && !matches!(
+                        f,
+                        Fault::ExecExits(..) | Fault::ExecAnswers(..) | Fault::ExecTakes(..)
+                    )
+            })
             .map(|(_, f)| f)
     }
 
@@ -131,10 +144,29 @@ impl Engine {
                 Fault::ExecExits(program, code, message) if cmd.first() == Some(program) => {
                     return (*code, frame(2, &format!("{message}\n")))
                 }
+                Fault::ExecAnswers(needle, out)
+                    if cmd.last().is_some_and(|l| l.contains(needle)) =>
+                {
+                    return (0, frame(1, out))
+                }
                 _ => {}
             }
         }
         (0, frame(1, &format!("ok: {}\n", cmd.join(" "))))
+    }
+
+    /// How long a command run in a container takes to answer ([`Fault::ExecTakes`]).
+    fn exec_takes(&self, container: &str, cmd: &[String]) -> Option<Duration> {
+        let name = self
+            .find(container)
+            .map(|i| self.containers[i].name.as_str())?;
+        let joined = cmd.join(" ");
+        self.faults.iter().rev().find_map(|(n, f)| match f {
+            Fault::ExecTakes(needle, ms) if n == name && joined.contains(needle.as_str()) => {
+                Some(Duration::from_millis(*ms))
+            }
+            _ => None,
+        })
     }
 
     fn new_id(&mut self) -> String {
@@ -610,16 +642,30 @@ async fn handle(
                 ));
             };
             let (code, out) = e.exec_answer(&x.container, &x.cmd);
+            let takes = e.exec_takes(&x.container, &x.cmd);
+            let done = format!(
+                "exec done {}: {}",
+                e.find(&x.container)
+                    .map(|i| e.containers[i].name.clone())
+                    .unwrap_or_default(),
+                x.cmd.join(" ")
+            );
             if let Some(x) = e.execs.get_mut(*id) {
                 x.exit_code = Some(code);
             }
             drop(e);
+            let engine = engine.clone();
             // The client asked to upgrade: the output follows on the raw connection.
             let upgrade = hyper::upgrade::on(&mut req);
             let cancel = cancel.clone();
             tokio::spawn(async move {
                 let write = async {
                     if let Ok(up) = upgrade.await {
+                        if let Some(t) = takes {
+                            tokio::time::sleep(t).await;
+                            let at = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            lock(&engine).timeline.push((at, done));
+                        }
                         let mut io = TokioIo::new(up);
                         let _ = io.write_all(&out).await;
                         let _ = io.shutdown().await;

@@ -21,13 +21,18 @@ use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 /// Two replicas (`a` on n1, `b` on n2), each an engine and its own probe, behind a router on
 /// n1; the engines run `serve FLAG`.
 fn write(dir: &Path, flag: &str) {
+    write_replicas(dir, flag, "a = node.n1, b = node.n2");
+}
+
+/// The same with the replicas `REPLICAS` (`a = node.n1`).
+fn write_replicas(dir: &Path, flag: &str, replicas: &str) {
     let hcl = format!(
         r#"
 node "n1" {{ address = "10.0.0.1" }}
 node "n2" {{ address = "10.0.0.2" }}
 
 locals {{
-  replicas = {{ a = node.n1, b = node.n2 }}
+  replicas = {{ {replicas} }}
 }}
 
 container "engine" {{
@@ -61,7 +66,10 @@ router "api" {{
   container     = container.haproxy
   drain_timeout = "5s"
   replicas = {{
-    for k in keys(local.replicas) : k => [container.engine[k], probe.direct[k]]
+    for k in keys(local.replicas) : k => {{
+      address = "${{local.replicas[k].address}}:8000"
+      members = [container.engine[k], probe.direct[k]]
+    }}
   }}
 }}
 
@@ -145,7 +153,8 @@ impl Bed {
     }
 
     /// Both engines' requests and commands since `from`, in the order they came, as short
-    /// words: `drain a`, `admit b`, `stop engine-a`, `create engine-b`.
+    /// words: `drain a`, `admit b`, `stop engine-a`, `create engine-b`; `drain a done` where
+    /// the router's command was made to take a while (`Fault::ExecTakes`).
     fn events(&self, from: u64) -> Vec<String> {
         let mut all: Vec<(u64, String)> = self
             .n1
@@ -157,16 +166,27 @@ impl Bed {
         all.sort();
         all.into_iter()
             .filter_map(|(_, e)| {
-                if let Some(cmd) = e.strip_prefix("exec haproxy: ") {
-                    let server = cmd.split_whitespace().nth_back(1)?.to_string();
-                    let what = if cmd.contains("state drain") {
+                let (cmd, done) = match e.strip_prefix("exec done haproxy: ") {
+                    Some(cmd) => (Some(cmd), " done"),
+                    None => (e.strip_prefix("exec haproxy: "), ""),
+                };
+                if let Some(cmd) = cmd {
+                    // The script's arguments: backend, server, bound, then the add's address
+                    // and options.
+                    let args = cmd.rsplit_once(" sh engines ")?.1;
+                    let server = args.split_whitespace().next()?.to_string();
+                    let what = if cmd.contains("del server") {
+                        "delete"
+                    } else if cmd.contains("add server") {
+                        "add"
+                    } else if cmd.contains("state drain") {
                         "drain"
                     } else if cmd.contains("state ready") {
                         "admit"
                     } else {
                         return None;
                     };
-                    return Some(format!("{what} {server}"));
+                    return Some(format!("{what} {server}{done}"));
                 }
                 if let Some(name) = e.strip_prefix("create engine-") {
                     return Some(format!("create engine-{name}"));
@@ -285,4 +305,72 @@ async fn a_replica_whose_replacement_fails_is_put_back_and_the_one_before_keeps_
         .map(|c| c.address.as_str())
         .collect();
     assert_eq!(replaced, [r#"container.engine["b"]"#]);
+}
+
+/// `show stat` as HAProxy answers it with servers `names` in the backend `engines`.
+fn show_stat(names: &[&str]) -> String {
+    let mut out = String::from("# pxname,svname,qcur,scur,status,addr\napi,FRONTEND,,0,OPEN,\n");
+    for (i, n) in names.iter().enumerate() {
+        out.push_str(&format!("engines,{n},0,0,UP,10.0.0.{}:8000\n", i + 1));
+    }
+    out.push_str("engines,BACKEND,0,0,UP,\n");
+    out
+}
+
+#[tokio::test]
+async fn a_removed_replica_is_drained_before_its_engine_stops_and_an_added_one_admitted_after_its_probe(
+) {
+    let bed = Bed::new();
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    // HAProxy lists both servers; b goes.
+    bed.n1.fault(
+        "haproxy",
+        Fault::ExecAnswers("show stat".into(), show_stat(&["a", "b"])),
+    );
+    // A drain takes a while: what waits for it starts after it ends.
+    bed.n1
+        .fault("haproxy", Fault::ExecTakes("state drain".into(), 300));
+    let from = bed.now();
+    write_replicas(bed.dir.path(), "1", "a = node.n1");
+    let (plan, text, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    assert_eq!(
+        plan.change(r#"container.engine["b"]"#).map(|c| c.action),
+        Some(Action::Delete)
+    );
+    assert_eq!(
+        plan.change("router.api").map(|c| c.action),
+        Some(Action::Update)
+    );
+    assert_eq!(
+        bed.events(from),
+        [
+            "drain b",
+            "drain b done",
+            "stop engine-b",
+            "delete b",
+            "delete b done",
+            "admit a"
+        ],
+        "drained before its engine stops; its server deleted by the router's update"
+    );
+    assert!(bed.n1.container("haproxy").is_some_and(|c| c.running));
+    assert!(!text.contains("Expected outage"), "{text}");
+    // And back: b is created, passes its probe, then is added and admitted; the router is
+    // not restarted.
+    bed.n1.fault(
+        "haproxy",
+        Fault::ExecAnswers("show stat".into(), show_stat(&["a"])),
+    );
+    let haproxy = bed.n1.container("haproxy").map(|c| c.id);
+    let from = bed.now();
+    write(bed.dir.path(), "1");
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    assert_eq!(
+        bed.events(from),
+        ["create engine-b", "admit a", "add b", "admit b"]
+    );
+    assert_eq!(bed.n1.container("haproxy").map(|c| c.id), haproxy);
 }

@@ -2,7 +2,9 @@
 //! stand-in, one engine on each node of the third pair and HAProxy (the testbed's router image,
 //! Debian's package) in front of them on the first. A flag change rolls through the replicas
 //! while a steady load goes through the router: every request is answered, and the endpoint
-//! stays the same. On the third pair, a test at a time with its other files.
+//! stays the same; then, under the same load, a replica is removed and added again by changing
+//! their number, HAProxy never restarted. On the third pair, a test at a time with its other
+//! files.
 
 use crate::common;
 
@@ -100,7 +102,10 @@ fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() 
 
     let (code, out, err) = run(&["apply", &example, "-auto-approve"]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("2 of 2 replicas in: node1, node2"), "{out}");
+    assert!(
+        out.contains("2 replica(s) in the router: node1 added, node2 added"),
+        "{out}"
+    );
     let endpoint = format!("http://{}:8000", tb.fabric[0]);
     assert!(out.contains(&format!("endpoint = \"{endpoint}\"")), "{out}");
     let before = engines(&tb);
@@ -118,16 +123,20 @@ fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() 
 
     // A steady load through the router during the roll.
     let stop = "/tmp/sparkform-replicas-load.stop";
-    tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
-    let command = load_command(&endpoint, stop, "testbed/standin-qwen3", 2);
-    let ((code, out, err), said) = std::thread::scope(|s| {
-        let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
-        std::thread::sleep(std::time::Duration::from_secs(2));
-        let applied = run(&[&["apply", &example, "-auto-approve"][..], &flag].concat());
-        std::thread::sleep(std::time::Duration::from_secs(2));
-        tb.ssh(tb.nodes[0], &format!("touch {stop}"));
-        (applied, load.join().expect("the load's thread"))
-    });
+    let under_load = |args: &[&str]| {
+        tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
+        let command = load_command(&endpoint, stop, "testbed/standin-qwen3", 2);
+        std::thread::scope(|s| {
+            let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            let applied = run(args);
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            tb.ssh(tb.nodes[0], &format!("touch {stop}"));
+            (applied, load.join().expect("the load's thread"))
+        })
+    };
+    let ((code, out, err), said) =
+        under_load(&[&["apply", &example, "-auto-approve"][..], &flag].concat());
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains("(drain node1): check done") && out.contains("(admit node2): check done"),
@@ -140,9 +149,40 @@ fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() 
         answered >= 20,
         "the load did not run through the roll: {said}"
     );
-    for (b, a) in before.iter().zip(&engines(&tb)) {
+    let rolled = engines(&tb);
+    for (b, a) in before.iter().zip(&rolled) {
         assert_ne!(b, a, "a replica kept running through a flag change");
     }
+
+    // Scaling by the number, under the same load: node2's replica is drained, then removed;
+    // then added again once its probe passes. HAProxy is never restarted.
+    let router = || tb.running_id(tb.nodes[0], "sparkform-router");
+    let router_before = router();
+    assert!(router_before.is_some(), "the router is not running");
+    let one = ["-var", "replicas=1"];
+    let ((code, out, err), said) =
+        under_load(&[&["apply", &example, "-auto-approve"][..], &flag, &one].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("(drain node2, removed): check done") && out.contains("node2 removed"),
+        "{out}"
+    );
+    assert_eq!(
+        counts(&said).1,
+        0,
+        "requests failed as a replica went: {said}"
+    );
+    assert_eq!(tb.running_id(tb.nodes[1], "sparkform-vllm-node2"), None);
+    let ((code, out, err), said) =
+        under_load(&[&["apply", &example, "-auto-approve"][..], &flag].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("node2 added"), "{out}");
+    assert_eq!(
+        counts(&said).1,
+        0,
+        "requests failed as a replica came: {said}"
+    );
+    assert_eq!(router(), router_before, "the router was restarted");
 
     let (code, out, err) = run(&[&["destroy", &example, "-auto-approve"][..], &flag].concat());
     assert_eq!(code, 0, "{out}\n{err}");

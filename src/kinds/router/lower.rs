@@ -47,7 +47,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
             let help = if message.contains("share a node") {
                 "give each replica its own node (a replica over several nodes owns all of them)"
             } else {
-                "write `replicas = { a = [container.engine[\"a\"], probe.direct[\"a\"]], … }`: each replica's key (HAProxy's server name) with the resources it is made of"
+                "write `replicas = { a = { address = \"10.0.0.3:8000\", members = [container.engine[\"a\"], probe.direct[\"a\"]] }, … }`: each replica's key (HAProxy's server name), where the router reaches it, and the resources it is made of"
             };
             cx.diag(
                 Diag::error(
@@ -71,11 +71,26 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
             .number("drain_timeout")
             .map(|n| n as u64)
             .unwrap_or_else(super::default_drain_timeout),
+        server_options: match attrs.string("server_options") {
+            Some(o) if !super::valid_server_options(&o) => {
+                cx.diag(
+                    Diag::error(
+                        "config::invalid_value",
+                        format!("router `{name}`: `server_options` {o:?} holds a character HAProxy's admin socket would read as another command"),
+                    )
+                    .label(&span("server_options"), "here")
+                    .help("HAProxy server keywords and values only: letters, digits, spaces and `.:_-/`, as `check inter 1s fall 2 rise 1`"),
+                );
+                return None;
+            }
+            Some(o) => o,
+            None => super::default_server_options(),
+        },
         replicas: replicas.clone(),
     };
     let mut deps = ctx.deps.clone();
-    deps.insert(container_address);
-    deps.extend(replicas.values().flatten().cloned());
+    deps.insert(container_address.clone());
+    deps.extend(replicas.values().flat_map(|r| r.members.iter().cloned()));
     deps.extend(cx.extra_deps().iter().cloned());
     deps.remove(&address);
     cx.add_resource(Resource {
@@ -86,7 +101,9 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
         sensitive: Vec::new(),
         ephemeral: Vec::new(),
         deps,
-        replace_triggered_by: BTreeSet::new(),
+        // A new container is a new HAProxy, which has none of the servers this resource put in:
+        // its replacement replaces this resource, whose create puts them all in again.
+        replace_triggered_by: BTreeSet::from([container_address]),
         group: None,
         span: header,
     });
@@ -100,17 +117,20 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     ))
 }
 
-/// `replicas` as each key with its members' addresses; `Err` says what is not a map of lists
-/// of resource references.
-fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, String> {
+/// `replicas` as each key with its server address and its members' addresses; `Err` says
+/// what is not a map of `{ address, members }`.
+fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, super::Replica>, String> {
     let Some(Value::Object(map)) = value else {
-        return Err("`replicas` must be a map of lists of resources".into());
+        return Err(
+            "`replicas` must be a map of `{ address = \"HOST:PORT\", members = [resources] }`"
+                .into(),
+        );
     };
     if map.is_empty() {
         return Err("`replicas` names no replica: a router needs at least one".into());
     }
     let mut out = BTreeMap::new();
-    for (key, members) in map {
+    for (key, replica) in map {
         if key.is_empty()
             || !key
                 .chars()
@@ -120,10 +140,26 @@ fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, Stri
                 "replica key {key:?} must be letters, digits, `_` or `-` (it is HAProxy's server name)"
             ));
         }
-        let Value::Array(list) = members else {
-            return Err(format!("replica `{key}` must be a list of resources"));
+        let Some(replica) = replica.as_object() else {
+            return Err(format!(
+                "replica `{key}` must be `{{ address = \"HOST:PORT\", members = [resources] }}`"
+            ));
         };
-        let mut addresses = Vec::new();
+        let address = match replica.get("address") {
+            Some(Value::String(a)) if super::server_address(a).is_some() => a.clone(),
+            Some(other) => {
+                return Err(format!(
+                    "replica `{key}`: `address` must be HOST:PORT (an IP address or a host name and a port), not {other}"
+                ))
+            }
+            None => return Err(format!("replica `{key}` has no `address` (HOST:PORT, where the router reaches it)")),
+        };
+        let Some(Value::Array(list)) = replica.get("members") else {
+            return Err(format!(
+                "replica `{key}`: `members` must be a list of resources"
+            ));
+        };
+        let mut members = Vec::new();
         for m in list {
             let id = m
                 .as_object()
@@ -131,7 +167,7 @@ fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, Stri
                 .and_then(|o| o.get("id"))
                 .and_then(Value::as_str);
             match id {
-                Some(a) => addresses.push(a.to_string()),
+                Some(a) => members.push(a.to_string()),
                 None => {
                     return Err(format!(
                         "replica `{key}` lists something that is not a resource (a container or a probe)"
@@ -139,22 +175,27 @@ fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, Stri
                 }
             }
         }
-        if addresses.is_empty() {
+        if members.is_empty() {
             return Err(format!("replica `{key}` lists no resource"));
         }
-        out.insert(key.clone(), addresses);
+        out.insert(key.clone(), super::Replica { address, members });
     }
     // Two replicas on one node would share its GPUs and its memory budget.
     let mut on_node: BTreeMap<String, String> = BTreeMap::new();
-    for (key, members) in map {
-        let nodes = members.as_array().into_iter().flatten().filter_map(|m| {
-            m.as_object()?
-                .get("node")?
-                .as_object()?
-                .get("id")?
-                .as_str()
-                .map(str::to_string)
-        });
+    for (key, replica) in map {
+        let members = replica.as_object().and_then(|r| r.get("members"));
+        let nodes = members
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                m.as_object()?
+                    .get("node")?
+                    .as_object()?
+                    .get("id")?
+                    .as_str()
+                    .map(str::to_string)
+            });
         for node in nodes.collect::<BTreeSet<_>>() {
             if let Some(other) = on_node.insert(node.clone(), key.clone()) {
                 if &other != key {
@@ -166,8 +207,8 @@ fn replicas(value: Option<&Value>) -> Result<BTreeMap<String, Vec<String>>, Stri
         }
     }
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
-    for (key, members) in &out {
-        for m in members {
+    for (key, replica) in &out {
+        for m in &replica.members {
             if let Some(other) = seen.insert(m, key) {
                 return Err(format!(
                     "{m} is in two replicas, `{other}` and `{key}`: a replica's resources are its own"

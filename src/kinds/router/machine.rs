@@ -23,15 +23,18 @@ pub static MACHINE: RouterMachine = RouterMachine;
 /// already: the check's next round, a second or two, is what it waits for).
 const UP_WITHIN_SECS: u64 = 60;
 
-/// The shell functions the drain and admit scripts share: a command on HAProxy's admin socket,
-/// and a server's field of `show stat` (5: sessions now, 18: status), `missing` when the
-/// backend has no such server. Arguments arrive as `$1`…: nothing is interpolated.
+/// The shell functions the scripts share: a command on HAProxy's admin socket, and a
+/// server's field of `show stat` (5: sessions now, 18: status), `missing` when the backend has
+/// no such server. Arguments arrive as `$1`…: nothing is interpolated.
 const HAPROXY_SH: &str = r#"set -u
 S=__SOCKET__; B=$1; K=$2; T=$3
-cmd() { echo "$1" | socat -t 5 stdio "unix-connect:$S"; }
+cmd() { printf '%s\n' "$1" | socat -t 5 stdio "unix-connect:$S"; }
 field() { cmd "show stat" | awk -F, -v b="$B" -v s="$K" -v f="$1" '$1==b && $2==s {print $f; x=1} END {if (!x) print "missing"}'; }
-[ "$(field 18)" = missing ] && { echo "HAProxy's backend $B has no server $K" >&2; exit 3; }
 start=$(date +%s)
+"#;
+
+/// The drain and admit scripts' start: the server is there.
+const EXISTS_SH: &str = r#"[ "$(field 18)" = missing ] && { echo "HAProxy's backend $B has no server $K" >&2; exit 3; }
 "#;
 
 /// Drain: no new requests, then wait until none is in flight (or `T` seconds), then out.
@@ -55,6 +58,25 @@ while :; do
   sleep 0.2
 done
 echo "up in $(( $(date +%s) - start )) s"
+"#;
+
+/// Add: a new server `$4` (`HOST:PORT`) with the options `$5`, in maintenance until admitted;
+/// its health check on when the options ask for one. No reload: nothing in flight is touched.
+const ADD_SH: &str = r#"out=$(cmd "experimental-mode on; add server $B/$K $4 $5")
+case $out in *"New server registered"*) ;; *) echo "HAProxy did not add $K: $out" >&2; exit 5 ;; esac
+case " $5 " in *" check "*) cmd "enable health $B/$K" >/dev/null ;; esac
+echo "added"
+"#;
+
+/// Remove: after the drain, the server is deleted (HAProxy refuses while a request is on it).
+const DELETE_SH: &str = r#"out=$(cmd "experimental-mode on; del server $B/$K")
+case $out in *"Server deleted"*) ;; *) echo "HAProxy did not delete $K: $out" >&2; exit 5 ;; esac
+echo "removed"
+"#;
+
+/// Move: the server's address becomes `$4` port `$5`.
+const MOVE_SH: &str = r#"cmd "set server $B/$K addr $4 port $5" >/dev/null
+echo "now at $4:$5"
 "#;
 
 /// What the admit script says of a replica whose health check still fails at its bound.
@@ -81,11 +103,22 @@ impl OnServer {
         }
     }
 
+    /// `body` (one of the scripts above) on this server, with `args` after the backend, the
+    /// server and the bound.
     async fn run(&self, pool: &HostPool, body: &str) -> Result<String, StepError> {
+        self.run_with(pool, body, &[]).await
+    }
+
+    async fn run_with(
+        &self,
+        pool: &HostPool,
+        body: &str,
+        args: &[&str],
+    ) -> Result<String, StepError> {
         let host = pool.get(&self.node)?;
         let docker = host.docker().await?;
         let script = format!("{}{body}", HAPROXY_SH.replace("__SOCKET__", ADMIN_SOCKET));
-        let cmd: Vec<String> = vec![
+        let mut cmd: Vec<String> = vec![
             "sh".into(),
             "-c".into(),
             script,
@@ -94,6 +127,7 @@ impl OnServer {
             self.server.clone(),
             self.bound_secs.to_string(),
         ];
+        cmd.extend(args.iter().map(|a| a.to_string()));
         let timeout = Duration::from_secs(self.bound_secs + 30);
         match exec_in(&docker, &self.container, &cmd, timeout).await {
             Ok((0, out, _)) => Ok(out.trim().to_string()),
@@ -113,12 +147,81 @@ impl OnServer {
     }
 
     async fn admit(&self, pool: &HostPool) -> Result<String, StepError> {
-        let said = self.run(pool, ADMIT_SH).await?;
+        let said = self.run(pool, &format!("{EXISTS_SH}{ADMIT_SH}")).await?;
         Ok(format!(
             "replica {} back in the router: {said}",
             self.server
         ))
     }
+}
+
+/// The servers HAProxy's backend has now, each with its address (`show stat`).
+async fn servers(
+    pool: &HostPool,
+    d: &Desired,
+) -> Result<std::collections::BTreeMap<String, String>, StepError> {
+    let docker = pool.get(&d.node)?.docker().await?;
+    let cmd: Vec<String> = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo 'show stat' | socat -t 5 stdio unix-connect:{ADMIN_SOCKET}"),
+    ];
+    match exec_in(&docker, &d.container, &cmd, Duration::from_secs(30)).await {
+        Ok((0, csv, _)) => Ok(parse_servers(&csv, &d.backend)),
+        Ok((code, out, err)) => Err(StepError::new(format!(
+            "the router {} on {} did not list its servers: {} (exit {code})",
+            d.container,
+            d.node,
+            first_line(&err).or(first_line(&out)).unwrap_or("no output")
+        ))
+        .help("the router's image must be HAProxy with its admin socket at /run/haproxy/admin.sock, and socat")),
+        Err(e) => Err(StepError::new(format!(
+            "cannot reach the router {} on {}: {e}",
+            d.container, d.node
+        ))),
+    }
+}
+
+/// Of `show stat`'s CSV, the servers of `backend` with their `addr` (the header names the
+/// columns; a row that is the backend's or a frontend's own is none).
+pub fn parse_servers(csv: &str, backend: &str) -> std::collections::BTreeMap<String, String> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches('#')
+        .trim()
+        .split(',')
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(px), Some(sv), Some(addr)) = (col("pxname"), col("svname"), col("addr")) else {
+        return Default::default();
+    };
+    lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f.get(px) == Some(&backend))
+        .filter_map(|f| {
+            let name = *f.get(sv)?;
+            (!matches!(name, "BACKEND" | "FRONTEND"))
+                .then(|| (name.to_string(), f.get(addr).unwrap_or(&"").to_string()))
+        })
+        .collect()
+}
+
+/// Where the router's container keeps its servers between two starts of HAProxy
+/// ([`super::SERVERS_FILE`], which modules/router appends to its configuration).
+async fn write_servers_file(pool: &HostPool, d: &Desired) -> Result<(), StepError> {
+    let lines: String = d
+        .replicas
+        .iter()
+        .map(|(k, r)| format!("  {}\n", d.server_line(k, r)))
+        .collect();
+    let on = OnServer::of(d, "-", 10);
+    let script = format!(
+        r#"printf '%s' "$4" > {f}.new && mv {f}.new {f}"#,
+        f = super::SERVERS_FILE
+    );
+    on.run_with(pool, &script, &[&lines]).await.map(|_| ())
 }
 
 fn first_line(s: &str) -> Option<&str> {
@@ -131,7 +234,7 @@ struct Drain(OnServer);
 #[async_trait]
 impl CheckRun for Drain {
     async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
-        let said = self.0.run(pool, DRAIN_SH).await?;
+        let said = self.0.run(pool, &format!("{EXISTS_SH}{DRAIN_SH}")).await?;
         Ok(format!(
             "replica {} out of the router: {said}",
             self.0.server
@@ -146,7 +249,7 @@ impl CheckRun for Drain {
     async fn undo(&self, pool: &HostPool) -> Result<String, StepError> {
         let mut admit = self.0.clone();
         admit.bound_secs = UP_WITHIN_SECS;
-        match admit.run(pool, ADMIT_SH).await {
+        match admit.run(pool, &format!("{EXISTS_SH}{ADMIT_SH}")).await {
             Ok(said) => Ok(format!("replica {} back in the router: {said}", admit.server)),
             Err(e) if e.message.contains(NOT_UP) => Ok(format!(
                 "replica {} back in the router; HAProxy sends it requests once its health check passes (it does not yet)",
@@ -170,8 +273,9 @@ impl CheckRun for Admit {
 /// The drain and admit steps of every router whose replicas this apply replaces: for each
 /// such replica, in key order, a drain that its changed resources wait for and an admit
 /// that waits for them (its probes included), each drain after the admit before it, so one
-/// replica at a time is out. A replica that is only created is admitted by the router's own
-/// update; a router whose container starts now starts with every replica in.
+/// replica at a time is out. A replica that is only created is added by the router's own
+/// update, after its probes; one removed is drained before its resources are deleted
+/// ([`removal_drains`]); a router whose container starts now puts every replica in itself.
 pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
     let mut out = Vec::new();
     for r in config
@@ -190,10 +294,16 @@ pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         if starts_now(&r.address) || starts_now(&d.container_address) {
             continue;
         }
+        out.extend(removal_drains(&r.address, &d, changed));
         let mut previous: Option<String> = None;
         let mut rolled = Vec::new();
-        for (key, members) in &d.replicas {
-            let now: Vec<String> = members.iter().filter(|m| changed.is(m)).cloned().collect();
+        for (key, replica) in &d.replicas {
+            let now: Vec<String> = replica
+                .members
+                .iter()
+                .filter(|m| changed.is(m))
+                .cloned()
+                .collect();
             let stops = now.iter().any(|m| {
                 changed
                     .change(m)
@@ -235,12 +345,48 @@ pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
     out
 }
 
+/// For each replica a router's update removes, a drain its resources' deletion waits for: no
+/// request on it is cut when its engine stops. It waits for nothing (every change waits for
+/// the deletions), so it runs at the apply's start; the update deletes its server after.
+fn removal_drains(router: &str, d: &Desired, changed: &Changed<'_>) -> Vec<Check> {
+    let Some(before) = changed
+        .change(router)
+        .filter(|c| c.action == Action::Update)
+        .and_then(|c| c.attributes.iter().find(|a| a.path == "replicas"))
+        .and_then(|a| a.before.clone())
+    else {
+        return Vec::new();
+    };
+    let Ok(before) =
+        serde_json::from_value::<std::collections::BTreeMap<String, super::Replica>>(before)
+    else {
+        return Vec::new();
+    };
+    before
+        .into_iter()
+        .filter(|(key, _)| !d.replicas.contains_key(key))
+        .map(|(key, replica)| Check {
+            address: format!("{router} (drain {key}, removed)"),
+            after: Vec::new(),
+            covers: Vec::new(),
+            before: replica.members,
+            nodes: vec![d.node.clone()],
+            keeps: Vec::new(),
+            run: Arc::new(Drain(OnServer::of(d, &key, d.drain_timeout))),
+        })
+        .collect()
+}
+
 #[async_trait]
 impl Machine for RouterMachine {
     type Kind = super::Router;
     type Undo = ();
 
-    /// Every replica in, each up by HAProxy's own check before the next is asked.
+    /// HAProxy's servers made the replicas, through its admin socket (no reload: nothing in
+    /// flight is touched): one that is no replica any more drained and deleted, a new one
+    /// added, one whose address changed moved; then every replica in, each up by HAProxy's
+    /// own check before the next is asked; then the servers file, which HAProxy reads when
+    /// it starts again in this container.
     async fn apply(
         &self,
         cx: &Step<'_, super::Router>,
@@ -251,14 +397,40 @@ impl Machine for RouterMachine {
                 "the router's container goes with its own resource",
             ));
         };
+        let present = servers(cx.pool, d).await?;
         let mut said = Vec::new();
-        for key in d.replicas.keys() {
-            OnServer::of(d, key, UP_WITHIN_SECS).admit(cx.pool).await?;
-            said.push(key.as_str());
+        for gone in present.keys().filter(|k| !d.replicas.contains_key(*k)) {
+            OnServer::of(d, gone, d.drain_timeout)
+                .run(cx.pool, &format!("{EXISTS_SH}{DRAIN_SH}{DELETE_SH}"))
+                .await?;
+            said.push(format!("{gone} removed"));
         }
+        for (key, replica) in &d.replicas {
+            let on = OnServer::of(d, key, UP_WITHIN_SECS);
+            match present.get(key) {
+                None => {
+                    on.run_with(cx.pool, ADD_SH, &[&replica.address, &d.server_options])
+                        .await?;
+                    said.push(format!("{key} added"));
+                }
+                Some(now) if now != &replica.address => {
+                    let Some((host, port)) = super::server_address(&replica.address) else {
+                        return Err(StepError::new(format!(
+                            "replica {key}: {} is no HOST:PORT",
+                            replica.address
+                        )));
+                    };
+                    on.run_with(cx.pool, MOVE_SH, &[host, &port.to_string()])
+                        .await?;
+                    said.push(format!("{key} moved to {}", replica.address));
+                }
+                Some(_) => said.push(format!("{key} in")),
+            }
+            on.admit(cx.pool).await?;
+        }
+        write_servers_file(cx.pool, d).await?;
         Ok(Done::summary(format!(
-            "{} of {} replicas in: {}",
-            said.len(),
+            "{} replica(s) in the router: {}",
             d.replicas.len(),
             said.join(", ")
         )))
@@ -279,5 +451,31 @@ impl Machine for RouterMachine {
 
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         rolling_checks(config, changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_servers;
+
+    #[test]
+    fn show_stat_gives_the_backends_servers_and_their_addresses_by_its_header() {
+        // HAProxy 2.6's columns, cut: the header names them, wherever `addr` is.
+        let csv = "# pxname,svname,qcur,qmax,scur,status,addr\n\
+                   api,FRONTEND,,,0,OPEN,\n\
+                   engines,a,0,0,1,UP,10.0.0.3:8000\n\
+                   engines,b,0,0,0,MAINT,10.0.0.4:8000\n\
+                   engines,BACKEND,0,0,1,UP,\n\
+                   other,c,0,0,0,UP,10.0.0.9:80\n";
+        let servers = parse_servers(csv, "engines");
+        assert_eq!(
+            servers.into_iter().collect::<Vec<_>>(),
+            [
+                ("a".to_string(), "10.0.0.3:8000".to_string()),
+                ("b".to_string(), "10.0.0.4:8000".to_string())
+            ]
+        );
+        // No header (an error message instead): no server, not a panic.
+        assert!(parse_servers("Unknown command\n", "engines").is_empty());
     }
 }

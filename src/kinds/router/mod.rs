@@ -19,6 +19,10 @@ use crate::schema::{self, opt, req, spec, BlockSpec};
 /// Where the router's image keeps HAProxy's admin socket (`stats socket … level admin`).
 pub const ADMIN_SOCKET: &str = "/run/haproxy/admin.sock";
 
+/// Where the router's container keeps HAProxy's servers (one `server` line each) between two
+/// starts: the router's apply writes it, the container appends it to its configuration.
+pub const SERVERS_FILE: &str = "/run/haproxy/servers.cfg";
+
 /// The block that declares it.
 pub static ROUTER: BlockSpec = spec(
     "router",
@@ -28,6 +32,7 @@ pub static ROUTER: BlockSpec = spec(
         req("replicas", schema::Kind::Any),
         opt("backend", schema::Kind::Str),
         opt("drain_timeout", schema::Kind::Duration),
+        opt("server_options", schema::Kind::Str),
         opt("depends_on", schema::Kind::RefList),
     ],
     &[],
@@ -47,8 +52,51 @@ pub struct Desired {
     /// How long a drain waits for the requests in flight on a replica.
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout: u64,
-    /// Each replica (HAProxy's server name) with the addresses of the resources it is made of.
-    pub replicas: BTreeMap<String, Vec<String>>,
+    /// What HAProxy's `server` line says after a replica's address (its health check).
+    #[serde(default = "default_server_options")]
+    pub server_options: String,
+    /// Each replica by its key, HAProxy's server name.
+    pub replicas: BTreeMap<String, Replica>,
+}
+
+/// One replica behind the router.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Replica {
+    /// Where the router's node reaches its engine, `HOST:PORT`: HAProxy's server address.
+    pub address: String,
+    /// The addresses of the resources it is made of (what a change to it replaces).
+    pub members: Vec<String>,
+}
+
+impl Desired {
+    /// HAProxy's `server` line of replica `key` (the servers file, `add server`).
+    pub fn server_line(&self, key: &str, replica: &Replica) -> String {
+        format!("server {key} {} {}", replica.address, self.server_options)
+    }
+}
+
+/// `HOST:PORT` split, when it is one HAProxy can take as a server address: an IPv4 address or
+/// a host name (letters, digits, `.`, `-`) and a port from 1 to 65535.
+pub fn server_address(address: &str) -> Option<(&str, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port: u16 = port.parse().ok().filter(|&p| p > 0)?;
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    host_ok.then_some((host, port))
+}
+
+/// Whether `options` can follow a server's address on HAProxy's admin socket as they are:
+/// nothing there that socket reads as another command (`;`) or as a quote.
+pub fn valid_server_options(options: &str) -> bool {
+    options
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '.' | ':' | '_' | '-' | '/'))
+}
+
+fn default_server_options() -> String {
+    "check inter 1s fall 2 rise 1".into()
 }
 
 fn default_backend() -> String {
@@ -73,7 +121,9 @@ impl Kind for Router {
     fn block(&self) -> &'static BlockSpec {
         &ROUTER
     }
-    /// Nothing of it is replaced: a new set of replicas is admitted where it stands.
+    /// Nothing of it is replaced: a replica added is put in, one removed taken out, where
+    /// HAProxy runs (its admin socket: no restart, no request lost). A new container of the
+    /// router replaces it (`replace_triggered_by`).
     fn in_place(&self) -> &'static [&'static str] {
         &[
             "node",
@@ -81,6 +131,7 @@ impl Kind for Router {
             "container_address",
             "backend",
             "drain_timeout",
+            "server_options",
             "replicas",
         ]
     }
@@ -92,10 +143,38 @@ impl Kind for Router {
     }
     fn rolling(&self, desired: &Desired) -> Option<super::Rolling> {
         Some(super::Rolling {
-            replicas: desired.replicas.clone(),
+            replicas: desired
+                .replicas
+                .iter()
+                .map(|(k, r)| (k.clone(), r.members.clone()))
+                .collect(),
         })
     }
     fn dot_shape(&self) -> &'static str {
         "hexagon"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{server_address, valid_server_options};
+
+    #[test]
+    fn a_server_address_is_a_host_and_a_port_and_options_cannot_start_another_command() {
+        assert_eq!(server_address("10.0.0.3:8000"), Some(("10.0.0.3", 8000)));
+        assert_eq!(server_address("node-3.lan:80"), Some(("node-3.lan", 80)));
+        for bad in [
+            "10.0.0.3",
+            "10.0.0.3:0",
+            "10.0.0.3:70000",
+            ":80",
+            "a b:80",
+            "x;y:80",
+        ] {
+            assert_eq!(server_address(bad), None, "{bad}");
+        }
+        assert!(valid_server_options("check inter 1s fall 2 rise 1"));
+        assert!(!valid_server_options("check; del server engines/a"));
+        assert!(!valid_server_options("check \"x\""));
     }
 }
