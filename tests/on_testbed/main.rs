@@ -16,6 +16,7 @@ mod common;
 
 mod leftovers;
 mod real_engine;
+mod real_engine_replicas;
 mod terminal;
 mod testbed_apply;
 mod testbed_apply_more;

@@ -12,13 +12,14 @@ use common::testbed::{example_copy, sparkform, testbed_third_pair, Testbed};
 
 const EXAMPLE: &str = "examples/testbed-replicas";
 
-/// Requests through the router from the router's node, two at a time, until `stop` exists (at
-/// most `max_secs`): prints `ok N failed M`, the first few failures and the latencies' p50 and
-/// p99 in ms, before the first replica went out (`before`: the first `settle` seconds) and after.
+/// Requests through the router from the router's node, two at a time with `pause` seconds
+/// between two of one worker, until `stop` exists (at most `max_secs`): prints `ok N failed M`,
+/// the first few failures and the latencies' p50 and p99 in ms, before the first replica went
+/// out (`before`: the first `settle` seconds) and after.
 const LOAD: &str = r#"
 import json, sys, threading, time, urllib.request, os
-url, key, stop, max_secs, model, settle = sys.argv[1:7]
-max_secs, settle = float(max_secs), float(settle)
+url, key, stop, max_secs, model, settle, pause = sys.argv[1:8]
+max_secs, settle, pause = float(max_secs), float(settle), float(pause)
 body = json.dumps({"model": model, "max_tokens": 8,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
 ok, bad, lock, lat = [0], [], threading.Lock(), {"before": [], "during": []}
@@ -36,7 +37,7 @@ def worker():
                 lat["before" if t - start < settle else "during"].append((time.time() - t) * 1000)
         except Exception as e:
             with lock: bad.append(str(e)[:100])
-        time.sleep(0.05)
+        time.sleep(pause)
 ts = [threading.Thread(target=worker) for _ in range(2)]
 [t.start() for t in ts]; [t.join() for t in ts]
 q = lambda l, p: sorted(l)[min(len(l) - 1, int(len(l) * p))] if l else -1
@@ -46,9 +47,15 @@ for k in ("before", "during"):
 "#;
 
 /// The load's command line on the router's node.
-pub(crate) fn load_command(endpoint: &str, stop: &str, model: &str, settle_secs: u32) -> String {
+pub(crate) fn load_command(
+    endpoint: &str,
+    stop: &str,
+    model: &str,
+    settle_secs: u32,
+    pause_secs: f64,
+) -> String {
     format!(
-        "python3 -c '{}' {endpoint}/v1/chat/completions sparkform-testbed-key {stop} 900 {model} {settle_secs}",
+        "python3 -c '{}' {endpoint}/v1/chat/completions sparkform-testbed-key {stop} 900 {model} {settle_secs} {pause_secs}",
         LOAD.replace('\'', "\"")
     )
 }
@@ -68,6 +75,28 @@ pub(crate) fn counts(out: &str) -> (u64, u64) {
             .unwrap_or(u64::MAX)
     };
     (n(1), n(3))
+}
+
+/// `apply` run while the load goes through `endpoint` from the router's node (the first of the
+/// pair), from two seconds before it to two after: its result and what the load printed.
+pub(crate) fn under_load<T: Send>(
+    tb: &Testbed,
+    endpoint: &str,
+    model: &str,
+    pause_secs: f64,
+    apply: impl FnOnce() -> T + Send,
+) -> (T, String) {
+    let stop = "/tmp/sparkform-replicas-load.stop";
+    tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
+    let command = load_command(endpoint, stop, model, 2, pause_secs);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let applied = apply();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        tb.ssh(tb.nodes[0], &format!("touch {stop}"));
+        (applied, load.join().expect("the load's thread"))
+    })
 }
 
 fn engines(tb: &Testbed) -> Vec<String> {
@@ -122,19 +151,8 @@ fn a_flag_change_rolls_through_two_replicas_under_load_with_no_failed_request() 
     );
 
     // A steady load through the router during the roll.
-    let stop = "/tmp/sparkform-replicas-load.stop";
-    let under_load = |args: &[&str]| {
-        tb.ssh(tb.nodes[0], &format!("rm -f {stop}"));
-        let command = load_command(&endpoint, stop, "testbed/standin-qwen3", 2);
-        std::thread::scope(|s| {
-            let load = s.spawn(|| tb.ssh(tb.nodes[0], &command));
-            std::thread::sleep(std::time::Duration::from_secs(2));
-            let applied = run(args);
-            std::thread::sleep(std::time::Duration::from_secs(2));
-            tb.ssh(tb.nodes[0], &format!("touch {stop}"));
-            (applied, load.join().expect("the load's thread"))
-        })
-    };
+    let under_load =
+        |args: &[&str]| under_load(&tb, &endpoint, "testbed/standin-qwen3", 0.05, || run(args));
     let ((code, out, err), said) =
         under_load(&[&["apply", &example, "-auto-approve"][..], &flag].concat());
     assert_eq!(code, 0, "{out}\n{err}");
