@@ -108,6 +108,19 @@ impl Bed {
     }
 
     async fn apply(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
+        self.run(Source::Definitions {
+            refresh: ReadMode::Normal,
+            options: PlanOptions::default(),
+        })
+        .await
+    }
+
+    /// `sparkform rollback`: the generation before the one running now.
+    async fn rollback(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
+        self.run(Source::Generation { number: None }).await
+    }
+
+    async fn run(&self, source: Source<'_>) -> (sparkform::plan::Plan, String, ApplyOutcome) {
         let hosts = || HostOptions {
             opener: FakeNodes::new(self.hosts.iter().cloned().collect()).opener(),
             ..HostOptions::default()
@@ -123,10 +136,7 @@ impl Bed {
                 evaluated,
                 lockfile_readonly: false,
                 store: StateStore::new(self.dir.path().join("state/sparkform.json")),
-                source: Source::Definitions {
-                    refresh: ReadMode::Normal,
-                    options: PlanOptions::default(),
-                },
+                source,
                 hosts: hosts(),
             },
             &tx,
@@ -242,6 +252,49 @@ async fn a_change_rolls_through_the_replicas_one_at_a_time_behind_the_router() {
             )
             && !text.contains("Expected outage"),
         "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_rollback_rolls_through_the_replicas_one_at_a_time_too() {
+    let bed = Bed::new();
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    write(bed.dir.path(), "2");
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let from = bed.now();
+    let (plan, text, outcome) = bed.rollback().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    for a in [r#"container.engine["a"]"#, r#"container.engine["b"]"#] {
+        assert_eq!(plan.change(a).map(|c| c.action), Some(Action::Replace));
+    }
+    assert_eq!(
+        bed.events(from),
+        [
+            "drain a",
+            "stop engine-a",
+            "create engine-a",
+            "admit a",
+            "drain b",
+            "stop engine-b",
+            "create engine-b",
+            "admit b",
+        ]
+    );
+    assert!(
+        text.contains("one replica at a time: the endpoint stays up")
+            && !text.contains("Expected outage"),
+        "{text}"
+    );
+    let cmd = |d: &FakeDocker, name: &str| d.container(name).map(|c| c.created["Cmd"].clone());
+    assert_eq!(
+        cmd(&bed.n1, "engine-a"),
+        Some(serde_json::json!(["serve", "1"]))
+    );
+    assert_eq!(
+        cmd(&bed.n2, "engine-b"),
+        Some(serde_json::json!(["serve", "1"]))
     );
 }
 
