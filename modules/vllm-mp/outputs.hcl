@@ -22,3 +22,11 @@ output "auth_headers" {
   value       = module.serve.auth_headers
   sensitive   = true
 }
+
+output "replica" {
+  description = "This engine group as one replica behind modules/router: where the router reaches its API (rank 0's fabric address and port) and the resources a change to it replaces (its ranks and the rendezvous gate; add its own completion probe to `members`)."
+  value = {
+    address = "${local.master}:${var.port}"
+    members = concat([container.rank0], [for k in keys(container.rank) : container.rank[k]], [probe.rendezvous])
+  }
+}

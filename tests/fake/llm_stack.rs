@@ -308,6 +308,7 @@ fn the_seed_examples_token_never_shows() {
         "qwen35-two-sparks",
         "qwen35-two-sparks-mp",
         "qwen35-two-sparks-sglang",
+        "qwen35-four-sparks-replicas",
     ] {
         let dir = Path::new("examples").join(name);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
@@ -392,4 +393,58 @@ fn the_api_key_reaches_vllm_by_its_environment_and_the_probe_sends_it_never_show
     );
     assert_ne!(local, keyless);
     assert!(!warns(&local), "no key, listening on the node alone");
+}
+
+/// Two tensor-parallel pairs (modules/vllm-mp, twice) behind one HAProxy: the router's replicas
+/// are each pair's ranks, its rendezvous gate and its own completion, so a change rolls one
+/// pair at a time (tests/fake/rolling.rs shows the order with process groups).
+#[test]
+fn the_four_spark_example_puts_two_tensor_parallel_pairs_behind_one_router() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sparkform"))
+        .args([
+            "plan",
+            "examples/qwen35-four-sparks-replicas",
+            "-refresh=false",
+            "--json",
+        ])
+        .args(["-var", &format!("rev={}", common::RESOLVED_COMMIT)])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_default();
+    let router = plan["plan"]["changes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["address"] == "module.router.router.endpoint")
+        .unwrap_or_else(|| panic!("no router in {stdout}"));
+    let replicas = &router["after"]["replicas"];
+    for (k, head) in [("a", "192.168.200.1"), ("b", "192.168.200.3")] {
+        assert_eq!(replicas[k]["address"], format!("{head}:30000"), "{router}");
+        let members: Vec<&str> = replicas[k]["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m.as_str())
+            .collect();
+        assert_eq!(
+            members,
+            [
+                format!("module.pair_{k}.container.rank0"),
+                format!(
+                    "module.pair_{k}.container.rank[\"spark{}\"]",
+                    if k == "a" { 2 } else { 4 }
+                ),
+                format!("module.pair_{k}.probe.rendezvous"),
+                format!("probe.direct_{k}"),
+            ],
+            "{router}"
+        );
+    }
 }

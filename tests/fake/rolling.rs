@@ -90,21 +90,41 @@ struct Bed {
     hosts: Vec<(String, Arc<dyn Host>)>,
     n1: Arc<FakeDocker>,
     n2: Arc<FakeDocker>,
+    /// n3, n4… where a test has more nodes.
+    others: Vec<Arc<FakeDocker>>,
 }
 
 impl Bed {
     fn new() -> Bed {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), "1");
+        Bed::on(dir, 2)
+    }
+
+    /// `nodes` fake nodes (node.n1…) for the definitions in `dir`.
+    fn on(dir: tempfile::TempDir, nodes: usize) -> Bed {
         let world = FakeWorld::new();
-        let (h1, n1) = node_with_engine("node.n1", &world).unwrap();
-        let (h2, n2) = node_with_engine("node.n2", &world).unwrap();
+        let mut hosts = Vec::new();
+        let mut engines = Vec::new();
+        for i in 1..=nodes {
+            let (h, e) = node_with_engine(&format!("node.n{i}"), &world).unwrap();
+            hosts.push(h);
+            engines.push(e);
+        }
+        let others = engines.split_off(2);
+        let n2 = engines.pop().unwrap();
+        let n1 = engines.pop().unwrap();
         Bed {
             dir,
-            hosts: vec![h1, h2],
+            hosts,
             n1,
             n2,
+            others,
         }
+    }
+
+    fn engines(&self) -> impl Iterator<Item = &Arc<FakeDocker>> {
+        [&self.n1, &self.n2].into_iter().chain(&self.others)
     }
 
     async fn apply(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
@@ -167,10 +187,8 @@ impl Bed {
     /// the router's command was made to take a while (`Fault::ExecTakes`).
     fn events(&self, from: u64) -> Vec<String> {
         let mut all: Vec<(u64, String)> = self
-            .n1
-            .timeline()
-            .into_iter()
-            .chain(self.n2.timeline())
+            .engines()
+            .flat_map(|e| e.timeline())
             .filter(|(at, _)| *at >= from)
             .collect();
         all.sort();
@@ -198,22 +216,34 @@ impl Bed {
                     };
                     return Some(format!("{what} {server}{done}"));
                 }
-                if let Some(name) = e.strip_prefix("create engine-") {
-                    return Some(format!("create engine-{name}"));
+                if let Some(name) = e.strip_prefix("create ") {
+                    return name
+                        .starts_with("engine-")
+                        .then(|| format!("create {name}"));
                 }
                 let name = e.strip_prefix("stop ")?;
                 // A replaced container is stopped under the name it was renamed to.
-                let engine = ["engine-a", "engine-b"]
-                    .into_iter()
-                    .find(|n| name.starts_with(n))?;
+                let engine = [
+                    "engine-a0",
+                    "engine-a1",
+                    "engine-b0",
+                    "engine-b1",
+                    "engine-a",
+                    "engine-b",
+                ]
+                .into_iter()
+                .find(|n| name.starts_with(n))?;
                 Some(format!("stop {engine}"))
             })
             .collect()
     }
 
     fn now(&self) -> u64 {
-        let last = |d: &FakeDocker| d.timeline().last().map_or(0, |(at, _)| *at);
-        last(&self.n1).max(last(&self.n2)) + 1
+        self.engines()
+            .filter_map(|d| d.timeline().last().map(|(at, _)| *at))
+            .max()
+            .unwrap_or(0)
+            + 1
     }
 }
 
@@ -426,4 +456,117 @@ async fn a_removed_replica_is_drained_before_its_engine_stops_and_an_added_one_a
         ["create engine-b", "admit a", "add b", "admit b"]
     );
     assert_eq!(bed.n1.container("haproxy").map(|c| c.id), haproxy);
+}
+
+/// Two tensor-parallel replicas, each a process group of two ranks over a pair of nodes (`a` on
+/// n1 and n2, `b` on n3 and n4) with its own probe, behind a router on n1.
+fn write_pairs(dir: &Path, flag: &str) {
+    let hcl = format!(
+        r#"
+node "n1" {{ address = "10.0.0.1" }}
+node "n2" {{ address = "10.0.0.2" }}
+node "n3" {{ address = "10.0.0.3" }}
+node "n4" {{ address = "10.0.0.4" }}
+
+locals {{
+  pairs = {{ a = [node.n1, node.n2], b = [node.n3, node.n4] }}
+}}
+
+container "rank0" {{
+  for_each      = local.pairs
+  name          = "engine-${{each.key}}0"
+  node          = each.value[0]
+  image         = "eng:1"
+  command       = ["serve", "{flag}"]
+  process_group = each.key
+  ready {{
+    exec     = ["true"]
+    timeout  = "2s"
+    interval = "1s"
+  }}
+}}
+
+container "rank1" {{
+  for_each      = local.pairs
+  name          = "engine-${{each.key}}1"
+  node          = each.value[1]
+  image         = "eng:1"
+  command       = ["serve", "{flag}", "--headless"]
+  process_group = each.key
+}}
+
+probe "direct" {{
+  for_each = local.pairs
+  exec {{
+    container = container.rank0[each.key]
+    command   = ["answer", container.rank1[each.key].name]
+  }}
+  timeout  = "2s"
+  interval = "1s"
+}}
+
+container "haproxy" {{
+  node  = node.n1
+  image = "haproxy:1"
+}}
+
+router "api" {{
+  container     = container.haproxy
+  drain_timeout = "5s"
+  replicas = {{
+    for k, nodes in local.pairs : k => {{
+      address = "${{nodes[0].address}}:8000"
+      members = [container.rank0[k], container.rank1[k], probe.direct[k]]
+    }}
+  }}
+}}
+"#
+    );
+    std::fs::write(dir.join("main.hcl"), hcl).unwrap();
+}
+
+#[tokio::test]
+async fn tensor_parallel_replicas_roll_one_group_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pairs(dir.path(), "1");
+    let bed = Bed::on(dir, 4);
+    let (_, _, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let from = bed.now();
+    write_pairs(bed.dir.path(), "2");
+    let (_, text, outcome) = bed.apply().await;
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    let events = bed.events(from);
+    // Each group's two ranks are replaced together (their start gate) between its drain and
+    // its admit; b's ranks stop only once a is back.
+    let at = |e: &str| {
+        events
+            .iter()
+            .position(|x| x == e)
+            .unwrap_or_else(|| panic!("no {e} in {events:?}"))
+    };
+    for (g, next) in [("a", Some("b")), ("b", None)] {
+        for r in ["0", "1"] {
+            assert!(
+                at(&format!("drain {g}")) < at(&format!("stop engine-{g}{r}")),
+                "{events:?}"
+            );
+            assert!(
+                at(&format!("create engine-{g}{r}")) < at(&format!("admit {g}")),
+                "{events:?}"
+            );
+            if let Some(n) = next {
+                assert!(
+                    at(&format!("admit {g}")) < at(&format!("drain {n}")),
+                    "{events:?}"
+                );
+            }
+        }
+    }
+    assert!(
+        text.contains(
+            "2 of 2 → 1 of 2 (a replaced, step 1) → 2 of 2 → 1 of 2 (b replaced, step 2) → 2 of 2"
+        ),
+        "{text}"
+    );
 }
