@@ -59,7 +59,53 @@ impl Graph {
                 return Err(Box::new(d));
             }
         }
+        g.replicas_apart(config)?;
         Ok(g)
+    }
+
+    /// The replicas behind a router (`Kind::rolling`) can be taken out one at a time: no
+    /// member of one depends on a member of another, and no process group (a launcher whose
+    /// ranks restart together) spans two of them; otherwise replacing one would stop another.
+    fn replicas_apart(&self, config: &Config) -> Result<(), Box<Diag>> {
+        for r in &config.resources {
+            let Some(rolling) = r.kind.kind().rolling(&r.config) else {
+                continue;
+            };
+            let owner: std::collections::BTreeMap<&str, &str> = rolling
+                .replicas
+                .iter()
+                .flat_map(|(k, ms)| ms.iter().map(move |m| (m.as_str(), k.as_str())))
+                .collect();
+            let group_of = |m: &str| config.resource(m).and_then(|x| x.group.clone());
+            let mut groups: std::collections::BTreeMap<String, (&str, &str)> = Default::default();
+            for (&member, &key) in &owner {
+                let reason = self
+                    .ancestors(member)
+                    .iter()
+                    .find_map(|a| {
+                        let other = owner.get(a.as_str()).filter(|&&o| o != key)?;
+                        Some(format!("{member} (replica `{key}`) depends on {a} (replica `{other}`)"))
+                    })
+                    .or_else(|| {
+                        let group = group_of(member)?;
+                        let (m2, k2) = *groups.entry(group.clone()).or_insert((member, key));
+                        (k2 != key).then(|| {
+                            format!("{member} (replica `{key}`) and {m2} (replica `{k2}`) are one process group, `{group}`: their ranks restart together")
+                        })
+                    });
+                if let Some(reason) = reason {
+                    return Err(Box::new(
+                        Diag::error(
+                            "graph::replicas_not_apart",
+                            format!("{}: its replicas cannot be taken out one at a time: {reason}", r.address),
+                        )
+                        .label(&r.span, "the router of these replicas")
+                        .help("give each replica its own launcher and resources (its own ranks, Ray cluster or process group): a replica is replaced and drained alone"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn contains(&self, address: &str) -> bool {

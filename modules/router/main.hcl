@@ -69,5 +69,6 @@ router "endpoint" {
   container      = container.haproxy
   drain_timeout  = var.drain_timeout
   server_options = var.server_options
+  port           = var.port
   replicas       = { for k in local.keys : k => { address = var.replicas[k].address, members = var.replicas[k].members } }
 }

@@ -63,6 +63,9 @@ pub struct Glance {
     pub smi: Section,
     /// `ip -j addr`.
     pub ip: Section,
+    /// `cat /proc/net/tcp /proc/net/tcp6`: the ports something listens on
+    /// ([`listening_ports`]).
+    pub tcp: Section,
 }
 
 /// How long nvidia-smi may take.
@@ -90,7 +93,7 @@ exit 0
 
 /// The sections in the order the program runs them: name, and the command as it would run
 /// alone (what the fake node answers each section with).
-pub fn sections() -> [(&'static str, Vec<&'static str>); 4] {
+pub fn sections() -> [(&'static str, Vec<&'static str>); 5] {
     [
         ("fabric", vec!["sh", "-c", FABRIC]),
         ("meminfo", vec!["cat", "/proc/meminfo"]),
@@ -103,6 +106,7 @@ pub fn sections() -> [(&'static str, Vec<&'static str>); 4] {
             ],
         ),
         ("ip", vec!["ip", "-j", "addr"]),
+        ("tcp", vec!["cat", "/proc/net/tcp", "/proc/net/tcp6"]),
     ]
 }
 
@@ -179,7 +183,8 @@ pub fn parse(out: &str) -> Glance {
         fabric: missing.clone(),
         meminfo: missing.clone(),
         smi: missing.clone(),
-        ip: missing,
+        ip: missing.clone(),
+        tcp: missing,
     };
     let mut rest = out;
     while let Some(start) = rest.find(&format!("{MARK} ")) {
@@ -210,11 +215,28 @@ pub fn parse(out: &str) -> Glance {
             "meminfo" => g.meminfo = section,
             "smi" => g.smi = section,
             "ip" => g.ip = section,
+            "tcp" => g.tcp = section,
             _ => {}
         }
         rest = next;
     }
     g
+}
+
+/// The TCP ports something listens on, from `/proc/net/tcp` and `/proc/net/tcp6` (the local
+/// address's port, in hex after the colon, of each socket in state `0A`, LISTEN).
+pub fn listening_ports(proc_net_tcp: &str) -> std::collections::BTreeSet<u16> {
+    proc_net_tcp
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            let (local, state) = (fields.get(1)?, fields.get(3)?);
+            if *state != "0A" {
+                return None;
+            }
+            u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+        })
+        .collect()
 }
 
 /// What the program prints for these sections (name, code, stdout, stderr): the fake node's
@@ -328,5 +350,18 @@ mod tests {
         assert!(g.meminfo.stdout.contains("MemTotal:"), "{g:?}");
         assert!(g.smi.code != -1, "{g:?}");
         assert!(g.ip.code != -1, "{g:?}");
+    }
+}
+
+#[cfg(test)]
+mod listening_tests {
+    #[test]
+    fn the_ports_in_listen_state_are_read_from_proc_net_tcp() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n   1: 0100007F:0016 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2\n   0: 00000000000000000000000000000000:7530 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3\n";
+        assert_eq!(
+            super::listening_ports(text).into_iter().collect::<Vec<_>>(),
+            [8000, 30000]
+        );
+        assert!(super::listening_ports("cat: /proc/net/tcp6: No such file").is_empty());
     }
 }

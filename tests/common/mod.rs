@@ -94,10 +94,14 @@ pub fn load_resolved(dir: &Path) -> (Config, Graph) {
     }
 }
 
-/// The diagnostics of a configuration that must fail, rendered without colour.
+/// The diagnostics of a configuration that must fail (its loading, or its resource graph as
+/// `validate` builds it), rendered without colour.
 pub fn diagnostics(dir: &Path) -> String {
     match config::load(dir, &VarInputs::default()) {
-        Ok(_) => panic!("{} loaded without errors", dir.display()),
+        Ok(c) => match Graph::build(&c) {
+            Ok(_) => panic!("{} loaded without errors", dir.display()),
+            Err(d) => sparkform::diag::render_plain(&[*d]),
+        },
         Err(d) => sparkform::diag::render_plain(&d.0),
     }
 }

@@ -15,7 +15,7 @@ use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
 use sparkform::plan::{Action, PlanOptions};
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
-use sparkform_testkit::fake::{node_with_engine, FakeNodes, FakeWorld};
+use sparkform_testkit::fake::{node_with_engine, Answer, FakeHost, FakeNodes, FakeWorld};
 use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
 /// Two replicas (`a` on n1, `b` on n2), each an engine and its own probe, behind a router on
@@ -65,6 +65,7 @@ container "haproxy" {{
 router "api" {{
   container     = container.haproxy
   drain_timeout = "5s"
+  port          = 8000
   replicas = {{
     for k in keys(local.replicas) : k => {{
       address = "${{local.replicas[k].address}}:8000"
@@ -103,11 +104,31 @@ impl Bed {
 
     /// `nodes` fake nodes (node.n1…) for the definitions in `dir`.
     fn on(dir: tempfile::TempDir, nodes: usize) -> Bed {
+        Bed::listening(dir, nodes, "")
+    }
+
+    /// The same, with n1's `/proc/net/tcp` saying `tcp` (what listens there).
+    fn listening(dir: tempfile::TempDir, nodes: usize, tcp: &str) -> Bed {
         let world = FakeWorld::new();
         let mut hosts = Vec::new();
         let mut engines = Vec::new();
         for i in 1..=nodes {
-            let (h, e) = node_with_engine(&format!("node.n{i}"), &world).unwrap();
+            let (h, e) = if i == 1 {
+                let engine = Arc::new(FakeDocker::start().unwrap());
+                let host = FakeHost::new("node.n1", &world)
+                    .interface("eth1", 1500, &[])
+                    .docker_engine(engine.clone());
+                host.on(
+                    &["cat", "/proc/net/tcp"],
+                    Answer::Exit(0, tcp.into(), String::new()),
+                );
+                (
+                    ("node.n1".to_string(), Arc::new(host) as Arc<dyn Host>),
+                    engine,
+                )
+            } else {
+                node_with_engine(&format!("node.n{i}"), &world).unwrap()
+            };
             hosts.push(h);
             engines.push(e);
         }
@@ -569,4 +590,49 @@ async fn tensor_parallel_replicas_roll_one_group_at_a_time() {
         ),
         "{text}"
     );
+}
+
+/// The router's port held on its node by something the deployment does not run: refused at
+/// plan, naming the router, the node and the fix; once the router's container is recorded, what
+/// listens there is the router itself.
+#[tokio::test]
+async fn a_router_port_taken_on_its_node_is_refused_at_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "1");
+    // 8000 (0x1F40) in LISTEN (0A) on every address.
+    let tcp = "  sl  local_address rem_address   st\n   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n";
+    let bed = Bed::listening(dir, 2, tcp);
+    let evaluated = sparkform::ops::definitions::load(
+        &Workspace::new(bed.dir.path(), None),
+        &VarInputs::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let refused = lock_and_plan(
+        PlanRequest {
+            evaluated,
+            lockfile_readonly: false,
+            store: StateStore::new(bed.dir.path().join("state/sparkform.json")),
+            source: Source::Definitions {
+                refresh: ReadMode::Normal,
+                options: PlanOptions::default(),
+            },
+            hosts: HostOptions {
+                opener: FakeNodes::new(bed.hosts.iter().cloned().collect()).opener(),
+                ..HostOptions::default()
+            },
+        },
+        &tx,
+    )
+    .await;
+    let Err(e) = refused else {
+        panic!("the plan went ahead with the router's port taken");
+    };
+    let said = format!("{e:?}");
+    assert!(
+        said.contains("router.api: port 8000 is taken on node.n1")
+            && said.contains("choose another `port`"),
+        "{said}"
+    );
+    assert!(bed.n1.container("haproxy").is_none(), "nothing started");
 }

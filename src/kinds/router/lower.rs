@@ -71,6 +71,21 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
             .number("drain_timeout")
             .map(|n| n as u64)
             .unwrap_or_else(super::default_drain_timeout),
+        port: match attrs.number("port") {
+            None => None,
+            Some(p) if p >= 1.0 && p <= 65535.0 && p.fract() == 0.0 => Some(p as u16),
+            Some(p) => {
+                cx.diag(
+                    Diag::error(
+                        "config::invalid_value",
+                        format!("router `{name}`: `port` {p} is no TCP port"),
+                    )
+                    .label(&span("port"), "here")
+                    .help("a whole number from 1 to 65535: the port HAProxy listens on"),
+                );
+                return None;
+            }
+        },
         server_options: match attrs.string("server_options") {
             Some(o) if !super::valid_server_options(&o) => {
                 cx.diag(

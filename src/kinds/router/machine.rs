@@ -9,10 +9,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Desired, ADMIN_SOCKET};
+use crate::config::Readings;
 use crate::config::{Config, ResourceKind};
+use crate::diag::Diag;
 use crate::hosts::HostPool;
 use crate::kinds::container::machine::exec_in;
-use crate::kinds::machine::{Changed, Check, CheckRun, Done, Machine, Step, StepError};
+use crate::kinds::machine::{
+    Changed, Check, CheckRun, Done, Machine, ReadCx, ReadError, Step, StepError,
+};
 use crate::kinds::DesiredConfig;
 use crate::plan::Action;
 
@@ -153,6 +157,15 @@ impl OnServer {
             self.server
         ))
     }
+}
+
+/// The routers of `config`, each with its desired configuration.
+fn routers(config: &Config) -> impl Iterator<Item = (&crate::config::Resource, Desired)> {
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Router)
+        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
 }
 
 /// The servers HAProxy's backend has now, each with its address (`show stat`).
@@ -445,8 +458,52 @@ impl Machine for RouterMachine {
         Ok("nothing to undo: the replicas it put in serve as before".into())
     }
 
-    fn read_nodes(&self, _config: &Config) -> Vec<String> {
-        Vec::new()
+    /// The routers' nodes: a plan looks at the ports they listen on.
+    fn read_nodes(&self, config: &Config) -> Vec<String> {
+        let mut nodes: Vec<String> = routers(config).map(|(_, d)| d.node).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    /// A router whose port something else holds on its node is refused at plan, not found when
+    /// HAProxy fails to start: the port is taken when its node listens on it and this
+    /// deployment's state records no router container there (once recorded, what listens is
+    /// the router itself, which an apply stops before it starts the new one).
+    async fn read(&self, cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
+        if !cx.mode.looks() {
+            return Ok(Readings::default());
+        }
+        let nodes = self.read_nodes(cx.config);
+        let glances = crate::hosts::glance::read_each(cx.pool, &nodes).await;
+        let mut refused = Vec::new();
+        for (r, d) in routers(cx.config) {
+            let Some(port) = d.port else { continue };
+            let recorded = cx
+                .state
+                .is_some_and(|s| s.resources.contains_key(&d.container_address));
+            let taken = glances.get(&d.node).is_some_and(|g| {
+                crate::hosts::glance::listening_ports(&g.tcp.stdout).contains(&port)
+            });
+            if taken && !recorded {
+                refused.push(
+                    Diag::error(
+                        "plan::router_port_taken",
+                        format!(
+                            "{}: port {port} is taken on {}: something this deployment does not run listens there",
+                            r.address, d.node
+                        ),
+                    )
+                    .label(&r.span, "this router's HAProxy would listen there")
+                    .help("choose another `port` for the router, or stop what holds it (`ss -ltnp` on the node names it)"),
+                );
+            }
+        }
+        if refused.is_empty() {
+            Ok(Readings::default())
+        } else {
+            Err(ReadError::Config(crate::diag::Diagnostics(refused)))
+        }
     }
 
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {

@@ -33,6 +33,7 @@ pub static ROUTER: BlockSpec = spec(
         opt("backend", schema::Kind::Str),
         opt("drain_timeout", schema::Kind::Duration),
         opt("server_options", schema::Kind::Str),
+        opt("port", schema::Kind::Num),
         opt("depends_on", schema::Kind::RefList),
     ],
     &[],
@@ -52,6 +53,10 @@ pub struct Desired {
     /// How long a drain waits for the requests in flight on a replica.
     #[serde(default = "default_drain_timeout")]
     pub drain_timeout: u64,
+    /// The port HAProxy listens on, on its node: a plan refuses one that something this
+    /// deployment does not run holds already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
     /// What HAProxy's `server` line says after a replica's address (its health check).
     #[serde(default = "default_server_options")]
     pub server_options: String,
@@ -132,6 +137,7 @@ impl Kind for Router {
             "backend",
             "drain_timeout",
             "server_options",
+            "port",
             "replicas",
         ]
     }
