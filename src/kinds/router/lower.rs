@@ -73,7 +73,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
             .unwrap_or_else(super::default_drain_timeout),
         port: match attrs.number("port") {
             None => None,
-            Some(p) if p >= 1.0 && p <= 65535.0 && p.fract() == 0.0 => Some(p as u16),
+            Some(p) if (1.0..=65535.0).contains(&p) && p.fract() == 0.0 => Some(p as u16),
             Some(p) => {
                 cx.diag(
                     Diag::error(
