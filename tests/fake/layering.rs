@@ -48,6 +48,22 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every source file of `dir`, whatever its language (`.rs`, `.py`, `.sh`…).
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            source_files(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
 /// The module path of a file: `src/kinds/probe/machine.rs` → `kinds::probe::machine`.
 fn module_of(src: &Path, file: &Path) -> Vec<String> {
     let rel = file.strip_prefix(src).unwrap();
@@ -720,6 +736,11 @@ const MAX_FN_LINES: usize = 150;
 /// shrinks.
 const OVER_A_LIMIT_FOR_NOW: &[&str] = &[];
 
+/// Files over the size limit by design, each with why (ARCHITECTURE.md says it beside the
+/// file): the weights' program is sent to the nodes as one file (`python3 -c`, or mounted), so
+/// it stays one, its parts named by their functions.
+const OVER_THE_SIZE_LIMIT_BY_DESIGN: &[&str] = &["kinds/model/transfer.py"];
+
 /// `(name, lines)` of each function of `text` longer than `MAX_FN_LINES`, those inside a
 /// `mod tests { }` apart. A function runs from the line of `fn NAME` to the first line after it
 /// that is its indentation and `}`; a signature ending in `;` (a trait's) has no body.
@@ -778,17 +799,20 @@ fn long_functions(text: &str) -> Vec<(String, usize)> {
 fn no_file_over_1200_lines_and_no_function_over_150() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut all = Vec::new();
-    files(&src, &mut all);
+    source_files(&src, &mut all);
     let mut over = Vec::new();
     for f in &all {
         let rel = f.strip_prefix(&src).unwrap().display().to_string();
         let text = std::fs::read_to_string(f).unwrap();
         let n = text.lines().count();
-        if n > MAX_FILE_LINES {
+        if n > MAX_FILE_LINES && !OVER_THE_SIZE_LIMIT_BY_DESIGN.contains(&rel.as_str()) {
             over.push((
                 rel.clone(),
                 format!("{rel}: {n} lines (at most {MAX_FILE_LINES})"),
             ));
+        }
+        if !rel.ends_with(".rs") {
+            continue;
         }
         for (name, n) in long_functions(&text) {
             over.push((
@@ -984,4 +1008,70 @@ fn a_command_is_parse_one_operation_render() {
         "match ops::apply::apply(cmd, &mut terminal, rt) {\nargs.config.definitions(false, Pins::Unresolved)\n#[cfg(test)]\nmod tests { let rt = tokio::runtime::Runtime::new(); }\n",
     );
     assert!(allowed.is_empty(), "{allowed:?}");
+}
+
+/// The map stays true: every path ARCHITECTURE.md names (`src/graph.rs`, `apply/execute.rs`
+/// under `src/`, `modules/vllm-mp`) exists, and every guard it names (`FILE::function`) is a
+/// function of that file; a file over the size limit by design is named there with its reason.
+#[test]
+fn every_path_and_guard_the_architecture_map_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    let mut named = 0;
+    // A row of the code map names its folder first; the paths after it are in that folder
+    // (`src/config/` … `eval/`).
+    let tokens = map.lines().flat_map(|line| {
+        let tokens: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
+        let folder = tokens
+            .first()
+            .filter(|t| line.starts_with('|') && t.ends_with('/'))
+            .map(|t| t.to_string());
+        tokens.into_iter().map(move |t| (folder.clone(), t))
+    });
+    for (folder, token) in tokens {
+        let (path, item) = match token.split_once("::") {
+            Some((p, i)) => (p, Some(i)),
+            None => (token, None),
+        };
+        let looks_like_a_path = path.contains('/')
+            && !path.contains('<')
+            && !path.contains(' ')
+            && !path.contains('*')
+            && !path.starts_with("/");
+        if !looks_like_a_path {
+            continue;
+        }
+        named += 1;
+        let mut places = vec![root.join(path), root.join("src").join(path)];
+        places.extend(folder.map(|f| root.join(f).join(path)));
+        let found = places.into_iter().find(|p| p.exists());
+        let Some(found) = found else {
+            missing.push(format!("{token}: no such path"));
+            continue;
+        };
+        if let Some(function) = item.filter(|i| i.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        {
+            let text = std::fs::read_to_string(&found).unwrap_or_default();
+            if !text.contains(&format!("fn {function}(")) {
+                missing.push(format!("{token}: no fn {function} in {path}"));
+            }
+        }
+    }
+    assert!(
+        named >= 40,
+        "only {named} paths found in the map: is it read right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names what is not there:\n  {}",
+        missing.join("\n  ")
+    );
+    for f in OVER_THE_SIZE_LIMIT_BY_DESIGN {
+        assert!(
+            map.lines()
+                .any(|l| l.contains(&format!("src/{f}")) && l.contains("one file")),
+            "ARCHITECTURE.md does not say why src/{f} is over the size limit"
+        );
+    }
 }
