@@ -18,6 +18,7 @@ pub mod lockfile;
 pub mod observe;
 pub mod ops;
 pub mod plan;
+pub mod runtime;
 pub mod schema;
 pub mod secrets;
 pub mod state;

@@ -7,7 +7,6 @@ pub mod image;
 pub mod ip_addr;
 pub mod lifetime;
 pub mod local;
-pub mod one_shot;
 pub mod pool;
 pub mod pooled;
 pub mod ssh;

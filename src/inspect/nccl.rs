@@ -18,7 +18,8 @@ use bollard::models::{ContainerCreateBody, HostConfig};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::hosts::{one_shot, remove_container, Host};
+use crate::hosts::{remove_container, Host};
+use crate::runtime::one_shot;
 
 /// How long one image's probe may take, from create to exit: `import torch` of a large image
 /// takes seconds, a `find` over its files a few more.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{parse_busbw, Desired};
-use crate::hosts::one_shot;
+use crate::runtime::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;

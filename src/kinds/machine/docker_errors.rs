@@ -36,9 +36,9 @@ pub fn helper_not_started(
     node: &str,
     helper: &str,
     image_help: &str,
-    e: crate::hosts::one_shot::StartError,
+    e: crate::runtime::one_shot::StartError,
 ) -> StepError {
-    use crate::hosts::one_shot::Stage;
+    use crate::runtime::one_shot::Stage;
     let doing = match e.stage {
         Stage::Create => "cannot create",
         Stage::Upload => "cannot put its files into",
@@ -58,7 +58,7 @@ pub fn helper_not_started(
 mod tests {
     #[test]
     fn a_helper_that_did_not_start_says_where_and_a_missing_image_what_to_do() {
-        use crate::hosts::one_shot::{Stage, StartError};
+        use crate::runtime::one_shot::{Stage, StartError};
         let refused = |stage, message: &str| StartError {
             stage,
             error: bollard::errors::Error::DockerResponseServerError {

@@ -24,7 +24,8 @@ use super::desired::Kept;
 use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
-use crate::hosts::{one_shot, Host, HostError};
+use crate::hosts::{Host, HostError};
+use crate::runtime::one_shot;
 use crate::kinds::machine::{remove_container, tar_of, Changed};
 use crate::kinds::machine::{
     Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
@@ -648,7 +649,7 @@ async fn pull(cx: &StepCx<'_>, w: &Want, deep: bool) -> Result<Done<ModelMachine
         }
     };
     // The serve container goes however the pull ended; what it served (and to whom) first.
-    let served = crate::kinds::container::machine::log_tail(&dl_docker, &serve_id, 2000).await;
+    let served = crate::runtime::exec::log_tail(&dl_docker, &serve_id, 2000).await;
     let _ = dl_docker
         .stop_container(
             &serve_id,

@@ -13,7 +13,7 @@ use crate::config::Readings;
 use crate::config::{Config, ResourceKind};
 use crate::diag::Diag;
 use crate::hosts::HostPool;
-use crate::kinds::container::machine::exec_in;
+use crate::runtime::exec::exec_in;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, ReadCx, ReadError, Step, StepError,
 };

@@ -136,14 +136,14 @@ pub(super) async fn purge(
         ..Default::default()
     };
     let failed = || format!("{node}: cannot remove the cache folder {folder}");
-    let id = crate::hosts::one_shot::start(docker, &name, body, None)
+    let id = crate::runtime::one_shot::start(docker, &name, body, None)
         .await
         .map_err(|e| docker_err(&failed(), e.error))?;
     // Its log ends when it does; then its exit code says whether the folder went.
     let mut said = String::new();
     let drained = tokio::time::timeout(
         Duration::from_secs(300),
-        crate::hosts::one_shot::follow(docker, &id, &mut |_, text| {
+        crate::runtime::one_shot::follow(docker, &id, &mut |_, text| {
             if said.len() < 4096 {
                 said.push_str(text);
             }
@@ -151,7 +151,7 @@ pub(super) async fn purge(
         }),
     )
     .await;
-    let code = crate::hosts::one_shot::exit_code(docker, &id).await;
+    let code = crate::runtime::one_shot::exit_code(docker, &id).await;
     let _ = remove(docker, &id).await;
     match (drained, code) {
         (Ok(()), Some(0)) => Ok(Some(format!("removed the cache folder {folder}"))),

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::hosts::one_shot;
+use crate::runtime::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::desired::{Check, Expect};
 use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
-use crate::kinds::container::machine::exec_in;
+use crate::runtime::exec::exec_in;
 use crate::kinds::machine::{Backoff, ContainerIndex, Done, Machine, Step, StepError};
 use crate::plan::Action;
 

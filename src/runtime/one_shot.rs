@@ -6,7 +6,7 @@
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
-use super::remove_container;
+use crate::hosts::remove_container;
 
 /// Which step of starting one failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
