@@ -41,7 +41,10 @@ fn a_flag_change_rolls_through_two_real_engines_under_load_with_no_failed_reques
         sparkform(&a)
     };
 
-    let (code, out, err) = run(&["apply", &example, "-auto-approve"]);
+    // Eager engines (no compile of the model's graph: what a start costs here is loading it),
+    // as the roll is what this test is about.
+    let eager = ["-var", "extra_args=[\"--enforce-eager\"]"];
+    let (code, out, err) = run(&[&["apply", &example, "-auto-approve"][..], &eager].concat());
     assert_eq!(code, 0, "{out}\n{err}");
     let endpoint = format!("http://{}:8000", tb.fabric[0]);
     assert!(out.contains(&format!("endpoint = \"{endpoint}\"")), "{out}");
@@ -59,7 +62,7 @@ fn a_flag_change_rolls_through_two_real_engines_under_load_with_no_failed_reques
     // engines share two cores with the one that starts).
     let flag = [
         "-var",
-        "extra_args=[\"--enable-auto-tool-choice\",\"--tool-call-parser\",\"hermes\"]",
+        "extra_args=[\"--enforce-eager\",\"--enable-auto-tool-choice\",\"--tool-call-parser\",\"hermes\"]",
     ];
     let ((code, out, err), said) = under_load(&tb, &endpoint, MODEL, 0.5, || {
         run(&[&["apply", &example, "-auto-approve"][..], &flag].concat())

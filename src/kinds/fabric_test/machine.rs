@@ -10,7 +10,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{parse_busbw, Desired};
-use crate::runtime::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;
@@ -18,6 +17,7 @@ use crate::kinds::machine::{
     remove_container, tar_of, ContainerIndex, Done, Machine, Step, StepError,
 };
 use crate::plan::Action;
+use crate::runtime::one_shot;
 
 pub struct FabricTestMachine;
 pub static MACHINE: FabricTestMachine = FabricTestMachine;

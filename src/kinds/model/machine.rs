@@ -25,12 +25,12 @@ use super::{human_bytes, is_commit, Desired, Recorded};
 use crate::config::Config;
 use crate::events::Event;
 use crate::hosts::{Host, HostError};
-use crate::runtime::one_shot;
 use crate::kinds::machine::{remove_container, tar_of, Changed};
 use crate::kinds::machine::{
     Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
     Restorable, Step, StepCx, StepError,
 };
+use crate::runtime::one_shot;
 
 mod arch;
 pub mod observe;

@@ -13,12 +13,12 @@ use crate::config::Readings;
 use crate::config::{Config, ResourceKind};
 use crate::diag::Diag;
 use crate::hosts::HostPool;
-use crate::runtime::exec::exec_in;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, ReadCx, ReadError, Step, StepError,
 };
 use crate::kinds::DesiredConfig;
 use crate::plan::Action;
+use crate::runtime::exec::exec_in;
 
 pub struct RouterMachine;
 pub static MACHINE: RouterMachine = RouterMachine;

@@ -45,8 +45,8 @@ use docker::*;
 use drift::*;
 use ready::*;
 
-pub use docker::{create_body, helper_body};
 use crate::runtime::exec::{exec_in, log_tail, log_tail_since};
+pub use docker::{create_body, helper_body};
 pub use import::{import_container, imported_config, NOTE_UNLABELLED};
 
 pub struct ContainerMachine;

@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
-use crate::runtime::one_shot;
 use crate::hosts::HostPool;
 use crate::kinds::container::desired::Desired as ContainerDesired;
 use crate::kinds::container::machine::helper_body;
 use crate::kinds::machine::{docker_name, remove_container, tar_of, StepError};
 use crate::kinds::probe::bench::{self, Bench, Figures};
 use crate::kinds::Texts;
+use crate::runtime::one_shot;
 
 /// The label of the client's container, valued with the deployment's lineage (not the label
 /// refresh observes containers by: it is no resource).

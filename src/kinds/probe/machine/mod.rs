@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use super::desired::{Check, Expect};
 use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
-use crate::runtime::exec::exec_in;
 use crate::kinds::machine::{Backoff, ContainerIndex, Done, Machine, Step, StepError};
 use crate::plan::Action;
+use crate::runtime::exec::exec_in;
 
 pub struct ProbeMachine;
 pub static MACHINE: ProbeMachine = ProbeMachine;
