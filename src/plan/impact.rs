@@ -51,6 +51,63 @@ pub struct Impact {
     /// what their replacement stops is no outage of what the router serves.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rolls: Vec<Roll>,
+    /// Routers whose replicas the plan adds or removes while the others serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scales: Vec<Scale>,
+}
+
+/// Replicas added to or removed from one router.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scale {
+    pub router: String,
+    /// How many replicas it had and will have.
+    pub before: usize,
+    pub after: usize,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// The routers (updated, not new) whose replicas the state recorded differ in their keys from
+/// those the definitions give.
+fn scales(config: &Config, state: &State, actions: &HashMap<&str, Action>) -> Vec<Scale> {
+    let mut out = Vec::new();
+    for r in &config.resources {
+        let Some(now) = r.kind.kind().rolling(&r.config) else {
+            continue;
+        };
+        if actions.get(r.address.as_str()) != Some(&Action::Update) {
+            continue;
+        }
+        let Some(was) = state
+            .resources
+            .get(&r.address)
+            .and_then(|rec| r.kind.kind().rolling(&rec.config))
+        else {
+            continue;
+        };
+        let added: Vec<String> = now
+            .replicas
+            .keys()
+            .filter(|k| !was.replicas.contains_key(*k))
+            .cloned()
+            .collect();
+        let removed: Vec<String> = was
+            .replicas
+            .keys()
+            .filter(|k| !now.replicas.contains_key(*k))
+            .cloned()
+            .collect();
+        if !added.is_empty() || !removed.is_empty() {
+            out.push(Scale {
+                router: r.address.clone(),
+                before: was.replicas.len(),
+                after: now.replicas.len(),
+                added,
+                removed,
+            });
+        }
+    }
+    out
 }
 
 /// A roll through the replicas behind one router.
@@ -287,6 +344,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         .collect();
     Impact {
         rolls,
+        scales: scales(config, state, &actions),
         caches,
         soaks,
         stopped,

@@ -329,9 +329,36 @@ fn on(node: &Option<String>) -> String {
         .unwrap_or_default()
 }
 
+fn render_scales(out: &mut String, impact: &Impact) {
+    for scale in &impact.scales {
+        let mut said = Vec::new();
+        if !scale.removed.is_empty() {
+            said.push(format!(
+                "{} taken out of the router (drained) before it is removed",
+                scale.removed.join(", ")
+            ));
+        }
+        if !scale.added.is_empty() {
+            said.push(format!(
+                "{} put in once its probes pass",
+                scale.added.join(", ")
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "  Scaling behind {}: {} → {} replicas, with no restart of the router: the endpoint stays up.\n    {}.",
+            scale.router,
+            scale.before,
+            scale.after,
+            said.join("; ")
+        );
+    }
+}
+
 fn render_impact(out: &mut String, impact: &Impact) {
     if !impact.is_disruptive() {
         out.push_str("\nImpact: no disruption (no running container is stopped or replaced).\n");
+        render_scales(out, impact);
         render_caches(out, impact);
         render_soaks(out, impact);
         return;
@@ -397,8 +424,9 @@ fn render_impact(out: &mut String, impact: &Impact) {
             roll.serving()
         );
     }
+    render_scales(out, impact);
     if impact.unavailable.is_empty() {
-        if impact.rolls.is_empty() {
+        if impact.rolls.is_empty() && impact.scales.is_empty() {
             out.push_str("  No output or probe depends on what stops.\n");
         }
         render_caches(out, impact);

@@ -460,7 +460,12 @@ async fn a_removed_replica_is_drained_before_its_engine_stops_and_an_added_one_a
         "drained before its engine stops; its server deleted by the router's update"
     );
     assert!(bed.n1.container("haproxy").is_some_and(|c| c.running));
-    assert!(!text.contains("Expected outage"), "{text}");
+    assert!(
+        !text.contains("Expected outage")
+            && text.contains("Scaling behind router.api: 2 → 1 replicas, with no restart of the router: the endpoint stays up.")
+            && text.contains("b taken out of the router (drained) before it is removed."),
+        "{text}"
+    );
     // And back: b is created, passes its probe, then is added and admitted; the router is
     // not restarted.
     bed.n1.fault(
@@ -470,11 +475,15 @@ async fn a_removed_replica_is_drained_before_its_engine_stops_and_an_added_one_a
     let haproxy = bed.n1.container("haproxy").map(|c| c.id);
     let from = bed.now();
     write(bed.dir.path(), "1");
-    let (_, _, outcome) = bed.apply().await;
+    let (_, text, outcome) = bed.apply().await;
     assert!(outcome.ok, "{:?}", outcome.failures);
     assert_eq!(
         bed.events(from),
         ["create engine-b", "admit a", "add b", "admit b"]
+    );
+    assert!(
+        text.contains("1 → 2 replicas") && text.contains("b put in once its probes pass."),
+        "{text}"
     );
     assert_eq!(bed.n1.container("haproxy").map(|c| c.id), haproxy);
 }
