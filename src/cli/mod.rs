@@ -389,6 +389,7 @@ const SINGLE_DASH: &[&str] = &[
     "close",
     "lock-timeout",
     "workspace",
+    "raw",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

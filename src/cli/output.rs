@@ -13,9 +13,10 @@ use crate::plan::render;
 #[command(
     long_about = "Print the root module's outputs as recorded by the last apply. Sensitive outputs are \
 stored only as hashes and print as (sensitive). With NAME, print that output's value alone (a \
-string without quotes), for scripts. Given one argument, a folder (a path with a `/`, `.`, or a \
+string without quotes), for scripts; with -raw, as Terraform's `output -raw`: a string, number or \
+bool exactly, with no newline after it (a list or map is refused: -json prints those). Given one argument, a folder (a path with a `/`, `.`, or a \
 folder holding .hcl files) is DIR and anything else NAME.",
-    after_help = "Examples:\n  sparkform output examples/testbed\n  curl \"$(sparkform output endpoint examples/testbed)/v1/models\""
+    after_help = "Examples:\n  sparkform output examples/testbed\n  curl \"$(sparkform output endpoint examples/testbed)/v1/models\"\n  sparkform output -raw endpoint examples/testbed > endpoint.txt"
 )]
 pub struct OutputArgs {
     /// Print only this output
@@ -26,8 +27,11 @@ pub struct OutputArgs {
     #[command(flatten)]
     pub file: super::StateFile,
     /// Print JSON
-    #[arg(long)]
+    #[arg(long, conflicts_with = "raw")]
     pub json: bool,
+    /// With NAME: its value exactly, no quotes and no newline (a string, number or bool)
+    #[arg(long, requires = "name")]
+    pub raw: bool,
 }
 
 /// Output names are identifiers, so an argument with a `/` or a dot, or a folder of
@@ -76,6 +80,9 @@ pub fn run(mut args: OutputArgs) -> ExitCode {
             eprintln!("Error: output {name:?} is sensitive; sparkform keeps only its hash.");
             return ExitCode::from(1);
         }
+        if args.raw {
+            return print_raw(name, &o.value);
+        }
         match (&o.value, args.json) {
             (serde_json::Value::String(s), false) => println!("{s}"),
             (v, _) => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
@@ -101,6 +108,37 @@ pub fn run(mut args: OutputArgs) -> ExitCode {
             render::value(&o.value)
         };
         println!("{name} = {v}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// `output -raw NAME`: a string, number or bool as it is, with no newline after it; anything
+/// else refused (exit 1), as Terraform does.
+fn print_raw(name: &str, value: &serde_json::Value) -> ExitCode {
+    use std::io::Write;
+    let text = match value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        serde_json::Value::Bool(b) => b.to_string(),
+        other => {
+            let what = match other {
+                serde_json::Value::Array(_) => "a list",
+                serde_json::Value::Object(_) => "a map",
+                _ => "null",
+            };
+            eprintln!(
+                "Error: output {name:?} is {what}, which -raw cannot print as it is\n  help: `sparkform output -json {name}` prints it as JSON"
+            );
+            return ExitCode::from(1);
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }

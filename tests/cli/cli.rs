@@ -212,6 +212,27 @@ fn state_commands_and_corrupt_state() {
     );
     let (code, stdout, _) = out(sparkform().args(["output", "endpoint", d]));
     assert_eq!((code, stdout.trim()), (0, "http://192.168.200.1:8000"));
+    // -raw, as Terraform's: the value exactly, no newline; a map refused with the way to get it.
+    let (code, stdout, _) = out(sparkform().args(["output", "-raw", "endpoint", d]));
+    assert_eq!((code, stdout.as_str()), (0, "http://192.168.200.1:8000"));
+    let mut with_map = state.clone();
+    with_map.outputs.insert(
+        "ports".into(),
+        sparkform::state::OutputState {
+            value: serde_json::json!({ "api": 8000 }),
+            sensitive: false,
+        },
+    );
+    store.write(&mut with_map).unwrap();
+    let (code, stdout, stderr) = out(sparkform().args(["output", "-raw", "ports", d]));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stderr.contains("output \"ports\" is a map") && stderr.contains("output -json ports"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = out(sparkform().args(["output", "-raw", "token", d]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("sensitive"), "{stderr}");
     // A corrupt state is an error that names the line, and plan refuses to go on.
     std::fs::write(
         store.path(),
