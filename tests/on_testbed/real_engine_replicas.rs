@@ -69,6 +69,7 @@ fn a_flag_change_rolls_through_two_real_engines_under_load_with_no_failed_reques
     });
     eprintln!("the load during the roll: {said}");
     assert_eq!(code, 0, "{out}\n{err}");
+    eprintln!("{}", roll_time(&out));
     let drained = |k: &str| out.find(&format!("(drain {k}): check done"));
     let admitted = |k: &str| out.find(&format!("(admit {k}): check done"));
     assert!(
@@ -96,4 +97,40 @@ fn a_flag_change_rolls_through_two_real_engines_under_load_with_no_failed_reques
     assert_eq!(code, 0, "{out}\n{err}");
     crate::testbed_mp::assert_nothing_running(&tb);
     tb.clear_leftovers();
+}
+
+/// The roll's time against its replicas' own replacements, from the apply's progress lines: the
+/// last line's clock, and each engine's `replace done in S s` (its stop, start and readiness).
+/// A figure printed, not asserted (the target: the apply at most their sum plus 10 %).
+fn roll_time(out: &str) -> String {
+    let seconds = |l: &str, after: &str| -> Option<f64> {
+        l.split_once(after)?
+            .1
+            .split_whitespace()
+            .next()?
+            .trim_end_matches('s')
+            .parse()
+            .ok()
+    };
+    let total = out
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix('[')?
+                .split_once("s]")?
+                .0
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .fold(0.0, f64::max);
+    let starts: Vec<f64> = out
+        .lines()
+        .filter(|l| l.contains("container.engine[") && l.contains(": replace done in "))
+        .filter_map(|l| seconds(l, "replace done in "))
+        .collect();
+    let sum: f64 = starts.iter().sum();
+    format!(
+        "the roll: apply {total:.1} s; the replicas' own replacements {starts:?} s, {sum:.1} s together; apply / their sum {:.2}",
+        if sum > 0.0 { total / sum } else { f64::NAN }
+    )
 }
