@@ -63,6 +63,7 @@ const AFTER_HELP: &str = "Examples:
   sparkform plan examples/testbed -refresh=false     # no connection: the recorded state
   sparkform plan examples/testbed -var rev=v2 -out testbed.plan
   sparkform show testbed.plan
+  sparkform -chdir=examples/testbed plan             # as if run in that folder
 
 Options written Terraform-style with one dash (-var, -out, -refresh=false) work too.";
 
@@ -75,6 +76,10 @@ pub struct Cli {
     /// same). Only `logs` colors, and only in a terminal.
     #[arg(long = "no-color", global = true)]
     pub no_color: bool,
+    /// Run as if started in DIR, as Terraform's `-chdir=DIR` (before the command: `sparkform
+    /// -chdir=deploy plan`): the definitions, the state and every relative path are DIR's.
+    #[arg(long = "chdir", value_name = "DIR")]
+    pub chdir: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -390,6 +395,7 @@ const SINGLE_DASH: &[&str] = &[
     "lock-timeout",
     "workspace",
     "raw",
+    "chdir",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -432,6 +438,15 @@ pub fn main() -> ExitCode {
     if cli.no_color {
         // Before any thread starts: every command reads colors from NO_COLOR alone.
         std::env::set_var("NO_COLOR", "1");
+    }
+    if let Some(dir) = &cli.chdir {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            eprintln!(
+                "Error: -chdir={}: cannot run there: {e}\n  help: -chdir takes a folder that exists (the one holding the definitions)",
+                dir.display()
+            );
+            return ExitCode::from(1);
+        }
     }
     // The one runtime of the process: the commands that talk to machines run on it.
     let rt = match runtime() {

@@ -464,3 +464,22 @@ fn persist_takes_a_bounded_duration_and_connections_lists_nothing_kept() {
     assert!(stdout.contains("No kept connections"), "{stdout}");
     assert!(!runtime.path().join("sparkform-warm").exists());
 }
+
+/// `-chdir=DIR` before the command, as Terraform's: the command runs as if started there; a
+/// folder that does not exist is an error naming it, exit 1.
+#[test]
+fn chdir_runs_the_command_in_that_folder() {
+    let dir = cluster();
+    let (code, stdout, stderr) =
+        out(sparkform().args([&format!("-chdir={}", dir.path().display()), "validate"]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("The configuration is valid"), "{stdout}");
+    let missing = dir.path().join("no-such-folder");
+    let (code, _, stderr) =
+        out(sparkform().args([&format!("-chdir={}", missing.display()), "validate"]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(&format!("-chdir={}: cannot run there", missing.display())),
+        "{stderr}"
+    );
+}
