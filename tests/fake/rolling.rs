@@ -11,7 +11,8 @@ use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::kinds::machine::ReadMode;
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, LockedPlan, PlanRequest, RunOptions, Source};
+use sparkform::ops::OpError;
 use sparkform::plan::{Action, PlanOptions};
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
@@ -161,29 +162,43 @@ impl Bed {
         self.run(Source::Generation { number: None }).await
     }
 
-    async fn run(&self, source: Source<'_>) -> (sparkform::plan::Plan, String, ApplyOutcome) {
-        let hosts = || HostOptions {
+    fn hosts(&self) -> HostOptions {
+        HostOptions {
             opener: FakeNodes::new(self.hosts.iter().cloned().collect()).opener(),
             ..HostOptions::default()
-        };
+        }
+    }
+
+    /// The definitions in the folder planned from `source`, the state lock held.
+    async fn plan(
+        &self,
+        source: Source<'_>,
+        tx: &sparkform::events::Sender,
+    ) -> Result<LockedPlan, OpError> {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
         )
         .unwrap_or_else(|e| panic!("{e:?}"));
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let prepared = lock_and_plan(
+        lock_and_plan(
             PlanRequest {
                 evaluated,
                 lockfile_readonly: false,
                 store: StateStore::new(self.dir.path().join("state/sparkform.json")),
                 source,
-                hosts: hosts(),
+                hosts: self.hosts(),
             },
-            &tx,
+            tx,
         )
         .await
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    }
+
+    async fn run(&self, source: Source<'_>) -> (sparkform::plan::Plan, String, ApplyOutcome) {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let prepared = self
+            .plan(source, &tx)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
         let plan = prepared.plan.clone();
         let text = sparkform::plan::render::render(&plan);
         let outcome = tokio::time::timeout(
@@ -192,7 +207,7 @@ impl Bed {
                 RunOptions {
                     parallelism: 4,
                     rollback: true,
-                    hosts: hosts(),
+                    hosts: self.hosts(),
                 },
                 tx,
                 tokio_util::sync::CancellationToken::new(),
@@ -611,29 +626,16 @@ async fn a_router_port_taken_on_its_node_is_refused_at_plan() {
     // 8000 (0x1F40) in LISTEN (0A) on every address.
     let tcp = "  sl  local_address rem_address   st\n   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1\n";
     let bed = Bed::listening(dir, 2, tcp);
-    let evaluated = sparkform::ops::definitions::load(
-        &Workspace::new(bed.dir.path(), None),
-        &VarInputs::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e:?}"));
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let refused = lock_and_plan(
-        PlanRequest {
-            evaluated,
-            lockfile_readonly: false,
-            store: StateStore::new(bed.dir.path().join("state/sparkform.json")),
-            source: Source::Definitions {
+    let refused = bed
+        .plan(
+            Source::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::default(),
             },
-            hosts: HostOptions {
-                opener: FakeNodes::new(bed.hosts.iter().cloned().collect()).opener(),
-                ..HostOptions::default()
-            },
-        },
-        &tx,
-    )
-    .await;
+            &tx,
+        )
+        .await;
     let Err(e) = refused else {
         panic!("the plan went ahead with the router's port taken");
     };

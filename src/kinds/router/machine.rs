@@ -168,21 +168,25 @@ fn routers(config: &Config) -> impl Iterator<Item = (&crate::config::Resource, D
         .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
 }
 
-/// The servers HAProxy's backend has now, each with its address (`show stat`).
-async fn servers(
+/// `sh -c SCRIPT sh ARGS…` in the router's container, for what concerns no one server: its
+/// output, or an error saying it could not `what`.
+async fn in_router(
     pool: &HostPool,
     d: &Desired,
-) -> Result<std::collections::BTreeMap<String, String>, StepError> {
+    script: &str,
+    args: &[&str],
+    what: &str,
+) -> Result<String, StepError> {
     let docker = pool.get(&d.node)?.docker().await?;
-    let cmd: Vec<String> = vec![
-        "sh".into(),
-        "-c".into(),
-        format!("echo 'show stat' | socat -t 5 stdio unix-connect:{ADMIN_SOCKET}"),
-    ];
+    let mut cmd: Vec<String> = vec!["sh".into(), "-c".into(), script.into()];
+    if !args.is_empty() {
+        cmd.push("sh".into());
+        cmd.extend(args.iter().map(|a| a.to_string()));
+    }
     match exec_in(&docker, &d.container, &cmd, Duration::from_secs(30)).await {
-        Ok((0, csv, _)) => Ok(parse_servers(&csv, &d.backend)),
+        Ok((0, out, _)) => Ok(out),
         Ok((code, out, err)) => Err(StepError::new(format!(
-            "the router {} on {} did not list its servers: {} (exit {code})",
+            "the router {} on {} could not {what}: {} (exit {code})",
             d.container,
             d.node,
             first_line(&err).or(first_line(&out)).unwrap_or("no output")
@@ -193,6 +197,16 @@ async fn servers(
             d.container, d.node
         ))),
     }
+}
+
+/// The servers HAProxy's backend has now, each with its address (`show stat`).
+async fn servers(
+    pool: &HostPool,
+    d: &Desired,
+) -> Result<std::collections::BTreeMap<String, String>, StepError> {
+    let script = format!("echo 'show stat' | socat -t 5 stdio unix-connect:{ADMIN_SOCKET}");
+    let csv = in_router(pool, d, &script, &[], "list its servers").await?;
+    Ok(parse_servers(&csv, &d.backend))
 }
 
 /// Of `show stat`'s CSV, the servers of `backend` with their `addr` (the header names the
@@ -229,12 +243,13 @@ async fn write_servers_file(pool: &HostPool, d: &Desired) -> Result<(), StepErro
         .iter()
         .map(|(k, r)| format!("  {}\n", d.server_line(k, r)))
         .collect();
-    let on = OnServer::of(d, "-", 10);
     let script = format!(
-        r#"printf '%s' "$4" > {f}.new && mv {f}.new {f}"#,
+        r#"printf '%s' "$1" > {f}.new && mv {f}.new {f}"#,
         f = super::SERVERS_FILE
     );
-    on.run_with(pool, &script, &[&lines]).await.map(|_| ())
+    in_router(pool, d, &script, &[&lines], "keep its servers")
+        .await
+        .map(|_| ())
 }
 
 fn first_line(s: &str) -> Option<&str> {
