@@ -1,11 +1,13 @@
 //! The dependency graph of a configuration's resources: order, parallel levels, DOT.
 
+use crate::kinds::Registered;
+use crate::vocabulary::KindId;
 use std::collections::{BTreeSet, HashMap};
 
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
 
-use crate::config::{Config, ResourceKind};
+use crate::config::Config;
 use crate::diag::Diag;
 
 /// Resources as nodes, an edge from each dependency to what depends on it.
@@ -13,7 +15,7 @@ use crate::diag::Diag;
 pub struct Graph {
     pub graph: DiGraph<String, ()>,
     index: HashMap<String, NodeIndex>,
-    kinds: HashMap<String, ResourceKind>,
+    kinds: HashMap<String, KindId>,
 }
 
 impl Graph {

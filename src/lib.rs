@@ -24,6 +24,7 @@ pub mod secrets;
 pub mod state;
 pub mod tasks;
 pub mod ui;
+pub mod vocabulary;
 pub mod workspace;
 
 // The library's own unit tests use the test kit's nodes in memory, compiled into the unit-test

@@ -3,6 +3,7 @@
 //! for, and the run is finalized or rolled back.
 
 use super::*;
+use crate::kinds::Registered;
 use crate::state::generations;
 use journal_hook::JournalWrite;
 
@@ -167,7 +168,7 @@ impl<'r, 'a> Run<'r, 'a> {
         let StepKind::Resource(kind) = step.kind else {
             return Vec::new();
         };
-        if kind.kind().lifecycle() != crate::kinds::Lifecycle::Runs {
+        if kind.kind().lifecycle() != crate::vocabulary::Lifecycle::Runs {
             return Vec::new();
         }
         self.req

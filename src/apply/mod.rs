@@ -9,6 +9,7 @@ mod execute;
 pub mod journal_hook;
 mod rollback;
 
+use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,9 +24,9 @@ use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{
     container_index, machine, Applied, CheckRun, ContainerIndex, StartGates, StepCx, StepError,
 };
-use crate::kinds::KindId;
 use crate::plan::{Action, Change, Plan};
 use crate::state::{ResourceState, State, StateStore};
+use crate::vocabulary::KindId;
 use execute::*;
 use rollback::*;
 
@@ -544,7 +545,7 @@ fn journal_ahead(state: &mut State, step: &Step, now: &str) -> bool {
         Action::Run => crate::plan::mark_run_started(state, &step.address, now),
         Action::Create
             if !kind.kind().found_untracked()
-                && kind.kind().lifecycle() != crate::kinds::Lifecycle::Runs =>
+                && kind.kind().lifecycle() != crate::vocabulary::Lifecycle::Runs =>
         {
             crate::plan::record_intent(state, &step.change, now);
             true

@@ -261,8 +261,8 @@ pub fn run(args: StatusArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::KindId;
     use crate::ops::status::{NodeStatus, ProbeStatus, ResourceStatus};
+    use crate::vocabulary::KindId;
     use std::collections::BTreeMap;
 
     fn made_up() -> Status {

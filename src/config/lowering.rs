@@ -4,6 +4,7 @@
 //! between the model and the engine so that the kinds lower their blocks with the engine and
 //! the engine dispatches to them, without an import cycle (`tests/fake/layering.rs`).
 
+pub use crate::vocabulary::KindId;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use hcl_edit::expr::Expression;
 use hcl_edit::structure::{Block, Body};
 use hcl_edit::Span as _;
 
-pub use super::model::{Network, Readings, Resource, ResourceKind};
+pub use super::model::{Network, Readings, Resource};
 use crate::diag::{Diag, SourceFile, Span};
 use crate::schema::BlockSpec;
 

@@ -1,5 +1,6 @@
 //! The evaluated configuration: what the definitions ask for, with every expression resolved.
 
+use crate::vocabulary::KindId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
@@ -153,15 +154,12 @@ pub struct Network {
     pub span: Span,
 }
 
-/// The kind of a resource; the kinds are listed in `kinds`.
-pub use crate::kinds::KindId as ResourceKind;
-
 /// A step of the deployment: something sparkform creates, changes, removes or runs.
 #[derive(Debug, Clone)]
 pub struct Resource {
     /// `network.roce.attach.spark1`, `module.qwen.container.ray_worker["spark2"]`, `probe.hello`.
     pub address: String,
-    pub kind: ResourceKind,
+    pub kind: KindId,
     /// The node it lives on (`node.spark1`); probes over HTTP name their `via` node.
     pub node: Option<String>,
     /// Canonical desired configuration, real values included (sensitive ones too: never print it raw).
@@ -225,7 +223,7 @@ pub fn address_before_moves(moves: &[Move], address: &str) -> String {
         let Some(m) = moves
             .iter()
             .rev()
-            .find(|m| crate::kinds::address::within(&at, &m.to))
+            .find(|m| crate::vocabulary::address_within(&at, &m.to))
         else {
             break;
         };

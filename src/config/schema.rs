@@ -172,7 +172,7 @@ macro_rules! top_level {
         ];
     };
 }
-crate::kinds::for_each_kind!(top_level);
+crate::vocabulary::for_each_kind!(top_level);
 
 pub fn top_level(kind: &str) -> Option<&'static BlockSpec> {
     TOP_LEVEL.iter().copied().find(|s| s.kind == kind)

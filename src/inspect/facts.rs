@@ -3,6 +3,7 @@
 //! carries, which `nodes` adds: `super::nccl`), interfaces. Read over a `Host`; judged against
 //! the definitions for `sparkform nodes`.
 
+use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
@@ -12,8 +13,9 @@ use crate::hosts::glance::Section;
 use crate::hosts::image::{image_ids, short_id};
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, Output};
+use crate::kinds::attachment;
 use crate::kinds::DesiredConfig;
-use crate::kinds::{attachment, KindId};
+use crate::vocabulary::KindId;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Gpu {

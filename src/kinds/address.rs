@@ -6,7 +6,8 @@
 
 use std::fmt;
 
-use super::{KindId, Lifecycle};
+use super::Registered;
+use crate::vocabulary::{KindId, Lifecycle};
 
 /// One resource's address, in parts. `Display` writes it back exactly as the lowering wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,15 +59,6 @@ impl Address {
     pub fn runs(&self) -> bool {
         self.kind.kind().lifecycle() == Lifecycle::Runs
     }
-}
-
-/// Whether `address` is `prefix` or lies under it: `module.qwen` holds
-/// `module.qwen.container.rank0`; `container.rank` holds `container.rank["node2"]`.
-pub fn within(address: &str, prefix: &str) -> bool {
-    address == prefix
-        || address
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
 }
 
 /// Whether `address` is that of a resource that runs (a probe, in a module or not); false for

@@ -22,7 +22,7 @@ macro_rules! define_lowerings {
         }
     };
 }
-super::for_each_kind!(define_lowerings);
+crate::vocabulary::for_each_kind!(define_lowerings);
 
 /// A node object's name (`spark1`), from a `node.spark1` value.
 pub(crate) fn node_name(v: &Value) -> Option<String> {

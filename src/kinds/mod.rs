@@ -21,52 +21,21 @@ pub mod toy;
 use serde::{Deserialize, Serialize};
 
 use crate::schema::BlockSpec;
+use crate::vocabulary::{KindId, Lifecycle, OnDrift, PhaseTimes};
 
-/// The registry: every resource kind, once, as `Variant => folder`. The folder's name is the
-/// kind's name in plans and state files. A new kind is its folder plus one line here (with
-/// `#[cfg(...)]` before it when only some builds have it: the toy kind of the crate's tests).
-macro_rules! for_each_kind {
-    ($then:ident) => {
-        $then! {
-            Attachment => attachment,
-            Container => container,
-            FabricTest => fabric_test,
-            Model => model,
-            Probe => probe,
-            Router => router,
-            #[cfg(test)] Toy => toy,
-        }
-    };
-}
-pub(crate) use for_each_kind;
-
-macro_rules! define_kinds {
+/// The registry: each kind's id (`vocabulary::KindId`, whose list `for_each_kind!` holds) to
+/// its folder's pure half and top-level block. A new kind is its folder plus one line in
+/// that list.
+macro_rules! define_registry {
     ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
-        /// A resource kind. Serialised as its name (`"container"`), as state files always had it.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum KindId {
-            $($(#[$meta])* $variant,)*
-        }
-
-        impl KindId {
-            pub const ALL: &'static [KindId] = &[$($(#[$meta])* KindId::$variant,)*];
-
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($(#[$meta])* KindId::$variant => stringify!($module),)*
-                }
-            }
-
-            /// The kind's pure half.
-            pub fn kind(self) -> &'static dyn AnyKind {
+        impl Registered for KindId {
+            fn kind(self) -> &'static dyn AnyKind {
                 match self {
                     $($(#[$meta])* KindId::$variant => &$module::KIND,)*
                 }
             }
 
-            /// The top-level block that declares resources of the kind (`network` for
-            /// attachments).
-            pub fn top_block(self) -> &'static BlockSpec {
+            fn top_block(self) -> &'static BlockSpec {
                 match self {
                     $($(#[$meta])* KindId::$variant => $module::TOP_BLOCK,)*
                 }
@@ -74,51 +43,27 @@ macro_rules! define_kinds {
         }
     };
 }
-for_each_kind!(define_kinds);
+crate::vocabulary::for_each_kind!(define_registry);
 
-impl KindId {
+/// What the registry knows of a kind by its id: its pure half and the block that declares it.
+pub trait Registered: Copy {
+    /// The kind's pure half.
+    fn kind(self) -> &'static dyn AnyKind;
+    /// The top-level block that declares resources of the kind (`network` for attachments).
+    fn top_block(self) -> &'static BlockSpec;
     /// `config` read as the kind's typed `Desired` and written again (see
     /// [`AnyKind::typed_config`]).
-    pub fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
+    fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
         self.kind().typed_config(config)
     }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        KindId::ALL.iter().copied().find(|k| k.as_str() == s)
-    }
-
-    /// The kind whose top-level block is `block`.
-    pub fn declared_by(block: &str) -> Option<Self> {
-        KindId::ALL
-            .iter()
-            .copied()
-            .find(|k| k.top_block().kind == block)
-    }
 }
 
-impl std::fmt::Display for KindId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for KindId {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for KindId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        KindId::parse(&name).ok_or_else(|| {
-            let known: Vec<&str> = KindId::ALL.iter().map(|k| k.as_str()).collect();
-            serde::de::Error::custom(format!(
-                "unknown resource kind `{name}` (this sparkform knows {}; was the file written by a newer one?)",
-                known.join(", ")
-            ))
-        })
-    }
+/// The kind whose top-level block is `block`.
+pub fn declared_by(block: &str) -> Option<KindId> {
+    KindId::ALL
+        .iter()
+        .copied()
+        .find(|k| k.top_block().kind == block)
 }
 
 /// A kind's desired configuration, typed (`kinds::<kind>::Desired`): what its lowering
@@ -161,27 +106,6 @@ pub fn wanted_exit_code(code: Option<&serde_json::Number>) -> i64 {
     code.and_then(serde_json::Number::as_i64).unwrap_or(0)
 }
 
-/// How a resource of a kind lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lifecycle {
-    /// It exists on a machine: created, updated in place or replaced, deleted.
-    Converges,
-    /// It changes nothing and runs: when it is new, when its configuration changes and when
-    /// something upstream of it is created, updated or replaced (a probe).
-    Runs,
-}
-
-/// What a plan does with a resource whose machine drifted from the state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnDrift {
-    /// Apply it again in place (an address put back on an interface).
-    Update,
-    /// Make a new one (a container that stopped or was changed by hand).
-    Replace,
-    /// Nothing is observed.
-    Ignore,
-}
-
 /// What the state keeps of a resource of a kind besides its configuration (the facts its
 /// steps found: a container's ID, the MTU an interface had), typed, with the version of its
 /// shape. Like OpenTofu's schema version and `UpgradeResourceState`: a record written under an
@@ -198,24 +122,6 @@ pub trait RecordedFacts:
         _attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
     ) -> Result<(), String> {
         Ok(())
-    }
-}
-
-/// One phase of a start as the state recorded it from a cold folder and from a warm one (the
-/// latest start of each). No warm start recorded: the phase is taken as skipped (0 s).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PhaseTimes {
-    pub label: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cold_secs: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warm_secs: Option<f64>,
-}
-
-impl PhaseTimes {
-    /// Seconds a warm folder takes off the phase; `None` without a cold start recorded.
-    pub fn saving(&self) -> Option<f64> {
-        Some((self.cold_secs? - self.warm_secs.unwrap_or(0.0)).max(0.0))
     }
 }
 

@@ -3,6 +3,7 @@
 //! plan), then, once the caller agreed, run the executor on the definitions the plan was made
 //! from. Ctrl-C handling is offered to callers that own a terminal.
 
+use crate::kinds::Registered;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;

@@ -15,9 +15,9 @@ use crate::diag::Diag;
 use crate::graph::Graph;
 use crate::hosts::HostPool;
 use crate::kinds::machine::{machine, ReadCx, ReadError, ReadMode};
-use crate::kinds::KindId;
 use crate::plan::planfile::PlanFile;
 use crate::state::State;
+use crate::vocabulary::KindId;
 use crate::workspace::Workspace;
 
 use super::OpError;
@@ -248,6 +248,7 @@ mod tests {
     use crate::fake::{Answer, FakeHost, FakeWorld};
     use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::{Host, HostOptions};
+    use crate::kinds::Registered;
 
     const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 

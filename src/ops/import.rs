@@ -4,6 +4,7 @@
 //! recorded resource. `import` blocks are observed here for `plan` and `apply`; `sparkform
 //! import ADDR ID` records one at once.
 
+use crate::kinds::Registered;
 use std::collections::BTreeMap;
 
 use crate::config::{Config, Import as ImportBlock};
@@ -11,9 +12,9 @@ use crate::diag::{did_you_mean, Diag, Diagnostics, Span};
 use crate::events::Sender;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::machine;
-use crate::kinds::KindId;
 use crate::plan::{Import, Plan, PlanOptions};
 use crate::state::{State, StateStore};
+use crate::vocabulary::KindId;
 
 use super::OpError;
 
@@ -25,7 +26,7 @@ pub fn kind_of_address(address: &str) -> Option<KindId> {
             "module" => {
                 parts.next()?;
             }
-            block => return KindId::declared_by(block.split('[').next()?),
+            block => return crate::kinds::declared_by(block.split('[').next()?),
         }
     }
 }

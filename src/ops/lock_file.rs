@@ -2,6 +2,7 @@
 //! every resource's `Kind::lock_entry`), the image references the nodes name now, and what
 //! changes against the file. Not the state's lock (`state::StateLock`).
 
+use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 

@@ -1,5 +1,6 @@
 //! Logs: the deployment's containers' logs from every node at once, merged in time order.
 
+use crate::kinds::Registered;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{machine, LogRead};
-use crate::kinds::{KindId, RunsIn};
+use crate::kinds::RunsIn;
+use crate::vocabulary::KindId;
 
 /// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
 pub use crate::kinds::address::begins_like_an_address;

@@ -110,8 +110,8 @@ mod tests {
     use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::Host;
     use crate::kinds::machine::ReadMode;
-    use crate::kinds::KindId;
     use crate::state::{ResourceState, State};
+    use crate::vocabulary::KindId;
 
     const COMMIT: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 

@@ -106,7 +106,7 @@ pub fn move_records(
     let store = ws.store();
     let _lock = store.lock("state mv")?;
     let mut state = store.load()?.ok_or_else(nothing_recorded)?;
-    let within = |a: &str, p: &str| crate::kinds::address::within(a, p);
+    let within = |a: &str, p: &str| crate::vocabulary::address_within(a, p);
     if !state.resources.keys().any(|a| within(a, from)) {
         return Err(OpError::Local(missing(&state, from)));
     }
@@ -140,7 +140,7 @@ pub fn forget(ws: &Workspace, addresses: &[String]) -> Result<Vec<String>, OpErr
         let under: Vec<String> = state
             .resources
             .keys()
-            .filter(|a| crate::kinds::address::within(a, address))
+            .filter(|a| crate::vocabulary::address_within(a, address))
             .cloned()
             .collect();
         if under.is_empty() {

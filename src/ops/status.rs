@@ -1,5 +1,6 @@
 //! Status: the recorded deployment against what runs, on one screen.
 
+use crate::kinds::Registered;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -7,8 +8,8 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::hosts::{Host, HostOptions, HostPool};
 use crate::kinds::machine::machine;
-use crate::kinds::{KindId, Lifecycle};
 use crate::state::{ResourceState, State};
+use crate::vocabulary::{KindId, Lifecycle};
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {

@@ -1,5 +1,6 @@
 //! Tunnel: a deployment's endpoint on a local port, through the node's master connection.
 
+use crate::kinds::Registered;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 

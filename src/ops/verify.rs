@@ -1,5 +1,6 @@
 //! Verify: run the probes against what is deployed, changing nothing.
 
+use crate::kinds::Registered;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -10,8 +11,8 @@ use crate::events::{emit, Event, Secrets, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{container_index, machine, ContainerIndex, StepError};
-use crate::kinds::Lifecycle;
 use crate::state::State;
+use crate::vocabulary::Lifecycle;
 use crate::workspace::Workspace;
 
 use super::definitions::{Evaluated, Pins};

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Import, Observations};
 use crate::config::Config;
-use crate::kinds::KindId;
 use crate::state::State;
+use crate::vocabulary::KindId;
 
 /// An object of the definitions' address on the definitions' node, started under another
 /// state's lineage (or none).

@@ -3,13 +3,16 @@
 //! how long the disruption should last, judged by the durations the last apply recorded. Pure:
 //! computed from the plan, the configuration, its graph and the state.
 
+use crate::kinds::Registered;
+use crate::vocabulary::KindId;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::{Action, Plan};
-use crate::config::{Config, ResourceKind};
-use crate::kinds::{address, Lifecycle};
+use crate::config::Config;
+use crate::kinds::address;
+use crate::vocabulary::Lifecycle;
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 
@@ -206,7 +209,7 @@ pub struct CacheUse {
     pub skips: Vec<PhaseTimes>,
 }
 
-pub use crate::kinds::PhaseTimes;
+pub use crate::vocabulary::PhaseTimes;
 
 impl CacheUse {
     /// Seconds to take off the recorded duration: what a warm folder saves when the recorded
@@ -233,7 +236,7 @@ pub struct Stop {
     /// The step number, as the plan text numbers its actions (from 1).
     pub step: usize,
     pub address: String,
-    pub kind: ResourceKind,
+    pub kind: KindId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// `replace` or `delete`.
@@ -276,7 +279,7 @@ struct Window {
     end: Option<f64>,
 }
 
-fn disrupts(kind: ResourceKind, action: Action) -> bool {
+fn disrupts(kind: KindId, action: Action) -> bool {
     matches!(action, Action::Replace | Action::Delete)
         && kind.kind().disruption(action == Action::Replace).is_some()
 }

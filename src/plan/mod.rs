@@ -13,6 +13,7 @@ mod record;
 pub mod render;
 pub use foreign::{import_block, import_blocks, Foreign};
 
+use crate::kinds::Registered;
 use outputs::output_changes;
 use record::mark;
 pub use record::{
@@ -27,11 +28,11 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
-use crate::kinds::{KindId, Lifecycle, OnDrift};
 use crate::state::{
     hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, OutputState, ResourceState, State,
     LEGACY_PREFIX,
 };
+use crate::vocabulary::{KindId, Lifecycle, OnDrift};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "snake_case")]

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::diag::Diag;
-use crate::kinds::address::within as address_within;
 use crate::state::{Forgotten, State};
+use crate::vocabulary::address_within;
 
 use super::{Observations, PlanOptions};
 

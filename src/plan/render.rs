@@ -2,6 +2,7 @@
 //! changed inside lists, maps and objects, then the outputs, the summary and the impact on the
 //! running deployment.
 
+use crate::kinds::Registered;
 use std::fmt::Write as _;
 
 use super::diff::{self, Noun, Sign, SENSITIVE};
@@ -611,8 +612,8 @@ pub fn value(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::KindId;
     use crate::plan::impact::{Outage, Stop};
+    use crate::vocabulary::KindId;
 
     /// The impact of a replaced container that endpoints wait behind until `until` passes.
     fn waiting_until(until: &str) -> Impact {

@@ -216,7 +216,7 @@ mod tests {
 
     fn resource(config: serde_json::Value) -> ResourceState {
         ResourceState {
-            kind: crate::kinds::KindId::Container,
+            kind: crate::vocabulary::KindId::Container,
             node: Some("node.a".into()),
             config_hash: format!("sha256:{}", config),
             config,

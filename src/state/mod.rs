@@ -81,7 +81,7 @@ impl State {
     /// new addresses.
     pub fn move_records(&mut self, from: &str, to: &str) -> Vec<(String, String)> {
         let renamed = |a: &str| -> Option<String> {
-            crate::kinds::address::within(a, from).then(|| format!("{to}{}", &a[from.len()..]))
+            crate::vocabulary::address_within(a, from).then(|| format!("{to}{}", &a[from.len()..]))
         };
         let moves: Vec<(String, String)> = self
             .resources
@@ -135,7 +135,7 @@ pub struct Restart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResourceState {
     /// Serialised as the kind's name (`"container"`); an unknown name fails the load.
-    pub kind: crate::kinds::KindId,
+    pub kind: crate::vocabulary::KindId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// `"sha256:<hex>"` of the canonical desired config.
@@ -877,7 +877,7 @@ mod tests {
         s.resources.insert(
             "module.qwen.container.ray_worker[\"spark2\"]".to_string(),
             ResourceState {
-                kind: crate::kinds::KindId::Container,
+                kind: crate::vocabulary::KindId::Container,
                 node: Some("spark2".into()),
                 config_hash: format!("sha256:{}", sha256_hex(b"cfg")),
                 config: json!({"image": "vllm", "token": hash_sensitive(Some(&HashKey::from_bytes([1; 32])), &json!("secret"))}),
@@ -1026,8 +1026,8 @@ mod tests {
             "probe.p":{"kind":"probe","config_hash":"sha256:02"}}}"#;
         fs::write(store.path(), doc).unwrap();
         let s = store.load().unwrap().unwrap();
-        let kinds: Vec<crate::kinds::KindId> = s.resources.values().map(|r| r.kind).collect();
-        use crate::kinds::KindId::*;
+        let kinds: Vec<crate::vocabulary::KindId> = s.resources.values().map(|r| r.kind).collect();
+        use crate::vocabulary::KindId::*;
         assert_eq!(kinds, [Container, Attachment, Probe]);
         // Written again, the kinds keep their names.
         let text = serde_json::to_string(&s).unwrap();

@@ -118,7 +118,7 @@ pub(crate) fn sample() -> State {
     s.resources.insert(
         "network.fabric.attach.n1".into(),
         ResourceState {
-            kind: sparkform::kinds::KindId::Attachment,
+            kind: sparkform::vocabulary::KindId::Attachment,
             node: Some("n1".into()),
             config_hash: "sha256:00".into(),
             config: serde_json::json!({"address": "192.168.1.1"}),

@@ -3,6 +3,7 @@
 //! state sparkform wrote at 4cba871 (before records had versions) applying that commit's
 //! `examples/testbed-mp` to the testbed, with those definitions and modules.
 
+use sparkform::kinds::Registered;
 use std::path::Path;
 
 use assert_cmd::Command;

@@ -12,11 +12,12 @@
 //! release lacks the flag or line, a fix).
 
 use crate::common;
+use sparkform::vocabulary::KindId;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use sparkform::config::{Config, ResourceKind, VarInputs};
+use sparkform::config::{Config, VarInputs};
 
 const FIXTURES: &str = "tests/fixtures/compat";
 const EXAMPLES: [&str; 7] = [
@@ -73,11 +74,7 @@ fn settings_keys() -> &'static regex::Regex {
 }
 
 fn collect(used: &mut Used, c: &Config, origin: &str) {
-    for r in c
-        .resources
-        .iter()
-        .filter(|r| r.kind == ResourceKind::Container)
-    {
+    for r in c.resources.iter().filter(|r| r.kind == KindId::Container) {
         let at = format!("{origin}: {}", r.address);
         let command = strings(&r.config["command"]);
         let sglang = command.len() >= SGLANG_LAUNCHER.len()

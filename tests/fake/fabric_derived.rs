@@ -5,9 +5,10 @@
 //! the old and the new index; a declared value that differs from the facts is a warning naming
 //! both.
 
+use sparkform::vocabulary::KindId;
 use std::path::Path;
 
-use sparkform::config::{self, Config, Readings, ResourceKind};
+use sparkform::config::{self, Config, Readings};
 use sparkform::graph::Graph;
 use sparkform::plan::{self, Action};
 use sparkform::state::State;
@@ -39,7 +40,7 @@ fn load(dir: &str, vars: &[(&str, &str)], seen: &Readings) -> Config {
 fn envs(c: &Config) -> Vec<(String, String, serde_json::Value)> {
     c.resources
         .iter()
-        .filter(|r| r.kind == ResourceKind::Container)
+        .filter(|r| r.kind == KindId::Container)
         .map(|r| {
             (
                 r.address.clone(),

@@ -221,7 +221,7 @@ async fn two_revisions_are_kept_the_third_removed_and_destroy_removes_them_all()
 #[tokio::test]
 async fn a_rollback_to_weights_no_node_keeps_is_refused_at_plan_while_the_hub_is_down() {
     use sparkform::kinds::machine::{machine, Restorable};
-    use sparkform::kinds::KindId;
+    use sparkform::vocabulary::KindId;
     use sparkform_testkit::fake::Answer;
     let node = Node::new();
     let (_, first) = node.apply(A).await;

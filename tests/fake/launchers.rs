@@ -569,7 +569,7 @@ fn vllm_starts_on_unified_memory_wait_for_their_memory_after_dropping_the_weight
     let (c, _) = common::load(Path::new("examples/qwen35-two-sparks-mp"));
     let mut ranks = 0;
     for r in c.resources.iter().filter(|r| {
-        r.kind == sparkform::config::ResourceKind::Container && r.address.contains("rank")
+        r.kind == sparkform::vocabulary::KindId::Container && r.address.contains("rank")
     }) {
         let needs = r.config["memory"]
             .as_array()
@@ -636,7 +636,7 @@ fn every_engine_container_keeps_its_compile_caches_and_skips_only_phases_it_show
         let containers: Vec<_> = c
             .resources
             .iter()
-            .filter(|r| r.kind == sparkform::config::ResourceKind::Container)
+            .filter(|r| r.kind == sparkform::vocabulary::KindId::Container)
             .collect();
         assert!(!containers.is_empty(), "{example}");
         for r in containers {

@@ -4,6 +4,7 @@
 //! other shapes ARCHITECTURE.md promises: what the cli may call, where addresses are read,
 //! what the product compiles.
 
+use sparkform::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -512,7 +513,7 @@ fn the_cli_calls_neither_hosts_nor_kinds() {
     let allowed = violations(
         &cli_reaches_below_ops(),
         "x.rs",
-        "use crate::ops::nodes::{short_id, Facts};\nlet o = crate::ops::HostOptions::default();\n// crate::hosts in a comment\n#[cfg(test)]\nmod tests { use crate::kinds::KindId; }\n",
+        "use crate::ops::nodes::{short_id, Facts};\nlet o = crate::ops::HostOptions::default();\n// crate::hosts in a comment\n#[cfg(test)]\nmod tests { use crate::vocabulary::KindId; }\n",
     );
     assert!(allowed.is_empty(), "{allowed:?}");
 }
@@ -521,12 +522,12 @@ fn the_cli_calls_neither_hosts_nor_kinds() {
 /// resource's facts or a configuration by key, a kind by its name. `ops`, `plan` and the cli
 /// ask the kind's typed questions instead (`AnyKind`, `AnyMachine`).
 fn kind_knowledge() -> regex::Regex {
-    let names: Vec<String> = sparkform::kinds::KindId::ALL
+    let names: Vec<String> = sparkform::vocabulary::KindId::ALL
         .iter()
         .map(|k| format!("{k:?}"))
         .collect();
     regex::Regex::new(&format!(
-        r#"\bbollard::|\.docker\(\)|attributes(?:\.get\(|\[)"|config(?:\.get\(|\[)"|\b(?:KindId|ResourceKind)::(?:{})\b"#,
+        r#"\bbollard::|\.docker\(\)|attributes(?:\.get\(|\[)"|config(?:\.get\(|\[)"|\bKindId::(?:{})\b"#,
         names.join("|")
     ))
     .unwrap()
@@ -553,7 +554,7 @@ fn ops_plan_and_the_cli_leave_docker_and_a_kinds_keys_to_the_kind() {
     let caught = violations(
         &forbidden,
         "x.rs",
-        "use bollard::query_parameters as q;\nlet docker = host.docker().await.ok();\nlet id = r.attributes.get(\"container_id\");\nif kind == KindId::Container {\n.is_some_and(|r| r.kind == ResourceKind::Probe)\nlet n = r.config.get(\"name\");\n",
+        "use bollard::query_parameters as q;\nlet docker = host.docker().await.ok();\nlet id = r.attributes.get(\"container_id\");\nif kind == KindId::Container {\n.is_some_and(|r| r.kind == KindId::Probe)\nlet n = r.config.get(\"name\");\n",
     );
     assert_eq!(caught.len(), 6, "{caught:?}");
     let allowed = violations(
@@ -579,7 +580,7 @@ fn every_kind_has_its_block_in_the_language() {
     for spec in TOP_LEVEL {
         walk(spec, &mut declared);
     }
-    for k in sparkform::kinds::KindId::ALL {
+    for k in sparkform::vocabulary::KindId::ALL {
         let block = k.kind().block();
         assert!(
             declared.iter().any(|b| std::ptr::eq(*b, block)),
@@ -594,7 +595,7 @@ fn every_kind_has_its_block_in_the_language() {
 /// (`module.qwen.probe.rendezvous` is a probe too). Only `src/kinds` may spell addresses;
 /// everywhere else asks `kinds::address`.
 fn kind_name_prefix() -> regex::Regex {
-    let blocks: Vec<&str> = sparkform::kinds::KindId::ALL
+    let blocks: Vec<&str> = sparkform::vocabulary::KindId::ALL
         .iter()
         .map(|k| k.top_block().kind)
         .collect();

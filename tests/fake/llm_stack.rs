@@ -3,10 +3,11 @@
 
 use crate::common;
 use sparkform::kinds::DesiredConfig;
+use sparkform::vocabulary::KindId;
 
 use std::path::Path;
 
-use sparkform::config::{self, ResourceKind, VarInputs};
+use sparkform::config::{self, VarInputs};
 use sparkform::kinds::container::machine::create_body;
 
 fn load_err(text: &str) -> String {
@@ -110,11 +111,7 @@ fn high_utilization_on_unified_memory_is_a_warning() {
 fn golden_container_configuration_of_the_seed_example() {
     let (c, _) = common::load_resolved(Path::new("examples/qwen35-two-sparks"));
     let mut out = String::new();
-    for r in c
-        .resources
-        .iter()
-        .filter(|r| r.kind == ResourceKind::Container)
-    {
+    for r in c.resources.iter().filter(|r| r.kind == KindId::Container) {
         let desired = sparkform::kinds::container::Desired::from_config(&r.config).unwrap();
         let body = create_body(&desired, "LINEAGE", &r.address, "sha256:CONFIG");
         let mut v = serde_json::to_value(&body).unwrap();
@@ -233,7 +230,7 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
         let containers: Vec<_> = c
             .resources
             .iter()
-            .filter(|r| r.kind == ResourceKind::Container)
+            .filter(|r| r.kind == KindId::Container)
             .collect();
         assert!(containers.len() >= 2, "{name}");
         let mut serving = 0;
@@ -288,7 +285,7 @@ fn every_example_serves_its_model_blocks_snapshot_offline() {
                 .resources
                 .iter()
                 .find(|r| {
-                    r.kind == ResourceKind::Container
+                    r.kind == KindId::Container
                         && r.config["command"]
                             .as_array()
                             .is_some_and(|a| a.iter().any(|x| x == "serve"))

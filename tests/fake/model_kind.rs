@@ -417,7 +417,7 @@ fn a_new_commit_with_an_untracked_copy_of_a_weights_user_plans_steps_that_can_al
     let observations = plan::Observations {
         resources: Default::default(),
         orphans: vec![plan::Orphan {
-            kind: sparkform::kinds::KindId::Container,
+            kind: sparkform::vocabulary::KindId::Container,
             address: vllm.into(),
             node: "node.node1".into(),
             name: "sparkform-vllm".into(),
@@ -711,7 +711,7 @@ fn untracked_snapshots_go_unless_they_are_the_wanted_commit() {
     let mut state = sparkform::state::State::new();
     plan::record(&common::plan(&c, &g, &state), &mut state);
     let orphan = |commit: &str| plan::Orphan {
-        kind: sparkform::kinds::KindId::Model,
+        kind: sparkform::vocabulary::KindId::Model,
         address: "model.m[\"b\"]".into(),
         node: "node.b".into(),
         name: format!("snapshot {} of org/name, 61.0 MiB", &commit[..12]),
@@ -775,7 +775,7 @@ fn untracked_snapshots_go_unless_they_are_the_wanted_commit() {
         .filter(|ch| {
             ch.orphan.is_none()
                 && ch.action == Action::Delete
-                && ch.kind == sparkform::kinds::KindId::Model
+                && ch.kind == sparkform::vocabulary::KindId::Model
         })
         .count();
     assert_eq!(

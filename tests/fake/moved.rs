@@ -376,7 +376,7 @@ fn state_mv_and_rm_re_address_and_forget_records_holding_the_lock() {
     let ws = sparkform::workspace::Workspace::new(dir.path(), None);
     let mut state = State::new();
     let rec = |deps: Vec<String>| sparkform::state::ResourceState {
-        kind: sparkform::kinds::KindId::Container,
+        kind: sparkform::vocabulary::KindId::Container,
         node: Some("node.n1".into()),
         config_hash: "sha256:0".into(),
         config: serde_json::json!({}),

@@ -377,7 +377,7 @@ async fn plan_after_refresh(
         state.resources.insert(
             format!("container.on_{}", node.trim_start_matches("node.")),
             sparkform::state::ResourceState {
-                kind: sparkform::kinds::KindId::Container,
+                kind: sparkform::vocabulary::KindId::Container,
                 node: Some(node),
                 config_hash: String::new(),
                 config: serde_json::json!({"name": "gone"}),

@@ -44,7 +44,7 @@ fn sample() -> State {
     s.resources.insert(
         "container.web".into(),
         ResourceState {
-            kind: sparkform::kinds::KindId::Container,
+            kind: sparkform::vocabulary::KindId::Container,
             node: Some("n1".into()),
             config_hash: "sha256:00".into(),
             config: serde_json::json!({"image": "nginx", "ports": [80]}),

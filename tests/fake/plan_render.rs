@@ -457,7 +457,7 @@ fn a_moved_fabric_address_and_an_untracked_container_are_disruptions() {
     let opts = PlanOptions {
         observations: Some(plan::Observations {
             orphans: vec![plan::Orphan {
-                kind: sparkform::kinds::KindId::Container,
+                kind: sparkform::vocabulary::KindId::Container,
                 address: "container.old_vllm".into(),
                 node: "node.n1".into(),
                 name: "sparkform-old-vllm".into(),
@@ -609,7 +609,7 @@ fn a_stopped_set_aside_copy_is_removed_without_an_outage() {
     let opts = PlanOptions {
         observations: Some(plan::Observations {
             orphans: vec![plan::Orphan {
-                kind: sparkform::kinds::KindId::Container,
+                kind: sparkform::vocabulary::KindId::Container,
                 address: address.into(),
                 node: "node.n1".into(),
                 name: "vllm-sparkform-old-0123456789ab".into(),

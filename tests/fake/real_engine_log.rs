@@ -10,8 +10,8 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use sparkform::config::ResourceKind;
 use sparkform::kinds::container::progress::PhaseWatch;
+use sparkform::vocabulary::KindId;
 
 const RANK0: &str = include_str!("../fixtures/real-engine/vllm-0.32.0-cpu-rank0.log");
 const RANK1: &str = include_str!("../fixtures/real-engine/vllm-0.32.0-cpu-rank1.log");
@@ -26,7 +26,7 @@ fn patterns(address: &str, key: &str) -> BTreeMap<String, String> {
     let r = config
         .resources
         .iter()
-        .find(|r| r.kind == ResourceKind::Container && r.address == address)
+        .find(|r| r.kind == KindId::Container && r.address == address)
         .unwrap_or_else(|| panic!("no {address} in examples/testbed"));
     let v = if key == "watch_on_log" {
         &r.config[key]

@@ -1824,9 +1824,9 @@ fn the_one_command_observe_agrees_with_transfer_py() {
     use sparkform::hosts::local::LocalHost;
     use sparkform::kinds::machine::{machine, ReadMode};
     use sparkform::kinds::model::Desired;
-    use sparkform::kinds::KindId;
     use sparkform::plan::Drift;
     use sparkform::state::ResourceState;
+    use sparkform::vocabulary::KindId;
 
     let py = python();
     let tmp = tempfile::tempdir().unwrap();

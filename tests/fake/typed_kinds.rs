@@ -3,12 +3,13 @@
 //! the container's label hashes must not move when the types do), and no kind reads its own
 //! configuration by string key.
 
+use sparkform::kinds::Registered;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::common;
 use sparkform::config::VarInputs;
-use sparkform::kinds::KindId;
+use sparkform::vocabulary::KindId;
 
 fn definition_dirs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

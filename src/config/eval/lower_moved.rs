@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::model::{Move, Removal};
-use crate::kinds::address::within as address_within;
+use crate::vocabulary::address_within;
 
 const ADDRESS_HELP: &str = "write the address unquoted, as plans show it: a resource (module.qwen.container.rank0), an instance (container.rank[\"node2\"]) or a module (module.qwen)";
 

@@ -121,7 +121,7 @@ impl dyn Engine<'_> + '_ {
             deps.extend(self.extra_deps().iter().cloned());
             self.add_resource(Resource {
                 address: res_address.clone(),
-                kind: ResourceKind::Attachment,
+                kind: KindId::Attachment,
                 node: Some(node.clone()),
                 config,
                 sensitive: Vec::new(),

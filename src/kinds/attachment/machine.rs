@@ -564,7 +564,7 @@ fn member(r: &Resource) -> Option<Member> {
 /// Every attachment of the definitions: (node address, its resource, its settings).
 fn attachments(config: &Config) -> impl Iterator<Item = (&str, &Resource, Desired)> {
     config.resources.iter().filter_map(|r| {
-        if r.kind != crate::config::ResourceKind::Attachment {
+        if r.kind != crate::vocabulary::KindId::Attachment {
             return None;
         }
         Some((r.node.as_deref()?, r, Desired::from_config(&r.config).ok()?))
@@ -1006,7 +1006,7 @@ mod tests {
             Answer::Exit(127, String::new(), "sh: 1: ip: not found".into()),
         );
         let recorded = crate::state::ResourceState {
-            kind: crate::kinds::KindId::Attachment,
+            kind: crate::vocabulary::KindId::Attachment,
             node: Some("node.h200".into()),
             config_hash: String::new(),
             config: serde_json::json!({"network": "network.fabric", "node": "node.h200", "interface": "eth1", "address": "192.168.10.1", "prefix_len": 24, "mtu": 9000}),

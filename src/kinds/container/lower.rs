@@ -107,7 +107,7 @@ impl dyn Engine<'_> + '_ {
             deps.remove(&address);
             self.add_resource(Resource {
                 address: address.clone(),
-                kind: ResourceKind::Container,
+                kind: KindId::Container,
                 node: Some(node.clone()),
                 config,
                 sensitive: attrs.sensitive.clone(),

@@ -166,7 +166,7 @@ impl dyn Engine<'_> + '_ {
         deps.extend(self.extra_deps().iter().cloned());
         self.add_resource(Resource {
             address: address.clone(),
-            kind: ResourceKind::FabricTest,
+            kind: KindId::FabricTest,
             node: nodes.first().map(|n| format!("node.{n}")),
             config: desired.to_config(),
             sensitive: attrs.sensitive.clone(),

@@ -2,6 +2,7 @@
 //! observed, and what the executor hands a step. The executor and refresh ask [`machine`] for a
 //! kind's half and name no kind.
 
+use crate::kinds::Registered;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,7 +36,7 @@ macro_rules! define_machines {
         }
     };
 }
-super::for_each_kind!(define_machines);
+crate::vocabulary::for_each_kind!(define_machines);
 
 /// How the machines are read before a plan: what `-refresh` asked for, or what stands in for
 /// looking. Every read and observation is handed it (no global setting), so two operations in
@@ -1131,7 +1132,7 @@ mod tests {
             secrets: &secrets,
             gate: None,
         };
-        let toy = super::machine(crate::kinds::KindId::Toy);
+        let toy = super::machine(crate::vocabulary::KindId::Toy);
         let applied: super::Applied = toy.apply(&cx, crate::plan::Action::Update).await.unwrap();
         let facts: crate::kinds::toy::Recorded =
             crate::kinds::facts_of(&applied.attributes).unwrap();

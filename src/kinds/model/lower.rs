@@ -382,7 +382,7 @@ impl dyn Engine<'_> + '_ {
             }
             self.add_resource(Resource {
                 address: address.clone(),
-                kind: ResourceKind::Model,
+                kind: KindId::Model,
                 node: Some(format!("node.{n}")),
                 config: c.to_config(),
                 sensitive,

@@ -135,7 +135,7 @@ impl dyn Engine<'_> + '_ {
         deps.extend(self.extra_deps().iter().cloned());
         self.add_resource(Resource {
             address: address.clone(),
-            kind: ResourceKind::Probe,
+            kind: KindId::Probe,
             node,
             config: config.to_config(),
             sensitive,

@@ -110,7 +110,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     deps.remove(&address);
     cx.add_resource(Resource {
         address: address.clone(),
-        kind: ResourceKind::Router,
+        kind: KindId::Router,
         node: Some(node),
         config: crate::kinds::DesiredConfig::to_config(&desired),
         sensitive: Vec::new(),

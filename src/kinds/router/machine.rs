@@ -3,14 +3,15 @@
 //! check says each is up); an apply that replaces a replica's resources gets a drain before
 //! them and an admit after its probes, one replica after another ([`rolling_checks`]).
 
+use crate::vocabulary::KindId;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::{Desired, ADMIN_SOCKET};
+use crate::config::Config;
 use crate::config::Readings;
-use crate::config::{Config, ResourceKind};
 use crate::diag::Diag;
 use crate::hosts::HostPool;
 use crate::kinds::machine::{
@@ -164,7 +165,7 @@ fn routers(config: &Config) -> impl Iterator<Item = (&crate::config::Resource, D
     config
         .resources
         .iter()
-        .filter(|r| r.kind == ResourceKind::Router)
+        .filter(|r| r.kind == KindId::Router)
         .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
 }
 
@@ -306,11 +307,7 @@ impl CheckRun for Admit {
 /// ([`removal_drains`]); a router whose container starts now puts every replica in itself.
 pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
     let mut out = Vec::new();
-    for r in config
-        .resources
-        .iter()
-        .filter(|r| r.kind == ResourceKind::Router)
-    {
+    for r in config.resources.iter().filter(|r| r.kind == KindId::Router) {
         let Ok(d) = Desired::from_config(&r.config) else {
             continue;
         };

@@ -23,7 +23,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     deps.extend(cx.extra_deps().iter().cloned());
     cx.add_resource(Resource {
         address: address.clone(),
-        kind: ResourceKind::Toy,
+        kind: KindId::Toy,
         node: Some(node.clone()),
         config: crate::kinds::DesiredConfig::to_config(&super::Desired {
             node: node.clone(),

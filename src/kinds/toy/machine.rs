@@ -2,11 +2,12 @@
 //! undo); at plan time it reads `/etc/toy-greeting` on each toy's node when the mode looks;
 //! status compares that file with what it said; its log is the node's `/var/log/toy.log`.
 
+use crate::vocabulary::KindId;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::config::{Config, Readings, ResourceKind};
+use crate::config::{Config, Readings};
 use crate::hosts::{Cmd, HostError};
 use crate::kinds::machine::{
     Done, LogLine, LogRead, Machine, ReadCx, ReadError, Record, Seen, Step, StepError,
@@ -21,7 +22,7 @@ fn toys(config: &Config) -> impl Iterator<Item = (&str, &str)> {
     config
         .resources
         .iter()
-        .filter(|r| r.kind == ResourceKind::Toy)
+        .filter(|r| r.kind == KindId::Toy)
         .filter_map(|r| Some((r.address.as_str(), r.node.as_deref()?)))
 }
 

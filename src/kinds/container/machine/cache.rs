@@ -10,7 +10,7 @@ fn cached(
     config: &Config,
 ) -> impl Iterator<Item = (&str, &Resource, super::super::CacheMount, String)> {
     config.resources.iter().filter_map(|r| {
-        if r.kind != crate::config::ResourceKind::Container {
+        if r.kind != crate::vocabulary::KindId::Container {
             return None;
         }
         let d = Desired::from_config(&r.config).ok()?;

@@ -93,7 +93,7 @@ pub(super) fn judge(
         .filter_map(|c| {
             let addr = c.labels.as_ref()?.get(LABEL_ADDRESS)?;
             (!claimed.contains(c.id.as_deref().unwrap_or_default())).then(|| Orphan {
-                kind: crate::kinds::KindId::Container,
+                kind: crate::vocabulary::KindId::Container,
                 address: addr.clone(),
                 node: node.to_string(),
                 name: summary_name(c),
@@ -128,7 +128,7 @@ pub(super) fn foreign_of(
         let found = Foreign {
             address: address.clone(),
             node: node.to_string(),
-            kind: crate::kinds::KindId::Container,
+            kind: crate::vocabulary::KindId::Container,
             name: name.clone(),
             id: id.clone(),
             lineage: theirs.cloned(),
@@ -185,7 +185,7 @@ pub(super) fn parity_check(config: &Config, changed: &Changed<'_>) -> Option<Che
     let containers: Vec<&Resource> = config
         .resources
         .iter()
-        .filter(|r| r.kind == crate::kinds::KindId::Container)
+        .filter(|r| r.kind == crate::vocabulary::KindId::Container)
         .collect();
     let before: Vec<String> = containers
         .iter()

@@ -13,7 +13,7 @@ use crate::inspect::fabric::RdmaFabric;
 /// The containers logind's `RemoveIPC` can reach: (node address, resource, user as written).
 fn reachable(config: &Config) -> impl Iterator<Item = (&str, &Resource, String)> {
     config.resources.iter().filter_map(|r| {
-        if r.kind != crate::config::ResourceKind::Container {
+        if r.kind != crate::vocabulary::KindId::Container {
             return None;
         }
         let d = <Desired as crate::kinds::DesiredConfig>::from_config(&r.config).ok()?;

@@ -164,7 +164,7 @@ pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> V
     let models: Vec<(&Resource, Desired)> = config
         .resources
         .iter()
-        .filter(|r| r.kind == crate::config::ResourceKind::Model)
+        .filter(|r| r.kind == crate::vocabulary::KindId::Model)
         .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
         .collect();
     for (r, c) in &models {

@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 use super::super::{human_bytes, is_commit, judge_observed};
 use crate::hosts::{Cmd, Host, HostError};
-use crate::kinds::KindId;
 use crate::plan::{Drift, Orphan};
+use crate::vocabulary::KindId;
 
 /// Its arguments are the repositories' folders in the caches (`CACHE/models--ORG--NAME`),
 /// named in its output by their position (from 1) so a path is never parsed back.

@@ -4,10 +4,11 @@
 //! the second evaluation hands it to the lowering (`kinds::model::lower`), so plans show the
 //! commit and the modules see the real size and `config.json` facts.
 
+use crate::vocabulary::KindId;
 use std::collections::BTreeMap;
 
 use super::{resolve, Desired, ResolveRequest};
-use crate::config::{Config, ModelReadings, Readings, ResourceKind};
+use crate::config::{Config, ModelReadings, Readings};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
 use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
@@ -24,7 +25,7 @@ struct Block {
 fn blocks(config: &Config) -> BTreeMap<String, Block> {
     let mut out = BTreeMap::new();
     for r in &config.resources {
-        if r.kind != ResourceKind::Model {
+        if r.kind != KindId::Model {
             continue;
         }
         let Ok(config) = Desired::from_config(&r.config) else {
@@ -121,7 +122,7 @@ fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelRea
         state?
             .resources
             .values()
-            .filter(|r| r.kind == ResourceKind::Model)
+            .filter(|r| r.kind == KindId::Model)
             .map(|r| &r.config),
         block,
         revision,
@@ -276,7 +277,7 @@ fn planned(plan: &crate::plan::Plan) -> Readings {
         let Some(after) = c.after.as_ref() else {
             continue;
         };
-        if c.kind != ResourceKind::Model {
+        if c.kind != KindId::Model {
             continue;
         }
         let Ok(d) = Desired::from_config(after) else {
