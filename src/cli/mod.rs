@@ -129,7 +129,9 @@ pub struct InputArgs {
     /// Set a variable: -var name=value (repeatable; lists and maps in HCL syntax)
     #[arg(long = "var", value_name = "NAME=VALUE")]
     pub vars: Vec<String>,
-    /// Read variables from an HCL file of `name = value` lines (repeatable)
+    /// Read variables from an HCL file of `name = value` lines (repeatable). The folder's own
+    /// `sparkform.tfvars` and `*.auto.tfvars` (by name) load by themselves, before these files;
+    /// `-var` comes last and wins
     #[arg(long = "var-file", value_name = "FILE")]
     pub var_files: Vec<PathBuf>,
     /// State file (default: DIR/state/sparkform.json)

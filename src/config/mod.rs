@@ -13,7 +13,7 @@ pub mod schema;
 pub mod types;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hcl::eval::Evaluate;
@@ -111,7 +111,7 @@ pub fn load_with_readings(
             .help(format!("set it in the environment as SPARKFORM_VAR_{name}, or in a -var-file readable only by you (docs/security.md)")),
         );
     }
-    let inputs = root_inputs(vars, &declared, &secret_names, &mut loader.diags);
+    let inputs = root_inputs(dir, vars, &declared, &secret_names, &mut loader.diags);
     let result = loader.eval_module(&files, &[], inputs, &Default::default(), None);
     loader.config.outputs = result.output_items;
     loader.check_moves();
@@ -140,6 +140,7 @@ fn sensitive_on_command_line<'a>(vars: &'a VarInputs, secret_names: &[String]) -
 }
 
 fn root_inputs(
+    dir: &Path,
     vars: &VarInputs,
     declared: &[(String, Option<types::Type>)],
     secret_names: &[String],
@@ -172,59 +173,21 @@ fn root_inputs(
             }
         }
     }
-    for file in &vars.files {
-        let mut file_diags = Diagnostics::default();
-        let Some((src, body)) = parse::read_file(file, &mut file_diags) else {
-            for mut d in file_diags.0 {
-                d.message = format!("in -var-file: {}", d.message);
-                if !secret_names.is_empty() {
-                    without_excerpt(&mut d, secret_names);
-                }
-                diags.push(d);
-            }
-            continue;
-        };
-        // Before any message about the file: its secrets are masked in the excerpts shown.
-        for structure in body.iter() {
-            if let hcl_edit::structure::Structure::Attribute(attr) = structure {
-                if secret_names.iter().any(|n| n == attr.key.as_str()) {
-                    if let hcl_edit::expr::Expression::String(v) = &attr.value {
-                        crate::diag::note_secret(v.value());
-                    }
-                    if let Some(text) = attr.value.span().and_then(|r| src.text.get(r)) {
-                        crate::diag::note_secret(text);
-                    }
-                }
-            }
-        }
-        for structure in body.iter() {
-            let hcl_edit::structure::Structure::Attribute(attr) = structure else {
-                let span = Span::new(&src, structure.span().unwrap_or(0..0));
-                diags.push(
-                    Diag::error(
-                        "config::var_file",
-                        "a var file holds only `name = value` lines",
-                    )
-                    .label(&span, "blocks are not allowed here"),
-                );
-                continue;
-            };
-            let name = attr.key.as_str();
-            let key_span = Span::new(&src, attr.key.span().unwrap_or(0..0));
-            if !names.contains(&name) {
-                diags.push(
-                    unknown(name, "the var file").label(&key_span, "not a declared variable"),
-                );
-                continue;
-            }
-            if let Some(value) = literal_value(&src, &attr.value, diags) {
-                let span = Span::new(&src, attr.value.span().unwrap_or(0..0));
-                out.insert(
-                    name.to_string(),
-                    input(value, Some(span), format!("-var-file {}", src.display)),
-                );
-            }
-        }
+    // Terraform's order: the environment, the definitions' own files (`sparkform.tfvars`, then
+    // `*.auto.tfvars` by name), `-var-file`, `-var`; a later value wins.
+    for (file, origin) in auto_var_files(dir)
+        .into_iter()
+        .chain(vars.files.iter().map(|f| (f.clone(), VarFileOrigin::Given)))
+    {
+        var_file_inputs(
+            &file,
+            origin,
+            &names,
+            &unknown,
+            secret_names,
+            diags,
+            &mut out,
+        );
     }
     for (name, raw) in &vars.cli {
         let origin = format!("-var {name}=…");
@@ -243,6 +206,115 @@ fn root_inputs(
         }
     }
     out
+}
+
+/// Where a var file comes from: the definitions' folder loads `sparkform.tfvars` and
+/// `*.auto.tfvars` by itself, as Terraform its `terraform.tfvars`; `-var-file` names the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VarFileOrigin {
+    Auto,
+    Given,
+}
+
+impl VarFileOrigin {
+    /// How a message names the file.
+    fn flag(self, file: &Path) -> String {
+        match self {
+            VarFileOrigin::Auto => format!("the auto-loaded {}", file.display()),
+            VarFileOrigin::Given => format!("-var-file {}", file.display()),
+        }
+    }
+}
+
+/// The folder's own var files, in the order they apply: `sparkform.tfvars`, then every
+/// `*.auto.tfvars` by name. A folder that cannot be listed has none (its definitions' own
+/// read says why).
+fn auto_var_files(dir: &Path) -> Vec<(PathBuf, VarFileOrigin)> {
+    let mut out = Vec::new();
+    let main = dir.join("sparkform.tfvars");
+    if main.is_file() {
+        out.push((main, VarFileOrigin::Auto));
+    }
+    let mut auto: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with(".auto.tfvars"))
+        })
+        .collect();
+    auto.sort();
+    out.extend(auto.into_iter().map(|p| (p, VarFileOrigin::Auto)));
+    out
+}
+
+/// The values one var file sets, into `out`: `name = value` lines only, each a declared
+/// variable, each a literal.
+fn var_file_inputs(
+    file: &Path,
+    origin: VarFileOrigin,
+    names: &[&str],
+    unknown: &dyn Fn(&str, &str) -> Diag,
+    secret_names: &[String],
+    diags: &mut Diagnostics,
+    out: &mut HashMap<String, InputValue>,
+) {
+    let mut file_diags = Diagnostics::default();
+    let Some((src, body)) = parse::read_file(file, &mut file_diags) else {
+        for mut d in file_diags.0 {
+            d.message = format!("in {}: {}", origin.flag(file), d.message);
+            if !secret_names.is_empty() {
+                without_excerpt(&mut d, secret_names);
+            }
+            diags.push(d);
+        }
+        return;
+    };
+    // Before any message about the file: its secrets are masked in the excerpts shown.
+    for structure in body.iter() {
+        if let hcl_edit::structure::Structure::Attribute(attr) = structure {
+            if secret_names.iter().any(|n| n == attr.key.as_str()) {
+                if let hcl_edit::expr::Expression::String(v) = &attr.value {
+                    crate::diag::note_secret(v.value());
+                }
+                if let Some(text) = attr.value.span().and_then(|r| src.text.get(r)) {
+                    crate::diag::note_secret(text);
+                }
+            }
+        }
+    }
+    for structure in body.iter() {
+        let hcl_edit::structure::Structure::Attribute(attr) = structure else {
+            let span = Span::new(&src, structure.span().unwrap_or(0..0));
+            diags.push(
+                Diag::error(
+                    "config::var_file",
+                    "a var file holds only `name = value` lines",
+                )
+                .label(&span, "blocks are not allowed here"),
+            );
+            continue;
+        };
+        let name = attr.key.as_str();
+        let key_span = Span::new(&src, attr.key.span().unwrap_or(0..0));
+        if !names.contains(&name) {
+            diags.push(
+                unknown(name, &origin.flag(file)).label(&key_span, "not a declared variable"),
+            );
+            continue;
+        }
+        if let Some(value) = literal_value(&src, &attr.value, diags) {
+            let span = Span::new(&src, attr.value.span().unwrap_or(0..0));
+            out.insert(
+                name.to_string(),
+                input(value, Some(span), origin.flag(file)),
+            );
+        }
+    }
 }
 
 /// A var file that does not parse cannot say which of its text is a sensitive value, so its

@@ -483,3 +483,70 @@ fn chdir_runs_the_command_in_that_folder() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_folders_own_var_files_load_in_terraforms_order() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    // The head's restart policy as the plan creates it.
+    let restart_is = |stdout: &str, want: &str| {
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("+ restart") && l.ends_with(&format!("\"{want}\"")))
+    };
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", d, "-refresh=false"];
+        args.extend_from_slice(extra);
+        out(sparkform().args(&args))
+    };
+    // sparkform.tfvars is read by itself.
+    std::fs::write(
+        dir.path().join("sparkform.tfvars"),
+        "restart = \"always\"\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = plan(&[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(restart_is(&stdout, "always"), "{stdout}");
+    // *.auto.tfvars after it, by name: the last one wins.
+    std::fs::write(
+        dir.path().join("a.auto.tfvars"),
+        "restart = \"on-failure\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.auto.tfvars"),
+        "restart = \"unless-stopped\"\n",
+    )
+    .unwrap();
+    let (_, stdout, _) = plan(&[]);
+    assert!(restart_is(&stdout, "unless-stopped"), "{stdout}");
+    // -var-file, then -var, after the folder's own files.
+    let vars = common::write_config(&[("given.vars", "restart = \"on-failure\"\n")]);
+    let given = vars.path().join("given.vars");
+    let (_, stdout, _) = plan(&["-var-file", given.to_str().unwrap()]);
+    assert!(restart_is(&stdout, "on-failure"), "{stdout}");
+    let (_, stdout, _) = plan(&[
+        "-var-file",
+        given.to_str().unwrap(),
+        "-var",
+        "restart=always",
+    ]);
+    assert!(restart_is(&stdout, "always"), "{stdout}");
+    // An auto-loaded file with an unknown variable, or one that does not parse: exit 1,
+    // naming the file and its line.
+    std::fs::write(
+        dir.path().join("c.auto.tfvars"),
+        "restart = \"no\"\nrestrat = \"x\"\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = plan(&[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("c.auto.tfvars:2"), "{stderr}");
+    assert!(stderr.contains("did you mean `restart`?"), "{stderr}");
+    std::fs::write(dir.path().join("c.auto.tfvars"), "restart = \n").unwrap();
+    let (code, _, stderr) = plan(&[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("the auto-loaded"), "{stderr}");
+    assert!(stderr.contains("c.auto.tfvars"), "{stderr}");
+}
