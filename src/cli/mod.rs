@@ -398,6 +398,7 @@ const SINGLE_DASH: &[&str] = &[
     "workspace",
     "raw",
     "chdir",
+    "destroy",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.

@@ -20,7 +20,7 @@ as (sensitive).";
 #[derive(Args, Debug)]
 #[command(
     long_about = LONG_ABOUT,
-    after_help = "Examples:\n  sparkform plan examples/testbed\n  sparkform plan examples/testbed -refresh=false         # no connection: the recorded state\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'\n  sparkform plan . -generate-import-out=imports.hcl        # adopt what a lost state left running"
+    after_help = "Examples:\n  sparkform plan examples/testbed\n  sparkform plan examples/testbed -refresh=false         # no connection: the recorded state\n  sparkform plan examples/testbed -out testbed.plan      # save it for `apply testbed.plan`\n  sparkform plan . -detailed-exitcode                   # exit 2 when there are changes\n  sparkform plan . -replace 'module.qwen.container.vllm'\n  sparkform plan . -generate-import-out=imports.hcl        # adopt what a lost state left running\n  sparkform plan . -destroy -out down.plan              # review a teardown, then `apply down.plan`"
 )]
 pub struct PlanArgs {
     #[command(flatten)]
@@ -60,6 +60,10 @@ pub struct PlanArgs {
     /// another state's lineage (a lost state): the next apply adopts them, restarting nothing
     #[arg(long = "generate-import-out", value_name = "FILE")]
     pub generate_import_out: Option<PathBuf>,
+    /// Plan what `destroy` would remove (with -target and -exclude, only those); with -out,
+    /// `apply FILE` removes exactly that, refused if the state changed meanwhile
+    #[arg(long)]
+    pub destroy: bool,
 }
 
 /// `-refresh=true|false|deep`.
@@ -84,6 +88,16 @@ impl RefreshMode {
 
 /// A `-generate-*-out` file that exists already, or that a plan without looking cannot fill.
 fn refuse_out_file(args: &PlanArgs) -> Option<crate::diag::Diag> {
+    let generating = args.generate_config_out.is_some() || args.generate_import_out.is_some();
+    if args.destroy && (generating || !args.replace.is_empty() || args.upgrade) {
+        return Some(
+            crate::diag::Diag::error(
+                "cli::plan_destroy",
+                "-destroy plans a removal: -replace, -upgrade and -generate-*-out plan an apply",
+            )
+            .help("drop -destroy, or the other flag"),
+        );
+    }
     let named = [
         ("generate-config-out", &args.generate_config_out),
         ("generate-import-out", &args.generate_import_out),
@@ -138,6 +152,7 @@ pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         hosts: args.connect.options(),
         out: args.out.as_deref(),
         generate_config_out: args.generate_config_out.as_deref(),
+        destroy: args.destroy,
         generate_import_out: args.generate_import_out.as_deref(),
     };
     let planned = rt.block_on(super::with_notes(args.json, |events| async move {
@@ -150,7 +165,7 @@ pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     if args.json {
         print_json(&ws, &planned);
     } else {
-        print_text(&ws, &planned);
+        print_text(&ws, &planned, args.destroy);
     }
     if args.detailed_exitcode && planned.plan.has_changes() {
         ExitCode::from(2)
@@ -183,12 +198,16 @@ fn print_json(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
     }
 }
 
-fn print_text(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
+fn print_text(ws: &crate::workspace::Workspace, p: &ops::plan::Planned, destroy: bool) {
     report_warnings(&p.new_warnings);
     if let Some(header) = super::workspace_header(ws) {
         println!("{header}");
     }
-    print!("{}", render::render(&p.plan));
+    if destroy && !p.plan.has_changes() {
+        println!("No changes. The state records nothing to destroy.");
+    } else {
+        print!("{}", render::render(&p.plan));
+    }
     if !p.lock_file_changes.is_empty() {
         println!("\n{} changes (an apply writes them):", ops::lock_file::FILE);
         p.lock_file_changes.iter().for_each(|c| println!("  {c}"));

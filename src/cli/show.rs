@@ -47,7 +47,8 @@ pub fn run(args: ShowArgs) -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&pf).unwrap_or_default());
         } else {
             println!(
-                "Plan made {} by sparkform {} for {} against {}.\n",
+                "{} made {} by sparkform {} for {} against {}.\n",
+                if pf.destroy { "Destroy plan" } else { "Plan" },
                 pf.created,
                 pf.sparkform_version,
                 pf.config_dir,

@@ -107,16 +107,24 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
     let lock_before = req.evaluated.lock().cloned();
     let upgrade = req.evaluated.upgrade();
     // A destroy and a rollback leave the lock file to the definitions.
-    let keeps_lock_file = matches!(
-        req.source,
-        Source::Destroy { .. } | Source::Generation { .. }
-    );
+    let keeps_lock_file = match &req.source {
+        Source::Destroy { .. } | Source::Generation { .. } => true,
+        Source::PlanFile { file, .. } => file.destroy,
+        Source::Definitions { .. } => false,
+    };
     let mut rollback_to = None;
     let state = recorded.clone().unwrap_or_default();
     // An apply records sensitive values under the deployment's key: the first one creates it.
     let key = Some(req.store.key_or_create()?);
     let mut images = super::lock_file::ImagesSeen::new();
     let (defs, plan, warnings, pool) = match req.source {
+        Source::PlanFile { file, path } if file.destroy => {
+            // A destroy's plan was made from the state alone: its freshness is the state's.
+            file.check_fresh(path, recorded.as_ref())?;
+            let defs = req.evaluated.pin(Pins::Unresolved)?;
+            let warnings = defs.warnings.clone();
+            ((defs.config, defs.graph), file.plan.clone(), warnings, None)
+        }
         Source::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
             // Evaluated with what the plan was made with, the plan's configurations must still
@@ -172,29 +180,22 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
             refresh,
             purge_caches,
         } => {
-            // The definitions only say how to reach the nodes: nothing is read at plan time.
-            let defs = req.evaluated.pin(Pins::Unresolved)?;
-            // Look first: a run killed between creating something and recording it, or a
-            // state that lost an entry, leaves labelled containers only the machines show.
-            let (observations, pool) = if refresh.looks() && recorded.is_some() {
-                let (o, p) =
-                    super::refresh::refresh(&defs.config, &state, refresh, &req.hosts, events)
-                        .await?;
-                (Some(o), p)
-            } else {
-                (None, None)
+            let scope = DestroyScope {
+                targets,
+                exclude,
+                purge_caches,
             };
-            let planned = plan_destroy(&defs.config, &state, targets, exclude, observations)
-                .map(|p| with_kept(p, &state, purge_caches));
-            match planned {
-                Ok(plan) => ((defs.config, defs.graph), plan, defs.warnings, pool),
-                Err(e) => {
-                    if let Some(p) = pool {
-                        p.close().await;
-                    }
-                    return Err(e);
-                }
-            }
+            let d = planned_destroy(
+                req.evaluated,
+                &state,
+                recorded.is_some(),
+                scope,
+                refresh,
+                &req.hosts,
+                events,
+            )
+            .await?;
+            ((d.config, d.graph), d.plan, d.warnings, d.pool)
         }
     };
     let (config, graph) = defs;
@@ -302,6 +303,73 @@ fn with_kept(mut plan: Plan, state: &State, purge: bool) -> Plan {
         });
     }
     plan
+}
+
+/// What a destroy removes, as `destroy` and `plan -destroy` name it.
+pub struct DestroyScope {
+    /// Only these resources (and what depends on them) when given.
+    pub targets: Vec<String>,
+    /// None of these.
+    pub exclude: Vec<String>,
+    /// `-purge-caches`: also what the deleted resources keep by design.
+    pub purge_caches: bool,
+}
+
+/// A destroy's plan and what it was made with.
+pub struct PlannedDestroy {
+    pub config: Config,
+    pub graph: Graph,
+    pub plan: Plan,
+    pub warnings: Vec<crate::diag::Diag>,
+    /// The connections, when the refresh opened any (close them, or hand them to an apply).
+    pub pool: Option<HostPool>,
+}
+
+/// Plan the removal of what the deployment owns: what `state` records and, after a refresh
+/// when `refresh` looks (and a state was `recorded`), what the machines hold with its labels
+/// that the state does not record. The definitions only say how to reach the nodes: nothing is
+/// read at plan time.
+pub async fn planned_destroy(
+    evaluated: Evaluated,
+    state: &State,
+    recorded: bool,
+    scope: DestroyScope,
+    refresh: ReadMode,
+    hosts: &HostOptions,
+    events: &Sender,
+) -> Result<PlannedDestroy, OpError> {
+    let defs = evaluated.pin(Pins::Unresolved)?;
+    // Look first: a run killed between creating something and recording it, or a state that
+    // lost an entry, leaves labelled containers only the machines show.
+    let (observations, pool) = if refresh.looks() && recorded {
+        let (o, p) = super::refresh::refresh(&defs.config, state, refresh, hosts, events).await?;
+        (Some(o), p)
+    } else {
+        (None, None)
+    };
+    let planned = plan_destroy(
+        &defs.config,
+        state,
+        scope.targets,
+        scope.exclude,
+        observations,
+    )
+    .map(|p| with_kept(p, state, scope.purge_caches));
+    match planned {
+        Ok(plan) => Ok(PlannedDestroy {
+            config: defs.config,
+            graph: defs.graph,
+            plan,
+            warnings: defs.warnings,
+            pool,
+        }),
+        Err(e) => {
+            if let Some(p) = pool {
+                p.close().await;
+            }
+            Err(e)
+        }
+    }
 }
 
 /// What `destroy` removes: every resource the state records and, from `observations` (a

@@ -31,6 +31,9 @@ pub struct PlanCommand<'a> {
     /// `-generate-import-out`: a new file for the `import` blocks that adopt what runs under
     /// another state's lineage.
     pub generate_import_out: Option<&'a Path>,
+    /// `-destroy`: plan the removal of what the state records (`options`' targets and
+    /// exclusions say which) instead of the definitions' changes.
+    pub destroy: bool,
 }
 
 /// What `sparkform plan` made.
@@ -71,6 +74,9 @@ pub async fn plan(req: PlanCommand<'_>, events: &Sender) -> Result<Planned, OpEr
     }
     // A plan file records hashes under the key, so writing one creates it.
     let key = ws.key(req.out.is_some())?;
+    if req.destroy {
+        return plan_destroy(req, recorded, state_lock_note, events).await;
+    }
     let mut prepared = super::prepare::prepare(
         super::prepare::PrepareRequest {
             evaluated: req.evaluated,
@@ -137,6 +143,61 @@ pub async fn plan(req: PlanCommand<'_>, events: &Sender) -> Result<Planned, OpEr
         )
         .with_readings(&prepared.readings)
         .write(out)?;
+        planned.plan_file = Some(out.to_path_buf());
+    }
+    Ok(planned)
+}
+
+/// `plan -destroy`: what `destroy` would remove, written to `-out` as a destroy's plan.
+async fn plan_destroy(
+    req: PlanCommand<'_>,
+    recorded: Option<crate::state::State>,
+    state_lock_note: Option<String>,
+    events: &Sender,
+) -> Result<Planned, OpError> {
+    let ws = req.workspace;
+    let state = recorded.clone().unwrap_or_default();
+    let scope = super::apply::DestroyScope {
+        targets: req.options.targets.clone(),
+        exclude: req.options.exclude.clone(),
+        purge_caches: false,
+    };
+    let mut d = super::apply::planned_destroy(
+        req.evaluated,
+        &state,
+        recorded.is_some(),
+        scope,
+        req.refresh,
+        &req.hosts,
+        events,
+    )
+    .await?;
+    let round_trips = d.pool.as_ref().map(|p| p.round_trips()).unwrap_or_default();
+    if let Some(pool) = d.pool.take() {
+        pool.close().await;
+    }
+    let mut planned = Planned {
+        warnings: d.warnings,
+        new_warnings: Vec::new(),
+        state_lock_note,
+        state: recorded.as_ref().map(|s| (s.lineage.clone(), s.serial)),
+        lock_file_changes: Vec::new(),
+        round_trips,
+        plan_file: None,
+        generated_config: None,
+        generated_imports: None,
+        not_generated: Vec::new(),
+        plan: d.plan,
+    };
+    if let Some(out) = req.out {
+        let mut file = PlanFile::new(
+            planned.plan.clone(),
+            &ws.dir,
+            &ws.state_path,
+            recorded.as_ref(),
+        );
+        file.destroy = true;
+        file.write(out)?;
         planned.plan_file = Some(out.to_path_buf());
     }
     Ok(planned)

@@ -12,8 +12,9 @@ use crate::config::{NodeReadings, Readings};
 use crate::state::State;
 
 pub const FORMAT: &str = "sparkform-plan";
-/// 2 added `node_facts`; a version 1 file reads as one without facts.
-pub const FORMAT_VERSION: u32 = 2;
+/// 2 added `node_facts` (a version 1 file reads as one without facts); 3 added `destroy`, so
+/// an older sparkform refuses a destroy's plan rather than read it as an apply's.
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanFile {
@@ -31,6 +32,10 @@ pub struct PlanFile {
     /// read none (`-refresh=false`, or every node sets its values).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_facts: BTreeMap<String, NodeFacts>,
+    /// Made by `plan -destroy`: it removes what the state records, and an apply of it checks
+    /// only that the state is the one it was made from (the definitions made none of it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub destroy: bool,
 }
 
 /// A node's `gpus`, `memory_gib` and `unified_memory` as the plan read them (`null`: the node
@@ -107,6 +112,7 @@ impl PlanFile {
             state_serial: state.map_or(0, |s| s.serial),
             plan,
             node_facts: BTreeMap::new(),
+            destroy: false,
         }
     }
 

@@ -550,3 +550,54 @@ fn the_folders_own_var_files_load_in_terraforms_order() {
     assert!(stderr.contains("the auto-loaded"), "{stderr}");
     assert!(stderr.contains("c.auto.tfvars"), "{stderr}");
 }
+
+#[test]
+fn a_destroy_saved_as_a_plan_file_applies_exactly_and_only_once() {
+    // A container on this machine's Docker Engine that is no longer there: its removal
+    // finds it gone, so the test needs no image.
+    let dir = common::write_config(&[(
+        "main.hcl",
+        "node \"here\" {\n  address = \"local\"\n}\n\ncontainer \"gone\" {\n  node  = node.here\n  name  = \"sf-cli-destroy-plan-gone\"\n  image = \"sf-none:never\"\n}\n",
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let (c, g) = common::load(dir.path());
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    let mut state = State::new();
+    let p = sparkform::plan::plan(&c, &g, &state, &Default::default()).unwrap();
+    sparkform::plan::record(&p, &mut state);
+    store.write(&mut state).unwrap();
+    let plan_path = dir.path().join("down.plan");
+    let down = plan_path.to_str().unwrap();
+    // -destroy with an apply's flag: refused before anything is read.
+    let (code, _, stderr) =
+        out(sparkform().args(["plan", d, "-destroy", "-replace", "container.gone"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("-destroy plans a removal"), "{stderr}");
+    let (code, stdout, stderr) = out(sparkform().args([
+        "plan",
+        d,
+        "-destroy",
+        "-refresh=false",
+        "-out",
+        down,
+        "-detailed-exitcode",
+    ]));
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stdout.contains("1 to destroy"), "{stdout}");
+    // Nothing changed yet; show names it a destroy.
+    assert_eq!(store.load().unwrap().unwrap().resources.len(), 1);
+    let (code, stdout, _) = out(sparkform().args(["show", down]));
+    assert_eq!(code, 0);
+    assert!(stdout.starts_with("Destroy plan made"), "{stdout}");
+    let (code, stdout, stderr) = out(sparkform().args(["apply", down]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("1 destroyed"), "{stdout}");
+    assert!(store.load().unwrap().unwrap().resources.is_empty());
+    // The state moved on: the same file again is refused, changing nothing.
+    let (code, _, stderr) = out(sparkform().args(["apply", down]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("stale") || stderr.contains("changed"),
+        "{stderr}"
+    );
+}
