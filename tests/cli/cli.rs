@@ -27,6 +27,17 @@ fn cluster() -> tempfile::TempDir {
     common::write_config(&[("main.hcl", &text)])
 }
 
+/// The definitions in `dir` recorded as applied (nothing runs): its state's store.
+fn record_as_applied(dir: &std::path::Path) -> StateStore {
+    let (c, g) = common::load(dir);
+    let store = StateStore::new(dir.join("state/sparkform.json"));
+    let mut state = State::new();
+    let p = sparkform::plan::plan(&c, &g, &state, &Default::default()).unwrap();
+    sparkform::plan::record(&p, &mut state);
+    store.write(&mut state).unwrap();
+    store
+}
+
 #[test]
 fn validate_ok_and_error_exit_codes() {
     let (code, stdout, _) = out(sparkform().args(["validate", "examples/qwen35-two-sparks"]));
@@ -63,12 +74,7 @@ fn plan_detailed_exitcode_and_json() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["plan"]["summary"]["create"], 7);
     // Record it as applied: planning again exits 0 with -detailed-exitcode.
-    let (c, g) = common::load(dir.path());
-    let store = StateStore::new(dir.path().join("state/sparkform.json"));
-    let mut state = State::new();
-    let p = sparkform::plan::plan(&c, &g, &state, &Default::default()).unwrap();
-    sparkform::plan::record(&p, &mut state);
-    store.write(&mut state).unwrap();
+    let store = record_as_applied(dir.path());
     let (code, stdout, _) =
         out(sparkform().args(["plan", d, "-refresh=false", "-detailed-exitcode"]));
     assert_eq!(code, 0, "{stdout}");
@@ -560,12 +566,7 @@ fn a_destroy_saved_as_a_plan_file_applies_exactly_and_only_once() {
         "node \"here\" {\n  address = \"local\"\n}\n\ncontainer \"gone\" {\n  node  = node.here\n  name  = \"sf-cli-destroy-plan-gone\"\n  image = \"sf-none:never\"\n}\n",
     )]);
     let d = dir.path().to_str().unwrap();
-    let (c, g) = common::load(dir.path());
-    let store = StateStore::new(dir.path().join("state/sparkform.json"));
-    let mut state = State::new();
-    let p = sparkform::plan::plan(&c, &g, &state, &Default::default()).unwrap();
-    sparkform::plan::record(&p, &mut state);
-    store.write(&mut state).unwrap();
+    let store = record_as_applied(dir.path());
     let plan_path = dir.path().join("down.plan");
     let down = plan_path.to_str().unwrap();
     // -destroy with an apply's flag: refused before anything is read.
@@ -600,4 +601,68 @@ fn a_destroy_saved_as_a_plan_file_applies_exactly_and_only_once() {
         stderr.contains("stale") || stderr.contains("changed"),
         "{stderr}"
     );
+}
+
+#[test]
+fn state_mv_and_state_rm_rewrite_only_the_records_they_name() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let store = record_as_applied(dir.path());
+    let before = store.load().unwrap().unwrap();
+    let head = before.resources["container.head"].clone();
+    let list = || {
+        let (code, stdout, stderr) = out(sparkform().args(["state", "list", d]));
+        assert_eq!(code, 0, "{stderr}");
+        stdout.lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    assert!(list().contains(&"container.head".to_string()));
+    // mv: the record under its new address, the same record; the serial moves on.
+    let (code, stdout, stderr) =
+        out(sparkform().args(["state", "mv", "container.head", "container.ray_head", d]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("Moved container.head to container.ray_head"),
+        "{stdout}"
+    );
+    let after = store.load().unwrap().unwrap();
+    assert!(!after.resources.contains_key("container.head"));
+    assert_eq!(after.resources["container.ray_head"].config, head.config);
+    assert_eq!(after.resources.len(), before.resources.len());
+    assert!(after.serial > before.serial);
+    // mv to an address that is recorded already, or from one that is not: refused, nothing
+    // written.
+    let (code, _, stderr) = out(sparkform().args([
+        "state",
+        "mv",
+        "container.ray_head",
+        "network.fabric.attach.n1",
+        d,
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    let (code, _, stderr) =
+        out(sparkform().args(["state", "mv", "container.nope", "container.x", d]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("container.nope"), "{stderr}");
+    assert_eq!(store.load().unwrap().unwrap().serial, after.serial);
+    // rm: every instance of a resource; the rest stays.
+    let workers = after
+        .resources
+        .keys()
+        .filter(|a| a.starts_with("container.worker["))
+        .count();
+    assert!(workers > 0);
+    let (code, stdout, stderr) = out(sparkform().args(["state", "rm", "container.worker", d]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("forgotten") || stdout.contains("Removed"),
+        "{stdout}"
+    );
+    let now = list();
+    assert!(
+        now.iter().all(|a| !a.starts_with("container.worker")),
+        "{now:?}"
+    );
+    assert_eq!(now.len(), after.resources.len() - workers, "{now:?}");
+    let (code, _, stderr) = out(sparkform().args(["state", "rm", "container.worker", d]));
+    assert_eq!(code, 1, "{stderr}");
 }

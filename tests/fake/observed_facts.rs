@@ -799,7 +799,11 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
         .expect("write");
     let raw: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
-    assert_eq!(raw["format_version"], 2);
+    assert_eq!(raw["format_version"], 3);
+    assert!(
+        raw.get("destroy").is_none(),
+        "an apply's plan says nothing of a destroy"
+    );
     assert_eq!(
         raw["node_facts"],
         serde_json::json!({"n1": {"gpus": 1, "memory_gib": 119.6, "unified_memory": true}})
