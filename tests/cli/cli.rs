@@ -74,7 +74,7 @@ fn plan_detailed_exitcode_and_json() {
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["plan"]["summary"]["create"], 7);
     // Record it as applied: planning again exits 0 with -detailed-exitcode.
-    let store = record_as_applied(dir.path());
+    record_as_applied(dir.path());
     let (code, stdout, _) =
         out(sparkform().args(["plan", d, "-refresh=false", "-detailed-exitcode"]));
     assert_eq!(code, 0, "{stdout}");
