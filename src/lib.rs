@@ -14,7 +14,7 @@ pub mod hosts;
 pub mod http;
 pub mod inspect;
 pub mod kinds;
-pub mod lockfile;
+pub mod lock_file;
 pub mod observe;
 pub mod ops;
 pub mod plan;

@@ -1,12 +1,12 @@
 //! `sparkform tunnel`: a deployment endpoint on a local port until Ctrl-C, or for one command.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Args;
 
 use super::{ConfigArgs, ConnectArgs};
 use crate::ops::definitions::Pins;
+use crate::ops::tunnel::{tunnel, Target, TunnelEnd, TunnelRequest};
 
 /// Forward a deployment endpoint to a local port through the jump host
 #[derive(Args, Debug)]
@@ -39,11 +39,6 @@ pub struct TunnelArgs {
     pub connect: ConnectArgs,
 }
 
-/// The command line for `--exec`: `{url}` replaced by the local URL.
-pub fn exec_script(cmd: &str, url: &str) -> String {
-    cmd.replace("{url}", url)
-}
-
 pub fn run(args: TunnelArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     let mut args = args;
     // `tunnel endpoint` with no folder: the one positional is the endpoint.
@@ -56,123 +51,47 @@ pub fn run(args: TunnelArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(d) => d.config,
         Err(code) => return code,
     };
-    let target = match crate::ops::tunnel::resolve(&config, args.endpoint.as_deref()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("Error: {e}");
-            return ExitCode::from(1);
-        }
+    let request = TunnelRequest {
+        config: &config,
+        endpoint: args.endpoint.as_deref(),
+        local: args.local.as_deref(),
+        allow_remote_bind: args.allow_remote_bind,
+        hosts: args.connect.options(),
+        exec: args.exec.as_deref(),
     };
-    let bind = match crate::ops::tunnel::bind_address(
-        args.local.as_deref(),
-        target.port,
-        args.allow_remote_bind,
-    ) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("Error: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let opts = args.connect.options();
-    rt.block_on(async {
-        let pool = crate::ops::tunnel::connect(&config, &target, &opts).await;
-        let code = match pool.get(&target.node) {
-            Err(e) => {
-                eprintln!("Error: {e}");
-                ExitCode::from(1)
+    let waits = args.exec.is_none();
+    let end = rt.block_on(async {
+        let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
+        let printing = tokio::spawn(async move {
+            while let Some(n) = notes.recv().await {
+                eprintln!("sparkform tunnel: {n}");
             }
-            Ok(host) => {
-                match crate::ops::tunnel::Tunnel::open(
-                    host.as_ref(),
-                    &target,
-                    bind,
-                    args.local.is_some(),
-                )
-                .await
-                {
-                    Err(e) => {
-                        eprintln!("Error: {}: {e}", target.from);
-                        ExitCode::from(1)
-                    }
-                    Ok(tunnel) => serve(tunnel, &target, args.exec.as_deref()).await,
-                }
+        });
+        let opened = |target: &Target, url: &str| {
+            if waits {
+                println!(
+                    "{} ({} as {} sees it) is at\n  {url}\nPress Ctrl-C to close.",
+                    target.from, target.url, target.node
+                );
             }
         };
-        pool.close().await;
-        code
-    })
-}
-
-async fn serve(
-    tunnel: crate::ops::tunnel::Tunnel,
-    target: &crate::ops::tunnel::Target,
-    exec: Option<&str>,
-) -> ExitCode {
-    let url = tunnel.url.clone();
-    let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let serving = tokio::spawn(tunnel.serve(Duration::from_secs(5), tx, cancel.clone()));
-    let printing = tokio::spawn(async move {
-        while let Some(n) = notes.recv().await {
-            eprintln!("sparkform tunnel: {n}");
-        }
+        let end = tunnel(request, opened, tx).await;
+        let _ = printing.await;
+        end
     });
-    let code = match exec {
-        None => {
-            println!(
-                "{} ({} as {} sees it) is at\n  {url}\nPress Ctrl-C to close.",
-                target.from, target.url, target.node
-            );
-            let _ = tokio::signal::ctrl_c().await;
-            ExitCode::SUCCESS
+    match end {
+        Ok(TunnelEnd::Closed) => ExitCode::SUCCESS,
+        Ok(TunnelEnd::CommandExited(code)) => ExitCode::from(code.clamp(0, 255) as u8),
+        Ok(TunnelEnd::Interrupted) => ExitCode::from(130),
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(1)
         }
-        Some(cmd) => {
-            let mut command = tokio::process::Command::new("sh");
-            // The endpoint's key, when its probes send one: in the environment only (never in
-            // an argument another user could read).
-            if let Some(auth) = &target.authorization {
-                command.env("SPARKFORM_TUNNEL_AUTHORIZATION", auth);
-                if let Some(key) = auth.strip_prefix("Bearer ") {
-                    command.env("OPENAI_API_KEY", key);
-                }
-            }
-            let child = command
-                .arg("-c")
-                .arg(exec_script(cmd, &url))
-                .env("SPARKFORM_TUNNEL_URL", &url)
-                .stdin(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .status();
-            tokio::select! {
-                st = child => match st {
-                    Ok(st) => ExitCode::from(st.code().map_or(1, |c| c.clamp(0, 255) as u8)),
-                    Err(e) => {
-                        eprintln!("Error: cannot run sh -c: {e}");
-                        ExitCode::from(1)
-                    }
-                },
-                _ = tokio::signal::ctrl_c() => ExitCode::from(130),
-            }
-        }
-    };
-    cancel.cancel();
-    let _ = serving.await;
-    printing.abort();
-    code
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn exec_substitutes_the_url() {
-        assert_eq!(
-            exec_script("curl -s {url} && echo {url}", "http://127.0.0.1:5/x"),
-            "curl -s http://127.0.0.1:5/x && echo http://127.0.0.1:5/x"
-        );
-    }
 
     #[test]
     fn arguments_parse() {

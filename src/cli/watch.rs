@@ -2,7 +2,6 @@
 //! as a whole when told to.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -109,84 +108,47 @@ pub fn run(args: WatchArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         }
     };
     let ws = args.config.workspace();
-    // The definitions must load, and something must be deployed, before the watch starts.
     let evaluated = match args.config.evaluate(args.json) {
         Ok(e) => e,
         Err(code) => return code,
     };
-    let state = match crate::ops::state::recorded(&ws) {
-        Ok(Some(s)) if !s.resources.is_empty() => s,
-        Ok(_) => {
-            eprintln!(
-                "Error: {}, so there is nothing to watch.\n  help: deploy it first with `sparkform apply {}`",
-                ws.nothing_applied(),
-                ws.dir.display()
-            );
-            return ExitCode::from(1);
-        }
-        Err(e) => return super::report_error(e),
-    };
-    drop(state);
     let secrets = evaluated.config().secrets.clone();
+    let request = WatchRequest {
+        workspace: ws,
+        evaluated,
+        interval,
+        probe_timeout,
+        retry_for,
+        restart: args.restart,
+        max_restarts: args.max_restarts,
+        window,
+        ticks: args.ticks,
+        hosts: args.connect.options(),
+        parallelism: args.parallelism.max(1),
+    };
     let end = rt.block_on(async {
         let cancel = tokio_util::sync::CancellationToken::new();
         let signals = stop_on_signals(cancel.clone());
-        let metrics = Arc::new(crate::ops::watch_metrics::Metrics::new());
-        let server = match metrics_addr {
-            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => Some(tokio::spawn(crate::ops::watch_metrics::serve(
-                    l,
-                    metrics.clone(),
-                ))),
-                Err(e) => {
-                    eprintln!("Error: cannot listen on {addr} for --metrics: {e}");
-                    return Err(ExitCode::from(1));
-                }
-            },
-            None => None,
-        };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let ui = crate::ui::spawn(crate::ui::mode(args.json), rx, secrets);
-        let end = crate::ops::watch::watch(
-            WatchRequest {
-                workspace: ws,
-                evaluated,
-                interval,
-                probe_timeout,
-                retry_for,
-                restart: args.restart,
-                max_restarts: args.max_restarts,
-                window,
-                ticks: args.ticks,
-                hosts: args.connect.options(),
-                parallelism: args.parallelism.max(1),
-            },
-            &tx,
-            cancel,
-            metrics_addr.map(|_| metrics.as_ref()),
-        )
-        .await;
+        let end = crate::ops::watch::watch_deployment(request, metrics_addr, &tx, cancel).await;
         drop(tx);
         let _ = ui.await;
         signals.abort();
-        if let Some(s) = server {
-            s.abort();
-        }
-        Ok(end)
+        end
     });
     match end {
-        Err(code) => code,
-        Ok(Err(e)) => super::report_op_error(e, args.json),
-        Ok(Ok(WatchEnd::Done)) => ExitCode::SUCCESS,
-        Ok(Ok(WatchEnd::Interrupted)) => {
+        Err(e) => super::report_op_error(e, args.json),
+        Ok(WatchEnd::Done) => ExitCode::SUCCESS,
+        Ok(WatchEnd::Interrupted) => {
             eprintln!("watch: stopped; nothing is left running on this machine");
             ExitCode::from(130)
         }
-        Ok(Ok(WatchEnd::Failed(cause))) => {
+        Ok(WatchEnd::Failed(cause)) => {
             eprintln!("Error: watch: {cause}\n  help: `sparkform watch --restart` restarts the engine as a whole; `sparkform logs` shows every rank's log");
             ExitCode::from(1)
         }
-        Ok(Ok(WatchEnd::CrashLoop(cause))) => {
+        Ok(WatchEnd::CrashLoop(cause)) => {
             eprintln!(
                 "Error: watch: the engine failed again after {} restart{} within {}: {cause}\n  help: it does not recover by restarting: see `sparkform logs` and `sparkform status`",
                 args.max_restarts,

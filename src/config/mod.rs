@@ -63,16 +63,16 @@ pub fn load(dir: &Path, vars: &VarInputs) -> Result<Config, Diagnostics> {
 pub fn load_with_readings(
     dir: &Path,
     vars: &VarInputs,
-    observed: &Readings,
+    readings: &Readings,
 ) -> Result<Config, Diagnostics> {
     evaluations::count(dir);
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.
     crate::diag::forget_secrets();
     let mut loader = Loader::new(dir);
-    loader.readings = observed.clone();
+    loader.readings = readings.clone();
     loader.config.vars = vars.clone();
-    loader.config.readings = observed.clone();
+    loader.config.readings = readings.clone();
     let Some(files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };

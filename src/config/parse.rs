@@ -37,7 +37,7 @@ pub fn read_folder(dir: &Path, diags: &mut Diagnostics) -> Option<ModuleFiles> {
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "hcl") && p.is_file())
         // The lock file beside the definitions is sparkform's record, not a definition.
-        .filter(|p| p.file_name().is_none_or(|n| n != crate::lockfile::FILE))
+        .filter(|p| p.file_name().is_none_or(|n| n != crate::lock_file::FILE))
         .collect();
     paths.sort();
     if paths.is_empty() {

@@ -291,7 +291,7 @@ pub trait Kind: Sync + 'static {
     fn lock_entry(
         &self,
         _desired: &Self::Desired,
-    ) -> Option<(String, String, crate::lockfile::Entry)> {
+    ) -> Option<(String, String, crate::lock_file::Entry)> {
         None
     }
     /// For a kind that runs (`Lifecycle::Runs`): when it runs and how long it must keep
@@ -415,7 +415,7 @@ pub trait AnyKind: Sync {
     fn lock_entry(
         &self,
         config: &serde_json::Value,
-    ) -> Option<(String, String, crate::lockfile::Entry)>;
+    ) -> Option<(String, String, crate::lock_file::Entry)>;
     fn checking(&self, config: &serde_json::Value) -> Checking;
     fn untracked(&self, orphan_id: &str, config: Option<&serde_json::Value>) -> Untracked;
     fn images(
@@ -491,7 +491,7 @@ impl<K: Kind> AnyKind for K {
     fn lock_entry(
         &self,
         config: &serde_json::Value,
-    ) -> Option<(String, String, crate::lockfile::Entry)> {
+    ) -> Option<(String, String, crate::lock_file::Entry)> {
         Kind::lock_entry(self, &K::Desired::from_config(config).ok()?)
     }
     fn checking(&self, config: &serde_json::Value) -> Checking {

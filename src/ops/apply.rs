@@ -495,7 +495,7 @@ fn write_lock_file(update: &LockUpdate) -> Result<Vec<String>, OpError> {
     }
     let mut notes = vec![format!(
         "\nWrote {} (commit it with the definitions):",
-        crate::lockfile::FILE
+        crate::lock_file::FILE
     )];
     notes.extend(update.changes().iter().map(|c| format!("  {c}")));
     Ok(notes)

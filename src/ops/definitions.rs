@@ -22,7 +22,7 @@ use crate::workspace::Workspace;
 
 use super::OpError;
 use crate::diag::Diagnostics;
-use crate::lockfile::Lock;
+use crate::lock_file::LockFile;
 
 /// The definitions evaluated as written: a model's commit only where its revision is one, the
 /// node facts as declared. A command evaluates them once; what runs long (`watch`) pins a
@@ -32,7 +32,7 @@ pub struct Evaluated {
     config: Config,
     graph: Graph,
     /// `sparkform.lock.hcl` beside them, when there is one.
-    lock: Option<Lock>,
+    lock: Option<LockFile>,
     /// `-upgrade`: the plan-time reads ignore the lock.
     upgrade: bool,
 }
@@ -63,7 +63,7 @@ pub struct Definitions {
 /// The definitions of `ws` evaluated as written, and their graph; every error at once.
 pub fn load(ws: &Workspace, vars: &VarInputs) -> Result<Evaluated, OpError> {
     let (config, graph) = ws.load(vars).map_err(OpError::Config)?;
-    let lock = Lock::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
+    let lock = LockFile::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
     Ok(Evaluated {
         config,
         graph,
@@ -136,7 +136,7 @@ impl Evaluated {
     }
 
     /// The lock file read beside the definitions.
-    pub fn lock(&self) -> Option<&Lock> {
+    pub fn lock(&self) -> Option<&LockFile> {
         self.lock.as_ref()
     }
 
@@ -165,13 +165,13 @@ impl Evaluated {
         }
     }
 
-    /// Evaluated again with `observed` (kept as written when it is empty).
-    pub(super) fn again(self, observed: &Readings) -> Result<Definitions, OpError> {
-        if observed.is_empty() {
+    /// Evaluated again with `readings` (kept as written when it is empty).
+    pub(super) fn again(self, readings: &Readings) -> Result<Definitions, OpError> {
+        if readings.is_empty() {
             return Ok(self.unchanged());
         }
         let config =
-            crate::config::load_with_readings(&self.config.dir, &self.config.vars, observed)
+            crate::config::load_with_readings(&self.config.dir, &self.config.vars, readings)
                 .map_err(OpError::Config)?;
         let graph = Graph::build(&config)?;
         let warnings = new_warnings(&self.config, &config);
@@ -195,23 +195,23 @@ impl Evaluated {
             lock: self.lock.as_ref(),
             upgrade: false,
         };
-        let observed = match pins {
+        let readings = match pins {
             Pins::Unresolved => return Ok(self.unchanged()),
             Pins::Recorded(state) => read_without_looking(&cx(ReadMode::Recorded, state, None))?,
             Pins::Planned(file) => {
-                let mut observed = file.readings();
-                if !facts_matter(&self.config, &observed) {
-                    observed.nodes.clear();
+                let mut readings = file.readings();
+                if !facts_matter(&self.config, &readings) {
+                    readings.nodes.clear();
                 }
-                observed.extend(read_without_looking(&cx(
+                readings.extend(read_without_looking(&cx(
                     ReadMode::Planned,
                     None,
                     Some(&file.plan),
                 ))?);
-                observed
+                readings
             }
         };
-        self.again(&observed)
+        self.again(&readings)
     }
 }
 
@@ -227,11 +227,11 @@ pub(super) fn new_warnings(first: &Config, again: &Config) -> Vec<Diag> {
         .collect()
 }
 
-/// Whether the node facts of `observed` fill a value `config` leaves unset or contradict one
+/// Whether the node facts of `readings` fill a value `config` leaves unset or contradict one
 /// it sets.
-pub(super) fn facts_matter(config: &Config, observed: &Readings) -> bool {
+pub(super) fn facts_matter(config: &Config, readings: &Readings) -> bool {
     config.nodes.values().any(|n| {
-        observed.nodes.get(&n.name).is_some_and(|seen| {
+        readings.nodes.get(&n.name).is_some_and(|seen| {
             let declared = n.declared_facts();
             seen.fill(&declared, n.gpu_devices) != declared
                 || !seen.disagreements(&declared, n.gpu_devices).is_empty()
@@ -317,8 +317,8 @@ output "path" {
 
     /// A plan file made with `main` resolved to COMMIT_A and node `b`'s memory read as 96 GiB.
     fn plan_file(ws: &Workspace) -> PlanFile {
-        let mut observed = Readings::default();
-        observed.models.insert(
+        let mut readings = Readings::default();
+        readings.models.insert(
             "model.m".into(),
             ModelReadings {
                 revision: "main".into(),
@@ -327,7 +327,7 @@ output "path" {
                 config: serde_json::json!({"architectures": ["Qwen3ForCausalLM"]}),
             },
         );
-        observed.nodes.insert(
+        readings.nodes.insert(
             "b".into(),
             NodeReadings {
                 memory_gib: Some(96.0),
@@ -335,7 +335,7 @@ output "path" {
             },
         );
         let config =
-            crate::config::load_with_readings(&ws.dir, &VarInputs::default(), &observed).unwrap();
+            crate::config::load_with_readings(&ws.dir, &VarInputs::default(), &readings).unwrap();
         let graph = Graph::build(&config).unwrap();
         let plan = crate::plan::plan(
             &config,
@@ -344,7 +344,7 @@ output "path" {
             &crate::plan::PlanOptions::default(),
         )
         .unwrap();
-        PlanFile::new(plan, &ws.dir, &ws.state_path, None).with_readings(&observed)
+        PlanFile::new(plan, &ws.dir, &ws.state_path, None).with_readings(&readings)
     }
 
     #[test]

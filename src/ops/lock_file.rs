@@ -9,17 +9,17 @@ use std::path::PathBuf;
 use crate::config::Config;
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::{image, HostPool};
-use crate::lockfile::Lock;
+use crate::lock_file::LockFile;
 use crate::state::State;
 
 use super::OpError;
 
 /// The lock file's name, beside the definitions.
-pub use crate::lockfile::FILE;
+pub use crate::lock_file::FILE;
 
 /// The lock the definitions `config` resolved to: every entry a kind keeps.
-pub fn of(config: &Config) -> Lock {
-    let mut lock = Lock::default();
+pub fn of(config: &Config) -> LockFile {
+    let mut lock = LockFile::default();
     for r in &config.resources {
         if let Some((kind, label, entry)) = r.kind.kind().lock_entry(&r.config) {
             lock.entries.insert((kind, label), entry);
@@ -100,7 +100,7 @@ pub async fn read_images(config: &Config, pool: &HostPool) -> ImagesSeen {
 }
 
 /// What the lock pins `image` to on `node`.
-fn locked<'a>(lock: Option<&'a Lock>, image: &str, node: &str) -> Option<&'a str> {
+fn locked<'a>(lock: Option<&'a LockFile>, image: &str, node: &str) -> Option<&'a str> {
     lock?.entry(IMAGE, image)?.get(node)?.as_str()
 }
 
@@ -109,12 +109,12 @@ fn locked<'a>(lock: Option<&'a Lock>, image: &str, node: &str) -> Option<&'a str
 /// on its node yet is written by the apply that loads it.
 fn planned_images(
     config: &Config,
-    before: Option<&Lock>,
+    before: Option<&LockFile>,
     upgrade: bool,
     seen: &ImagesSeen,
     recorded: Option<&State>,
-) -> Lock {
-    let mut lock = Lock::default();
+) -> LockFile {
+    let mut lock = LockFile::default();
     for u in image_uses(config) {
         let key = (u.node.to_string(), u.image.clone());
         let digest = locked(before, &u.image, u.node)
@@ -140,7 +140,7 @@ fn running(state: Option<&State>, address: &str, image: &str) -> Option<String> 
         .and_then(|(_, d)| d)
 }
 
-fn pin(lock: &mut Lock, image: &str, node: &str, digest: String) {
+fn pin(lock: &mut LockFile, image: &str, node: &str, digest: String) {
     lock.entries
         .entry((IMAGE.to_string(), image.to_string()))
         .or_default()
@@ -149,7 +149,7 @@ fn pin(lock: &mut Lock, image: &str, node: &str, digest: String) {
 
 /// A node whose image reference no longer names what the lock pins (pulled or retagged since):
 /// one diagnostic each, naming both. `-upgrade` takes what the node has instead.
-pub fn image_drift(config: &Config, before: Option<&Lock>, seen: &ImagesSeen) -> Vec<Diag> {
+pub fn image_drift(config: &Config, before: Option<&LockFile>, seen: &ImagesSeen) -> Vec<Diag> {
     let mut out = Vec::new();
     let mut said = BTreeSet::new();
     for u in image_uses(config) {
@@ -170,7 +170,7 @@ pub fn image_drift(config: &Config, before: Option<&Lock>, seen: &ImagesSeen) ->
                     u.image,
                     u.node_address,
                     image::short_id(&now.digest(&u.image)),
-                    crate::lockfile::FILE,
+                    crate::lock_file::FILE,
                     image::short_id(pinned)
                 ),
             )
@@ -204,8 +204,8 @@ pub fn refuse_image_drift(warnings: &[Diag]) -> Result<(), OpError> {
 #[derive(Debug, Clone)]
 pub struct LockUpdate {
     pub dir: PathBuf,
-    pub before: Option<Lock>,
-    pub after: Lock,
+    pub before: Option<LockFile>,
+    pub after: LockFile,
 }
 
 impl LockUpdate {
@@ -213,7 +213,7 @@ impl LockUpdate {
     /// [`planned_images`] says.
     pub fn new(
         config: &Config,
-        before: Option<&Lock>,
+        before: Option<&LockFile>,
         upgrade: bool,
         seen: &ImagesSeen,
         recorded: Option<&State>,
@@ -267,7 +267,7 @@ impl LockUpdate {
             "lock::readonly",
             format!(
                 "-lockfile=readonly: this apply would change {}: {}",
-                crate::lockfile::FILE,
+                crate::lock_file::FILE,
                 self.changes().join("; ")
             ),
         )
@@ -284,7 +284,7 @@ impl LockUpdate {
         self.after.write(&self.dir).map_err(|e| {
             OpError::Local(format!(
                 "cannot write {}: {e}",
-                Lock::path(&self.dir).display()
+                LockFile::path(&self.dir).display()
             ))
         })?;
         Ok(true)

@@ -1,6 +1,5 @@
 //! Tunnel: a deployment's endpoint on a local port, through the node's master connection.
 
-use crate::kinds::Registered;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{Endpoint, Host, HostOptions, HostPool};
-use crate::kinds::Reaches;
+use crate::kinds::{Reaches, Registered};
 
 /// What a tunnel reaches: a URL as a node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -296,6 +295,106 @@ async fn relay(mut client: tokio::net::TcpStream, ep: &Endpoint) -> Result<(), S
     }
 }
 
+/// What `sparkform tunnel` is asked: which endpoint, where to listen, and what to do with it.
+pub struct TunnelRequest<'a> {
+    pub config: &'a Config,
+    /// An output's name or a probe's address; `None`: the only http:// output.
+    pub endpoint: Option<&'a str>,
+    /// `-L [BIND:]PORT`.
+    pub local: Option<&'a str>,
+    pub allow_remote_bind: bool,
+    pub hosts: HostOptions,
+    /// `--exec`: a command run against the tunnel (`sh -c`, `{url}` replaced), after which it
+    /// closes; `None`: open until Ctrl-C.
+    pub exec: Option<&'a str>,
+}
+
+/// How a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelEnd {
+    /// Closed at Ctrl-C, as asked.
+    Closed,
+    /// The `--exec` command exited with this code.
+    CommandExited(i32),
+    /// Ctrl-C while the `--exec` command ran (it was killed).
+    Interrupted,
+}
+
+/// `sparkform tunnel`: resolve the endpoint, connect to its node, listen locally, tell
+/// `opened` (the target and the local URL), then serve until Ctrl-C or until the `--exec`
+/// command ends; what the tunnel notices on the way (the remote side stopped answering)
+/// goes to `notes`. Nothing it started outlives it: the command is killed with it.
+pub async fn tunnel(
+    req: TunnelRequest<'_>,
+    opened: impl FnOnce(&Target, &str),
+    notes: mpsc::UnboundedSender<String>,
+) -> Result<TunnelEnd, String> {
+    let target = resolve(req.config, req.endpoint)?;
+    let bind = bind_address(req.local, target.port, req.allow_remote_bind)?;
+    let pool = connect(req.config, &target, &req.hosts).await;
+    let end = match pool.get(&target.node) {
+        Err(e) => Err(e.to_string()),
+        Ok(host) => match Tunnel::open(host.as_ref(), &target, bind, req.local.is_some()).await {
+            Err(e) => Err(format!("{}: {e}", target.from)),
+            Ok(tunnel) => {
+                let url = tunnel.url.clone();
+                let cancel = CancellationToken::new();
+                let serving =
+                    tokio::spawn(tunnel.serve(Duration::from_secs(5), notes, cancel.clone()));
+                opened(&target, &url);
+                let end = match req.exec {
+                    None => {
+                        let _ = tokio::signal::ctrl_c().await;
+                        Ok(TunnelEnd::Closed)
+                    }
+                    Some(cmd) => run_against(cmd, &url, target.authorization.as_deref()).await,
+                };
+                cancel.cancel();
+                let _ = serving.await;
+                end
+            }
+        },
+    };
+    pool.close().await;
+    end
+}
+
+/// The command line for `--exec`: `{url}` replaced by the local URL.
+pub fn exec_script(cmd: &str, url: &str) -> String {
+    cmd.replace("{url}", url)
+}
+
+/// Run `cmd` through `sh -c` against the tunnel at `url` until it exits or Ctrl-C (which kills
+/// it). The endpoint's key, when its probes send one, is in its environment only, never in an
+/// argument another user could read.
+async fn run_against(
+    cmd: &str,
+    url: &str,
+    authorization: Option<&str>,
+) -> Result<TunnelEnd, String> {
+    let mut command = tokio::process::Command::new("sh");
+    if let Some(auth) = authorization {
+        command.env("SPARKFORM_TUNNEL_AUTHORIZATION", auth);
+        if let Some(key) = auth.strip_prefix("Bearer ") {
+            command.env("OPENAI_API_KEY", key);
+        }
+    }
+    let child = command
+        .arg("-c")
+        .arg(exec_script(cmd, url))
+        .env("SPARKFORM_TUNNEL_URL", url)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    tokio::select! {
+        st = child => match st {
+            Ok(st) => Ok(TunnelEnd::CommandExited(st.code().unwrap_or(1))),
+            Err(e) => Err(format!("cannot run sh -c: {e}")),
+        },
+        _ = tokio::signal::ctrl_c() => Ok(TunnelEnd::Interrupted),
+    }
+}
+
 /// The target's node connected for a tunnel (close the pool when the tunnel is done).
 pub async fn connect(config: &Config, target: &Target, opts: &HostOptions) -> HostPool {
     HostPool::connect(config, std::slice::from_ref(&target.node), opts).await
@@ -304,6 +403,14 @@ pub async fn connect(config: &Config, target: &Target, opts: &HostOptions) -> Ho
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_substitutes_the_url() {
+        assert_eq!(
+            exec_script("curl -s {url} && echo {url}", "http://127.0.0.1:5/x"),
+            "curl -s http://127.0.0.1:5/x && echo http://127.0.0.1:5/x"
+        );
+    }
 
     fn config() -> Config {
         let dir = tempfile::tempdir().unwrap();

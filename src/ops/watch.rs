@@ -526,6 +526,42 @@ impl Restarts<'_> {
     }
 }
 
+/// `sparkform watch` as a whole: refused when nothing is deployed; the Prometheus text served
+/// at `metrics` (when given) for as long as [`watch`] runs.
+pub async fn watch_deployment(
+    req: WatchRequest,
+    metrics: Option<std::net::SocketAddr>,
+    events: &Sender,
+    cancel: CancellationToken,
+) -> Result<WatchEnd, OpError> {
+    let ws = &req.workspace;
+    if ws.state()?.is_none_or(|s| s.resources.is_empty()) {
+        return Err(OpError::Local(format!(
+            "{}, so there is nothing to watch.\n  help: deploy it first with `sparkform apply {}`",
+            ws.nothing_applied(),
+            ws.dir.display()
+        )));
+    }
+    let counters = std::sync::Arc::new(super::watch_metrics::Metrics::new());
+    let server = match metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                OpError::Local(format!("cannot listen on {addr} for --metrics: {e}"))
+            })?;
+            Some(tokio::spawn(super::watch_metrics::serve(
+                listener,
+                counters.clone(),
+            )))
+        }
+        None => None,
+    };
+    let end = watch(req, events, cancel, metrics.map(|_| counters.as_ref())).await;
+    if let Some(s) = server {
+        s.abort();
+    }
+    end
+}
+
 /// Watch until the checks asked for ran, a check fails without `restart`, the restarts run out,
 /// or `cancel` (a signal).
 pub async fn watch(

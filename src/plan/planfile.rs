@@ -116,9 +116,9 @@ impl PlanFile {
         }
     }
 
-    /// Record the node facts the plan was made with (`ops::prepare::Prepared::observed`).
-    pub fn with_readings(mut self, observed: &Readings) -> Self {
-        self.node_facts = observed
+    /// Record the node facts the plan was made with (`ops::prepare::Prepared::readings`).
+    pub fn with_readings(mut self, readings: &Readings) -> Self {
+        self.node_facts = readings
             .nodes
             .iter()
             .map(|(name, o)| (name.clone(), NodeFacts::from(o)))

@@ -92,7 +92,7 @@ pub struct ReadCx<'a> {
     pub plan: Option<&'a Plan>,
     /// `sparkform.lock.hcl`: what a kind finds locked there it takes instead of reading the
     /// world (a branch stays at its locked commit), unless `upgrade`.
-    pub lock: Option<&'a crate::lockfile::Lock>,
+    pub lock: Option<&'a crate::lock_file::LockFile>,
     /// `-upgrade`: read the world again, whatever the lock says.
     pub upgrade: bool,
     /// A plan is made from what is read, so a value that cannot be read is an error; otherwise

@@ -1071,7 +1071,7 @@ impl Machine for ModelMachine {
         if asked.is_empty() {
             return Ok((out, Vec::new()));
         }
-        let (seen, orphans) = observe::observe_listed(host, &asked).await?;
+        let (seen, orphans) = observe::observe_copies(host, &asked).await?;
         out.extend(seen);
         if mode.deep() {
             for (address, w) in wants {

@@ -135,10 +135,10 @@ impl Kind for Model {
     /// The download node's resource, once its revision is resolved: the repository, the
     /// revision as written, its commit, the manifest's size and file count, and the
     /// `config.json` facts (as their JSON text).
-    fn lock_entry(&self, d: &Desired) -> Option<(String, String, crate::lockfile::Entry)> {
+    fn lock_entry(&self, d: &Desired) -> Option<(String, String, crate::lock_file::Entry)> {
         let d = d.clone();
         let commit = d.commit.clone().filter(|_| d.is_download())?;
-        let mut e = crate::lockfile::Entry::new();
+        let mut e = crate::lock_file::Entry::new();
         e.insert("repo".into(), d.repo.into());
         e.insert("revision".into(), d.revision.into());
         e.insert("commit".into(), commit.into());

@@ -240,7 +240,7 @@ pub struct Asked {
 
 /// Read the node once for every copy asked about: the verdict of each, and the snapshots with
 /// a record that none of them names (untracked).
-pub async fn observe_listed(
+pub async fn observe_copies(
     host: &dyn Host,
     asked: &[Asked],
 ) -> Result<(BTreeMap<String, Drift>, Vec<Orphan>), HostError> {

@@ -84,7 +84,7 @@ pub(super) async fn read(cx: &ReadCx<'_>) -> Result<Readings, ReadError> {
 }
 
 /// The blocks the lock pins at their revision as written, with what it recorded of them.
-fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lockfile::Lock) -> Readings {
+fn locked_in(blocks: &BTreeMap<String, Block>, lock: &crate::lock_file::LockFile) -> Readings {
     let mut observed = Readings::default();
     for (address, b) in blocks {
         let Some(e) = lock.entry("model", address) else {

@@ -24,18 +24,18 @@ pub type Entry = BTreeMap<String, serde_json::Value>;
 
 /// The entries, by (block type, label).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Lock {
+pub struct LockFile {
     pub entries: BTreeMap<(String, String), Entry>,
 }
 
-impl Lock {
+impl LockFile {
     pub fn path(dir: &Path) -> PathBuf {
         dir.join(FILE)
     }
 
     /// The lock beside the definitions in `dir`; `None` when there is none.
-    pub fn load(dir: &Path) -> Result<Option<Lock>, Box<Diag>> {
-        let path = Lock::path(dir);
+    pub fn load(dir: &Path) -> Result<Option<LockFile>, Box<Diag>> {
+        let path = LockFile::path(dir);
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -55,11 +55,11 @@ impl Lock {
             ));
         }
         let text = std::fs::read_to_string(&path).map_err(|e| Box::new(io_error(&path, &e)))?;
-        Lock::parse(&path, text).map(Some)
+        LockFile::parse(&path, text).map(Some)
     }
 
     /// Read a lock file's text; errors point at the line.
-    pub fn parse(path: &Path, text: String) -> Result<Lock, Box<Diag>> {
+    pub fn parse(path: &Path, text: String) -> Result<LockFile, Box<Diag>> {
         let file = Arc::new(SourceFile::new(path, text.clone()));
         let located = |range: std::ops::Range<usize>, message: String, label: &str| {
             Box::new(
@@ -72,7 +72,7 @@ impl Lock {
             let at = offset_of(&text, e.location().line(), e.location().column());
             located(at..at, e.message().to_string(), "here")
         })?;
-        let mut lock = Lock::default();
+        let mut lock = LockFile::default();
         for structure in body.iter() {
             let span = hcl_edit::Span::span(structure).unwrap_or(0..0);
             let Some(block) = structure.as_block() else {
@@ -144,7 +144,7 @@ impl Lock {
 
     /// Write it beside the definitions, atomically (a temporary file renamed over it).
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let path = Lock::path(dir);
+        let path = LockFile::path(dir);
         let tmp = dir.join(format!(".{FILE}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, self.render())?;
         std::fs::rename(&tmp, &path).inspect_err(|_| {
@@ -157,7 +157,7 @@ impl Lock {
     }
 
     /// What changes from `self` to `new`, one line per entry, in the plan's words.
-    pub fn changes(&self, new: &Lock) -> Vec<String> {
+    pub fn changes(&self, new: &LockFile) -> Vec<String> {
         let mut out = Vec::new();
         // A model's label is its address (`model.qwen`); an image's, its reference.
         let named = |(kind, label): &(String, String)| {
@@ -271,8 +271,8 @@ fn quote(s: &str) -> String {
 mod tests {
     use super::*;
 
-    fn sample() -> Lock {
-        let mut lock = Lock::default();
+    fn sample() -> LockFile {
+        let mut lock = LockFile::default();
         let mut e = Entry::new();
         e.insert("repo".into(), "org/model".into());
         e.insert("revision".into(), "main".into());
@@ -298,7 +298,10 @@ mod tests {
         let lock = sample();
         let text = lock.render();
         // `sparkform fmt` leaves it as it is: tests/fake/prepare.rs checks a written one.
-        assert_eq!(Lock::parse(Path::new(FILE), text.clone()).unwrap(), lock);
+        assert_eq!(
+            LockFile::parse(Path::new(FILE), text.clone()).unwrap(),
+            lock
+        );
         assert!(text.contains("model \"model.m\" {"), "{text}");
     }
 
@@ -311,7 +314,7 @@ mod tests {
             "model \"m\" {\n  commit = var.x\n}\n",
             "model \"m\" {\n}\nmodel \"m\" {\n}\n",
         ] {
-            let e = Lock::parse(Path::new(FILE), bad.into()).unwrap_err();
+            let e = LockFile::parse(Path::new(FILE), bad.into()).unwrap_err();
             assert_eq!(e.code, "lock::invalid", "{bad}: {e:?}");
             assert!(!e.labels.is_empty(), "located: {bad}");
         }
@@ -333,7 +336,7 @@ mod tests {
         );
         assert!(before.changes(&before).is_empty());
         let image = |digest: &str| {
-            let mut lock = Lock::default();
+            let mut lock = LockFile::default();
             let mut e = Entry::new();
             e.insert("node2".into(), digest.into());
             lock.entries.insert(("image".into(), "ray:1".into()), e);
