@@ -189,7 +189,7 @@ impl Graph {
                 let shape = self
                     .kinds
                     .get(a)
-                    .map_or("ellipse", |k| k.kind().dot_shape());
+                    .map_or("ellipse", |k| k.kind().description().dot_shape);
                 out.push_str(&format!("    {} [shape = {shape}];\n", quote(a)));
             }
             out.push_str("  }\n");

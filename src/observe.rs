@@ -22,7 +22,7 @@ pub fn nodes_to_observe(config: &Config, state: &State) -> Vec<String> {
         .filter_map(|r| r.node.clone())
         .collect();
     for r in &config.resources {
-        if r.kind.kind().found_untracked() {
+        if r.kind.kind().description().found_untracked {
             if let Some(n) = &r.node {
                 set.insert(n.clone());
             }
@@ -282,7 +282,7 @@ async fn observe_node(
             .filter(|(_, r)| r.kind == kind)
             .cloned()
             .collect();
-        (!mine.is_empty() || (untracked && kind.kind().found_untracked()))
+        (!mine.is_empty() || (untracked && kind.kind().description().found_untracked))
             .then_some(async move { machine(kind).observe(host, lineage, &mine, mode).await })
     });
     let mut out = NodeObservations::default();

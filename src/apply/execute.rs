@@ -168,7 +168,7 @@ impl<'r, 'a> Run<'r, 'a> {
         let StepKind::Resource(kind) = step.kind else {
             return Vec::new();
         };
-        if kind.kind().lifecycle() != crate::vocabulary::Lifecycle::Runs {
+        if kind.kind().description().lifecycle != crate::vocabulary::Lifecycle::Runs {
             return Vec::new();
         }
         self.req

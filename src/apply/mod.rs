@@ -544,8 +544,8 @@ fn journal_ahead(state: &mut State, step: &Step, now: &str) -> bool {
     match step.change.action {
         Action::Run => crate::plan::mark_run_started(state, &step.address, now),
         Action::Create
-            if !kind.kind().found_untracked()
-                && kind.kind().lifecycle() != crate::vocabulary::Lifecycle::Runs =>
+            if !kind.kind().description().found_untracked
+                && kind.kind().description().lifecycle != crate::vocabulary::Lifecycle::Runs =>
         {
             crate::plan::record_intent(state, &step.change, now);
             true

@@ -57,7 +57,7 @@ impl Address {
 
     /// Whether it runs rather than converges (a probe): its kind says, wherever it is declared.
     pub fn runs(&self) -> bool {
-        self.kind.kind().lifecycle() == Lifecycle::Runs
+        self.kind.kind().description().lifecycle == Lifecycle::Runs
     }
 }
 
@@ -93,7 +93,7 @@ pub fn begins_like_an_address(text: &str) -> bool {
 /// whose block is nested in a top-level one (attachments in a network).
 fn in_block_of(kind: KindId, parts: &[&str]) -> Option<(Option<String>, String)> {
     let top = kind.top_block();
-    let own = kind.kind().block();
+    let own = kind.kind().description().block;
     match parts {
         [block, name] if *block == top.kind && std::ptr::eq(top, own) => {
             Some((None, name.to_string()))
@@ -165,7 +165,7 @@ impl fmt::Display for Address {
         let top = self.kind.top_block();
         write!(f, "{}.", top.kind)?;
         if let Some(within) = &self.within {
-            let own = self.kind.kind().block();
+            let own = self.kind.kind().description().block;
             let child = top
                 .blocks
                 .iter()

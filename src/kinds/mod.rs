@@ -209,6 +209,19 @@ impl Default for Checking {
     }
 }
 
+/// Where a resource is found (each `None` where it has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The object its node's runtime keeps for it (a container): what `sparkform logs` reads
+    /// and an exec probe runs commands in.
+    pub runs_in: Option<RunsIn>,
+    /// The HTTP endpoint it reaches (`sparkform tunnel`).
+    pub reaches: Option<Reaches>,
+    /// The address it gives its node on a network (an attachment's fabric address), which a
+    /// URL's host may name.
+    pub node_address: Option<String>,
+}
+
 /// An HTTP endpoint a resource reaches (a probe's URL), as `sparkform tunnel` offers it: the
 /// node it goes through, the URL as that node sees it, and the `Authorization` header it sends
 /// (sensitive).
@@ -236,6 +249,53 @@ pub struct NoFacts {}
 
 impl RecordedFacts for NoFacts {}
 
+/// What a kind is, as data, like the schema OpenTofu asks of a provider: the engine reads it,
+/// no kind computes it.
+#[derive(Debug)]
+pub struct Description {
+    /// The block that declares a resource of the kind.
+    pub block: &'static BlockSpec,
+    /// Top-level attributes whose change the resource applies without being replaced.
+    pub in_place: &'static [&'static str],
+    /// Attributes whose maps a plan shows as one change rather than key by key.
+    pub whole_attributes: &'static [&'static str],
+    pub lifecycle: Lifecycle,
+    pub on_drift: OnDrift,
+    /// Whether it is a running service: a plan's impact lists the ones it stops and the ones
+    /// that keep running.
+    pub service: bool,
+    /// How a plan's impact says what replacing and what removing one does to what runs;
+    /// `None` when that interrupts nothing.
+    pub disruption: Option<Disruption>,
+    /// Whether refresh looks at the nodes the configuration puts it on even where the state
+    /// records none, to find ones an interrupted apply left untracked.
+    pub found_untracked: bool,
+    /// Graphviz shape in `sparkform graph`.
+    pub dot_shape: &'static str,
+}
+
+/// What replacing and what removing a resource does to what runs, as a plan says it.
+#[derive(Debug)]
+pub struct Disruption {
+    pub replaced: &'static str,
+    pub removed: &'static str,
+}
+
+impl Description {
+    /// What replacing (`replaced`) or removing one does to what runs; `None`: nothing.
+    pub fn disruption(&self, replaced: bool) -> Option<&'static str> {
+        self.disruption
+            .as_ref()
+            .map(|d| if replaced { d.replaced } else { d.removed })
+    }
+}
+
+/// A running service's disruption: it stops.
+pub const STOPS: Disruption = Disruption {
+    replaced: "is stopped and replaced",
+    removed: "is stopped and removed",
+};
+
 /// The pure half of a resource kind: what plans, graphs and renderings need to know, on its
 /// own types. The engine sees it through [`AnyKind`], which the registry makes of it.
 pub trait Kind: Sync + 'static {
@@ -243,37 +303,9 @@ pub trait Kind: Sync + 'static {
     type Desired: DesiredConfig;
     /// What the state keeps of it besides the configuration.
     type Recorded: RecordedFacts;
-    /// The block that declares a resource of this kind.
-    fn block(&self) -> &'static BlockSpec;
-    /// Top-level attributes whose change the resource applies without being replaced.
-    fn in_place(&self) -> &'static [&'static str];
-    /// Attributes whose maps a plan shows as one change rather than key by key.
-    fn whole_attributes(&self) -> &'static [&'static str] {
-        &[]
-    }
-    fn lifecycle(&self) -> Lifecycle {
-        Lifecycle::Converges
-    }
-    fn on_drift(&self) -> OnDrift;
-    /// Whether it is a running service: a plan's impact lists the ones it stops and the ones
-    /// that keep running.
-    fn disrupts_when_replaced(&self) -> bool {
-        false
-    }
-    /// How a plan's impact says what replacing (`replaced`) or removing one does to what runs;
-    /// `None` when that interrupts nothing.
-    fn disruption(&self, replaced: bool) -> Option<&'static str> {
-        self.disrupts_when_replaced().then_some(if replaced {
-            "is stopped and replaced"
-        } else {
-            "is stopped and removed"
-        })
-    }
-    /// Whether refresh looks at the nodes the configuration puts it on even where the state
-    /// records none, to find ones an interrupted apply left untracked.
-    fn found_untracked(&self) -> bool {
-        false
-    }
+    /// What it is, as data: its block, how it changes, lives and drifts, what replacing it
+    /// interrupts, how `graph` draws it.
+    const DESCRIPTION: Description;
     /// Why a change of `attribute` (one that forces replacement) replaces the resource, in the
     /// plan's header; `None` for the plain "`attribute` changes". Pure: the recorded and the
     /// desired configurations only.
@@ -315,19 +347,11 @@ pub trait Kind: Sync + 'static {
     ) -> Vec<(String, Option<String>)> {
         Vec::new()
     }
-    /// The HTTP endpoint it reaches, from its configuration (`sparkform tunnel`).
-    fn reaches(&self, _desired: &Self::Desired) -> Option<Reaches> {
-        None
-    }
-    /// The address it gives its node on a network (an attachment's fabric address), which a
-    /// URL's host may name.
-    fn node_address(&self, _desired: &Self::Desired) -> Option<String> {
-        None
-    }
-    /// The object its node's runtime keeps for it, from its configuration (what `sparkform
-    /// logs` reads and an exec probe runs commands in); `None`: it runs in none.
-    fn runs_in(&self, _desired: &Self::Desired) -> Option<RunsIn> {
-        None
+    /// Where it is found, from its configuration: the object its node's runtime keeps for it,
+    /// the HTTP endpoint it reaches, the address it gives its node (`logs`, exec probes,
+    /// `tunnel`).
+    fn placement(&self, _desired: &Self::Desired) -> Placement {
+        Placement::default()
     }
     /// What it holds on its node, from its record.
     fn holds(&self, _recorded: &Self::Recorded) -> Holds {
@@ -361,8 +385,6 @@ pub trait Kind: Sync + 'static {
     fn rolling(&self, _desired: &Self::Desired) -> Option<Rolling> {
         None
     }
-    /// Graphviz shape in `sparkform graph`.
-    fn dot_shape(&self) -> &'static str;
 }
 
 /// Replicas behind one endpoint: each replica's key with the addresses of the resources it is
@@ -398,14 +420,7 @@ pub fn facts_of<R: RecordedFacts>(attributes: &Attributes) -> Result<R, String> 
 /// state and plans hold them (JSON). Every kind has it through the blanket impl below, which
 /// reads the JSON as the kind's types once, here, so no kind and no engine code reads a key.
 pub trait AnyKind: Sync {
-    fn block(&self) -> &'static BlockSpec;
-    fn in_place(&self) -> &'static [&'static str];
-    fn whole_attributes(&self) -> &'static [&'static str];
-    fn lifecycle(&self) -> Lifecycle;
-    fn on_drift(&self) -> OnDrift;
-    fn disrupts_when_replaced(&self) -> bool;
-    fn disruption(&self, replaced: bool) -> Option<&'static str>;
-    fn found_untracked(&self) -> bool;
+    fn description(&self) -> &'static Description;
     fn replace_reason(
         &self,
         attribute: &str,
@@ -437,11 +452,8 @@ pub trait AnyKind: Sync {
         recorded_config: &serde_json::Value,
         attributes: &Attributes,
     ) -> Option<String>;
-    fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn>;
-    fn reaches(&self, config: &serde_json::Value) -> Option<Reaches>;
-    fn node_address(&self, config: &serde_json::Value) -> Option<String>;
+    fn placement(&self, config: &serde_json::Value) -> Placement;
     fn rolling(&self, config: &serde_json::Value) -> Option<Rolling>;
-    fn dot_shape(&self) -> &'static str;
     /// The version of the shape of its recorded facts.
     fn recorded_version(&self) -> u32;
     /// A record's attributes written under version `from`, brought to this version's shape
@@ -454,29 +466,8 @@ pub trait AnyKind: Sync {
 }
 
 impl<K: Kind> AnyKind for K {
-    fn block(&self) -> &'static BlockSpec {
-        Kind::block(self)
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        Kind::in_place(self)
-    }
-    fn whole_attributes(&self) -> &'static [&'static str] {
-        Kind::whole_attributes(self)
-    }
-    fn lifecycle(&self) -> Lifecycle {
-        Kind::lifecycle(self)
-    }
-    fn on_drift(&self) -> OnDrift {
-        Kind::on_drift(self)
-    }
-    fn disrupts_when_replaced(&self) -> bool {
-        Kind::disrupts_when_replaced(self)
-    }
-    fn disruption(&self, replaced: bool) -> Option<&'static str> {
-        Kind::disruption(self, replaced)
-    }
-    fn found_untracked(&self) -> bool {
-        Kind::found_untracked(self)
+    fn description(&self) -> &'static Description {
+        &K::DESCRIPTION
     }
     fn replace_reason(
         &self,
@@ -540,20 +531,13 @@ impl<K: Kind> AnyKind for K {
         let facts = facts_of::<K::Recorded>(attributes).ok()?;
         Kind::kept_for_rollback(self, &desired, before.as_ref(), &facts)
     }
-    fn runs_in(&self, config: &serde_json::Value) -> Option<RunsIn> {
-        Kind::runs_in(self, &K::Desired::from_config(config).ok()?)
-    }
-    fn reaches(&self, config: &serde_json::Value) -> Option<Reaches> {
-        Kind::reaches(self, &K::Desired::from_config(config).ok()?)
-    }
-    fn node_address(&self, config: &serde_json::Value) -> Option<String> {
-        Kind::node_address(self, &K::Desired::from_config(config).ok()?)
+    fn placement(&self, config: &serde_json::Value) -> Placement {
+        K::Desired::from_config(config)
+            .map(|d| Kind::placement(self, &d))
+            .unwrap_or_default()
     }
     fn rolling(&self, config: &serde_json::Value) -> Option<Rolling> {
         Kind::rolling(self, &K::Desired::from_config(config).ok()?)
-    }
-    fn dot_shape(&self) -> &'static str {
-        Kind::dot_shape(self)
     }
     fn recorded_version(&self) -> u32 {
         <K::Recorded as RecordedFacts>::VERSION

@@ -349,7 +349,10 @@ pub fn generated_hcl(imports: &[Import]) -> (String, Vec<String>) {
             ));
             continue;
         };
-        if *ty != block || !crate::config::valid_name(name) || i.kind.kind().block().kind != block {
+        if *ty != block
+            || !crate::config::valid_name(name)
+            || i.kind.kind().description().block.kind != block
+        {
             skipped.push(format!(
                 "{}: write its block by hand (no `{block}` block of its own)",
                 i.address

@@ -50,7 +50,7 @@ pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, Stri
     let logged: Vec<(&crate::config::Resource, RunsIn)> = config
         .resources
         .iter()
-        .filter_map(|r| Some((r, r.kind.kind().runs_in(&r.config)?)))
+        .filter_map(|r| Some((r, r.kind.kind().placement(&r.config).runs_in?)))
         .collect();
     let named = |want: &str, have: &str| {
         have == want

@@ -151,7 +151,7 @@ fn recorded_id(r: &ResourceState) -> Option<String> {
 
 /// A check (a probe, a fabric test): it runs rather than stands, and status lists its last run.
 fn runs(r: &ResourceState) -> bool {
-    r.kind.kind().lifecycle() == Lifecycle::Runs
+    r.kind.kind().description().lifecycle == Lifecycle::Runs
 }
 
 pub fn probes(state: &State) -> Vec<ProbeStatus> {

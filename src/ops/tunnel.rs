@@ -46,10 +46,12 @@ fn authorization_for(config: &Config, t: &Target) -> Option<String> {
 
 /// The HTTP endpoints the definitions' resources reach (their probes'), by address.
 fn reached(config: &Config) -> impl Iterator<Item = (&str, Reaches)> {
-    config
-        .resources
-        .iter()
-        .filter_map(|r| Some((r.address.as_str(), r.kind.kind().reaches(&r.config)?)))
+    config.resources.iter().filter_map(|r| {
+        Some((
+            r.address.as_str(),
+            r.kind.kind().placement(&r.config).reaches?,
+        ))
+    })
 }
 
 fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
@@ -131,7 +133,7 @@ fn node_for_url(config: &Config, url: &str, probes: &[(&str, String, String)]) -
     config
         .resources
         .iter()
-        .find(|r| r.kind.kind().node_address(&r.config).as_deref() == Some(host.as_str()))
+        .find(|r| r.kind.kind().placement(&r.config).node_address.as_deref() == Some(host.as_str()))
         .and_then(|r| r.node.clone())
         .or_else(|| {
             config

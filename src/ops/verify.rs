@@ -106,10 +106,9 @@ pub fn unknown_targets(config: &Config, targets: &[String]) -> Vec<String> {
     targets
         .iter()
         .filter(|t| {
-            !config
-                .resources
-                .iter()
-                .any(|r| &r.address == *t && r.kind.kind().lifecycle() == Lifecycle::Runs)
+            !config.resources.iter().any(|r| {
+                &r.address == *t && r.kind.kind().description().lifecycle == Lifecycle::Runs
+            })
         })
         .cloned()
         .collect()
@@ -130,14 +129,14 @@ pub fn undeployed(
         .map(|r| {
             (
                 r.address.as_str(),
-                r.kind.kind().lifecycle() != Lifecycle::Runs,
+                r.kind.kind().description().lifecycle != Lifecycle::Runs,
             )
         })
         .collect();
     config
         .resources
         .iter()
-        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| r.kind.kind().description().lifecycle == Lifecycle::Runs)
         .filter(|r| selected(r, targets))
         .filter_map(|p| {
             let missing: Vec<String> = graph
@@ -166,7 +165,7 @@ pub fn not_run_by_default(config: &Config, targets: &[String]) -> Vec<String> {
     config
         .resources
         .iter()
-        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| r.kind.kind().description().lifecycle == Lifecycle::Runs)
         .filter(|r| targets.is_empty() && !r.kind.kind().checking(&r.config).unnamed)
         .map(|r| r.address.clone())
         .collect()
@@ -212,7 +211,7 @@ impl Deployed<'_> {
         r: &Resource,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(Duration, String), StepError>> {
-        if r.kind.kind().lifecycle() != Lifecycle::Runs {
+        if r.kind.kind().description().lifecycle != Lifecycle::Runs {
             return None;
         }
         let down = self.down(&r.address).await;
@@ -266,7 +265,7 @@ pub async fn verify(
         .order()
         .iter()
         .filter_map(|a| by_address.get(a.as_str()).copied())
-        .filter(|r| r.kind.kind().lifecycle() == Lifecycle::Runs)
+        .filter(|r| r.kind.kind().description().lifecycle == Lifecycle::Runs)
         .filter(|r| selected(r, targets))
         .collect();
     let mut nodes: BTreeSet<String> = containers.values().map(|(n, _)| n.clone()).collect();

@@ -165,14 +165,14 @@ async fn check_probes(
             continue;
         };
         let kind = p.kind.kind();
-        if kind.lifecycle() != Lifecycle::Runs || !kind.checking(&p.config).unnamed {
+        if kind.description().lifecycle != Lifecycle::Runs || !kind.checking(&p.config).unnamed {
             continue;
         }
         // A probe whose resources are not all deployed would only retry against nothing.
         let undeployed = graph.ancestors(&address).into_iter().any(|a| {
             config
                 .resource(&a)
-                .is_some_and(|r| r.kind.kind().lifecycle() != Lifecycle::Runs)
+                .is_some_and(|r| r.kind.kind().description().lifecycle != Lifecycle::Runs)
                 && !state.resources.contains_key(&a)
         });
         if undeployed {
@@ -223,7 +223,7 @@ pub fn restart_set(
     let is_container = |a: &str| {
         config
             .resource(a)
-            .is_some_and(|r| r.kind.kind().disrupts_when_replaced())
+            .is_some_and(|r| r.kind.kind().description().service)
     };
     let mut set: BTreeSet<String> = BTreeSet::new();
     for f in failures.iter().filter(|f| f.restartable) {

@@ -281,7 +281,11 @@ struct Window {
 
 fn disrupts(kind: KindId, action: Action) -> bool {
     matches!(action, Action::Replace | Action::Delete)
-        && kind.kind().disruption(action == Action::Replace).is_some()
+        && kind
+            .kind()
+            .description()
+            .disruption(action == Action::Replace)
+            .is_some()
 }
 
 pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Impact {
@@ -311,7 +315,9 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     // endpoint that already answers, and is no part of the outage.
     let names: Vec<&str> = steps
         .iter()
-        .filter(|c| c.kind.kind().lifecycle() == Lifecycle::Runs && c.action == Action::Run)
+        .filter(|c| {
+            c.kind.kind().description().lifecycle == Lifecycle::Runs && c.action == Action::Run
+        })
         .filter(|c| {
             config
                 .resource(&c.address)
@@ -659,7 +665,7 @@ fn keeps_running(
     config
         .resources
         .iter()
-        .filter(|r| r.kind.kind().disrupts_when_replaced())
+        .filter(|r| r.kind.kind().description().service)
         .filter(|r| {
             state.resources.contains_key(&r.address)
                 && matches!(

@@ -402,8 +402,8 @@ fn diff_attributes(
     let b = before.and_then(|v| v.as_object()).unwrap_or(&empty);
     let a = after.and_then(|v| v.as_object()).unwrap_or(&empty);
     let keys: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
-    let in_place = kind.kind().in_place();
-    let whole = kind.kind().whole_attributes();
+    let in_place = kind.kind().description().in_place;
+    let whole = kind.kind().description().whole_attributes;
     let mut out = Vec::new();
     // Keep the order of the configuration's attributes where possible.
     let mut ordered: Vec<&String> = a.keys().filter(|k| keys.contains(k)).collect();
@@ -615,7 +615,7 @@ fn resource_change(
     notes: &mut Vec<String>,
 ) -> Change {
     let address = &r.address;
-    let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
+    let runs = r.kind.kind().description().lifecycle == Lifecycle::Runs;
     let after = recorded_config(r, opts.key.as_ref());
     let hash = config_hash(&after);
     // Nothing recorded, nothing to compare: a create needs no explaining.
@@ -680,7 +680,7 @@ fn against_recorded(
     after: &serde_json::Value,
     hash: &str,
 ) {
-    let runs = r.kind.kind().lifecycle() == Lifecycle::Runs;
+    let runs = r.kind.kind().description().lifecycle == Lifecycle::Runs;
     match recorded {
         None => {
             if runs {
@@ -740,7 +740,7 @@ fn after_drift_and_interruptions(
 ) {
     // The machine no longer matches the state: bring it back even if the config did not change.
     if !change.drift.is_empty() && change.action == Action::NoOp {
-        match r.kind.kind().on_drift() {
+        match r.kind.kind().description().on_drift {
             OnDrift::Update => change.action = Action::Update,
             OnDrift::Replace => {
                 change.action = Action::Replace;
@@ -807,7 +807,7 @@ fn run_probes_after_what_changed(
         let Some(c) = changes.get(address) else {
             continue;
         };
-        if c.kind.kind().lifecycle() != Lifecycle::Runs || c.action != Action::NoOp {
+        if c.kind.kind().description().lifecycle != Lifecycle::Runs || c.action != Action::NoOp {
             continue;
         }
         let cause = graph
@@ -1054,7 +1054,9 @@ fn replace_process_groups(
             let Some(r) = config.resource(address) else {
                 continue;
             };
-            if !replaceable(actions.get(address)) || r.kind.kind().lifecycle() == Lifecycle::Runs {
+            if !replaceable(actions.get(address))
+                || r.kind.kind().description().lifecycle == Lifecycle::Runs
+            {
                 continue;
             }
             let Some(t) = r

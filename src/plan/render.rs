@@ -369,6 +369,7 @@ fn render_impact(out: &mut String, impact: &Impact) {
         let note = s
             .kind
             .kind()
+            .description()
             .disruption(s.action == Action::Replace)
             .unwrap_or("changes");
         let what = if s.action == Action::Replace {

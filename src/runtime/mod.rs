@@ -4,3 +4,4 @@
 
 pub mod exec;
 pub mod one_shot;
+pub mod spec;

@@ -123,3 +123,22 @@ pub fn address_within(address: &str, prefix: &str) -> bool {
             .strip_prefix(prefix)
             .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
 }
+
+/// A container's `gpus`: `gpus = 2` or `gpus = "all"` (the container and fabric test kinds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Gpus {
+    Count(u64),
+    Named(String),
+}
+
+impl Gpus {
+    /// Docker's GPU request count: -1 for all, `None` for none.
+    pub fn request_count(&self) -> Option<i64> {
+        match self {
+            Gpus::Named(s) if s == "all" => Some(-1),
+            Gpus::Count(n) => i64::try_from(*n).ok().filter(|n| *n > 0),
+            Gpus::Named(_) => None,
+        }
+    }
+}

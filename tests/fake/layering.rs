@@ -581,7 +581,7 @@ fn every_kind_has_its_block_in_the_language() {
         walk(spec, &mut declared);
     }
     for k in sparkform::vocabulary::KindId::ALL {
-        let block = k.kind().block();
+        let block = k.kind().description().block;
         assert!(
             declared.iter().any(|b| std::ptr::eq(*b, block)),
             "{k}: block `{}` is not in config::schema::TOP_LEVEL",
@@ -1075,4 +1075,48 @@ fn every_path_and_guard_the_architecture_map_names_exists() {
             "ARCHITECTURE.md does not say why src/{f} is over the size limit"
         );
     }
+}
+
+/// What names another kind's folder from inside `kind`'s: `kinds::<other>` or `super::<other>`
+/// for every other kind.
+fn other_kinds(kind: &str) -> regex::Regex {
+    let others: Vec<&str> = sparkform::vocabulary::KindId::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .filter(|k| *k != kind)
+        .collect();
+    regex::Regex::new(&format!(r"\b(?:kinds|super)::(?:{})\b", others.join("|"))).unwrap()
+}
+
+#[test]
+fn no_kind_imports_another_kinds_folder() {
+    let kinds = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kinds");
+    let mut bad = Vec::new();
+    let mut read = 0;
+    for kind in sparkform::vocabulary::KindId::ALL {
+        let dir = kinds.join(kind.as_str());
+        let (n, found) = violations_below(&dir, |_| true, &other_kinds(kind.as_str()));
+        read += n;
+        bad.extend(found.into_iter().map(|v| format!("{kind}/{v}")));
+    }
+    assert!(read > 30, "{read} files under {}", kinds.display());
+    assert!(
+        bad.is_empty(),
+        "a kind reaches into another kind's folder; share it through runtime/ or vocabulary/ (ARCHITECTURE.md, code map):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: what the fabric test and the probe had, and what it lets through.
+    let forbidden = other_kinds("fabric_test");
+    let caught = violations(
+        &forbidden,
+        "x.rs",
+        "use crate::kinds::container::machine::helper_body;\nuse super::container::desired::Gpus;\n",
+    );
+    assert_eq!(caught.len(), 2, "{caught:?}");
+    let allowed = violations(
+        &forbidden,
+        "x.rs",
+        "use crate::kinds::fabric_test::Desired;\nuse crate::runtime::spec::ContainerSpec;\nuse crate::kinds::machine::Step;\n",
+    );
+    assert!(allowed.is_empty(), "{allowed:?}");
 }

@@ -44,27 +44,25 @@ pub static KIND: Attachment = Attachment;
 impl Kind for Attachment {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn block(&self) -> &'static BlockSpec {
-        &ATTACH
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        IN_PLACE
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Update
-    }
-    fn disruption(&self, replaced: bool) -> Option<&'static str> {
-        Some(if replaced {
-            "is replaced: its fabric address is removed and added again"
-        } else {
-            "is removed: its fabric address goes away"
-        })
-    }
-    fn node_address(&self, desired: &Desired) -> Option<String> {
-        Some(desired.address.clone())
-    }
-    fn dot_shape(&self) -> &'static str {
-        "cds"
+    const DESCRIPTION: super::Description = super::Description {
+        block: &ATTACH,
+        in_place: IN_PLACE,
+        whole_attributes: &[],
+        lifecycle: crate::vocabulary::Lifecycle::Converges,
+        on_drift: OnDrift::Update,
+        service: false,
+        disruption: Some(super::Disruption {
+            replaced: "is replaced: its fabric address is removed and added again",
+            removed: "is removed: its fabric address goes away",
+        }),
+        found_untracked: false,
+        dot_shape: "cds",
+    };
+    fn placement(&self, desired: &Desired) -> super::Placement {
+        super::Placement {
+            node_address: Some(desired.address.clone()),
+            ..Default::default()
+        }
     }
 }
 

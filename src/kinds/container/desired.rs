@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::vocabulary::Gpus;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
@@ -243,14 +244,6 @@ where
     }
 }
 
-/// `gpus = 2` or `gpus = "all"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Gpus {
-    Count(u64),
-    Named(String),
-}
-
 impl Desired {
     /// Seconds a stop may take: `stop_timeout`, else Docker's 10, within 0..=3600.
     pub fn stop_secs(&self) -> i32 {
@@ -267,11 +260,7 @@ impl Desired {
 
     /// Docker's GPU request count: -1 for all, `None` for none.
     pub fn gpu_count(&self) -> Option<i64> {
-        match &self.gpus {
-            Some(Gpus::Named(s)) if s == "all" => Some(-1),
-            Some(Gpus::Count(n)) => i64::try_from(*n).ok().filter(|n| *n > 0),
-            _ => None,
-        }
+        self.gpus.as_ref().and_then(Gpus::request_count)
     }
 
     /// The patterns of every check's `progress`: a later check's phases may start during an

@@ -81,8 +81,7 @@ use hcl::{Map, Value};
 pub use super::to_json;
 use super::{DesiredConfig, Problem};
 pub use desired::{
-    CacheMount, Desired, Gpus, MemoryNeed, PhaseSecs, PhasesByCache, ReadyCheck, ReadyKind,
-    Recorded,
+    CacheMount, Desired, MemoryNeed, PhaseSecs, PhasesByCache, ReadyCheck, ReadyKind, Recorded,
 };
 
 pub struct Container;
@@ -91,25 +90,18 @@ pub static KIND: Container = Container;
 impl Kind for Container {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn block(&self) -> &'static BlockSpec {
-        &CONTAINER
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        IN_PLACE
-    }
-    /// The ready checks are shown as a whole: one check's fields mean little apart.
-    fn whole_attributes(&self) -> &'static [&'static str] {
-        &["ready"]
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Replace
-    }
-    fn disrupts_when_replaced(&self) -> bool {
-        true
-    }
-    fn found_untracked(&self) -> bool {
-        true
-    }
+    const DESCRIPTION: super::Description = super::Description {
+        block: &CONTAINER,
+        in_place: IN_PLACE,
+        // The ready checks are shown as a whole: one check's fields mean little apart.
+        whole_attributes: &["ready"],
+        lifecycle: crate::vocabulary::Lifecycle::Converges,
+        on_drift: OnDrift::Replace,
+        service: true,
+        disruption: Some(super::STOPS),
+        found_untracked: true,
+        dot_shape: "box",
+    };
     fn images(
         &self,
         desired: &Desired,
@@ -120,7 +112,7 @@ impl Kind for Container {
         let pinned = recorded.and_then(|r| text(&r.image_digest).or(text(&r.image_id)));
         vec![(desired.image.clone(), pinned)]
     }
-    fn runs_in(&self, desired: &Desired) -> Option<super::RunsIn> {
+    fn placement(&self, desired: &Desired) -> super::Placement {
         let mut fail_on_log: Vec<(String, String)> = desired
             .ready
             .iter()
@@ -129,10 +121,13 @@ impl Kind for Container {
             .collect();
         fail_on_log.sort();
         fail_on_log.dedup();
-        Some(super::RunsIn {
-            name: desired.name.clone(),
-            fail_on_log,
-        })
+        super::Placement {
+            runs_in: Some(super::RunsIn {
+                name: desired.name.clone(),
+                fail_on_log,
+            }),
+            ..Default::default()
+        }
     }
     fn holds(&self, recorded: &Recorded) -> super::Holds {
         super::Holds {
@@ -162,9 +157,6 @@ impl Kind for Container {
             last_start_warm: times.last_warm,
             skips: cache.skips.iter().map(|label| times.phase(label)).collect(),
         })
-    }
-    fn dot_shape(&self) -> &'static str {
-        "box"
     }
 }
 

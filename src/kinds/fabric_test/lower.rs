@@ -9,9 +9,9 @@ use serde_json::Number;
 
 use super::{check, Desired, Rank, FABRIC_TEST};
 use crate::config::lowering::*;
-use crate::kinds::container::desired::Gpus;
 use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::{to_json, DesiredConfig};
+use crate::vocabulary::Gpus;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_fabric_test()

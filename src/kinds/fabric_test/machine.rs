@@ -11,13 +11,14 @@ use async_trait::async_trait;
 
 use super::{parse_busbw, Desired};
 use crate::hosts::HostPool;
-use crate::kinds::container::desired::Desired as ContainerDesired;
-use crate::kinds::container::machine::helper_body;
+use crate::kinds::known;
 use crate::kinds::machine::{
     remove_container, tar_of, ContainerIndex, Done, Machine, Step, StepError,
 };
 use crate::plan::Action;
 use crate::runtime::one_shot;
+use crate::runtime::spec::ContainerSpec;
+use crate::vocabulary::Gpus;
 
 pub struct FabricTestMachine;
 pub static MACHINE: FabricTestMachine = FabricTestMachine;
@@ -83,13 +84,13 @@ fn create_for(d: &Desired, rank: usize, lineage: &str) -> bollard::models::Conta
         })
         .unwrap_or_default();
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
-    let container = ContainerDesired {
+    let container = ContainerSpec {
         image: d.image.clone(),
         entrypoint: Some(vec![
-            Some("sh".into()),
-            Some("-c".into()),
-            Some(RUNNER.into()),
-            Some("fabric_test.py".into()),
+            "sh".into(),
+            "-c".into(),
+            RUNNER.into(),
+            "fabric_test.py".into(),
         ]),
         command: Some(
             [
@@ -108,21 +109,19 @@ fn create_for(d: &Desired, rank: usize, lineage: &str) -> bollard::models::Conta
                 "--timeout".into(),
                 d.timeout_secs().to_string(),
             ]
-            .into_iter()
-            .map(Some)
-            .collect(),
+            .into(),
         ),
         env: Some(env),
         network_mode: Some("host".into()),
         ipc_mode: Some("host".into()),
-        shm_size: d.shm_size.clone(),
-        gpus: d.gpus.get(r.name()).cloned(),
-        devices: d.devices.clone(),
-        cap_add: d.cap_add.clone(),
+        shm_size: d.shm_size.as_ref().and_then(serde_json::Number::as_i64),
+        gpus: d.gpus.get(r.name()).and_then(Gpus::request_count),
+        devices: d.devices.as_deref().map(known),
+        cap_add: d.cap_add.as_deref().map(known),
         ulimits: d.ulimits.clone(),
         ..Default::default()
     };
-    helper_body(&container, LABEL_HELPER, lineage)
+    container.helper_body(LABEL_HELPER, lineage)
 }
 
 /// Create, fill and start one rank's container (removing one a killed run left).

@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use super::container::desired::Gpus;
 use super::{Kind, Lifecycle, OnDrift, Texts};
 use crate::schema::{self, opt, req, spec, BlockSpec};
+use crate::vocabulary::Gpus;
 
 /// The block that declares it.
 pub static FABRIC_TEST: BlockSpec = spec(
@@ -254,12 +254,10 @@ pub static KIND: FabricTest = FabricTest;
 impl Kind for FabricTest {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn block(&self) -> &'static BlockSpec {
-        &FABRIC_TEST
-    }
-    /// It changes nothing: every attribute is "in place" (a change makes it run again).
-    fn in_place(&self) -> &'static [&'static str] {
-        &[
+    const DESCRIPTION: super::Description = super::Description {
+        block: &FABRIC_TEST,
+        // It changes nothing: every attribute is "in place" (a change makes it run again).
+        in_place: &[
             "image",
             "ranks",
             "env",
@@ -273,14 +271,15 @@ impl Kind for FabricTest {
             "devices",
             "cap_add",
             "ulimits",
-        ]
-    }
-    fn lifecycle(&self) -> Lifecycle {
-        Lifecycle::Runs
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Ignore
-    }
+        ],
+        whole_attributes: &[],
+        lifecycle: Lifecycle::Runs,
+        on_drift: OnDrift::Ignore,
+        service: false,
+        disruption: None,
+        found_untracked: false,
+        dot_shape: "diamond",
+    };
     /// It loads a serving deployment's fabric and GPUs: `verify` and `watch` run it only when
     /// named.
     fn checking(&self, _desired: &Desired) -> super::Checking {
@@ -292,9 +291,6 @@ impl Kind for FabricTest {
     }
     fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {
         vec![(desired.image.clone(), None)]
-    }
-    fn dot_shape(&self) -> &'static str {
-        "diamond"
     }
 }
 

@@ -118,7 +118,7 @@ pub fn container_index(config: &Config) -> ContainerIndex {
         .resources
         .iter()
         .filter_map(|r| {
-            let runs_in = r.kind.kind().runs_in(&r.config)?;
+            let runs_in = r.kind.kind().placement(&r.config).runs_in?;
             Some((r.address.clone(), (r.node.clone()?, runs_in.name)))
         })
         .collect()

@@ -94,6 +94,17 @@ pub const IN_PLACE: &[&str] = &[
 impl Kind for Model {
     type Desired = Desired;
     type Recorded = Recorded;
+    const DESCRIPTION: super::Description = super::Description {
+        block: &MODEL,
+        in_place: IN_PLACE,
+        whole_attributes: &[],
+        lifecycle: crate::vocabulary::Lifecycle::Converges,
+        on_drift: OnDrift::Update,
+        service: false,
+        disruption: None,
+        found_untracked: false,
+        dot_shape: "cylinder",
+    };
     /// The revision in use until now joins the kept ones, the one the change puts in use leaves
     /// them, and those past `keep_revisions` go (as the apply's step does it).
     fn kept_for_rollback(
@@ -117,9 +128,6 @@ impl Kind for Model {
         );
         kept_text(&kept, &removed)
     }
-    fn block(&self) -> &'static BlockSpec {
-        &MODEL
-    }
     /// A snapshot of the commit the definitions want (verified, then kept by a rollback) is
     /// the copy the next apply uses; any other untracked snapshot goes.
     fn untracked(&self, orphan_id: &str, desired: Option<&Desired>) -> super::Untracked {
@@ -127,9 +135,6 @@ impl Kind for Model {
             found_by: "was copied and verified by sparkform into the block's cache folder",
             wanted: desired.is_some_and(|d| d.commit.as_deref() == Some(orphan_id)),
         }
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        IN_PLACE
     }
     /// Files missing or corrupt on a node are fetched again in place (what is verified stays).
     /// The download node's resource, once its revision is resolved: the repository, the
@@ -152,9 +157,6 @@ impl Kind for Model {
     /// The image its transfers run in.
     fn images(&self, desired: &Desired, _: Option<&Recorded>) -> Vec<(String, Option<String>)> {
         vec![(desired.image.clone(), None)]
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Update
     }
     /// A new commit says which revision moved: "main now points at 5088b93…" reads as what
     /// happened on the hub, where "`commit` changes" reads as an edit.
@@ -179,9 +181,6 @@ impl Kind for Model {
                 short(&new)
             )
         })
-    }
-    fn dot_shape(&self) -> &'static str {
-        "cylinder"
     }
 }
 

@@ -170,25 +170,26 @@ pub static KIND: Probe = Probe;
 impl Kind for Probe {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn block(&self) -> &'static BlockSpec {
-        &PROBE
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        IN_PLACE
-    }
-    fn lifecycle(&self) -> Lifecycle {
-        Lifecycle::Runs
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Ignore
-    }
-    fn reaches(&self, desired: &Desired) -> Option<super::Reaches> {
-        let http = desired.http.clone()?;
-        Some(super::Reaches {
-            via: http.via,
-            url: http.url,
-            authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
-        })
+    const DESCRIPTION: super::Description = super::Description {
+        block: &PROBE,
+        in_place: IN_PLACE,
+        whole_attributes: &[],
+        lifecycle: Lifecycle::Runs,
+        on_drift: OnDrift::Ignore,
+        service: false,
+        disruption: None,
+        found_untracked: false,
+        dot_shape: "diamond",
+    };
+    fn placement(&self, desired: &Desired) -> super::Placement {
+        super::Placement {
+            reaches: desired.http.clone().map(|http| super::Reaches {
+                via: http.via,
+                url: http.url,
+                authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
+            }),
+            ..Default::default()
+        }
     }
     /// A benchmark loads the serving engine: `verify` and `watch` run it only when named.
     fn checking(&self, desired: &Desired) -> super::Checking {
@@ -207,9 +208,6 @@ impl Kind for Probe {
                 .unwrap_or_default(),
             ..Default::default()
         }
-    }
-    fn dot_shape(&self) -> &'static str {
-        "diamond"
     }
 }
 

@@ -123,14 +123,12 @@ pub static KIND: Router = Router;
 impl Kind for Router {
     type Desired = Desired;
     type Recorded = NoFacts;
-    fn block(&self) -> &'static BlockSpec {
-        &ROUTER
-    }
-    /// Nothing of it is replaced: a replica added is put in, one removed taken out, where
-    /// HAProxy runs (its admin socket: no restart, no request lost). A new container of the
-    /// router replaces it (`replace_triggered_by`).
-    fn in_place(&self) -> &'static [&'static str] {
-        &[
+    const DESCRIPTION: super::Description = super::Description {
+        block: &ROUTER,
+        // Nothing of it is replaced: a replica added is put in, one removed taken out, where
+        // HAProxy runs (its admin socket: no restart, no request lost). A new container of the
+        // router replaces it (`replace_triggered_by`).
+        in_place: &[
             "node",
             "container",
             "container_address",
@@ -139,14 +137,15 @@ impl Kind for Router {
             "server_options",
             "port",
             "replicas",
-        ]
-    }
-    fn whole_attributes(&self) -> &'static [&'static str] {
-        &["replicas"]
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Ignore
-    }
+        ],
+        whole_attributes: &["replicas"],
+        lifecycle: crate::vocabulary::Lifecycle::Converges,
+        on_drift: OnDrift::Ignore,
+        service: false,
+        disruption: None,
+        found_untracked: false,
+        dot_shape: "hexagon",
+    };
     fn rolling(&self, desired: &Desired) -> Option<super::Rolling> {
         Some(super::Rolling {
             replicas: desired
@@ -155,9 +154,6 @@ impl Kind for Router {
                 .map(|(k, r)| (k.clone(), r.members.clone()))
                 .collect(),
         })
-    }
-    fn dot_shape(&self) -> &'static str {
-        "hexagon"
     }
 }
 

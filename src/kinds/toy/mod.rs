@@ -51,23 +51,25 @@ pub static KIND: Toy = Toy;
 impl Kind for Toy {
     type Desired = Desired;
     type Recorded = Recorded;
-    fn block(&self) -> &'static BlockSpec {
-        &TOY
-    }
-    fn in_place(&self) -> &'static [&'static str] {
-        &["greeting"]
-    }
-    fn on_drift(&self) -> OnDrift {
-        OnDrift::Ignore
-    }
+    const DESCRIPTION: super::Description = super::Description {
+        block: &TOY,
+        in_place: &["greeting"],
+        whole_attributes: &[],
+        lifecycle: crate::vocabulary::Lifecycle::Converges,
+        on_drift: OnDrift::Ignore,
+        service: false,
+        disruption: None,
+        found_untracked: false,
+        dot_shape: "box",
+    };
     /// Its log is the node's `/var/log/toy.log`.
-    fn runs_in(&self, _desired: &Desired) -> Option<super::RunsIn> {
-        Some(super::RunsIn {
-            name: "toy".into(),
-            fail_on_log: Vec::new(),
-        })
-    }
-    fn dot_shape(&self) -> &'static str {
-        "box"
+    fn placement(&self, _desired: &Desired) -> super::Placement {
+        super::Placement {
+            runs_in: Some(super::RunsIn {
+                name: "toy".into(),
+                fail_on_log: Vec::new(),
+            }),
+            ..Default::default()
+        }
     }
 }

@@ -3,6 +3,8 @@
 use super::*;
 use crate::hosts::image::short_id;
 use crate::kinds::known;
+use crate::runtime::spec::ContainerSpec;
+pub(super) use crate::runtime::spec::{restart_policy, ulimit_value};
 
 /// Docker answers 304 when a container is already in the asked state: that is success.
 pub(super) fn already_so(
@@ -30,48 +32,13 @@ pub(super) fn strs(v: Option<&serde_json::Value>) -> Option<Vec<String>> {
     })
 }
 
-pub(super) fn restart_policy(text: &str) -> RestartPolicy {
-    let (name, count) = match text.split_once(':') {
-        Some((n, c)) => (n, c.parse().ok()),
-        None => (text, None),
-    };
-    RestartPolicy {
-        name: Some(match name {
-            "always" => RestartPolicyNameEnum::ALWAYS,
-            "unless-stopped" => RestartPolicyNameEnum::UNLESS_STOPPED,
-            "on-failure" => RestartPolicyNameEnum::ON_FAILURE,
-            _ => RestartPolicyNameEnum::NO,
-        }),
-        maximum_retry_count: count,
-    }
-}
-
-pub(super) fn ulimit_value(s: &str) -> i64 {
-    match s {
-        "unlimited" | "-1" => -1,
-        n => n.parse().unwrap_or(-1),
-    }
-}
-
-/// The Docker API body of a one-shot helper (a fabric test's rank, a benchmark's client):
-/// labelled `label` = `lineage` only, so refresh never takes it for a container of the
-/// deployment.
-pub fn helper_body(desired: &Desired, label: &str, lineage: &str) -> ContainerCreateBody {
-    let mut body = create_body(desired, lineage, "", "");
-    body.labels = Some(std::collections::HashMap::from([(
-        label.to_string(),
-        lineage.to_string(),
-    )]));
-    body
-}
-
-/// The Docker API body for a desired configuration, with sparkform's labels.
-pub fn create_body(
+/// The runtime's spec of a desired container, with sparkform's labels.
+pub fn spec_of(
     desired: &Desired,
     lineage: &str,
     address: &str,
     config_hash: &str,
-) -> ContainerCreateBody {
+) -> ContainerSpec {
     let mut labels: HashMap<String, String> = desired
         .labels
         .iter()
@@ -81,75 +48,37 @@ pub fn create_body(
     labels.insert(LABEL_LINEAGE.into(), lineage.into());
     labels.insert(LABEL_ADDRESS.into(), address.into());
     labels.insert(LABEL_CONFIG_HASH.into(), config_hash.into());
-    let env: Option<Vec<String>> = desired
-        .env
-        .as_ref()
-        .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect());
-    let device_requests = desired.gpu_count().map(|count| {
-        vec![DeviceRequest {
-            driver: Some("nvidia".into()),
-            count: Some(count),
-            capabilities: Some(vec![vec!["gpu".into()]]),
-            ..Default::default()
-        }]
-    });
-    let devices = desired.devices.as_deref().map(known).map(|ds| {
-        ds.iter()
-            .map(|d| {
-                let mut parts = d.split(':');
-                let host = parts.next().unwrap_or_default().to_string();
-                let inside = parts
-                    .next()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| host.clone());
-                DeviceMapping {
-                    path_on_host: Some(host),
-                    path_in_container: Some(inside),
-                    cgroup_permissions: Some(parts.next().unwrap_or("rwm").to_string()),
-                }
-            })
-            .collect()
-    });
-    let ulimits = desired.ulimits.as_ref().map(|m| {
-        m.iter()
-            .map(|(name, text)| {
-                let (soft, hard) = match text.split_once(':') {
-                    Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
-                    None => (ulimit_value(text), ulimit_value(text)),
-                };
-                ResourcesUlimits {
-                    name: Some(name.clone()),
-                    soft: Some(soft),
-                    hard: Some(hard),
-                }
-            })
-            .collect()
-    });
-    ContainerCreateBody {
-        image: Some(desired.image.clone()),
-        cmd: desired.command.as_deref().map(known),
+    ContainerSpec {
+        image: desired.image.clone(),
+        command: desired.command.as_deref().map(known),
         entrypoint: desired.entrypoint.as_deref().map(known),
-        env,
-        labels: Some(labels),
+        env: desired.env.clone(),
+        labels,
         user: desired.user.clone(),
         working_dir: desired.working_dir.clone(),
         stop_timeout: desired.stop_timeout.as_ref().and_then(|n| n.as_i64()),
-        host_config: Some(HostConfig {
-            network_mode: desired.network_mode.clone(),
-            ipc_mode: desired.ipc_mode.clone(),
-            pid_mode: desired.pid_mode.clone(),
-            shm_size: desired.shm_size.as_ref().and_then(|n| n.as_i64()),
-            device_requests,
-            devices,
-            binds: desired.volumes.as_deref().map(known),
-            ulimits,
-            cap_add: desired.cap_add.as_deref().map(known),
-            privileged: desired.privileged,
-            restart_policy: desired.restart.as_deref().map(restart_policy),
-            ..Default::default()
-        }),
-        ..Default::default()
+        network_mode: desired.network_mode.clone(),
+        ipc_mode: desired.ipc_mode.clone(),
+        pid_mode: desired.pid_mode.clone(),
+        shm_size: desired.shm_size.as_ref().and_then(|n| n.as_i64()),
+        gpus: desired.gpu_count(),
+        devices: desired.devices.as_deref().map(known),
+        volumes: desired.volumes.as_deref().map(known),
+        ulimits: desired.ulimits.clone(),
+        cap_add: desired.cap_add.as_deref().map(known),
+        privileged: desired.privileged,
+        restart: desired.restart.clone(),
     }
+}
+
+/// The Docker API body for a desired configuration, with sparkform's labels.
+pub fn create_body(
+    desired: &Desired,
+    lineage: &str,
+    address: &str,
+    config_hash: &str,
+) -> ContainerCreateBody {
+    spec_of(desired, lineage, address, config_hash).body()
 }
 
 /// The image a new container runs: its ID, what a lock file pins its reference to, and what

@@ -8,10 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bollard::models::{
-    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, ResourcesUlimits, RestartPolicy,
-    RestartPolicyNameEnum,
-};
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters as q;
 use futures_util::StreamExt;
 
@@ -46,7 +43,7 @@ use drift::*;
 use ready::*;
 
 use crate::runtime::exec::{exec_in, log_tail, log_tail_since};
-pub use docker::{create_body, helper_body};
+pub use docker::create_body;
 pub use import::{import_container, imported_config, NOTE_UNLABELLED};
 
 pub struct ContainerMachine;

@@ -7,12 +7,10 @@
 use std::time::Duration;
 
 use crate::hosts::HostPool;
-use crate::kinds::container::desired::Desired as ContainerDesired;
-use crate::kinds::container::machine::helper_body;
 use crate::kinds::machine::{docker_name, remove_container, tar_of, StepError};
 use crate::kinds::probe::bench::{self, Bench, Figures};
-use crate::kinds::Texts;
 use crate::runtime::one_shot;
+use crate::runtime::spec::ContainerSpec;
 
 /// The label of the client's container, valued with the deployment's lineage (not the label
 /// refresh observes containers by: it is no resource).
@@ -23,15 +21,15 @@ const KEEP_BYTES: usize = 256 * 1024;
 
 fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBody {
     let mut command = vec![
-        Some("sh".to_string()),
-        Some("-c".into()),
-        Some(bench::RUNNER.into()),
-        Some("bench".into()),
+        "sh".to_string(),
+        "-c".into(),
+        bench::RUNNER.into(),
+        "bench".into(),
     ];
-    command.extend(b.command().into_iter().map(Some));
-    let volumes: Option<Texts> = b.tokenizer.as_deref().map(|t| {
+    command.extend(b.command());
+    let volumes = b.tokenizer.as_deref().map(|t| {
         let folder = mounted_for(t);
-        vec![Some(format!("{folder}:{folder}:ro"))]
+        vec![format!("{folder}:{folder}:ro")]
     });
     // No telemetry or usage report: the client's run must not reach the internet.
     let mut env: std::collections::BTreeMap<String, String> = [
@@ -49,7 +47,7 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         env.insert("HF_HUB_OFFLINE".into(), "1".into());
         env.insert("TRANSFORMERS_OFFLINE".into(), "1".into());
     }
-    let container = ContainerDesired {
+    let container = ContainerSpec {
         image: b.image.clone(),
         entrypoint: Some(command),
         env: Some(env),
@@ -57,7 +55,7 @@ fn container_for(b: &Bench, lineage: &str) -> bollard::models::ContainerCreateBo
         volumes,
         ..Default::default()
     };
-    helper_body(&container, LABEL_HELPER, lineage)
+    container.helper_body(LABEL_HELPER, lineage)
 }
 
 /// The folder mounted for a tokenizer at `path`: a snapshot of a Hugging Face cache
