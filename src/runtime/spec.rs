@@ -62,10 +62,7 @@ impl ContainerSpec {
         let ulimits = self.ulimits.as_ref().map(|m| {
             m.iter()
                 .map(|(name, text)| {
-                    let (soft, hard) = match text.split_once(':') {
-                        Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
-                        None => (ulimit_value(text), ulimit_value(text)),
-                    };
+                    let (soft, hard) = ulimit_pair(text);
                     ResourcesUlimits {
                         name: Some(name.clone()),
                         soft: Some(soft),
@@ -109,19 +106,34 @@ impl ContainerSpec {
     }
 }
 
-/// `HOST[:INSIDE[:PERMISSIONS]]` as Docker's mapping (inside defaults to the host's path,
-/// permissions to `rwm`).
+/// `HOST[:INSIDE[:PERMISSIONS]]` as Docker's mapping.
 fn device(text: &str) -> DeviceMapping {
+    let (host, inside, permissions) = device_triple(text);
+    DeviceMapping {
+        path_on_host: Some(host),
+        path_in_container: Some(inside),
+        cgroup_permissions: Some(permissions),
+    }
+}
+
+/// A device mapping as (host, container, permissions), from `/dev/x[:/dev/y[:rwm]]`: inside
+/// defaults to the host's path, permissions to `rwm`.
+pub fn device_triple(text: &str) -> (String, String, String) {
     let mut parts = text.split(':');
     let host = parts.next().unwrap_or_default().to_string();
     let inside = parts
         .next()
         .map(str::to_string)
         .unwrap_or_else(|| host.clone());
-    DeviceMapping {
-        path_on_host: Some(host),
-        path_in_container: Some(inside),
-        cgroup_permissions: Some(parts.next().unwrap_or("rwm").to_string()),
+    let permissions = parts.next().unwrap_or("rwm").to_string();
+    (host, inside, permissions)
+}
+
+/// `SOFT[:HARD]` of a ulimit as numbers (one number is both).
+pub fn ulimit_pair(text: &str) -> (i64, i64) {
+    match text.split_once(':') {
+        Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
+        None => (ulimit_value(text), ulimit_value(text)),
     }
 }
 

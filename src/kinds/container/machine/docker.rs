@@ -4,7 +4,7 @@ use super::*;
 use crate::hosts::image::short_id;
 use crate::kinds::known;
 use crate::runtime::spec::ContainerSpec;
-pub(super) use crate::runtime::spec::{restart_policy, ulimit_value};
+pub(super) use crate::runtime::spec::{device_triple, restart_policy, ulimit_pair};
 
 /// Docker answers 304 when a container is already in the asked state: that is success.
 pub(super) fn already_so(

@@ -120,26 +120,6 @@ pub(super) fn env_map(v: Option<&serde_json::Value>) -> serde_json::Map<String, 
         .collect()
 }
 
-/// `soft:hard` of a ulimit as the desired configuration writes it.
-pub(super) fn ulimit_pair(text: &str) -> (i64, i64) {
-    match text.split_once(':') {
-        Some((s, h)) => (ulimit_value(s), ulimit_value(h)),
-        None => (ulimit_value(text), ulimit_value(text)),
-    }
-}
-
-/// A device mapping as (host, container, permissions), from `/dev/x[:/dev/y[:rwm]]`.
-pub(super) fn device_triple(text: &str) -> (String, String, String) {
-    let mut parts = text.split(':');
-    let host = parts.next().unwrap_or_default().to_string();
-    let inside = parts
-        .next()
-        .map(str::to_string)
-        .unwrap_or_else(|| host.clone());
-    let perms = parts.next().unwrap_or("rwm").to_string();
-    (host, inside, perms)
-}
-
 /// Docker keeps binds, devices and capabilities in no promised order (the order means nothing to
 /// it): the ones the definition lists come in its order, then the others as Docker gave them.
 pub(super) fn in_desired_order(mut observed: Vec<String>, wanted: &[String]) -> Vec<String> {
