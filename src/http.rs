@@ -58,9 +58,22 @@ pub async fn send(endpoint: &Endpoint, req: &Request) -> Result<Response, String
             }
         }
     };
-    tokio::time::timeout(req.timeout, work)
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(req.timeout, work)
         .await
-        .map_err(|_| format!("no answer within {} s", req.timeout.as_secs()))?
+        .map_err(|_| format!("no answer within {} s", req.timeout.as_secs()))
+        .and_then(|r| r);
+    tracing::debug!(
+        target: "sparkform::http",
+        method = %req.method,
+        url = %req.url,
+        through = %endpoint,
+        status = result.as_ref().map_or(0, |r| r.status),
+        error = result.as_ref().err().map_or("", |e| e.as_str()),
+        ms = started.elapsed().as_millis() as u64,
+        "HTTP request"
+    );
+    result
 }
 
 /// The hyper request for `req`; every part is validated by the `http` crate's types.

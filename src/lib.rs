@@ -15,6 +15,7 @@ pub mod http;
 pub mod inspect;
 pub mod kinds;
 pub mod lock_file;
+pub mod log;
 pub mod observe;
 pub mod ops;
 pub mod plan;

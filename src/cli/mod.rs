@@ -65,7 +65,11 @@ const AFTER_HELP: &str = "Examples:
   sparkform show testbed.plan
   sparkform -chdir=examples/testbed plan             # as if run in that folder
 
-Options written Terraform-style with one dash (-var, -out, -refresh=false) work too.";
+Options written Terraform-style with one dash (-var, -out, -refresh=false) work too.
+
+Environment: SPARKFORM_LOG=trace|debug|info|warn|error writes a log of every remote command,
+Docker call, HTTP request and state write, with its node and duration, sensitive values
+hidden (to standard error, or to the file SPARKFORM_LOG_PATH names), as Terraform's TF_LOG.";
 
 #[derive(Parser, Debug)]
 #[command(name = "sparkform", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -438,6 +442,10 @@ pub fn main() -> ExitCode {
             };
         }
     };
+    // The debug log first, so that everything after it is in it.
+    if let Err(warning) = crate::log::init_from_env() {
+        eprintln!("Warning: {warning}");
+    }
     if cli.no_color {
         // Before any thread starts: every command reads colors from NO_COLOR alone.
         std::env::set_var("NO_COLOR", "1");

@@ -34,6 +34,31 @@ impl Host for LocalHost {
     }
 
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        super::logged_exec(&self.node, cmd, self.run_command(cmd)).await
+    }
+
+    async fn docker(&self) -> Result<bollard::Docker, HostError> {
+        let mut cached = self.docker.lock().await;
+        if let Some(d) = cached.as_ref() {
+            return Ok(d.clone());
+        }
+        let d =
+            docker_on_socket(&self.node, Path::new("/var/run/docker.sock"), &self.trips).await?;
+        *cached = Some(d.clone());
+        Ok(d)
+    }
+
+    async fn forward(&self, host: &str, port: u16) -> Result<Endpoint, HostError> {
+        Ok(Endpoint::Tcp(host.to_string(), port))
+    }
+
+    async fn close(&self) {
+        self.docker.lock().await.take();
+    }
+}
+impl LocalHost {
+    /// Run `cmd` on the machine (its log is `Host::exec`'s).
+    async fn run_command(&self, cmd: &Cmd) -> Result<Output, HostError> {
         self.trips.exec();
         let mut c = tokio::process::Command::new(&cmd.program);
         c.args(&cmd.args)
@@ -61,24 +86,5 @@ impl Host for LocalHost {
                 stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
             }),
         }
-    }
-
-    async fn docker(&self) -> Result<bollard::Docker, HostError> {
-        let mut cached = self.docker.lock().await;
-        if let Some(d) = cached.as_ref() {
-            return Ok(d.clone());
-        }
-        let d =
-            docker_on_socket(&self.node, Path::new("/var/run/docker.sock"), &self.trips).await?;
-        *cached = Some(d.clone());
-        Ok(d)
-    }
-
-    async fn forward(&self, host: &str, port: u16) -> Result<Endpoint, HostError> {
-        Ok(Endpoint::Tcp(host.to_string(), port))
-    }
-
-    async fn close(&self) {
-        self.docker.lock().await.take();
     }
 }

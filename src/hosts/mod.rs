@@ -90,6 +90,15 @@ pub enum Endpoint {
     Tcp(String, u16),
 }
 
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(p) => write!(f, "{}", p.display()),
+            Endpoint::Tcp(h, port) => write!(f, "{h}:{port}"),
+        }
+    }
+}
+
 impl Endpoint {
     /// Whether a TCP port answers through the endpoint. Through an SSH forward the local
     /// connect always succeeds; a refused remote connect shows as an immediate close.
@@ -308,14 +317,91 @@ impl Counter {
         )
     }
 
-    /// `docker` counting each request it builds here.
-    fn counting(&self, docker: bollard::Docker) -> bollard::Docker {
-        let count = self.0.clone();
-        docker.with_request_modifier(move |req| {
-            count[1].fetch_add(1, Ordering::Relaxed);
-            req
-        })
+    /// One Docker API request.
+    fn docker_request(&self) {
+        self.0[1].fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The body of bollard's requests (its own name for it is private to it).
+trait BodyOf {
+    type Body;
+}
+
+impl<B> BodyOf for hyper::Request<B> {
+    type Body = B;
+}
+
+type DockerBody = <bollard::BollardRequest as BodyOf>::Body;
+
+/// A Docker client on the socket at `path`, as bollard's own Unix transport makes it (hyper
+/// over the socket, the socket's path hex-encoded in the URI's host), each request counted on
+/// `trips` and logged (`SPARKFORM_LOG`) with `node` and how long the Engine took to answer.
+fn docker_client(
+    node: &str,
+    path: &std::path::Path,
+    trips: &Counter,
+) -> Result<bollard::Docker, bollard::errors::Error> {
+    let client: hyper_util::client::legacy::Client<_, DockerBody> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyperlocal::UnixConnector);
+    let node = node.to_string();
+    let trips = trips.clone();
+    let transport = move |req: bollard::BollardRequest| {
+        let client = client.clone();
+        let node = node.clone();
+        trips.docker_request();
+        async move {
+            let what = format!(
+                "{} {}",
+                req.method(),
+                req.uri().path_and_query().map_or("", |p| p.as_str())
+            );
+            let started = std::time::Instant::now();
+            let answer = client.request(req).await;
+            tracing::debug!(
+                target: "sparkform::docker",
+                node = %node,
+                request = %what,
+                status = answer.as_ref().map_or(0, |r| r.status().as_u16()),
+                ms = started.elapsed().as_millis() as u64,
+                "Docker API call"
+            );
+            answer.map_err(bollard::errors::Error::from)
+        }
+    };
+    let host: String = path
+        .to_string_lossy()
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    bollard::Docker::connect_with_custom_transport(
+        transport,
+        Some(format!("unix://{host}")),
+        300,
+        bollard::API_DEFAULT_VERSION,
+    )
+}
+
+/// Run a command on `node` (`run`: the transport's own work) and log it (`SPARKFORM_LOG`): the
+/// command as shown to a user, its exit code or error, and how long it took.
+pub(crate) async fn logged_exec(
+    node: &str,
+    cmd: &Cmd,
+    run: impl std::future::Future<Output = Result<Output, HostError>>,
+) -> Result<Output, HostError> {
+    let started = std::time::Instant::now();
+    let result = run.await;
+    tracing::debug!(
+        target: "sparkform::exec",
+        node = node,
+        command = %cmd.display(),
+        code = result.as_ref().ok().and_then(|o| o.code).unwrap_or(-1),
+        error = result.as_ref().err().map(|e| e.to_string()).unwrap_or_default(),
+        ms = started.elapsed().as_millis() as u64,
+        "remote command"
+    );
+    result
 }
 
 /// Quote a string for a POSIX shell: used only for display and for the rare `sh -c` whose
@@ -344,10 +430,8 @@ pub async fn docker_on_socket(
         help: Some("is Docker Engine installed (on Debian or Ubuntu: docker.io, or Docker's own docker-ce) and running on the node, and may this user use /var/run/docker.sock?".into()),
     }
     };
-    let path_text = path.to_string_lossy();
-    let docker = bollard::Docker::connect_with_unix(&path_text, 300, bollard::API_DEFAULT_VERSION)
+    let docker = docker_client(node, path, trips)
         .map_err(|e| err(format!("cannot open the Docker socket: {e}")))?;
-    let docker = trips.counting(docker);
     let docker = tokio::time::timeout(Duration::from_secs(20), docker.negotiate_version())
         .await
         .map_err(|_| err("the Docker Engine did not answer within 20 s".into()))?

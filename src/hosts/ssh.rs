@@ -235,63 +235,7 @@ impl Host for SshHost {
     }
 
     async fn exec(&self, cmd: &Cmd) -> Result<Output, HostError> {
-        self.trips.exec();
-        let _permit = self.sessions.acquire().await.map_err(|e| self.lost(e))?;
-        let session = self.session()?;
-        let deadline = tokio::time::Instant::now() + cmd.timeout;
-        let mut backoff = Duration::from_millis(20);
-        let result = loop {
-            let mut c = session.command(cmd.program.as_str());
-            // `arg` shell-escapes each argument for the remote shell: it arrives as literal data.
-            for a in &cmd.args {
-                c.arg(a);
-            }
-            let r = tokio::time::timeout_at(deadline, c.output()).await;
-            // sshd frees a finished session a moment after its command exits, so a new one can be
-            // refused at the MaxSessions limit although fewer than 8 run: wait briefly and retry.
-            if let Ok(Err(e)) = &r {
-                if error_chain(e).contains("Session open refused")
-                    && tokio::time::Instant::now() + backoff < deadline
-                {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                    continue;
-                }
-            }
-            break r;
-        };
-        match result {
-            Err(_) => Err(HostError::Timeout {
-                node: self.node.clone(),
-                command: cmd.display(),
-                seconds: cmd.timeout.as_secs(),
-            }),
-            // openssh reports the remote shell's 127 as an error; it is an exit code.
-            Ok(Err(openssh::Error::Remote(io))) if io.kind() == std::io::ErrorKind::NotFound => {
-                Ok(Output {
-                    code: Some(127),
-                    stdout: String::new(),
-                    stderr: format!("{}: command not found", cmd.program),
-                })
-            }
-            Ok(Err(e)) => Err(self.lost(error_chain(&e))),
-            Ok(Ok(o)) => {
-                let code = o.status.code();
-                // 255 is also ssh's own failure code: ask the master whether it is still there.
-                if code == Some(255) && session.check().await.is_err() {
-                    return Err(self.lost(format!(
-                        "{} while running `{}`",
-                        self.target,
-                        cmd.display()
-                    )));
-                }
-                Ok(Output {
-                    code,
-                    stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-                })
-            }
-        }
+        super::logged_exec(&self.node, cmd, self.run_command(cmd)).await
     }
 
     async fn docker(&self) -> Result<bollard::Docker, HostError> {
@@ -556,6 +500,69 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+impl SshHost {
+    /// Run `cmd` on the machine (its log is `Host::exec`'s).
+    async fn run_command(&self, cmd: &Cmd) -> Result<Output, HostError> {
+        self.trips.exec();
+        let _permit = self.sessions.acquire().await.map_err(|e| self.lost(e))?;
+        let session = self.session()?;
+        let deadline = tokio::time::Instant::now() + cmd.timeout;
+        let mut backoff = Duration::from_millis(20);
+        let result = loop {
+            let mut c = session.command(cmd.program.as_str());
+            // `arg` shell-escapes each argument for the remote shell: it arrives as literal data.
+            for a in &cmd.args {
+                c.arg(a);
+            }
+            let r = tokio::time::timeout_at(deadline, c.output()).await;
+            // sshd frees a finished session a moment after its command exits, so a new one can be
+            // refused at the MaxSessions limit although fewer than 8 run: wait briefly and retry.
+            if let Ok(Err(e)) = &r {
+                if error_chain(e).contains("Session open refused")
+                    && tokio::time::Instant::now() + backoff < deadline
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            }
+            break r;
+        };
+        match result {
+            Err(_) => Err(HostError::Timeout {
+                node: self.node.clone(),
+                command: cmd.display(),
+                seconds: cmd.timeout.as_secs(),
+            }),
+            // openssh reports the remote shell's 127 as an error; it is an exit code.
+            Ok(Err(openssh::Error::Remote(io))) if io.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Output {
+                    code: Some(127),
+                    stdout: String::new(),
+                    stderr: format!("{}: command not found", cmd.program),
+                })
+            }
+            Ok(Err(e)) => Err(self.lost(error_chain(&e))),
+            Ok(Ok(o)) => {
+                let code = o.status.code();
+                // 255 is also ssh's own failure code: ask the master whether it is still there.
+                if code == Some(255) && session.check().await.is_err() {
+                    return Err(self.lost(format!(
+                        "{} while running `{}`",
+                        self.target,
+                        cmd.display()
+                    )));
+                }
+                Ok(Output {
+                    code,
+                    stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+                })
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,8 @@ pub struct Definitions {
 /// The definitions of `ws` evaluated as written, and their graph; every error at once.
 pub fn load(ws: &Workspace, vars: &VarInputs) -> Result<Evaluated, OpError> {
     let (config, graph) = ws.load(vars).map_err(OpError::Config)?;
+    // What the debug log writes from here on is scrubbed of the definitions' secrets.
+    crate::log::hide(&config.secrets);
     let lock = LockFile::load(&config.dir).map_err(|d| OpError::Config(Diagnostics(vec![*d])))?;
     Ok(Evaluated {
         config,

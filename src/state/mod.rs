@@ -9,6 +9,8 @@ mod hash_key;
 mod lock;
 mod pg;
 mod transfer;
+mod write;
+pub(crate) use write::write_file;
 mod upgrade;
 #[cfg(test)]
 pub(crate) use upgrade::tests::toy_state;
@@ -23,8 +25,7 @@ pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
 pub use transfer::Transferred;
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -679,6 +680,21 @@ impl StateStore {
     /// crash at any point leaves either the old or the new complete document. On error `state`
     /// is left unchanged.
     pub fn write(&self, state: &mut State) -> Result<(), StateError> {
+        let started = std::time::Instant::now();
+        let result = self.write_document(state);
+        tracing::debug!(
+            target: "sparkform::state",
+            at = %self.describe(),
+            serial = state.serial,
+            resources = state.resources.len(),
+            ok = result.is_ok(),
+            ms = started.elapsed().as_millis() as u64,
+            "state written"
+        );
+        result
+    }
+
+    fn write_document(&self, state: &mut State) -> Result<(), StateError> {
         let saved = (
             state.format_version,
             state.serial,
@@ -777,100 +793,11 @@ pub fn parse_document(place: &Path, text: &str) -> Result<State, StateError> {
     Ok(state)
 }
 
-/// Writes `doc` to `path` atomically, the previous version kept as `path.backup`.
-pub(crate) fn write_file(path: &Path, doc: &[u8]) -> Result<(), StateError> {
-    let dir = parent_dir(path);
-    fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| {
-            io_err(
-                path,
-                io::Error::new(io::ErrorKind::InvalidInput, "state path has no file name"),
-            )
-        })?
-        .to_string_lossy()
-        .into_owned();
-    let pid = std::process::id();
-    let tmp = dir.join(format!(".{file_name}.tmp-{pid}"));
-    let result = write_via(path, &tmp, &dir, &file_name, pid, doc);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-fn write_via(
-    path: &Path,
-    tmp: &Path,
-    dir: &Path,
-    file_name: &str,
-    pid: u32,
-    doc: &[u8],
-) -> Result<(), StateError> {
-    write_synced(tmp, doc)?;
-
-    if fs::symlink_metadata(path).is_ok() {
-        let backup = with_suffix(path, ".backup");
-        let backup_tmp = dir.join(format!(".{file_name}.backup.tmp-{pid}"));
-        let result = link_or_copy(path, &backup_tmp)
-            .and_then(|()| fs::rename(&backup_tmp, &backup).map_err(|e| io_err(&backup, e)));
-        if result.is_err() {
-            let _ = fs::remove_file(&backup_tmp);
-        }
-        result?;
-    }
-
-    fs::rename(tmp, path).map_err(|e| io_err(path, e))?;
-    sync_dir(dir)
-}
-
-/// Creates/truncates `path`, writes `bytes` and fsyncs it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| io_err(path, e))?;
-    f.write_all(bytes).map_err(|e| io_err(path, e))?;
-    f.sync_all().map_err(|e| io_err(path, e))
-}
-
-/// Makes `to` a hard link to `from`, or a synced copy where links are not
-/// supported. `to` is a private temp name, replaced if it exists.
-fn link_or_copy(from: &Path, to: &Path) -> Result<(), StateError> {
-    match fs::remove_file(to) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(to, e)),
-    }
-    if fs::hard_link(from, to).is_ok() {
-        return Ok(());
-    }
-    let bytes = fs::read(from).map_err(|e| io_err(from, e))?;
-    write_synced(to, &bytes)
-}
-
-/// Persists renames in `dir` (no-op where directories cannot be opened).
-fn sync_dir(dir: &Path) -> Result<(), StateError> {
-    #[cfg(unix)]
-    {
-        fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err(dir, e))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::fs;
 
     fn sample_state() -> State {
         let mut s = State::new();

@@ -666,3 +666,60 @@ fn state_mv_and_state_rm_rewrite_only_the_records_they_name() {
     let (code, _, stderr) = out(sparkform().args(["state", "rm", "container.worker", d]));
     assert_eq!(code, 1, "{stderr}");
 }
+
+#[test]
+fn sparkform_log_writes_what_ran_and_never_a_secret() {
+    // A port nothing listens on: the probe fails, after its requests are logged.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = common::write_config(&[(
+        "main.hcl",
+        &format!(
+            "variable \"token\" {{\n  type      = string\n  sensitive = true\n}}\n\nnode \"here\" {{\n  address = \"local\"\n}}\n\nprobe \"canary\" {{\n  timeout = \"2s\"\n  http {{\n    via = node.here\n    url = \"http://127.0.0.1:{port}/v1/models?key=${{var.token}}\"\n  }}\n  expect {{\n    status = 200\n  }}\n}}\n"
+        ),
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let log = dir.path().join("sparkform.log");
+    let marker = "marker-7f3a9c-do-not-log";
+    let (code, stdout, stderr) = out(sparkform()
+        .args(["apply", d, "-auto-approve"])
+        .env("SPARKFORM_VAR_token", marker)
+        .env("SPARKFORM_LOG", "trace")
+        .env("SPARKFORM_LOG_PATH", &log));
+    assert_eq!(code, 1, "the probe cannot pass: {stdout}{stderr}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    // What ran where, and how long it took: the node's glance, the probe's requests, the
+    // state's write.
+    assert!(
+        text.contains("remote command node=\"node.here\"") && text.contains(" ms="),
+        "{text}"
+    );
+    assert!(text.contains("HTTP request method=GET"), "{text}");
+    assert!(text.contains("state written"), "{text}");
+    // The URL holds the sensitive value: the log shows the placeholder, never the value.
+    assert!(!text.contains(marker), "{text}");
+    assert!(text.contains("(sensitive value)"), "{text}");
+    assert!(!stdout.contains(marker) && !stderr.contains(marker));
+    // No SPARKFORM_LOG, no log; a level that is none: a warning naming it, and the command
+    // runs.
+    std::fs::remove_file(&log).unwrap();
+    let (code, _, _) = out(sparkform()
+        .args(["validate", d])
+        .env("SPARKFORM_VAR_token", marker)
+        .env("SPARKFORM_LOG_PATH", &log));
+    assert_eq!(code, 0);
+    assert!(!log.exists());
+    let (code, stdout, stderr) = out(sparkform()
+        .args(["validate", d])
+        .env("SPARKFORM_VAR_token", marker)
+        .env("SPARKFORM_LOG", "banana"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("SPARKFORM_LOG=\"banana\" is not a log level"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("valid"), "{stdout}");
+}
