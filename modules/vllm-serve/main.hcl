@@ -67,6 +67,14 @@ check "utilization_on_unified_memory" {
   severity      = "warning"
 }
 
+# Before a plan reads the nodes' facts (validate, or nodes that do not say), whether a node is
+# unified-memory is unknown: the same limit is said as a warning that could not be checked.
+check "utilization_unknown_memory" {
+  condition     = var.gpu_memory_utilization <= 0.85 || length([for n in var.nodes : n.name if n.unified_memory == null]) == 0
+  error_message = "could not check ${var.engine.memory_setting} ${var.gpu_memory_utilization} against ${join(", ", [for n in var.nodes : n.name if n.unified_memory == null])}: whether they are unified-memory nodes is not known yet (a plan reads it, or set unified_memory on the node); on one (a DGX Spark) above 0.85 leaves the system too little"
+  severity      = "warning"
+}
+
 check "model_fits" {
   condition     = local.size_gib == null || local.min_memory == 0 || local.per_node <= local.min_memory * var.gpu_memory_utilization
   error_message = "the model needs about ${local.per_node} GiB per node (weights split over ${length(var.nodes)} nodes plus ${var.overhead_gib} GiB), more than ${local.min_memory} GiB × ${var.gpu_memory_utilization}; add nodes or raise ${var.engine.memory_setting}"

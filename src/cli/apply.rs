@@ -49,6 +49,10 @@ pub struct ApplyArgs {
     /// Resolve again what sparkform.lock.hcl pins (a branch's new commit), and write the lock
     #[arg(long)]
     pub upgrade: bool,
+    /// Change nothing on the machines: record in the state what they show (the records of
+    /// objects that are gone dropped), after asking
+    #[arg(long = "refresh-only")]
+    pub refresh_only: bool,
 }
 
 /// What apply and destroy share.
@@ -97,6 +101,16 @@ impl ExecArgs {
 }
 
 pub fn run(args: ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
+    let changes_flags = !args.replace.is_empty()
+        || !args.common.target.is_empty()
+        || !args.common.exclude.is_empty()
+        || args.upgrade
+        || args.path.is_file()
+        || args.refresh == super::plan::RefreshMode::False;
+    if args.refresh_only && changes_flags {
+        eprintln!("Error: -refresh-only records what the machines show: a plan file, -replace, -target, -exclude, -upgrade and -refresh=false apply changes\n  help: drop -refresh-only, or the other flag");
+        return ExitCode::from(1);
+    }
     if args.path.is_file() {
         return run_planfile(&args, rt);
     }
@@ -109,6 +123,9 @@ pub fn run(args: ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         Ok(e) => e.upgrading(args.upgrade),
         Err(code) => return code,
     };
+    if args.refresh_only {
+        return refresh_only(&args, &ws, evaluated, rt);
+    }
     let opts = PlanOptions {
         replace: args.replace.clone(),
         targets: args.common.target.clone(),
@@ -128,6 +145,47 @@ pub fn run(args: ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         },
         rt,
     )
+}
+
+/// `apply -refresh-only`: show how the machines differ from the state, ask, and record what
+/// is gone; nothing on the machines changes.
+fn refresh_only(
+    args: &ApplyArgs,
+    ws: &Workspace,
+    evaluated: Evaluated,
+    rt: &tokio::runtime::Runtime,
+) -> ExitCode {
+    let hosts = args.common.connect.options();
+    let auto = args.common.auto_approve;
+    let approve = move |report: &ops::refresh::RefreshReport| {
+        super::plan::print_refresh(report, true);
+        auto || confirm("drop the records of what is gone from the state")
+    };
+    let report = rt.block_on(super::with_notes(args.common.json, |events| async move {
+        ops::refresh::refresh_only(ws, evaluated, &hosts, Some(&approve), &events).await
+    }));
+    match report {
+        Err(e) => super::report_op_error(e, args.common.json),
+        Ok(r) if r.written => {
+            println!(
+                "\nRefresh complete: {} record{} of what is gone dropped from the state; nothing on the machines changed.",
+                r.gone.len(),
+                if r.gone.len() == 1 { "" } else { "s" }
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(r) if r.gone.is_empty() => {
+            super::plan::print_refresh(&r, true);
+            if r.differs() {
+                println!("\nNothing to record: no recorded object is gone. A drifted object keeps its record; the next plan puts it back.");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(_) => {
+            println!("\nRefresh cancelled: the state is as it was.");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// The definitions as written, their warnings shown; `Err` once the errors are reported.

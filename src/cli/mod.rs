@@ -20,6 +20,7 @@ macro_rules! eprint {
 
 mod apply;
 mod connections;
+mod console;
 mod destroy;
 mod fmt;
 mod force_unlock;
@@ -104,6 +105,7 @@ pub enum Command {
     Connections(connections::ConnectionsArgs),
     Show(show::ShowArgs),
     Output(output::OutputArgs),
+    Console(console::ConsoleArgs),
     History(history::HistoryArgs),
     Rollback(rollback::RollbackArgs),
     Fmt(fmt::FmtArgs),
@@ -403,6 +405,7 @@ const SINGLE_DASH: &[&str] = &[
     "raw",
     "chdir",
     "destroy",
+    "refresh-only",
 ];
 
 /// `-var x=1` → `--var x=1`, `-refresh=false` → `--refresh=false`, up to a bare `--`.
@@ -467,6 +470,7 @@ pub fn main() -> ExitCode {
     let rt = &rt;
     match cli.command {
         Command::Validate(a) => validate::run(a),
+        Command::Console(a) => console::run(a),
         Command::Lock(a) => lock::run(a, rt),
         Command::Plan(a) => plan::run(a, rt),
         Command::Apply(a) => apply::run(a, rt),

@@ -64,6 +64,10 @@ pub struct PlanArgs {
     /// `apply FILE` removes exactly that, refused if the state changed meanwhile
     #[arg(long)]
     pub destroy: bool,
+    /// Only look: show how the machines differ from the state (objects gone, drifted, or
+    /// untracked), planning no change; `apply -refresh-only` records what is gone
+    #[arg(long = "refresh-only")]
+    pub refresh_only: bool,
 }
 
 /// `-refresh=true|false|deep`.
@@ -88,6 +92,24 @@ impl RefreshMode {
 
 /// A `-generate-*-out` file that exists already, or that a plan without looking cannot fill.
 fn refuse_out_file(args: &PlanArgs) -> Option<crate::diag::Diag> {
+    let changes_flags = args.destroy
+        || args.out.is_some()
+        || !args.replace.is_empty()
+        || !args.target.is_empty()
+        || !args.exclude.is_empty()
+        || args.upgrade
+        || args.generate_config_out.is_some()
+        || args.generate_import_out.is_some()
+        || args.refresh == RefreshMode::False;
+    if args.refresh_only && changes_flags {
+        return Some(
+            crate::diag::Diag::error(
+                "cli::refresh_only",
+                "-refresh-only only looks at the machines: -destroy, -out, -replace, -target, -exclude, -upgrade, -generate-*-out and -refresh=false plan changes",
+            )
+            .help("drop -refresh-only, or the other flag"),
+        );
+    }
     let generating = args.generate_config_out.is_some() || args.generate_import_out.is_some();
     if args.destroy && (generating || !args.replace.is_empty() || args.upgrade) {
         return Some(
@@ -137,6 +159,9 @@ pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     if !args.json {
         report_warnings(evaluated.warnings());
     }
+    if args.refresh_only {
+        return refresh_only(&ws, evaluated, &args, rt);
+    }
     let command = ops::plan::PlanCommand {
         workspace: &ws,
         evaluated,
@@ -171,6 +196,58 @@ pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// `plan -refresh-only`: the machines against the state, nothing planned.
+fn refresh_only(
+    ws: &crate::workspace::Workspace,
+    evaluated: ops::definitions::Evaluated,
+    args: &PlanArgs,
+    rt: &tokio::runtime::Runtime,
+) -> ExitCode {
+    let hosts = args.connect.options();
+    let report = rt.block_on(super::with_notes(args.json, |events| async move {
+        ops::refresh::refresh_only(ws, evaluated, &hosts, None, &events).await
+    }));
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return super::report_op_error(e, args.json),
+    };
+    print_refresh(&report, false);
+    if args.detailed_exitcode && report.differs() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// How the machines differ from the state, as `-refresh-only` shows it (`applying`: before an
+/// apply asks to record it).
+pub fn print_refresh(report: &ops::refresh::RefreshReport, applying: bool) {
+    if !report.differs() {
+        println!("No changes. The machines match the state.");
+        return;
+    }
+    println!("Objects have changed outside of sparkform:\n");
+    for (address, why) in &report.gone {
+        println!("  - {address}: gone ({why})");
+    }
+    for (address, how) in &report.drifted {
+        println!("  ~ {address}: {}", how.join("; "));
+    }
+    for o in &report.untracked {
+        println!(
+            "  ? {} on {}: carries this deployment's labels, and the state does not record it ({})",
+            o.name, o.node, o.address
+        );
+    }
+    let gone = report.gone.len();
+    if !applying {
+        println!(
+            "\nThis is a refresh-only plan: `apply -refresh-only` drops the {gone} record{} of what is gone, so the state says what exists, and changes nothing on the machines. A drifted object keeps its record: the next plan puts it back as the definitions say.",
+            if gone == 1 { "" } else { "s" }
+        );
     }
 }
 

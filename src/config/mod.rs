@@ -65,6 +65,39 @@ pub fn load_with_readings(
     vars: &VarInputs,
     readings: &Readings,
 ) -> Result<Config, Diagnostics> {
+    load_with(dir, vars, readings, None)
+}
+
+/// The name of the file that holds `sparkform console`'s expression in its messages.
+pub const CONSOLE_FILE: &str = "<console>";
+/// The output the console's expression is evaluated as, in the root module.
+pub const CONSOLE_OUTPUT: &str = "sparkform_console";
+
+/// What comes before the console's expression in [`CONSOLE_FILE`]: a message's place in the
+/// file, less its length, is its place in the expression.
+pub fn console_prefix() -> String {
+    format!("output \"{CONSOLE_OUTPUT}\" {{\n  value = ")
+}
+
+/// [`load_with_readings`], with `expression` evaluated in the root module as if it were the
+/// value of an output [`CONSOLE_OUTPUT`] written in a file [`CONSOLE_FILE`]: what it reads is
+/// checked as an output's value is (a sensitive or ephemeral value refused), and its errors
+/// point into that one line.
+pub fn load_for_console(
+    dir: &Path,
+    vars: &VarInputs,
+    readings: &Readings,
+    expression: &str,
+) -> Result<Config, Diagnostics> {
+    load_with(dir, vars, readings, Some(expression))
+}
+
+fn load_with(
+    dir: &Path,
+    vars: &VarInputs,
+    readings: &Readings,
+    console: Option<&str>,
+) -> Result<Config, Diagnostics> {
     evaluations::count(dir);
     let _budget = limits::Budget::begin();
     // The sensitive values of an earlier load on this thread are not this one's.
@@ -73,9 +106,26 @@ pub fn load_with_readings(
     loader.readings = readings.clone();
     loader.config.vars = vars.clone();
     loader.config.readings = readings.clone();
-    let Some(files) = loader.load_folder(dir) else {
+    let Some(mut files) = loader.load_folder(dir) else {
         return Err(loader.diags);
     };
+    if let Some(expression) = console {
+        // One expression, and nothing around it (a `}` that would close the block first).
+        let alone = Arc::new(crate::diag::SourceFile::new(
+            Path::new(CONSOLE_FILE),
+            expression.to_string(),
+        ));
+        if !parse::is_one_expression(&alone, &mut loader.diags) {
+            return Err(loader.diags);
+        }
+        let text = format!("{}{expression}\n}}\n", console_prefix());
+        let file = Arc::new(crate::diag::SourceFile::new(Path::new(CONSOLE_FILE), text));
+        let parsed = parse::parse_source(file, &mut loader.diags);
+        let Some(parsed) = parsed else {
+            return Err(loader.diags);
+        };
+        std::rc::Rc::make_mut(&mut files).files.push(parsed);
+    }
     let mut secret_names = Vec::new();
     let declared: Vec<(String, Option<types::Type>)> = Loader::declared_variables(&files)
         .into_iter()

@@ -8,7 +8,7 @@ use hcl_edit::structure::Body;
 use crate::diag::{Diag, Diagnostics, SourceFile, Span};
 
 /// The parsed files of one folder (the root configuration or one module).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ModuleFiles {
     pub dir: std::path::PathBuf,
     pub files: Vec<(Arc<SourceFile>, Body)>,
@@ -123,42 +123,68 @@ pub fn parse_source(
     file: Arc<SourceFile>,
     diags: &mut Diagnostics,
 ) -> Option<(Arc<SourceFile>, Body)> {
-    // hcl-edit's parser recurses per nesting level; refuse absurd nesting before it can overflow the stack.
-    if let Some(offset) = too_deep(&file.text, 256) {
-        let span = Span::new(&file, offset..offset + 1);
-        diags.push(
-            Diag::error(
-                "config::syntax",
-                "expressions are nested more than 256 levels deep",
-            )
-            .label(&span, "too deeply nested here"),
-        );
+    if refused_nesting(&file, diags) {
         return None;
     }
     match hcl_edit::parser::parse_body(&file.text) {
         Ok(body) => Some((file, body)),
         Err(e) => {
-            let mut offset = e.location().offset().min(file.text.len());
-            while !file.text.is_char_boundary(offset) {
-                offset -= 1;
-            }
-            let end = file.text[offset..]
-                .char_indices()
-                .nth(1)
-                .map_or(file.text.len(), |(i, _)| offset + i);
-            let span = Span::new(&file, offset..end.max(offset));
-            let message = e.message().to_string();
-            diags.push(
-                Diag::error(
-                    "config::syntax",
-                    format!("syntax error in {}: {message}", span.location()),
-                )
-                .label(&span, message)
-                .help("check for an unclosed brace, bracket or quote just before this point"),
-            );
+            diags.push(syntax_error(&file, &e));
             None
         }
     }
+}
+
+/// Whether `file` holds exactly one expression (`sparkform console`'s line); its syntax error
+/// is reported against it.
+pub fn is_one_expression(file: &Arc<SourceFile>, diags: &mut Diagnostics) -> bool {
+    if refused_nesting(file, diags) {
+        return false;
+    }
+    match hcl_edit::parser::parse_expr(&file.text) {
+        Ok(_) => true,
+        Err(e) => {
+            diags.push(syntax_error(file, &e));
+            false
+        }
+    }
+}
+
+/// hcl-edit's parser recurses per nesting level: absurd nesting is refused before it can
+/// overflow the stack.
+fn refused_nesting(file: &Arc<SourceFile>, diags: &mut Diagnostics) -> bool {
+    let Some(offset) = too_deep(&file.text, 256) else {
+        return false;
+    };
+    let span = Span::new(file, offset..offset + 1);
+    diags.push(
+        Diag::error(
+            "config::syntax",
+            "expressions are nested more than 256 levels deep",
+        )
+        .label(&span, "too deeply nested here"),
+    );
+    true
+}
+
+/// The parser's error as a diagnostic at its place in `file`.
+fn syntax_error(file: &Arc<SourceFile>, e: &hcl_edit::parser::Error) -> Diag {
+    let mut offset = e.location().offset().min(file.text.len());
+    while !file.text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let end = file.text[offset..]
+        .char_indices()
+        .nth(1)
+        .map_or(file.text.len(), |(i, _)| offset + i);
+    let span = Span::new(file, offset..end.max(offset));
+    let message = e.message().to_string();
+    Diag::error(
+        "config::syntax",
+        format!("syntax error in {}: {message}", span.location()),
+    )
+    .label(&span, message)
+    .help("check for an unclosed brace, bracket or quote just before this point")
 }
 
 /// The byte offset where bracket nesting first exceeds `limit`. Brackets inside strings count

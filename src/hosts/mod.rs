@@ -342,8 +342,11 @@ fn docker_client(
     path: &std::path::Path,
     trips: &Counter,
 ) -> Result<bollard::Docker, bollard::errors::Error> {
+    // A new connection per request, as bollard's own: an idle one kept across an SSH forward
+    // can be closed under it.
     let client: hyper_util::client::legacy::Client<_, DockerBody> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(0)
             .build(hyperlocal::UnixConnector);
     let node = node.to_string();
     let trips = trips.clone();

@@ -186,6 +186,15 @@ impl Evaluated {
 
     /// Filled without connecting to anything.
     pub fn pin(self, pins: Pins<'_>) -> Result<Definitions, OpError> {
+        match self.readings(pins)? {
+            None => Ok(self.unchanged()),
+            Some(readings) => self.again(&readings),
+        }
+    }
+
+    /// What `pins` fill the definitions with, read without connecting to anything; `None`:
+    /// nothing (`Pins::Unresolved`).
+    pub fn readings(&self, pins: Pins<'_>) -> Result<Option<Readings>, OpError> {
         let empty = HostPool::from_hosts(BTreeMap::new());
         let cx = |mode, state, plan| ReadCx {
             config: &self.config,
@@ -197,8 +206,8 @@ impl Evaluated {
             lock: self.lock.as_ref(),
             upgrade: false,
         };
-        let readings = match pins {
-            Pins::Unresolved => return Ok(self.unchanged()),
+        Ok(Some(match pins {
+            Pins::Unresolved => return Ok(None),
             Pins::Recorded(state) => read_without_looking(&cx(ReadMode::Recorded, state, None))?,
             Pins::Planned(file) => {
                 let mut readings = file.readings();
@@ -212,8 +221,7 @@ impl Evaluated {
                 ))?);
                 readings
             }
-        };
-        self.again(&readings)
+        }))
     }
 }
 

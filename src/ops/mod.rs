@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod connections;
+pub mod console;
 pub mod definitions;
 pub mod fmt;
 pub mod history;

@@ -198,3 +198,72 @@ mod tests {
         );
     }
 }
+
+/// What `-refresh-only` found: how the machines differ from the state.
+#[derive(Debug, Default)]
+pub struct RefreshReport {
+    /// Recorded resources whose object is gone from its machine, with why.
+    pub gone: Vec<(String, String)>,
+    /// Recorded resources whose object is there but not as recorded, with how.
+    pub drifted: Vec<(String, Vec<String>)>,
+    /// Objects with the deployment's labels that the state does not record.
+    pub untracked: Vec<crate::plan::Orphan>,
+    /// Whether the state was written (`apply -refresh-only`, approved): the records of what is
+    /// gone dropped.
+    pub written: bool,
+}
+
+impl RefreshReport {
+    pub fn differs(&self) -> bool {
+        !self.gone.is_empty() || !self.drifted.is_empty() || !self.untracked.is_empty()
+    }
+}
+
+/// `plan -refresh-only` (`approve` is `None`) and `apply -refresh-only`: look at the machines
+/// and say how they differ from the state. With `approve`, under the state lock, and when it
+/// approves what it is shown, the records of objects that are gone are dropped, so the state
+/// says what exists. Nothing on the machines changes. A drifted object keeps its record: the
+/// definitions, not the machine, say what it should be, and the next plan puts it back.
+pub async fn refresh_only(
+    ws: &crate::workspace::Workspace,
+    evaluated: super::definitions::Evaluated,
+    hosts: &HostOptions,
+    approve: Option<&(dyn Fn(&RefreshReport) -> bool + Sync)>,
+    events: &Sender,
+) -> Result<RefreshReport, OpError> {
+    let store = ws.store();
+    let _lock = match approve {
+        Some(_) => Some(store.lock("apply -refresh-only")?),
+        None => None,
+    };
+    let Some(mut state) = store.load()? else {
+        return Ok(RefreshReport::default());
+    };
+    // The definitions only say how to reach the nodes: nothing is read at plan time.
+    let defs = evaluated.pin(super::definitions::Pins::Unresolved)?;
+    let (observed, pool) = refresh(&defs.config, &state, ReadMode::Normal, hosts, events).await?;
+    if let Some(p) = pool {
+        p.close().await;
+    }
+    let mut report = RefreshReport {
+        untracked: observed.orphans,
+        ..RefreshReport::default()
+    };
+    for (address, drift) in observed.resources {
+        match drift {
+            crate::plan::Drift::InSync => {}
+            crate::plan::Drift::Missing(why) => report.gone.push((address, why)),
+            crate::plan::Drift::Drifted(how) => report.drifted.push((address, how)),
+        }
+    }
+    if let Some(approve) = approve {
+        if !report.gone.is_empty() && approve(&report) {
+            for (address, _) in &report.gone {
+                state.resources.remove(address);
+            }
+            store.write(&mut state)?;
+            report.written = true;
+        }
+    }
+    Ok(report)
+}

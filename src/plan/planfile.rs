@@ -12,8 +12,9 @@ use crate::config::{NodeReadings, Readings};
 use crate::state::State;
 
 pub const FORMAT: &str = "sparkform-plan";
-/// 2 added `node_facts` (a version 1 file reads as one without facts); 3 added `destroy`, so
-/// an older sparkform refuses a destroy's plan rather than read it as an apply's.
+/// 2 added `node_facts`, 3 `destroy`. A plan file carries each change's configuration in the
+/// shape of the sparkform that made it, and lives minutes: one of another version is refused
+/// (an older one saying to make it again), never read into this version's shapes.
 pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +85,16 @@ pub enum PlanFileError {
         help("upgrade sparkform, or make a new plan with this version")
     )]
     Newer {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("the plan file {path} was made by an older sparkform (plan format {found}, this one reads {supported}): the configurations it carries are in that version's shapes")]
+    #[diagnostic(
+        code(sparkform::planfile::older),
+        help("make the plan again with this version (`sparkform plan -out FILE`), review it, and apply that")
+    )]
+    Older {
         path: PathBuf,
         found: u32,
         supported: u32,
@@ -210,6 +221,13 @@ impl PlanFile {
             return Err(PlanFileError::Newer {
                 path: path.to_path_buf(),
                 found: u32::try_from(found).unwrap_or(u32::MAX),
+                supported: FORMAT_VERSION,
+            });
+        }
+        if found < u64::from(FORMAT_VERSION) {
+            return Err(PlanFileError::Older {
+                path: path.to_path_buf(),
+                found: u32::try_from(found).unwrap_or(0),
                 supported: FORMAT_VERSION,
             });
         }

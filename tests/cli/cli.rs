@@ -723,3 +723,240 @@ fn sparkform_log_writes_what_ran_and_never_a_secret() {
     );
     assert!(stdout.contains("valid"), "{stdout}");
 }
+
+#[test]
+fn validate_warns_of_gpu_memory_utilization_it_cannot_check_yet() {
+    let modules = std::fs::canonicalize("modules").unwrap();
+    let example = std::fs::read_to_string("examples/qwen35-two-sparks/main.hcl").unwrap();
+    let with = |text: &str| {
+        common::write_config(&[(
+            "main.hcl",
+            &text.replace("../../modules", modules.to_str().unwrap()),
+        )])
+    };
+    let validate = |dir: &tempfile::TempDir| {
+        let (code, _, stderr) = out(sparkform().args(["validate", dir.path().to_str().unwrap()]));
+        assert_eq!(code, 0, "a warning, not an error: {stderr}");
+        stderr
+    };
+    // The checks by name (miette wraps their messages).
+    let unchecked = "check `utilization_unknown_memory`: could not check";
+    let above = "check `utilization_on_unified_memory`";
+    // The nodes do not say whether they are unified-memory: a warning that says it could not
+    // check, naming them.
+    let unknown = with(&example.replace("  unified_memory = true\n", "").replace(
+        "gpu_memory_utilization = 0.80",
+        "gpu_memory_utilization = 0.9",
+    ));
+    let stderr = validate(&unknown);
+    assert!(stderr.contains(unchecked), "{stderr}");
+    assert!(
+        stderr.contains("spark1") && !stderr.contains(above),
+        "{stderr}"
+    );
+    // They say so: the warning that checked.
+    let unified = with(&example.replace(
+        "gpu_memory_utilization = 0.80",
+        "gpu_memory_utilization = 0.9",
+    ));
+    let stderr = validate(&unified);
+    assert!(
+        stderr.contains(above) && !stderr.contains(unchecked),
+        "{stderr}"
+    );
+    // Within the limit: neither, known or not.
+    let within = with(&example.replace("  unified_memory = true\n", ""));
+    let stderr = validate(&within);
+    assert!(
+        !stderr.contains(unchecked) && !stderr.contains(above),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn refresh_only_shows_what_is_gone_and_records_it_only_when_approved() {
+    // A container on this machine's Docker Engine that is no longer there.
+    let dir = common::write_config(&[(
+        "main.hcl",
+        "node \"here\" {\n  address = \"local\"\n}\n\ncontainer \"gone\" {\n  node  = node.here\n  name  = \"sf-cli-refresh-only-gone\"\n  image = \"sf-none:never\"\n}\n",
+    )]);
+    let d = dir.path().to_str().unwrap();
+    let store = record_as_applied(dir.path());
+    let serial = store.load().unwrap().unwrap().serial;
+    let (code, stdout, stderr) =
+        out(sparkform().args(["plan", d, "-refresh-only", "-detailed-exitcode"]));
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stdout.contains("  - container.gone: gone"), "{stdout}");
+    assert!(stdout.contains("refresh-only plan"), "{stdout}");
+    // With a flag that plans changes: refused.
+    let (code, _, stderr) = out(sparkform().args(["plan", d, "-refresh-only", "-out", "x.plan"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("-refresh-only only looks"), "{stderr}");
+    // Not approved (no terminal to ask on): the state is as it was.
+    let (code, stdout, _) = out(sparkform().args(["apply", d, "-refresh-only"]));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("Refresh cancelled"), "{stdout}");
+    assert_eq!(store.load().unwrap().unwrap().serial, serial);
+    // Approved: the record of what is gone dropped, nothing else.
+    let (code, stdout, stderr) =
+        out(sparkform().args(["apply", d, "-refresh-only", "-auto-approve"]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("Refresh complete: 1 record"), "{stdout}");
+    let after = store.load().unwrap().unwrap();
+    assert!(after.resources.is_empty() && after.serial == serial + 1);
+    let (code, stdout, _) =
+        out(sparkform().args(["plan", d, "-refresh-only", "-detailed-exitcode"]));
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("No changes. The machines match the state."),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn console_evaluates_expressions_and_refuses_a_secret() {
+    let dir = cluster();
+    let d = dir.path().to_str().unwrap();
+    let console = |input: &str, env: &[(&str, &str)]| {
+        let mut c = sparkform();
+        c.args(["console", d]).write_stdin(input.to_string());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        out(&mut c)
+    };
+    // One line, one value, as HCL writes it, in order; a function; -var's values.
+    let (code, stdout, stderr) = console(
+        "var.restart\ncidrhost(\"10.0.0.0/24\", 5)\n{ a = [1, 2] }\n",
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "\"no\"\n\"10.0.0.5\"\n{\n  a = [\n    1,\n    2,\n  ]\n}\n"
+    );
+    // A syntax error and an unknown name: named at their place in the expression, exit 1, and
+    // the lines after them still run.
+    let (code, stdout, stderr) = console("var.restart +\nvar.restrat\nvar.mtu\n", &[]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stderr.contains("<console>:1:"), "{stderr}");
+    assert!(stderr.contains("restrat"), "{stderr}");
+    assert!(stdout.contains("9000"), "{stdout}");
+    // Read-only: no state was written.
+    assert!(!dir.path().join("state/sparkform.json").exists());
+    // A sensitive value is refused, never shown.
+    let secret = common::write_config(&[(
+        "main.hcl",
+        "variable \"token\" {\n  type      = string\n  sensitive = true\n}\n\nnode \"n\" {\n  address = \"10.0.0.1\"\n}\n",
+    )]);
+    let mut c = sparkform();
+    c.args(["console", secret.path().to_str().unwrap()])
+        .write_stdin("var.token\nupper(var.token)\n")
+        .env("SPARKFORM_VAR_token", "marker-c0ns0le");
+    let (code, stdout, stderr) = out(&mut c);
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains("sensitive"), "{stderr}");
+    assert!(
+        !stdout.contains("marker-c0ns0le") && !stdout.to_uppercase().contains("MARKER-C0NS0LE")
+    );
+    assert!(!stderr.contains("marker-c0ns0le") && !stderr.contains("MARKER-C0NS0LE"));
+}
+
+/// A container started by hand on this machine's Docker Engine, removed with the guard.
+struct HandMade(String);
+
+impl HandMade {
+    fn start(name: &str) -> HandMade {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", name])
+            .output();
+        let run = std::process::Command::new("docker")
+            .args(["run", "-d", "--name", name, TINY, "sleep", "600"])
+            .output()
+            .expect("docker");
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        HandMade(name.to_string())
+    }
+}
+
+impl Drop for HandMade {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f", &self.0])
+            .output();
+    }
+}
+
+/// The testbed's smallest image, on this machine's Docker Engine once the testbed is built.
+const TINY: &str = "sparkform-testbed/tiny:latest";
+
+#[test]
+#[ignore = "needs this machine's Docker Engine with the testbed's images (tests/testbed/testbed images)"]
+fn import_and_generate_config_out_adopt_what_runs_through_the_binary() {
+    let web = HandMade::start("sf-cli-import-web");
+    let other = HandMade::start("sf-cli-import-other");
+    let definitions = format!(
+        "node \"here\" {{\n  address = \"local\"\n}}\n\ncontainer \"web\" {{\n  node    = node.here\n  name    = \"{}\"\n  image   = \"{TINY}\"\n  command = [\"sleep\", \"600\"]\n}}\n",
+        web.0
+    );
+    let dir = common::write_config(&[("main.hcl", &definitions)]);
+    let d = dir.path().to_str().unwrap();
+    // `import ADDR NODE:NAME`: recorded by its ID, nothing restarted, and the plan after it
+    // has nothing to change.
+    let (code, stdout, stderr) =
+        out(sparkform().args(["import", d, "container.web", &format!("here:{}", web.0)]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("nothing was restarted"), "{stdout}");
+    assert!(stdout.contains("No changes."), "{stdout}");
+    let store = StateStore::new(dir.path().join("state/sparkform.json"));
+    let state = store.load().unwrap().unwrap();
+    let id = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}}", &web.0])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&id.stdout).trim().to_string();
+    assert_eq!(
+        state.resources["container.web"].attributes["container_id"],
+        serde_json::json!(id)
+    );
+    // An import block with no resource block: `plan -generate-config-out` writes the block
+    // as the container runs, and refuses to write over a file.
+    let with_import = format!(
+        "{definitions}\nimport {{\n  to = container.other\n  id = \"here:{}\"\n}}\n",
+        other.0
+    );
+    std::fs::write(dir.path().join("main.hcl"), with_import).unwrap();
+    let generated = dir.path().join("generated.hcl.txt");
+    let (code, stdout, stderr) = out(sparkform().args([
+        "plan",
+        d,
+        "-generate-config-out",
+        generated.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let text = std::fs::read_to_string(&generated).unwrap();
+    assert!(text.contains("container \"other\" {"), "{text}");
+    assert!(text.contains(&format!("image = \"{TINY}\"")), "{text}");
+    assert!(text.contains("node = node.here"), "{text}");
+    let (code, _, stderr) = out(sparkform().args([
+        "plan",
+        d,
+        "-generate-config-out",
+        generated.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("the file exists"), "{stderr}");
+    // Nothing was restarted: the hand-made container is the one that was there.
+    let still = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}} {{.State.Running}}", &web.0])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&still.stdout).trim(),
+        format!("{id} true")
+    );
+}

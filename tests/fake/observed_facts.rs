@@ -854,8 +854,8 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
 }
 
 #[test]
-fn a_version_1_plan_file_reads_as_one_without_facts() {
-    use sparkform::plan::planfile::PlanFile;
+fn a_plan_file_of_an_older_format_is_refused_with_the_fix() {
+    use sparkform::plan::planfile::{PlanFile, PlanFileError, FORMAT_VERSION};
 
     let dir = common::write_config(&[("main.hcl", FILLED_CONTAINER)]);
     let (config, graph) = common::load(dir.path());
@@ -872,12 +872,26 @@ fn a_version_1_plan_file_reads_as_one_without_facts() {
     let mut raw: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
     assert!(raw.get("node_facts").is_none(), "no facts, no field");
-    raw["format_version"] = serde_json::json!(1);
-    std::fs::write(&path, serde_json::to_vec(&raw).expect("JSON")).expect("write");
-    let file = PlanFile::read(&path).expect("a version 1 file is read");
-    assert_eq!(file.format_version, 1);
-    assert!(file.node_facts.is_empty());
-    assert!(file.readings().nodes.is_empty());
+    assert!(PlanFile::read(&path).is_ok(), "this version's file is read");
+    // The configurations a plan carries are in the shape of the sparkform that made it: one
+    // made by an older one is refused, saying how to make it again.
+    for older in 1..FORMAT_VERSION {
+        raw["format_version"] = serde_json::json!(older);
+        std::fs::write(&path, serde_json::to_vec(&raw).expect("JSON")).expect("write");
+        match PlanFile::read(&path) {
+            Err(e @ PlanFileError::Older { .. }) => {
+                let help = miette::Diagnostic::help(&e).map(|h| h.to_string());
+                let text = e.to_string();
+                assert!(text.contains(&format!("plan format {older}")), "{text}");
+                assert!(
+                    help.as_deref()
+                        .is_some_and(|h| h.contains("sparkform plan -out")),
+                    "{help:?}"
+                );
+            }
+            other => panic!("a version {older} file was not refused: {other:?}"),
+        }
+    }
 }
 
 // ----- as the commands do it, on this machine -----
