@@ -3,12 +3,12 @@
 //! `-refresh` asks for (`ops::refresh`, `ops::prepare`); the result is data that `plan`
 //! takes, and all the looking goes through `Host`.
 
-use crate::kinds::Registered;
 use std::collections::{BTreeSet, HashMap};
 
 use crate::config::Config;
 use crate::hosts::{Host, HostError, HostPool};
 use crate::kinds::machine::{machine, NodeObservations, ReadMode};
+use crate::kinds::Registered;
 use crate::plan::{Foreign, Observations};
 use crate::state::{ResourceState, State};
 use crate::vocabulary::KindId;

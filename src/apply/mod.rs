@@ -9,7 +9,6 @@ mod execute;
 pub mod journal_hook;
 mod rollback;
 
-use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{
     container_index, machine, Applied, CheckRun, ContainerIndex, StartGates, StepCx, StepError,
 };
+use crate::kinds::Registered;
 use crate::plan::{Action, Change, Plan};
 use crate::state::{ResourceState, State, StateStore};
 use crate::vocabulary::KindId;

@@ -3,7 +3,6 @@
 //! carries, which `nodes` adds: `super::nccl`), interfaces. Read over a `Host`; judged against
 //! the definitions for `sparkform nodes`.
 
-use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
@@ -15,6 +14,7 @@ use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, Output};
 use crate::kinds::attachment;
 use crate::kinds::DesiredConfig;
+use crate::kinds::Registered;
 use crate::vocabulary::KindId;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

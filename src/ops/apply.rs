@@ -3,7 +3,6 @@
 //! plan), then, once the caller agreed, run the executor on the definitions the plan was made
 //! from. Ctrl-C handling is offered to callers that own a terminal.
 
-use crate::kinds::Registered;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
@@ -15,6 +14,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::ReadMode;
+use crate::kinds::Registered;
 use crate::plan::planfile::PlanFile;
 use crate::plan::{Observations, Plan, PlanOptions};
 use crate::state::{State, StateLock, StateStore};

@@ -4,7 +4,6 @@
 //! recorded resource. `import` blocks are observed here for `plan` and `apply`; `sparkform
 //! import ADDR ID` records one at once.
 
-use crate::kinds::Registered;
 use std::collections::BTreeMap;
 
 use crate::config::{Config, Import as ImportBlock};
@@ -12,6 +11,7 @@ use crate::diag::{did_you_mean, Diag, Diagnostics, Span};
 use crate::events::Sender;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::machine;
+use crate::kinds::Registered;
 use crate::plan::{Import, Plan, PlanOptions};
 use crate::state::{State, StateStore};
 use crate::vocabulary::KindId;
@@ -382,6 +382,8 @@ pub fn generated_hcl(imports: &[Import]) -> (String, Vec<String>) {
         body = body.add_block(b.build());
     }
     let text = hcl::to_string(&body.build()).unwrap_or_default();
+    // As `sparkform fmt` lays it out, so that keeping it with the definitions changes nothing.
+    let text = crate::fmt::format_source(&text).unwrap_or(text);
     let head = if text.is_empty() {
         String::new()
     } else {

@@ -2,13 +2,13 @@
 //! every resource's `Kind::lock_entry`), the image references the nodes name now, and what
 //! changes against the file. Not the state's lock (`state::StateLock`).
 
-use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use crate::config::Config;
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::{image, HostPool};
+use crate::kinds::Registered;
 use crate::lock_file::LockFile;
 use crate::state::State;
 

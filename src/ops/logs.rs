@@ -1,6 +1,5 @@
 //! Logs: the deployment's containers' logs from every node at once, merged in time order.
 
-use crate::kinds::Registered;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -10,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{machine, LogRead};
+use crate::kinds::Registered;
 use crate::kinds::RunsIn;
 use crate::vocabulary::KindId;
 

@@ -1,6 +1,5 @@
 //! Status: the recorded deployment against what runs, on one screen.
 
-use crate::kinds::Registered;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -8,6 +7,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::hosts::{Host, HostOptions, HostPool};
 use crate::kinds::machine::machine;
+use crate::kinds::Registered;
 use crate::state::{ResourceState, State};
 use crate::vocabulary::{KindId, Lifecycle};
 

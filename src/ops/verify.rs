@@ -1,6 +1,5 @@
 //! Verify: run the probes against what is deployed, changing nothing.
 
-use crate::kinds::Registered;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -11,6 +10,7 @@ use crate::events::{emit, Event, Secrets, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{container_index, machine, ContainerIndex, StepError};
+use crate::kinds::Registered;
 use crate::state::State;
 use crate::vocabulary::Lifecycle;
 use crate::workspace::Workspace;

@@ -9,7 +9,6 @@
 //! its own, and opened again after. The state lock is held only by the restart's apply (and the
 //! short write that records the restart), so `plan` and `status` work beside it.
 
-use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kinds::machine::{container_index, machine, ReadMode};
+use crate::kinds::Registered;
 use crate::plan::PlanOptions;
 use crate::state::{Restart, State, StateStore, RESTARTS_KEPT};
 use crate::vocabulary::Lifecycle;

@@ -13,7 +13,6 @@ mod record;
 pub mod render;
 pub use foreign::{import_block, import_blocks, Foreign};
 
-use crate::kinds::Registered;
 use outputs::output_changes;
 use record::mark;
 pub use record::{
@@ -28,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
+use crate::kinds::Registered;
 use crate::state::{
     hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, OutputState, ResourceState, State,
     LEGACY_PREFIX,

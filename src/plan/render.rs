@@ -2,13 +2,13 @@
 //! changed inside lists, maps and objects, then the outputs, the summary and the impact on the
 //! running deployment.
 
-use crate::kinds::Registered;
 use std::fmt::Write as _;
 
 use super::diff::{self, Noun, Sign, SENSITIVE};
 use super::impact::{Impact, PhaseTimes};
 use super::{Action, AttrChange, Change, Plan};
 use crate::kinds::address;
+use crate::kinds::Registered;
 
 /// Where an attribute line's sign sits (under the resource's own sign).
 const ATTR_COL: usize = 6;

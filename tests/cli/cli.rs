@@ -940,8 +940,16 @@ fn import_and_generate_config_out_adopt_what_runs_through_the_binary() {
     assert_eq!(code, 0, "{stdout}{stderr}");
     let text = std::fs::read_to_string(&generated).unwrap();
     assert!(text.contains("container \"other\" {"), "{text}");
-    assert!(text.contains(&format!("image = \"{TINY}\"")), "{text}");
-    assert!(text.contains("node = node.here"), "{text}");
+    let attribute = |name: &str, value: &str| {
+        text.lines().any(|l| {
+            l.split_once('=')
+                .is_some_and(|(k, v)| k.trim() == name && v.trim() == value)
+        })
+    };
+    assert!(attribute("image", &format!("\"{TINY}\"")), "{text}");
+    assert!(attribute("node", "node.here"), "{text}");
+    // Laid out as `sparkform fmt` would: keeping it changes nothing.
+    assert_eq!(sparkform::fmt::format_source(&text).unwrap(), text);
     let (code, _, stderr) = out(sparkform().args([
         "plan",
         d,

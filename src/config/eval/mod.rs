@@ -4,7 +4,6 @@
 //! dependency edges of the resources. An item is evaluated with a context that holds only the
 //! parts of other items it references, so the cost follows the references, not the config size.
 
-use crate::kinds::Registered;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -24,6 +23,7 @@ use super::refs::{self, Ref, Step};
 use super::schema::{self, BlockSpec, Kind};
 use super::types::{self, Type};
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
+use crate::kinds::Registered;
 use crate::vocabulary::KindId;
 
 // The lowering of each block that is no resource kind, one file each; the engine is this file.

@@ -2,7 +2,6 @@
 //! observed, and what the executor hands a step. The executor and refresh ask [`machine`] for a
 //! kind's half and name no kind.
 
-use crate::kinds::Registered;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -14,6 +13,7 @@ use crate::config::Readings;
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
+use crate::kinds::Registered;
 use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
 
