@@ -38,6 +38,17 @@ fn record_as_applied(dir: &std::path::Path) -> StateStore {
     store
 }
 
+/// Definitions of one container `name` on this machine's Docker Engine, recorded as applied
+/// though no such container runs (its image is none the engine has): the state's store.
+fn recorded_gone_container(name: &str) -> (tempfile::TempDir, StateStore) {
+    let dir = common::write_config(&[(
+        "main.hcl",
+        &format!("node \"here\" {{\n  address = \"local\"\n}}\n\ncontainer \"gone\" {{\n  node  = node.here\n  name  = \"{name}\"\n  image = \"sf-none:never\"\n}}\n"),
+    )]);
+    let store = record_as_applied(dir.path());
+    (dir, store)
+}
+
 #[test]
 fn validate_ok_and_error_exit_codes() {
     let (code, stdout, _) = out(sparkform().args(["validate", "examples/qwen35-two-sparks"]));
@@ -561,12 +572,8 @@ fn the_folders_own_var_files_load_in_terraforms_order() {
 fn a_destroy_saved_as_a_plan_file_applies_exactly_and_only_once() {
     // A container on this machine's Docker Engine that is no longer there: its removal
     // finds it gone, so the test needs no image.
-    let dir = common::write_config(&[(
-        "main.hcl",
-        "node \"here\" {\n  address = \"local\"\n}\n\ncontainer \"gone\" {\n  node  = node.here\n  name  = \"sf-cli-destroy-plan-gone\"\n  image = \"sf-none:never\"\n}\n",
-    )]);
+    let (dir, store) = recorded_gone_container("sf-cli-destroy-plan-gone");
     let d = dir.path().to_str().unwrap();
-    let store = record_as_applied(dir.path());
     let plan_path = dir.path().join("down.plan");
     let down = plan_path.to_str().unwrap();
     // -destroy with an apply's flag: refused before anything is read.
@@ -776,12 +783,8 @@ fn validate_warns_of_gpu_memory_utilization_it_cannot_check_yet() {
 #[test]
 fn refresh_only_shows_what_is_gone_and_records_it_only_when_approved() {
     // A container on this machine's Docker Engine that is no longer there.
-    let dir = common::write_config(&[(
-        "main.hcl",
-        "node \"here\" {\n  address = \"local\"\n}\n\ncontainer \"gone\" {\n  node  = node.here\n  name  = \"sf-cli-refresh-only-gone\"\n  image = \"sf-none:never\"\n}\n",
-    )]);
+    let (dir, store) = recorded_gone_container("sf-cli-refresh-only-gone");
     let d = dir.path().to_str().unwrap();
-    let store = record_as_applied(dir.path());
     let serial = store.load().unwrap().unwrap().serial;
     let (code, stdout, stderr) =
         out(sparkform().args(["plan", d, "-refresh-only", "-detailed-exitcode"]));
