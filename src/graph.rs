@@ -1,6 +1,6 @@
 //! The dependency graph of a configuration's resources: order, parallel levels, DOT.
 
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::vocabulary::KindId;
 use std::collections::{BTreeSet, HashMap};
 

@@ -13,6 +13,7 @@ pub mod graph;
 pub mod hosts;
 pub mod http;
 pub mod inspect;
+pub mod kind;
 pub mod kinds;
 pub mod lock_file;
 pub mod log;

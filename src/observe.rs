@@ -7,8 +7,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::config::Config;
 use crate::hosts::{Host, HostError, HostPool};
+use crate::kind::Registered;
 use crate::kinds::machine::{machine, NodeObservations, ReadMode};
-use crate::kinds::Registered;
 use crate::plan::{Foreign, Observations};
 use crate::state::{ResourceState, State};
 use crate::vocabulary::KindId;

@@ -3,7 +3,7 @@
 //! for, and the run is finalized or rolled back.
 
 use super::*;
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::state::generations;
 use journal_hook::JournalWrite;
 

@@ -20,10 +20,10 @@ use crate::config::Config;
 use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kind::Registered;
 use crate::kinds::machine::{
     container_index, machine, Applied, CheckRun, ContainerIndex, StartGates, StepCx, StepError,
 };
-use crate::kinds::Registered;
 use crate::plan::{Action, Change, Plan};
 use crate::state::{ResourceState, State, StateStore};
 use crate::vocabulary::KindId;

@@ -192,7 +192,7 @@ fn push(args: &StateArgs, file: &std::path::Path, force: bool) -> ExitCode {
     };
     match ops::state::push(&ws, file, force) {
         Ok(w) => {
-            let m = &w.transferred;
+            let m = &w.relocated;
             let was = m
                 .replaced
                 .map(|s| format!(" (it was at serial {s})"))
@@ -224,7 +224,7 @@ fn migrate(args: &StateArgs, to: &str) -> ExitCode {
     };
     match ops::state::migrate(&ws, target) {
         Ok(w) => {
-            let m = &w.transferred;
+            let m = &w.relocated;
             println!(
                 "Migrated the state from {} to {}: serial {}, lineage {}, {} resources.",
                 w.from.as_deref().unwrap_or_default(),

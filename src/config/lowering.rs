@@ -199,6 +199,29 @@ pub trait Engine<'m> {
 /// A kind's lowering: one top-level block into its resources and the value others reference.
 pub type Lower = fn(&mut dyn Engine<'_>) -> Option<Evaluated>;
 
+/// One kind's entry in the evaluation's list of lowerings: each kind's folder makes its own
+/// (`kinds::register!`), so the evaluation names no kind.
+pub struct Registration {
+    pub id: KindId,
+    pub lower: Lower,
+}
+
+/// Every kind's lowering, gathered at link time from the kinds' folders.
+#[linkme::distributed_slice]
+pub static LOWERINGS: [Registration];
+
+/// How a kind's top-level block becomes resources. Every kind of `KindId::ALL` has a lowering
+/// (the test `every_kind_has_one_lowering` guards it); one missing is a bug in the build.
+pub fn lower(kind: KindId) -> Lower {
+    match LOWERINGS.iter().find(|r| r.id == kind) {
+        Some(r) => r.lower,
+        None => panic!(
+            "resource kind `{}` has no lowering: a bug in sparkform",
+            kind.as_str()
+        ),
+    }
+}
+
 pub fn span_of(file: &Arc<SourceFile>, range: Option<std::ops::Range<usize>>) -> Span {
     Span::new(file, range.unwrap_or(0..0))
 }
@@ -219,4 +242,19 @@ pub fn header_span(file: &Arc<SourceFile>, block: &Block) -> Span {
         .or_else(|| block.ident.span().map(|r| r.end))
         .unwrap_or(start);
     Span::new(file, start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind enters its lowering from its folder (`kinds::register!`), once.
+    #[test]
+    fn every_kind_has_one_lowering() {
+        for k in KindId::ALL {
+            let n = LOWERINGS.iter().filter(|r| r.id == *k).count();
+            assert_eq!(n, 1, "{k}: lowerings");
+        }
+        assert_eq!(LOWERINGS.len(), KindId::ALL.len());
+    }
 }

@@ -1,11 +1,10 @@
 //! What each block may contain. The resource kinds declare their own blocks (`kinds::*`); this
 //! lists the others and the top level.
 
-pub use crate::kinds::attachment::{ATTACH, NETWORK};
-pub use crate::kinds::container::{CONTAINER, READY};
-pub use crate::kinds::probe::{EXPECT, PROBE, PROBE_EXEC, PROBE_HTTP, PROBE_TCP};
+use crate::kind::Registered;
 use crate::schema::{opt, req, spec};
 pub use crate::schema::{Attr, BlockSpec, Child, Kind};
+use crate::vocabulary::KindId;
 
 pub static VALIDATION: BlockSpec = spec(
     "validation",
@@ -153,27 +152,20 @@ pub static LOCALS: BlockSpec = BlockSpec {
     open: true,
 };
 
-macro_rules! top_level {
-    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
-        /// Every top-level block; the resource kinds' come from the registry, in its order.
-        pub static TOP_LEVEL: &[&BlockSpec] = &[
-            &VARIABLE,
-            &LOCALS,
-            &JUMP,
-            &NODE,
-            $($(#[$meta])* crate::kinds::$module::TOP_BLOCK,)*
-            &CHECK,
-            &MODULE,
-            &OUTPUT,
-            &IMPORT,
-            &MOVED,
-            &REMOVED,
-            &STATE,
-        ];
-    };
+/// Every top-level block: the language's own, with the resource kinds' from the registry, in
+/// the order of `KindId::ALL`.
+pub fn top_level_blocks() -> Vec<&'static BlockSpec> {
+    let own_before: [&'static BlockSpec; 4] = [&VARIABLE, &LOCALS, &JUMP, &NODE];
+    let own_after: [&'static BlockSpec; 7] =
+        [&CHECK, &MODULE, &OUTPUT, &IMPORT, &MOVED, &REMOVED, &STATE];
+    let kinds = KindId::ALL.iter().map(|k| k.top_block());
+    own_before
+        .into_iter()
+        .chain(kinds)
+        .chain(own_after)
+        .collect()
 }
-crate::vocabulary::for_each_kind!(top_level);
 
 pub fn top_level(kind: &str) -> Option<&'static BlockSpec> {
-    TOP_LEVEL.iter().copied().find(|s| s.kind == kind)
+    top_level_blocks().into_iter().find(|s| s.kind == kind)
 }

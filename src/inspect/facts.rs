@@ -12,10 +12,7 @@ use crate::hosts::glance::Section;
 use crate::hosts::image::{image_ids, short_id};
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, Output};
-use crate::kinds::attachment;
-use crate::kinds::DesiredConfig;
-use crate::kinds::Registered;
-use crate::vocabulary::KindId;
+use crate::kind::Registered;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Gpu {
@@ -614,13 +611,13 @@ pub fn disagreements(config: &Config, node: &Node, facts: &Facts) -> Vec<String>
         });
     }
     // The node's attachments: their interfaces must exist; a different MTU is what apply fixes.
-    let attachments = config
+    let interfaces = config
         .resources
         .iter()
-        .filter(|r| r.kind == KindId::Attachment && r.node.as_deref() == Some(&node.address))
-        .filter_map(|r| Some((r, attachment::Desired::from_config(&r.config).ok()?)));
-    for (r, d) in attachments {
-        let iface = d.interface.as_str();
+        .filter(|r| r.node.as_deref() == Some(&node.address))
+        .filter_map(|r| Some((r, r.kind.kind().placement(&r.config).interface?)));
+    for (r, d) in interfaces {
+        let iface = d.name.as_str();
         if let Some(why) = facts.not_read.get("interfaces") {
             out.push(format!(
                 "{} uses interface {iface}, which cannot be checked: {why}; plan and apply need it",

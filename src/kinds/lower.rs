@@ -8,21 +8,8 @@ use hcl::Value;
 use hcl_edit::structure::Block;
 use hcl_edit::Span as _;
 
-use super::KindId;
-use crate::config::lowering::{span_of, Ctx, Engine, Lower};
+use crate::config::lowering::{span_of, Ctx, Engine};
 use crate::diag::{Diag, SourceFile};
-
-macro_rules! define_lowerings {
-    ($($(#[$meta:meta])* $variant:ident => $module:ident,)*) => {
-        /// How a kind's top-level block becomes resources.
-        pub fn lower(kind: KindId) -> Lower {
-            match kind {
-                $($(#[$meta])* KindId::$variant => super::$module::lower::lower,)*
-            }
-        }
-    };
-}
-crate::vocabulary::for_each_kind!(define_lowerings);
 
 /// A node object's name (`spark1`), from a `node.spark1` value.
 pub(crate) fn node_name(v: &Value) -> Option<String> {

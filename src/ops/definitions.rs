@@ -258,7 +258,7 @@ mod tests {
     use crate::fake::{Answer, FakeHost, FakeWorld};
     use crate::fake_docker::{FakeDocker, Fault};
     use crate::hosts::{Host, HostOptions};
-    use crate::kinds::Registered;
+    use crate::kind::Registered;
 
     const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -592,8 +592,7 @@ output "path" {
         let state = ws.state().unwrap().unwrap();
         let record = &state.resources["toy.t"];
         assert_eq!(record.schema_version, 2);
-        let facts: crate::kinds::toy::Recorded =
-            crate::kinds::facts_of(&record.attributes).unwrap();
+        let facts: crate::kinds::toy::Recorded = crate::kind::facts_of(&record.attributes).unwrap();
         assert_eq!(facts.said.as_deref(), Some("hello"));
 
         let config = load(&ws, &VarInputs::default())

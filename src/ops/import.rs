@@ -10,8 +10,8 @@ use crate::config::{Config, Import as ImportBlock};
 use crate::diag::{did_you_mean, Diag, Diagnostics, Span};
 use crate::events::Sender;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kind::Registered;
 use crate::kinds::machine::machine;
-use crate::kinds::Registered;
 use crate::plan::{Import, Plan, PlanOptions};
 use crate::state::{State, StateStore};
 use crate::vocabulary::KindId;
@@ -26,7 +26,7 @@ pub fn kind_of_address(address: &str) -> Option<KindId> {
             "module" => {
                 parts.next()?;
             }
-            block => return crate::kinds::declared_by(block.split('[').next()?),
+            block => return crate::kind::declared_by(block.split('[').next()?),
         }
     }
 }

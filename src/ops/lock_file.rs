@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::config::Config;
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::{image, HostPool};
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::lock_file::LockFile;
 use crate::state::State;
 

@@ -8,13 +8,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{HostOptions, HostPool};
+use crate::kind::Registered;
+use crate::kind::RunsIn;
 use crate::kinds::machine::{machine, LogRead};
-use crate::kinds::Registered;
-use crate::kinds::RunsIn;
 use crate::vocabulary::KindId;
 
 /// Whether a command-line word reads as a resource address (`logs ADDRESS` without a folder).
-pub use crate::kinds::address::begins_like_an_address;
+pub use crate::kind::address::begins_like_an_address;
 
 /// A container whose logs are asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]

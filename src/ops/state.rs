@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::config::backend::BackendKind;
-use crate::state::{ResourceState, State, StateError, Transferred};
+use crate::state::{Relocated, ResourceState, State, StateError};
 use crate::workspace::Workspace;
 
 use super::OpError;
@@ -54,7 +54,7 @@ pub fn pull(ws: &Workspace) -> Result<Option<Vec<u8>>, StateError> {
 
 /// What a push or a migration wrote, and where.
 pub struct Written {
-    pub transferred: Transferred,
+    pub relocated: Relocated,
     /// The store written, as messages name it.
     pub to: String,
     /// The store read (a migration's source).
@@ -66,9 +66,9 @@ pub fn push(ws: &Workspace, file: &Path, force: bool) -> Result<Written, OpError
     let doc = std::fs::read(file)
         .map_err(|e| OpError::Local(format!("cannot read {}: {e}", file.display())))?;
     let store = ws.store();
-    let transferred = store.push(&doc, file, force)?;
+    let relocated = store.push(&doc, file, force)?;
     Ok(Written {
-        transferred,
+        relocated,
         to: store.describe(),
         from: None,
     })
@@ -87,9 +87,9 @@ pub fn migrate(ws: &Workspace, to: BackendKind) -> Result<Written, OpError> {
         BackendKind::Local => BackendKind::Pg,
     };
     let (source, dest) = (ws.store_on(from), ws.store_on(to));
-    let transferred = source.migrate_to(&dest)?;
+    let relocated = source.migrate_to(&dest)?;
     Ok(Written {
-        transferred,
+        relocated,
         to: dest.describe(),
         from: Some(source.describe()),
     })

@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::hosts::{Host, HostOptions, HostPool};
+use crate::kind::Registered;
 use crate::kinds::machine::machine;
-use crate::kinds::Registered;
 use crate::state::{ResourceState, State};
 use crate::vocabulary::{KindId, Lifecycle};
 

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::hosts::{Endpoint, Host, HostOptions, HostPool};
-use crate::kinds::{Reaches, Registered};
+use crate::kind::{Reaches, Registered};
 
 /// What a tunnel reaches: a URL as a node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! how long the disruption should last, judged by the durations the last apply recorded. Pure:
 //! computed from the plan, the configuration, its graph and the state.
 
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::vocabulary::KindId;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Action, Plan};
 use crate::config::Config;
-use crate::kinds::address;
+use crate::kind::address;
 use crate::vocabulary::Lifecycle;
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;

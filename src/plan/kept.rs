@@ -1,7 +1,7 @@
 //! What a plan says the changed resources keep on their nodes for a rollback.
 
 use super::{note, Action, Change};
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::state::State;
 
 /// What the changed resources keep on their nodes for a rollback once the apply succeeds (a

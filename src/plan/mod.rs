@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::state::{
     hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, OutputState, ResourceState, State,
     LEGACY_PREFIX,

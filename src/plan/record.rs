@@ -2,7 +2,7 @@
 //! writer of a resource's entry), imports, outputs, and the marks written around a step.
 
 use super::*;
-use crate::kinds::Registered;
+use crate::kind::Registered;
 
 /// Record an import: the object as it runs, before any step changes it.
 pub fn record_import(state: &mut State, i: &Import, depends_on: Vec<String>) {

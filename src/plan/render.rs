@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use super::diff::{self, Noun, Sign, SENSITIVE};
 use super::impact::{Impact, PhaseTimes};
 use super::{Action, AttrChange, Change, Plan};
-use crate::kinds::address;
-use crate::kinds::Registered;
+use crate::kind::address;
+use crate::kind::Registered;
 
 /// Where an attribute line's sign sits (under the resource's own sign).
 const ATTR_COL: usize = 6;

@@ -8,7 +8,7 @@ pub mod generations;
 mod hash_key;
 mod lock;
 mod pg;
-mod transfer;
+mod relocate;
 mod write;
 pub(crate) use write::write_file;
 mod upgrade;
@@ -22,7 +22,7 @@ pub use hash_key::{
     UNKEYED,
 };
 pub use lock::{holder_process, HolderProcess, LockInfo, LockStatus, StateLock};
-pub use transfer::Transferred;
+pub use relocate::Relocated;
 
 use std::collections::BTreeMap;
 use std::io;

@@ -4,7 +4,7 @@
 //! So a state written by an earlier sparkform loads, and no kind reads an old shape.
 
 use super::{ResourceState, State};
-use crate::kinds::Registered;
+use crate::kind::Registered;
 
 impl ResourceState {
     /// Bring `attributes` to the shape its kind writes now, as OpenTofu's

@@ -1,6 +1,6 @@
 //! The words every layer shares about resources, below all of them: the kinds' names, how a
 //! resource of a kind lives and what a plan does with its drift, which address lies under
-//! which, the phases of a start. What a kind *does* is the kinds' (`kinds::Registered` maps a
+//! which, the phases of a start. What a kind *does* is the kinds' (`kind::Registered` maps a
 //! name to its folder); this room names, and imports nothing of the crate.
 
 use serde::{Deserialize, Serialize};
@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Every resource kind, once, as `Variant => folder`: the folder under `src/kinds/` that holds
 /// it, whose name is the kind's name in plans and state files. A new kind is its folder plus
 /// one line here (with `#[cfg(...)]` before it when only some builds have it: the toy kind of
-/// the crate's tests); `kinds::Registered` maps each to its folder.
+/// the crate's tests); `kind::Registered` maps each to its folder.
 macro_rules! for_each_kind {
     ($then:ident) => {
         $then! {

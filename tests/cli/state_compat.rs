@@ -3,7 +3,7 @@
 //! state sparkform wrote at 4cba871 (before records had versions) applying that commit's
 //! `examples/testbed-mp` to the testbed, with those definitions and modules.
 
-use sparkform::kinds::Registered;
+use sparkform::kind::Registered;
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -30,7 +30,7 @@ fn a_state_written_at_4cba871_loads_upgraded_and_plans_no_change() {
         );
     }
     let rank: sparkform::kinds::container::Recorded =
-        sparkform::kinds::facts_of(&state.resources["module.qwen.container.rank0"].attributes)
+        sparkform::kind::facts_of(&state.resources["module.qwen.container.rank0"].attributes)
             .expect("a container's facts as its type");
     assert!(
         rank.container_id.as_ref().is_some_and(|id| id.len() == 64)
@@ -41,7 +41,7 @@ fn a_state_written_at_4cba871_loads_upgraded_and_plans_no_change() {
         "{rank:?}"
     );
     let pull: sparkform::kinds::model::Recorded =
-        sparkform::kinds::facts_of(&state.resources["model.qwen[\"node2\"]"].attributes)
+        sparkform::kind::facts_of(&state.resources["model.qwen[\"node2\"]"].attributes)
             .expect("a model's facts as its type");
     assert!(
         pull.peers_served.is_some() && pull.commit.is_some(),

@@ -4,7 +4,7 @@
 //! other shapes ARCHITECTURE.md promises: what the cli may call, where addresses are read,
 //! what the product compiles.
 
-use sparkform::kinds::Registered;
+use sparkform::kind::Registered;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -15,11 +15,24 @@ const PURE: &[&str] = &[
     "config::model",
     "graph",
     "plan",
+    "kind",
     "kinds",
     "kinds::lower",
     "schema",
     "state",
     "diag",
+];
+/// The engine's rooms: they ask the kinds' interface (`kind`) and its registry, which the kinds
+/// enter themselves, and never import a kind (the kinds stand above them).
+const ENGINE: &[&str] = &[
+    "config",
+    "config::lowering",
+    "config::model",
+    "graph",
+    "inspect",
+    "kind",
+    "plan",
+    "state",
 ];
 /// Layers a pure layer must never reach.
 const MACHINE: &[&str] = &[
@@ -361,16 +374,56 @@ fn the_reader_sees_edges_and_layers() {
         Some("kinds")
     );
     let edges = layer_edges();
-    assert!(edges["plan"].iter().any(|(to, _)| to == "kinds"));
+    assert!(edges["plan"].iter().any(|(to, _)| to == "kind"));
     assert!(edges["kinds::machine"].iter().any(|(to, _)| to == "hosts"));
-    // The engine dispatches to the kinds' lowering, which uses the engine's interface.
-    assert!(edges["config"].iter().any(|(to, _)| to == "kinds::lower"));
+    // The kinds register their lowerings with the evaluation, and lower with its interface.
+    assert!(edges["kinds"]
+        .iter()
+        .any(|(to, _)| to == "config::lowering"));
     assert!(edges["kinds::lower"]
         .iter()
         .any(|(to, _)| to == "config::lowering"));
     assert_eq!(
         layer_of(&["kinds".into(), "probe".into(), "lower".into()]).as_deref(),
         Some("kinds::lower")
+    );
+}
+
+/// The edges from an engine room to a kind, as `from → to (file)`.
+fn engine_imports_of_kinds(edges: &BTreeMap<String, BTreeSet<(String, String)>>) -> Vec<String> {
+    ENGINE
+        .iter()
+        .flat_map(|l| edges.get(*l).into_iter().flatten().map(move |e| (l, e)))
+        .filter(|(_, (to, _))| to == "kinds" || to.starts_with("kinds::"))
+        .map(|(l, (to, file))| format!("{l} → {to} ({file})"))
+        .collect()
+}
+
+/// No engine room imports a kind: each asks the registry (`kind::Registered`, the evaluation's
+/// `LOWERINGS`), so the kinds sit above every room they use and a new kind changes none.
+#[test]
+fn no_engine_room_imports_a_kind() {
+    let mut edges = layer_edges();
+    let bad = engine_imports_of_kinds(&edges);
+    assert!(
+        bad.is_empty(),
+        "engine rooms import a kind; ask the registry instead (ARCHITECTURE.md, The kinds' interface):\n  {}",
+        bad.join("\n  ")
+    );
+    // The guard itself: the edges the plan and the evaluation had before the registry moved
+    // below them.
+    for (from, to) in [("plan", "kinds"), ("config", "kinds::lower")] {
+        edges
+            .entry(from.to_string())
+            .or_default()
+            .insert((to.to_string(), format!("{from}.rs")));
+    }
+    assert_eq!(
+        engine_imports_of_kinds(&edges),
+        [
+            "config → kinds::lower (config.rs)",
+            "plan → kinds (plan.rs)"
+        ]
     );
 }
 
@@ -507,7 +560,7 @@ fn the_cli_calls_neither_hosts_nor_kinds() {
     let caught = violations(
         &cli_reaches_below_ops(),
         "x.rs",
-        "crate::hosts::lifetime::shutdown();\nuse crate::kinds::address::begins_like_an_address;\nuse crate::{config, hosts};\nlet p = crate::hosts::HostPool::connect(&c, &n, &o).await;\n",
+        "crate::hosts::lifetime::shutdown();\nuse crate::kinds::container::Desired;\nuse crate::{config, hosts};\nlet p = crate::hosts::HostPool::connect(&c, &n, &o).await;\n",
     );
     assert_eq!(caught.len(), 4, "{caught:?}");
     let allowed = violations(
@@ -566,10 +619,10 @@ fn ops_plan_and_the_cli_leave_docker_and_a_kinds_keys_to_the_kind() {
 }
 
 /// A kind's block must be reachable from the top level of the language, or its resources can
-/// never be declared: a new kind that forgets `config::schema::TOP_LEVEL` fails here.
+/// never be declared: a new kind that is missing from `config::schema::top_level_blocks` fails here.
 #[test]
 fn every_kind_has_its_block_in_the_language() {
-    use sparkform::config::schema::{BlockSpec, Child, TOP_LEVEL};
+    use sparkform::config::schema::{top_level_blocks, BlockSpec, Child};
     fn walk(spec: &'static BlockSpec, out: &mut Vec<&'static BlockSpec>) {
         out.push(spec);
         for Child { spec, .. } in spec.blocks {
@@ -577,14 +630,14 @@ fn every_kind_has_its_block_in_the_language() {
         }
     }
     let mut declared = Vec::new();
-    for spec in TOP_LEVEL {
+    for spec in top_level_blocks() {
         walk(spec, &mut declared);
     }
     for k in sparkform::vocabulary::KindId::ALL {
         let block = k.kind().description().block;
         assert!(
             declared.iter().any(|b| std::ptr::eq(*b, block)),
-            "{k}: block `{}` is not in config::schema::TOP_LEVEL",
+            "{k}: block `{}` is not in config::schema::top_level_blocks",
             block.kind
         );
     }
@@ -593,7 +646,7 @@ fn every_kind_has_its_block_in_the_language() {
 /// A string that starts with a kind's block and a dot (`"probe."`, `"container."`): code that
 /// tells what a resource is by its address's first characters, which a module path defeats
 /// (`module.qwen.probe.rendezvous` is a probe too). Only `src/kinds` may spell addresses;
-/// everywhere else asks `kinds::address`.
+/// everywhere else asks `kind::address`.
 fn kind_name_prefix() -> regex::Regex {
     let blocks: Vec<&str> = sparkform::vocabulary::KindId::ALL
         .iter()
@@ -609,7 +662,7 @@ fn only_the_kinds_read_what_a_resource_is_off_its_address() {
     let (_, bad) = violations_below(&src, |f| !f.starts_with(src.join("kinds")), &forbidden);
     assert!(
         bad.is_empty(),
-        "code outside src/kinds reads a resource's kind off its address; ask kinds::address (ARCHITECTURE.md, Invariants):\n  {}",
+        "code outside src/kinds reads a resource's kind off its address; ask kind::address (ARCHITECTURE.md, Invariants):\n  {}",
         bad.join("\n  ")
     );
     // The guard itself: the test plan/impact.rs had, and what it must let through.

@@ -2,7 +2,7 @@
 //! container configuration the seed example creates.
 
 use crate::common;
-use sparkform::kinds::DesiredConfig;
+use sparkform::kind::DesiredConfig;
 use sparkform::vocabulary::KindId;
 
 use std::path::Path;

@@ -572,7 +572,7 @@ fn an_endpoint_behind_a_probe_in_a_module_is_back_when_that_probe_passes() {
 /// back byte for byte: the typed address and the lowering agree.
 #[test]
 fn every_resource_address_of_the_examples_reads_back_into_its_kind() {
-    use sparkform::kinds::address::Address;
+    use sparkform::kind::address::Address;
     for dir in [
         "examples/testbed",
         "examples/testbed-standin",

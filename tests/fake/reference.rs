@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sparkform::config::schema::{BlockSpec, Kind, TOP_LEVEL};
+use sparkform::config::schema::{top_level_blocks, BlockSpec, Kind};
 
 /// The name the reference uses for a schema type. A new `Kind` fails to compile here until the
 /// reference says how to write it.
@@ -49,7 +49,7 @@ fn schema_blocks() -> BTreeMap<String, Attrs> {
         }
     }
     let mut out = BTreeMap::new();
-    for spec in TOP_LEVEL {
+    for spec in top_level_blocks() {
         walk(spec.kind.to_string(), spec, &mut out);
     }
     out

@@ -3,7 +3,7 @@
 //! the container's label hashes must not move when the types do), and no kind reads its own
 //! configuration by string key.
 
-use sparkform::kinds::Registered;
+use sparkform::kind::Registered;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

@@ -37,7 +37,7 @@ impl Loader {
         let kind = block.ident.as_str();
         let header = header_span(file, block);
         let Some(spec) = schema::top_level(kind) else {
-            let kinds = schema::TOP_LEVEL.iter().map(|s| s.kind);
+            let kinds = schema::top_level_blocks().into_iter().map(|s| s.kind);
             let mut d = Diag::error(
                 "config::unknown_block",
                 format!("unknown block type `{kind}`"),
@@ -47,8 +47,8 @@ impl Loader {
                 Some(s) => d.help(format!("did you mean `{s}`?")),
                 None => d.help(format!(
                     "blocks are {}",
-                    schema::TOP_LEVEL
-                        .iter()
+                    schema::top_level_blocks()
+                        .into_iter()
                         .map(|s| s.kind)
                         .collect::<Vec<_>>()
                         .join(", ")

@@ -23,7 +23,7 @@ use super::refs::{self, Ref, Step};
 use super::schema::{self, BlockSpec, Kind};
 use super::types::{self, Type};
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
-use crate::kinds::Registered;
+use crate::kind::Registered;
 use crate::vocabulary::KindId;
 
 // The lowering of each block that is no resource kind, one file each; the engine is this file.
@@ -72,7 +72,7 @@ impl Root {
             "jump" => Root::Jump,
             "node" => Root::Node,
             "module" => Root::Module,
-            other => Root::Resource(crate::kinds::declared_by(other)?),
+            other => Root::Resource(crate::kind::declared_by(other)?),
         })
     }
 
@@ -276,7 +276,7 @@ impl Loader {
             Root::Local => self.eval_local(scope, i),
             Root::Jump => self.eval_jump(scope, i),
             Root::Node => self.eval_node(scope, i),
-            Root::Resource(k) => crate::kinds::lower::lower(k)(&mut Lowering {
+            Root::Resource(k) => super::lowering::lower(k)(&mut Lowering {
                 loader: self,
                 scope,
                 i,

@@ -2,7 +2,7 @@
 //! cycles reported with every member.
 
 use super::*;
-use crate::kinds::Registered;
+use crate::kind::Registered;
 
 impl Loader {
     /// Resolve references to items, report unknown ones and cycles; return the evaluation order.

@@ -8,8 +8,8 @@ use hcl::{Map, Value};
 use super::{ATTACH, NETWORK};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
+use crate::kind::DesiredConfig;
 use crate::kinds::attachment;
-use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_network()

@@ -11,11 +11,11 @@ use crate::config::{Config, Resource};
 use crate::hosts::glance::Glance;
 use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
+use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
     Step, StepError,
 };
-use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Drift};
 
 pub struct AttachmentMachine;
@@ -945,7 +945,7 @@ async fn import_attachment(
     };
     Ok(crate::kinds::machine::Imported {
         config: config.to_config(),
-        attributes: crate::kinds::facts_to_attributes(&recorded),
+        attributes: crate::kind::facts_to_attributes(&recorded),
         notes: Vec::new(),
         secret_paths: Vec::new(),
     })

@@ -5,8 +5,9 @@ pub mod machine;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Kind, OnDrift};
+use crate::kind::Kind;
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
+use crate::vocabulary::OnDrift;
 
 /// The block that declares it.
 pub static ATTACH: BlockSpec = spec(
@@ -40,27 +41,32 @@ pub static TOP_BLOCK: &BlockSpec = &NETWORK;
 
 pub struct Attachment;
 pub static KIND: Attachment = Attachment;
+super::register!(Attachment, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for Attachment {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &ATTACH,
         in_place: IN_PLACE,
         whole_attributes: &[],
         lifecycle: crate::vocabulary::Lifecycle::Converges,
         on_drift: OnDrift::Update,
         service: false,
-        disruption: Some(super::Disruption {
+        disruption: Some(crate::kind::Disruption {
             replaced: "is replaced: its fabric address is removed and added again",
             removed: "is removed: its fabric address goes away",
         }),
         found_untracked: false,
         dot_shape: "cds",
     };
-    fn placement(&self, desired: &Desired) -> super::Placement {
-        super::Placement {
+    fn placement(&self, desired: &Desired) -> crate::kind::Placement {
+        crate::kind::Placement {
             node_address: Some(desired.address.clone()),
+            interface: Some(crate::kind::Interface {
+                name: desired.interface.clone(),
+                mtu: desired.mtu,
+            }),
             ..Default::default()
         }
     }
@@ -78,7 +84,7 @@ pub struct Recorded {
     pub previous_addresses: Option<Vec<String>>,
 }
 
-impl super::RecordedFacts for Recorded {}
+impl crate::kind::RecordedFacts for Recorded {}
 
 /// An attachment's desired configuration, as lowered from its `attach` block and as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,7 +102,7 @@ pub struct Desired {
     pub roce: Option<Roce>,
 }
 
-impl super::DesiredConfig for Desired {}
+impl crate::kind::DesiredConfig for Desired {}
 
 /// What NCCL must be told to use RoCE on one node's side of a fabric, read from its sysfs at
 /// plan time and recorded, so that `-refresh=false` plans with what the last apply used.

@@ -12,7 +12,8 @@ use crate::vocabulary::Gpus;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use crate::kinds::{known, DesiredConfig, Texts};
+use crate::kind::DesiredConfig;
+use crate::kinds::{known, Texts};
 
 /// Docker's own stop timeout, when the block sets none.
 pub const DEFAULT_STOP_SECS: i32 = 10;
@@ -48,7 +49,7 @@ pub struct Recorded {
     pub start_secs: Option<f64>,
 }
 
-impl crate::kinds::RecordedFacts for Recorded {}
+impl crate::kind::RecordedFacts for Recorded {}
 
 /// The phases of the latest start from a cold cache folder and of the latest from a warm one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

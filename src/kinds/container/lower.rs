@@ -10,8 +10,8 @@ use hcl_edit::structure::Block;
 use super::{CONTAINER, READY};
 use crate::config::lowering::*;
 use crate::diag::{Diag, SourceFile, Span};
+use crate::kind::DesiredConfig;
 use crate::kinds::container;
-use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_container()
@@ -67,7 +67,7 @@ impl dyn Engine<'_> + '_ {
                     // Renamed by a `moved` block: the name it had, so the move restarts nothing.
                     let before = self.address_before_moves(&address);
                     if before != address {
-                        if let Some(a) = crate::kinds::address::Address::parse(&before) {
+                        if let Some(a) = crate::kind::address::Address::parse(&before) {
                             parts = a.modules.into_iter().chain([a.name]).chain(a.key).collect();
                         }
                     }

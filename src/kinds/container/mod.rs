@@ -7,8 +7,9 @@ pub mod progress;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Kind, OnDrift};
+use crate::kind::Kind;
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
+use crate::vocabulary::OnDrift;
 
 pub static READY: BlockSpec = spec(
     "ready",
@@ -79,18 +80,20 @@ pub static TOP_BLOCK: &BlockSpec = &CONTAINER;
 use hcl::{Map, Value};
 
 pub use super::to_json;
-use super::{DesiredConfig, Problem};
+use super::Problem;
+use crate::kind::DesiredConfig;
 pub use desired::{
     CacheMount, Desired, MemoryNeed, PhaseSecs, PhasesByCache, ReadyCheck, ReadyKind, Recorded,
 };
 
 pub struct Container;
 pub static KIND: Container = Container;
+super::register!(Container, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for Container {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &CONTAINER,
         in_place: IN_PLACE,
         // The ready checks are shown as a whole: one check's fields mean little apart.
@@ -98,7 +101,7 @@ impl Kind for Container {
         lifecycle: crate::vocabulary::Lifecycle::Converges,
         on_drift: OnDrift::Replace,
         service: true,
-        disruption: Some(super::STOPS),
+        disruption: Some(crate::kind::STOPS),
         found_untracked: true,
         dot_shape: "box",
     };
@@ -112,7 +115,7 @@ impl Kind for Container {
         let pinned = recorded.and_then(|r| text(&r.image_digest).or(text(&r.image_id)));
         vec![(desired.image.clone(), pinned)]
     }
-    fn placement(&self, desired: &Desired) -> super::Placement {
+    fn placement(&self, desired: &Desired) -> crate::kind::Placement {
         let mut fail_on_log: Vec<(String, String)> = desired
             .ready
             .iter()
@@ -121,16 +124,16 @@ impl Kind for Container {
             .collect();
         fail_on_log.sort();
         fail_on_log.dedup();
-        super::Placement {
-            runs_in: Some(super::RunsIn {
+        crate::kind::Placement {
+            runs_in: Some(crate::kind::RunsIn {
                 name: desired.name.clone(),
                 fail_on_log,
             }),
             ..Default::default()
         }
     }
-    fn holds(&self, recorded: &Recorded) -> super::Holds {
-        super::Holds {
+    fn holds(&self, recorded: &Recorded) -> crate::kind::Holds {
+        crate::kind::Holds {
             id: recorded.container_id.clone(),
             from_log: recorded.from_log.clone().unwrap_or_default(),
             kept_on_delete: recorded
@@ -146,12 +149,12 @@ impl Kind for Container {
         desired: &Desired,
         found: Option<&serde_json::Value>,
         recorded: Option<&Recorded>,
-    ) -> Option<super::Reuse> {
+    ) -> Option<crate::kind::Reuse> {
         let cache = desired.cache.as_ref()?;
         let found: CacheFound = serde_json::from_value(found?.clone()).ok()?;
         let found = found.cache?;
         let times = StartTimes::of(recorded);
-        Some(super::Reuse {
+        Some(crate::kind::Reuse {
             image_id: found.image_id,
             warm: found.warm,
             last_start_warm: times.last_warm,
@@ -196,13 +199,13 @@ impl<'r> StartTimes<'r> {
         }
     }
 
-    fn phase(&self, label: &str) -> super::PhaseTimes {
+    fn phase(&self, label: &str) -> crate::vocabulary::PhaseTimes {
         let of = |cache: fn(&PhasesByCache) -> Option<&PhaseSecs>| {
             self.by_cache.and_then(cache)?.get(label).copied()
         };
         // A state from before `phase_secs_by_cache`: its last start counts as cold.
         let last = self.last.and_then(|p| p.get(label).copied());
-        super::PhaseTimes {
+        crate::vocabulary::PhaseTimes {
             label: label.to_string(),
             cold_secs: of(|b| b.cold.as_ref()).or(if self.last_warm { None } else { last }),
             warm_secs: of(|b| b.warm.as_ref()).or(if self.last_warm { last } else { None }),

@@ -9,8 +9,9 @@ use serde_json::Number;
 
 use super::{check, Desired, Rank, FABRIC_TEST};
 use crate::config::lowering::*;
+use crate::kind::DesiredConfig;
 use crate::kinds::lower::{fabric_address, node_name};
-use crate::kinds::{to_json, DesiredConfig};
+use crate::kinds::to_json;
 use crate::vocabulary::Gpus;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {

@@ -16,9 +16,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use super::{Kind, Lifecycle, OnDrift, Texts};
+use super::Texts;
+use crate::kind::Kind;
 use crate::schema::{self, opt, req, spec, BlockSpec};
 use crate::vocabulary::Gpus;
+use crate::vocabulary::{Lifecycle, OnDrift};
 
 /// The block that declares it.
 pub static FABRIC_TEST: BlockSpec = spec(
@@ -60,7 +62,7 @@ pub struct Recorded {
     pub busbw_gbps: Option<f64>,
 }
 
-impl super::RecordedFacts for Recorded {}
+impl crate::kind::RecordedFacts for Recorded {}
 
 /// Its desired configuration: the ranks in order (rank 0's address is the rendezvous) and
 /// what each rank's container gets.
@@ -111,7 +113,7 @@ impl Rank {
     }
 }
 
-impl super::DesiredConfig for Desired {}
+impl crate::kind::DesiredConfig for Desired {}
 
 fn default_port() -> Number {
     Number::from(DEFAULT_PORT)
@@ -250,11 +252,12 @@ pub fn parse_busbw(output: &str) -> Option<Busbw> {
 
 pub struct FabricTest;
 pub static KIND: FabricTest = FabricTest;
+super::register!(FabricTest, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for FabricTest {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &FABRIC_TEST,
         // It changes nothing: every attribute is "in place" (a change makes it run again).
         in_place: &[
@@ -282,8 +285,8 @@ impl Kind for FabricTest {
     };
     /// It loads a serving deployment's fabric and GPUs: `verify` and `watch` run it only when
     /// named.
-    fn checking(&self, _desired: &Desired) -> super::Checking {
-        super::Checking {
+    fn checking(&self, _desired: &Desired) -> crate::kind::Checking {
+        crate::kind::Checking {
             unnamed: false,
             soak_secs: None,
             readiness: false,

@@ -7,15 +7,16 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind, KindId};
 use crate::config::Config;
 use crate::config::Readings;
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
-use crate::kinds::Registered;
+use crate::kind::Registered;
+use crate::kind::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind};
 use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
+use crate::vocabulary::KindId;
 
 mod check;
 mod docker_errors;
@@ -203,7 +204,7 @@ pub struct LogRead {
     pub index: usize,
     pub address: String,
     pub node: String,
-    pub source: super::RunsIn,
+    pub source: crate::kind::RunsIn,
     pub lineage: Option<String>,
     pub follow: bool,
     /// Only lines newer than this (Unix seconds).
@@ -1135,7 +1136,7 @@ mod tests {
         let toy = super::machine(crate::vocabulary::KindId::Toy);
         let applied: super::Applied = toy.apply(&cx, crate::plan::Action::Update).await.unwrap();
         let facts: crate::kinds::toy::Recorded =
-            crate::kinds::facts_of(&applied.attributes).unwrap();
+            crate::kind::facts_of(&applied.attributes).unwrap();
         assert_eq!(facts.said.as_deref(), Some("after"));
         let undone = toy
             .undo(&cx, crate::plan::Action::Update, &applied)

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kinds::DesiredConfig;
+use crate::kind::DesiredConfig;
 
 /// The download node fetches from the hub and serves its peers; a pull node copies from it.
 pub const ROLE_DOWNLOAD: &str = "download";
@@ -118,7 +118,7 @@ pub struct Kept {
     pub bytes: Option<u64>,
 }
 
-impl crate::kinds::RecordedFacts for Recorded {}
+impl crate::kind::RecordedFacts for Recorded {}
 
 impl Kept {
     /// The earlier revisions' snapshots a node keeps once `commit` is in use, from

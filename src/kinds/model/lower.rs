@@ -12,8 +12,9 @@ use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
 use super::{ROLE_DOWNLOAD, ROLE_PULL};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
+use crate::kind::DesiredConfig;
 use crate::kinds::lower::{fabric_address, node_name};
-use crate::kinds::{model, DesiredConfig};
+use crate::kinds::model;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_model()

@@ -9,8 +9,9 @@ pub mod machine;
 
 pub use desired::{Desired, Recorded, ROLE_DOWNLOAD, ROLE_PULL};
 
-use super::{Kind, OnDrift};
+use crate::kind::Kind;
 use crate::schema::{self, opt, req, spec, BlockSpec};
+use crate::vocabulary::OnDrift;
 
 /// The block that declares it.
 pub static MODEL: BlockSpec = spec(
@@ -47,6 +48,7 @@ pub const DEFAULT_REVISION: &str = "main";
 
 pub struct Model;
 pub static KIND: Model = Model;
+super::register!(Model, KIND, TOP_BLOCK, lower::lower);
 
 /// The earlier revisions a node keeps, as a plan says it: how many, their size, their commits;
 /// and those it removes.
@@ -94,7 +96,7 @@ pub const IN_PLACE: &[&str] = &[
 impl Kind for Model {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &MODEL,
         in_place: IN_PLACE,
         whole_attributes: &[],
@@ -130,8 +132,8 @@ impl Kind for Model {
     }
     /// A snapshot of the commit the definitions want (verified, then kept by a rollback) is
     /// the copy the next apply uses; any other untracked snapshot goes.
-    fn untracked(&self, orphan_id: &str, desired: Option<&Desired>) -> super::Untracked {
-        super::Untracked {
+    fn untracked(&self, orphan_id: &str, desired: Option<&Desired>) -> crate::kind::Untracked {
+        crate::kind::Untracked {
             found_by: "was copied and verified by sparkform into the block's cache folder",
             wanted: desired.is_some_and(|d| d.commit.as_deref() == Some(orphan_id)),
         }
@@ -353,22 +355,22 @@ mod tests {
         let c = |rev: &str, commit: &str| serde_json::json!({"revision": rev, "commit": commit});
         let (a, b) = ("a".repeat(40), "b".repeat(40));
         assert_eq!(
-            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("main", &b))
+            crate::kind::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("main", &b))
                 .as_deref(),
             Some("revision changed: main now points at bbbbbbbbbbbb (was aaaaaaaaaaaa)")
         );
         assert_eq!(
-            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("v2", &b))
+            crate::kind::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("v2", &b))
                 .as_deref(),
             Some("the revision changes from main to v2, commit bbbbbbbbbbbb")
         );
         assert_eq!(
-            crate::kinds::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c(&b, &b))
+            crate::kind::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c(&b, &b))
                 .as_deref(),
             Some("the revision changes to commit bbbbbbbbbbbb")
         );
         assert_eq!(
-            crate::kinds::AnyKind::replace_reason(&Model, "cache", &c("main", &a), &c("main", &b)),
+            crate::kind::AnyKind::replace_reason(&Model, "cache", &c("main", &a), &c("main", &b)),
             None
         );
     }

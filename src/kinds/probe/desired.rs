@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
-use crate::kinds::{DesiredConfig, Texts};
+use crate::kind::DesiredConfig;
+use crate::kinds::Texts;
 
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 pub const DEFAULT_INTERVAL_SECS: u64 = 2;
@@ -50,7 +51,7 @@ pub struct Recorded {
 }
 
 /// A record from before the figures (none) reads as one without them: no upgrade to make.
-impl crate::kinds::RecordedFacts for Recorded {}
+impl crate::kind::RecordedFacts for Recorded {}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Soak {

@@ -8,8 +8,8 @@ use hcl::{Map, Value};
 use super::PROBE;
 use crate::config::lowering::*;
 use crate::diag::Diag;
+use crate::kind::DesiredConfig;
 use crate::kinds::probe;
-use crate::kinds::DesiredConfig;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     cx.eval_probe()

@@ -7,8 +7,9 @@ pub mod machine;
 
 pub use desired::{Desired, Recorded};
 
-use super::{Kind, Lifecycle, OnDrift};
+use crate::kind::Kind;
 use crate::schema::{self, opt, req, spec, BlockSpec, Child};
+use crate::vocabulary::{Lifecycle, OnDrift};
 
 pub static PROBE_HTTP: BlockSpec = spec(
     "http",
@@ -162,15 +163,17 @@ use std::collections::BTreeMap;
 use hcl::{Map, Value};
 
 use super::to_json;
-use super::{DesiredConfig, Problem};
+use super::Problem;
+use crate::kind::DesiredConfig;
 
 pub struct Probe;
 pub static KIND: Probe = Probe;
+super::register!(Probe, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for Probe {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &PROBE,
         in_place: IN_PLACE,
         whole_attributes: &[],
@@ -181,9 +184,9 @@ impl Kind for Probe {
         found_untracked: false,
         dot_shape: "diamond",
     };
-    fn placement(&self, desired: &Desired) -> super::Placement {
-        super::Placement {
-            reaches: desired.http.clone().map(|http| super::Reaches {
+    fn placement(&self, desired: &Desired) -> crate::kind::Placement {
+        crate::kind::Placement {
+            reaches: desired.http.clone().map(|http| crate::kind::Reaches {
                 via: http.via,
                 url: http.url,
                 authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
@@ -192,15 +195,15 @@ impl Kind for Probe {
         }
     }
     /// A benchmark loads the serving engine: `verify` and `watch` run it only when named.
-    fn checking(&self, desired: &Desired) -> super::Checking {
-        super::Checking {
+    fn checking(&self, desired: &Desired) -> crate::kind::Checking {
+        crate::kind::Checking {
             unnamed: desired.bench.is_none(),
             soak_secs: desired.soak_secs(),
             readiness: desired.bench.is_none(),
         }
     }
-    fn holds(&self, recorded: &Recorded) -> super::Holds {
-        super::Holds {
+    fn holds(&self, recorded: &Recorded) -> crate::kind::Holds {
+        crate::kind::Holds {
             measured: recorded
                 .bench
                 .as_ref()

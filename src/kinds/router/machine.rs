@@ -14,10 +14,10 @@ use crate::config::Config;
 use crate::config::Readings;
 use crate::diag::Diag;
 use crate::hosts::HostPool;
+use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, ReadCx, ReadError, Step, StepError,
 };
-use crate::kinds::DesiredConfig;
 use crate::plan::Action;
 use crate::runtime::exec::exec_in;
 

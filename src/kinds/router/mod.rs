@@ -13,8 +13,9 @@ pub mod machine;
 
 use std::collections::BTreeMap;
 
-use super::{Kind, NoFacts, OnDrift};
+use crate::kind::{Kind, NoFacts};
 use crate::schema::{self, opt, req, spec, BlockSpec};
+use crate::vocabulary::OnDrift;
 
 /// Where the router's image keeps HAProxy's admin socket (`stats socket … level admin`).
 pub const ADMIN_SOCKET: &str = "/run/haproxy/admin.sock";
@@ -112,18 +113,19 @@ fn default_drain_timeout() -> u64 {
     60
 }
 
-impl super::DesiredConfig for Desired {}
+impl crate::kind::DesiredConfig for Desired {}
 
 /// The top-level block that declares it.
 pub static TOP_BLOCK: &BlockSpec = &ROUTER;
 
 pub struct Router;
 pub static KIND: Router = Router;
+super::register!(Router, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for Router {
     type Desired = Desired;
     type Recorded = NoFacts;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &ROUTER,
         // Nothing of it is replaced: a replica added is put in, one removed taken out, where
         // HAProxy runs (its admin socket: no restart, no request lost). A new container of the
@@ -146,8 +148,8 @@ impl Kind for Router {
         found_untracked: false,
         dot_shape: "hexagon",
     };
-    fn rolling(&self, desired: &Desired) -> Option<super::Rolling> {
-        Some(super::Rolling {
+    fn rolling(&self, desired: &Desired) -> Option<crate::kind::Rolling> {
+        Some(crate::kind::Rolling {
             replicas: desired
                 .replicas
                 .iter()

@@ -6,8 +6,9 @@
 pub(crate) mod lower;
 pub mod machine;
 
-use super::{Kind, OnDrift};
+use crate::kind::Kind;
 use crate::schema::{self, req, spec, BlockSpec};
+use crate::vocabulary::OnDrift;
 
 /// The block that declares it.
 pub static TOY: BlockSpec = spec("toy", &["name"], &[req("node", schema::Kind::Node)], &[]);
@@ -19,7 +20,7 @@ pub struct Desired {
     pub greeting: serde_json::Value,
 }
 
-impl super::DesiredConfig for Desired {}
+impl crate::kind::DesiredConfig for Desired {}
 
 /// What the state keeps of a toy: the greeting it last said. Version 2 of the shape: version 1
 /// called it `greeting`, and a record of it is upgraded when the state loads.
@@ -29,14 +30,14 @@ pub struct Recorded {
     pub said: Option<String>,
 }
 
-impl super::RecordedFacts for Recorded {
+impl crate::kind::RecordedFacts for Recorded {
     const VERSION: u32 = 2;
     fn upgrade(
         from: u32,
         attributes: &mut std::collections::BTreeMap<String, serde_json::Value>,
     ) -> Result<(), String> {
         if from < 2 {
-            super::rename_fact(attributes, "greeting", "said");
+            crate::kind::rename_fact(attributes, "greeting", "said");
         }
         Ok(())
     }
@@ -47,11 +48,12 @@ pub static TOP_BLOCK: &BlockSpec = &TOY;
 
 pub struct Toy;
 pub static KIND: Toy = Toy;
+super::register!(Toy, KIND, TOP_BLOCK, lower::lower);
 
 impl Kind for Toy {
     type Desired = Desired;
     type Recorded = Recorded;
-    const DESCRIPTION: super::Description = super::Description {
+    const DESCRIPTION: crate::kind::Description = crate::kind::Description {
         block: &TOY,
         in_place: &["greeting"],
         whole_attributes: &[],
@@ -63,9 +65,9 @@ impl Kind for Toy {
         dot_shape: "box",
     };
     /// Its log is the node's `/var/log/toy.log`.
-    fn placement(&self, _desired: &Desired) -> super::Placement {
-        super::Placement {
-            runs_in: Some(super::RunsIn {
+    fn placement(&self, _desired: &Desired) -> crate::kind::Placement {
+        crate::kind::Placement {
+            runs_in: Some(crate::kind::RunsIn {
                 name: "toy".into(),
                 fail_on_log: Vec::new(),
             }),

@@ -204,7 +204,7 @@ pub(super) fn parity_check(config: &Config, changed: &Changed<'_>) -> Option<Che
             let restored = changed
                 .change(&r.address)
                 .and_then(|c| c.restores.as_ref())
-                .and_then(|a| crate::kinds::facts_of::<Recorded>(a).ok())
+                .and_then(|a| crate::kind::facts_of::<Recorded>(a).ok())
                 .and_then(|f| f.image_id);
             if let Some(id) = restored {
                 restoring.insert((node.clone(), d.image.clone()), id);

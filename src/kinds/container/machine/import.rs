@@ -99,7 +99,7 @@ pub async fn import_container(
     }
     Ok(crate::kinds::machine::Imported {
         config: config.to_config(),
-        attributes: crate::kinds::facts_to_attributes(&recorded),
+        attributes: crate::kind::facts_to_attributes(&recorded),
         notes,
         secret_paths,
     })

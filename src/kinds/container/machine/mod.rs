@@ -18,11 +18,11 @@ use super::{
 };
 use crate::config::{Config, Resource};
 use crate::hosts::{image, Host, HostError, HostPool};
+use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Backoff, Changed, Check, CheckRun, Done, GatePhase, Machine, NodeObservations, ReadCx,
     ReadError, ReadMode, Record, Seen, Step, StepCx, StepError,
 };
-use crate::kinds::DesiredConfig;
 use crate::plan::{Action, Drift, Foreign, Orphan};
 
 mod aside;

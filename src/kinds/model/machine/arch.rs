@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use super::{follow, helper, list, remove_container, s, spawn_with, Desired, Job};
 use crate::config::{Config, Resource};
 use crate::hosts::HostPool;
+use crate::kind::DesiredConfig;
 use crate::kinds::machine::{Check, CheckRun, StepError};
-use crate::kinds::DesiredConfig;
 
 /// What the architecture check asks the image's vLLM: its registry's architectures, as JSON,
 /// printed and kept in the file its first argument names (the answer for that image ID).

@@ -11,8 +11,8 @@ use super::{resolve, Desired, ResolveRequest};
 use crate::config::{Config, ModelReadings, Readings};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
+use crate::kind::DesiredConfig;
 use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
-use crate::kinds::DesiredConfig;
 use crate::state::State;
 
 /// One model block, as its download node's resource describes it.

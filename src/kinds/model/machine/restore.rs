@@ -5,8 +5,8 @@
 
 use super::{observe, resolve, want_recorded, ResolveRequest};
 use crate::hosts::Host;
+use crate::kind::Registered;
 use crate::kinds::machine::{Record, Restorable};
-use crate::kinds::Registered;
 
 /// [`Machine::restorable`](crate::kinds::machine::Machine::restorable) of a model resource.
 pub(super) async fn restorable(

@@ -8,7 +8,7 @@ use super::{parse_document, Expect, State, StateError, StateStore};
 
 /// What a push or a migration wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transferred {
+pub struct Relocated {
     pub serial: u64,
     pub lineage: String,
     pub resources: usize,
@@ -16,8 +16,8 @@ pub struct Transferred {
     pub replaced: Option<u64>,
 }
 
-fn transferred(state: &State, replaced: Option<u64>) -> Transferred {
-    Transferred {
+fn relocated(state: &State, replaced: Option<u64>) -> Relocated {
+    Relocated {
         serial: state.serial,
         lineage: state.lineage.clone(),
         resources: state.resources.len(),
@@ -29,7 +29,7 @@ impl StateStore {
     /// Writes the plain document `doc` (read from `shown`) as the state, byte for byte (sealed
     /// when this store encrypts). Refused unless `force` when the state here has another
     /// lineage or a newer serial.
-    pub fn push(&self, doc: &[u8], shown: &Path, force: bool) -> Result<Transferred, StateError> {
+    pub fn push(&self, doc: &[u8], shown: &Path, force: bool) -> Result<Relocated, StateError> {
         let text = std::str::from_utf8(doc).map_err(|e| StateError::Corrupt {
             path: shown.to_path_buf(),
             line: 1,
@@ -62,7 +62,7 @@ impl StateStore {
             }
         };
         self.store_document(doc, incoming.serial, &incoming.lineage, expect)?;
-        Ok(transferred(&incoming, current.map(|c| c.serial)))
+        Ok(relocated(&incoming, current.map(|c| c.serial)))
     }
 
     /// Copies the state of `self` to `target` byte for byte (re-encrypted under `target`'s
@@ -70,7 +70,7 @@ impl StateStore {
     /// deployment's state, or a newer serial of this one. The source is then set aside (a local
     /// file renamed `….migrated`, a PostgreSQL row renamed `WORKSPACE.migrated`), so nothing
     /// reads it by mistake.
-    pub fn migrate_to(&self, target: &StateStore) -> Result<Transferred, StateError> {
+    pub fn migrate_to(&self, target: &StateStore) -> Result<Relocated, StateError> {
         let _source_lock = self.lock("state migrate")?;
         let _target_lock = target.lock("state migrate")?;
         let Some(doc) = self.read_document()? else {
@@ -128,6 +128,6 @@ impl StateStore {
             target.adopt_key(key)?;
         }
         self.backend.set_aside()?;
-        Ok(transferred(&state, existing.map(|e| e.serial)))
+        Ok(relocated(&state, existing.map(|e| e.serial)))
     }
 }
