@@ -2,11 +2,9 @@
 //! Engine, reach one of its ports. `ssh` reaches nodes through jump hosts with one master
 //! connection each; `local` is this machine.
 
-pub mod glance;
-pub mod image;
-pub mod ip_addr;
 pub mod lifetime;
 pub mod local;
+pub mod memo;
 pub mod pool;
 pub mod pooled;
 pub mod ssh;
@@ -251,24 +249,12 @@ pub trait Host: Send + Sync {
     /// request of the clients [`Host::docker`] handed out (the version negotiation included).
     fn round_trips(&self) -> RoundTrips;
 
-    /// The node at a glance ([`glance::Glance`]: the fabric's sysfs, `/proc/meminfo`,
-    /// nvidia-smi's GPUs, `ip -j addr`) in one command; a pool that reads for a plan runs it
-    /// once for every reader ([`pooled::Pooled`]).
-    async fn glance(&self) -> Result<Arc<glance::Glance>, HostError> {
-        glance::read(self).await.map(Arc::new)
-    }
-
-    /// What the image reference names on the node (None: not there, or the engine did not
-    /// answer); a pool that reads for a plan inspects each reference once.
-    async fn image(&self, reference: &str) -> Option<image::ImageSeen> {
-        image::inspect(&self.docker().await.ok()?, reference).await
-    }
-
-    /// Whether what [`Host::glance`] and [`Host::image`] answer is remembered for the plan
-    /// being made (the pool reads for one): a reader may then take its part of the glance
-    /// instead of a command of its own.
-    fn remembers(&self) -> bool {
-        false
+    /// What the reads of the plan being made share on this node ([`memo::remembered`]): a
+    /// pool that reads for a plan keeps one ([`pooled::Pooled`]); `None`: every read looks
+    /// again. A reader may then take its part of one shared read (the node's glance) instead of
+    /// a command of its own.
+    fn memo(&self) -> Option<&memo::Memo> {
+        None
     }
 }
 

@@ -158,7 +158,9 @@ impl RdmaFabric {
 /// Read the fabric of `host`: its part of the node's glance (one command, shared with the
 /// other readers of a plan).
 pub async fn read(host: &dyn Host) -> Result<RdmaFabric, HostError> {
-    Ok(parse(&host.glance().await?.fabric.stdout))
+    Ok(parse(
+        &crate::inspect::glance::glance(host).await?.fabric.stdout,
+    ))
 }
 
 /// Read the fabric of each of `nodes` on `pool`, at once: by node address. A node that cannot
@@ -167,12 +169,12 @@ pub async fn read_each(
     pool: &crate::hosts::HostPool,
     nodes: &[String],
 ) -> BTreeMap<String, RdmaFabric> {
-    of_each(&crate::hosts::glance::read_each(pool, nodes).await)
+    of_each(&crate::inspect::glance::read_each(pool, nodes).await)
 }
 
 /// The fabric in each node's glance.
 pub fn of_each(
-    glances: &BTreeMap<String, std::sync::Arc<crate::hosts::glance::Glance>>,
+    glances: &BTreeMap<String, std::sync::Arc<crate::inspect::glance::Glance>>,
 ) -> BTreeMap<String, RdmaFabric> {
     glances
         .iter()

@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::config::{Config, Node, NodeReadings};
-use crate::hosts::glance::Section;
-use crate::hosts::image::{image_ids, short_id};
-use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, Output};
+use crate::inspect::glance::Section;
+use crate::inspect::ip_addr::{parse_ip_addr, Interface};
 use crate::kind::Registered;
+use crate::runtime::image::{image_ids, short_id};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Gpu {
@@ -130,7 +130,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
         host.exec(&os_release),
         host.exec(&uname),
         host.exec(&nproc),
-        host.glance(),
+        crate::inspect::glance::glance(host),
         docker_version(host),
     );
     let (kernel, nvidia, memlock, docker_memlock, images) = tokio::join!(
@@ -216,7 +216,7 @@ pub async fn gather(host: &dyn Host, images: &[String]) -> Result<Facts, HostErr
 /// under the glance's bound, so that a hung driver leaves the rest of the facts.
 async fn driver(host: &dyn Host) -> Result<Result<Option<Nvidia>, String>, HostError> {
     let cmd = Cmd::new("nvidia-smi").timeout(std::time::Duration::from_secs(
-        crate::hosts::glance::SMI_TIMEOUT_SECS,
+        crate::inspect::glance::SMI_TIMEOUT_SECS,
     ));
     match host.exec(&cmd).await {
         Ok(out) if out.success() => Ok(Ok(parse_smi_header(&out.stdout))),
@@ -280,13 +280,13 @@ fn round_gib(v: f64) -> f64 {
 /// read and the attachments' observation). Without a working `nvidia-smi` the GPUs and unified
 /// memory stay unknown; one that did not answer in time is an error.
 pub async fn observe_sizes(host: &dyn Host) -> Result<NodeReadings, HostError> {
-    let g = host.glance().await?;
-    if g.smi.code == crate::hosts::glance::TIMED_OUT {
+    let g = crate::inspect::glance::glance(host).await?;
+    if g.smi.code == crate::inspect::glance::TIMED_OUT {
         return Err(other(
             host.node(),
             format!(
                 "`nvidia-smi` did not answer within {} s",
-                crate::hosts::glance::SMI_TIMEOUT_SECS
+                crate::inspect::glance::SMI_TIMEOUT_SECS
             ),
         ));
     }

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 
 use crate::config::Config;
 use crate::diag::{Diag, Diagnostics};
-use crate::hosts::{image, HostPool};
+use crate::hosts::HostPool;
 use crate::kind::Registered;
 use crate::lock_file::LockFile;
+use crate::runtime::image;
 use crate::state::State;
 
 use super::OpError;

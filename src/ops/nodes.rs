@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-/// What `nodes` shows of a node, and how it compares with the definitions and the others.
-pub use crate::hosts::image::short_id;
 use crate::hosts::{HostError, HostOptions, HostPool};
 pub use crate::inspect::fabric::RdmaFabric;
 pub use crate::inspect::facts::{differences, disagreements, explanations, Facts};
 pub use crate::inspect::nccl::ImageNccl;
 use crate::inspect::{facts, nccl};
+/// What `nodes` shows of a node, and how it compares with the definitions and the others.
+pub use crate::runtime::image::short_id;
 
 /// What one node said.
 #[derive(Debug)]

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use sparkform::hosts::ip_addr::Interface;
 use sparkform::hosts::pool::OpenNode;
-use sparkform::hosts::{glance, Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
+use sparkform::hosts::{Cmd, Counter, Endpoint, Host, HostError, Output, RoundTrips};
+use sparkform::inspect::glance;
+use sparkform::inspect::ip_addr::Interface;
 
 use crate::fake_docker::FakeDocker;
 
@@ -483,7 +484,7 @@ impl OpenNode for FakeNodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sparkform::hosts::ip_addr::parse_ip_addr;
+    use sparkform::inspect::ip_addr::parse_ip_addr;
 
     #[tokio::test]
     async fn ip_changes_what_ip_shows_and_faults_come_as_asked() {

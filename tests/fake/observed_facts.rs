@@ -459,7 +459,7 @@ async fn plan_reads_the_facts_on_the_refreshed_nodes_and_evaluates_again_with_th
     // nothing else.
     let mut log = world.log();
     log.sort();
-    let glance = sparkform::hosts::glance::command().display();
+    let glance = sparkform::inspect::glance::command().display();
     assert_eq!(
         log,
         vec![format!("node.n1: {glance}"), format!("node.n2: {glance}")]

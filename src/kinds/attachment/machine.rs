@@ -8,9 +8,9 @@ use async_trait::async_trait;
 
 use super::{Desired, Recorded};
 use crate::config::{Config, Resource};
-use crate::hosts::glance::Glance;
-use crate::hosts::ip_addr::{parse_ip_addr, Interface};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
+use crate::inspect::glance::Glance;
+use crate::inspect::ip_addr::{parse_ip_addr, Interface};
 use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
@@ -320,8 +320,8 @@ impl Machine for AttachmentMachine {
         }
         let node = host.node().to_string();
         // A plan's refresh takes the `ip -j addr` of the node's glance (the read phase's).
-        let (code, stdout, stderr) = if host.remembers() {
-            let g = host.glance().await?;
+        let (code, stdout, stderr) = if host.memo().is_some() {
+            let g = crate::inspect::glance::glance(host).await?;
             (Some(g.ip.code), g.ip.stdout.clone(), g.ip.stderr.clone())
         } else {
             let cmd = Cmd::new("ip")
@@ -379,7 +379,7 @@ impl Machine for AttachmentMachine {
             return Ok(not_looking(cx));
         }
         let nodes = self.read_nodes(cx.config);
-        let glances = crate::hosts::glance::read_each(cx.pool, &nodes).await;
+        let glances = crate::inspect::glance::read_each(cx.pool, &nodes).await;
         let fabrics = crate::inspect::fabric::of_each(&glances);
         let (mut errors, warnings) = judge_fabric(cx.config, &fabrics);
         errors.extend(judge_ip(cx.config, &glances));

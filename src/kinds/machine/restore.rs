@@ -22,20 +22,20 @@ pub async fn restorable_images(
     images: Vec<(String, Option<String>)>,
     number: u64,
 ) -> Vec<Restorable> {
-    use crate::hosts::image::short_id;
+    use crate::runtime::image::short_id;
     let node = host.node().trim_start_matches("node.").to_string();
     let mut notes = Vec::new();
     for (reference, pinned) in images {
         let Some(pinned) = pinned else { continue };
         let short = short_id(&pinned);
-        let now = match host.image(&reference).await {
+        let now = match crate::runtime::image::image(host, &reference).await {
             None => format!("{node} no longer has {reference}"),
             Some(s) if !s.is(&pinned) => {
                 format!("{reference} on {node} now names {}", short_id(&s.id))
             }
             Some(_) => continue,
         };
-        notes.push(Restorable::Note(match host.image(&pinned).await {
+        notes.push(Restorable::Note(match crate::runtime::image::image(host, &pinned).await {
             Some(_) => format!(
                 "{address} ran {reference} ({short}) in generation {number}; {now}, and the rollback runs {short} by its ID, which {node} still has"
             ),

@@ -487,7 +487,7 @@ impl Machine for RouterMachine {
             return Ok(Readings::default());
         }
         let nodes = self.read_nodes(cx.config);
-        let glances = crate::hosts::glance::read_each(cx.pool, &nodes).await;
+        let glances = crate::inspect::glance::read_each(cx.pool, &nodes).await;
         let mut refused = Vec::new();
         for (r, d) in routers(cx.config) {
             let Some(port) = d.port else { continue };
@@ -495,7 +495,7 @@ impl Machine for RouterMachine {
                 .state
                 .is_some_and(|s| s.resources.contains_key(&d.container_address));
             let taken = glances.get(&d.node).is_some_and(|g| {
-                crate::hosts::glance::listening_ports(&g.tcp.stdout).contains(&port)
+                crate::inspect::glance::listening_ports(&g.tcp.stdout).contains(&port)
             });
             if taken && !recorded {
                 refused.push(

@@ -37,7 +37,9 @@ pub(super) async fn read_caches(
         let seen = async {
             let host = pool.get(node).ok()?;
             // The lock file's read inspects the same reference: the pool inspects it once.
-            let id = host.image(&image).await?.id;
+            let id = crate::runtime::image::image(host.as_ref(), &image)
+                .await?
+                .id;
             let folder = cache.folder(&id)?;
             let warm = holds_anything(host.as_ref(), &folder).await;
             Some(FolderFound {

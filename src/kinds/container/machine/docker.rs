@@ -1,8 +1,8 @@
 //! Docker plumbing: the create body, images (inspect, load, pull), exec, logs, removal.
 
 use super::*;
-use crate::hosts::image::short_id;
 use crate::kinds::known;
+use crate::runtime::image::short_id;
 use crate::runtime::spec::ContainerSpec;
 pub(super) use crate::runtime::spec::{device_triple, restart_policy, ulimit_pair};
 
@@ -262,7 +262,7 @@ pub(super) fn id_and_digest(
     reference: &str,
     image: bollard::models::ImageInspect,
 ) -> (String, String) {
-    let seen = crate::hosts::image::ImageSeen {
+    let seen = crate::runtime::image::ImageSeen {
         id: image.id.unwrap_or_default(),
         repo_digests: image.repo_digests.unwrap_or_default(),
     };

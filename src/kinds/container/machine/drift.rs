@@ -170,8 +170,8 @@ pub(super) fn image_moved(
     (now != runs).then(|| {
         format!(
             "image {image} on {node} is now {} (pulled or retagged); the container runs {}",
-            crate::hosts::image::short_id(now),
-            crate::hosts::image::short_id(runs)
+            crate::runtime::image::short_id(now),
+            crate::runtime::image::short_id(runs)
         )
     })
 }
@@ -254,12 +254,15 @@ impl CheckRun for Parity {
                 .collect();
             tasks.spawn(node.clone(), async move {
                 let (mut ids, nvidia) = tokio::join!(
-                    crate::hosts::image::image_ids(host.as_ref(), &images),
+                    crate::runtime::image::image_ids(host.as_ref(), &images),
                     crate::inspect::facts::nvidia(host.as_ref())
                 );
                 // What the node runs for the reference is the restored image, while it has it.
                 for (image, id) in restoring {
-                    if ids.get(&image) != Some(&Some(id.clone())) && host.image(&id).await.is_some()
+                    if ids.get(&image) != Some(&Some(id.clone()))
+                        && crate::runtime::image::image(host.as_ref(), &id)
+                            .await
+                            .is_some()
                     {
                         ids.insert(image, Some(id));
                     }
@@ -296,7 +299,7 @@ pub(super) fn judge_parity(
         if distinct.len() > 1 {
             let each: Vec<String> = on
                 .iter()
-                .map(|(n, id)| format!("{n} has {}", crate::hosts::image::short_id(id)))
+                .map(|(n, id)| format!("{n} has {}", crate::runtime::image::short_id(id)))
                 .collect();
             problems.push(format!(
                 "image {image} is not the same on every node: {}",
@@ -305,7 +308,7 @@ pub(super) fn judge_parity(
         } else if let Some(id) = distinct.first() {
             fine.push(format!(
                 "{image} is {} on {} node(s)",
-                crate::hosts::image::short_id(id),
+                crate::runtime::image::short_id(id),
                 on.len()
             ));
         }

@@ -75,7 +75,7 @@ pub async fn import_container(
                 .collect()
         })
         .unwrap_or_default();
-    let image_digest = crate::hosts::image::ImageSeen {
+    let image_digest = crate::runtime::image::ImageSeen {
         id: image_id.clone(),
         repo_digests,
     }

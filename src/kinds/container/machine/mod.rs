@@ -17,13 +17,14 @@ use super::{
     LABEL_CONFIG_HASH, LABEL_LINEAGE,
 };
 use crate::config::{Config, Resource};
-use crate::hosts::{image, Host, HostError, HostPool};
+use crate::hosts::{Host, HostError, HostPool};
 use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Backoff, Changed, Check, CheckRun, Done, GatePhase, Machine, NodeObservations, ReadCx,
     ReadError, ReadMode, Record, Seen, Step, StepCx, StepError,
 };
 use crate::plan::{Action, Drift, Foreign, Orphan};
+use crate::runtime::image;
 
 mod aside;
 mod cache;

@@ -89,7 +89,9 @@ impl CheckRun for ArchitectureCheck {
     async fn run(&self, pool: &HostPool) -> Result<String, StepError> {
         let host = pool.get(&self.node)?;
         let node = host.node().to_string();
-        let image_id = host.image(&self.image).await.map(|s| s.id);
+        let image_id = crate::runtime::image::image(host.as_ref(), &self.image)
+            .await
+            .map(|s| s.id);
         let kept = image_id
             .as_deref()
             .and_then(|id| answer_path(&self.cache, id));
@@ -101,7 +103,9 @@ impl CheckRun for ArchitectureCheck {
                             "{} serves {} (its vLLM was asked before, for image {})",
                             self.image,
                             self.architectures.join(", "),
-                            crate::hosts::image::short_id(image_id.as_deref().unwrap_or_default())
+                            crate::runtime::image::short_id(
+                                image_id.as_deref().unwrap_or_default()
+                            )
                         ));
                     }
                 }

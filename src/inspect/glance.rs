@@ -7,7 +7,10 @@
 
 use std::sync::LazyLock;
 
-use super::{shell_quote, Cmd, Host, HostError};
+use std::sync::Arc;
+
+use crate::hosts::memo::remembered;
+use crate::hosts::{shell_quote, tools, Cmd, Host, HostError, HostPool};
 
 /// One command's part of the glance.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,7 +23,7 @@ pub struct Section {
 
 impl Section {
     /// Why the section `name` (of [`sections`]) gave nothing to read, None where its command
-    /// ran well: the program missing and the package that brings it ([`super::tools`]),
+    /// ran well: the program missing and the package that brings it ([`tools`]),
     /// nvidia-smi stopped by `timeout`, or the command's own error.
     pub fn failure(&self, name: &str) -> Option<String> {
         if self.code == 0 {
@@ -42,7 +45,7 @@ impl Section {
             "fabric" => "the fabric's sysfs read".to_string(),
             _ => words.join(" "),
         };
-        Some(super::tools::why(
+        Some(tools::why(
             program,
             &display,
             Some(self.code),
@@ -141,6 +144,13 @@ pub fn command() -> Cmd {
 }
 
 /// Take a glance at `host`: one command.
+/// The node at a glance, in one command; a pool that reads for a plan runs it once for every
+/// reader.
+pub async fn glance(host: &dyn Host) -> Result<Arc<Glance>, HostError> {
+    remembered(host, "glance", || async { read(host).await.map(Arc::new) }).await
+}
+
+/// Run the glance's command on `host` now.
 pub async fn read<H: Host + ?Sized>(host: &H) -> Result<Glance, HostError> {
     let out = host.exec(&command()).await?;
     if !out.stdout.contains(MARK) {
@@ -159,12 +169,12 @@ pub async fn read<H: Host + ?Sized>(host: &H) -> Result<Glance, HostError> {
 /// The glance of each of `nodes` on `pool`, at once: by node address. A node that cannot be
 /// connected or read is left out (the refresh reports it).
 pub async fn read_each(
-    pool: &super::HostPool,
+    pool: &HostPool,
     nodes: &[String],
 ) -> std::collections::BTreeMap<String, std::sync::Arc<Glance>> {
     let reads = nodes.iter().filter_map(|n| {
         let host = pool.get(n).ok()?;
-        Some(async move { (n.clone(), host.glance().await) })
+        Some(async move { (n.clone(), glance(host.as_ref()).await) })
     });
     futures_util::future::join_all(reads)
         .await

@@ -1,11 +1,13 @@
 //! What a node's Docker Engine says of an image reference: its ID and registry digests, as the
-//! pool inspects it once per reference (`Host::image`) and the lock file pins it.
+//! pool inspects it once per reference while it reads for a plan ([`image`]) and the lock file
+//! pins it.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::Host;
+use crate::hosts::memo::remembered;
+use crate::hosts::Host;
 
 /// The ID each image reference resolves to on the node (None: the node does not have it).
 pub async fn image_ids(host: &dyn Host, images: &[String]) -> BTreeMap<String, Option<String>> {
@@ -53,13 +55,22 @@ fn repository(reference: &str) -> &str {
 }
 
 /// What each of `images` names on `host` (None: not there, or the engine did not answer),
-/// through [`Host::image`]: inspected once per reference while the host's pool reads for a plan.
+/// through [`image`]: inspected once per reference while the host's pool reads for a plan.
 pub async fn image_digests(
     host: &dyn Host,
     images: &[String],
 ) -> BTreeMap<String, Option<ImageSeen>> {
-    let seen = futures_util::future::join_all(images.iter().map(|i| host.image(i))).await;
+    let seen = futures_util::future::join_all(images.iter().map(|i| image(host, i))).await;
     images.iter().cloned().zip(seen).collect()
+}
+
+/// What the image reference names on `host` (None: not there, or the engine did not answer);
+/// a pool that reads for a plan inspects each reference once.
+pub async fn image(host: &dyn Host, reference: &str) -> Option<ImageSeen> {
+    remembered(host, &format!("image {reference}"), || async {
+        inspect(&host.docker().await.ok()?, reference).await
+    })
+    .await
 }
 
 /// What `reference` names on the engine `docker` (None: not there, or no answer).
