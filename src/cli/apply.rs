@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
+use super::prelude::{report_error, report_warnings, ConfigArgs, ConnectArgs, InputArgs};
 use crate::apply;
 use crate::diag::Diag;
 use crate::ops;
@@ -161,11 +161,14 @@ fn refresh_only(
         super::plan::print_refresh(report, true);
         auto || confirm("drop the records of what is gone from the state")
     };
-    let report = rt.block_on(super::with_notes(args.common.json, |events| async move {
-        ops::refresh::refresh_only(ws, evaluated, &hosts, Some(&approve), &events).await
-    }));
+    let report = rt.block_on(super::prelude::with_notes(
+        args.common.json,
+        |events| async move {
+            ops::refresh::refresh_only(ws, evaluated, &hosts, Some(&approve), &events).await
+        },
+    ));
     match report {
-        Err(e) => super::report_op_error(e, args.common.json),
+        Err(e) => super::prelude::report_op_error(e, args.common.json),
         Ok(r) if r.written => {
             println!(
                 "\nRefresh complete: {} record{} of what is gone dropped from the state; nothing on the machines changed.",
@@ -203,7 +206,7 @@ fn show_warnings(warnings: &[Diag], json: bool) {
         // A line of its own ahead of the progress lines, tagged like them.
         let line = serde_json::json!({
             "event": "diagnostics",
-            "diagnostics": super::diagnostics_values(warnings),
+            "diagnostics": super::prelude::diagnostics_values(warnings),
         });
         println!("{line}");
     }
@@ -265,10 +268,10 @@ pub fn execute(
     };
     let mut terminal = Terminal {
         json: args.json,
-        header: super::workspace_header(ws),
+        header: super::prelude::workspace_header(ws),
     };
     match ops::apply::apply(cmd, &mut terminal, rt) {
-        Err(e) => super::report_op_error(e, args.json),
+        Err(e) => super::prelude::report_op_error(e, args.json),
         Ok(Applied::NothingToDo { lock_notes }) => {
             if !args.json {
                 lock_notes.iter().for_each(|n| println!("{n}"));

@@ -61,7 +61,7 @@ pub fn run(args: ConnectionsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
                 format!("{} s ago", c.age_secs),
             ]);
         }
-        print!("{}", super::table(&rows));
+        print!("{}", super::prelude::table(&rows));
         if args.close {
             println!("Closed {} connection(s).", alive.len());
         }

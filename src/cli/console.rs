@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, ConfigArgs};
+use super::prelude::{report_diagnostics, ConfigArgs};
 use crate::ops;
 
 const LONG_ABOUT: &str = "Evaluate expressions as the definitions' root module sees them \
@@ -34,7 +34,7 @@ pub fn run(args: ConsoleArgs) -> ExitCode {
     };
     let console = match ops::console::Console::open(&ws, evaluated) {
         Ok(c) => c,
-        Err(e) => return super::report_op_error(e, false),
+        Err(e) => return super::prelude::report_op_error(e, false),
     };
     let stdin = std::io::stdin();
     let prompt = stdin.is_terminal();
@@ -64,7 +64,7 @@ pub fn run(args: ConsoleArgs) -> ExitCode {
             }
             Err(e) => {
                 failed = true;
-                let _ = super::report_op_error(e, false);
+                let _ = super::prelude::report_op_error(e, false);
             }
         }
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::report_error;
+use super::prelude::report_error;
 
 /// Remove the state lock with this ID (after a crash)
 #[derive(Args, Debug)]
@@ -27,7 +27,7 @@ pub struct ForceUnlockArgs {
     #[arg(long)]
     pub force: bool,
     #[command(flatten)]
-    pub file: super::StateFile,
+    pub file: super::prelude::StateFile,
 }
 
 pub fn run(args: ForceUnlockArgs) -> ExitCode {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::ConfigArgs;
+use super::prelude::ConfigArgs;
 use crate::ops::definitions::Pins;
 
 /// Print the resource dependency graph in DOT (pipe it to `dot -Tsvg`)

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::report_error;
+use super::prelude::report_error;
 use crate::ops::history::{history, Entry};
 
 /// List the known-good generations: what each passing apply left running
@@ -24,7 +24,7 @@ pub struct HistoryArgs {
     #[arg(value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
-    pub file: super::StateFile,
+    pub file: super::prelude::StateFile,
     /// Print JSON: an array of generations, newest first
     #[arg(long)]
     pub json: bool,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, report_error, ConfigArgs, ConnectArgs, InputArgs};
+use super::prelude::{report_diagnostics, report_error, ConfigArgs, ConnectArgs, InputArgs};
 use crate::diag::{Diag, Diagnostics};
 use crate::ops;
 use crate::plan::render;
@@ -62,12 +62,12 @@ pub fn run(args: ImportArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         id,
         hosts: args.connect.options(),
     };
-    let done = rt.block_on(super::with_notes(false, |events| async move {
+    let done = rt.block_on(super::prelude::with_notes(false, |events| async move {
         ops::import::import(request, &events).await
     }));
     let result = match done {
         Ok(r) => r,
-        Err(e) => return super::report_op_error(e, false),
+        Err(e) => return super::prelude::report_op_error(e, false),
     };
     let what = result
         .recorded_id()

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_warnings, ConfigArgs, ConnectArgs};
+use super::prelude::{report_warnings, ConfigArgs, ConnectArgs};
 use crate::ops;
 
 const LONG_ABOUT: &str = "Resolve every value the lock file pins (each model block's revision \
@@ -32,7 +32,7 @@ pub fn run(args: LockArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
     };
     report_warnings(evaluated.warnings());
     let hosts = args.connect.options();
-    let done = rt.block_on(super::with_notes(false, |events| async move {
+    let done = rt.block_on(super::prelude::with_notes(false, |events| async move {
         ops::lock::lock(evaluated, &hosts, &events).await
     }));
     match done {
@@ -46,6 +46,6 @@ pub fn run(args: LockArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => super::report_op_error(e, false),
+        Err(e) => super::prelude::report_op_error(e, false),
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{ConfigArgs, ConnectArgs};
+use super::prelude::{ConfigArgs, ConnectArgs};
 use std::collections::{HashMap, HashSet};
 
 use crate::ops::logs::{
@@ -123,7 +123,7 @@ pub fn run(args: LogsArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
             );
             ExitCode::from(1)
         }
-        Err(NoLogs::Op(e)) => super::report_op_error(e, false),
+        Err(NoLogs::Op(e)) => super::prelude::report_op_error(e, false),
     }
 }
 

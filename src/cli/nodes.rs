@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{ConfigArgs, ConnectArgs};
+use super::prelude::{ConfigArgs, ConnectArgs};
 use std::collections::BTreeMap;
 
 use crate::config::Config;
@@ -88,7 +88,10 @@ fn shown(r: NodeFacts) -> Result<Facts, NotShown> {
         }),
         NodeFacts::Unreachable(e) => Err(NotShown {
             unreachable: true,
-            why: format!("{:?}", miette::Report::new(super::SharedHostError(e))),
+            why: format!(
+                "{:?}",
+                miette::Report::new(super::prelude::SharedHostError(e))
+            ),
         }),
     }
 }
@@ -265,7 +268,7 @@ fn render_text(config: &Config, results: &Results) -> String {
     for d in differences(&reached(results)) {
         notes.push(format!("! {d}"));
     }
-    let mut out = super::table(&rows);
+    let mut out = super::prelude::table(&rows);
     out.push('\n');
     for n in notes {
         out.push_str(&n);

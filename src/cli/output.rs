@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::report_error;
+use super::prelude::report_error;
 use crate::plan::render;
 
 /// Print the outputs recorded by the last apply
@@ -25,7 +25,7 @@ pub struct OutputArgs {
     #[arg(value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
-    pub file: super::StateFile,
+    pub file: super::prelude::StateFile,
     /// Print JSON
     #[arg(long, conflicts_with = "raw")]
     pub json: bool,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_diagnostics, report_warnings, ConfigArgs, ConnectArgs};
+use super::prelude::{report_diagnostics, report_warnings, ConfigArgs, ConnectArgs};
 use crate::diag::Diagnostics;
 use crate::ops;
 use crate::plan::{render, PlanOptions};
@@ -180,12 +180,12 @@ pub fn run(args: PlanArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         destroy: args.destroy,
         generate_import_out: args.generate_import_out.as_deref(),
     };
-    let planned = rt.block_on(super::with_notes(args.json, |events| async move {
+    let planned = rt.block_on(super::prelude::with_notes(args.json, |events| async move {
         ops::plan::plan(command, &events).await
     }));
     let planned = match planned {
         Ok(p) => p,
-        Err(e) => return super::report_op_error(e, args.json),
+        Err(e) => return super::prelude::report_op_error(e, args.json),
     };
     if args.json {
         print_json(&ws, &planned);
@@ -207,12 +207,12 @@ fn refresh_only(
     rt: &tokio::runtime::Runtime,
 ) -> ExitCode {
     let hosts = args.connect.options();
-    let report = rt.block_on(super::with_notes(args.json, |events| async move {
+    let report = rt.block_on(super::prelude::with_notes(args.json, |events| async move {
         ops::refresh::refresh_only(ws, evaluated, &hosts, None, &events).await
     }));
     let report = match report {
         Ok(r) => r,
-        Err(e) => return super::report_op_error(e, args.json),
+        Err(e) => return super::prelude::report_op_error(e, args.json),
     };
     print_refresh(&report, false);
     if args.detailed_exitcode && report.differs() {
@@ -255,7 +255,7 @@ fn print_json(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
     let doc = serde_json::json!({
         "format_version": 1,
         "workspace": ws.workspace_name(),
-        "diagnostics": super::diagnostics_values(&p.warnings),
+        "diagnostics": super::prelude::diagnostics_values(&p.warnings),
         "lock": p.state_lock_note,
         "state": { "lineage": p.state.as_ref().map(|s| &s.0), "serial": p.state.as_ref().map_or(0, |s| s.1) },
         "plan": p.plan,
@@ -277,7 +277,7 @@ fn print_json(ws: &crate::workspace::Workspace, p: &ops::plan::Planned) {
 
 fn print_text(ws: &crate::workspace::Workspace, p: &ops::plan::Planned, destroy: bool) {
     report_warnings(&p.new_warnings);
-    if let Some(header) = super::workspace_header(ws) {
+    if let Some(header) = super::prelude::workspace_header(ws) {
         println!("{header}");
     }
     if destroy && !p.plan.has_changes() {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::report_error;
+use super::prelude::report_error;
 use crate::plan::render;
 
 /// Show the recorded state of a deployment, or a plan file made by `plan -out`
@@ -22,7 +22,7 @@ pub struct ShowArgs {
     #[arg(value_name = "PATH")]
     pub path: Option<PathBuf>,
     #[command(flatten)]
-    pub file: super::StateFile,
+    pub file: super::prelude::StateFile,
     /// Print JSON on stdout
     #[arg(long)]
     pub json: bool,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use super::{report_error, report_op_error};
+use super::prelude::{report_error, report_op_error};
 use crate::ops;
 use crate::plan::render;
 use crate::state::ResourceState;
@@ -96,7 +96,7 @@ pub struct StateArgs {
     #[arg(value_name = "DIR")]
     pub dir: Option<PathBuf>,
     #[command(flatten)]
-    pub file: super::StateFile,
+    pub file: super::prelude::StateFile,
 }
 
 impl StateArgs {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{table, ConfigArgs, ConnectArgs};
+use super::prelude::{table, ConfigArgs, ConnectArgs};
 use crate::ops::definitions::Pins;
 use crate::ops::status::{NoStatus, Seen, Status};
 

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{ConfigArgs, ConnectArgs};
+use super::prelude::{ConfigArgs, ConnectArgs};
 use crate::ops::definitions::Pins;
 use crate::ops::tunnel::{tunnel, Target, TunnelEnd, TunnelRequest};
 

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{report_warnings, ConfigArgs};
+use super::prelude::{report_warnings, ConfigArgs};
 use crate::ops::definitions::{Definitions, Pins};
 
 const LONG_ABOUT: &str = "Check the definitions: syntax, references, types, required and unknown \
@@ -31,7 +31,7 @@ pub fn run(args: ValidateArgs) -> ExitCode {
     match args.config.definitions(args.json, Pins::Unresolved) {
         Ok(Definitions { config, graph, .. }) => {
             if args.json {
-                println!("{}", super::diagnostics_json(&config.warnings));
+                println!("{}", super::prelude::diagnostics_json(&config.warnings));
             } else {
                 report_warnings(&config.warnings);
                 println!(

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::{ConfigArgs, ConnectArgs};
+use super::prelude::{ConfigArgs, ConnectArgs};
 use crate::ops::verify::{NotVerified, VerifyCommand};
 
 /// Run every probe against the live deployment (for cron and monitoring)
@@ -94,7 +94,7 @@ pub fn run(args: VerifyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
             eprintln!("{deploy_hint}, or -target only probes whose resources are deployed");
             return ExitCode::from(1);
         }
-        Err(NotVerified::Op(e)) => return super::report_op_error(e, args.json),
+        Err(NotVerified::Op(e)) => return super::prelude::report_op_error(e, args.json),
     };
     let failed = verified.results.iter().filter(|(_, r)| r.is_err()).count();
     let passed = verified.results.len() - failed;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{ConfigArgs, ConnectArgs};
+use super::prelude::{ConfigArgs, ConnectArgs};
 use crate::ops::watch::{WatchEnd, WatchRequest};
 
 /// Watch the live deployment; with --restart, restart a failed engine as a whole
@@ -138,7 +138,7 @@ pub fn run(args: WatchArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         end
     });
     match end {
-        Err(e) => super::report_op_error(e, args.json),
+        Err(e) => super::prelude::report_op_error(e, args.json),
         Ok(WatchEnd::Done) => ExitCode::SUCCESS,
         Ok(WatchEnd::Interrupted) => {
             eprintln!("watch: stopped; nothing is left running on this machine");

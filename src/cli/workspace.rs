@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use super::report_error;
+use super::prelude::report_error;
 use super::state::StateArgs;
 
 /// The workspaces: other states of the same definitions
