@@ -404,7 +404,7 @@ fn nodes_needed(config: &Config, steps: &[Step], containers: &ContainerIndex) ->
 struct Job {
     idx: usize,
     step: Step,
-    desired: Option<serde_json::Value>,
+    desired: Option<crate::kind::Configuration>,
     recorded: Option<ResourceState>,
     pool: Arc<HostPool>,
     lineage: String,
@@ -522,8 +522,8 @@ fn journal(state: &mut State, step: &Step, applied: &Applied, elapsed: Duration)
     }
     let mut attributes = applied.attributes.clone();
     if step.change.action == Action::Run {
-        attributes.insert(
-            crate::plan::MARK_LAST_RUN.into(),
+        attributes.mark(
+            crate::plan::MARK_LAST_RUN,
             serde_json::json!(applied.summary),
         );
     }
@@ -796,7 +796,7 @@ fn finished_summary(outcome: &ApplyOutcome, completed: usize) -> String {
 struct Jobs<'a> {
     pool: Arc<HostPool>,
     before: &'a State,
-    desired: HashMap<&'a str, &'a serde_json::Value>,
+    desired: HashMap<&'a str, &'a crate::kind::Configuration>,
     config_dir: PathBuf,
     events: Sender,
     cancel: CancellationToken,

@@ -291,7 +291,7 @@ pub fn describe_resource(r: &ResourceState) -> String {
             lines.push((k.clone(), render::value(v)));
         }
     }
-    for (k, v) in &r.attributes {
+    for (k, v) in r.attributes.iter() {
         lines.push((format!("[live] {k}"), render::value(v)));
     }
     lines.push(("config_hash".into(), r.config_hash.clone()));

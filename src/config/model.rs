@@ -78,7 +78,7 @@ impl Config {
         let mut out = Vec::new();
         for r in &self.resources {
             for path in &r.sensitive {
-                let mut cur = Some(&r.config);
+                let mut cur = Some(r.config.json());
                 for p in path {
                     cur = cur.and_then(|c| c.get(p));
                 }
@@ -162,8 +162,9 @@ pub struct Resource {
     pub kind: KindId,
     /// The node it lives on (`node.spark1`); probes over HTTP name their `via` node.
     pub node: Option<String>,
-    /// Canonical desired configuration, real values included (sensitive ones too: never print it raw).
-    pub config: serde_json::Value,
+    /// Canonical desired configuration, typed by its kind's lowering, real values included
+    /// (sensitive ones too: never print it raw).
+    pub config: crate::kind::Configuration,
     /// Paths inside `config` that hold sensitive values.
     pub sensitive: Vec<Vec<String>>,
     /// Paths inside `config` that hold ephemeral values: used by the apply, recorded nowhere

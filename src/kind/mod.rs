@@ -7,6 +7,11 @@
 //! kinds stand above the engine, never beside it.
 
 pub mod address;
+mod configuration;
+mod facts;
+
+pub use configuration::{late_decodes, Configuration};
+pub use facts::Facts;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,10 +58,17 @@ pub trait Registered: Copy {
     fn kind(self) -> &'static dyn AnyKind;
     /// The top-level block that declares resources of the kind (`network` for attachments).
     fn top_block(self) -> &'static BlockSpec;
-    /// `config` read as the kind's typed `Desired` and written again (see
-    /// [`AnyKind::typed_config`]).
-    fn typed_config(self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
-        self.kind().typed_config(config)
+    /// `json` read as the kind's typed `Desired` and written again (see [`AnyKind::decode`]).
+    fn typed_config(self, json: &serde_json::Value) -> Result<serde_json::Value, String> {
+        self.kind().typed_config(json)
+    }
+    /// `json` as a configuration of the kind, decoded here, once: where a configuration enters
+    /// the engine (a state's or a plan file's load, a plan's recorded form). One that is not
+    /// the kind's (written by another version) stays untyped, and its hooks say so.
+    fn configuration(self, json: serde_json::Value) -> Configuration {
+        self.kind()
+            .decode(json)
+            .unwrap_or_else(|(json, _)| Configuration::untyped(json))
     }
 }
 
@@ -72,7 +84,7 @@ pub fn declared_by(block: &str) -> Option<KindId> {
 /// produces, what its machine half works on, and, as serde's JSON, what plans diff, hash and
 /// the state records. Its defaults live on the type, nowhere else.
 pub trait DesiredConfig:
-    Serialize + serde::de::DeserializeOwned + Sized + Send + Sync + 'static
+    Serialize + serde::de::DeserializeOwned + Clone + Sized + Send + Sync + 'static
 {
     /// Read from a desired or recorded configuration of the kind.
     fn from_config(config: &serde_json::Value) -> Result<Self, String> {
@@ -90,7 +102,7 @@ pub trait DesiredConfig:
 /// shape. Like OpenTofu's schema version and `UpgradeResourceState`: a record written under an
 /// older version is upgraded when the state loads, so no kind reads an old shape.
 pub trait RecordedFacts:
-    Serialize + serde::de::DeserializeOwned + Default + Clone + std::fmt::Debug + Send + Sync
+    Serialize + serde::de::DeserializeOwned + Default + Clone + std::fmt::Debug + Send + Sync + 'static
 {
     /// The version of this shape, written beside each record (`schema_version`).
     const VERSION: u32 = 1;
@@ -405,53 +417,66 @@ pub fn facts_of<R: RecordedFacts>(attributes: &Attributes) -> Result<R, String> 
     serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| e.to_string())
 }
 
-/// A kind as the engine uses it: the [`Kind`] with its configurations and records as the
-/// state and plans hold them (JSON). Every kind has it through the blanket impl below, which
-/// reads the JSON as the kind's types once, here, so no kind and no engine code reads a key.
+/// `config` as `K`'s typed `Desired` (decoded where it was made; see [`Configuration::typed`]).
+fn typed<K: Kind>(config: &Configuration) -> Result<K::Desired, String> {
+    config.typed::<K::Desired>()
+}
+
+/// A kind as the engine uses it: the [`Kind`] with its configurations as the engine carries
+/// them ([`Configuration`]) and its records as the state holds them. Every kind has it through
+/// the blanket impl below, so no kind and no engine code reads a key.
 pub trait AnyKind: Sync {
     fn description(&self) -> &'static Description;
     fn replace_reason(
         &self,
         attribute: &str,
-        before: &serde_json::Value,
-        after: &serde_json::Value,
+        before: &Configuration,
+        after: &Configuration,
     ) -> Option<String>;
     fn lock_entry(
         &self,
-        config: &serde_json::Value,
+        config: &Configuration,
     ) -> Option<(String, String, crate::lock_file::Entry)>;
-    fn checking(&self, config: &serde_json::Value) -> Checking;
-    fn untracked(&self, orphan_id: &str, config: Option<&serde_json::Value>) -> Untracked;
+    fn checking(&self, config: &Configuration) -> Checking;
+    fn untracked(&self, orphan_id: &str, config: Option<&Configuration>) -> Untracked;
     fn images(
         &self,
-        config: &serde_json::Value,
-        attributes: Option<&Attributes>,
+        config: &Configuration,
+        attributes: Option<&Facts>,
     ) -> Vec<(String, Option<String>)>;
     fn reuse(
         &self,
-        config: &serde_json::Value,
+        config: &Configuration,
         found: Option<&serde_json::Value>,
-        attributes: Option<&Attributes>,
+        attributes: Option<&Facts>,
     ) -> Option<Reuse>;
-    fn holds(&self, attributes: &Attributes) -> Holds;
+    fn holds(&self, attributes: &Facts) -> Holds;
     /// `config` applied over the record of `recorded_config` and `attributes`.
     fn kept_for_rollback(
         &self,
-        config: &serde_json::Value,
-        recorded_config: &serde_json::Value,
-        attributes: &Attributes,
+        config: &Configuration,
+        recorded_config: &Configuration,
+        attributes: &Facts,
     ) -> Option<String>;
-    fn placement(&self, config: &serde_json::Value) -> Placement;
-    fn rolling(&self, config: &serde_json::Value) -> Option<Rolling>;
+    fn placement(&self, config: &Configuration) -> Placement;
+    fn rolling(&self, config: &Configuration) -> Option<Rolling>;
     /// The version of the shape of its recorded facts.
     fn recorded_version(&self) -> u32;
     /// A record's attributes written under version `from`, brought to this version's shape
-    /// and checked against it; the engine's marks beside the facts are kept as they are.
-    fn upgrade_recorded(&self, from: u32, attributes: &mut Attributes) -> Result<(), String>;
-    /// `config` read as the kind's typed `Desired` and written again: what a lowering produced
-    /// comes back unchanged (the tests check every example), and a configuration that is not
-    /// the kind's says why.
-    fn typed_config(&self, config: &serde_json::Value) -> Result<serde_json::Value, String>;
+    /// and decoded as it, once (the record enters the engine here); the engine's marks beside
+    /// the facts are kept as they are.
+    fn upgrade_recorded(&self, from: u32, attributes: Attributes) -> Result<Facts, String>;
+    /// A record's attributes decoded as the kind's facts where they enter (a plan file's
+    /// load): untyped where they are not the kind's.
+    fn decode_facts(&self, attributes: Attributes) -> Facts;
+    /// `json` decoded as the kind's typed `Desired`, once, where a configuration enters (a
+    /// state's or a plan file's load, a plan's recorded form); the JSON stays as it came.
+    /// `Err`: it is not the kind's: the JSON back, and why.
+    fn decode(&self, json: serde_json::Value)
+        -> Result<Configuration, (serde_json::Value, String)>;
+    /// `json` read as the kind's typed `Desired` and written again: what a lowering produced
+    /// comes back unchanged (the tests check every example).
+    fn typed_config(&self, json: &serde_json::Value) -> Result<serde_json::Value, String>;
 }
 
 impl<K: Kind> AnyKind for K {
@@ -461,77 +486,78 @@ impl<K: Kind> AnyKind for K {
     fn replace_reason(
         &self,
         attribute: &str,
-        before: &serde_json::Value,
-        after: &serde_json::Value,
+        before: &Configuration,
+        after: &Configuration,
     ) -> Option<String> {
-        let before = K::Desired::from_config(before).ok()?;
-        let after = K::Desired::from_config(after).ok()?;
+        let before = typed::<K>(before).ok()?;
+        let after = typed::<K>(after).ok()?;
         Kind::replace_reason(self, attribute, &before, &after)
     }
     fn lock_entry(
         &self,
-        config: &serde_json::Value,
+        config: &Configuration,
     ) -> Option<(String, String, crate::lock_file::Entry)> {
-        Kind::lock_entry(self, &K::Desired::from_config(config).ok()?)
+        Kind::lock_entry(self, &typed::<K>(config).ok()?)
     }
-    fn checking(&self, config: &serde_json::Value) -> Checking {
-        K::Desired::from_config(config)
+    fn checking(&self, config: &Configuration) -> Checking {
+        typed::<K>(config)
             .map(|d| Kind::checking(self, &d))
             .unwrap_or_default()
     }
-    fn untracked(&self, orphan_id: &str, config: Option<&serde_json::Value>) -> Untracked {
-        let desired = config.and_then(|c| K::Desired::from_config(c).ok());
+    fn untracked(&self, orphan_id: &str, config: Option<&Configuration>) -> Untracked {
+        let desired = config.and_then(|c| typed::<K>(c).ok());
         Kind::untracked(self, orphan_id, desired.as_ref())
     }
     fn images(
         &self,
-        config: &serde_json::Value,
-        attributes: Option<&Attributes>,
+        config: &Configuration,
+        attributes: Option<&Facts>,
     ) -> Vec<(String, Option<String>)> {
-        let Ok(desired) = K::Desired::from_config(config) else {
+        let Ok(desired) = typed::<K>(config) else {
             return Vec::new();
         };
-        let recorded = attributes.and_then(|a| facts_of::<K::Recorded>(a).ok());
+        let recorded = attributes.and_then(|a| a.typed::<K::Recorded>().ok());
         Kind::images(self, &desired, recorded.as_ref())
     }
     fn reuse(
         &self,
-        config: &serde_json::Value,
+        config: &Configuration,
         found: Option<&serde_json::Value>,
-        attributes: Option<&Attributes>,
+        attributes: Option<&Facts>,
     ) -> Option<Reuse> {
-        let desired = K::Desired::from_config(config).ok()?;
-        let recorded = attributes.and_then(|a| facts_of::<K::Recorded>(a).ok());
+        let desired = typed::<K>(config).ok()?;
+        let recorded = attributes.and_then(|a| a.typed::<K::Recorded>().ok());
         Kind::reuse(self, &desired, found, recorded.as_ref())
     }
-    fn holds(&self, attributes: &Attributes) -> Holds {
-        facts_of::<K::Recorded>(attributes)
+    fn holds(&self, attributes: &Facts) -> Holds {
+        attributes
+            .typed::<K::Recorded>()
             .map(|r| Kind::holds(self, &r))
             .unwrap_or_default()
     }
     fn kept_for_rollback(
         &self,
-        config: &serde_json::Value,
-        recorded_config: &serde_json::Value,
-        attributes: &Attributes,
+        config: &Configuration,
+        recorded_config: &Configuration,
+        attributes: &Facts,
     ) -> Option<String> {
-        let desired = K::Desired::from_config(config).ok()?;
-        let before = K::Desired::from_config(recorded_config).ok();
-        let facts = facts_of::<K::Recorded>(attributes).ok()?;
+        let desired = typed::<K>(config).ok()?;
+        let before = typed::<K>(recorded_config).ok();
+        let facts = attributes.typed::<K::Recorded>().ok()?;
         Kind::kept_for_rollback(self, &desired, before.as_ref(), &facts)
     }
-    fn placement(&self, config: &serde_json::Value) -> Placement {
-        K::Desired::from_config(config)
+    fn placement(&self, config: &Configuration) -> Placement {
+        typed::<K>(config)
             .map(|d| Kind::placement(self, &d))
             .unwrap_or_default()
     }
-    fn rolling(&self, config: &serde_json::Value) -> Option<Rolling> {
-        Kind::rolling(self, &K::Desired::from_config(config).ok()?)
+    fn rolling(&self, config: &Configuration) -> Option<Rolling> {
+        Kind::rolling(self, &typed::<K>(config).ok()?)
     }
     fn recorded_version(&self) -> u32 {
         <K::Recorded as RecordedFacts>::VERSION
     }
-    fn upgrade_recorded(&self, from: u32, attributes: &mut Attributes) -> Result<(), String> {
+    fn upgrade_recorded(&self, from: u32, mut attributes: Attributes) -> Result<Facts, String> {
         let current = <K::Recorded as RecordedFacts>::VERSION;
         if from > current {
             return Err(format!(
@@ -539,12 +565,28 @@ impl<K: Kind> AnyKind for K {
             ));
         }
         if from < current {
-            K::Recorded::upgrade(from, attributes)?;
+            K::Recorded::upgrade(from, &mut attributes)?;
         }
-        facts_of::<K::Recorded>(attributes).map(|_| ())
+        let facts = facts_of::<K::Recorded>(&attributes)?;
+        Ok(Facts::decoded(attributes, facts))
     }
-    fn typed_config(&self, config: &serde_json::Value) -> Result<serde_json::Value, String> {
-        K::Desired::from_config(config).map(|d| d.to_config())
+    fn typed_config(&self, json: &serde_json::Value) -> Result<serde_json::Value, String> {
+        K::Desired::from_config(json).map(|d| d.to_config())
+    }
+    fn decode_facts(&self, attributes: Attributes) -> Facts {
+        match facts_of::<K::Recorded>(&attributes) {
+            Ok(facts) => Facts::decoded(attributes, facts),
+            Err(_) => Facts::untyped(attributes),
+        }
+    }
+    fn decode(
+        &self,
+        json: serde_json::Value,
+    ) -> Result<Configuration, (serde_json::Value, String)> {
+        match K::Desired::from_config(&json) {
+            Ok(d) => Ok(Configuration::decoded(json, d)),
+            Err(e) => Err((json, e)),
+        }
     }
 }
 

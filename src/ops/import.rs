@@ -39,7 +39,7 @@ struct Wanted<'a> {
     node: String,
     object: &'a str,
     id: String,
-    desired: Option<&'a serde_json::Value>,
+    desired: Option<&'a crate::kind::Configuration>,
     /// Where it was asked for (an import block), for errors.
     span: Option<&'a Span>,
 }

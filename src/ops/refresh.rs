@@ -128,7 +128,8 @@ mod tests {
                     "block": "model.m", "repo": "org/name", "revision": "main",
                     "commit": COMMIT, "cache": "/data/hf", "image": "img:1",
                     "node_name": "a", "role": "download", "download_node": "node.a",
-                }),
+                })
+                .into(),
                 attributes: Default::default(),
                 depends_on: Vec::new(),
                 last_apply_secs: None,

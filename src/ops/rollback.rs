@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::config::{Config, Output, Resource};
 use crate::diag::{Diag, Diagnostics, SourceFile, Span};
 use crate::graph::Graph;
+use crate::kind::Registered;
 use crate::plan::{pointer_mut, recorded_config, Plan, PlanOptions};
 use crate::state::generations::{Generation, Shape};
 use crate::state::{hash_sensitive, HashKey, State};
@@ -210,7 +211,7 @@ pub fn generation_config(
             continue;
         }
         let shape = generation.shapes.get(address).cloned().unwrap_or_default();
-        let mut config = record.config.clone();
+        let mut config = record.config.json().clone();
         for path in &shape.sensitive {
             let Some(slot) = pointer_mut(&mut config, path) else {
                 continue;
@@ -277,7 +278,8 @@ fn resource(
         address: address.to_string(),
         kind: record.kind,
         node: record.node.clone(),
-        config,
+        // Decoded here, where the generation's configuration is made whole again.
+        config: record.kind.configuration(config),
         sensitive: shape.sensitive,
         ephemeral: shape.ephemeral,
         deps: record.depends_on.iter().cloned().collect(),

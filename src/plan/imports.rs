@@ -3,18 +3,19 @@
 
 use super::{hash_sensitive, pointer_mut, record_import, Import, PlanOptions};
 use crate::config::{Config, Resource};
+use crate::kind::Registered;
 use crate::state::{HashKey, State};
 
 /// An import with its sensitive values as the state records them.
 fn recorded_import(i: &Import, r: &Resource, key: Option<&HashKey>) -> Import {
-    let mut config = i.config.clone();
+    let mut config = i.config.json().clone();
     for path in r.sensitive.iter().chain(&i.secret_paths) {
         if let Some(slot) = pointer_mut(&mut config, path) {
             *slot = hash_sensitive(key, slot);
         }
     }
     Import {
-        config,
+        config: r.kind.configuration(config),
         ..i.clone()
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Config, Resource};
 use crate::diag::Diag;
 use crate::graph::Graph;
-use crate::kind::Registered;
+use crate::kind::{Configuration, Registered};
 use crate::state::{
     hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, OutputState, ResourceState, State,
     LEGACY_PREFIX,
@@ -93,7 +93,7 @@ pub struct Change {
     pub depends_on: Vec<String>,
     /// The configuration the state records after this change (sensitive values as hashes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<serde_json::Value>,
+    pub after: Option<crate::kind::Configuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_hash: Option<String>,
     /// How the machine differs from the state (refresh).
@@ -111,7 +111,7 @@ pub struct Change {
     /// node still has it (a container: the image by its recorded ID, wherever the reference
     /// points now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restores: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    pub restores: Option<crate::kind::Facts>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,10 +251,10 @@ pub struct Import {
     /// What it was imported by: `spark1:vllm`.
     pub id: String,
     /// What runs, as a desired configuration of its kind (in a plan: as the state records it).
-    pub config: serde_json::Value,
+    pub config: crate::kind::Configuration,
     /// Facts to record (a container's id).
     #[serde(default)]
-    pub attributes: BTreeMap<String, serde_json::Value>,
+    pub attributes: crate::kind::Facts,
     /// What the kind says about it (labels that come with the next replacement).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -320,9 +320,13 @@ fn runs_unless_said() -> bool {
 }
 
 /// The configuration as the state records it: sensitive values replaced by their keyed hashes,
-/// ephemeral ones left out (so they are never a change either).
-pub fn recorded_config(r: &Resource, key: Option<&HashKey>) -> serde_json::Value {
-    let mut v = r.config.clone();
+/// ephemeral ones left out (so they are never a change either); decoded by its kind here,
+/// where it is made (the desired one itself where nothing is left out or hashed).
+pub fn recorded_config(r: &Resource, key: Option<&HashKey>) -> Configuration {
+    if r.ephemeral.is_empty() && r.sensitive.is_empty() {
+        return r.config.clone();
+    }
+    let mut v = r.config.json().clone();
     for path in &r.ephemeral {
         if let Some((last, parent)) = path.split_last() {
             if let Some(serde_json::Value::Object(m)) = pointer_mut(&mut v, parent) {
@@ -335,7 +339,7 @@ pub fn recorded_config(r: &Resource, key: Option<&HashKey>) -> serde_json::Value
             *slot = hash_sensitive(key, slot);
         }
     }
-    v
+    r.kind.configuration(v)
 }
 
 /// Whether a recorded configuration holds an unkeyed hash of an earlier sparkform at one of
@@ -677,7 +681,7 @@ fn against_recorded(
     change: &mut Change,
     recorded: Option<&ResourceState>,
     r: &Resource,
-    after: &serde_json::Value,
+    after: &Configuration,
     hash: &str,
 ) {
     let runs = r.kind.kind().description().lifecycle == Lifecycle::Runs;

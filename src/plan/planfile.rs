@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Plan;
 use crate::config::{NodeReadings, Readings};
+use crate::kind::Registered;
 use crate::state::State;
 
 pub const FORMAT: &str = "sparkform-plan";
@@ -231,6 +232,28 @@ impl PlanFile {
                 supported: FORMAT_VERSION,
             });
         }
-        serde_json::from_value(raw).map_err(|e| format_err(e.to_string()))
+        let mut file: PlanFile =
+            serde_json::from_value(raw).map_err(|e| format_err(e.to_string()))?;
+        decode_configurations(&mut file.plan);
+        Ok(file)
+    }
+}
+
+/// Decode, by their kinds, the configurations a saved plan file brings in: where they
+/// enter the engine, once.
+fn decode_configurations(plan: &mut Plan) {
+    for c in &mut plan.changes {
+        if let Some(after) = c.after.take() {
+            c.after = Some(c.kind.configuration(after.into_json()));
+        }
+        if let Some(restores) = c.restores.take() {
+            c.restores = Some(c.kind.kind().decode_facts(restores.into_map()));
+        }
+    }
+    for i in plan.imports.iter_mut().chain(&mut plan.generated) {
+        let json = std::mem::take(&mut i.config).into_json();
+        i.config = i.kind.configuration(json);
+        let facts = std::mem::take(&mut i.attributes).into_map();
+        i.attributes = i.kind.kind().decode_facts(facts);
     }
 }

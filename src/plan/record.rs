@@ -45,7 +45,7 @@ pub fn record(plan: &Plan, state: &mut State) {
 pub fn record_change(
     state: &mut State,
     c: &Change,
-    attributes: BTreeMap<String, serde_json::Value>,
+    attributes: crate::kind::Facts,
     last_apply_secs: Option<f64>,
 ) {
     if c.action == Action::Delete {
@@ -75,22 +75,13 @@ pub fn record_change(
 /// Journal marks in a recorded resource's attributes, written around a step so that a run
 /// killed in the middle leaves a state that says what was under way.
 ///
-/// A create of a kind whose objects carry no label (an address on an interface) is recorded
-/// before it starts, marked pending: an object a kill left on the machine is then this
-/// deployment's (refresh sees it, plan adopts it, destroy removes it), never someone else's.
-pub const MARK_PENDING: &str = "journal_pending";
-/// A run's summary, the last time it passed (a probe's answer): what `status` shows.
-pub const MARK_LAST_RUN: &str = "last_run";
-/// A run (a probe) that started and has not finished: the next apply runs it again.
-pub const MARK_RUN_STARTED: &str = "run_started";
-/// The last run failed: `{"at": time, "error": text}`; plan says so.
-pub const MARK_RUN_FAILED: &str = "last_failure";
+pub use crate::vocabulary::{MARK_LAST_RUN, MARK_PENDING, MARK_RUN_FAILED, MARK_RUN_STARTED};
 
 /// Before a create whose object nobody could find untracked: the entry, marked pending since `at`.
 pub fn record_intent(state: &mut State, c: &Change, at: &str) {
-    let mut attributes = BTreeMap::new();
-    attributes.insert(MARK_PENDING.to_string(), serde_json::json!(at));
-    record_change(state, c, attributes, None);
+    let mut marks = crate::kind::Facts::default();
+    marks.mark(MARK_PENDING, serde_json::json!(at));
+    record_change(state, c, marks, None);
 }
 
 /// Before a run of a recorded resource: mark it started at `at` (a new one plans to run anyway).
@@ -98,8 +89,7 @@ pub fn mark_run_started(state: &mut State, address: &str, at: &str) -> bool {
     let Some(r) = state.resources.get_mut(address) else {
         return false;
     };
-    r.attributes
-        .insert(MARK_RUN_STARTED.to_string(), serde_json::json!(at));
+    r.attributes.mark(MARK_RUN_STARTED, serde_json::json!(at));
     true
 }
 
@@ -108,9 +98,9 @@ pub fn record_run_failed(state: &mut State, address: &str, at: &str, error: &str
     let Some(r) = state.resources.get_mut(address) else {
         return false;
     };
-    r.attributes.remove(MARK_RUN_STARTED);
-    r.attributes.insert(
-        MARK_RUN_FAILED.to_string(),
+    r.attributes.unmark(MARK_RUN_STARTED);
+    r.attributes.mark(
+        MARK_RUN_FAILED,
         serde_json::json!({ "at": at, "error": error }),
     );
     true

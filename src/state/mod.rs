@@ -144,11 +144,11 @@ pub struct ResourceState {
     /// Desired config as recorded (sensitive leaves already replaced by
     /// hashes by the caller, see [`hash_sensitive`]).
     #[serde(default)]
-    pub config: serde_json::Value,
+    pub config: crate::kind::Configuration,
     /// Live facts: container id, addresses added, previous MTU... The kind's
     /// `RecordedFacts` (typed there), and beside them the journal's marks.
     #[serde(default)]
-    pub attributes: BTreeMap<String, serde_json::Value>,
+    pub attributes: crate::kind::Facts,
     /// The version of the shape of `attributes` (the kind's `RecordedFacts::VERSION`); 0 for a
     /// record written before records had versions. Loading the state upgrades every record to
     /// the version this sparkform writes.
@@ -807,8 +807,8 @@ mod tests {
                 kind: crate::vocabulary::KindId::Container,
                 node: Some("spark2".into()),
                 config_hash: format!("sha256:{}", sha256_hex(b"cfg")),
-                config: json!({"image": "vllm", "token": hash_sensitive(Some(&HashKey::from_bytes([1; 32])), &json!("secret"))}),
-                attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]),
+                config: json!({"image": "vllm", "token": hash_sensitive(Some(&HashKey::from_bytes([1; 32])), &json!("secret"))}).into(),
+                attributes: BTreeMap::from([("container_id".to_string(), json!("abc123"))]).into(),
                 depends_on: vec!["attachment.fabric[\"spark2\"]".into()],
                 last_apply_secs: Some(12.5),
                 schema_version: 1,

@@ -9,11 +9,15 @@ use crate::kind::Registered;
 impl ResourceState {
     /// Bring `attributes` to the shape its kind writes now, as OpenTofu's
     /// `UpgradeResourceState` does: `Err` says why it cannot be (recorded by a newer sparkform,
-    /// or not of the kind's shape).
+    /// or not of the kind's shape); and decode its configuration by its kind, once.
     pub fn upgrade(&mut self) -> Result<(), String> {
         let kind = self.kind.kind();
-        kind.upgrade_recorded(self.schema_version, &mut self.attributes)?;
+        let attributes = std::mem::take(&mut self.attributes).into_map();
+        self.attributes = kind.upgrade_recorded(self.schema_version, attributes)?;
         self.schema_version = kind.recorded_version();
+        // The configuration enters the engine here: decoded by its kind, once.
+        let json = std::mem::take(&mut self.config).into_json();
+        self.config = self.kind.configuration(json);
         Ok(())
     }
 }

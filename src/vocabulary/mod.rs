@@ -142,3 +142,26 @@ impl Gpus {
         }
     }
 }
+
+/// The engine's journal marks, written into a record's attributes beside its kind's facts.
+/// A create of a kind whose objects carry no label (an address on an interface) is recorded
+/// before it starts, marked pending: an object a kill left on the machine is then this
+/// deployment's (refresh sees it, plan adopts it, destroy removes it), never someone else's.
+pub const MARK_PENDING: &str = "journal_pending";
+/// A run's summary, the last time it passed (a probe's answer): what `status` shows.
+pub const MARK_LAST_RUN: &str = "last_run";
+/// A run (a probe) that started and has not finished: the next apply runs it again.
+pub const MARK_RUN_STARTED: &str = "run_started";
+/// The last run failed: `{"at": time, "error": text}`; plan says so.
+pub const MARK_RUN_FAILED: &str = "last_failure";
+
+/// Whether an attribute of a record is one of the engine's journal marks, not a fact.
+pub fn is_journal_mark(key: &str) -> bool {
+    [
+        MARK_PENDING,
+        MARK_LAST_RUN,
+        MARK_RUN_STARTED,
+        MARK_RUN_FAILED,
+    ]
+    .contains(&key)
+}

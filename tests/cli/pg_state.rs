@@ -121,7 +121,7 @@ pub(crate) fn sample() -> State {
             kind: sparkform::vocabulary::KindId::Attachment,
             node: Some("n1".into()),
             config_hash: "sha256:00".into(),
-            config: serde_json::json!({"address": "192.168.1.1"}),
+            config: serde_json::json!({"address": "192.168.1.1"}).into(),
             attributes: Default::default(),
             depends_on: vec![],
             last_apply_secs: None,

@@ -242,6 +242,7 @@ async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start()
         .get_mut("container.worker")
         .unwrap()
         .attributes
+        .edit()
         .insert("start_secs".into(), serde_json::json!(25.0));
     d.store().write(&mut state).unwrap();
     write(d.dir.path(), "ray:2");

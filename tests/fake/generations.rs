@@ -164,6 +164,17 @@ impl Deployment {
     }
 }
 
+/// The worker moved to ray:3 while the head's probe fails: the apply fails and rolls back.
+async fn apply_ray3_with_a_failing_probe(d: &Deployment) {
+    d.head.fault(
+        "head",
+        Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
+    );
+    write(d.dir.path(), "ray:3");
+    let failed = d.apply().await;
+    assert!(!failed.ok && failed.rolled_back, "{failed:?}");
+}
+
 #[tokio::test]
 async fn a_passing_apply_records_a_generation_and_a_failed_one_none() {
     let d = Deployment::new();
@@ -209,13 +220,7 @@ async fn a_passing_apply_records_a_generation_and_a_failed_one_none() {
     assert_ne!(state.generations[1].definitions, g1.definitions);
 
     // A third image whose probe fails: rolled back, and no generation 3.
-    d.head.fault(
-        "head",
-        Fault::ExecExits("curl".into(), 7, "curl: (7) Failed to connect".into()),
-    );
-    write(d.dir.path(), "ray:3");
-    let failed = d.apply().await;
-    assert!(!failed.ok && failed.rolled_back, "{failed:?}");
+    apply_ray3_with_a_failing_probe(&d).await;
     let state = d.state();
     assert_eq!(
         state.generations.len(),
@@ -590,4 +595,44 @@ async fn a_rollback_runs_the_image_by_its_recorded_id_where_the_tag_moved_on() {
         state.resources["container.worker"].attributes["image_id"],
         "sha256:ray:1"
     );
+}
+
+/// The engine carries configurations and records typed: each is decoded by its kind where it is
+/// made (the lowering, a state's load, a plan's recorded form, a generation made whole, a step
+/// that completed), so a plan, an apply, a failed apply's rollback and `sparkform rollback`
+/// read no configuration's JSON and no record's facts late.
+/// The runtime of `#[tokio::test]` runs every step on this thread, whose count this is.
+#[tokio::test]
+async fn a_plan_apply_and_rollback_decode_every_configuration_where_it_enters() {
+    let d = Deployment::new();
+    let before = sparkform::kind::late_decodes();
+    assert!(d.apply().await.ok);
+    write(d.dir.path(), "ray:2");
+    assert!(d.apply().await.ok);
+    let (_, outcome) = d
+        .rollback(Some(1))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(outcome.ok, "{:?}", outcome.failures);
+    assert_eq!(worker_image(&d), "ray:1");
+    apply_ray3_with_a_failing_probe(&d).await;
+    assert_eq!(sparkform::kind::late_decodes() - before, 0, "late decodes");
+    // The guard itself: a configuration that no kind decoded is read late, and counted.
+    let untyped = sparkform::kind::Configuration::untyped(serde_json::json!({"name": "c"}));
+    let read = untyped.typed::<sparkform::kinds::container::Desired>();
+    assert!(read.is_ok_and(|d| d.name == "c"));
+    assert_eq!(sparkform::kind::late_decodes() - before, 1);
+    // And a record's facts that no kind decoded (the journal's marks alone are no facts).
+    let mut facts = sparkform::kind::Facts::default();
+    facts.mark(sparkform::plan::MARK_PENDING, serde_json::json!("now"));
+    assert!(facts
+        .typed::<sparkform::kinds::container::Recorded>()
+        .is_ok_and(|r| r.container_id.is_none()));
+    assert_eq!(sparkform::kind::late_decodes() - before, 1);
+    facts
+        .edit()
+        .insert("container_id".into(), serde_json::json!("abc"));
+    let read = facts.typed::<sparkform::kinds::container::Recorded>();
+    assert!(read.is_ok_and(|r| r.container_id.as_deref() == Some("abc")));
+    assert_eq!(sparkform::kind::late_decodes() - before, 2);
 }

@@ -601,7 +601,7 @@ fn generated_blocks_load_as_the_imported_configuration() {
         kind: KindId::Container,
         node: Some("node.n1".into()),
         id: "n1:vllm".into(),
-        config: json!({ "name": "vllm", "node": "n1", "image": "ray:1", "command": ["vllm", "serve"], "env": { "A": "1" }, "shm_size": 1073741824 }),
+        config: json!({ "name": "vllm", "node": "n1", "image": "ray:1", "command": ["vllm", "serve"], "env": { "A": "1" }, "shm_size": 1073741824 }).into(),
         attributes: Default::default(),
         notes: Vec::new(),
         secret_paths: Vec::new(),

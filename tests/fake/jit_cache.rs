@@ -193,7 +193,7 @@ impl Bed {
         let mut state = store.load().unwrap().unwrap();
         let r = state.resources.get_mut("container.engine").unwrap();
         r.last_apply_secs = Some(total);
-        r.attributes.insert(
+        r.attributes.edit().insert(
             "phase_secs".into(),
             serde_json::json!({ "loading weights": 5.0, "compiling": compiling }),
         );
@@ -301,13 +301,14 @@ async fn a_recorded_warm_start_sets_the_expected_time_of_the_next_one() {
         let r = state.resources.get_mut("container.engine").unwrap();
         r.last_apply_secs = Some(total);
         let compiling = if last_warm { 12.0 } else { 30.0 };
-        r.attributes.insert(
+        r.attributes.edit().insert(
             "phase_secs".into(),
             serde_json::json!({ "loading weights": 5.0, "compiling": compiling }),
         );
         r.attributes
+            .edit()
             .insert("cache_warm".into(), serde_json::json!(last_warm));
-        r.attributes.insert(
+        r.attributes.edit().insert(
             "phase_secs_by_cache".into(),
             serde_json::json!({
                 "cold": { "loading weights": 5.0, "compiling": 30.0 },

@@ -69,7 +69,9 @@ fn a_state_with_unkeyed_hashes_plans_its_secrets_as_changed_once() {
     let mut state = applied(&key);
     let legacy = format!("sha256:{}", sha256_hex(br#""hf_plan_fixture_secret""#));
     let head = state.resources.get_mut(HEAD).expect("head recorded");
-    head.config["env"]["HF_TOKEN"] = serde_json::Value::String(legacy);
+    let mut config = head.config.json().clone();
+    config["env"]["HF_TOKEN"] = serde_json::Value::String(legacy);
+    head.config = config.into();
     head.config_hash = plan::config_hash(&head.config);
     let p = plan_with(Some(&key), &state);
     assert_ne!(action(&p, HEAD), Action::NoOp);

@@ -379,7 +379,7 @@ fn state_mv_and_rm_re_address_and_forget_records_holding_the_lock() {
         kind: sparkform::vocabulary::KindId::Container,
         node: Some("node.n1".into()),
         config_hash: "sha256:0".into(),
-        config: serde_json::json!({}),
+        config: serde_json::json!({}).into(),
         attributes: Default::default(),
         depends_on: deps,
         last_apply_secs: None,

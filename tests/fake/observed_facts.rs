@@ -380,7 +380,7 @@ async fn plan_after_refresh(
                 kind: sparkform::vocabulary::KindId::Container,
                 node: Some(node),
                 config_hash: String::new(),
-                config: serde_json::json!({"name": "gone"}),
+                config: serde_json::json!({"name": "gone"}).into(),
                 attributes: Default::default(),
                 depends_on: Vec::new(),
                 last_apply_secs: None,

@@ -47,7 +47,7 @@ fn sample() -> State {
             kind: sparkform::vocabulary::KindId::Container,
             node: Some("n1".into()),
             config_hash: "sha256:00".into(),
-            config: serde_json::json!({"image": "nginx", "ports": [80]}),
+            config: serde_json::json!({"image": "nginx", "ports": [80]}).into(),
             attributes: Default::default(),
             depends_on: vec![],
             last_apply_secs: Some(1.5),

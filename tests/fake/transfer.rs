@@ -1853,7 +1853,7 @@ fn the_one_command_observe_agrees_with_transfer_py() {
             kind: KindId::Model,
             node: Some("node.a".into()),
             config_hash: "sha256:0".into(),
-            config: serde_json::to_value(&desired).unwrap(),
+            config: serde_json::to_value(&desired).unwrap().into(),
             attributes: Default::default(),
             depends_on: Vec::new(),
             last_apply_secs: None,

@@ -8,7 +8,6 @@ use hcl::{Map, Value};
 use super::{ATTACH, NETWORK};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
-use crate::kind::DesiredConfig;
 use crate::kinds::attachment;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
@@ -115,8 +114,8 @@ impl dyn Engine<'_> + '_ {
                 prefix_len: subnet.prefix_len(),
                 mtu,
                 roce: roce.clone(),
-            }
-            .to_config();
+            };
+            let config = crate::kind::Configuration::of(config);
             let mut deps = ctx.deps.clone();
             deps.extend(self.extra_deps().iter().cloned());
             self.add_resource(Resource {

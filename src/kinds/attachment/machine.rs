@@ -11,7 +11,6 @@ use crate::config::{Config, Resource};
 use crate::hosts::{tools, Cmd, Host, HostError, HostPool};
 use crate::inspect::glance::Glance;
 use crate::inspect::ip_addr::{parse_ip_addr, Interface};
-use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
     Step, StepError,
@@ -467,7 +466,7 @@ fn not_looking(cx: &ReadCx<'_>) -> crate::config::Readings {
                 .as_ref()?,
             _ => return None,
         };
-        Desired::from_config(config).ok()?.roce
+        config.typed::<Desired>().ok()?.roce
     };
     let mut used = Vec::new();
     for (node, r, _) in attachments(cx.config) {
@@ -551,7 +550,7 @@ fn dependent_changed(config: &Config, on: &[String], changed: &dyn Fn(&str) -> b
 }
 
 fn member(r: &Resource) -> Option<Member> {
-    let d = Desired::from_config(&r.config).ok()?;
+    let d = r.config.typed::<Desired>().ok()?;
     Some(Member {
         address: r.address.clone(),
         node: r.node.clone()?,
@@ -567,7 +566,7 @@ fn attachments(config: &Config) -> impl Iterator<Item = (&str, &Resource, Desire
         if r.kind != crate::vocabulary::KindId::Attachment {
             return None;
         }
-        Some((r.node.as_deref()?, r, Desired::from_config(&r.config).ok()?))
+        Some((r.node.as_deref()?, r, r.config.typed::<Desired>().ok()?))
     })
 }
 
@@ -675,7 +674,7 @@ pub fn judge_mtu(
             .iter()
             .filter_map(|a| {
                 let r = config.resource(a)?;
-                let d = Desired::from_config(&r.config).ok()?;
+                let d = r.config.typed::<Desired>().ok()?;
                 let mtu = *fabrics.get(r.node.as_deref()?)?.mtu.get(&d.interface)?;
                 Some((
                     format!("{} {} {mtu}", r.node.as_deref()?, d.interface),
@@ -715,7 +714,7 @@ pub fn judge_mtu(
                 .iter()
                 .filter(|e| e.1 != net.mtu)
                 .filter_map(|(_, _, r)| {
-                    let d = Desired::from_config(&r.config).ok()?;
+                    let d = r.config.typed::<Desired>().ok()?;
                     Some(format!(
                         "on {}: ip link set dev {} mtu {}",
                         r.node.as_deref().unwrap_or_default(),
@@ -944,8 +943,8 @@ async fn import_attachment(
         previous_addresses: Some(iface.addresses.clone()),
     };
     Ok(crate::kinds::machine::Imported {
-        config: config.to_config(),
-        attributes: crate::kind::facts_to_attributes(&recorded),
+        config: crate::kind::Configuration::of(config),
+        attributes: crate::kind::Facts::of(&recorded),
         notes: Vec::new(),
         secret_paths: Vec::new(),
     })
@@ -978,7 +977,7 @@ mod tests {
     #[test]
     fn attachment_drift() {
         let cfg = serde_json::json!({"network": "network.roce", "node": "node.spark1", "interface": "enp1s0f0np0", "address": "192.168.200.1", "prefix_len": 24, "mtu": 9000});
-        let cfg = Desired::from_config(&cfg).ok();
+        let cfg = <Desired as crate::kind::DesiredConfig>::from_config(&cfg).ok();
         let cfg = cfg.as_ref();
         assert_eq!(
             observe_attachment(cfg, &iface(&["192.168.200.1/24"], 9000, "UP")),
@@ -1009,7 +1008,7 @@ mod tests {
             kind: crate::vocabulary::KindId::Attachment,
             node: Some("node.h200".into()),
             config_hash: String::new(),
-            config: serde_json::json!({"network": "network.fabric", "node": "node.h200", "interface": "eth1", "address": "192.168.10.1", "prefix_len": 24, "mtu": 9000}),
+            config: serde_json::json!({"network": "network.fabric", "node": "node.h200", "interface": "eth1", "address": "192.168.10.1", "prefix_len": 24, "mtu": 9000}).into(),
             attributes: Default::default(),
             depends_on: Vec::new(),
             last_apply_secs: None,

@@ -10,7 +10,6 @@ use hcl_edit::structure::Block;
 use super::{CONTAINER, READY};
 use crate::config::lowering::*;
 use crate::diag::{Diag, SourceFile, Span};
-use crate::kind::DesiredConfig;
 use crate::kinds::container;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
@@ -85,7 +84,7 @@ impl dyn Engine<'_> + '_ {
                 continue;
             }
             let config = match container::desired(&attrs.values, ready) {
-                Ok(d) => d.to_config(),
+                Ok(d) => crate::kind::Configuration::of(d),
                 Err(_) => {
                     // The schema's types make this unreachable; serde's message could quote a
                     // sensitive value, so it is not shown.

@@ -9,7 +9,6 @@ use serde_json::Number;
 
 use super::{check, Desired, Rank, FABRIC_TEST};
 use crate::config::lowering::*;
-use crate::kind::DesiredConfig;
 use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::to_json;
 use crate::vocabulary::Gpus;
@@ -169,7 +168,7 @@ impl dyn Engine<'_> + '_ {
             address: address.clone(),
             kind: KindId::FabricTest,
             node: nodes.first().map(|n| format!("node.{n}")),
-            config: desired.to_config(),
+            config: crate::kind::Configuration::of(desired),
             sensitive: attrs.sensitive.clone(),
             ephemeral: Vec::new(),
             deps,

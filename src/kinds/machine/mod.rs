@@ -12,8 +12,8 @@ use crate::config::Readings;
 use crate::diag::Diagnostics;
 use crate::events::{emit, Event, Sender};
 use crate::hosts::{Host, HostError, HostPool};
+use crate::kind::Kind;
 use crate::kind::Registered;
-use crate::kind::{facts_of, facts_to_attributes, Attributes, DesiredConfig, Kind};
 use crate::plan::{Action, Change, Drift, Foreign, Orphan, Plan};
 use crate::state::{ResourceState, State};
 use crate::vocabulary::KindId;
@@ -270,7 +270,7 @@ pub struct StepCx<'a> {
     pub pool: &'a HostPool,
     pub lineage: &'a str,
     /// The desired configuration with its real values (sensitive ones included).
-    pub desired: Option<&'a serde_json::Value>,
+    pub desired: Option<&'a crate::kind::Configuration>,
     /// What the state recorded before this apply.
     pub recorded: Option<&'a ResourceState>,
     /// Folder of the definitions, for relative paths (image archives).
@@ -396,7 +396,7 @@ impl From<Arc<HostError>> for StepError {
 /// [`Machine::Undo`] that only its machine half reads.
 #[derive(Clone, Default)]
 pub struct Applied {
-    pub attributes: Attributes,
+    pub attributes: crate::kind::Facts,
     pub undo: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// One line for the progress output (a probe's latency and answer, a container's id).
     pub summary: String,
@@ -453,8 +453,8 @@ impl<'a, K: Kind> Record<'a, K> {
     pub fn of(state: &'a ResourceState) -> Self {
         Record {
             state,
-            config: K::Desired::from_config(&state.config).ok(),
-            facts: facts_of(&state.attributes).unwrap_or_default(),
+            config: state.config.typed::<K::Desired>().ok(),
+            facts: state.attributes.typed().unwrap_or_default(),
         }
     }
 }
@@ -482,7 +482,7 @@ impl<'a, K: Kind> Step<'a, K> {
     /// kind's is a bug, said as such (serde's message could quote a sensitive value: not shown).
     pub fn of(cx: &'a StepCx<'a>) -> Result<Self, StepError> {
         let desired = match cx.desired {
-            Some(config) => Some(K::Desired::from_config(config).map_err(|_| {
+            Some(config) => Some(config.typed::<K::Desired>().map_err(|_| {
                 StepError::new(format!(
                     "{}: the desired configuration is not of this resource's kind",
                     cx.address
@@ -518,7 +518,7 @@ impl<'a, K: Kind> Step<'a, K> {
     /// In a rollback, what the generation it puts back recorded of this resource
     /// (`Change::restores`); `None` otherwise, or when that record does not read as the kind's.
     pub fn restored_facts(&self) -> Option<K::Recorded> {
-        facts_of(self.cx.change.restores.as_ref()?).ok()
+        self.cx.change.restores.as_ref()?.typed().ok()
     }
 }
 
@@ -526,9 +526,9 @@ impl<'a, K: Kind> Step<'a, K> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Imported {
     /// The object as a desired configuration of its kind, clear values included.
-    pub config: serde_json::Value,
+    pub config: crate::kind::Configuration,
     /// Readings to record (a container's id and image id).
-    pub attributes: BTreeMap<String, serde_json::Value>,
+    pub attributes: crate::kind::Facts,
     /// What the plan says about it (a container without sparkform's labels).
     pub notes: Vec<String>,
     /// Paths in `config` of values that may be secrets the definition does not mark (an env
@@ -782,11 +782,11 @@ pub trait AnyMachine: Send + Sync {
         host: &dyn Host,
         address: &str,
         object: &str,
-        desired: Option<&serde_json::Value>,
+        desired: Option<&crate::kind::Configuration>,
     ) -> Result<Imported, StepError>;
     async fn verify(
         &self,
-        config: &serde_json::Value,
+        config: &crate::kind::Configuration,
         pool: &HostPool,
         containers: &ContainerIndex,
         retry_for: std::time::Duration,
@@ -808,7 +808,7 @@ pub trait AnyMachine: Send + Sync {
 impl<M: Machine> Done<M> {
     fn erased(self) -> Applied {
         Applied {
-            attributes: facts_to_attributes(&self.recorded),
+            attributes: crate::kind::Facts::of(&self.recorded),
             undo: Some(Arc::new(self.undo)),
             summary: self.summary,
         }
@@ -821,7 +821,7 @@ impl<M: Machine> Done<M> {
             None => M::Undo::default(),
         };
         Some(Done {
-            recorded: facts_of(&applied.attributes).unwrap_or_default(),
+            recorded: applied.attributes.typed().unwrap_or_default(),
             undo,
             summary: applied.summary.clone(),
         })
@@ -928,21 +928,21 @@ impl<M: Machine> AnyMachine for M {
         host: &dyn Host,
         address: &str,
         object: &str,
-        desired: Option<&serde_json::Value>,
+        desired: Option<&crate::kind::Configuration>,
     ) -> Result<Imported, StepError> {
-        let desired = desired.and_then(|d| DesiredOf::<M>::from_config(d).ok());
+        let desired = desired.and_then(|d| d.typed::<DesiredOf<M>>().ok());
         Machine::import(self, host, address, object, desired.as_ref()).await
     }
     async fn verify(
         &self,
-        config: &serde_json::Value,
+        config: &crate::kind::Configuration,
         pool: &HostPool,
         containers: &ContainerIndex,
         retry_for: std::time::Duration,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(std::time::Duration, String), StepError>> {
-        let desired = match DesiredOf::<M>::from_config(config) {
+        let desired = match config.typed::<DesiredOf<M>>() {
             Ok(d) => d,
             Err(_) => {
                 return Some(Err(StepError::new(
@@ -972,7 +972,7 @@ impl<M: Machine> AnyMachine for M {
         let after = change
             .after
             .as_ref()
-            .and_then(|a| DesiredOf::<M>::from_config(a).ok());
+            .and_then(|a| a.typed::<DesiredOf<M>>().ok());
         Machine::other_nodes(self, after.as_ref(), containers)
     }
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
@@ -1124,7 +1124,7 @@ mod tests {
             host: None,
             pool: &pool,
             lineage: "l",
-            desired: Some(&desired),
+            desired: Some(&desired.into()),
             recorded: Some(recorded),
             config_dir: std::path::Path::new("."),
             events: &tx,

@@ -12,7 +12,6 @@ use super::{DEFAULT_IMAGE, DEFAULT_REVISION, MODEL};
 use super::{ROLE_DOWNLOAD, ROLE_PULL};
 use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
-use crate::kind::DesiredConfig;
 use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::model;
 
@@ -385,7 +384,7 @@ impl dyn Engine<'_> + '_ {
                 address: address.clone(),
                 kind: KindId::Model,
                 node: Some(format!("node.{n}")),
-                config: c.to_config(),
+                config: crate::kind::Configuration::of(c),
                 sensitive,
                 ephemeral,
                 deps: rdeps,

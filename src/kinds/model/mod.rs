@@ -352,7 +352,9 @@ mod tests {
 
     #[test]
     fn a_new_commit_says_which_revision_moved() {
-        let c = |rev: &str, commit: &str| serde_json::json!({"revision": rev, "commit": commit});
+        let c = |rev: &str, commit: &str| {
+            crate::kind::Configuration::from(serde_json::json!({"revision": rev, "commit": commit}))
+        };
         let (a, b) = ("a".repeat(40), "b".repeat(40));
         assert_eq!(
             crate::kind::AnyKind::replace_reason(&Model, "commit", &c("main", &a), &c("main", &b))

@@ -8,7 +8,6 @@ use hcl::{Map, Value};
 use super::PROBE;
 use crate::config::lowering::*;
 use crate::diag::Diag;
-use crate::kind::DesiredConfig;
 use crate::kinds::probe;
 
 pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
@@ -137,7 +136,7 @@ impl dyn Engine<'_> + '_ {
             address: address.clone(),
             kind: KindId::Probe,
             node,
-            config: config.to_config(),
+            config: crate::kind::Configuration::of(config),
             sensitive,
             ephemeral: Vec::new(),
             deps,

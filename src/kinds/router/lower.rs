@@ -112,7 +112,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
         address: address.clone(),
         kind: KindId::Router,
         node: Some(node),
-        config: crate::kind::DesiredConfig::to_config(&desired),
+        config: crate::kind::Configuration::of(desired.clone()),
         sensitive: Vec::new(),
         ephemeral: Vec::new(),
         deps,

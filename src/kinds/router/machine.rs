@@ -14,7 +14,6 @@ use crate::config::Config;
 use crate::config::Readings;
 use crate::diag::Diag;
 use crate::hosts::HostPool;
-use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
     Changed, Check, CheckRun, Done, Machine, ReadCx, ReadError, Step, StepError,
 };
@@ -166,7 +165,7 @@ fn routers(config: &Config) -> impl Iterator<Item = (&crate::config::Resource, D
         .resources
         .iter()
         .filter(|r| r.kind == KindId::Router)
-        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
+        .filter_map(|r| Some((r, r.config.typed::<Desired>().ok()?)))
 }
 
 /// `sh -c SCRIPT sh ARGS…` in the router's container, for what concerns no one server: its
@@ -308,7 +307,7 @@ impl CheckRun for Admit {
 pub fn rolling_checks(config: &Config, changed: &Changed<'_>) -> Vec<Check> {
     let mut out = Vec::new();
     for r in config.resources.iter().filter(|r| r.kind == KindId::Router) {
-        let Ok(d) = Desired::from_config(&r.config) else {
+        let Ok(d) = r.config.typed::<Desired>() else {
             continue;
         };
         let starts_now = |a: &str| {

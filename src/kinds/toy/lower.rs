@@ -25,7 +25,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
         address: address.clone(),
         kind: KindId::Toy,
         node: Some(node.clone()),
-        config: crate::kind::DesiredConfig::to_config(&super::Desired {
+        config: crate::kind::Configuration::of(super::Desired {
             node: node.clone(),
             greeting,
         }),

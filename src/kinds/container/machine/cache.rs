@@ -13,7 +13,7 @@ fn cached(
         if r.kind != crate::vocabulary::KindId::Container {
             return None;
         }
-        let d = Desired::from_config(&r.config).ok()?;
+        let d = r.config.typed::<Desired>().ok()?;
         Some((r.node.as_deref()?, r, d.cache?, d.image))
     })
 }

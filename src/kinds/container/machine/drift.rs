@@ -200,7 +200,7 @@ pub(super) fn parity_check(config: &Config, changed: &Changed<'_>) -> Option<Che
         Default::default();
     let mut restoring: Restoring = Default::default();
     for r in &containers {
-        if let (Some(node), Ok(d)) = (&r.node, Desired::from_config(&r.config)) {
+        if let (Some(node), Ok(d)) = (&r.node, r.config.typed::<Desired>()) {
             let restored = changed
                 .change(&r.address)
                 .and_then(|c| c.restores.as_ref())

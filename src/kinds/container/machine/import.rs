@@ -98,8 +98,8 @@ pub async fn import_container(
         notes.push("Docker reports no image reference for it".into());
     }
     Ok(crate::kinds::machine::Imported {
-        config: config.to_config(),
-        attributes: crate::kind::facts_to_attributes(&recorded),
+        config: crate::kind::Configuration::of(config),
+        attributes: crate::kind::Facts::of(&recorded),
         notes,
         secret_paths,
     })

@@ -16,7 +16,7 @@ fn reachable(config: &Config) -> impl Iterator<Item = (&str, &Resource, String)>
         if r.kind != crate::vocabulary::KindId::Container {
             return None;
         }
-        let d = <Desired as crate::kind::DesiredConfig>::from_config(&r.config).ok()?;
+        let d = r.config.typed::<Desired>().ok()?;
         if d.ipc_mode.as_deref() != Some("host") {
             return None;
         }

@@ -10,7 +10,6 @@ use async_trait::async_trait;
 use super::{follow, helper, list, remove_container, s, spawn_with, Desired, Job};
 use crate::config::{Config, Resource};
 use crate::hosts::HostPool;
-use crate::kind::DesiredConfig;
 use crate::kinds::machine::{Check, CheckRun, StepError};
 
 /// What the architecture check asks the image's vLLM: its registry's architectures, as JSON,
@@ -169,7 +168,7 @@ pub fn architecture_checks(config: &Config, changed: &dyn Fn(&str) -> bool) -> V
         .resources
         .iter()
         .filter(|r| r.kind == crate::vocabulary::KindId::Model)
-        .filter_map(|r| Some((r, Desired::from_config(&r.config).ok()?)))
+        .filter_map(|r| Some((r, r.config.typed::<Desired>().ok()?)))
         .collect();
     for (r, c) in &models {
         if !c.is_download() {

@@ -11,7 +11,6 @@ use super::{resolve, Desired, ResolveRequest};
 use crate::config::{Config, ModelReadings, Readings};
 use crate::diag::{Diag, Diagnostics};
 use crate::hosts::HostPool;
-use crate::kind::DesiredConfig;
 use crate::kinds::machine::{ReadCx, ReadError, ReadMode};
 use crate::state::State;
 
@@ -28,7 +27,7 @@ fn blocks(config: &Config) -> BTreeMap<String, Block> {
         if r.kind != KindId::Model {
             continue;
         }
-        let Ok(config) = Desired::from_config(&r.config) else {
+        let Ok(config) = r.config.typed::<Desired>() else {
             continue;
         };
         if !config.is_download() || config.block.is_empty() {
@@ -130,12 +129,12 @@ fn pinned(state: Option<&State>, block: &str, revision: &str) -> Option<ModelRea
 }
 
 fn pinned_in<'a>(
-    mut configs: impl Iterator<Item = &'a serde_json::Value>,
+    mut configs: impl Iterator<Item = &'a crate::kind::Configuration>,
     block: &str,
     revision: &str,
 ) -> Option<ModelReadings> {
     configs.find_map(|c| {
-        let c = Desired::from_config(c).ok()?;
+        let c = c.typed::<Desired>().ok()?;
         (c.block == block && c.revision == revision).then_some(())?;
         Some(ModelReadings {
             revision: revision.to_string(),
@@ -280,7 +279,7 @@ fn planned(plan: &crate::plan::Plan) -> Readings {
         if c.kind != KindId::Model {
             continue;
         }
-        let Ok(d) = Desired::from_config(after) else {
+        let Ok(d) = after.typed::<Desired>() else {
             continue;
         };
         let (block, revision) = (d.block.as_str(), d.revision.as_str());
