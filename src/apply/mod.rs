@@ -391,7 +391,14 @@ fn nodes_needed(config: &Config, steps: &[Step], containers: &ContainerIndex) ->
         match &s.kind {
             StepKind::Check { nodes, .. } => set.extend(nodes.iter().cloned()),
             StepKind::Resource(kind) => {
-                set.extend(machine(*kind).other_nodes(&s.change, containers))
+                let Some(after) = &s.change.after else {
+                    continue;
+                };
+                let placement = kind.kind().placement(after);
+                set.extend(placement.other_nodes);
+                if placement.enters_containers {
+                    set.extend(containers.values().map(|(n, _)| n.clone()));
+                }
             }
         }
     }
@@ -423,14 +430,14 @@ struct Job {
 /// How often a check's upstream is looked at while the check retries.
 const UPSTREAM_EVERY: Duration = Duration::from_secs(5);
 
-/// The first of `upstream` that is down (its kind says so, [`Machine::down`]: a container that
+/// The first of `upstream` that is down (its kind says so, [`Machine::health`] now: a container that
 /// exited, with what its log says it died of), looked at every [`UPSTREAM_EVERY`]; never
 /// returns while all are up.
 async fn watch_upstream(upstream: &[(String, ResourceState)], pool: &HostPool) -> StepError {
     loop {
         tokio::time::sleep(UPSTREAM_EVERY).await;
         for (address, recorded) in upstream {
-            if let Some(why) = machine(recorded.kind).down(recorded, pool).await {
+            if let Some(why) = crate::kinds::machine::down(address, recorded, pool).await {
                 return StepError::new(format!(
                     "stopped trying: {address}, which it depends on, is down: {why}"
                 ));

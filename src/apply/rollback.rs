@@ -2,6 +2,7 @@
 //! groups restarted, and a check of what was restored.
 
 use super::*;
+use crate::kinds::machine::Restore;
 
 /// Undo this apply's completed steps, each once every step that depended on it is undone
 /// (reverse dependency order), independent ones in parallel up to `-parallelism`; then the
@@ -231,7 +232,10 @@ pub(super) async fn restart_process_groups(
             let StepKind::Resource(kind) = step.kind else {
                 continue;
             };
-            if let Err(e) = machine(kind).stop(&jobs.job(step).cx()).await {
+            if let Err(e) = machine(kind)
+                .restore(&jobs.job(step).cx(), Restore::Stopped)
+                .await
+            {
                 failed = Some((step.address.clone(), e.message));
                 break;
             }
@@ -248,7 +252,7 @@ pub(super) async fn restart_process_groups(
                 job.cancel = CancellationToken::new();
                 Some(async move {
                     let started = Instant::now();
-                    let result = machine(kind).restart(&job.cx()).await;
+                    let result = machine(kind).restore(&job.cx(), Restore::Running).await;
                     (step, started.elapsed(), result)
                 })
             });
@@ -295,7 +299,7 @@ pub(super) async fn restart_process_groups(
                 continue;
             };
             let job = jobs.job(step);
-            let stopped = machine(kind).stop(&job.cx()).await;
+            let stopped = machine(kind).restore(&job.cx(), Restore::Stopped).await;
             let was_undone = completed.iter().any(|(_, s, _)| s.address == step.address)
                 && !outcome
                     .undo_failures

@@ -214,6 +214,12 @@ pub struct Placement {
     /// The network interface of its node it configures (an attachment's), which
     /// `sparkform nodes` looks for among the node's interfaces.
     pub interface: Option<Interface>,
+    /// The nodes its steps reach besides its own, connected before an apply starts: a model's
+    /// pull runs `serve` on the download node, a fabric test's ranks run on theirs.
+    pub other_nodes: Vec<String>,
+    /// Whether its steps go into the definitions' containers, on any of their nodes (a probe:
+    /// an exec probe runs its command in one).
+    pub enters_containers: bool,
 }
 
 /// A node's network interface as a resource configures it: its name and the MTU it sets.

@@ -186,13 +186,13 @@ pub struct Deployed<'a> {
 
 impl Deployed<'_> {
     /// What `check` depends on (its ancestors the state records) that is down now, each with
-    /// why, as its kind tells ([`Machine::down`](crate::kinds::machine::Machine::down)): a
+    /// why, as its kind tells ([`down`](crate::kinds::machine::down)): a
     /// container that exited, with its exit code. Asked of all of them at once.
     pub async fn down(&self, check: &str) -> Vec<(String, String)> {
         let asks = self.graph.ancestors(check).into_iter().filter_map(|a| {
             let recorded = self.state.resources.get(&a)?;
             Some(async move {
-                let why = machine(recorded.kind).down(recorded, self.pool).await;
+                let why = crate::kinds::machine::down(&a, recorded, self.pool).await;
                 why.map(|w| (a, w))
             })
         });

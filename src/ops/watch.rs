@@ -22,7 +22,7 @@ use crate::events::{emit, Event, Sender};
 use crate::graph::Graph;
 use crate::hosts::{HostOptions, HostPool};
 use crate::kind::Registered;
-use crate::kinds::machine::{container_index, machine, ReadMode};
+use crate::kinds::machine::{container_index, machine, HealthWindow, ReadMode};
 use crate::plan::PlanOptions;
 use crate::state::{Restart, State, StateStore, RESTARTS_KEPT};
 use crate::vocabulary::Lifecycle;
@@ -110,7 +110,15 @@ async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check
         let since = *seen.log_since.entry(id.clone()).or_insert(now);
         checks.push(async move {
             let health = machine(r.kind)
-                .health(address, r, pool, before, since)
+                .health(
+                    address,
+                    r,
+                    pool,
+                    HealthWindow::SinceLastCheck {
+                        restarts_before: before,
+                        log_since: since,
+                    },
+                )
                 .await;
             (id, address, health)
         });

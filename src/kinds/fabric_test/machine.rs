@@ -350,12 +350,6 @@ impl Machine for FabricTestMachine {
         let out = run(d, pool, "fabric_test-verify", "verify", cancel, progress).await;
         Some(out.map(|(_, s)| (t.elapsed(), s)))
     }
-
-    fn other_nodes(&self, after: Option<&Desired>, _containers: &ContainerIndex) -> Vec<String> {
-        after
-            .map(|d| d.ranks.iter().skip(1).map(|r| r.node.clone()).collect())
-            .unwrap_or_default()
-    }
 }
 
 #[cfg(test)]

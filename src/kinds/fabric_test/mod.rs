@@ -283,6 +283,18 @@ impl Kind for FabricTest {
         found_untracked: false,
         dot_shape: "diamond",
     };
+    /// Its first rank runs on its own node, the others on theirs.
+    fn placement(&self, desired: &Desired) -> crate::kind::Placement {
+        crate::kind::Placement {
+            other_nodes: desired
+                .ranks
+                .iter()
+                .skip(1)
+                .map(|r| r.node.clone())
+                .collect(),
+            ..Default::default()
+        }
+    }
     /// It loads a serving deployment's fabric and GPUs: `verify` and `watch` run it only when
     /// named.
     fn checking(&self, _desired: &Desired) -> crate::kind::Checking {

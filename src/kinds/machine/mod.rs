@@ -226,6 +226,37 @@ impl LogRead {
     }
 }
 
+/// What a rollback brings a recorded process back to ([`Machine::restore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restore {
+    /// Started again from scratch, and ready.
+    Running,
+    /// Stopped.
+    Stopped,
+}
+
+/// Over what a health check looks ([`Machine::health`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthWindow {
+    /// Now, at once: whether it serves, and if not why (its log from its start).
+    Now,
+    /// Since the last check of `sparkform watch`: `restarts_before` is its runtime's restart
+    /// count then, `log_since` when (Unix seconds) its log is still to be read.
+    SinceLastCheck {
+        restarts_before: Option<i64>,
+        log_since: i64,
+    },
+}
+
+/// Why what `recorded` runs is down now, if it is ([`Machine::health`] over [`HealthWindow::Now`]).
+pub async fn down(address: &str, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
+    machine(recorded.kind)
+        .health(address, recorded, pool, HealthWindow::Now)
+        .await?
+        .failure
+        .map(|f| f.cause)
+}
+
 /// What a check of a running resource's health found (`sparkform watch`), and what the next
 /// check starts from.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -571,16 +602,13 @@ pub trait Machine: Send + Sync + 'static {
     ) -> Result<(), StepError> {
         Ok(())
     }
-    /// Start again, from scratch, what the state recorded for it before the apply, and wait
-    /// until it is ready: after a rollback the members of a process group restart one after
-    /// another in dependency order, because a member that came back alone may have joined a
-    /// peer the rollback removed. Kinds that run no process have nothing to restart.
-    async fn restart(&self, _cx: &Step<'_, Self::Kind>) -> Result<String, StepError> {
-        Ok(String::new())
-    }
-    /// Stop what the state recorded for it (a process group that could not be restored whole
-    /// stops rather than run half of it).
-    async fn stop(&self, _cx: &Step<'_, Self::Kind>) -> Result<String, StepError> {
+    /// Bring what the state recorded for it before the apply back as a rollback puts a process
+    /// group back: [`Restore::Running`], started again from scratch and ready (the members
+    /// restart one after another in dependency order, because a member that came back alone
+    /// may have joined a peer the rollback removed), or [`Restore::Stopped`] (a group that could
+    /// not be restored whole stops rather than run half of it). Kinds that run no process have
+    /// nothing to restore.
+    async fn restore(&self, _cx: &Step<'_, Self::Kind>, _to: Restore) -> Result<String, StepError> {
         Ok(String::new())
     }
     /// Look at one node: how the recorded resources of this kind there differ from the state,
@@ -620,16 +648,18 @@ pub trait Machine: Send + Sync + 'static {
     async fn read_log(&self, _host: Arc<dyn Host>, read: LogRead) {
         read.end(None).await;
     }
-    /// Whether what a recorded resource runs is healthy now (`sparkform watch`, every interval):
-    /// `restarts_before` is its runtime's restart count at the last check, `log_since` when
-    /// (Unix seconds) its log is still to be read. `None`: the kind runs nothing to watch.
+    /// Whether what a recorded resource runs is healthy, over `window`: since the last check
+    /// (`sparkform watch`, every interval), or now, at once, with why it is down (a check that
+    /// depends on it, in `verify`, `watch` and an apply, asks before it runs and fails at once
+    /// instead of retrying against it: a container that exited, with its exit code and what its
+    /// log says it died of). `None`: the kind runs nothing, or it cannot be told (the check
+    /// itself then finds out).
     async fn health(
         &self,
         _address: &str,
         _recorded: &Record<'_, Self::Kind>,
         _pool: &HostPool,
-        _restarts_before: Option<i64>,
-        _log_since: i64,
+        _window: HealthWindow,
     ) -> Option<Health> {
         None
     }
@@ -689,14 +719,6 @@ pub trait Machine: Send + Sync + 'static {
     ) -> Option<Result<(std::time::Duration, String), StepError>> {
         None
     }
-    /// Why what a deployed resource runs is down now, if it is: a check that depends on it
-    /// (`verify`, `watch`) asks before it runs, and fails at once with the answer instead of
-    /// retrying against it (a container that exited, with its state and exit code). `recorded`
-    /// is its record in the state. `None` when it is up, when its kind runs nothing, and when
-    /// it cannot be told (the check itself then finds out).
-    async fn down(&self, _recorded: &Record<'_, Self::Kind>, _pool: &HostPool) -> Option<String> {
-        None
-    }
     /// What a rollback that starts `record` (the resource as generation `number` recorded it)
     /// again would miss on its node, as the plan's notes, found before anything runs: by
     /// default the images it ran (`Kind::images`) that the node's references no longer name.
@@ -710,15 +732,6 @@ pub trait Machine: Send + Sync + 'static {
         let r = record.state;
         let images = r.kind.kind().images(&r.config, Some(&r.attributes));
         restorable_images(host, address, images, number).await
-    }
-    /// Nodes a step reaches besides its own (a probe's exec goes into containers elsewhere),
-    /// from the configuration it applies (`after`).
-    fn other_nodes(
-        &self,
-        _after: Option<&DesiredOf<Self>>,
-        _containers: &ContainerIndex,
-    ) -> Vec<String> {
-        Vec::new()
     }
     /// Checks of what the changed resources of this kind do together (every attachment of a
     /// network reaches every other), run after them and before what depends on them.
@@ -745,8 +758,7 @@ pub trait AnyMachine: Send + Sync {
         action: Action,
         applied: &Applied,
     ) -> Result<(), StepError>;
-    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError>;
-    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError>;
+    async fn restore(&self, cx: &StepCx<'_>, to: Restore) -> Result<String, StepError>;
     async fn observe(
         &self,
         host: &dyn Host,
@@ -765,8 +777,7 @@ pub trait AnyMachine: Send + Sync {
         address: &str,
         recorded: &ResourceState,
         pool: &HostPool,
-        restarts_before: Option<i64>,
-        log_since: i64,
+        window: HealthWindow,
     ) -> Option<Health>;
     async fn read_log(&self, host: Arc<dyn Host>, read: LogRead);
     async fn find_foreign(
@@ -793,7 +804,6 @@ pub trait AnyMachine: Send + Sync {
         cancel: &tokio_util::sync::CancellationToken,
         progress: &(dyn Fn(String, u64) + Send + Sync),
     ) -> Option<Result<(std::time::Duration, String), StepError>>;
-    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String>;
     async fn restorable(
         &self,
         host: &dyn Host,
@@ -801,7 +811,6 @@ pub trait AnyMachine: Send + Sync {
         record: &ResourceState,
         number: u64,
     ) -> Vec<Restorable>;
-    fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String>;
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check>;
 }
 
@@ -870,11 +879,8 @@ impl<M: Machine> AnyMachine for M {
         let done = Done::<M>::of(applied).ok_or_else(|| not_its_kind(cx.address))?;
         Machine::finalize(self, &step, action, &done).await
     }
-    async fn restart(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
-        Machine::restart(self, &Step::of(cx)?).await
-    }
-    async fn stop(&self, cx: &StepCx<'_>) -> Result<String, StepError> {
-        Machine::stop(self, &Step::of(cx)?).await
+    async fn restore(&self, cx: &StepCx<'_>, to: Restore) -> Result<String, StepError> {
+        Machine::restore(self, &Step::of(cx)?, to).await
     }
     async fn observe(
         &self,
@@ -900,11 +906,9 @@ impl<M: Machine> AnyMachine for M {
         address: &str,
         recorded: &ResourceState,
         pool: &HostPool,
-        restarts_before: Option<i64>,
-        log_since: i64,
+        window: HealthWindow,
     ) -> Option<Health> {
-        let record = Record::of(recorded);
-        Machine::health(self, address, &record, pool, restarts_before, log_since).await
+        Machine::health(self, address, &Record::of(recorded), pool, window).await
     }
     async fn read_log(&self, host: Arc<dyn Host>, read: LogRead) {
         Machine::read_log(self, host, read).await
@@ -956,9 +960,6 @@ impl<M: Machine> AnyMachine for M {
         )
         .await
     }
-    async fn down(&self, recorded: &ResourceState, pool: &HostPool) -> Option<String> {
-        Machine::down(self, &Record::of(recorded), pool).await
-    }
     async fn restorable(
         &self,
         host: &dyn Host,
@@ -967,13 +968,6 @@ impl<M: Machine> AnyMachine for M {
         number: u64,
     ) -> Vec<Restorable> {
         Machine::restorable(self, host, address, &Record::of(record), number).await
-    }
-    fn other_nodes(&self, change: &Change, containers: &ContainerIndex) -> Vec<String> {
-        let after = change
-            .after
-            .as_ref()
-            .and_then(|a| a.typed::<DesiredOf<M>>().ok());
-        Machine::other_nodes(self, after.as_ref(), containers)
     }
     fn checks(&self, config: &Config, changed: &Changed<'_>) -> Vec<Check> {
         Machine::checks(self, config, changed)

@@ -27,8 +27,8 @@ use crate::events::Event;
 use crate::hosts::{Host, HostError};
 use crate::kinds::machine::{remove_container, tar_of, Changed};
 use crate::kinds::machine::{
-    Check, ContainerIndex, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record,
-    Restorable, Step, StepCx, StepError,
+    Check, Done, Machine, NodeObservations, ReadCx, ReadError, ReadMode, Record, Restorable, Step,
+    StepCx, StepError,
 };
 use crate::runtime::one_shot;
 
@@ -1088,14 +1088,6 @@ impl Machine for ModelMachine {
 
     async fn read(&self, cx: &ReadCx<'_>) -> Result<crate::config::Readings, ReadError> {
         read::read(cx).await
-    }
-
-    /// A pull step also runs `serve` on the download node.
-    fn other_nodes(&self, after: Option<&Desired>, _containers: &ContainerIndex) -> Vec<String> {
-        after
-            .filter(|a| a.role == super::ROLE_PULL)
-            .map(|a| vec![a.download_node.clone()])
-            .unwrap_or_default()
     }
 }
 

@@ -107,6 +107,16 @@ impl Kind for Model {
         found_untracked: false,
         dot_shape: "cylinder",
     };
+    /// A pull step also runs `serve` on the download node.
+    fn placement(&self, desired: &Desired) -> crate::kind::Placement {
+        crate::kind::Placement {
+            other_nodes: (desired.role == ROLE_PULL)
+                .then(|| desired.download_node.clone())
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
     /// The revision in use until now joins the kept ones, the one the change puts in use leaves
     /// them, and those past `keep_revisions` go (as the apply's step does it).
     fn kept_for_rollback(

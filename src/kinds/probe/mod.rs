@@ -191,6 +191,7 @@ impl Kind for Probe {
                 url: http.url,
                 authorization: http.headers.and_then(|h| h.get("Authorization").cloned()),
             }),
+            enters_containers: true,
             ..Default::default()
         }
     }

@@ -20,8 +20,8 @@ use crate::config::{Config, Resource};
 use crate::hosts::{Host, HostError, HostPool};
 use crate::kind::DesiredConfig;
 use crate::kinds::machine::{
-    Backoff, Changed, Check, CheckRun, Done, GatePhase, Machine, NodeObservations, ReadCx,
-    ReadError, ReadMode, Record, Seen, Step, StepCx, StepError,
+    Backoff, Changed, Check, CheckRun, Done, GatePhase, HealthWindow, Machine, NodeObservations,
+    ReadCx, ReadError, ReadMode, Record, Restore, Seen, Step, StepCx, StepError,
 };
 use crate::plan::{Action, Drift, Foreign, Orphan};
 use crate::runtime::image;
@@ -549,71 +549,42 @@ impl Machine for ContainerMachine {
         Ok(())
     }
 
-    async fn restart(&self, cx: Cx<'_, '_>) -> Result<String, StepError> {
-        let host = cx.host()?;
-        let docker = host.docker().await?;
-        let name = name_of(cx);
-        let id = recorded_id(cx)
-            .ok_or_else(|| StepError::new(format!("{name}: no container recorded to restart")))?;
-        cx.progress(format!("restarting {name}"), None, None);
-        let stopped = docker
-            .stop_container(
-                &id,
-                Some(q::StopContainerOptions {
-                    t: Some(stop_secs(cx)),
-                    ..Default::default()
-                }),
-            )
-            .await;
-        already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
-        // Its own memory (a unified-memory node) comes back only after the engine released it.
-        let recorded_config = cx.recorded_config();
-        if let Some(d) = recorded_config {
-            memory::ensure(cx, &name, &d.memory).await?;
+    async fn restore(&self, cx: Cx<'_, '_>, to: Restore) -> Result<String, StepError> {
+        match to {
+            Restore::Running => restart(cx).await,
+            Restore::Stopped => stop(cx).await,
         }
-        // What the previous run logged (a peer that went away) is no verdict on this one: it
-        // has stopped, so every line from the next whole second on (Docker's `since` counts in
-        // seconds, and the previous run may have logged in this one) is the new run's, which
-        // starts only then.
-        let now = chrono::Utc::now();
-        let to_next = 1_000_000_000u64.saturating_sub(u64::from(now.timestamp_subsec_nanos()));
-        tokio::time::sleep(std::time::Duration::from_nanos(to_next)).await;
-        let since = i32::try_from(now.timestamp() + 1).unwrap_or(0);
-        let started = docker
-            .start_container(&id, None::<q::StartContainerOptions>)
-            .await;
-        already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
-        // Ready as it was recorded: the checks of the configuration it runs, not the new one.
-        let checks = recorded_config.map(|d| d.ready.clone()).unwrap_or_default();
-        wait_ready(cx, &docker, &id, &name, &checks, since).await?;
-        Ok(format!(
-            "restarted {name} ({}): its process group starts again as one",
-            id.chars().take(12).collect::<String>()
-        ))
     }
 
-    async fn stop(&self, cx: Cx<'_, '_>) -> Result<String, StepError> {
-        let host = cx.host()?;
-        let docker = host.docker().await?;
-        let name = name_of(cx);
-        let Some(id) = recorded_id(cx) else {
-            return Ok(String::new());
-        };
-        let stopped = docker
-            .stop_container(
-                &id,
-                Some(q::StopContainerOptions {
-                    t: Some(stop_secs(cx)),
-                    ..Default::default()
-                }),
-            )
-            .await;
-        match already_so(stopped) {
-            Ok(())
-            | Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            }) => Ok(format!("stopped {name}")),
-            Err(e) => Err(docker_err(&format!("cannot stop {name}"), e)),
+    async fn health(
+        &self,
+        address: &str,
+        recorded: &Record<'_, Container>,
+        pool: &HostPool,
+        window: HealthWindow,
+    ) -> Option<crate::kinds::machine::Health> {
+        match window {
+            HealthWindow::Now => {
+                down(recorded, pool)
+                    .await
+                    .map(|cause| crate::kinds::machine::Health {
+                        failure: Some(crate::kinds::machine::HealthFailure {
+                            cause,
+                            restartable: true,
+                        }),
+                        ..Default::default()
+                    })
+            }
+            HealthWindow::SinceLastCheck {
+                restarts_before,
+                log_since,
+            } => {
+                let id = recorded.facts.container_id.as_deref()?;
+                recorded.config.as_ref()?;
+                let health =
+                    health::health(address, recorded, id, pool, restarts_before, log_since);
+                Some(health.await)
+            }
         }
     }
 
@@ -655,19 +626,6 @@ impl Machine for ContainerMachine {
             .collect();
         let now = image::image_ids(host, &images).await;
         Ok(judge(node, recorded, &list, &now))
-    }
-
-    async fn health(
-        &self,
-        address: &str,
-        recorded: &Record<'_, Container>,
-        pool: &HostPool,
-        restarts_before: Option<i64>,
-        log_since: i64,
-    ) -> Option<crate::kinds::machine::Health> {
-        let id = recorded.facts.container_id.as_deref()?;
-        recorded.config.as_ref()?;
-        Some(health::health(address, recorded, id, pool, restarts_before, log_since).await)
     }
 
     async fn read_log(&self, host: std::sync::Arc<dyn Host>, read: crate::kinds::machine::LogRead) {
@@ -762,43 +720,6 @@ impl Machine for ContainerMachine {
         parity_check(config, changed).into_iter().collect()
     }
 
-    /// Looked up by the ID the state records (else its name) on its node: gone, exited (with
-    /// its exit code), restarting, paused. A node the pool could not reach is down too; an
-    /// engine that does not answer now tells nothing.
-    async fn down(&self, recorded: &Record<'_, Container>, pool: &HostPool) -> Option<String> {
-        let d = recorded.config.as_ref()?;
-        let node = recorded
-            .state
-            .node
-            .clone()
-            .unwrap_or_else(|| d.node.clone());
-        let id = recorded.facts.container_id.as_deref().unwrap_or(&d.name);
-        if id.is_empty() {
-            return None;
-        }
-        let host = match pool.get(&node) {
-            Ok(h) => h,
-            Err(e) => return Some(format!("container {} on {node}: {e}", d.name)),
-        };
-        let docker = host.docker().await.ok()?;
-        let seen = liveness(&docker, id).await.ok()?;
-        let why = not_serving(&seen, &d.name, &node)?;
-        // What it died of, where its log says so in a line its ready checks know as fatal.
-        let patterns: BTreeMap<String, String> = d
-            .ready
-            .iter()
-            .filter_map(|r| r.fail_on_log.clone())
-            .flatten()
-            .collect();
-        match fail_on_log(&docker, id, &d.name, &patterns, 0).await {
-            Err(e) => Some(match &e.help {
-                Some(fix) => format!("{why}; {}: {fix}", e.message),
-                None => format!("{why}; {}", e.message),
-            }),
-            Ok(()) => Some(why),
-        }
-    }
-
     async fn import(
         &self,
         host: &dyn Host,
@@ -807,5 +728,112 @@ impl Machine for ContainerMachine {
         desired: Option<&Desired>,
     ) -> Result<crate::kinds::machine::Imported, StepError> {
         import_container(host, address, object, desired).await
+    }
+}
+
+/// Start again, from scratch, the container the state recorded, and wait until it is ready.
+async fn restart(cx: Cx<'_, '_>) -> Result<String, StepError> {
+    let host = cx.host()?;
+    let docker = host.docker().await?;
+    let name = name_of(cx);
+    let id = recorded_id(cx)
+        .ok_or_else(|| StepError::new(format!("{name}: no container recorded to restart")))?;
+    cx.progress(format!("restarting {name}"), None, None);
+    let stopped = docker
+        .stop_container(
+            &id,
+            Some(q::StopContainerOptions {
+                t: Some(stop_secs(cx)),
+                ..Default::default()
+            }),
+        )
+        .await;
+    already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+    // Its own memory (a unified-memory node) comes back only after the engine released it.
+    let recorded_config = cx.recorded_config();
+    if let Some(d) = recorded_config {
+        memory::ensure(cx, &name, &d.memory).await?;
+    }
+    // What the previous run logged (a peer that went away) is no verdict on this one: it
+    // has stopped, so every line from the next whole second on (Docker's `since` counts in
+    // seconds, and the previous run may have logged in this one) is the new run's, which
+    // starts only then.
+    let now = chrono::Utc::now();
+    let to_next = 1_000_000_000u64.saturating_sub(u64::from(now.timestamp_subsec_nanos()));
+    tokio::time::sleep(std::time::Duration::from_nanos(to_next)).await;
+    let since = i32::try_from(now.timestamp() + 1).unwrap_or(0);
+    let started = docker
+        .start_container(&id, None::<q::StartContainerOptions>)
+        .await;
+    already_so(started).map_err(|e| docker_err(&format!("cannot start {name}"), e))?;
+    // Ready as it was recorded: the checks of the configuration it runs, not the new one.
+    let checks = recorded_config.map(|d| d.ready.clone()).unwrap_or_default();
+    wait_ready(cx, &docker, &id, &name, &checks, since).await?;
+    Ok(format!(
+        "restarted {name} ({}): its process group starts again as one",
+        id.chars().take(12).collect::<String>()
+    ))
+}
+
+/// Stop the container the state recorded.
+async fn stop(cx: Cx<'_, '_>) -> Result<String, StepError> {
+    let host = cx.host()?;
+    let docker = host.docker().await?;
+    let name = name_of(cx);
+    let Some(id) = recorded_id(cx) else {
+        return Ok(String::new());
+    };
+    let stopped = docker
+        .stop_container(
+            &id,
+            Some(q::StopContainerOptions {
+                t: Some(stop_secs(cx)),
+                ..Default::default()
+            }),
+        )
+        .await;
+    match already_so(stopped) {
+        Ok(())
+        | Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(format!("stopped {name}")),
+        Err(e) => Err(docker_err(&format!("cannot stop {name}"), e)),
+    }
+}
+
+/// Looked up by the ID the state records (else its name) on its node: gone, exited (with
+/// its exit code), restarting, paused. A node the pool could not reach is down too; an
+/// engine that does not answer now tells nothing.
+async fn down(recorded: &Record<'_, Container>, pool: &HostPool) -> Option<String> {
+    let d = recorded.config.as_ref()?;
+    let node = recorded
+        .state
+        .node
+        .clone()
+        .unwrap_or_else(|| d.node.clone());
+    let id = recorded.facts.container_id.as_deref().unwrap_or(&d.name);
+    if id.is_empty() {
+        return None;
+    }
+    let host = match pool.get(&node) {
+        Ok(h) => h,
+        Err(e) => return Some(format!("container {} on {node}: {e}", d.name)),
+    };
+    let docker = host.docker().await.ok()?;
+    let seen = liveness(&docker, id).await.ok()?;
+    let why = not_serving(&seen, &d.name, &node)?;
+    // What it died of, where its log says so in a line its ready checks know as fatal.
+    let patterns: BTreeMap<String, String> = d
+        .ready
+        .iter()
+        .filter_map(|r| r.fail_on_log.clone())
+        .flatten()
+        .collect();
+    match fail_on_log(&docker, id, &d.name, &patterns, 0).await {
+        Err(e) => Some(match &e.help {
+            Some(fix) => format!("{why}; {}: {fix}", e.message),
+            None => format!("{why}; {}", e.message),
+        }),
+        Ok(()) => Some(why),
     }
 }

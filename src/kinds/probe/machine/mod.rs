@@ -442,8 +442,4 @@ impl Machine for ProbeMachine {
             .await,
         )
     }
-
-    fn other_nodes(&self, _after: Option<&Desired>, containers: &ContainerIndex) -> Vec<String> {
-        containers.values().map(|(n, _)| n.clone()).collect()
-    }
 }
