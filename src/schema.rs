@@ -3,7 +3,7 @@
 
 /// The type an attribute's value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum ValueType {
     Any,
     Str,
     Num,
@@ -32,25 +32,25 @@ pub enum Kind {
     ForEach,
 }
 
-impl Kind {
+impl ValueType {
     pub fn describe(self) -> &'static str {
         match self {
-            Kind::Any => "any value",
-            Kind::Str => "a string",
-            Kind::Num => "a number",
-            Kind::Bool => "a bool",
-            Kind::ListStr => "a list of strings",
-            Kind::MapStr => "a map of strings",
-            Kind::Node => "a node reference such as node.spark1",
-            Kind::Jump => "a jump host reference such as jump.bastion",
-            Kind::Container => "a container reference such as container.ray_head",
-            Kind::Duration => "a duration such as \"30s\", \"5m\" or \"1h30m\"",
-            Kind::Size => "a size such as \"16g\" or \"512m\", or a number of bytes",
-            Kind::Gpus => "a number of GPUs or \"all\"",
-            Kind::RefList => "a list of references",
-            Kind::Address => "a resource address such as module.qwen.container.vllm",
-            Kind::TypeExpr => "a type",
-            Kind::ForEach => "a map or a set of strings",
+            ValueType::Any => "any value",
+            ValueType::Str => "a string",
+            ValueType::Num => "a number",
+            ValueType::Bool => "a bool",
+            ValueType::ListStr => "a list of strings",
+            ValueType::MapStr => "a map of strings",
+            ValueType::Node => "a node reference such as node.spark1",
+            ValueType::Jump => "a jump host reference such as jump.bastion",
+            ValueType::Container => "a container reference such as container.ray_head",
+            ValueType::Duration => "a duration such as \"30s\", \"5m\" or \"1h30m\"",
+            ValueType::Size => "a size such as \"16g\" or \"512m\", or a number of bytes",
+            ValueType::Gpus => "a number of GPUs or \"all\"",
+            ValueType::RefList => "a list of references",
+            ValueType::Address => "a resource address such as module.qwen.container.vllm",
+            ValueType::TypeExpr => "a type",
+            ValueType::ForEach => "a map or a set of strings",
         }
     }
 }
@@ -58,14 +58,14 @@ impl Kind {
 #[derive(Debug)]
 pub struct Attr {
     pub name: &'static str,
-    pub kind: Kind,
+    pub kind: ValueType,
     pub required: bool,
     /// Whether it may take an ephemeral value (a variable's `ephemeral = true`): the kind uses
     /// it during an apply and records nothing of it when it is ephemeral (`Resource::ephemeral`).
     pub takes_ephemeral: bool,
 }
 
-pub const fn req(name: &'static str, kind: Kind) -> Attr {
+pub const fn req(name: &'static str, kind: ValueType) -> Attr {
     Attr {
         name,
         kind,
@@ -73,7 +73,7 @@ pub const fn req(name: &'static str, kind: Kind) -> Attr {
         takes_ephemeral: false,
     }
 }
-pub const fn opt(name: &'static str, kind: Kind) -> Attr {
+pub const fn opt(name: &'static str, kind: ValueType) -> Attr {
     Attr {
         name,
         kind,
@@ -82,7 +82,7 @@ pub const fn opt(name: &'static str, kind: Kind) -> Attr {
     }
 }
 /// An optional attribute that may take an ephemeral value ([`Attr::takes_ephemeral`]).
-pub const fn opt_ephemeral(name: &'static str, kind: Kind) -> Attr {
+pub const fn opt_ephemeral(name: &'static str, kind: ValueType) -> Attr {
     Attr {
         name,
         kind,

@@ -413,7 +413,7 @@ impl<'r, 'a> Run<'r, 'a> {
         }
         generations::record(
             &mut self.state,
-            generations::Applied {
+            generations::Succeeded {
                 at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 by: generations::who(),
                 definitions: generations::definitions_digest(&self.req.config.dir),

@@ -11,7 +11,7 @@ use crate::apply;
 use crate::diag::Diag;
 use crate::ops;
 use crate::ops::apply::{
-    Applied, ApplyCommand, ApplyUi, Interrupt, PlanRequest, RunOptions, Source,
+    ApplyCommand, ApplyResult, ApplyUi, Interrupt, PlanRequest, PlanSource, RunOptions,
 };
 use crate::ops::definitions::Evaluated;
 use crate::plan::{render, PlanOptions};
@@ -139,7 +139,7 @@ pub fn run(args: ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         &args.common,
         &ws,
         evaluated,
-        Source::Definitions {
+        PlanSource::Definitions {
             refresh: args.refresh.read_mode(),
             options: opts,
         },
@@ -232,7 +232,7 @@ fn run_planfile(args: &ApplyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         &args.common,
         &ws,
         evaluated,
-        Source::PlanFile {
+        PlanSource::PlanFile {
             file: &pf,
             path: &args.path,
         },
@@ -245,12 +245,12 @@ pub fn execute(
     args: &ExecArgs,
     ws: &Workspace,
     evaluated: Evaluated,
-    source: Source<'_>,
+    source: PlanSource<'_>,
     rt: &tokio::runtime::Runtime,
 ) -> ExitCode {
     let operation = source.operation();
     // A saved plan was looked at when it was made.
-    let ask = !args.auto_approve && !matches!(source, Source::PlanFile { .. });
+    let ask = !args.auto_approve && !matches!(source, PlanSource::PlanFile { .. });
     let cmd = ApplyCommand {
         plan: PlanRequest {
             evaluated,
@@ -272,13 +272,13 @@ pub fn execute(
     };
     match ops::apply::apply(cmd, &mut terminal, rt) {
         Err(e) => super::prelude::report_op_error(e, args.json),
-        Ok(Applied::NothingToDo { lock_notes }) => {
+        Ok(ApplyResult::NothingToDo { lock_notes }) => {
             if !args.json {
                 lock_notes.iter().for_each(|n| println!("{n}"));
             }
             ExitCode::SUCCESS
         }
-        Ok(Applied::Declined) => {
+        Ok(ApplyResult::Declined) => {
             eprintln!(
                 "{} cancelled.",
                 if operation == "destroy" {
@@ -289,7 +289,7 @@ pub fn execute(
             );
             ExitCode::from(1)
         }
-        Ok(Applied::Ran(outcome)) => report(&outcome, operation, args.json),
+        Ok(ApplyResult::Ran(outcome)) => report(&outcome, operation, args.json),
     }
 }
 

@@ -8,7 +8,7 @@ use clap::{ArgAction, Args};
 
 use super::apply::{execute, ExecArgs};
 use crate::ops;
-use crate::ops::apply::Source;
+use crate::ops::apply::PlanSource;
 
 /// Remove every container, fabric address and copy of weights the deployment owns
 #[derive(Args, Debug)]
@@ -54,7 +54,7 @@ pub fn run(args: DestroyArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         &args.common,
         &ws,
         evaluated,
-        Source::Destroy {
+        PlanSource::Destroy {
             targets: args.common.target.clone(),
             exclude: args.common.exclude.clone(),
             refresh: ops::ReadMode::refresh(args.refresh),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::prelude::report_error;
-use crate::ops::history::{history, Entry};
+use crate::ops::history::{history, HistoryLine};
 
 /// List the known-good generations: what each passing apply left running
 #[derive(Args, Debug)]
@@ -64,7 +64,7 @@ pub fn run(args: HistoryArgs) -> ExitCode {
 }
 
 /// `#N  AT  BY  definitions HASH8  (current)` and one indented line per change.
-fn render(e: &Entry) -> String {
+fn render(e: &HistoryLine) -> String {
     let digest = e.definitions.trim_start_matches("sha256:");
     let mut out = format!(
         "#{}  {}  {}  definitions {}{}\n",

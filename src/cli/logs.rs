@@ -9,8 +9,8 @@ use super::prelude::{ConfigArgs, ConnectArgs};
 use std::collections::{HashMap, HashSet};
 
 use crate::ops::logs::{
-    begins_like_an_address, fatal_match, LogEvent, LogLine, LogsCommand, LogsRequest, NoLogs,
-    Target,
+    begins_like_an_address, fatal_match, LogEvent, LogLine, LogTarget, LogsCommand, LogsRequest,
+    NoLogs,
 };
 
 /// Show the logs of the deployment's containers, from every node, merged in time order
@@ -137,7 +137,7 @@ struct Printer {
 }
 
 impl Printer {
-    fn new(targets: &[Target]) -> Printer {
+    fn new(targets: &[LogTarget]) -> Printer {
         Printer {
             terminal: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
             width: targets.iter().map(|t| t.address.len()).max().unwrap_or(0),

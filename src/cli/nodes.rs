@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use crate::config::Config;
 use crate::ops::definitions::Pins;
 use crate::ops::nodes::{
-    differences, disagreements, explanations, short_id, Facts, ImageNccl, NodeFacts, RdmaFabric,
+    differences, disagreements, explanations, short_id, Facts, ImageNccl, NodeReport, RdmaFabric,
 };
 
 /// Connect to every node and show its facts (OS, kernel, GPUs, driver, RDMA, memlock, Docker, images and their NCCL, interfaces)
@@ -79,14 +79,14 @@ struct NotShown {
 
 type Results = BTreeMap<String, Result<Facts, NotShown>>;
 
-fn shown(r: NodeFacts) -> Result<Facts, NotShown> {
+fn shown(r: NodeReport) -> Result<Facts, NotShown> {
     match r {
-        NodeFacts::Facts(f) => Ok(*f),
-        NodeFacts::Failed(why) => Err(NotShown {
+        NodeReport::Facts(f) => Ok(*f),
+        NodeReport::Failed(why) => Err(NotShown {
             unreachable: false,
             why,
         }),
-        NodeFacts::Unreachable(e) => Err(NotShown {
+        NodeReport::Unreachable(e) => Err(NotShown {
             unreachable: true,
             why: format!(
                 "{:?}",

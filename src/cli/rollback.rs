@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use super::apply::{execute, ExecArgs};
-use crate::ops::apply::Source;
+use crate::ops::apply::PlanSource;
 
 /// Put a known-good generation back, from what the state recorded
 #[derive(Args, Debug)]
@@ -61,7 +61,7 @@ pub fn run(mut args: RollbackArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
         &args.common,
         &ws,
         evaluated,
-        Source::Generation {
+        PlanSource::Generation {
             number: args.generation,
         },
         rt,

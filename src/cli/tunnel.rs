@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::prelude::{ConfigArgs, ConnectArgs};
 use crate::ops::definitions::Pins;
-use crate::ops::tunnel::{tunnel, Target, TunnelEnd, TunnelRequest};
+use crate::ops::tunnel::{tunnel, TunnelEnd, TunnelRequest, TunnelTarget};
 
 /// Forward a deployment endpoint to a local port through the jump host
 #[derive(Args, Debug)]
@@ -67,7 +67,7 @@ pub fn run(args: TunnelArgs, rt: &tokio::runtime::Runtime) -> ExitCode {
                 eprintln!("sparkform tunnel: {n}");
             }
         });
-        let opened = |target: &Target, url: &str| {
+        let opened = |target: &TunnelTarget, url: &str| {
             if waits {
                 println!(
                     "{} ({} as {} sees it) is at\n  {url}\nPress Ctrl-C to close.",

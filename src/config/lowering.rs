@@ -17,11 +17,11 @@ pub use super::model::{Network, Readings, Resource};
 use crate::diag::{Diag, SourceFile, Span};
 use crate::schema::BlockSpec;
 
-impl Evaluated {
+impl ItemValue {
     /// A value that depends on `resources` as a whole, with nothing sensitive in it (the value
     /// a kind's block gives the blocks that reference it).
-    pub fn of_resources(value: Value, resources: BTreeSet<String>) -> Evaluated {
-        Evaluated {
+    pub fn of_resources(value: Value, resources: BTreeSet<String>) -> ItemValue {
+        ItemValue {
             value,
             sensitive: false,
             ephemeral: false,
@@ -50,7 +50,7 @@ impl DepTree {
 
 /// An item's value as other items see it.
 #[derive(Debug, Clone)]
-pub struct Evaluated {
+pub struct ItemValue {
     pub value: Value,
     pub sensitive: bool,
     /// Derived from an ephemeral variable (which is sensitive too): usable during a plan and an
@@ -197,18 +197,18 @@ pub trait Engine<'m> {
 }
 
 /// A kind's lowering: one top-level block into its resources and the value others reference.
-pub type Lower = fn(&mut dyn Engine<'_>) -> Option<Evaluated>;
+pub type Lower = fn(&mut dyn Engine<'_>) -> Option<ItemValue>;
 
 /// One kind's entry in the evaluation's list of lowerings: each kind's folder makes its own
 /// (`kinds::register!`), so the evaluation names no kind.
-pub struct Registration {
+pub struct LoweringRegistration {
     pub id: KindId,
     pub lower: Lower,
 }
 
 /// Every kind's lowering, gathered at link time from the kinds' folders.
 #[linkme::distributed_slice]
-pub static LOWERINGS: [Registration];
+pub static LOWERINGS: [LoweringRegistration];
 
 /// How a kind's top-level block becomes resources. Every kind of `KindId::ALL` has a lowering
 /// (the test `every_kind_has_one_lowering` guards it); one missing is a bug in the build.

@@ -44,10 +44,10 @@ pub struct Config {
     /// Attachments, containers and probes, in declaration order.
     pub resources: Vec<Resource>,
     /// The root module's outputs.
-    pub outputs: Vec<Output>,
+    pub outputs: Vec<OutputBlock>,
     pub warnings: Vec<Diag>,
     /// The root module's `import` blocks, in declaration order.
-    pub imports: Vec<Import>,
+    pub imports: Vec<ImportBlock>,
     /// The root module's `moved` blocks, in declaration order.
     pub moves: Vec<Move>,
     /// The root module's `removed` blocks.
@@ -182,7 +182,7 @@ pub struct Resource {
 
 /// An `import` block: adopt the object `id` names as the resource `to`.
 #[derive(Debug, Clone)]
-pub struct Import {
+pub struct ImportBlock {
     /// `module.qwen.container.vllm`, `network.roce.attach.node1`.
     pub to: String,
     /// The node's name, before the first `:` of the id.
@@ -234,7 +234,7 @@ pub fn address_before_moves(moves: &[Move], address: &str) -> String {
 }
 
 #[derive(Debug, Clone)]
-pub struct Output {
+pub struct OutputBlock {
     pub name: String,
     pub value: serde_json::Value,
     pub sensitive: bool,

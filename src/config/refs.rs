@@ -9,7 +9,7 @@ use hcl_edit::Span as _;
 
 /// One step of a reference path that is known without evaluating anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub enum RefStep {
     /// `.name` or `["name"]`
     Key(String),
     /// `[0]` or `.0`
@@ -21,7 +21,7 @@ pub enum Step {
 pub struct Ref {
     pub root: String,
     /// The static prefix of the path; it stops at the first step that needs evaluation.
-    pub path: Vec<Step>,
+    pub path: Vec<RefStep>,
     /// Whether the path continues past `path` with dynamic steps (an index expression, a splat).
     pub dynamic_tail: bool,
     /// Whether that dynamic step is `[each.key]`: within one instance of a `for_each` block
@@ -39,12 +39,12 @@ impl Ref {
         let mut s = self.root.clone();
         for step in self.path.iter().take(steps) {
             match step {
-                Step::Key(k) if is_ident(k) => {
+                RefStep::Key(k) if is_ident(k) => {
                     s.push('.');
                     s.push_str(k);
                 }
-                Step::Key(k) => s.push_str(&format!("[{k:?}]")),
-                Step::Index(i) => s.push_str(&format!("[{i}]")),
+                RefStep::Key(k) => s.push_str(&format!("[{k:?}]")),
+                RefStep::Index(i) => s.push_str(&format!("[{i}]")),
             }
         }
         s
@@ -52,7 +52,7 @@ impl Ref {
 
     pub fn first_key(&self) -> Option<&str> {
         match self.path.first() {
-            Some(Step::Key(k)) => Some(k),
+            Some(RefStep::Key(k)) => Some(k),
             _ => None,
         }
     }
@@ -149,14 +149,14 @@ impl Visit for Collector {
         for op in &t.operators {
             let span = op.span().unwrap_or(0..0);
             let step = match op.value() {
-                TraversalOperator::GetAttr(id) => Some(Step::Key(id.as_str().to_string())),
+                TraversalOperator::GetAttr(id) => Some(RefStep::Key(id.as_str().to_string())),
                 TraversalOperator::Index(Expression::String(s)) => {
-                    Some(Step::Key(s.value().to_string()))
+                    Some(RefStep::Key(s.value().to_string()))
                 }
                 TraversalOperator::Index(Expression::Number(n)) => {
-                    n.value().as_u64().map(Step::Index)
+                    n.value().as_u64().map(RefStep::Index)
                 }
-                TraversalOperator::LegacyIndex(i) => Some(Step::Index(*i.value())),
+                TraversalOperator::LegacyIndex(i) => Some(RefStep::Index(*i.value())),
                 _ => None,
             };
             match step {

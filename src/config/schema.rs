@@ -3,15 +3,15 @@
 
 use crate::kind::Registered;
 use crate::schema::{opt, req, spec};
-pub use crate::schema::{Attr, BlockSpec, Child, Kind};
+pub use crate::schema::{Attr, BlockSpec, Child, ValueType};
 use crate::vocabulary::KindId;
 
 pub static VALIDATION: BlockSpec = spec(
     "validation",
     &[],
     &[
-        req("condition", Kind::Bool),
-        req("error_message", Kind::Str),
+        req("condition", ValueType::Bool),
+        req("error_message", ValueType::Str),
     ],
     &[],
 );
@@ -20,12 +20,12 @@ pub static VARIABLE: BlockSpec = spec(
     "variable",
     &["name"],
     &[
-        opt("type", Kind::TypeExpr),
-        opt("default", Kind::Any),
-        opt("description", Kind::Str),
-        opt("sensitive", Kind::Bool),
-        opt("ephemeral", Kind::Bool),
-        opt("nullable", Kind::Bool),
+        opt("type", ValueType::TypeExpr),
+        opt("default", ValueType::Any),
+        opt("description", ValueType::Str),
+        opt("sensitive", ValueType::Bool),
+        opt("ephemeral", ValueType::Bool),
+        opt("nullable", ValueType::Bool),
     ],
     &[Child {
         name: "validation",
@@ -38,11 +38,11 @@ pub static JUMP: BlockSpec = spec(
     "jump",
     &["name"],
     &[
-        req("address", Kind::Str),
-        opt("user", Kind::Str),
-        opt("port", Kind::Num),
-        opt("identity_file", Kind::Str),
-        opt("known_hosts", Kind::Str),
+        req("address", ValueType::Str),
+        opt("user", ValueType::Str),
+        opt("port", ValueType::Num),
+        opt("identity_file", ValueType::Str),
+        opt("known_hosts", ValueType::Str),
     ],
     &[],
 );
@@ -51,17 +51,17 @@ pub static NODE: BlockSpec = spec(
     "node",
     &["name"],
     &[
-        req("address", Kind::Str),
-        opt("user", Kind::Str),
-        opt("port", Kind::Num),
-        opt("jump", Kind::Jump),
-        opt("identity_file", Kind::Str),
-        opt("known_hosts", Kind::Str),
-        opt("gpus", Kind::Num),
-        opt("memory_gib", Kind::Num),
-        opt("labels", Kind::MapStr),
-        opt("unified_memory", Kind::Bool),
-        opt("gpu_devices", Kind::Bool),
+        req("address", ValueType::Str),
+        opt("user", ValueType::Str),
+        opt("port", ValueType::Num),
+        opt("jump", ValueType::Jump),
+        opt("identity_file", ValueType::Str),
+        opt("known_hosts", ValueType::Str),
+        opt("gpus", ValueType::Num),
+        opt("memory_gib", ValueType::Num),
+        opt("labels", ValueType::MapStr),
+        opt("unified_memory", ValueType::Bool),
+        opt("gpu_devices", ValueType::Bool),
     ],
     &[],
 );
@@ -70,9 +70,9 @@ pub static CHECK: BlockSpec = spec(
     "check",
     &["name"],
     &[
-        req("condition", Kind::Bool),
-        req("error_message", Kind::Str),
-        opt("severity", Kind::Str),
+        req("condition", ValueType::Bool),
+        req("error_message", ValueType::Str),
+        opt("severity", ValueType::Str),
     ],
     &[],
 );
@@ -81,10 +81,10 @@ pub static OUTPUT: BlockSpec = spec(
     "output",
     &["name"],
     &[
-        req("value", Kind::Any),
-        opt("sensitive", Kind::Bool),
-        opt("description", Kind::Str),
-        opt("depends_on", Kind::RefList),
+        req("value", ValueType::Any),
+        opt("sensitive", ValueType::Bool),
+        opt("description", ValueType::Str),
+        opt("depends_on", ValueType::RefList),
     ],
     &[],
 );
@@ -93,7 +93,7 @@ pub static OUTPUT: BlockSpec = spec(
 pub static IMPORT: BlockSpec = spec(
     "import",
     &[],
-    &[req("to", Kind::Address), req("id", Kind::Str)],
+    &[req("to", ValueType::Address), req("id", ValueType::Str)],
     &[],
 );
 
@@ -103,7 +103,10 @@ pub static IMPORT: BlockSpec = spec(
 pub static MOVED: BlockSpec = spec(
     "moved",
     &[],
-    &[req("from", Kind::Address), req("to", Kind::Address)],
+    &[
+        req("from", ValueType::Address),
+        req("to", ValueType::Address),
+    ],
     &[],
 );
 
@@ -113,7 +116,7 @@ pub static MOVED: BlockSpec = spec(
 pub static REMOVED: BlockSpec = spec(
     "removed",
     &[],
-    &[req("from", Kind::Address)],
+    &[req("from", ValueType::Address)],
     &[Child {
         name: "lifecycle",
         spec: &REMOVED_LIFECYCLE,
@@ -122,16 +125,16 @@ pub static REMOVED: BlockSpec = spec(
 );
 
 pub static REMOVED_LIFECYCLE: BlockSpec =
-    spec("lifecycle", &[], &[opt("destroy", Kind::Bool)], &[]);
+    spec("lifecycle", &[], &[opt("destroy", ValueType::Bool)], &[]);
 
 /// `state { backend = "pg" … }`: where the state lives (`config::backend`). Literal strings.
 pub static STATE: BlockSpec = spec(
     "state",
     &[],
     &[
-        opt("backend", Kind::Str),
-        opt("schema", Kind::Str),
-        opt("workspace", Kind::Str),
+        opt("backend", ValueType::Str),
+        opt("schema", ValueType::Str),
+        opt("workspace", ValueType::Str),
     ],
     &[],
 );
@@ -139,7 +142,10 @@ pub static STATE: BlockSpec = spec(
 pub static MODULE: BlockSpec = BlockSpec {
     kind: "module",
     labels: &["name"],
-    attrs: &[req("source", Kind::Str), opt("depends_on", Kind::RefList)],
+    attrs: &[
+        req("source", ValueType::Str),
+        opt("depends_on", ValueType::RefList),
+    ],
     blocks: &[],
     open: true,
 };

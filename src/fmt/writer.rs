@@ -28,7 +28,7 @@ pub(super) struct Writer<'s> {
 
 /// Collects one alignment run at a time for a body or an object.
 #[derive(Default)]
-pub(super) struct Run(Vec<usize>);
+pub(super) struct AlignmentRun(Vec<usize>);
 
 impl<'s> Writer<'s> {
     pub(super) fn new(src: &'s str) -> Self {
@@ -132,7 +132,7 @@ impl<'s> Writer<'s> {
         comment
     }
 
-    fn close_run(&mut self, run: &mut Run) {
+    fn close_run(&mut self, run: &mut AlignmentRun) {
         if run.0.len() > 1 {
             self.runs.push(std::mem::take(&mut run.0));
         } else {
@@ -180,7 +180,7 @@ impl<'s> Writer<'s> {
     // -- structure ----------------------------------------------------------------------------
 
     pub(super) fn body_items(&mut self, body: &Body) {
-        let mut run = Run::default();
+        let mut run = AlignmentRun::default();
         for structure in body.iter() {
             // The line ending before this structure (after `{`, or after the previous one).
             self.pending_nl += 1;
@@ -385,7 +385,7 @@ impl<'s> Writer<'s> {
 
     fn object(&mut self, object: &Object, space: bool) {
         self.open("{", space);
-        let mut run = Run::default();
+        let mut run = AlignmentRun::default();
         for (key, value) in object.iter() {
             let start = self.out.len();
             let comment = self.decor(key.decor().prefix());

@@ -98,7 +98,7 @@ except Exception:
 /// Where a library comes from.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
-pub enum Source {
+pub enum LibrarySource {
     /// Inside a Python package folder (`site-packages`, `dist-packages`).
     PipWheel,
     /// Anywhere else: the distribution's package, CUDA's folders, a build under `/usr/local`.
@@ -114,7 +114,7 @@ pub struct Library {
     /// What torch runs with where it loaded this one, else the wheel's `METADATA`, else the
     /// file's name (`libnccl.so.2.27.3`).
     pub version: Option<String>,
-    pub source: Source,
+    pub source: LibrarySource,
     /// The pip package it came with: `nvidia-nccl-cu12`, or the package folder it sits in
     /// (`torch`, which bundled NCCL once).
     pub package: Option<String>,
@@ -125,9 +125,9 @@ impl Library {
     pub fn describe(&self) -> String {
         let version = self.version.as_deref().unwrap_or("unknown version");
         match (self.source, &self.package) {
-            (Source::PipWheel, Some(p)) => format!("{version} (pip wheel {p})"),
-            (Source::PipWheel, None) => format!("{version} (pip wheel, {})", self.path),
-            (Source::System, _) => format!("{version} (system, {})", self.path),
+            (LibrarySource::PipWheel, Some(p)) => format!("{version} (pip wheel {p})"),
+            (LibrarySource::PipWheel, None) => format!("{version} (pip wheel, {})", self.path),
+            (LibrarySource::System, _) => format!("{version} (system, {})", self.path),
         }
     }
 }
@@ -177,8 +177,11 @@ impl ImageNccl {
         let pip = self
             .libraries
             .iter()
-            .find(|l| l.source == Source::PipWheel)?;
-        let system = self.libraries.iter().find(|l| l.source == Source::System)?;
+            .find(|l| l.source == LibrarySource::PipWheel)?;
+        let system = self
+            .libraries
+            .iter()
+            .find(|l| l.source == LibrarySource::System)?;
         Some((pip, system))
     }
 }
@@ -406,7 +409,7 @@ fn library(folder: &str, names: &[&str], wheels: &[(&str, Option<&str>)]) -> Lib
         return Library {
             path,
             version: by_name,
-            source: Source::System,
+            source: LibrarySource::System,
             package: None,
         };
     };
@@ -424,7 +427,7 @@ fn library(folder: &str, names: &[&str], wheels: &[(&str, Option<&str>)]) -> Lib
     Library {
         path,
         version,
-        source: Source::PipWheel,
+        source: LibrarySource::PipWheel,
         package,
     }
 }
@@ -559,7 +562,7 @@ mod tests {
             [Library {
                 path: format!("{PIP}/nvidia/nccl/lib/libnccl.so.2"),
                 version: Some("2.27.3".into()),
-                source: Source::PipWheel,
+                source: LibrarySource::PipWheel,
                 package: Some("nvidia-nccl-cu12".into()),
             }]
         );
@@ -586,7 +589,7 @@ mod tests {
             n.summary().as_deref(),
             Some("2.27.7 (system, /usr/lib/aarch64-linux-gnu/libnccl.so.2)")
         );
-        assert_eq!(n.libraries[0].source, Source::System);
+        assert_eq!(n.libraries[0].source, LibrarySource::System);
     }
 
     #[test]

@@ -7,11 +7,11 @@
 //! kinds stand above the engine, never beside it.
 
 pub mod address;
+mod attributes;
 mod configuration;
-mod facts;
 
+pub use attributes::Attributes;
 pub use configuration::{late_decodes, Configuration};
-pub use facts::Facts;
 
 use serde::{Deserialize, Serialize};
 
@@ -20,19 +20,19 @@ use crate::vocabulary::{KindId, Lifecycle, OnDrift, PhaseTimes};
 
 /// One kind's entry in the registry: its id, its pure half and the top-level block that
 /// declares its resources. Each kind's folder makes its own (`kinds::register!`).
-pub struct Registration {
+pub struct KindRegistration {
     pub id: KindId,
     pub kind: &'static dyn AnyKind,
     pub top_block: &'static BlockSpec,
 }
 
-/// The registry: every kind's [`Registration`], gathered at link time from the kinds' folders.
+/// The registry: every kind's [`KindRegistration`], gathered at link time from the kinds' folders.
 #[linkme::distributed_slice]
-pub static KINDS: [Registration];
+pub static KINDS: [KindRegistration];
 
 /// The registration of `id`. Every kind of `KindId::ALL` has one (the test
 /// `every_kind_is_registered_once` guards it); one missing is a bug in the build, not input.
-fn registration(id: KindId) -> &'static Registration {
+fn registration(id: KindId) -> &'static KindRegistration {
     match KINDS.iter().find(|r| r.id == id) {
         Some(r) => r,
         None => panic!(
@@ -213,7 +213,7 @@ pub struct Placement {
     pub node_address: Option<String>,
     /// The network interface of its node it configures (an attachment's), which
     /// `sparkform nodes` looks for among the node's interfaces.
-    pub interface: Option<Interface>,
+    pub interface: Option<ConfiguredInterface>,
     /// The nodes its steps reach besides its own, connected before an apply starts: a model's
     /// pull runs `serve` on the download node, a fabric test's ranks run on theirs.
     pub other_nodes: Vec<String>,
@@ -224,7 +224,7 @@ pub struct Placement {
 
 /// A node's network interface as a resource configures it: its name and the MTU it sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Interface {
+pub struct ConfiguredInterface {
     pub name: String,
     pub mtu: u32,
 }
@@ -403,19 +403,19 @@ pub struct Rolling {
 
 /// A state's attributes: a recorded resource's facts, and the engine's journal marks beside
 /// them.
-pub type Attributes = std::collections::BTreeMap<String, serde_json::Value>;
+pub type AttributeMap = std::collections::BTreeMap<String, serde_json::Value>;
 
 /// A kind's facts as a state's attributes.
-pub fn facts_to_attributes<R: RecordedFacts>(facts: &R) -> Attributes {
+pub fn facts_to_attributes<R: RecordedFacts>(facts: &R) -> AttributeMap {
     match serde_json::to_value(facts) {
         Ok(serde_json::Value::Object(m)) => m.into_iter().collect(),
-        _ => Attributes::new(),
+        _ => AttributeMap::new(),
     }
 }
 
 /// A state's attributes as a kind's facts (the engine's marks beside them are left out);
 /// `Err` says what does not fit the shape.
-pub fn facts_of<R: RecordedFacts>(attributes: &Attributes) -> Result<R, String> {
+pub fn facts_of<R: RecordedFacts>(attributes: &AttributeMap) -> Result<R, String> {
     let object: serde_json::Map<String, serde_json::Value> = attributes
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -448,21 +448,21 @@ pub trait AnyKind: Sync {
     fn images(
         &self,
         config: &Configuration,
-        attributes: Option<&Facts>,
+        attributes: Option<&Attributes>,
     ) -> Vec<(String, Option<String>)>;
     fn reuse(
         &self,
         config: &Configuration,
         found: Option<&serde_json::Value>,
-        attributes: Option<&Facts>,
+        attributes: Option<&Attributes>,
     ) -> Option<Reuse>;
-    fn holds(&self, attributes: &Facts) -> Holds;
+    fn holds(&self, attributes: &Attributes) -> Holds;
     /// `config` applied over the record of `recorded_config` and `attributes`.
     fn kept_for_rollback(
         &self,
         config: &Configuration,
         recorded_config: &Configuration,
-        attributes: &Facts,
+        attributes: &Attributes,
     ) -> Option<String>;
     fn placement(&self, config: &Configuration) -> Placement;
     fn rolling(&self, config: &Configuration) -> Option<Rolling>;
@@ -471,10 +471,10 @@ pub trait AnyKind: Sync {
     /// A record's attributes written under version `from`, brought to this version's shape
     /// and decoded as it, once (the record enters the engine here); the engine's marks beside
     /// the facts are kept as they are.
-    fn upgrade_recorded(&self, from: u32, attributes: Attributes) -> Result<Facts, String>;
+    fn upgrade_recorded(&self, from: u32, attributes: AttributeMap) -> Result<Attributes, String>;
     /// A record's attributes decoded as the kind's facts where they enter (a plan file's
     /// load): untyped where they are not the kind's.
-    fn decode_facts(&self, attributes: Attributes) -> Facts;
+    fn decode_facts(&self, attributes: AttributeMap) -> Attributes;
     /// `json` decoded as the kind's typed `Desired`, once, where a configuration enters (a
     /// state's or a plan file's load, a plan's recorded form); the JSON stays as it came.
     /// `Err`: it is not the kind's: the JSON back, and why.
@@ -517,7 +517,7 @@ impl<K: Kind> AnyKind for K {
     fn images(
         &self,
         config: &Configuration,
-        attributes: Option<&Facts>,
+        attributes: Option<&Attributes>,
     ) -> Vec<(String, Option<String>)> {
         let Ok(desired) = typed::<K>(config) else {
             return Vec::new();
@@ -529,13 +529,13 @@ impl<K: Kind> AnyKind for K {
         &self,
         config: &Configuration,
         found: Option<&serde_json::Value>,
-        attributes: Option<&Facts>,
+        attributes: Option<&Attributes>,
     ) -> Option<Reuse> {
         let desired = typed::<K>(config).ok()?;
         let recorded = attributes.and_then(|a| a.typed::<K::Recorded>().ok());
         Kind::reuse(self, &desired, found, recorded.as_ref())
     }
-    fn holds(&self, attributes: &Facts) -> Holds {
+    fn holds(&self, attributes: &Attributes) -> Holds {
         attributes
             .typed::<K::Recorded>()
             .map(|r| Kind::holds(self, &r))
@@ -545,7 +545,7 @@ impl<K: Kind> AnyKind for K {
         &self,
         config: &Configuration,
         recorded_config: &Configuration,
-        attributes: &Facts,
+        attributes: &Attributes,
     ) -> Option<String> {
         let desired = typed::<K>(config).ok()?;
         let before = typed::<K>(recorded_config).ok();
@@ -563,7 +563,11 @@ impl<K: Kind> AnyKind for K {
     fn recorded_version(&self) -> u32 {
         <K::Recorded as RecordedFacts>::VERSION
     }
-    fn upgrade_recorded(&self, from: u32, mut attributes: Attributes) -> Result<Facts, String> {
+    fn upgrade_recorded(
+        &self,
+        from: u32,
+        mut attributes: AttributeMap,
+    ) -> Result<Attributes, String> {
         let current = <K::Recorded as RecordedFacts>::VERSION;
         if from > current {
             return Err(format!(
@@ -574,15 +578,15 @@ impl<K: Kind> AnyKind for K {
             K::Recorded::upgrade(from, &mut attributes)?;
         }
         let facts = facts_of::<K::Recorded>(&attributes)?;
-        Ok(Facts::decoded(attributes, facts))
+        Ok(Attributes::decoded(attributes, facts))
     }
     fn typed_config(&self, json: &serde_json::Value) -> Result<serde_json::Value, String> {
         K::Desired::from_config(json).map(|d| d.to_config())
     }
-    fn decode_facts(&self, attributes: Attributes) -> Facts {
+    fn decode_facts(&self, attributes: AttributeMap) -> Attributes {
         match facts_of::<K::Recorded>(&attributes) {
-            Ok(facts) => Facts::decoded(attributes, facts),
-            Err(_) => Facts::untyped(attributes),
+            Ok(facts) => Attributes::decoded(attributes, facts),
+            Err(_) => Attributes::untyped(attributes),
         }
     }
     fn decode(
@@ -605,7 +609,7 @@ mod tests {
     #[test]
     fn every_kind_is_registered_once() {
         for k in KindId::ALL {
-            let entries: Vec<&Registration> = KINDS.iter().filter(|r| r.id == *k).collect();
+            let entries: Vec<&KindRegistration> = KINDS.iter().filter(|r| r.id == *k).collect();
             assert_eq!(entries.len(), 1, "{k}: registrations");
         }
         assert_eq!(KINDS.len(), KindId::ALL.len());

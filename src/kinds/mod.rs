@@ -22,14 +22,14 @@ pub mod toy;
 macro_rules! register {
     ($variant:ident, $kind:expr, $top_block:expr, $lower:path) => {
         #[linkme::distributed_slice($crate::kind::KINDS)]
-        static REGISTRATION: $crate::kind::Registration = $crate::kind::Registration {
+        static REGISTRATION: $crate::kind::KindRegistration = $crate::kind::KindRegistration {
             id: $crate::vocabulary::KindId::$variant,
             kind: &$kind,
             top_block: $top_block,
         };
         #[linkme::distributed_slice($crate::config::lowering::LOWERINGS)]
-        static LOWERING: $crate::config::lowering::Registration =
-            $crate::config::lowering::Registration {
+        static LOWERING: $crate::config::lowering::LoweringRegistration =
+            $crate::config::lowering::LoweringRegistration {
                 id: $crate::vocabulary::KindId::$variant,
                 lower: $lower,
             };

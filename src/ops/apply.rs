@@ -23,7 +23,7 @@ use super::lock_file::LockUpdate;
 use super::OpError;
 
 /// Where the plan comes from.
-pub enum Source<'a> {
+pub enum PlanSource<'a> {
     /// The definitions, read and refreshed as `refresh` says (`ops::prepare`).
     Definitions {
         refresh: ReadMode,
@@ -49,11 +49,11 @@ pub enum Source<'a> {
     Generation { number: Option<u64> },
 }
 
-impl Source<'_> {
+impl PlanSource<'_> {
     pub fn operation(&self) -> &'static str {
         match self {
-            Source::Destroy { .. } => "destroy",
-            Source::Generation { .. } => "rollback",
+            PlanSource::Destroy { .. } => "destroy",
+            PlanSource::Generation { .. } => "rollback",
             _ => "apply",
         }
     }
@@ -65,7 +65,7 @@ pub struct PlanRequest<'a> {
     /// `-lockfile=readonly`: a change to `sparkform.lock.hcl` is an error before anything runs.
     pub lockfile_readonly: bool,
     pub store: StateStore,
-    pub source: Source<'a>,
+    pub source: PlanSource<'a>,
     pub hosts: HostOptions,
 }
 
@@ -108,9 +108,9 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
     let upgrade = req.evaluated.upgrade();
     // A destroy and a rollback leave the lock file to the definitions.
     let keeps_lock_file = match &req.source {
-        Source::Destroy { .. } | Source::Generation { .. } => true,
-        Source::PlanFile { file, .. } => file.destroy,
-        Source::Definitions { .. } => false,
+        PlanSource::Destroy { .. } | PlanSource::Generation { .. } => true,
+        PlanSource::PlanFile { file, .. } => file.destroy,
+        PlanSource::Definitions { .. } => false,
     };
     let mut rollback_to = None;
     let state = recorded.clone().unwrap_or_default();
@@ -118,14 +118,14 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
     let key = Some(req.store.key_or_create()?);
     let mut images = super::lock_file::ImagesSeen::new();
     let (defs, plan, warnings, pool) = match req.source {
-        Source::PlanFile { file, path } if file.destroy => {
+        PlanSource::PlanFile { file, path } if file.destroy => {
             // A destroy's plan was made from the state alone: its freshness is the state's.
             file.check_fresh(path, recorded.as_ref())?;
             let defs = req.evaluated.pin(Pins::Unresolved)?;
             let warnings = defs.warnings.clone();
             ((defs.config, defs.graph), file.plan.clone(), warnings, None)
         }
-        Source::PlanFile { file, path } => {
+        PlanSource::PlanFile { file, path } => {
             file.check_fresh(path, recorded.as_ref())?;
             // Evaluated with what the plan was made with, the plan's configurations must still
             // be what the definitions say; the apply then runs that evaluation.
@@ -134,7 +134,7 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
             let warnings = defs.warnings.clone();
             ((defs.config, defs.graph), file.plan.clone(), warnings, None)
         }
-        Source::Definitions { refresh, options } => {
+        PlanSource::Definitions { refresh, options } => {
             let prepared = super::prepare::prepare(
                 super::prepare::PrepareRequest {
                     evaluated: req.evaluated,
@@ -154,7 +154,7 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
                 prepared.pool,
             )
         }
-        Source::Generation { number } => {
+        PlanSource::Generation { number } => {
             let planned = super::rollback::plan(req.evaluated, &state, number, key.as_ref())?;
             let (config, graph) = planned.config;
             let mut plan = planned.plan;
@@ -174,7 +174,7 @@ pub async fn lock_and_plan(req: PlanRequest<'_>, events: &Sender) -> Result<Lock
             rollback_to = Some((planned.number, planned.definitions));
             ((config, graph), plan, planned.warnings, Some(pool))
         }
-        Source::Destroy {
+        PlanSource::Destroy {
             targets,
             exclude,
             refresh,
@@ -529,7 +529,7 @@ pub trait ApplyUi {
 }
 
 /// How an apply ended.
-pub enum Applied {
+pub enum ApplyResult {
     /// The plan changes nothing; the lines say what was written to `sparkform.lock.hcl`.
     NothingToDo {
         lock_notes: Vec<String>,
@@ -546,7 +546,7 @@ pub fn apply(
     cmd: ApplyCommand<'_>,
     ui: &mut dyn ApplyUi,
     rt: &tokio::runtime::Runtime,
-) -> Result<Applied, OpError> {
+) -> Result<ApplyResult, OpError> {
     let operation = cmd.plan.source.operation();
     let locked = rt.block_on(async {
         let (events, drawn) = ui.notes();
@@ -564,12 +564,12 @@ pub fn apply(
     }
     if !has_changes {
         // Nothing to apply, but the lock may still be new or out of date.
-        return Ok(Applied::NothingToDo {
+        return Ok(ApplyResult::NothingToDo {
             lock_notes: locked.write_lock()?,
         });
     }
     if cmd.ask && !ui.approve(operation) {
-        return Ok(Applied::Declined);
+        return Ok(ApplyResult::Declined);
     }
     let outcome = rt.block_on(async {
         let (events, drawn) = ui.progress(&locked.config().secrets);
@@ -580,7 +580,7 @@ pub fn apply(
         let _ = drawn.await;
         outcome
     });
-    Ok(Applied::Ran(Box::new(outcome)))
+    Ok(ApplyResult::Ran(Box::new(outcome)))
 }
 
 /// End every master connection at once: the process exits next, and none may outlive it.

@@ -567,7 +567,7 @@ output "path" {
                 evaluated: load(&ws, &VarInputs::default()).unwrap(),
                 lockfile_readonly: false,
                 store: ws.store(),
-                source: crate::ops::apply::Source::Definitions {
+                source: crate::ops::apply::PlanSource::Definitions {
                     refresh: ReadMode::Normal,
                     options: crate::plan::PlanOptions::default(),
                 },

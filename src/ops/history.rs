@@ -9,7 +9,7 @@ use crate::workspace::Workspace;
 
 /// One generation as `history` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Entry {
+pub struct HistoryLine {
     pub number: u64,
     pub at: String,
     pub by: String,
@@ -28,14 +28,14 @@ pub struct Entry {
 }
 
 /// The generations of the state, newest first; `None` when nothing was applied.
-pub fn history(ws: &Workspace) -> Result<Option<Vec<Entry>>, StateError> {
+pub fn history(ws: &Workspace) -> Result<Option<Vec<HistoryLine>>, StateError> {
     Ok(ws.state()?.map(|state| entries(&state)))
 }
 
 /// The generations of `state`, newest first.
-pub fn entries(state: &State) -> Vec<Entry> {
+pub fn entries(state: &State) -> Vec<HistoryLine> {
     let empty = Default::default();
-    let mut out: Vec<Entry> = state
+    let mut out: Vec<HistoryLine> = state
         .generations
         .iter()
         .enumerate()
@@ -43,7 +43,7 @@ pub fn entries(state: &State) -> Vec<Entry> {
             let before = i
                 .checked_sub(1)
                 .map_or(&empty, |p| &state.generations[p].resources);
-            Entry {
+            HistoryLine {
                 number: g.number,
                 at: g.at.clone(),
                 by: g.by.clone(),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Config, Import as ImportBlock};
+use crate::config::{Config, ImportBlock};
 use crate::diag::{did_you_mean, Diag, Diagnostics, Span};
 use crate::events::Sender;
 use crate::hosts::{HostOptions, HostPool};

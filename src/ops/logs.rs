@@ -18,7 +18,7 @@ pub use crate::kind::address::begins_like_an_address;
 
 /// A container whose logs are asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct LogTarget {
     pub address: String,
     /// Its kind, which reads its log.
     pub kind: KindId,
@@ -46,7 +46,7 @@ pub struct LogsRequest {
 /// The resources with a log (containers) an address list names: each exactly, a `for_each`
 /// block by its address without key, or a module by its prefix; all of them when the list is
 /// empty.
-pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, String> {
+pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<LogTarget>, String> {
     let logged: Vec<(&crate::config::Resource, RunsIn)> = config
         .resources
         .iter()
@@ -71,7 +71,7 @@ pub fn select(config: &Config, addresses: &[String]) -> Result<Vec<Target>, Stri
         .into_iter()
         .filter(|(r, _)| addresses.is_empty() || addresses.iter().any(|a| named(a, &r.address)))
         .filter_map(|(r, source)| {
-            Some(Target {
+            Some(LogTarget {
                 address: r.address.clone(),
                 kind: r.kind,
                 node: r.node.clone()?,
@@ -103,7 +103,7 @@ pub enum NoLogs {
 /// containers first and returns where their lines go.
 pub async fn run(
     cmd: LogsCommand,
-    show: impl FnOnce(&[Target]) -> mpsc::UnboundedSender<LogEvent>,
+    show: impl FnOnce(&[LogTarget]) -> mpsc::UnboundedSender<LogEvent>,
     cancel: CancellationToken,
 ) -> Result<(), NoLogs> {
     // Only the containers and their log patterns are used, which no commit changes.
@@ -204,7 +204,7 @@ fn ready(
 pub async fn logs(
     config: &Config,
     lineage: Option<String>,
-    targets: Vec<Target>,
+    targets: Vec<LogTarget>,
     req: &LogsRequest,
     hosts: &HostOptions,
     events: mpsc::UnboundedSender<LogEvent>,

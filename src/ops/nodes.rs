@@ -17,7 +17,7 @@ pub use crate::runtime::image::short_id;
 
 /// What one node said.
 #[derive(Debug)]
-pub enum NodeFacts {
+pub enum NodeReport {
     Facts(Box<Facts>),
     /// Connected, but gathering failed or took over 60 s.
     Failed(String),
@@ -25,7 +25,7 @@ pub enum NodeFacts {
 }
 
 /// Every node of the configuration, by address, in parallel.
-pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, NodeFacts> {
+pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, NodeReport> {
     let names: Vec<String> = config.nodes.keys().cloned().collect();
     let pool = HostPool::connect(config, &names, opts).await;
     let images = facts::images_of(config);
@@ -59,15 +59,15 @@ pub async fn gather(config: &Config, opts: &HostOptions) -> BTreeMap<String, Nod
     let mut results = BTreeMap::new();
     while let Some((name, f)) = tasks.next().await {
         let r = match f {
-            Ok(Ok(Ok(f))) => NodeFacts::Facts(Box::new(f)),
-            Ok(Ok(Err(e))) => NodeFacts::Failed(e.to_string()),
-            Ok(Err(_)) => NodeFacts::Failed("gathering facts took over 60 s".into()),
-            Err(panic) => NodeFacts::Failed(panic),
+            Ok(Ok(Ok(f))) => NodeReport::Facts(Box::new(f)),
+            Ok(Ok(Err(e))) => NodeReport::Failed(e.to_string()),
+            Ok(Err(_)) => NodeReport::Failed("gathering facts took over 60 s".into()),
+            Err(panic) => NodeReport::Failed(panic),
         };
         results.insert(name, r);
     }
     for (name, e) in pool.errors() {
-        results.insert(name.clone(), NodeFacts::Unreachable(e.clone()));
+        results.insert(name.clone(), NodeReport::Unreachable(e.clone()));
     }
     pool.close().await;
     results

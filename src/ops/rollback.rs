@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{Config, Output, Resource};
+use crate::config::{Config, OutputBlock, Resource};
 use crate::diag::{Diag, Diagnostics, SourceFile, Span};
 use crate::graph::Graph;
 use crate::kind::Registered;
@@ -21,7 +21,7 @@ use super::history::entries;
 use super::OpError;
 
 /// A rollback's plan, and what it was made from.
-pub struct Planned {
+pub struct RollbackPlan {
     pub config: (Config, Graph),
     pub plan: Plan,
     pub warnings: Vec<Diag>,
@@ -38,7 +38,7 @@ pub fn plan(
     state: &State,
     number: Option<u64>,
     key: Option<&HashKey>,
-) -> Result<Planned, OpError> {
+) -> Result<RollbackPlan, OpError> {
     let defs = evaluated.pin(Pins::Recorded(Some(state)))?;
     let generation = chosen(state, number)?;
     let config = generation_config(&defs.config, generation, key)?;
@@ -64,7 +64,7 @@ pub fn plan(
          definitions on disk give only the nodes and the sensitive values",
         generation.number, generation.at, generation.by
     ));
-    Ok(Planned {
+    Ok(RollbackPlan {
         config: (config, graph),
         plan,
         warnings: defs.warnings,
@@ -291,7 +291,7 @@ fn resource(
 
 /// The generation's outputs; a sensitive one (recorded as a hash) takes the definitions' value
 /// of the same name, or is left out.
-fn outputs(current: &Config, generation: &Generation) -> Vec<Output> {
+fn outputs(current: &Config, generation: &Generation) -> Vec<OutputBlock> {
     let span = |name: &str| {
         current
             .outputs
@@ -310,7 +310,7 @@ fn outputs(current: &Config, generation: &Generation) -> Vec<Output> {
                 let file = Arc::new(SourceFile::new(Path::new("generation"), String::new()));
                 Span::new(&file, 0..0)
             });
-            Some(Output {
+            Some(OutputBlock {
                 name: name.clone(),
                 value: o.value.clone(),
                 sensitive: false,

@@ -13,7 +13,7 @@ use crate::kind::{Reaches, Registered};
 
 /// What a tunnel reaches: a URL as a node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct TunnelTarget {
     /// What it was found from (`output.endpoint`, `probe.hello`).
     pub from: String,
     /// The node it goes through (`node.spark1`).
@@ -29,7 +29,7 @@ pub struct Target {
 }
 
 /// An output or probe by name, or the deployment's only HTTP endpoint when `what` is `None`.
-pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
+pub fn resolve(config: &Config, what: Option<&str>) -> Result<TunnelTarget, String> {
     let mut t = resolve_url(config, what)?;
     t.authorization = authorization_for(config, &t);
     Ok(t)
@@ -37,7 +37,7 @@ pub fn resolve(config: &Config, what: Option<&str>) -> Result<Target, String> {
 
 /// The `Authorization` header of an http probe of the definitions that goes to `t`'s host
 /// and port.
-fn authorization_for(config: &Config, t: &Target) -> Option<String> {
+fn authorization_for(config: &Config, t: &TunnelTarget) -> Option<String> {
     let base = format!("http://{}:{}", t.host, t.port);
     reached(config)
         .filter(|(_, r)| r.url == base || r.url.starts_with(&format!("{base}/")))
@@ -54,7 +54,7 @@ fn reached(config: &Config) -> impl Iterator<Item = (&str, Reaches)> {
     })
 }
 
-fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
+fn resolve_url(config: &Config, what: Option<&str>) -> Result<TunnelTarget, String> {
     let url_outputs: Vec<(&str, &str)> = config
         .outputs
         .iter()
@@ -76,7 +76,7 @@ fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
             format!("choose one of: {}", c.join(", "))
         }
     };
-    let from_output = |name: &str, url: &str| -> Result<Target, String> {
+    let from_output = |name: &str, url: &str| -> Result<TunnelTarget, String> {
         let node = node_for_url(config, url, &probes).ok_or_else(|| {
             format!(
                 "output {name} ({url}): no node of the definitions has this address, and no \
@@ -110,9 +110,9 @@ fn resolve_url(config: &Config, what: Option<&str>) -> Result<Target, String> {
     }
 }
 
-fn target(from: String, node: String, url: &str) -> Result<Target, String> {
+fn target(from: String, node: String, url: &str) -> Result<TunnelTarget, String> {
     let (host, port, path) = crate::http::parse_url(url).map_err(|e| format!("{from}: {e}"))?;
-    Ok(Target {
+    Ok(TunnelTarget {
         from,
         node,
         url: url.to_string(),
@@ -199,7 +199,7 @@ impl Tunnel {
     /// the remote port is taken here, any free port.
     pub async fn open(
         host: &dyn Host,
-        target: &Target,
+        target: &TunnelTarget,
         bind: SocketAddr,
         port_given: bool,
     ) -> Result<Tunnel, String> {
@@ -328,7 +328,7 @@ pub enum TunnelEnd {
 /// goes to `notes`. Nothing it started outlives it: the command is killed with it.
 pub async fn tunnel(
     req: TunnelRequest<'_>,
-    opened: impl FnOnce(&Target, &str),
+    opened: impl FnOnce(&TunnelTarget, &str),
     notes: mpsc::UnboundedSender<String>,
 ) -> Result<TunnelEnd, String> {
     let target = resolve(req.config, req.endpoint)?;
@@ -398,7 +398,7 @@ async fn run_against(
 }
 
 /// The target's node connected for a tunnel (close the pool when the tunnel is done).
-pub async fn connect(config: &Config, target: &Target, opts: &HostOptions) -> HostPool {
+pub async fn connect(config: &Config, target: &TunnelTarget, opts: &HostOptions) -> HostPool {
     HostPool::connect(config, std::slice::from_ref(&target.node), opts).await
 }
 

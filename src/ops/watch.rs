@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::apply::{PlanRequest, RunOptions, Source};
+use super::apply::{PlanRequest, PlanSource, RunOptions};
 use super::definitions::{self, Pins};
 use super::OpError;
 use crate::config::Config;
@@ -76,7 +76,7 @@ pub struct Failure {
 
 /// What one check saw.
 #[derive(Debug, Default)]
-pub struct Check {
+pub struct WatchCheck {
     pub failures: Vec<Failure>,
     /// Each probe that passed: (address, seconds, summary).
     pub probes: Vec<(String, f64, String)>,
@@ -98,7 +98,7 @@ fn now_unix() -> i64 {
 /// Every recorded resource whose kind watches its health (a container: running, not
 /// restarted by Docker since the last check, no line of its log that means it no longer
 /// serves), at once, each on its node's connection.
-async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check: &mut Check) {
+async fn check_containers(state: &State, pool: &HostPool, seen: &mut Seen, check: &mut WatchCheck) {
     let now = now_unix();
     let mut checks = Vec::new();
     for (address, r) in &state.resources {
@@ -157,7 +157,7 @@ async fn check_probes(
     state: &State,
     pool: &HostPool,
     cancel: &CancellationToken,
-    check: &mut Check,
+    check: &mut WatchCheck,
 ) {
     let containers = container_index(config);
     let deployed = super::verify::Deployed {
@@ -305,7 +305,7 @@ async fn restart(
             evaluated: req.evaluated.clone(),
             lockfile_readonly: false,
             store: req.workspace.store(),
-            source: Source::Definitions {
+            source: PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions {
                     replace,
@@ -395,7 +395,7 @@ async fn pause(d: Duration, cancel: &CancellationToken) -> bool {
 }
 
 /// One line for a check: what runs and how long each probe took, or every failure's cause.
-fn summary(check: &Check) -> String {
+fn summary(check: &WatchCheck) -> String {
     if !check.failures.is_empty() {
         let causes: Vec<&str> = check.failures.iter().map(|f| f.cause.as_str()).collect();
         return causes.join("; ");
@@ -426,8 +426,8 @@ async fn check_once(
     pool: &HostPool,
     seen: &mut Seen,
     cancel: &CancellationToken,
-) -> Check {
-    let mut probed = Check::default();
+) -> WatchCheck {
+    let mut probed = WatchCheck::default();
     check_probes(
         req,
         &defs.config,
@@ -438,7 +438,7 @@ async fn check_once(
         &mut probed,
     )
     .await;
-    let mut check = Check::default();
+    let mut check = WatchCheck::default();
     check_containers(state, pool, seen, &mut check).await;
     check.failures.append(&mut probed.failures);
     check.probes = probed.probes;

@@ -111,7 +111,7 @@ pub struct Change {
     /// node still has it (a container: the image by its recorded ID, wherever the reference
     /// points now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restores: Option<crate::kind::Facts>,
+    pub restores: Option<crate::kind::Attributes>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -254,7 +254,7 @@ pub struct Import {
     pub config: crate::kind::Configuration,
     /// Facts to record (a container's id).
     #[serde(default)]
-    pub attributes: crate::kind::Facts,
+    pub attributes: crate::kind::Attributes,
     /// What the kind says about it (labels that come with the next replacement).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,

@@ -45,7 +45,7 @@ pub fn record(plan: &Plan, state: &mut State) {
 pub fn record_change(
     state: &mut State,
     c: &Change,
-    attributes: crate::kind::Facts,
+    attributes: crate::kind::Attributes,
     last_apply_secs: Option<f64>,
 ) {
     if c.action == Action::Delete {
@@ -79,7 +79,7 @@ pub use crate::vocabulary::{MARK_LAST_RUN, MARK_PENDING, MARK_RUN_FAILED, MARK_R
 
 /// Before a create whose object nobody could find untracked: the entry, marked pending since `at`.
 pub fn record_intent(state: &mut State, c: &Change, at: &str) {
-    let mut marks = crate::kind::Facts::default();
+    let mut marks = crate::kind::Attributes::default();
     marks.mark(MARK_PENDING, serde_json::json!(at));
     record_change(state, c, marks, None);
 }

@@ -11,7 +11,7 @@ use super::{io_err, lock, LockInfo, LockStatus, StateError, StateLock};
 
 /// What the backend must hold for a write to go through (PostgreSQL's compare-and-swap).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expect {
+pub enum WriteCondition {
     /// No state yet: the first write of a new lineage.
     Absent,
     /// The document of this serial and lineage: what the writer read.
@@ -46,7 +46,7 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
         doc: &[u8],
         serial: u64,
         lineage: &str,
-        expect: Expect,
+        expect: WriteCondition,
     ) -> Result<(), StateError>;
     /// Moves the state out of the way once it was migrated elsewhere (kept, never read).
     fn set_aside(&self) -> Result<(), StateError>;
@@ -118,7 +118,7 @@ impl Backend for LocalFile {
         doc: &[u8],
         _serial: u64,
         _lineage: &str,
-        _expect: Expect,
+        _expect: WriteCondition,
     ) -> Result<(), StateError> {
         super::write_file(&self.path, doc)
     }
@@ -175,7 +175,7 @@ impl Backend for Unusable {
         Err(self.error())
     }
 
-    fn write(&self, _: &[u8], _: u64, _: &str, _: Expect) -> Result<(), StateError> {
+    fn write(&self, _: &[u8], _: u64, _: &str, _: WriteCondition) -> Result<(), StateError> {
         Err(self.error())
     }
 

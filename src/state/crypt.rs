@@ -112,9 +112,9 @@ impl StateKey {
         Ok(out)
     }
 
-    fn open(&self, envelope: &Envelope) -> Result<Vec<u8>, Problem> {
+    fn open(&self, envelope: &Envelope) -> Result<Vec<u8>, OpenFailure> {
         if envelope.algorithm != ALGORITHM {
-            return Err(Problem::Damaged(format!(
+            return Err(OpenFailure::Damaged(format!(
                 "it names the algorithm {:?}, not {ALGORITHM}",
                 envelope.algorithm
             )));
@@ -123,12 +123,12 @@ impl StateKey {
             .decode(&envelope.nonce)
             .ok()
             .filter(|n| n.len() == 12)
-            .ok_or_else(|| Problem::Damaged("its nonce is not 12 bytes of base64".into()))?;
+            .ok_or_else(|| OpenFailure::Damaged("its nonce is not 12 bytes of base64".into()))?;
         let ciphertext = b64()
             .decode(&envelope.ciphertext)
-            .map_err(|_| Problem::Damaged("its ciphertext is not base64".into()))?;
+            .map_err(|_| OpenFailure::Damaged("its ciphertext is not base64".into()))?;
         let cipher =
-            Aes256Gcm::new_from_slice(&self.0).map_err(|e| Problem::Damaged(e.to_string()))?;
+            Aes256Gcm::new_from_slice(&self.0).map_err(|e| OpenFailure::Damaged(e.to_string()))?;
         cipher
             .decrypt(
                 Nonce::from_slice(&nonce),
@@ -137,13 +137,13 @@ impl StateKey {
                     aad: AAD,
                 },
             )
-            .map_err(|_| Problem::WrongKey)
+            .map_err(|_| OpenFailure::WrongKey)
     }
 }
 
 /// Why a stored document could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub enum OpenFailure {
     /// It is encrypted and no key is set.
     NoKey,
     /// The key does not open it (another key, or the document was altered).
@@ -161,14 +161,14 @@ pub fn is_sealed(doc: &[u8]) -> bool {
 }
 
 /// The plain document: `doc` itself when it is not an envelope, else opened with `key`.
-pub fn open(doc: Vec<u8>, key: Option<&StateKey>) -> Result<Vec<u8>, Problem> {
+pub fn open(doc: Vec<u8>, key: Option<&StateKey>) -> Result<Vec<u8>, OpenFailure> {
     if !is_sealed(&doc) {
         return Ok(doc);
     }
     let envelope: Envelope =
-        serde_json::from_slice(&doc).map_err(|e| Problem::Damaged(e.to_string()))?;
+        serde_json::from_slice(&doc).map_err(|e| OpenFailure::Damaged(e.to_string()))?;
     match key {
-        None => Err(Problem::NoKey),
+        None => Err(OpenFailure::NoKey),
         Some(k) => k.open(&envelope),
     }
 }
@@ -188,8 +188,11 @@ mod tests {
             b"{\"serial\": 3}\n"
         );
         let other = StateKey::from_bytes([8; 32]);
-        assert_eq!(open(sealed.clone(), Some(&other)), Err(Problem::WrongKey));
-        assert_eq!(open(sealed, None), Err(Problem::NoKey));
+        assert_eq!(
+            open(sealed.clone(), Some(&other)),
+            Err(OpenFailure::WrongKey)
+        );
+        assert_eq!(open(sealed, None), Err(OpenFailure::NoKey));
         // Two seals of one document differ (a fresh nonce each).
         assert_ne!(key.seal(b"x").unwrap(), key.seal(b"x").unwrap());
     }

@@ -63,7 +63,7 @@ pub struct Shape {
 
 /// What an apply that succeeded tells the generation it records.
 #[derive(Debug, Clone)]
-pub struct Applied {
+pub struct Succeeded {
     pub at: String,
     pub by: String,
     pub definitions: String,
@@ -73,7 +73,7 @@ pub struct Applied {
 
 /// Records the state's resources and outputs as a new generation, the newest last, keeping
 /// [`GENERATIONS_KEPT`].
-pub fn record(state: &mut State, applied: Applied) {
+pub fn record(state: &mut State, applied: Succeeded) {
     let number = state.generations.last().map_or(1, |g| g.number + 1);
     let mut addresses = applied.applied;
     addresses.sort();
@@ -227,8 +227,8 @@ mod tests {
         }
     }
 
-    fn applied(n: u64) -> Applied {
-        Applied {
+    fn applied(n: u64) -> Succeeded {
+        Succeeded {
             at: format!("2026-12-04T00:00:{n:02}Z"),
             by: "root@box".into(),
             definitions: "sha256:0".into(),

@@ -15,7 +15,7 @@ mod upgrade;
 #[cfg(test)]
 pub(crate) use upgrade::tests::toy_state;
 
-pub use backend::{Expect, PgTarget};
+pub use backend::{PgTarget, WriteCondition};
 pub use crypt::StateKey;
 pub use hash_key::{
     hash_sensitive, is_sensitive_hash, sha256_hex, HashKey, KEYED_PREFIX, KEY_FILE, LEGACY_PREFIX,
@@ -148,7 +148,7 @@ pub struct ResourceState {
     /// Live facts: container id, addresses added, previous MTU... The kind's
     /// `RecordedFacts` (typed there), and beside them the journal's marks.
     #[serde(default)]
-    pub attributes: crate::kind::Facts,
+    pub attributes: crate::kind::Attributes,
     /// The version of the shape of `attributes` (the kind's `RecordedFacts::VERSION`); 0 for a
     /// record written before records had versions. Loading the state upgrades every record to
     /// the version this sparkform writes.
@@ -664,12 +664,12 @@ impl StateStore {
             .map_err(|p| self.crypt_error(p))
     }
 
-    fn crypt_error(&self, problem: crypt::Problem) -> StateError {
+    fn crypt_error(&self, problem: crypt::OpenFailure) -> StateError {
         let place = self.describe();
         match problem {
-            crypt::Problem::NoKey => StateError::EncryptedNoKey { place },
-            crypt::Problem::WrongKey => StateError::WrongKey { place },
-            crypt::Problem::Damaged(why) => StateError::Envelope { place, why },
+            crypt::OpenFailure::NoKey => StateError::EncryptedNoKey { place },
+            crypt::OpenFailure::WrongKey => StateError::WrongKey { place },
+            crypt::OpenFailure::Damaged(why) => StateError::Envelope { place, why },
         }
     }
 
@@ -704,9 +704,9 @@ impl StateStore {
         state.serial = saved.1.saturating_add(1);
         state.sparkform_version = SPARKFORM_VERSION.to_string();
         let expect = if saved.1 == 0 {
-            Expect::Absent
+            WriteCondition::Absent
         } else {
-            Expect::Serial(saved.1, state.lineage.clone())
+            WriteCondition::Serial(saved.1, state.lineage.clone())
         };
         let result = serde_json::to_vec_pretty(&*state)
             .map_err(|e| io_err(&self.path, io::Error::other(e)))
@@ -728,7 +728,7 @@ impl StateStore {
         doc: &[u8],
         serial: u64,
         lineage: &str,
-        expect: Expect,
+        expect: WriteCondition,
     ) -> Result<(), StateError> {
         // A document sealed with another key (or sealed while no key is set now) stays as it
         // is, on every backend: the serial and lineage PostgreSQL compares are not secret.

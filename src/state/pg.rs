@@ -31,7 +31,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::backend::{Backend, Expect, PgTarget};
+use super::backend::{Backend, PgTarget, WriteCondition};
 use super::lock::RemoteLock;
 use super::{holder_process, LockInfo, LockStatus, StateError, StateLock};
 
@@ -666,7 +666,7 @@ impl Backend for PgBackend {
         doc: &[u8],
         serial: u64,
         lineage: &str,
-        expect: Expect,
+        expect: WriteCondition,
     ) -> Result<(), StateError> {
         let text = String::from_utf8(doc.to_vec())
             .map_err(|_| backend_error("the state document is not UTF-8 text"))?;
@@ -684,7 +684,7 @@ impl Backend for PgBackend {
                 (&text, Type::TEXT),
             ];
             let (changed, read_serial) = match &expect {
-                Expect::Absent => (
+                WriteCondition::Absent => (
                     client
                         .execute_typed(
                             &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO NOTHING"),
@@ -694,7 +694,7 @@ impl Backend for PgBackend {
                         .map_err(query_error)?,
                     0,
                 ),
-                Expect::Serial(read, read_lineage) => {
+                WriteCondition::Serial(read, read_lineage) => {
                     let read_db = i64::try_from(*read).map_err(|_| backend_error("serial overflow"))?;
                     (
                         client
@@ -714,7 +714,7 @@ impl Backend for PgBackend {
                         *read,
                     )
                 }
-                Expect::Any => (
+                WriteCondition::Any => (
                     client
                         .execute_typed(
                             &format!("INSERT INTO {states} (workspace, serial, lineage, document) VALUES ($1, $2, $3, $4) ON CONFLICT (workspace) DO UPDATE SET previous = {states}.document, document = EXCLUDED.document, serial = EXCLUDED.serial, lineage = EXCLUDED.lineage, updated = now()"),

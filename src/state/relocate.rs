@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::{parse_document, Expect, State, StateError, StateStore};
+use super::{parse_document, State, StateError, StateStore, WriteCondition};
 
 /// What a push or a migration wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +40,8 @@ impl StateStore {
         let _lock = self.lock("state push")?;
         let current = self.load()?;
         let expect = match &current {
-            _ if force => Expect::Any,
-            None => Expect::Absent,
+            _ if force => WriteCondition::Any,
+            None => WriteCondition::Absent,
             Some(cur) => {
                 if cur.lineage != incoming.lineage {
                     return Err(StateError::OtherLineage {
@@ -58,7 +58,7 @@ impl StateStore {
                         theirs: cur.serial,
                     });
                 }
-                Expect::Serial(cur.serial, cur.lineage.clone())
+                WriteCondition::Serial(cur.serial, cur.lineage.clone())
             }
         };
         self.store_document(doc, incoming.serial, &incoming.lineage, expect)?;
@@ -94,7 +94,7 @@ impl StateStore {
             Err(e) => return Err(e),
         };
         let expect = match &existing {
-            None => Expect::Absent,
+            None => WriteCondition::Absent,
             Some(t) if t.lineage != state.lineage => {
                 return Err(StateError::OtherLineage {
                     place: target.describe(),
@@ -110,7 +110,7 @@ impl StateStore {
                     theirs: t.serial,
                 });
             }
-            Some(t) => Expect::Serial(t.serial, t.lineage.clone()),
+            Some(t) => WriteCondition::Serial(t.serial, t.lineage.clone()),
         };
         // The key of the hashes goes with the state, so the hashes still verify there; a
         // target that has another key is refused before anything is written.

@@ -11,7 +11,7 @@ use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::kinds::machine::ReadMode;
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource, RunOptions};
 use sparkform::ops::history::entries;
 use sparkform::ops::OpError;
 use sparkform::plan::{Action, Plan, PlanOptions};
@@ -79,7 +79,7 @@ impl Deployment {
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
         )?;
-        self.run(Source::Generation { number }, evaluated).await
+        self.run(PlanSource::Generation { number }, evaluated).await
     }
 
     /// `sparkform plan DIR -refresh=false`'s notes.
@@ -119,7 +119,7 @@ impl Deployment {
         )
         .unwrap_or_else(|e| panic!("{e:?}"));
         self.run(
-            Source::Definitions {
+            PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::default(),
             },
@@ -133,7 +133,7 @@ impl Deployment {
     /// Plan from `source` as `apply` does, and apply the plan.
     pub(crate) async fn run(
         &self,
-        source: Source<'_>,
+        source: PlanSource<'_>,
         evaluated: sparkform::ops::definitions::Evaluated,
     ) -> Result<(Plan, ApplyOutcome), OpError> {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
@@ -382,7 +382,7 @@ async fn a_restart_is_not_a_change_history_marks_one_current_and_rollback_goes_p
     .unwrap_or_else(|e| panic!("{e:?}"));
     let (plan, outcome) = d
         .run(
-            Source::Definitions {
+            PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions {
                     replace: vec!["container.worker".into()],
@@ -623,7 +623,7 @@ async fn a_plan_apply_and_rollback_decode_every_configuration_where_it_enters() 
     assert!(read.is_ok_and(|d| d.name == "c"));
     assert_eq!(sparkform::kind::late_decodes() - before, 1);
     // And a record's facts that no kind decoded (the journal's marks alone are no facts).
-    let mut facts = sparkform::kind::Facts::default();
+    let mut facts = sparkform::kind::Attributes::default();
     facts.mark(sparkform::plan::MARK_PENDING, serde_json::json!("now"));
     assert!(facts
         .typed::<sparkform::kinds::container::Recorded>()

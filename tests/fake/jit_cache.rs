@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource, RunOptions};
 use sparkform::ops::ReadMode;
 use sparkform::plan::{Action, Plan, PlanOptions};
 use sparkform::state::StateStore;
@@ -107,7 +107,7 @@ impl Bed {
         );
     }
 
-    async fn prepared(&self, source: Source<'_>) -> sparkform::ops::apply::LockedPlan {
+    async fn prepared(&self, source: PlanSource<'_>) -> sparkform::ops::apply::LockedPlan {
         let evaluated = sparkform::ops::definitions::load(
             &Workspace::new(self.dir.path(), None),
             &VarInputs::default(),
@@ -130,7 +130,7 @@ impl Bed {
 
     async fn plan(&self, replace: &[&str]) -> Plan {
         let mut p = self
-            .prepared(Source::Definitions {
+            .prepared(PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions {
                     replace: replace.iter().map(|s| s.to_string()).collect(),
@@ -142,7 +142,7 @@ impl Bed {
         p.plan.clone()
     }
 
-    async fn run(&self, source: Source<'_>) -> sparkform::apply::ApplyOutcome {
+    async fn run(&self, source: PlanSource<'_>) -> sparkform::apply::ApplyOutcome {
         let prepared = self.prepared(source).await;
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let outcome = prepared
@@ -161,7 +161,7 @@ impl Bed {
     }
 
     async fn apply(&self, replace: &[&str]) -> sparkform::apply::ApplyOutcome {
-        self.run(Source::Definitions {
+        self.run(PlanSource::Definitions {
             refresh: ReadMode::Normal,
             options: PlanOptions {
                 replace: replace.iter().map(|s| s.to_string()).collect(),
@@ -363,7 +363,7 @@ async fn destroy_keeps_the_cache_folder_and_purge_caches_removes_it_with_a_one_s
     let bed = Bed::new();
     bed.warm(OLD, false);
     bed.apply(&[]).await;
-    let destroy = |purge_caches| Source::Destroy {
+    let destroy = |purge_caches| PlanSource::Destroy {
         targets: Vec::new(),
         exclude: Vec::new(),
         refresh: ReadMode::Recorded,

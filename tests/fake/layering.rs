@@ -1173,3 +1173,54 @@ fn no_kind_imports_another_kinds_folder() {
     );
     assert!(allowed.is_empty(), "{allowed:?}");
 }
+
+/// The public types of `src/` by name, with the files that declare each.
+fn public_type_names(src: &Path) -> BTreeMap<String, Vec<String>> {
+    let decl = regex::Regex::new(
+        r"(?m)^\s*pub(?:\([a-z]+\))? (?:struct|enum|trait|type) ([A-Z][A-Za-z0-9]*)",
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    files(src, &mut all);
+    let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in all
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+    {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rel = f.strip_prefix(src).unwrap().display().to_string();
+        for c in decl.captures_iter(&text) {
+            names.entry(c[1].to_string()).or_default().push(rel.clone());
+        }
+    }
+    names
+}
+
+/// One name per concept: no two public types share a name, except the three every kind
+/// declares in its own folder (`Desired`, `Recorded`, and its machine half's `Undo`), which the
+/// kind's path tells apart (`container::Desired`) and the `Kind` trait names.
+#[test]
+fn no_two_public_types_share_a_name() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let per_kind = ["Desired", "Recorded", "Undo"];
+    let names = public_type_names(&src);
+    assert!(names.len() > 100, "{} names", names.len());
+    let shared: Vec<String> = names
+        .iter()
+        .filter(|(n, files)| files.len() > 1 && !per_kind.contains(&n.as_str()))
+        .map(|(n, files)| format!("{n}: {}", files.join(", ")))
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "types that share a name; give each its own (ARCHITECTURE.md, Invariants):\n  {}",
+        shared.join("\n  ")
+    );
+    // The per-kind names stay inside the kinds' folders.
+    for n in per_kind {
+        assert!(
+            names[n].iter().all(|f| f.starts_with("kinds/")),
+            "{n}: {:?}",
+            names[n]
+        );
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
-use sparkform::ops::nodes::{disagreements, explanations, gather, Facts, NodeFacts};
+use sparkform::ops::nodes::{disagreements, explanations, gather, Facts, NodeReport};
 use sparkform::ops::prepare::{prepare, PrepareRequest};
 use sparkform::ops::{OpError, ReadMode};
 use sparkform::plan::PlanOptions;
@@ -109,9 +109,9 @@ async fn nodes(definitions: &str, host: FakeHost) -> (Facts, Vec<String>, Vec<St
     let (config, _) = common::load(dir.path());
     let mut all = gather(&config, &options(host)).await;
     let facts = match all.remove("node.h200") {
-        Some(NodeFacts::Facts(f)) => *f,
-        Some(NodeFacts::Failed(e)) => panic!("the node's facts were not read at all: {e}"),
-        Some(NodeFacts::Unreachable(e)) => panic!("the node was unreachable: {e}"),
+        Some(NodeReport::Facts(f)) => *f,
+        Some(NodeReport::Failed(e)) => panic!("the node's facts were not read at all: {e}"),
+        Some(NodeReport::Unreachable(e)) => panic!("the node was unreachable: {e}"),
         None => panic!("no answer for node.h200"),
     };
     let node = &config.nodes["node.h200"];

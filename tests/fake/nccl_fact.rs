@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::inspect::nccl::{probe_container_name, LABEL_PROBE};
-use sparkform::ops::nodes::{differences, gather, Facts, NodeFacts};
+use sparkform::ops::nodes::{differences, gather, Facts, NodeReport};
 use sparkform_testkit::fake::{FakeHost, FakeNodes, FakeWorld};
 use sparkform_testkit::fake_docker::{FakeDocker, Fault};
 
@@ -94,9 +94,9 @@ async fn nodes_with(versions: [&str; 2]) -> (Vec<Arc<FakeDocker>>, Vec<(String, 
         .await
         .into_iter()
         .map(|(n, f)| match f {
-            NodeFacts::Facts(f) => (n, *f),
-            NodeFacts::Failed(e) => panic!("{n}: {e}"),
-            NodeFacts::Unreachable(e) => panic!("{n}: {e}"),
+            NodeReport::Facts(f) => (n, *f),
+            NodeReport::Failed(e) => panic!("{n}: {e}"),
+            NodeReport::Unreachable(e) => panic!("{n}: {e}"),
         })
         .collect();
     (vec![a, b], facts)

@@ -779,7 +779,7 @@ check "n1_unified" {
 
 #[tokio::test]
 async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them() {
-    use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
+    use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource};
     use sparkform::ops::OpError;
     use sparkform::plan::planfile::{NodeFacts, PlanFile};
     use sparkform::state::StateStore;
@@ -826,7 +826,7 @@ async fn a_plan_file_records_the_node_facts_and_apply_file_evaluates_with_them()
         evaluated: sparkform::ops::definitions::load(&ws, &VarInputs::default()).unwrap(),
         lockfile_readonly: false,
         store: store(),
-        source: Source::PlanFile { file, path: &path },
+        source: PlanSource::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
     let prepared =

@@ -6,7 +6,7 @@ use crate::common;
 use std::path::Path;
 
 use sparkform::hosts::HostOptions;
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource};
 use sparkform::ops::{OpError, ReadMode};
 use sparkform::plan::planfile::PlanFile;
 use sparkform::plan::{self, Action, PlanOptions};
@@ -72,7 +72,7 @@ async fn prepare_plans_from_the_definitions_and_holds_the_lock_until_dropped() {
             evaluated: evaluated(dir.path()),
             lockfile_readonly: false,
             store: store(dir.path()),
-            source: Source::Definitions {
+            source: PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::with_key(sparkform::state::HashKey::from_bytes([7; 32])),
             },
@@ -116,7 +116,7 @@ async fn a_plan_file_is_refused_when_the_definitions_changed_or_the_state_moved(
         evaluated: evaluated(dir.path()),
         lockfile_readonly: false,
         store: store(dir.path()),
-        source: Source::PlanFile { file, path: &path },
+        source: PlanSource::PlanFile { file, path: &path },
         hosts: HostOptions::default(),
     };
     match lock_and_plan(request(&file), &events()).await {
@@ -154,7 +154,7 @@ async fn destroy_plans_the_removal_of_what_the_state_records() {
             evaluated: evaluated(dir.path()),
             lockfile_readonly: false,
             store: store(dir.path()),
-            source: Source::Destroy {
+            source: PlanSource::Destroy {
                 targets: vec!["network.fabric.attach.n1".into()],
                 exclude: Vec::new(),
                 refresh: ReadMode::Recorded,
@@ -182,7 +182,7 @@ async fn an_unknown_target_is_a_config_error_and_a_locked_state_a_state_error() 
         evaluated: evaluated(dir.path()),
         lockfile_readonly: false,
         store: store(dir.path()),
-        source: Source::Definitions {
+        source: PlanSource::Definitions {
             refresh: ReadMode::Recorded,
             options: PlanOptions {
                 targets,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use sparkform::apply::{apply, ApplyRequest};
 use sparkform::hosts::{HostOptions, HostPool};
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource};
 use sparkform::ops::ReadMode;
 use sparkform::plan::PlanOptions;
 use sparkform::state::{
@@ -363,7 +363,7 @@ async fn pg_plan_and_apply_on_a_fake_node_record_in_postgres() {
             .unwrap_or_else(|e| panic!("{e:?}")),
             lockfile_readonly: false,
             store: store.clone(),
-            source: Source::Definitions {
+            source: PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::with_key(key.clone()),
             },
@@ -638,7 +638,7 @@ async fn apply_on(
             .unwrap_or_else(|e| panic!("{e:?}")),
             lockfile_readonly: false,
             store,
-            source: Source::Definitions {
+            source: PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::default(),
             },

@@ -281,7 +281,7 @@ impl Bed {
                 evaluated,
                 lockfile_readonly,
                 store: self.store(),
-                source: sparkform::ops::apply::Source::Definitions {
+                source: sparkform::ops::apply::PlanSource::Definitions {
                     refresh: ReadMode::Normal,
                     options: PlanOptions::default(),
                 },

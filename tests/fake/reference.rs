@@ -3,28 +3,28 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sparkform::config::schema::{top_level_blocks, BlockSpec, Kind};
+use sparkform::config::schema::{top_level_blocks, BlockSpec, ValueType};
 
-/// The name the reference uses for a schema type. A new `Kind` fails to compile here until the
+/// The name the reference uses for a schema type. A new `ValueType` fails to compile here until the
 /// reference says how to write it.
-fn type_name(kind: Kind) -> &'static str {
+fn type_name(kind: ValueType) -> &'static str {
     match kind {
-        Kind::Any => "any",
-        Kind::Str => "string",
-        Kind::Num => "number",
-        Kind::Bool => "bool",
-        Kind::ListStr => "list(string)",
-        Kind::MapStr => "map(string)",
-        Kind::Node => "node reference",
-        Kind::Jump => "jump reference",
-        Kind::Container => "container reference",
-        Kind::Duration => "duration",
-        Kind::Size => "size",
-        Kind::Gpus => "number or \"all\"",
-        Kind::RefList => "list of references",
-        Kind::Address => "resource address",
-        Kind::TypeExpr => "type",
-        Kind::ForEach => "map or set(string)",
+        ValueType::Any => "any",
+        ValueType::Str => "string",
+        ValueType::Num => "number",
+        ValueType::Bool => "bool",
+        ValueType::ListStr => "list(string)",
+        ValueType::MapStr => "map(string)",
+        ValueType::Node => "node reference",
+        ValueType::Jump => "jump reference",
+        ValueType::Container => "container reference",
+        ValueType::Duration => "duration",
+        ValueType::Size => "size",
+        ValueType::Gpus => "number or \"all\"",
+        ValueType::RefList => "list of references",
+        ValueType::Address => "resource address",
+        ValueType::TypeExpr => "type",
+        ValueType::ForEach => "map or set(string)",
     }
 }
 

@@ -11,7 +11,7 @@ use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::kinds::machine::ReadMode;
-use sparkform::ops::apply::{lock_and_plan, LockedPlan, PlanRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, LockedPlan, PlanRequest, PlanSource, RunOptions};
 use sparkform::ops::OpError;
 use sparkform::plan::{Action, PlanOptions};
 use sparkform::state::StateStore;
@@ -150,7 +150,7 @@ impl Bed {
     }
 
     async fn apply(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
-        self.run(Source::Definitions {
+        self.run(PlanSource::Definitions {
             refresh: ReadMode::Normal,
             options: PlanOptions::default(),
         })
@@ -159,7 +159,7 @@ impl Bed {
 
     /// `sparkform rollback`: the generation before the one running now.
     async fn rollback(&self) -> (sparkform::plan::Plan, String, ApplyOutcome) {
-        self.run(Source::Generation { number: None }).await
+        self.run(PlanSource::Generation { number: None }).await
     }
 
     fn hosts(&self) -> HostOptions {
@@ -172,7 +172,7 @@ impl Bed {
     /// The definitions in the folder planned from `source`, the state lock held.
     async fn plan(
         &self,
-        source: Source<'_>,
+        source: PlanSource<'_>,
         tx: &sparkform::events::Sender,
     ) -> Result<LockedPlan, OpError> {
         let evaluated = sparkform::ops::definitions::load(
@@ -193,7 +193,7 @@ impl Bed {
         .await
     }
 
-    async fn run(&self, source: Source<'_>) -> (sparkform::plan::Plan, String, ApplyOutcome) {
+    async fn run(&self, source: PlanSource<'_>) -> (sparkform::plan::Plan, String, ApplyOutcome) {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let prepared = self
             .plan(source, &tx)
@@ -629,7 +629,7 @@ async fn a_router_port_taken_on_its_node_is_refused_at_plan() {
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let refused = bed
         .plan(
-            Source::Definitions {
+            PlanSource::Definitions {
                 refresh: ReadMode::Normal,
                 options: PlanOptions::default(),
             },

@@ -10,7 +10,7 @@ use sparkform::apply::ApplyOutcome;
 use sparkform::config::VarInputs;
 use sparkform::hosts::{Host, HostOptions};
 use sparkform::kinds::machine::ReadMode;
-use sparkform::ops::apply::{lock_and_plan, PlanRequest, RunOptions, Source};
+use sparkform::ops::apply::{lock_and_plan, PlanRequest, PlanSource, RunOptions};
 use sparkform::plan::{Action, PlanOptions};
 use sparkform::state::StateStore;
 use sparkform::workspace::Workspace;
@@ -84,7 +84,7 @@ impl Bed {
                 evaluated,
                 lockfile_readonly: false,
                 store: StateStore::new(self.dir.path().join("state/sparkform.json")),
-                source: Source::Definitions {
+                source: PlanSource::Definitions {
                     refresh: ReadMode::Normal,
                     options: PlanOptions::default(),
                 },

@@ -180,8 +180,8 @@ impl Loader {
             let key = attr.key.as_str();
             let kind = spec.attr(key).map(|a| a.kind);
             match kind {
-                Some(Kind::TypeExpr) => {}
-                Some(Kind::RefList) => {
+                Some(ValueType::TypeExpr) => {}
+                Some(ValueType::RefList) => {
                     let c = refs::collect(&attr.value);
                     edge_refs.extend(c.refs);
                 }

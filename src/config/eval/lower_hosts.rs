@@ -4,7 +4,7 @@ use super::*;
 use crate::config::NodeReadings;
 
 impl Loader {
-    pub(super) fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+    pub(super) fn eval_jump(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<ItemValue> {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::JUMP)?;
         let item = &scope.items[i];
         let address = format!("{}jump.{}", scope.prefix, item.name);
@@ -31,7 +31,7 @@ impl Loader {
         value.insert("kind".into(), "jump".into());
         value.insert("id".into(), address.into());
         value.insert("name".into(), scope.items[i].name.clone().into());
-        Some(Evaluated {
+        Some(ItemValue {
             value: Value::Object(value),
             sensitive: false,
             ephemeral: false,
@@ -97,7 +97,7 @@ impl Loader {
         }
     }
 
-    pub(super) fn eval_node(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+    pub(super) fn eval_node(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<ItemValue> {
         let (attrs, ctx) = self.simple_block(scope, i, &schema::NODE)?;
         let item = &scope.items[i];
         let address = format!("{}node.{}", scope.prefix, item.name);
@@ -187,7 +187,7 @@ impl Loader {
         value.insert("kind".into(), "node".into());
         value.insert("id".into(), address.into());
         value.insert("name".into(), name.into());
-        Some(Evaluated {
+        Some(ItemValue {
             value: Value::Object(value),
             sensitive: false,
             ephemeral: false,

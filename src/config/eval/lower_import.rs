@@ -3,7 +3,7 @@
 //! the whole configuration at hand (`ops::import`).
 
 use super::*;
-use crate::config::model::Import;
+use crate::config::model::ImportBlock;
 
 impl Loader {
     pub(super) fn lower_import(&mut self, file: &Arc<SourceFile>, block: &Block, header: Span) {
@@ -43,7 +43,7 @@ impl Loader {
         let text = s.value().to_string();
         match text.split_once(':') {
             Some((node, object)) if valid_name(node) && !object.is_empty() => {
-                self.config.imports.push(Import {
+                self.config.imports.push(ImportBlock {
                     to: to_text,
                     node: node.to_string(),
                     object: object.to_string(),

@@ -7,7 +7,7 @@ impl Loader {
         &mut self,
         scope: &mut Scope<'_>,
         i: usize,
-    ) -> Option<Evaluated> {
+    ) -> Option<ItemValue> {
         let item = &scope.items[i];
         let block = item.block?;
         let file = item.file.clone();
@@ -134,7 +134,7 @@ impl Loader {
         for (k, d) in &result.output_deps {
             tree.insert(k.clone(), DepTree::Leaf(d.clone()));
         }
-        Some(Evaluated {
+        Some(ItemValue {
             value: Value::Object(result.outputs),
             sensitive: false,
             ephemeral: false,

@@ -128,7 +128,7 @@ impl Loader {
         if declared {
             result.sensitive_outputs.insert(name.clone());
         }
-        result.output_items.push(Output {
+        result.output_items.push(OutputBlock {
             name,
             value: serde_json::to_value(&value).unwrap_or(serde_json::Value::Null),
             sensitive: declared,

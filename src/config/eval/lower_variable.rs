@@ -3,7 +3,7 @@
 use super::*;
 
 impl Loader {
-    pub(super) fn eval_variable(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+    pub(super) fn eval_variable(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<ItemValue> {
         let item = &scope.items[i];
         let block = item.block?;
         let file = item.file.clone();
@@ -29,7 +29,7 @@ impl Loader {
         if !self.variable_validations_pass(scope, &file, block, &name, &value) {
             return None;
         }
-        Some(Evaluated {
+        Some(ItemValue {
             value,
             sensitive,
             ephemeral,

@@ -17,10 +17,10 @@ use hcl_edit::Span as _;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 pub(super) use super::lowering::*;
-use super::model::{Config, Jump, Node, Output};
+use super::model::{Config, Jump, Node, OutputBlock};
 use super::parse::{read_folder, ModuleFiles};
-use super::refs::{self, Ref, Step};
-use super::schema::{self, BlockSpec, Kind};
+use super::refs::{self, Ref, RefStep};
+use super::schema::{self, BlockSpec, ValueType};
 use super::types::{self, Type};
 use crate::diag::{did_you_mean, Diag, Diagnostics, SourceFile, Span};
 use crate::kind::Registered;
@@ -108,9 +108,9 @@ fn referable() -> impl Iterator<Item = &'static str> {
 }
 
 impl DepTree {
-    fn resolve(&self, path: &[Step], out: &mut BTreeSet<String>) {
+    fn resolve(&self, path: &[RefStep], out: &mut BTreeSet<String>) {
         match (self, path.first()) {
-            (DepTree::Keyed(m), Some(Step::Key(k))) => match m.get(k) {
+            (DepTree::Keyed(m), Some(RefStep::Key(k))) => match m.get(k) {
                 Some(t) => t.resolve(&path[1..], out),
                 None => self.collect_all(out),
             },
@@ -141,7 +141,7 @@ pub struct ModuleResult {
     pub output_deps: BTreeMap<String, BTreeSet<String>>,
     pub sensitive_outputs: HashSet<String>,
     pub all_resources: BTreeSet<String>,
-    pub output_items: Vec<Output>,
+    pub output_items: Vec<OutputBlock>,
 }
 
 pub struct Loader {
@@ -269,7 +269,7 @@ impl Loader {
         scope: &mut Scope<'m>,
         i: usize,
         result: &mut ModuleResult,
-    ) -> Option<Evaluated> {
+    ) -> Option<ItemValue> {
         let root = scope.items[i].root;
         match root {
             Root::Var => self.eval_variable(scope, i),
@@ -327,7 +327,7 @@ impl Loader {
             };
             let mut rest = r.path[1..].to_vec();
             if r.each_key_next {
-                rest.push(crate::config::refs::Step::Key(key.to_string()));
+                rest.push(crate::config::refs::RefStep::Key(key.to_string()));
             }
             ev.deps.resolve(&rest, &mut deps);
         }
@@ -351,7 +351,7 @@ impl Loader {
             ev.deps.resolve(rest, &mut deps);
             if root == Root::Module {
                 match rest.first() {
-                    Some(Step::Key(k)) => sensitive |= ev.sensitive_keys.contains(k),
+                    Some(RefStep::Key(k)) => sensitive |= ev.sensitive_keys.contains(k),
                     _ => sensitive |= !ev.sensitive_keys.is_empty(),
                 }
             } else {
@@ -378,13 +378,13 @@ impl Loader {
 
     // ----- variables, locals -----
 
-    fn eval_local(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<Evaluated> {
+    fn eval_local(&mut self, scope: &mut Scope<'_>, i: usize) -> Option<ItemValue> {
         let item = &scope.items[i];
         let attr = item.local?;
         let ctx = self.item_context(scope, i)?;
         let file = item.file.clone();
         let value = self.eval_expr(&ctx, &file, &attr.value)?;
-        Some(Evaluated {
+        Some(ItemValue {
             value,
             sensitive: ctx.sensitive,
             ephemeral: ctx.ephemeral,
@@ -447,7 +447,10 @@ impl Loader {
         for attr in body.attributes() {
             let key = attr.key.as_str();
             let Some(a) = spec.attr(key) else { continue };
-            if matches!(a.kind, Kind::RefList | Kind::TypeExpr | Kind::ForEach) {
+            if matches!(
+                a.kind,
+                ValueType::RefList | ValueType::TypeExpr | ValueType::ForEach
+            ) {
                 continue;
             }
             let refs = refs::collect(&attr.value).refs;
@@ -478,7 +481,10 @@ impl Loader {
                             part.into_iter().for_each(note_secrets);
                         }
                     }
-                    if matches!(a.kind, Kind::Node | Kind::Jump | Kind::Container) {
+                    if matches!(
+                        a.kind,
+                        ValueType::Node | ValueType::Jump | ValueType::Container
+                    ) {
                         out.raw.insert(key.to_string(), v);
                     }
                     let v = converted;
@@ -603,7 +609,7 @@ impl Loader {
         }
     }
 
-    fn convert_kind(&self, v: &Value, kind: Kind) -> Result<Value, String> {
+    fn convert_kind(&self, v: &Value, kind: ValueType) -> Result<Value, String> {
         // An attribute set to null is an attribute not set.
         if v.is_null() {
             return Ok(Value::Null);
@@ -621,18 +627,20 @@ impl Loader {
             }
         };
         match kind {
-            Kind::Any | Kind::RefList | Kind::Address | Kind::TypeExpr | Kind::ForEach => {
-                Ok(v.clone())
-            }
-            Kind::Str => types::convert(v, &Type::String),
-            Kind::Num => types::convert(v, &Type::Number),
-            Kind::Bool => types::convert(v, &Type::Bool),
-            Kind::ListStr => types::convert(v, &Type::List(Box::new(Type::String))),
-            Kind::MapStr => types::convert(v, &Type::Map(Box::new(Type::String))),
-            Kind::Node => reference("node"),
-            Kind::Jump => reference("jump"),
-            Kind::Container => reference("container"),
-            Kind::Duration => match v {
+            ValueType::Any
+            | ValueType::RefList
+            | ValueType::Address
+            | ValueType::TypeExpr
+            | ValueType::ForEach => Ok(v.clone()),
+            ValueType::Str => types::convert(v, &Type::String),
+            ValueType::Num => types::convert(v, &Type::Number),
+            ValueType::Bool => types::convert(v, &Type::Bool),
+            ValueType::ListStr => types::convert(v, &Type::List(Box::new(Type::String))),
+            ValueType::MapStr => types::convert(v, &Type::Map(Box::new(Type::String))),
+            ValueType::Node => reference("node"),
+            ValueType::Jump => reference("jump"),
+            ValueType::Container => reference("container"),
+            ValueType::Duration => match v {
                 Value::Number(n) => Ok(Value::Number(*n)),
                 Value::String(s) => parse_duration(s)
                     .map(Value::from)
@@ -643,7 +651,7 @@ impl Loader {
                     types::describe(other)
                 )),
             },
-            Kind::Size => match v {
+            ValueType::Size => match v {
                 Value::Number(n) => Ok(Value::Number(*n)),
                 Value::String(s) => parse_size(s)
                     .map(Value::from)
@@ -654,7 +662,7 @@ impl Loader {
                     types::describe(other)
                 )),
             },
-            Kind::Gpus => match v {
+            ValueType::Gpus => match v {
                 Value::Number(n) if n.as_u64().is_some() => Ok(v.clone()),
                 Value::String(s) if s == "all" => Ok(v.clone()),
                 Value::String(s) if s.parse::<u32>().is_ok() => types::convert(v, &Type::Number),
@@ -817,7 +825,7 @@ struct Scope<'m> {
     prefix: String,
     items: Vec<Item<'m>>,
     index: HashMap<(Root, String), usize>,
-    values: Vec<Option<Evaluated>>,
+    values: Vec<Option<ItemValue>>,
     inputs: HashMap<String, InputValue>,
     extra_deps: BTreeSet<String>,
     caller: Option<Span>,
@@ -854,7 +862,7 @@ impl Scope<'_> {
             };
             match &self.values[t] {
                 Some(ev) if root == Root::Module => match r.path.get(1) {
-                    Some(Step::Key(k)) => ev.sensitive_keys.contains(k),
+                    Some(RefStep::Key(k)) => ev.sensitive_keys.contains(k),
                     _ => !ev.sensitive_keys.is_empty(),
                 },
                 Some(ev) => ev.sensitive,
@@ -1000,9 +1008,9 @@ pub fn valid_name(s: &str) -> bool {
 }
 
 /// Build into `dst` the part of `src` that `path` reaches (whole subtrees past the path's end).
-fn project(dst: &mut Value, src: &Value, path: &[Step]) {
+fn project(dst: &mut Value, src: &Value, path: &[RefStep]) {
     match (path.first(), src) {
-        (Some(Step::Key(k)), Value::Object(m)) if m.contains_key(k) => {
+        (Some(RefStep::Key(k)), Value::Object(m)) if m.contains_key(k) => {
             if !matches!(dst, Value::Object(_)) {
                 *dst = Value::Object(Map::new());
             }

@@ -10,12 +10,12 @@ use crate::config::lowering::*;
 use crate::diag::{Diag, Span};
 use crate::kinds::attachment;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     cx.eval_network()
 }
 
 impl dyn Engine<'_> + '_ {
-    fn eval_network(&mut self) -> Option<Evaluated> {
+    fn eval_network(&mut self) -> Option<ItemValue> {
         let (attrs, ctx) = self.simple_block(&NETWORK)?;
         let item = self.item();
         let block = item.block?;
@@ -434,7 +434,7 @@ fn network_value(
     mtu: u32,
     attach_values: Map<String, Value>,
     attach_deps: BTreeMap<String, DepTree>,
-) -> Evaluated {
+) -> ItemValue {
     let mut value = Map::new();
     value.insert("kind".into(), "network".into());
     value.insert("id".into(), address.into());
@@ -446,7 +446,7 @@ fn network_value(
     value.insert("attach".into(), Value::Object(attach_values));
     let mut tree = BTreeMap::new();
     tree.insert("attach".to_string(), DepTree::Keyed(attach_deps));
-    Evaluated {
+    ItemValue {
         value: Value::Object(value),
         sensitive: false,
         ephemeral: false,

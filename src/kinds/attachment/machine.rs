@@ -944,7 +944,7 @@ async fn import_attachment(
     };
     Ok(crate::kinds::machine::Imported {
         config: crate::kind::Configuration::of(config),
-        attributes: crate::kind::Facts::of(&recorded),
+        attributes: crate::kind::Attributes::of(&recorded),
         notes: Vec::new(),
         secret_paths: Vec::new(),
     })

@@ -14,9 +14,9 @@ pub static ATTACH: BlockSpec = spec(
     "attach",
     &["name"],
     &[
-        req("node", schema::Kind::Node),
-        req("interface", schema::Kind::Str),
-        req("address", schema::Kind::Str),
+        req("node", schema::ValueType::Node),
+        req("interface", schema::ValueType::Str),
+        req("address", schema::ValueType::Str),
     ],
     &[],
 );
@@ -26,9 +26,9 @@ pub static NETWORK: BlockSpec = spec(
     "network",
     &["name"],
     &[
-        req("subnet", schema::Kind::Str),
-        opt("mtu", schema::Kind::Num),
-        opt("on_mtu_mismatch", schema::Kind::Str),
+        req("subnet", schema::ValueType::Str),
+        opt("mtu", schema::ValueType::Num),
+        opt("on_mtu_mismatch", schema::ValueType::Str),
     ],
     &[Child {
         name: "attach",
@@ -63,7 +63,7 @@ impl Kind for Attachment {
     fn placement(&self, desired: &Desired) -> crate::kind::Placement {
         crate::kind::Placement {
             node_address: Some(desired.address.clone()),
-            interface: Some(crate::kind::Interface {
+            interface: Some(crate::kind::ConfiguredInterface {
                 name: desired.interface.clone(),
                 mtu: desired.mtu,
             }),

@@ -12,12 +12,12 @@ use crate::config::lowering::*;
 use crate::diag::{Diag, SourceFile, Span};
 use crate::kinds::container;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     cx.eval_container()
 }
 
 impl dyn Engine<'_> + '_ {
-    fn eval_container(&mut self) -> Option<Evaluated> {
+    fn eval_container(&mut self) -> Option<ItemValue> {
         let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
@@ -156,7 +156,7 @@ impl dyn Engine<'_> + '_ {
             ),
             None => (Value::Object(values), DepTree::Keyed(inst_deps)),
         };
-        Some(Evaluated {
+        Some(ItemValue {
             value,
             sensitive: false,
             ephemeral: false,

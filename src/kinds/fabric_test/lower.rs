@@ -13,7 +13,7 @@ use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::to_json;
 use crate::vocabulary::Gpus;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     cx.eval_fabric_test()
 }
 
@@ -45,7 +45,7 @@ fn by_node<'a>(attrs: &'a Attrs, k: &str, node: &str) -> Option<&'a Value> {
 }
 
 impl dyn Engine<'_> + '_ {
-    fn eval_fabric_test(&mut self) -> Option<Evaluated> {
+    fn eval_fabric_test(&mut self) -> Option<ItemValue> {
         let item = self.item();
         let name = item.name.clone();
         let edge_deps = self.edge_deps("depends_on")?;
@@ -180,7 +180,7 @@ impl dyn Engine<'_> + '_ {
         value.insert("kind".into(), "fabric_test".into());
         value.insert("id".into(), address.clone().into());
         value.insert("name".into(), name.into());
-        Some(Evaluated::of_resources(
+        Some(ItemValue::of_resources(
             Value::Object(value),
             BTreeSet::from([address]),
         ))

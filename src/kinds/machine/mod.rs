@@ -427,7 +427,7 @@ impl From<Arc<HostError>> for StepError {
 /// [`Machine::Undo`] that only its machine half reads.
 #[derive(Clone, Default)]
 pub struct Applied {
-    pub attributes: crate::kind::Facts,
+    pub attributes: crate::kind::Attributes,
     pub undo: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// One line for the progress output (a probe's latency and answer, a container's id).
     pub summary: String,
@@ -559,7 +559,7 @@ pub struct Imported {
     /// The object as a desired configuration of its kind, clear values included.
     pub config: crate::kind::Configuration,
     /// Readings to record (a container's id and image id).
-    pub attributes: crate::kind::Facts,
+    pub attributes: crate::kind::Attributes,
     /// What the plan says about it (a container without sparkform's labels).
     pub notes: Vec<String>,
     /// Paths in `config` of values that may be secrets the definition does not mark (an env
@@ -817,7 +817,7 @@ pub trait AnyMachine: Send + Sync {
 impl<M: Machine> Done<M> {
     fn erased(self) -> Applied {
         Applied {
-            attributes: crate::kind::Facts::of(&self.recorded),
+            attributes: crate::kind::Attributes::of(&self.recorded),
             undo: Some(Arc::new(self.undo)),
             summary: self.summary,
         }

@@ -15,7 +15,7 @@ use crate::diag::{Diag, Span};
 use crate::kinds::lower::{fabric_address, node_name};
 use crate::kinds::model;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     cx.eval_model()
 }
 
@@ -39,7 +39,7 @@ impl dyn Engine<'_> + '_ {
         }
     }
 
-    fn eval_model(&mut self) -> Option<Evaluated> {
+    fn eval_model(&mut self) -> Option<ItemValue> {
         let item = self.item();
         let name = item.name.clone();
         let header = item.header.clone();
@@ -178,7 +178,7 @@ impl dyn Engine<'_> + '_ {
             deps,
             (&header, token_ephemeral),
         );
-        Some(Evaluated::of_resources(
+        Some(ItemValue::of_resources(
             model_value(&name, &base, &nodes, &download, resources),
             all,
         ))

@@ -127,7 +127,7 @@ fn default_interval() -> Number {
 }
 
 /// What a probe does.
-pub enum Check<'a> {
+pub enum ProbeForm<'a> {
     Http(&'a Http),
     Exec(&'a Exec),
     Tcp(&'a Tcp),
@@ -135,11 +135,11 @@ pub enum Check<'a> {
 
 impl Desired {
     /// The check its `form` names; `None` when that block is missing.
-    pub fn check(&self) -> Option<Check<'_>> {
+    pub fn check(&self) -> Option<ProbeForm<'_>> {
         match self.form.as_str() {
-            "http" => self.http.as_ref().map(Check::Http),
-            "exec" => self.exec.as_ref().map(Check::Exec),
-            "tcp" => self.tcp.as_ref().map(Check::Tcp),
+            "http" => self.http.as_ref().map(ProbeForm::Http),
+            "exec" => self.exec.as_ref().map(ProbeForm::Exec),
+            "tcp" => self.tcp.as_ref().map(ProbeForm::Tcp),
             _ => None,
         }
     }
@@ -194,7 +194,7 @@ mod tests {
         });
         let d = Desired::from_config(&config).unwrap();
         assert_eq!(d.to_config(), config);
-        assert!(matches!(d.check(), Some(Check::Http(_))));
+        assert!(matches!(d.check(), Some(ProbeForm::Http(_))));
         let bare =
             Desired::from_config(&json!({"form": "tcp", "tcp": {"via": "n", "address": "h:1"}}))
                 .unwrap();

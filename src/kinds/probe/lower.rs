@@ -10,14 +10,14 @@ use crate::config::lowering::*;
 use crate::diag::Diag;
 use crate::kinds::probe;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     cx.eval_probe()
 }
 
 impl dyn Engine<'_> + '_ {
     /// A probe, or one per `for_each` key (`probe.NAME["key"]`, `each.key` and `each.value`
     /// inside): its value is the probe's object, or a map of them by key.
-    fn eval_probe(&mut self) -> Option<Evaluated> {
+    fn eval_probe(&mut self) -> Option<ItemValue> {
         let item = self.item();
         let block = item.block?;
         let file = item.file.clone();
@@ -48,7 +48,7 @@ impl dyn Engine<'_> + '_ {
             Some(one) => one,
             None => (Value::Object(values), DepTree::Keyed(inst_deps)),
         };
-        Some(Evaluated {
+        Some(ItemValue {
             value,
             sensitive: false,
             ephemeral: false,

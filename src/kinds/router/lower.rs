@@ -10,7 +10,7 @@ use super::ROUTER;
 use crate::config::lowering::*;
 use crate::diag::Diag;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     let item = cx.item();
     let header = item.header.clone();
     let name = item.name.clone();
@@ -126,7 +126,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     value.insert("kind".into(), "router".into());
     value.insert("id".into(), address.clone().into());
     value.insert("name".into(), name.into());
-    Some(Evaluated::of_resources(
+    Some(ItemValue::of_resources(
         Value::Object(value),
         BTreeSet::from([address]),
     ))

@@ -8,7 +8,7 @@ use hcl::{Map, Value};
 use super::TOY;
 use crate::config::lowering::*;
 
-pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
+pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<ItemValue> {
     let item = cx.item();
     let (attrs, ctx) = cx.simple_block(&TOY)?;
     let address = format!("{}toy.{}", cx.prefix(), item.name);
@@ -39,7 +39,7 @@ pub(crate) fn lower(cx: &mut dyn Engine<'_>) -> Option<Evaluated> {
     let mut value = Map::new();
     value.insert("kind".into(), "toy".into());
     value.insert("id".into(), address.clone().into());
-    Some(Evaluated::of_resources(
+    Some(ItemValue::of_resources(
         Value::Object(value),
         BTreeSet::from([address]),
     ))

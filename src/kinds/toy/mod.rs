@@ -11,7 +11,12 @@ use crate::schema::{self, req, spec, BlockSpec};
 use crate::vocabulary::OnDrift;
 
 /// The block that declares it.
-pub static TOY: BlockSpec = spec("toy", &["name"], &[req("node", schema::Kind::Node)], &[]);
+pub static TOY: BlockSpec = spec(
+    "toy",
+    &["name"],
+    &[req("node", schema::ValueType::Node)],
+    &[],
+);
 
 /// Its desired configuration: the node and what the read phase found there.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

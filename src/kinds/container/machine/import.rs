@@ -99,7 +99,7 @@ pub async fn import_container(
     }
     Ok(crate::kinds::machine::Imported {
         config: crate::kind::Configuration::of(config),
-        attributes: crate::kind::Facts::of(&recorded),
+        attributes: crate::kind::Attributes::of(&recorded),
         notes,
         secret_paths,
     })

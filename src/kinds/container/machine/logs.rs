@@ -6,16 +6,16 @@ use super::*;
 use crate::kinds::machine::{split_timestamp, LogEvent, LogLine, LogRead};
 
 /// One container's log, found again by its address label when it is replaced (following).
-pub(super) struct Source(pub LogRead);
+pub(super) struct LogSource(pub LogRead);
 
-impl std::ops::Deref for Source {
+impl std::ops::Deref for LogSource {
     type Target = LogRead;
     fn deref(&self) -> &LogRead {
         &self.0
     }
 }
 
-impl Source {
+impl LogSource {
     pub(super) async fn run(self, docker: &bollard::Docker) {
         let mut last: Option<i64> = None;
         let mut current: Option<String> = None;

@@ -630,7 +630,7 @@ impl Machine for ContainerMachine {
 
     async fn read_log(&self, host: std::sync::Arc<dyn Host>, read: crate::kinds::machine::LogRead) {
         match host.docker().await {
-            Ok(docker) => logs::Source(read).run(&docker).await,
+            Ok(docker) => logs::LogSource(read).run(&docker).await,
             Err(e) => read.end(Some(e.to_string())).await,
         }
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::desired::{Check, Expect};
+use super::desired::{Expect, ProbeForm};
 use super::{parse_json_path, Desired, PathStep};
 use crate::hosts::{Cmd, HostPool};
 use crate::kinds::machine::{Backoff, ContainerIndex, Done, Machine, Step, StepError};
@@ -48,7 +48,7 @@ async fn attempt(
 ) -> Result<String, String> {
     let expect = &config.expect;
     match config.check() {
-        Some(Check::Http(http)) => {
+        Some(ProbeForm::Http(http)) => {
             let url = &http.url;
             let host = pool.get(&http.via).map_err(|e| e.to_string())?;
             let (h, port, _) = crate::http::parse_url(url)?;
@@ -121,7 +121,7 @@ async fn attempt(
                 .unwrap_or_default();
             Ok(format!("{}: {}{tokens}", r.status, excerpt(&subject)))
         }
-        Some(Check::Exec(exec)) => {
+        Some(ProbeForm::Exec(exec)) => {
             let cmd = &crate::kinds::known(&exec.command);
             let (code, out, err) = if let Some(container) = &exec.container {
                 let (node, name) = containers.get(container).cloned().ok_or_else(|| {
@@ -157,7 +157,7 @@ async fn attempt(
             check_text(expect, &out)?;
             Ok(format!("exit {code}: {}", excerpt(&out)))
         }
-        Some(Check::Tcp(tcp)) => {
+        Some(ProbeForm::Tcp(tcp)) => {
             let addr = &tcp.address;
             let (h, p) = addr.rsplit_once(':').ok_or("bad address")?;
             let port: u16 = p.parse().map_err(|_| "bad port")?;

@@ -9,27 +9,27 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::configuration::count_late_decode;
-use super::{facts_of, facts_to_attributes, Attributes, RecordedFacts};
+use super::{facts_of, facts_to_attributes, AttributeMap, RecordedFacts};
 
 /// A record's attributes: its map and, once decoded, its kind's typed facts.
 #[derive(Clone, Default)]
-pub struct Facts {
-    map: Attributes,
+pub struct Attributes {
+    map: AttributeMap,
     typed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-impl Facts {
+impl Attributes {
     /// A kind's typed facts, with their map.
-    pub fn of<R: RecordedFacts>(facts: &R) -> Facts {
-        Facts {
+    pub fn of<R: RecordedFacts>(facts: &R) -> Attributes {
+        Attributes {
             map: facts_to_attributes(facts),
             typed: Some(Arc::new(facts.clone())),
         }
     }
 
     /// `map` with `facts`, what its kind read of it: the map stays exactly as it came.
-    pub fn decoded<R: RecordedFacts>(map: Attributes, facts: R) -> Facts {
-        Facts {
+    pub fn decoded<R: RecordedFacts>(map: AttributeMap, facts: R) -> Attributes {
+        Attributes {
             map,
             typed: Some(Arc::new(facts)),
         }
@@ -37,16 +37,16 @@ impl Facts {
 
     /// A map no kind has read yet (what a file holds before its load decodes it, a record that
     /// holds only the journal's marks, a test's literal).
-    pub fn untyped(map: Attributes) -> Facts {
-        Facts { map, typed: None }
+    pub fn untyped(map: AttributeMap) -> Attributes {
+        Attributes { map, typed: None }
     }
 
     /// Its map: the facts and the journal's marks.
-    pub fn map(&self) -> &Attributes {
+    pub fn map(&self) -> &AttributeMap {
         &self.map
     }
 
-    pub fn into_map(self) -> Attributes {
+    pub fn into_map(self) -> AttributeMap {
         self.map
     }
 
@@ -76,7 +76,7 @@ impl Facts {
 
     /// The map to change by hand (a test's fixture): the typed facts are dropped, and read
     /// from the map again when next asked.
-    pub fn edit(&mut self) -> &mut Attributes {
+    pub fn edit(&mut self) -> &mut AttributeMap {
         self.typed = None;
         &mut self.map
     }
@@ -87,39 +87,39 @@ impl Facts {
     }
 }
 
-impl From<Attributes> for Facts {
-    fn from(map: Attributes) -> Facts {
-        Facts::untyped(map)
+impl From<AttributeMap> for Attributes {
+    fn from(map: AttributeMap) -> Attributes {
+        Attributes::untyped(map)
     }
 }
 
-impl std::ops::Deref for Facts {
-    type Target = Attributes;
-    fn deref(&self) -> &Attributes {
+impl std::ops::Deref for Attributes {
+    type Target = AttributeMap;
+    fn deref(&self) -> &AttributeMap {
         &self.map
     }
 }
 
-impl PartialEq for Facts {
-    fn eq(&self, other: &Facts) -> bool {
+impl PartialEq for Attributes {
+    fn eq(&self, other: &Attributes) -> bool {
         self.map == other.map
     }
 }
 
-impl std::fmt::Debug for Facts {
+impl std::fmt::Debug for Attributes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.map.fmt(f)
     }
 }
 
-impl Serialize for Facts {
+impl Serialize for Attributes {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.map.serialize(s)
     }
 }
 
-impl<'de> Deserialize<'de> for Facts {
-    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Facts, De::Error> {
-        Attributes::deserialize(d).map(Facts::untyped)
+impl<'de> Deserialize<'de> for Attributes {
+    fn deserialize<De: serde::Deserializer<'de>>(d: De) -> Result<Attributes, De::Error> {
+        AttributeMap::deserialize(d).map(Attributes::untyped)
     }
 }
