@@ -731,6 +731,25 @@ impl Machine for ContainerMachine {
     }
 }
 
+/// Stop container `id` within the grace its configuration gives it (`stop_secs`); one already
+/// stopped is no error.
+async fn stop_within_its_grace(
+    cx: Cx<'_, '_>,
+    docker: &bollard::Docker,
+    id: &str,
+) -> Result<(), bollard::errors::Error> {
+    let stopped = docker
+        .stop_container(
+            id,
+            Some(q::StopContainerOptions {
+                t: Some(stop_secs(cx)),
+                ..Default::default()
+            }),
+        )
+        .await;
+    already_so(stopped)
+}
+
 /// Start again, from scratch, the container the state recorded, and wait until it is ready.
 async fn restart(cx: Cx<'_, '_>) -> Result<String, StepError> {
     let host = cx.host()?;
@@ -739,16 +758,8 @@ async fn restart(cx: Cx<'_, '_>) -> Result<String, StepError> {
     let id = recorded_id(cx)
         .ok_or_else(|| StepError::new(format!("{name}: no container recorded to restart")))?;
     cx.progress(format!("restarting {name}"), None, None);
-    let stopped = docker
-        .stop_container(
-            &id,
-            Some(q::StopContainerOptions {
-                t: Some(stop_secs(cx)),
-                ..Default::default()
-            }),
-        )
-        .await;
-    already_so(stopped).map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
+    let stopped = stop_within_its_grace(cx, &docker, &id).await;
+    stopped.map_err(|e| docker_err(&format!("cannot stop {name}"), e))?;
     // Its own memory (a unified-memory node) comes back only after the engine released it.
     let recorded_config = cx.recorded_config();
     if let Some(d) = recorded_config {
@@ -783,16 +794,8 @@ async fn stop(cx: Cx<'_, '_>) -> Result<String, StepError> {
     let Some(id) = recorded_id(cx) else {
         return Ok(String::new());
     };
-    let stopped = docker
-        .stop_container(
-            &id,
-            Some(q::StopContainerOptions {
-                t: Some(stop_secs(cx)),
-                ..Default::default()
-            }),
-        )
-        .await;
-    match already_so(stopped) {
+    let stopped = stop_within_its_grace(cx, &docker, &id).await;
+    match stopped {
         Ok(())
         | Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
