@@ -39,6 +39,12 @@ pub struct Impact {
     /// an endpoint waits for. The rest is sparkform's and the checks'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_start_secs: Option<f64>,
+    /// Seconds from the first step the plan runs to the last one done, each step taking its
+    /// recorded duration and starting when what it waits for is done; `None` when a step that
+    /// runs has no recorded duration or the plan deletes (a delete's time is not recorded).
+    /// The time of steps only: the apply's refresh and connections come before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply_secs: Option<f64>,
     /// Steps on the way to an endpoint's return with no recorded duration (why an expected
     /// time is unknown).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -342,6 +348,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
     unavailable.sort_by_key(|o| (o.from_step, o.until_step.unwrap_or(usize::MAX)));
     let outage_secs = whole_outage(&unavailable, &windows);
     let engine_start_secs = outage_secs.and(engine_start(&stopped, &caches, state));
+    let apply_secs = whole_apply(&windows);
     let keeps_running = keeps_running(config, state, &actions, &stopped);
     let soaks = steps
         .iter()
@@ -361,6 +368,7 @@ pub fn compute(plan: &Plan, config: &Config, graph: &Graph, state: &State) -> Im
         keeps_running,
         outage_secs,
         engine_start_secs,
+        apply_secs,
         unmeasured: unmeasured.into_iter().map(String::from).collect(),
     }
 }
@@ -649,6 +657,20 @@ fn whole_outage(unavailable: &[Outage], windows: &HashMap<&str, Window>) -> Opti
     starts.zip(ends).map(|(s, e)| {
         e.iter().copied().fold(0.0, f64::max) - s.iter().copied().fold(f64::INFINITY, f64::min)
     })
+}
+
+/// From the first step's start to the last step's end, when every step's window is known.
+fn whole_apply(windows: &HashMap<&str, Window>) -> Option<f64> {
+    if windows.is_empty() {
+        return None;
+    }
+    let mut first = f64::INFINITY;
+    let mut last = 0.0f64;
+    for w in windows.values() {
+        first = first.min(w.start?);
+        last = last.max(w.end?);
+    }
+    Some(last - first)
 }
 
 /// What keeps running while something stops: recorded resources of disruptable kinds that this

@@ -449,6 +449,13 @@ fn render_impact(out: &mut String, impact: &Impact) {
                     None => String::new(),
                 }
             );
+            if let Some(a) = impact.apply_secs {
+                let _ = writeln!(
+                    out,
+                    "  Expected apply: {} (the changed steps' recorded durations, along the longest chain of them).",
+                    duration(a)
+                );
+            }
         }
         None if impact.unmeasured.is_empty() => out.push_str("  Expected outage: unknown.\n"),
         None => {

@@ -1,6 +1,8 @@
 //! `bench/run --check` on a git repository made in a temp folder: every commit BENCHMARKS.md
 //! records beside its figures is judged against HEAD (known to git, an ancestor, at most N
-//! commits touching `src/` since), one line per figure block and commit, exit 1 when any fails.
+//! commits touching `src/` since), one line per figure block and commit, exit 1 when any fails;
+//! the README's figures (the table `bench/all` writes) fail when stale, `--stale-ok` or not; the
+//! stamps of RELIABILITY.md and docs/ are printed and fail nothing.
 //! Needs `git` and `python3`, no build of the bench and no testbed.
 
 use std::path::Path;
@@ -92,6 +94,18 @@ fn bench_check_judges_every_recorded_commit_against_head() {
          ## No commit\n\n| g |\n|---|\n| 7 |\n"
     );
     commit(dir, "BENCHMARKS.md", &md, "benchmarks");
+    let readme = format!(
+        "# Project\n\n<!-- figures: begin (written by bench/all) -->\n\
+         | figure | measured | target | verdict | where, at |\n|---|---|---|---|---|\n\
+         | a no-op plan | 1 s | 2 s | met | [BENCHMARKS.md](BENCHMARKS.md) at `{recent}`, 2026-12-03 |\n\
+         <!-- figures: end -->\n"
+    );
+    commit(dir, "README.md", &readme, "readme");
+    let stamped = |c: &str| {
+        format!("# Page\n\nMeasured at commit `{c}` by `bench/chaos`, 2026-12-03 10:00 UTC.\n")
+    };
+    commit(dir, "RELIABILITY.md", &stamped(&old), "reliability");
+    commit(dir, "docs/benchmark-history.md", &stamped(&old), "history");
 
     let (rc, out) = check(dir, "2");
     let lines: Vec<&str> = out.lines().collect();
@@ -142,12 +156,43 @@ fn bench_check_judges_every_recorded_commit_against_head() {
         out.contains("bench/run --check: ok: 2 recorded commits"),
         "{out}"
     );
+    assert!(
+        out.contains(&format!("ok           README.md:6  a no-op plan: commit {recent}: 1 commit touching src/ since (at most 2)")),
+        "{out}"
+    );
+    // another page's stale stamp is printed and fails nothing; the history is not read
+    assert!(
+        out.contains(&format!("STALE        RELIABILITY.md:3  by bench/chaos: commit {old}: 4 commits touching src/ since (at most 2) (printed, not failing)")),
+        "{out}"
+    );
+    assert!(!out.contains("benchmark-history.md"), "{out}");
     assert_eq!(rc, 0, "{out}");
     let (rc, out) = check(dir, "0");
     assert!(out.starts_with("STALE "), "{out}");
     assert_eq!(rc, 1, "{out}");
+    // --stale-ok passes BENCHMARKS.md's stale figures, not the README's
     let (rc, out) = check_with(dir, "0", &["--stale-ok"]);
     assert!(out.starts_with("STALE "), "{out}");
     assert!(out.contains("2 of them more than 0 commits"), "{out}");
+    assert!(
+        out.contains("STALE        README.md:6  a no-op plan")
+            && out.contains("FAIL: 1 of the README's 1 figures fail"),
+        "{out}"
+    );
+    assert_eq!(rc, 1, "{out}");
+    let (rc, out) = check_with(dir, "1", &["--stale-ok"]);
     assert_eq!(rc, 0, "{out}");
+    // a README without its figures fails: nothing on the front page goes unchecked
+    commit(
+        dir,
+        "README.md",
+        "# Project\n\nNo figures.\n",
+        "readme without figures",
+    );
+    let (rc, out) = check_with(dir, "2", &["--stale-ok"]);
+    assert!(
+        out.contains("FAIL         README.md: no figures block"),
+        "{out}"
+    );
+    assert_eq!(rc, 1, "{out}");
 }

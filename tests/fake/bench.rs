@@ -258,10 +258,13 @@ async fn the_expected_outage_ends_at_readiness_and_names_the_engines_own_start()
     );
     assert_eq!(impact.outage_secs, Some(32.0), "{impact:?}");
     assert_eq!(impact.engine_start_secs, Some(25.0));
+    // The whole apply runs the benchmark after the endpoint is back: 12 s past the outage.
+    assert_eq!(impact.apply_secs, Some(44.0), "{impact:?}");
     let text = sparkform::plan::render::render(&plan);
     assert!(
         text.contains("Expected outage: 32.0 s")
-            && text.contains("of which 25.0 s is the engine's own start"),
+            && text.contains("of which 25.0 s is the engine's own start")
+            && text.contains("Expected apply: 44.0 s"),
         "{text}"
     );
 }

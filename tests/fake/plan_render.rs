@@ -163,6 +163,7 @@ fn a_vllm_flag_change_keeps_ray_running_and_takes_the_recorded_time() {
         ]
     );
     assert_eq!(impact(&p).outage_secs, Some(43.5));
+    assert_eq!(impact(&p).apply_secs, Some(43.5));
     let out = render::render(&p);
     assert!(
         out.contains("is stopped and replaced (expected 42.0 s)"),
@@ -180,7 +181,12 @@ fn without_recorded_durations_the_outage_is_unknown() {
         &[("container.vllm", 42.0)],
     );
     assert_eq!(impact(&p).outage_secs, None);
-    assert!(render::render(&p).contains("Expected outage: unknown"));
+    assert_eq!(impact(&p).apply_secs, None);
+    let out = render::render(&p);
+    assert!(
+        out.contains("Expected outage: unknown") && !out.contains("Expected apply"),
+        "{out}"
+    );
 }
 
 #[test]
