@@ -12,6 +12,7 @@ mod cli;
 mod cli_convention;
 mod hostile;
 mod lock_timeout;
+mod module_source;
 mod pg_state;
 mod sensitive_args;
 mod state_compat;

@@ -53,6 +53,9 @@ impl Loader {
             return None;
         }
         let key = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        if !self.source_is_inside_the_repository(&name, &key, &source_span) {
+            return None;
+        }
         if self.stack.contains(&key) || self.stack.len() >= MAX_MODULE_DEPTH {
             self.diags.push(
                 Diag::error(
@@ -143,4 +146,55 @@ impl Loader {
             all_resources: result.all_resources,
         })
     }
+}
+
+impl Loader {
+    /// Whether a module's source (`dir`, symlinks resolved) lies where the definitions may read
+    /// it; refused with its place otherwise. Inside a git repository (the nearest folder above
+    /// the definitions with a `.git`) a source must stay in it, or in a folder named in
+    /// `SPARKFORM_MODULE_PATH`: a pull request's definitions cannot make `validate` read `.hcl`
+    /// files elsewhere on the machine. Outside a repository nothing marks the project's bounds,
+    /// and any folder is read, as Terraform reads local paths.
+    fn source_is_inside_the_repository(&mut self, name: &str, dir: &Path, source: &Span) -> bool {
+        let Some(roots) = module_roots(&self.config.dir) else {
+            return true;
+        };
+        if roots.iter().any(|r| dir.starts_with(r)) {
+            return true;
+        }
+        self.diags.push(
+            Diag::error(
+                "config::module_source",
+                format!(
+                    "module `{name}`: its source {} lies outside the repository {}",
+                    crate::diag::display_path(dir),
+                    crate::diag::display_path(&roots[0])
+                ),
+            )
+            .label(source, "leaves the definitions' repository")
+            .help(
+                "a module's source is a folder inside the repository that holds the definitions; \
+                 name a folder of modules kept elsewhere in SPARKFORM_MODULE_PATH",
+            ),
+        );
+        false
+    }
+}
+
+/// Where a module's source may lie, symlinks resolved: the git repository that holds the
+/// definitions (the nearest folder above them with a `.git`) and each folder of
+/// `SPARKFORM_MODULE_PATH` (separated as `PATH` is); `None` outside a repository.
+fn module_roots(definitions: &Path) -> Option<Vec<PathBuf>> {
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let own = canonical(definitions);
+    let repository = own.ancestors().find(|a| a.join(".git").exists())?;
+    let mut roots = vec![repository.to_path_buf()];
+    if let Some(more) = std::env::var_os("SPARKFORM_MODULE_PATH") {
+        roots.extend(
+            std::env::split_paths(&more)
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| canonical(&p)),
+        );
+    }
+    Some(roots)
 }
