@@ -20,11 +20,11 @@ fn validate(dir: &Path, module_path: Option<&Path>) -> (i32, String) {
     (o.status.code().unwrap_or(-1), text)
 }
 
-/// A folder of modules (`shared`) beside a repository of definitions (`defs`, with a `.git`)
+/// A folder of modules (`elsewhere`) beside a repository of definitions (`defs`, with a `.git`)
 /// in one temp folder, and definitions that call it through `..`.
 fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
-    let shared = tmp.path().join("shared");
+    let shared = tmp.path().join("elsewhere");
     std::fs::create_dir_all(&shared).unwrap();
     std::fs::write(
         shared.join("m.hcl"),
@@ -35,7 +35,7 @@ fn layout() -> (tempfile::TempDir, PathBuf, PathBuf) {
     std::fs::create_dir_all(defs.join(".git")).unwrap();
     std::fs::write(
         defs.join("main.hcl"),
-        "module \"m\" {\n  source = \"../shared\"\n}\n",
+        "module \"m\" {\n  source = \"../elsewhere\"\n}\n",
     )
     .unwrap();
     (tmp, defs, shared)
@@ -80,7 +80,7 @@ fn a_symlink_inside_the_repository_does_not_carry_a_module_out() {
 #[test]
 fn outside_a_repository_or_inside_one_that_holds_both_the_module_is_read() {
     let (tmp, defs, _shared) = layout();
-    // The repository holds both folders: `../shared` is inside it.
+    // The repository holds both folders: `../elsewhere` is inside it.
     std::fs::remove_dir_all(defs.join(".git")).unwrap();
     std::fs::create_dir_all(tmp.path().join(".git")).unwrap();
     let (code, text) = validate(&defs, None);
