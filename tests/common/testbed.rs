@@ -18,6 +18,9 @@ pub struct Testbed {
     /// The lock of a pair other than the first, shared with another process (bench/chaos
     /// --pair N), held until the test ends: the file closed releases it.
     _pair_lock: Option<std::fs::File>,
+    /// The folder of this test's ssh control sockets ([`Testbed::ssh`]): one connection per
+    /// node for all of the test's commands there, closed when the test ends.
+    mux: tempfile::TempDir,
 }
 
 /// The lock file of pair `pair` (0 the first): bench/chaos --pair N takes the Nth's for each of
@@ -175,6 +178,27 @@ fn take_pair(file: &'static str, pair: usize) -> Testbed {
         fabric: PAIR_FABRIC[pair],
         _turn: turn,
         _pair_lock: pair_lock,
+        mux: tempfile::Builder::new()
+            .prefix("sf-tb-mux")
+            .tempdir()
+            .expect("a folder for the test's ssh control sockets"),
+    }
+}
+
+impl Drop for Testbed {
+    /// Each node's connection of [`Testbed::ssh`] closed before the pair goes to the next test:
+    /// nothing of the test outlives it (a test process killed outright leaves a master that
+    /// exits once idle for `ControlPersist`).
+    fn drop(&mut self) {
+        for node in self.nodes {
+            let _ = std::process::Command::new("ssh")
+                .args(self.ssh_options())
+                .args(["-O", "exit", node])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
     }
 }
 
@@ -259,12 +283,30 @@ impl Testbed {
         s
     }
 
-    /// Run a command on a testbed node through plain ssh (independent of sparkform).
+    /// The testbed's ssh_config, with this test's connection per node: a test's checks are
+    /// hundreds of commands in a suite on two cores, and a new connection through the jump host
+    /// (two key exchanges) cost about a second each under that load.
+    fn ssh_options(&self) -> Vec<std::ffi::OsString> {
+        let mut control = std::ffi::OsString::from("ControlPath=");
+        control.push(self.mux.path().join("%C"));
+        vec![
+            "-F".into(),
+            self.dir.join("ssh_config").into(),
+            "-o".into(),
+            "ControlMaster=auto".into(),
+            "-o".into(),
+            control,
+            "-o".into(),
+            "ControlPersist=30".into(),
+        ]
+    }
+
+    /// Run a command on a testbed node through plain ssh (independent of sparkform), over the
+    /// test's connection to that node.
     pub fn ssh(&self, node: &str, command: &str) -> String {
         let started = std::time::Instant::now();
         let out = std::process::Command::new("ssh")
-            .arg("-F")
-            .arg(self.dir.join("ssh_config"))
+            .args(self.ssh_options())
             .arg(node)
             .arg(command)
             .stdin(std::process::Stdio::null())
